@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The project's test command (README.md, .ci/run): installs what the tests need, then runs
+# formatting, lints and the whole test suite (unit + mount-based integration tests, as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v fuse-overlayfs >/dev/null 2>&1 || need+=(fuse-overlayfs)
+command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+command -v setfattr >/dev/null 2>&1 || need+=(attr)
+command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: missing ${need[*]}; run as root so they can be installed with apt-get" >&2
+    exit 2
+  fi
+  echo "test.sh: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+[ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --quiet -- -D warnings
+cargo build --quiet
+cargo test --quiet -- --test-threads=2
+echo "mounts left behind:"; grep -E 'layercache' /proc/mounts || echo "none"

@@ -1,0 +1,175 @@
+//! Command-line definitions (clap). Raw flags only: validation happens where the library turns
+//! them into its own configuration types.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// layercache — immutable dependency-cache layers mounted through a FUSE copy-on-write overlay.
+#[derive(Debug, Parser)]
+#[command(name = "layercache", version, about, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every subcommand accepts.
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// The store root (default /var/lib/layercache as root, $XDG_CACHE_HOME/layercache otherwise).
+    #[arg(long, global = true, env = "LAYERCACHE_STORE")]
+    pub store: Option<PathBuf>,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// The subcommands (see DESIGN.md "CLI contract").
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mount a copy-on-write overlay of any directories (fuse-overlayfs compatible options).
+    Overlay(OverlayArgs),
+    /// Mount the layer for a key (hit, restore or miss) with a private upper layer.
+    Mount(MountArgs),
+    /// Promote a store mount's merged view (lower + upper) into a new layer under its key.
+    Commit(MountpointArg),
+    /// Unmount a mount and discard its private upper layer.
+    Umount(MountpointArg),
+    /// The main job: prepare the spec's caches (setup or maintenance), then run COMMAND.
+    Run(RunArgs),
+    /// Show each cache's key and what it would match, without mounting.
+    Key(KeyArgs),
+    /// Print the bind/env arguments a sandbox driver needs for the spec's mounts.
+    SandboxArgs(SandboxArgs),
+    /// List layers.
+    Ls(LsArgs),
+    /// Hits, misses, restores and time saved, from the event log.
+    Stats(LsArgs),
+    /// Evict least-recently-used layers until the store is under its limits.
+    Gc(GcArgs),
+    /// Remove a project's layers (or one cache's).
+    Clear(ClearArgs),
+    /// Re-hash objects and quarantine layers whose files do not match.
+    Verify(LsArgs),
+    /// List the cache presets.
+    Presets,
+}
+
+/// `layercache overlay`.
+#[derive(Debug, Args)]
+pub struct OverlayArgs {
+    /// Comma-separated options: lowerdir=DIR[:DIR…],upperdir=DIR[,workdir=DIR] plus generic mount
+    /// options (rw, noatime, lazytime, allow_other…). May be given more than once.
+    #[arg(short = 'o', required = true)]
+    pub options: Vec<String>,
+    /// Stay in the foreground instead of returning once the mount is ready.
+    #[arg(short = 'f')]
+    pub foreground: bool,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+}
+
+/// `layercache mount`.
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    #[arg(long)]
+    pub project: String,
+    #[arg(long)]
+    pub cache: String,
+    #[arg(long)]
+    pub key: String,
+    /// Prefixes tried in order when the key itself has no layer.
+    #[arg(long = "restore-key")]
+    pub restore_keys: Vec<String>,
+    /// Seconds to wait for another run that is filling the same key.
+    #[arg(long, default_value_t = 300)]
+    pub fill_wait: u64,
+    pub mountpoint: PathBuf,
+}
+
+/// A single MOUNTPOINT argument.
+#[derive(Debug, Args)]
+pub struct MountpointArg {
+    pub mountpoint: PathBuf,
+}
+
+/// `layercache run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The spec (TOML or JSON); `-` reads standard input.
+    #[arg(long)]
+    pub spec: String,
+    /// The project directory key files are read from (default: the current directory).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Where caches are mounted (`<mount-root>/<id>`).
+    #[arg(long, default_value = "/cache")]
+    pub mount_root: PathBuf,
+    /// Run setup, maintenance and COMMAND directly or inside bubblewrap.
+    #[arg(long, default_value = "none")]
+    pub sandbox: String,
+    /// The sandbox image id that enters the key's environment fingerprint.
+    #[arg(long, env = "LAYERCACHE_IMAGE")]
+    pub image: Option<String>,
+    /// The command to run once the caches are ready.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// `layercache key`.
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    #[arg(long)]
+    pub spec: String,
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    #[arg(long, env = "LAYERCACHE_IMAGE")]
+    pub image: Option<String>,
+}
+
+/// `layercache sandbox-args`.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// bwrap or docker.
+    #[arg(long)]
+    pub driver: String,
+    #[arg(long)]
+    pub spec: String,
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    #[arg(long, default_value = "/cache")]
+    pub mount_root: PathBuf,
+}
+
+/// `layercache ls`, `stats`, `verify`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    #[arg(long)]
+    pub project: Option<String>,
+}
+
+/// `layercache gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// e.g. 10G, 512M (bytes, binary units).
+    #[arg(long)]
+    pub max_size: Option<String>,
+    #[arg(long)]
+    pub max_inodes: Option<u64>,
+    /// e.g. 30d, 12h, 90m, 3600s.
+    #[arg(long)]
+    pub max_age: Option<String>,
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `layercache clear`.
+#[derive(Debug, Args)]
+pub struct ClearArgs {
+    #[arg(long)]
+    pub project: String,
+    #[arg(long)]
+    pub cache: Option<String>,
+}

@@ -1,0 +1,98 @@
+//! The crate-wide error type and its mapping to documented exit codes.
+//!
+//! Exit codes (the CLI contract): 0 success; 1 an operation failed (I/O, a child command failed
+//! without its own status, the store refused); 2 bad input (arguments, options, spec, ids,
+//! directories) — nothing was changed; with `run`, a failing setup or COMMAND passes its own
+//! exit status through.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Result alias used across the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors returned by the library. Each names the input or path it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input: the message names the input and what would be valid. Exit status 2.
+    #[error("{0}")]
+    Invalid(String),
+    /// An I/O error on `path`. Exit status 1.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory the operation was about.
+        path: PathBuf,
+        /// The underlying OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// An operation failed for a reason stated in the message. Exit status 1.
+    #[error("{0}")]
+    Failed(String),
+    /// A child process (setup, maintenance, COMMAND) exited with this status; passed through.
+    #[error("{what} exited with status {status}")]
+    Child {
+        /// Which script or command failed.
+        what: String,
+        /// Its exit status (128 + signal number when killed by a signal).
+        status: i32,
+    },
+}
+
+impl Error {
+    /// Builds an [`Error::Io`] for `path`.
+    pub fn io(path: impl AsRef<Path>, source: io::Error) -> Self {
+        Error::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// Builds an [`Error::Invalid`] from a message.
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::Invalid(msg.into())
+    }
+
+    /// The process exit status for this error (see the module docs).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Invalid(_) => 2,
+            Error::Io { .. } | Error::Failed(_) => 1,
+            Error::Child { status, .. } => *status,
+        }
+    }
+}
+
+/// Adds a path to an `io::Result`.
+pub trait IoContext<T> {
+    /// Wraps the error as [`Error::Io`] naming `path`.
+    fn at(self, path: impl AsRef<Path>) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn at(self, path: impl AsRef<Path>) -> Result<T> {
+        self.map_err(|e| Error::io(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_contract() {
+        assert_eq!(Error::invalid("x").exit_code(), 2);
+        assert_eq!(Error::Failed("x".into()).exit_code(), 1);
+        assert_eq!(
+            Error::Child {
+                what: "setup".into(),
+                status: 7
+            }
+            .exit_code(),
+            7
+        );
+        let e: Result<()> = Err(io::Error::from_raw_os_error(libc::ENOENT)).at("/nope");
+        let msg = e.unwrap_err().to_string();
+        assert!(msg.starts_with("/nope: "), "{msg}");
+    }
+}

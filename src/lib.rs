@@ -1,0 +1,13 @@
+//! layercache: immutable dependency-cache layers, keyed by lockfiles, mounted through a FUSE
+//! copy-on-write overlay and promoted atomically after a successful setup.
+//!
+//! Module map (see DESIGN.md): [`overlay`] is the FUSE filesystem and knows nothing about keys;
+//! [`store`] is the on-disk layer store and knows nothing about FUSE; [`app`] wires the CLI to them.
+
+pub mod app;
+pub mod cli;
+pub mod error;
+pub mod ids;
+pub mod overlay;
+
+pub use error::{Error, Result};

@@ -1,0 +1,242 @@
+//! The FUSE copy-on-write overlay: a merged view of read-only lower directories and one
+//! writable upper directory with kernel-overlayfs semantics (Documentation/filesystems/
+//! overlayfs.rst), plus directory renames of lower directories (no EXDEV).
+//!
+//! This module knows nothing about keys or the store. Entry points:
+//! * [`cli_overlay`] — `layercache overlay -o … MOUNTPOINT [-f]`;
+//! * [`mount_daemon`] — mount and fork a serving daemon, return once the mount is ready;
+//! * [`unmount`] — unmount a mountpoint and wait for its daemon to finish.
+
+mod copy_up;
+mod dir;
+pub mod errno;
+mod fs;
+mod inode;
+mod layers;
+pub mod options;
+pub mod whiteout;
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub use options::OverlayConfig;
+
+use crate::error::{Error, IoContext, Result};
+
+/// Worker threads serving FUSE requests (each with its own cloned /dev/fuse fd).
+const THREADS: usize = 4;
+
+/// `layercache overlay -o OPTIONS MOUNTPOINT [-f]`: parse and validate the options, mount, and
+/// either serve in the foreground (`-f`) or return once the mount is ready.
+///
+/// Errors: [`Error::Invalid`] (exit 2) for bad options, directories or mountpoint, or a missing
+/// `/dev/fuse`; nothing is mounted then.
+pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> Result<i32> {
+    let raw = options::parse(options)?;
+    let cfg = options::validate(&raw, mountpoint)?;
+    if foreground {
+        mount_foreground(&cfg, mountpoint)?;
+    } else {
+        mount_daemon(&cfg, mountpoint, Vec::new())?;
+    }
+    Ok(0)
+}
+
+fn fuse_config() -> fuser::Config {
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = vec![
+        fuser::MountOption::FSName("layercache".into()),
+        fuser::MountOption::Subtype("layercache".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoSuid,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::RW,
+    ];
+    cfg.acl = fuser::SessionACL::All;
+    cfg.n_threads = Some(THREADS);
+    cfg.clone_fd = true;
+    cfg
+}
+
+fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<fs::OverlayFs> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err(Error::invalid(
+            "/dev/fuse is missing: load the fuse module or pass the device into the container",
+        ));
+    }
+    if is_mountpoint_busy(mountpoint)? {
+        return Err(Error::invalid(format!(
+            "mountpoint {} is busy: a layercache/FUSE filesystem is already mounted there",
+            mountpoint.display()
+        )));
+    }
+    layers::probe_upper(&cfg.upperdir, &cfg.workdir)?;
+    // SAFETY: umask has no preconditions; the daemon applies the kernel-provided modes as given.
+    unsafe { libc::umask(0) };
+    raise_nofile_limit();
+    fs::OverlayFs::new(cfg)
+}
+
+/// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted.
+///
+/// Errors: [`Error::Invalid`] when the mount cannot be made (see [`cli_overlay`]).
+pub fn mount_foreground(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
+    let fs = preflight(cfg, mountpoint)?;
+    let session = fuser::Session::new(fs, mountpoint, &fuse_config())
+        .map_err(|e| Error::invalid(format!("mount {}: {e}", mountpoint.display())))?;
+    session.run().at(mountpoint)
+}
+
+/// Mounts `cfg` at `mountpoint`, forks a daemon that serves it, and returns the daemon's pid
+/// once the FUSE handshake is done (the mount answers requests when this returns).
+///
+/// `hold` are descriptors (for example flock'ed lease files) the daemon keeps open for its whole
+/// life, so locks on them last exactly as long as the mount.
+///
+/// Errors: [`Error::Invalid`] for a mount that cannot be made; [`Error::Io`] if fork fails (the
+/// mount is undone then).
+pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) -> Result<u32> {
+    let fs = preflight(cfg, mountpoint)?;
+    let (mut rd, mut wr) = std::io::pipe().at("pipe")?;
+    // Session::new mounts and completes the INIT handshake on this (single) thread.
+    let session = fuser::Session::new(fs, mountpoint, &fuse_config())
+        .map_err(|e| Error::invalid(format!("mount {}: {e}", mountpoint.display())))?;
+    // SAFETY: the process is single-threaded here (no session threads are started before fork).
+    match unsafe { libc::fork() } {
+        -1 => {
+            let err = std::io::Error::last_os_error();
+            drop(session); // unmounts
+            Err(Error::io(mountpoint, err))
+        }
+        0 => {
+            drop(rd);
+            // SAFETY: setsid has no preconditions; detach from the caller's session and terminal.
+            unsafe { libc::setsid() };
+            redirect_stdio();
+            let _ = wr.write_all(&std::process::id().to_le_bytes());
+            drop(wr);
+            let _hold = hold;
+            let code = match session.run() {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::error!(error = %e, "session ended with an error");
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+        pid => {
+            drop(wr);
+            // The parent must not unmount: forget the session (the child owns the mount now).
+            std::mem::forget(session);
+            drop(hold);
+            let mut buf = [0u8; 4];
+            rd.read_exact(&mut buf).map_err(|e| {
+                Error::Failed(format!("overlay daemon (pid {pid}) died before serving: {e}"))
+            })?;
+            Ok(pid as u32)
+        }
+    }
+}
+
+fn redirect_stdio() {
+    let log = std::env::var_os("LAYERCACHE_DAEMON_LOG");
+    let target = log.as_deref().map(Path::new).unwrap_or(Path::new("/dev/null"));
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(target);
+    let null = std::fs::File::open("/dev/null");
+    if let (Ok(out), Ok(null)) = (out, null) {
+        // SAFETY: dup2 onto the standard descriptors of this process.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(out.as_raw_fd(), 1);
+            libc::dup2(out.as_raw_fd(), 2);
+        }
+    }
+}
+
+fn raise_nofile_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid pointer to an rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// True when a FUSE filesystem is mounted exactly at `mountpoint` (per /proc/self/mountinfo).
+///
+/// Errors: [`Error::Io`] if mountinfo cannot be read.
+pub fn is_mountpoint_busy(mountpoint: &Path) -> Result<bool> {
+    let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    Ok(fuse_mounts()?.iter().any(|m| Path::new(m) == canon))
+}
+
+/// Mount points of FUSE filesystems visible to this process (decoded from mountinfo).
+///
+/// Errors: [`Error::Io`] if /proc/self/mountinfo cannot be read.
+pub fn fuse_mounts() -> Result<Vec<String>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").at("/proc/self/mountinfo")?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            let fstype = post.split(' ').next()?;
+            if !(fstype == "fuse" || fstype.starts_with("fuse.")) {
+                return None;
+            }
+            pre.split(' ').nth(4).map(unescape_mountinfo)
+        })
+        .collect())
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Unmounts the FUSE filesystem at `mountpoint` and waits (up to `wait`) until no FUSE mount
+/// remains there. If `daemon` is given, also waits for that process to exit, so the upper dir
+/// is quiescent when this returns.
+///
+/// Errors: [`Error::Failed`] with `EBUSY` when files are still open on the mount (nothing is
+/// changed then); [`Error::Invalid`] if nothing is mounted there.
+pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result<()> {
+    if !is_mountpoint_busy(mountpoint)? {
+        return Err(Error::invalid(format!(
+            "{}: no layercache mount there",
+            mountpoint.display()
+        )));
+    }
+    nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()).map_err(|e| {
+        Error::Failed(format!("unmount {}: {e} (is a process still using it?)", mountpoint.display()))
+    })?;
+    let deadline = Instant::now() + wait;
+    if let Some(pid) = daemon {
+        while Instant::now() < deadline {
+            // SAFETY: signal 0 only checks for existence.
+            if unsafe { libc::kill(pid as i32, 0) } != 0 {
+                break;
+            }
+            // Reap it if it is our child; ignore otherwise.
+            // SAFETY: non-blocking waitpid on a pid.
+            unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(())
+}

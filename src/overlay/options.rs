@@ -1,0 +1,238 @@
+//! `-o` option parsing and validation for `layercache overlay` (fuse-overlayfs compatible).
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// A validated overlay configuration: absolute, canonical directories.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverlayConfig {
+    /// Read-only lower directories, topmost first (overlayfs `lowerdir=` order). Up to 63.
+    pub lowerdirs: Vec<PathBuf>,
+    /// The writable upper directory that receives every change.
+    pub upperdir: PathBuf,
+    /// Scratch directory on the same filesystem as `upperdir` (copy-up staging, orphans).
+    pub workdir: PathBuf,
+}
+
+/// Generic mount options that are accepted and need no action here (the mount is always
+/// `nosuid,nodev`, `allow_other` and `default_permissions`; atime behaviour follows the upper).
+const GENERIC: &[&str] = &[
+    "rw", "noatime", "atime", "relatime", "norelatime", "strictatime", "lazytime", "nolazytime",
+    "nodiratime", "diratime", "allow_other", "allow_root", "default_permissions", "nosuid",
+    "suid", "nodev", "dev", "exec", "noexec", "async", "sync", "dirsync", "auto", "noauto",
+    "user", "nouser", "users", "nofail", "_netdev", "defaults", "silent", "loud",
+    "auto_unmount", "clone_fd",
+];
+/// Generic options that take a value and are accepted (ignored).
+const GENERIC_VALUED: &[&str] = &[
+    "fsname", "subtype", "context", "fscontext", "defcontext", "rootcontext", "max_read",
+    "blksize", "uid", "gid", "x-systemd.", "comment",
+];
+/// overlayfs / fuse-overlayfs options whose default behaviour is what layercache does anyway.
+const OVERLAY_NOOP: &[&str] = &[
+    "redirect_dir", "index", "xino", "metacopy", "nfs_export", "volatile", "userxattr",
+    "squash_to_root", "squash_to_uid", "squash_to_gid", "threaded", "fsync", "noacl",
+    "static_nlink", "plugins", "uidmapping", "gidmapping", "timeout", "noxattrs",
+];
+
+/// Parses `-o` strings (each comma-separated; may repeat) into lower/upper/work directories.
+///
+/// Errors: [`Error::Invalid`] naming an unknown option, a missing `lowerdir`/`upperdir`, or a
+/// `ro` request (the overlay is always writable).
+pub fn parse(options: &[String]) -> Result<RawOptions> {
+    let mut raw = RawOptions::default();
+    for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let (name, value) = match opt.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (opt, None),
+        };
+        match (name, value) {
+            ("lowerdir", Some(v)) => {
+                raw.lowerdirs = v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect()
+            }
+            ("upperdir", Some(v)) => raw.upperdir = Some(PathBuf::from(v)),
+            ("workdir", Some(v)) => raw.workdir = Some(PathBuf::from(v)),
+            ("ro", None) => {
+                return Err(Error::invalid(
+                    "option 'ro' is not supported: layercache overlays are always writable (give an upperdir)",
+                ));
+            }
+            (n, None) if GENERIC.contains(&n) => {}
+            (n, _) if OVERLAY_NOOP.contains(&n) => {}
+            (n, Some(_)) if GENERIC_VALUED.iter().any(|g| n == *g || (g.ends_with('.') && n.starts_with(g))) => {}
+            (n, _) if n.starts_with("x-") => {}
+            _ => {
+                return Err(Error::invalid(format!(
+                    "unknown mount option {opt:?}: valid are lowerdir=DIR[:DIR...], upperdir=DIR, workdir=DIR \
+                     and generic mount options (rw, noatime, lazytime, allow_other, ...)"
+                )));
+            }
+        }
+    }
+    if raw.lowerdirs.is_empty() {
+        return Err(Error::invalid("missing option lowerdir=DIR[:DIR...]"));
+    }
+    if raw.upperdir.is_none() {
+        return Err(Error::invalid("missing option upperdir=DIR (layercache overlays are writable)"));
+    }
+    Ok(raw)
+}
+
+/// Options as given, before the directories are checked.
+#[derive(Clone, Debug, Default)]
+pub struct RawOptions {
+    /// `lowerdir=` entries, topmost first.
+    pub lowerdirs: Vec<PathBuf>,
+    /// `upperdir=`.
+    pub upperdir: Option<PathBuf>,
+    /// `workdir=`; when absent a sibling `.<upper-name>.layercache-work` directory is used.
+    pub workdir: Option<PathBuf>,
+}
+
+fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
+    let meta = fs::metadata(p).map_err(|e| {
+        Error::invalid(format!("{what} {}: {e} (want an existing directory)", p.display()))
+    })?;
+    if !meta.is_dir() {
+        return Err(Error::invalid(format!("{what} {}: not a directory", p.display())));
+    }
+    fs::canonicalize(p).map_err(|e| Error::invalid(format!("{what} {}: {e}", p.display())))
+}
+
+fn nested(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+/// Checks the directories and the mountpoint and returns the canonical configuration.
+///
+/// Checks: every directory exists; there are at most 63 lowers; upper and work are on the same
+/// filesystem, neither inside a lower nor a lower inside them; the mountpoint is an existing
+/// directory that is not inside the upper or work dir. The workdir is created if missing.
+///
+/// Errors: [`Error::Invalid`] naming the offending input.
+pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
+    if raw.lowerdirs.len() > 63 {
+        return Err(Error::invalid(format!(
+            "lowerdir: {} directories given, at most 63 are supported",
+            raw.lowerdirs.len()
+        )));
+    }
+    let lowerdirs = raw
+        .lowerdirs
+        .iter()
+        .map(|p| existing_dir("lowerdir", p))
+        .collect::<Result<Vec<_>>>()?;
+    let upper_given = raw.upperdir.as_deref().ok_or_else(|| Error::invalid("missing upperdir"))?;
+    let upperdir = existing_dir("upperdir", upper_given)?;
+    let workdir = match &raw.workdir {
+        Some(w) => {
+            if !w.exists() {
+                fs::create_dir_all(w).map_err(|e| {
+                    Error::invalid(format!("workdir {}: cannot create: {e}", w.display()))
+                })?;
+            }
+            existing_dir("workdir", w)?
+        }
+        None => {
+            let name = upperdir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let parent = upperdir.parent().ok_or_else(|| {
+                Error::invalid("upperdir /: give a workdir= on the same filesystem")
+            })?;
+            let w = parent.join(format!(".{name}.layercache-work"));
+            fs::create_dir_all(&w).map_err(|e| {
+                Error::invalid(format!("workdir {}: cannot create: {e}", w.display()))
+            })?;
+            existing_dir("workdir", &w)?
+        }
+    };
+    let mnt = existing_dir("mountpoint", mountpoint)?;
+    for l in &lowerdirs {
+        if nested(l, &upperdir) {
+            return Err(Error::invalid(format!(
+                "upperdir {} and lowerdir {} overlap: neither may be inside the other",
+                upperdir.display(),
+                l.display()
+            )));
+        }
+        if nested(l, &workdir) {
+            return Err(Error::invalid(format!(
+                "workdir {} and lowerdir {} overlap: neither may be inside the other",
+                workdir.display(),
+                l.display()
+            )));
+        }
+    }
+    if workdir.starts_with(&upperdir) || upperdir.starts_with(&workdir) {
+        return Err(Error::invalid(format!(
+            "workdir {} and upperdir {} must be separate directories (neither inside the other)",
+            workdir.display(),
+            upperdir.display()
+        )));
+    }
+    if mnt.starts_with(&upperdir) || mnt.starts_with(&workdir) {
+        return Err(Error::invalid(format!(
+            "mountpoint {} is inside the upperdir or workdir",
+            mnt.display()
+        )));
+    }
+    let dev = |p: &Path| fs::metadata(p).map(|m| m.dev()).unwrap_or(0);
+    if dev(&upperdir) != dev(&workdir) {
+        return Err(Error::invalid(format!(
+            "workdir {} is not on the same filesystem as upperdir {}",
+            workdir.display(),
+            upperdir.display()
+        )));
+    }
+    Ok(OverlayConfig { lowerdirs, upperdir, workdir })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &str) -> Vec<String> {
+        vec![v.to_string()]
+    }
+
+    #[test]
+    fn parses_fuse_overlayfs_style_options() {
+        let r = parse(&s("rw,lowerdir=/a:/b,upperdir=/u,workdir=/w,noatime,lazytime,allow_other")).unwrap();
+        assert_eq!(r.lowerdirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(r.upperdir, Some(PathBuf::from("/u")));
+        assert_eq!(r.workdir, Some(PathBuf::from("/w")));
+    }
+
+    #[test]
+    fn rejects_unknown_and_missing_options() {
+        let e = parse(&s("lowerdir=/a,upperdir=/u,frobnicate")).unwrap_err().to_string();
+        assert!(e.contains("frobnicate"), "{e}");
+        let e = parse(&s("upperdir=/u")).unwrap_err().to_string();
+        assert!(e.contains("lowerdir"), "{e}");
+        let e = parse(&s("lowerdir=/a")).unwrap_err().to_string();
+        assert!(e.contains("upperdir"), "{e}");
+    }
+
+    #[test]
+    fn validate_rejects_nesting_and_missing_dirs() {
+        let t = tempfile::tempdir().unwrap();
+        let lower = t.path().join("lower");
+        let mnt = t.path().join("mnt");
+        fs::create_dir_all(lower.join("up")).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        let raw = RawOptions {
+            lowerdirs: vec![lower.clone()],
+            upperdir: Some(lower.join("up")),
+            workdir: Some(t.path().join("work")),
+        };
+        assert!(validate(&raw, &mnt).unwrap_err().to_string().contains("overlap"));
+        let raw = RawOptions {
+            lowerdirs: vec![t.path().join("nope")],
+            upperdir: Some(lower.join("up")),
+            workdir: None,
+        };
+        assert!(validate(&raw, &mnt).unwrap_err().to_string().contains("nope"));
+    }
+}

@@ -1,0 +1,138 @@
+//! The one place that knows how whiteouts and opaque directories are encoded in an upper dir.
+//!
+//! The encoding is kernel overlayfs's (Documentation/filesystems/overlayfs.rst, "whiteouts and
+//! opaque directories"), so an upper dir written by layercache is a valid upperdir/lowerdir for
+//! kernel overlayfs and fuse-overlayfs too:
+//! * a **whiteout** is a character device with device number 0/0;
+//! * an **opaque directory** carries the xattr `trusted.overlay.opaque` = `y` (written when the
+//!   daemon runs as root) or `user.overlay.opaque` = `y` (overlayfs `userxattr` mode, used when not
+//!   root). Both are recognised when reading.
+//!
+//! Overlay-private xattrs (`trusted.overlay.*`, `user.overlay.*`) are hidden from the merged view
+//! and never copied up.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// xattr marking an opaque directory when the daemon is privileged (kernel overlayfs default).
+pub const OPAQUE_XATTR_TRUSTED: &CStr = c"trusted.overlay.opaque";
+/// xattr marking an opaque directory in overlayfs `userxattr` mode (unprivileged).
+pub const OPAQUE_XATTR_USER: &CStr = c"user.overlay.opaque";
+
+/// True when `name` is an overlay-private xattr that must not show through the merged view nor
+/// be copied up (`trusted.overlay.*`, `user.overlay.*`).
+pub fn is_private_xattr(name: &[u8]) -> bool {
+    name.starts_with(b"trusted.overlay.") || name.starts_with(b"user.overlay.")
+}
+
+/// True when `st` (from `fstatat`/`lstat`) describes a whiteout: a character device 0/0.
+pub fn is_whiteout_stat(st: &libc::stat) -> bool {
+    (st.st_mode & libc::S_IFMT) == libc::S_IFCHR && st.st_rdev == 0
+}
+
+/// True when `meta` (std metadata, not following symlinks) describes a whiteout.
+pub fn is_whiteout_meta(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    meta.file_type().is_char_device() && meta.rdev() == 0
+}
+
+/// Creates a whiteout named `name` in the directory `dir`.
+///
+/// Errors: the `mknodat(2)` errno — `EEXIST` if `name` exists, `EPERM` without `CAP_MKNOD`.
+pub fn create_whiteout(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid dirfd and NUL-terminated name; mknodat does not retain pointers.
+    let rc = unsafe { libc::mknodat(dir.as_raw_fd(), c.as_ptr(), libc::S_IFCHR, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True when the directory open at `dir` is opaque (either xattr present with value `y`).
+///
+/// Errors: any `fgetxattr(2)` errno other than `ENODATA`/`ENOTSUP`, which mean "not opaque".
+pub fn is_opaque(dir: BorrowedFd<'_>) -> io::Result<bool> {
+    for name in [OPAQUE_XATTR_TRUSTED, OPAQUE_XATTR_USER] {
+        let mut buf = [0u8; 4];
+        // SAFETY: buffer pointer/len are valid for the call.
+        let n = unsafe {
+            libc::fgetxattr(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n >= 0 {
+            if n == 1 && buf[0] == b'y' {
+                return Ok(true);
+            }
+            continue;
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::ERANGE) => continue,
+            _ => return Err(err),
+        }
+    }
+    Ok(false)
+}
+
+/// Marks the directory open at `dir` opaque: its lower-layer namesakes no longer show through.
+/// Writes `trusted.overlay.opaque` as root, `user.overlay.opaque` otherwise.
+///
+/// Errors: the `fsetxattr(2)` errno (`ENOTSUP` on a filesystem without xattrs).
+pub fn set_opaque(dir: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    let name = if unsafe { libc::geteuid() } == 0 {
+        OPAQUE_XATTR_TRUSTED
+    } else {
+        OPAQUE_XATTR_USER
+    };
+    // SAFETY: name is NUL-terminated, value pointer/len valid.
+    let rc = unsafe { libc::fsetxattr(dir.as_raw_fd(), name.as_ptr(), b"y".as_ptr().cast(), 1, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn private_xattrs_are_recognised() {
+        assert!(is_private_xattr(b"trusted.overlay.opaque"));
+        assert!(is_private_xattr(b"user.overlay.redirect"));
+        assert!(!is_private_xattr(b"user.mime_type"));
+        assert!(!is_private_xattr(b"trusted.overlayfoo"));
+    }
+
+    #[test]
+    fn opaque_roundtrip_and_whiteout() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(dir.path()).unwrap();
+        assert!(!is_opaque(d.as_fd()).unwrap());
+        if set_opaque(d.as_fd()).is_ok() {
+            assert!(is_opaque(d.as_fd()).unwrap());
+        }
+        match create_whiteout(d.as_fd(), OsStr::new("gone")) {
+            Ok(()) => {
+                let m = std::fs::symlink_metadata(dir.path().join("gone")).unwrap();
+                assert!(is_whiteout_meta(&m));
+            }
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM)),
+        }
+        let plain = std::fs::symlink_metadata(dir.path()).unwrap();
+        assert!(!is_whiteout_meta(&plain));
+    }
+}
