@@ -1,0 +1,638 @@
+//! Harness for the mount-based overlay semantics tests.
+//!
+//! A [`Fixture`] owns temporary lower/upper/work/mountpoint directories, populates the lower
+//! layer(s), mounts the implementation under test and holds the mount in a [`MountGuard`]
+//! whose `Drop` unmounts it (`umount`, then `umount -l` as a last resort) before the temporary
+//! directories are removed, so no test leaves a mount behind even when it panics. The lower
+//! layers are fingerprinted (paths, metadata, xattrs, contents) after population and checked
+//! again after every unmount: the lower is never modified, whatever a test does.
+//!
+//! The implementation under test comes from `LAYERCACHE_TEST_IMPL`:
+//! * `layercache` (default) — this crate's binary, `layercache overlay -o … MNT`;
+//! * `kernel` — `mount -t overlay overlay -o … MNT` (used to prove the tests themselves right);
+//! * `fuse-overlayfs` — the Debian package (scripts/test.sh installs it).
+//!
+//! Readiness is checked by stat-ing the mountpoint (its `st_dev` must differ from its parent's),
+//! never by sleeping.
+
+#![allow(dead_code)] // every test binary uses a different subset of the helpers
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The overlay implementation the tests run against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Impl {
+    Layercache,
+    Kernel,
+    FuseOverlayfs,
+}
+
+impl Impl {
+    /// From `LAYERCACHE_TEST_IMPL` (default: layercache). Panics on an unknown value.
+    pub fn current() -> Impl {
+        match std::env::var("LAYERCACHE_TEST_IMPL").as_deref() {
+            Err(_) | Ok("") | Ok("layercache") => Impl::Layercache,
+            Ok("kernel") => Impl::Kernel,
+            Ok("fuse-overlayfs") => Impl::FuseOverlayfs,
+            Ok(other) => panic!(
+                "LAYERCACHE_TEST_IMPL={other:?}: want layercache, kernel or fuse-overlayfs"
+            ),
+        }
+    }
+
+    fn uses_fuse(self) -> bool {
+        self != Impl::Kernel
+    }
+}
+
+/// Returns false (after printing why) when mount-based tests cannot run here. Not being root
+/// is a skip that counts as a pass; being root without `/dev/fuse` for a FUSE implementation
+/// is a failure (the test machines have it).
+pub fn can_mount() -> bool {
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP {test}: mount-based tests need root");
+        return false;
+    }
+    if Impl::current().uses_fuse() && !Path::new("/dev/fuse").exists() {
+        panic!("{test}: /dev/fuse is missing (running as root, so this is a failure, not a skip)");
+    }
+    true
+}
+
+/// `require_root!()` at the top of a test: returns early (a pass) when it cannot run here.
+#[allow(unused_macros)]
+macro_rules! require_root {
+    () => {
+        if !$crate::common::can_mount() {
+            return;
+        }
+    };
+}
+
+/// Skips the rest of a test for one implementation, printing why.
+#[allow(unused_macros)]
+macro_rules! skip_for {
+    ($imp:expr, $why:expr) => {
+        if $crate::common::Impl::current() == $imp {
+            eprintln!("SKIP for {:?}: {}", $imp, $why);
+            return;
+        }
+    };
+}
+
+/// Skips the rest of a test unless the implementation under test is layercache.
+#[allow(unused_macros)]
+macro_rules! only_layercache {
+    ($why:expr) => {
+        if $crate::common::Impl::current() != $crate::common::Impl::Layercache {
+            eprintln!("SKIP for {:?}: {}", $crate::common::Impl::current(), $why);
+            return;
+        }
+    };
+}
+
+/// The layercache binary built by cargo for these tests.
+pub fn layercache_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_layercache"))
+}
+
+/// Builder for a [`Fixture`].
+pub struct FixtureBuilder {
+    lowers: usize,
+    mount: bool,
+    kernel_opts: Vec<String>,
+}
+
+impl FixtureBuilder {
+    /// Number of lower layers (default 1); `populate` receives one directory per lower,
+    /// topmost first.
+    pub fn lowers(mut self, n: usize) -> Self {
+        assert!(n >= 1);
+        self.lowers = n;
+        self
+    }
+
+    /// Do not mount: the test mounts itself (see [`Fixture::adopt_mount`]).
+    pub fn unmounted(mut self) -> Self {
+        self.mount = false;
+        self
+    }
+
+    /// Extra mount options for kernel overlayfs only (e.g. `redirect_dir=on`).
+    pub fn kernel_opt(mut self, opt: &str) -> Self {
+        self.kernel_opts.push(opt.to_string());
+        self
+    }
+
+    /// Creates the directories, runs `populate` on the lower(s), fingerprints them and mounts.
+    pub fn build(self, populate: impl FnOnce(&[PathBuf])) -> Fixture {
+        let tmp = tempfile::Builder::new()
+            .prefix("lc-test-")
+            .tempdir()
+            .expect("tempdir");
+        // Other uids (setpriv tests) must be able to reach the mountpoint.
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let root = tmp.path().to_path_buf();
+        let lowers: Vec<PathBuf> = (0..self.lowers)
+            .map(|i| {
+                if self.lowers == 1 {
+                    root.join("lower")
+                } else {
+                    root.join(format!("lower{i}"))
+                }
+            })
+            .collect();
+        for d in lowers
+            .iter()
+            .cloned()
+            .chain([root.join("upper"), root.join("work"), root.join("mnt")])
+        {
+            fs::create_dir(&d).unwrap();
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        populate(&lowers);
+        let lower_print = lowers.iter().map(|l| tree_fingerprint(l)).collect();
+        let mut fx = Fixture {
+            mount: None,
+            upper: root.join("upper"),
+            work: root.join("work"),
+            mnt: root.join("mnt"),
+            lowers,
+            lower_print,
+            kernel_opts: self.kernel_opts,
+            _tmp: tmp,
+        };
+        if self.mount {
+            fx.mount();
+        }
+        fx
+    }
+}
+
+/// Temp lower/upper/work/mnt directories plus (usually) a live mount of them.
+pub struct Fixture {
+    // Field order matters only for documentation: Drop below unmounts explicitly first.
+    mount: Option<MountGuard>,
+    pub lowers: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub mnt: PathBuf,
+    lower_print: Vec<Fingerprint>,
+    kernel_opts: Vec<String>,
+    _tmp: tempfile::TempDir,
+}
+
+impl Fixture {
+    pub fn builder() -> FixtureBuilder {
+        FixtureBuilder {
+            lowers: 1,
+            mount: true,
+            kernel_opts: Vec::new(),
+        }
+    }
+
+    /// One lower populated by `populate`, mounted.
+    pub fn new(populate: impl FnOnce(&Path)) -> Fixture {
+        Fixture::builder().build(|l| populate(&l[0]))
+    }
+
+    /// The (topmost) lower directory.
+    pub fn lower(&self) -> &Path {
+        &self.lowers[0]
+    }
+
+    /// A path inside the mount.
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// The `-o` option string for this fixture.
+    pub fn options(&self) -> String {
+        let lowers: Vec<String> = self
+            .lowers
+            .iter()
+            .map(|l| l.display().to_string())
+            .collect();
+        format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lowers.join(":"),
+            self.upper.display(),
+            self.work.display()
+        )
+    }
+
+    /// The command that mounts this fixture with the implementation under test.
+    pub fn mount_command(&self) -> Command {
+        let opts = self.options();
+        match Impl::current() {
+            Impl::Layercache => {
+                let mut c = Command::new(layercache_bin());
+                c.arg("overlay").arg("-o").arg(&opts).arg(&self.mnt);
+                c
+            }
+            Impl::Kernel => {
+                let mut all = opts;
+                for o in &self.kernel_opts {
+                    all.push(',');
+                    all.push_str(o);
+                }
+                let mut c = Command::new("mount");
+                c.args(["-t", "overlay", "overlay", "-o", &all])
+                    .arg(&self.mnt);
+                c
+            }
+            Impl::FuseOverlayfs => {
+                let mut c = Command::new("fuse-overlayfs");
+                c.arg("-o")
+                    .arg(format!("{opts},allow_other,default_permissions"))
+                    .arg(&self.mnt);
+                c
+            }
+        }
+    }
+
+    /// Mounts (panics if already mounted or if the mount does not come up).
+    pub fn mount(&mut self) {
+        assert!(self.mount.is_none(), "already mounted");
+        let out = self.mount_command().output().expect("spawn mount command");
+        assert!(
+            out.status.success(),
+            "mount failed ({:?}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.adopt_mount();
+    }
+
+    /// Takes ownership of a mount the test made at `self.mnt` (asserts it is ready).
+    pub fn adopt_mount(&mut self) {
+        assert!(self.mount.is_none(), "already mounted");
+        // Guard first, so a readiness failure still unmounts whatever is there.
+        self.mount = Some(MountGuard {
+            mnt: self.mnt.clone(),
+        });
+        assert!(
+            is_mounted(&self.mnt),
+            "mount command returned but {} is not a mountpoint (st_dev equals its parent's)",
+            self.mnt.display()
+        );
+    }
+
+    /// Unmounts and checks the lower layers are unchanged.
+    pub fn unmount(&mut self) {
+        let guard = self.mount.take().expect("not mounted");
+        guard.unmount_checked();
+        self.assert_lower_unchanged();
+    }
+
+    /// Unmount and mount again on the same upper (persistence checks).
+    pub fn remount(&mut self) {
+        self.unmount();
+        self.mount();
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        self.mount.is_some()
+    }
+
+    /// Panics if a lower layer differs from its fingerprint taken before mounting.
+    pub fn assert_lower_unchanged(&self) {
+        for (l, before) in self.lowers.iter().zip(&self.lower_print) {
+            let now = tree_fingerprint(l);
+            if let Some(diff) = first_difference(before, &now) {
+                panic!("lower {} was modified: {diff}", l.display());
+            }
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(g) = self.mount.take() {
+            drop(g);
+        }
+        if std::thread::panicking() {
+            return;
+        }
+        self.assert_lower_unchanged();
+    }
+}
+
+/// A live mount; dropping it unmounts (`umount`, then `umount -l`).
+pub struct MountGuard {
+    mnt: PathBuf,
+}
+
+impl MountGuard {
+    fn unmount_checked(self) {
+        let mnt = self.mnt.clone();
+        std::mem::forget(self);
+        let mut out = Command::new("umount").arg(&mnt).output().expect("umount");
+        // A forked child of a concurrent test may briefly hold an inherited fd: retry a few
+        // times before giving up.
+        for _ in 0..5 {
+            if out.status.success() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            out = Command::new("umount").arg(&mnt).output().expect("umount");
+        }
+        if !out.status.success() {
+            lazy_umount(&mnt);
+            panic!(
+                "umount {} failed: {} (lazily unmounted)",
+                mnt.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        assert!(!is_mounted(&mnt), "{} still mounted after umount", mnt.display());
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.mnt)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !ok || is_mounted(&self.mnt) {
+            lazy_umount(&self.mnt);
+        }
+    }
+}
+
+fn lazy_umount(mnt: &Path) {
+    let _ = Command::new("umount").arg("-l").arg(mnt).output();
+}
+
+/// True when `p` is a mountpoint: its `st_dev` differs from its parent's.
+pub fn is_mounted(p: &Path) -> bool {
+    let (Ok(m), Ok(parent)) = (fs::metadata(p), fs::metadata(p.join(".."))) else {
+        // An unreachable (ENOTCONN) mountpoint is still a mount.
+        return fs::symlink_metadata(p).is_err() || fs::metadata(p).is_err();
+    };
+    m.dev() != parent.dev()
+}
+
+/// Lines of /proc/mounts whose mountpoint is exactly `p`.
+pub fn mounts_at(p: &Path) -> usize {
+    let text = fs::read_to_string("/proc/mounts").unwrap();
+    let want = p.display().to_string();
+    text.lines()
+        .filter(|l| l.split(' ').nth(1) == Some(want.as_str()))
+        .count()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tree fingerprints (lower never modified)
+
+/// Per path: type, mode, owner, size, mtime/ctime (ns), inode, rdev, symlink target, xattrs,
+/// and a blake3 of regular file contents.
+pub type Fingerprint = BTreeMap<PathBuf, String>;
+
+pub fn tree_fingerprint(root: &Path) -> Fingerprint {
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn walk(root: &Path, p: &Path, out: &mut Fingerprint) {
+    let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+    let ft = m.file_type();
+    let mut desc = format!(
+        "mode={:o} uid={} gid={} size={} mtime={}.{} ctime={}.{} ino={} rdev={} nlink={}",
+        m.mode(),
+        m.uid(),
+        m.gid(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+        m.ino(),
+        m.rdev(),
+        m.nlink()
+    );
+    if ft.is_symlink() {
+        desc += &format!(" target={:?}", fs::read_link(p).unwrap());
+    }
+    for (k, v) in list_xattrs(p) {
+        desc += &format!(" xattr:{}={:?}", k.to_string_lossy(), v);
+    }
+    if ft.is_file() {
+        let mut f = fs::File::open(p).unwrap();
+        let mut h = blake3::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        desc += &format!(" blake3={}", h.finalize().to_hex());
+    }
+    out.insert(p.strip_prefix(root).unwrap().to_path_buf(), desc);
+    if ft.is_dir() {
+        let mut names: Vec<_> = fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            walk(root, &p.join(n), out);
+        }
+    }
+}
+
+fn first_difference(a: &Fingerprint, b: &Fingerprint) -> Option<String> {
+    for (k, v) in a {
+        match b.get(k) {
+            None => return Some(format!("{} disappeared", k.display())),
+            Some(w) if w != v => return Some(format!("{} changed: {v} -> {w}", k.display())),
+            _ => {}
+        }
+    }
+    b.keys()
+        .find(|k| !a.contains_key(*k))
+        .map(|k| format!("{} appeared", k.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small syscall helpers
+
+pub fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// The errno of the last failed libc call.
+pub fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// `lstat` errno, or 0 when it exists.
+pub fn lstat_errno(p: &Path) -> i32 {
+    match fs::symlink_metadata(p) {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+pub fn assert_enoent(p: &Path) {
+    let e = lstat_errno(p);
+    assert_eq!(e, libc::ENOENT, "{}: want ENOENT, got errno {e}", p.display());
+}
+
+pub fn list_xattrs(p: &Path) -> Vec<(OsString, Vec<u8>)> {
+    let c = cstr(p);
+    // SAFETY: c is a valid C string; a null buffer with size 0 asks for the needed size.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    let mut buf = vec![0u8; n as usize];
+    // SAFETY: buf is writable for buf.len() bytes.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "llistxattr {}: {}", p.display(), io::Error::last_os_error());
+    let mut out = Vec::new();
+    for name in buf[..n as usize].split(|b| *b == 0).filter(|s| !s.is_empty()) {
+        let v = get_xattr(p, OsStr::from_bytes(name)).unwrap_or_default();
+        out.push((OsStr::from_bytes(name).to_owned(), v));
+    }
+    out.sort();
+    out
+}
+
+pub fn get_xattr(p: &Path, name: impl AsRef<OsStr>) -> Option<Vec<u8>> {
+    let c = cstr(p);
+    let n = CString::new(name.as_ref().as_bytes()).unwrap();
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: valid C strings; buf is writable for its length.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    buf.truncate(r as usize);
+    Some(buf)
+}
+
+pub fn set_xattr(p: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+    let c = cstr(p);
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid C strings and a readable value buffer.
+    let r = unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Sets atime and mtime (seconds, nanoseconds) without following symlinks.
+pub fn set_times(p: &Path, atime: (i64, i64), mtime: (i64, i64)) {
+    let c = cstr(p);
+    let ts = [
+        libc::timespec {
+            tv_sec: atime.0,
+            tv_nsec: atime.1,
+        },
+        libc::timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1,
+        },
+    ];
+    // SAFETY: valid C string and a two-element timespec array.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "utimensat {}: {}", p.display(), io::Error::last_os_error());
+}
+
+pub fn chown(p: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
+}
+
+pub fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+pub fn write(p: &Path, data: impl AsRef<[u8]>) {
+    if let Some(parent) = p.parent() {
+        fs::create_dir_all(parent).unwrap();
+    }
+    fs::write(p, data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+}
+
+pub fn read(p: &Path) -> String {
+    fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// Sorted names in a directory (via std's readdir).
+pub fn names(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", p.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs `sh -c script` in `dir`; panics with its output unless it succeeds; returns stdout.
+pub fn sh(dir: &Path, script: &str) -> String {
+    let out = sh_output(dir, script);
+    assert!(
+        out.status.success(),
+        "`{script}` in {} failed ({:?})\nstdout: {}\nstderr: {}",
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn sh_output(dir: &Path, script: &str) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("spawn sh")
+}
+
+/// True when the upper entry at `p` is a whiteout (kernel overlayfs encoding: char dev 0/0).
+pub fn is_whiteout(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    fs::symlink_metadata(p)
+        .map(|m| m.file_type().is_char_device() && m.rdev() == 0)
+        .unwrap_or(false)
+}
+
+/// True when the upper directory at `p` is marked opaque (`trusted.overlay.opaque=y`).
+pub fn is_opaque(p: &Path) -> bool {
+    get_xattr(p, "trusted.overlay.opaque").as_deref() == Some(b"y")
+        || get_xattr(p, "user.overlay.opaque").as_deref() == Some(b"y")
+}
