@@ -121,10 +121,15 @@ pub struct RunArgs {
 /// `layercache key`.
 #[derive(Debug, Args)]
 pub struct KeyArgs {
+    /// The spec (TOML or JSON); `-` reads standard input.
     #[arg(long)]
     pub spec: String,
+    /// The project directory key files are read from (default: the current directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+    /// Where caches are mounted (`<mount-root>/<id>`); enters the key through the mountpoint.
+    #[arg(long, default_value = "/cache")]
+    pub mount_root: PathBuf,
     #[arg(long, env = "LAYERCACHE_IMAGE")]
     pub image: Option<String>,
 }

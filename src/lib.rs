@@ -8,6 +8,10 @@ pub mod app;
 pub mod cli;
 pub mod error;
 pub mod ids;
+pub mod key;
 pub mod overlay;
+pub mod sandbox;
+pub mod spec;
+pub mod telemetry;
 
 pub use error::{Error, Result};

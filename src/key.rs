@@ -1,0 +1,433 @@
+//! Cache keys: what a layer is published under, and the restore keys tried when it is missing.
+//!
+//! Follows GitHub `actions/cache`: an exact `key` (immutable once published) plus ordered
+//! `restore-keys` prefixes that pick the newest layer whose key starts with them.
+//!
+//! A key reads `<id>-<os>-<arch>-<env8>-<hash>`:
+//! * `env8` — the environment fingerprint: the first 8 hex digits of blake3 over the sandbox
+//!   image id (`--image` / `LAYERCACHE_IMAGE`, `none` when unset) and the versions of the preset's
+//!   tools (`node --version`, `python3 --version`, `rustc --version`, `go version`,
+//!   `java --version`; a missing tool counts as `none`). Installed trees with native code depend
+//!   on them, so a changed image or toolchain never restores an old layer;
+//! * `hash` — 32 hex digits of blake3 over the cache id, the preset name and version, the setup
+//!   script, the env templates, the mountpoint, the exclude list, the key files' relative paths and
+//!   contents (sorted by path), and the environment fingerprint.
+//!
+//! The default restore key is the key up to its hash (`<id>-<os>-<arch>-<env8>-`), so a changed
+//! lockfile or setup script falls back to the nearest layer of the same environment.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey};
+use crate::spec::{Cache, Paths, glob_match};
+
+/// Directories never searched for key files under a `**` pattern (installed trees, VCS data,
+/// build output).
+const SKIP_DIRS: &[&str] = &[
+    ".git",
+    "node_modules",
+    ".venv",
+    "target",
+    "build",
+    ".gradle",
+];
+
+/// Hex digits of the content hash in a key.
+const HASH_HEX: usize = 32;
+
+/// The environment fingerprint's inputs, probed once per run (tool versions are cached).
+#[derive(Debug)]
+pub struct Environment {
+    /// `std::env::consts::OS`, e.g. `linux`.
+    pub os: String,
+    /// `std::env::consts::ARCH`, e.g. `x86_64`.
+    pub arch: String,
+    /// The sandbox image id, if any.
+    pub image: Option<String>,
+    versions: Mutex<BTreeMap<String, String>>,
+}
+
+impl Environment {
+    /// The host environment with an optional image id; tool versions are probed lazily by
+    /// running the tool.
+    pub fn host(image: Option<String>) -> Self {
+        Environment {
+            os: std::env::consts::OS.to_string(),
+            arch: std::env::consts::ARCH.to_string(),
+            image: image.filter(|i| !i.is_empty()),
+            versions: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// An environment with fixed tool versions (tests; tools not listed are probed).
+    pub fn with_versions(image: Option<String>, versions: &[(&str, &str)]) -> Self {
+        let env = Self::host(image);
+        if let Ok(mut v) = env.versions.lock() {
+            for (tool, version) in versions {
+                v.insert(tool.to_string(), version.to_string());
+            }
+        }
+        env
+    }
+
+    /// The first line `tool --version` prints (`go version` for Go), or `none` when the tool is
+    /// missing or fails.
+    pub fn tool_version(&self, tool: &str) -> String {
+        if let Some(v) = self.versions.lock().ok().and_then(|v| v.get(tool).cloned()) {
+            return v;
+        }
+        let version = probe_version(tool);
+        if let Ok(mut v) = self.versions.lock() {
+            v.insert(tool.to_string(), version.clone());
+        }
+        version
+    }
+
+    /// The fingerprint string hashed into `env8` for these tools (stable: tools are sorted).
+    pub fn fingerprint(&self, tools: &[&str]) -> String {
+        let mut tools: Vec<&str> = tools.to_vec();
+        tools.sort_unstable();
+        tools.dedup();
+        let mut s = format!(
+            "os={}\narch={}\nimage={}\n",
+            self.os,
+            self.arch,
+            self.image.as_deref().unwrap_or("none")
+        );
+        for t in tools {
+            s.push_str(&format!("{t}={}\n", self.tool_version(t)));
+        }
+        s
+    }
+}
+
+fn probe_version(tool: &str) -> String {
+    let arg = if tool == "go" { "version" } else { "--version" };
+    let out = Command::new(tool)
+        .arg(arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let text = if o.stdout.iter().any(|b| !b.is_ascii_whitespace()) {
+                o.stdout
+            } else {
+                o.stderr
+            };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .unwrap_or("none")
+                .to_string()
+        }
+        _ => "none".to_string(),
+    }
+}
+
+/// A cache's computed key, restore keys and the inputs that went into them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CacheKeys {
+    /// The cache.
+    pub id: CacheId,
+    /// The exact key.
+    pub key: CacheKey,
+    /// Restore-key prefixes, tried in order when the key has no layer.
+    pub restore_keys: Vec<CacheKey>,
+    /// The key files found, relative to the workdir, sorted.
+    pub key_files: Vec<PathBuf>,
+    /// Where the cache is mounted.
+    pub mountpoint: PathBuf,
+    /// The environment fingerprint text (see the module docs).
+    pub fingerprint: String,
+}
+
+impl CacheKeys {
+    /// The key up to its hash: `<id>-<os>-<arch>-<env8>-`.
+    pub fn prefix(&self) -> &str {
+        let k = self.key.as_str();
+        &k[..k.len() - HASH_HEX]
+    }
+}
+
+/// Computes a cache's key and restore keys from the key files under `paths.workdir`.
+///
+/// Errors: [`Error::Invalid`] naming `cache "<id>": key_files` when a literal key file of the
+/// spec is missing or no key file matches at all; [`Error::Io`] when a key file cannot be read.
+pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheKeys> {
+    let id = cache.id.as_str();
+    let files = find_key_files(cache, &paths.workdir)?;
+    let mountpoint = cache.mountpoint(paths)?;
+    let fingerprint = env.fingerprint(cache.tools());
+    let env8 = &blake3::hash(fingerprint.as_bytes()).to_hex()[..8];
+
+    let mut h = blake3::Hasher::new_derive_key("layercache cache key v1");
+    let mut field = |name: &str, value: &[u8]| {
+        for part in [name.as_bytes(), value] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+    };
+    field("id", id.as_bytes());
+    if let Some(p) = cache.preset {
+        field("preset", p.name.as_bytes());
+        field("preset_version", &p.version.to_le_bytes());
+    }
+    field("setup", cache.setup.as_bytes());
+    for (k, v) in &cache.env {
+        field("env", format!("{k}={v}").as_bytes());
+    }
+    field("mountpoint", mountpoint.as_os_str().as_encoded_bytes());
+    for x in &cache.exclude {
+        field("exclude", x.as_bytes());
+    }
+    for rel in &files {
+        let abs = paths.workdir.join(rel);
+        let content = fs::read(&abs).at(&abs)?;
+        field("file", rel.as_os_str().as_encoded_bytes());
+        field("content", &content);
+    }
+    field("environment", fingerprint.as_bytes());
+    let hash = h.finalize().to_hex();
+
+    let prefix = format!("{id}-{}-{}-{env8}-", env.os, env.arch);
+    let key = CacheKey::new(format!("{prefix}{}", &hash[..HASH_HEX]))?;
+    let restore_keys = match &cache.restore_keys {
+        Some(list) => list
+            .iter()
+            .map(|r| CacheKey::new(r.clone()))
+            .collect::<Result<Vec<_>>>()?,
+        None => vec![CacheKey::new(prefix)?],
+    };
+    Ok(CacheKeys {
+        id: cache.id.clone(),
+        key,
+        restore_keys,
+        key_files: files,
+        mountpoint,
+        fingerprint,
+    })
+}
+
+/// The key files of `cache` under `workdir`, relative and sorted.
+fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
+    let id = cache.id.as_str();
+    let mut found: Vec<PathBuf> = Vec::new();
+    for pattern in &cache.key_files {
+        let before = found.len();
+        let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
+        expand(workdir, Path::new(""), &comps, &mut found)?;
+        let literal = !pattern.contains(['*', '?']);
+        if cache.key_files_explicit && literal && found.len() == before {
+            return Err(Error::invalid(format!(
+                "cache {id:?}: key_files: {pattern:?} not found in {}",
+                workdir.display()
+            )));
+        }
+    }
+    found.sort();
+    found.dedup();
+    if found.is_empty() {
+        return Err(Error::invalid(format!(
+            "cache {id:?}: key_files: none of {} found in {}",
+            cache.key_files.join(", "),
+            workdir.display()
+        )));
+    }
+    Ok(found)
+}
+
+fn expand(root: &Path, rel: &Path, comps: &[&str], out: &mut Vec<PathBuf>) -> Result<()> {
+    let Some((first, rest)) = comps.split_first() else {
+        if fs::metadata(root.join(rel)).is_ok_and(|m| m.is_file()) {
+            out.push(rel.to_path_buf());
+        }
+        return Ok(());
+    };
+    if *first == "**" {
+        expand(root, rel, rest, out)?;
+        for name in list_dir(&root.join(rel))? {
+            if SKIP_DIRS.contains(&name.as_str()) {
+                continue;
+            }
+            let sub = rel.join(&name);
+            let is_dir = fs::symlink_metadata(root.join(&sub)).is_ok_and(|m| m.is_dir());
+            if is_dir {
+                expand(root, &sub, comps, out)?;
+            }
+        }
+    } else if first.contains(['*', '?']) {
+        for name in list_dir(&root.join(rel))? {
+            if glob_match(first, &name) {
+                expand(root, &rel.join(&name), rest, out)?;
+            }
+        }
+    } else {
+        expand(root, &rel.join(first), rest, out)?;
+    }
+    Ok(())
+}
+
+fn list_dir(dir: &Path) -> Result<Vec<String>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.at(dir)?;
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec;
+
+    fn setup_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("package-lock.json"), b"{\"v\":1}").unwrap();
+        fs::write(d.path().join("package.json"), b"{}").unwrap();
+        d
+    }
+
+    fn keys(spec_text: &str, dir: &Path, image: Option<&str>) -> Result<CacheKeys> {
+        let s = spec::parse(spec_text)?;
+        let paths = Paths {
+            workdir: dir.to_path_buf(),
+            mount_root: "/cache".into(),
+        };
+        let env = Environment::with_versions(image.map(String::from), &[("node", "v20.0.0")]);
+        compute(&s.caches[0], &paths, &env)
+    }
+
+    const NPM: &str = "project = \"p\"\n[[cache]]\nid = \"npm\"\npreset = \"npm\"\n";
+
+    #[test]
+    fn key_is_stable_and_well_formed() {
+        let d = setup_dir();
+        let a = keys(NPM, d.path(), None).unwrap();
+        let b = keys(NPM, d.path(), None).unwrap();
+        assert_eq!(a.key, b.key);
+        let k = a.key.as_str();
+        let prefix = format!("npm-{}-{}-", std::env::consts::OS, std::env::consts::ARCH);
+        assert!(k.starts_with(&prefix), "{k}");
+        assert_eq!(k.len(), prefix.len() + 8 + 1 + HASH_HEX, "{k}");
+        assert_eq!(a.restore_keys.len(), 1);
+        assert_eq!(a.restore_keys[0].as_str(), a.prefix());
+        assert!(a.prefix().ends_with('-'));
+        assert_eq!(a.key_files, [PathBuf::from("package-lock.json")]);
+        assert_eq!(a.mountpoint, Path::new("/cache/npm"));
+    }
+
+    #[test]
+    fn lockfile_change_changes_key_not_prefix() {
+        let d = setup_dir();
+        let a = keys(NPM, d.path(), None).unwrap();
+        fs::write(d.path().join("package-lock.json"), b"{\"v\":2}").unwrap();
+        let b = keys(NPM, d.path(), None).unwrap();
+        assert_ne!(a.key, b.key);
+        assert_eq!(a.prefix(), b.prefix());
+        // a second key file also changes it
+        fs::write(d.path().join("npm-shrinkwrap.json"), b"{}").unwrap();
+        let c = keys(NPM, d.path(), None).unwrap();
+        assert_ne!(b.key, c.key);
+        // files not named as key files do not
+        fs::write(d.path().join("README"), b"x").unwrap();
+        assert_eq!(keys(NPM, d.path(), None).unwrap().key, c.key);
+    }
+
+    #[test]
+    fn setup_change_changes_key_not_prefix() {
+        let d = setup_dir();
+        let a = keys(NPM, d.path(), None).unwrap();
+        let b = keys(&format!("{NPM}setup = \"npm install\"\n"), d.path(), None).unwrap();
+        assert_ne!(a.key, b.key);
+        assert_eq!(a.prefix(), b.prefix());
+        // maintenance does not change what the layer holds
+        let c = keys(&format!("{NPM}maintenance = \"true\"\n"), d.path(), None).unwrap();
+        assert_eq!(a.key, c.key);
+    }
+
+    #[test]
+    fn image_or_tool_change_changes_prefix() {
+        let d = setup_dir();
+        let a = keys(NPM, d.path(), Some("img-a")).unwrap();
+        let b = keys(NPM, d.path(), Some("img-b")).unwrap();
+        assert_ne!(a.prefix(), b.prefix());
+        assert_ne!(a.key, b.key);
+        let s = spec::parse(NPM).unwrap();
+        let paths = Paths {
+            workdir: d.path().to_path_buf(),
+            mount_root: "/cache".into(),
+        };
+        let env = Environment::with_versions(Some("img-a".into()), &[("node", "v22.0.0")]);
+        let c = compute(&s.caches[0], &paths, &env).unwrap();
+        assert_ne!(a.prefix(), c.prefix());
+    }
+
+    #[test]
+    fn explicit_restore_keys_and_missing_files() {
+        let d = setup_dir();
+        let k = keys(
+            &format!("{NPM}restore_keys = [\"npm-linux-\", \"npm-\"]\n"),
+            d.path(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(k.restore_keys.len(), 2);
+        let e = keys(
+            &format!("{NPM}key_files = [\"nope.lock\"]\n"),
+            d.path(),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("key_files") && e.contains("nope.lock"), "{e}");
+        let empty = tempfile::tempdir().unwrap();
+        let e = keys(NPM, empty.path(), None).unwrap_err().to_string();
+        assert!(
+            e.contains("key_files") && e.contains("package-lock.json"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn recursive_patterns_skip_installed_trees() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join("sub/node_modules/x")).unwrap();
+        fs::write(d.path().join("go.sum"), b"a").unwrap();
+        fs::write(d.path().join("sub/go.sum"), b"b").unwrap();
+        fs::write(d.path().join("sub/node_modules/x/go.sum"), b"c").unwrap();
+        let k = keys(
+            "project = \"p\"\n[[cache]]\nid = \"go\"\npreset = \"go\"\n",
+            d.path(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            k.key_files,
+            [PathBuf::from("go.sum"), PathBuf::from("sub/go.sum")]
+        );
+    }
+
+    #[test]
+    fn missing_tool_is_none() {
+        assert_eq!(probe_version("layercache-no-such-tool"), "none");
+    }
+}

@@ -1,0 +1,766 @@
+//! The cache spec a run prepares (`layercache run --spec FILE|-`): a project and its caches, in
+//! TOML or JSON, validated into [`Spec`], plus the built-in [`PRESETS`].
+//!
+//! ```toml
+//! project = "acme-web"
+//! [[cache]]
+//! id = "npm"                 # mounted at <mount-root>/<id>, default mount root /cache
+//! preset = "npm"             # fills key_files, env, default restore key, default setup/maintenance
+//! setup = "npm ci"
+//! maintenance = "npm ci --prefer-offline"   # optional
+//! # optional overrides: key_files, restore_keys, env, mountpoint, exclude
+//! ```
+//!
+//! Outside references: GitHub `actions/cache` (`key`, `restore-keys`: prefixes tried in order
+//! when the exact key has no entry), Codex cloud environments (a *setup* script fills an empty
+//! environment; a cheaper *maintenance* script runs when a cached one is resumed).
+//!
+//! Templates: `env` values and `mountpoint` may use `{mount}` (the cache's mountpoint),
+//! `{workdir}` (the project directory), `{mount_root}` and `{env:NAME}` (the variable in
+//! layercache's own environment, empty when unset).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey, ProjectId};
+
+/// A built-in preset: what a package manager's cache needs so users only name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preset {
+    /// The name used in `preset = "…"`.
+    pub name: &'static str,
+    /// Bumped when the preset's behaviour changes, so old layers are not reused; enters the key.
+    pub version: u32,
+    /// One line for `layercache presets`.
+    pub description: &'static str,
+    /// Key file patterns relative to the workdir (`*` within a name, `**/` any directories);
+    /// at least one file must match.
+    pub key_files: &'static [&'static str],
+    /// Environment the package manager reads its cache location from (templates, module docs).
+    pub env: &'static [(&'static str, &'static str)],
+    /// Where the cache is mounted when the spec names no `mountpoint`; `None` means
+    /// `<mount-root>/<id>`.
+    pub mountpoint: Option<&'static str>,
+    /// Default setup script (run with `sh -c` in the workdir on a miss or restore).
+    pub setup: &'static str,
+    /// Default maintenance script (run on a hit); `None` runs nothing.
+    pub maintenance: Option<&'static str>,
+    /// Tools whose `--version` enters the key's environment fingerprint.
+    pub tools: &'static [&'static str],
+    /// Paths (patterns relative to the mount) removed before promotion.
+    pub exclude: &'static [&'static str],
+}
+
+const NODE_SETUP: &str = "if [ -f pnpm-lock.yaml ]; then pnpm install --frozen-lockfile; \
+elif [ -f yarn.lock ]; then yarn install --frozen-lockfile; \
+else npm ci --no-audit --no-fund; fi";
+
+/// The built-in presets (issue 5), in the order `layercache presets` lists them.
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "npm",
+        version: 1,
+        description: "npm's download cache (npm_config_cache)",
+        key_files: &["package-lock.json", "npm-shrinkwrap.json"],
+        env: &[("npm_config_cache", "{mount}")],
+        mountpoint: None,
+        setup: "npm ci --no-audit --no-fund",
+        maintenance: Some("npm ci --prefer-offline --no-audit --no-fund"),
+        tools: &["node"],
+        exclude: &[],
+    },
+    Preset {
+        name: "pnpm",
+        version: 1,
+        description: "pnpm's content-addressed store (npm_config_store_dir)",
+        key_files: &["pnpm-lock.yaml"],
+        env: &[("npm_config_store_dir", "{mount}")],
+        mountpoint: None,
+        setup: "pnpm install --frozen-lockfile",
+        maintenance: Some("pnpm install --frozen-lockfile --prefer-offline"),
+        tools: &["node"],
+        exclude: &[],
+    },
+    Preset {
+        name: "yarn",
+        version: 1,
+        description: "yarn's download cache (YARN_CACHE_FOLDER)",
+        key_files: &["yarn.lock"],
+        env: &[("YARN_CACHE_FOLDER", "{mount}")],
+        mountpoint: None,
+        setup: "yarn install --frozen-lockfile",
+        maintenance: Some("yarn install --frozen-lockfile --prefer-offline"),
+        tools: &["node"],
+        exclude: &[],
+    },
+    Preset {
+        name: "pip",
+        version: 1,
+        description: "pip's HTTP and wheel cache (PIP_CACHE_DIR)",
+        key_files: &["requirements*.txt", "constraints*.txt"],
+        env: &[("PIP_CACHE_DIR", "{mount}")],
+        mountpoint: None,
+        setup: "pip install -r requirements.txt",
+        maintenance: Some("pip install -r requirements.txt"),
+        tools: &["python3"],
+        exclude: &[],
+    },
+    Preset {
+        name: "uv",
+        version: 1,
+        description: "uv's cache (UV_CACHE_DIR)",
+        key_files: &["uv.lock"],
+        env: &[("UV_CACHE_DIR", "{mount}")],
+        mountpoint: None,
+        setup: "uv sync --frozen",
+        maintenance: Some("uv sync --frozen --offline"),
+        tools: &["python3"],
+        exclude: &[],
+    },
+    Preset {
+        name: "go",
+        version: 1,
+        description: "Go module and build caches (GOMODCACHE={mount}/mod, GOCACHE={mount}/build)",
+        key_files: &["**/go.sum", "**/go.mod"],
+        env: &[("GOMODCACHE", "{mount}/mod"), ("GOCACHE", "{mount}/build")],
+        mountpoint: None,
+        setup: "go mod download",
+        maintenance: None,
+        tools: &["go"],
+        exclude: &[],
+    },
+    Preset {
+        name: "cargo",
+        version: 1,
+        description: "Cargo's registry and git caches (CARGO_HOME; bin/ and credentials are dropped)",
+        key_files: &["Cargo.lock"],
+        env: &[("CARGO_HOME", "{mount}")],
+        mountpoint: None,
+        setup: "cargo fetch --locked",
+        maintenance: None,
+        tools: &["rustc"],
+        exclude: &["bin", "credentials", "credentials.toml", ".package-cache"],
+    },
+    Preset {
+        name: "maven",
+        version: 1,
+        description: "Maven's local repository (-Dmaven.repo.local via MAVEN_OPTS)",
+        key_files: &["**/pom.xml"],
+        env: &[("MAVEN_OPTS", "-Dmaven.repo.local={mount} {env:MAVEN_OPTS}")],
+        mountpoint: None,
+        setup: "mvn -B -q dependency:go-offline",
+        maintenance: None,
+        tools: &["java"],
+        exclude: &[],
+    },
+    Preset {
+        name: "gradle",
+        version: 1,
+        description: "Gradle's user home caches (GRADLE_USER_HOME)",
+        key_files: &[
+            "**/*.gradle*",
+            "**/gradle-wrapper.properties",
+            "**/libs.versions.toml",
+        ],
+        env: &[("GRADLE_USER_HOME", "{mount}")],
+        mountpoint: None,
+        setup: "if [ -x ./gradlew ]; then ./gradlew --no-daemon dependencies; \
+else gradle --no-daemon dependencies; fi",
+        maintenance: None,
+        tools: &["java"],
+        exclude: &["gradle.properties"],
+    },
+    Preset {
+        name: "node_modules",
+        version: 1,
+        description: "the installed node_modules tree, mounted at <workdir>/node_modules",
+        key_files: &[
+            "package-lock.json",
+            "npm-shrinkwrap.json",
+            "pnpm-lock.yaml",
+            "yarn.lock",
+        ],
+        env: &[],
+        mountpoint: Some("{workdir}/node_modules"),
+        setup: NODE_SETUP,
+        maintenance: None,
+        tools: &["node"],
+        exclude: &[],
+    },
+    Preset {
+        name: "venv",
+        version: 1,
+        description: "a Python virtualenv, mounted at <workdir>/.venv",
+        key_files: &["requirements*.txt", "uv.lock", "poetry.lock"],
+        env: &[
+            ("VIRTUAL_ENV", "{mount}"),
+            ("PATH", "{mount}/bin:{env:PATH}"),
+        ],
+        mountpoint: Some("{workdir}/.venv"),
+        setup: "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt",
+        maintenance: None,
+        tools: &["python3"],
+        exclude: &[],
+    },
+    Preset {
+        name: "cargo-target",
+        version: 1,
+        description: "Cargo's build output (CARGO_TARGET_DIR), so dependencies are not rebuilt",
+        key_files: &["Cargo.lock"],
+        env: &[("CARGO_TARGET_DIR", "{mount}")],
+        mountpoint: None,
+        setup: "cargo build",
+        maintenance: None,
+        tools: &["rustc"],
+        exclude: &[],
+    },
+];
+
+/// Looks up a preset by name.
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// `layercache presets`: one line per preset (or a JSON array with `--json`).
+pub fn presets_text(json: bool) -> String {
+    if json {
+        let list: Vec<_> = PRESETS
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "name": p.name,
+                    "version": p.version,
+                    "description": p.description,
+                    "key_files": p.key_files,
+                    "env": p.env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+                    "mountpoint": p.mountpoint.unwrap_or("{mount_root}/{id}"),
+                    "setup": p.setup,
+                    "maintenance": p.maintenance,
+                    "tools": p.tools,
+                })
+            })
+            .collect();
+        return serde_json::Value::Array(list).to_string() + "\n";
+    }
+    let mut out = String::new();
+    for p in PRESETS {
+        out.push_str(&format!("{:<13} {}\n", p.name, p.description));
+        out.push_str(&format!(
+            "{:<13}   key files: {}\n",
+            "",
+            p.key_files.join(", ")
+        ));
+        let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if !env.is_empty() {
+            out.push_str(&format!("{:<13}   env: {}\n", "", env.join(" ")));
+        }
+        out.push_str(&format!(
+            "{:<13}   mountpoint: {}\n",
+            "",
+            p.mountpoint.unwrap_or("{mount_root}/{id}")
+        ));
+        out.push_str(&format!("{:<13}   setup: {}\n", "", p.setup));
+        if let Some(m) = p.maintenance {
+            out.push_str(&format!("{:<13}   maintenance: {m}\n", ""));
+        }
+    }
+    out
+}
+
+/// The spec as written (raw serde input; unknown fields are rejected by name).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    project: String,
+    #[serde(default, alias = "caches")]
+    cache: Vec<RawCache>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCache {
+    id: String,
+    preset: Option<String>,
+    setup: Option<String>,
+    maintenance: Option<String>,
+    key_files: Option<Vec<String>>,
+    restore_keys: Option<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    mountpoint: Option<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
+}
+
+/// A validated spec.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The project: the unit of isolation in the store.
+    pub project: ProjectId,
+    /// The caches in declaration order; ids are unique.
+    pub caches: Vec<Cache>,
+}
+
+/// One validated cache declaration, with its preset's defaults filled in.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    /// The cache id (unique within the spec).
+    pub id: CacheId,
+    /// The preset it builds on, if any.
+    pub preset: Option<&'static Preset>,
+    /// The setup script (`sh -c`, cwd = workdir), run on a miss or restore.
+    pub setup: String,
+    /// The maintenance script, run on a hit; `None` runs nothing.
+    pub maintenance: Option<String>,
+    /// Key file patterns relative to the workdir.
+    pub key_files: Vec<String>,
+    /// Whether the key files were written in the spec (each literal one must exist) or come from
+    /// a preset (at least one must match).
+    pub key_files_explicit: bool,
+    /// Restore-key prefixes from the spec; `None` means the default (the key up to its hash).
+    pub restore_keys: Option<Vec<String>>,
+    /// Environment templates: the preset's, overridden by the spec's.
+    pub env: BTreeMap<String, String>,
+    /// Mountpoint template; `None` means `<mount-root>/<id>`.
+    pub mountpoint: Option<String>,
+    /// Patterns (relative to the mount) removed before promotion.
+    pub exclude: Vec<String>,
+}
+
+/// Values substituted into templates.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// The project directory.
+    pub workdir: PathBuf,
+    /// The default mount root (`/cache`).
+    pub mount_root: PathBuf,
+}
+
+impl Cache {
+    /// The tools whose versions enter the environment fingerprint (the preset's).
+    pub fn tools(&self) -> &'static [&'static str] {
+        self.preset.map(|p| p.tools).unwrap_or(&[])
+    }
+
+    /// The absolute mountpoint: the spec's or preset's template, else `<mount-root>/<id>`.
+    ///
+    /// Errors: [`Error::Invalid`] naming `cache "<id>".mountpoint` when it is not absolute after
+    /// substitution or contains `..`.
+    pub fn mountpoint(&self, paths: &Paths) -> Result<PathBuf> {
+        let mp = match &self.mountpoint {
+            Some(t) => PathBuf::from(expand(t, paths, None)),
+            None => paths.mount_root.join(self.id.as_str()),
+        };
+        if !mp.is_absolute() || mp.components().any(|c| c.as_os_str() == "..") {
+            return Err(Error::invalid(format!(
+                "cache {:?}: mountpoint {} must be an absolute path without '..' \
+                 (templates: {{workdir}}, {{mount_root}})",
+                self.id.as_str(),
+                mp.display()
+            )));
+        }
+        Ok(mp)
+    }
+
+    /// The environment for setup, maintenance and COMMAND, with templates expanded.
+    pub fn env_for(&self, paths: &Paths, mount: &Path) -> BTreeMap<String, String> {
+        self.env
+            .iter()
+            .map(|(k, v)| (k.clone(), expand(v, paths, Some(mount))))
+            .collect()
+    }
+}
+
+/// Expands `{mount}`, `{workdir}`, `{mount_root}` and `{env:NAME}` in `template`.
+pub fn expand(template: &str, paths: &Paths, mount: Option<&Path>) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        let name = &after[..end];
+        let value = match name {
+            "mount" => mount.map(|m| m.display().to_string()),
+            "workdir" => Some(paths.workdir.display().to_string()),
+            "mount_root" => Some(paths.mount_root.display().to_string()),
+            _ => name
+                .strip_prefix("env:")
+                .map(|var| std::env::var(var).unwrap_or_default()),
+        };
+        match value {
+            Some(v) => out.push_str(&v),
+            None => out.push_str(&rest[start..start + end + 2]),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Reads a spec from `FILE`, or standard input when `source` is `-`.
+///
+/// Errors: [`Error::Io`] naming the file; [`Error::Invalid`] (see [`parse`]).
+pub fn load(source: &str) -> Result<Spec> {
+    let (text, name) = if source == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .at("<standard input>")?;
+        (s, "<standard input>".to_string())
+    } else {
+        (
+            std::fs::read_to_string(source).at(source)?,
+            source.to_string(),
+        )
+    };
+    parse(&text).map_err(|e| Error::invalid(format!("spec {name}: {e}")))
+}
+
+/// Parses and validates a spec: JSON when the text starts with `{`, TOML otherwise.
+///
+/// Errors: [`Error::Invalid`] whose message names the field: unknown fields, `project`,
+/// `cache[i].id` (invalid or duplicate), `cache[i].preset` (unknown),
+/// `cache[i].setup` (missing without a preset), `cache[i].key_files` (empty),
+/// `cache[i].restore_keys`, `cache[i].env`, `cache[i].mountpoint`, `cache[i].exclude`.
+pub fn parse(text: &str) -> Result<Spec> {
+    let raw: RawSpec = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| Error::invalid(e.to_string()))?
+    } else {
+        toml::from_str(text).map_err(|e| Error::invalid(e.to_string().trim_end().to_string()))?
+    };
+    validate(raw)
+}
+
+fn validate(raw: RawSpec) -> Result<Spec> {
+    let project =
+        ProjectId::new(raw.project).map_err(|e| Error::invalid(format!("project: {e}")))?;
+    let mut caches: Vec<Cache> = Vec::new();
+    for (i, rc) in raw.cache.into_iter().enumerate() {
+        let field = |f: &str| format!("cache[{i}].{f}");
+        let bad = |f: &str, msg: String| Error::invalid(format!("{}: {msg}", field(f)));
+        let id = CacheId::new(rc.id).map_err(|e| bad("id", e.to_string()))?;
+        if let Some(j) = caches.iter().position(|c| c.id == id) {
+            return Err(bad(
+                "id",
+                format!("duplicate id {:?} (also cache[{j}].id)", id.as_str()),
+            ));
+        }
+        let preset = match &rc.preset {
+            None => None,
+            Some(name) => Some(preset(name).ok_or_else(|| {
+                let known: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+                bad(
+                    "preset",
+                    format!("unknown preset {name:?} (known: {})", known.join(", ")),
+                )
+            })?),
+        };
+        let setup = match (rc.setup, preset) {
+            (Some(s), _) if s.trim().is_empty() => {
+                return Err(bad("setup", "must not be empty".into()));
+            }
+            (Some(s), _) => s,
+            (None, Some(p)) => p.setup.to_string(),
+            (None, None) => {
+                return Err(bad(
+                    "setup",
+                    "missing: a cache without a preset needs a setup script".into(),
+                ));
+            }
+        };
+        let maintenance = match rc.maintenance {
+            Some(m) if m.trim().is_empty() => None,
+            Some(m) => Some(m),
+            None => preset.and_then(|p| p.maintenance.map(str::to_string)),
+        };
+        let key_files_explicit = rc.key_files.is_some();
+        let key_files: Vec<String> = match rc.key_files {
+            Some(k) => k,
+            None => preset
+                .map(|p| p.key_files.iter().map(|s| s.to_string()).collect())
+                .unwrap_or_default(),
+        };
+        if key_files.is_empty() {
+            return Err(bad(
+                "key_files",
+                "missing: name at least one lockfile (or use a preset)".into(),
+            ));
+        }
+        for k in &key_files {
+            check_relative(k).map_err(|m| bad("key_files", format!("{k:?}: {m}")))?;
+        }
+        if let Some(rks) = &rc.restore_keys {
+            for rk in rks {
+                CacheKey::new(rk.clone()).map_err(|e| bad("restore_keys", e.to_string()))?;
+            }
+        }
+        let mut env: BTreeMap<String, String> = preset
+            .map(|p| {
+                p.env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (k, v) in rc.env {
+            let valid = !k.is_empty()
+                && !k.as_bytes()[0].is_ascii_digit()
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                return Err(bad(
+                    "env",
+                    format!("{k:?} is not a valid variable name (letters, digits, _)"),
+                ));
+            }
+            env.insert(k, v);
+        }
+        let mountpoint = rc
+            .mountpoint
+            .or_else(|| preset.and_then(|p| p.mountpoint.map(str::to_string)));
+        if let Some(mp) = &mountpoint
+            && (!(mp.starts_with('/')
+                || mp.starts_with("{workdir}")
+                || mp.starts_with("{mount_root}"))
+                || mp.split('/').any(|c| c == ".."))
+        {
+            return Err(bad(
+                "mountpoint",
+                format!(
+                    "{mp:?} must be absolute or start with {{workdir}} or {{mount_root}}, without '..'"
+                ),
+            ));
+        }
+        let mut exclude: Vec<String> = preset
+            .map(|p| p.exclude.iter().map(|s| s.to_string()).collect())
+            .unwrap_or_default();
+        for x in rc.exclude {
+            check_relative(&x).map_err(|m| bad("exclude", format!("{x:?}: {m}")))?;
+            exclude.push(x);
+        }
+        caches.push(Cache {
+            id,
+            preset,
+            setup,
+            maintenance,
+            key_files,
+            key_files_explicit,
+            restore_keys: rc.restore_keys,
+            env,
+            mountpoint,
+            exclude,
+        });
+    }
+    Ok(Spec { project, caches })
+}
+
+fn check_relative(p: &str) -> std::result::Result<(), String> {
+    if p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == "..") {
+        return Err("must be a relative path without '..'".into());
+    }
+    Ok(())
+}
+
+/// Matches `path` (relative, `/`-separated) against `pattern`: `*` matches within one name,
+/// `?` one character, a `**` component any number of directories.
+pub fn glob_match(pattern: &str, path: &str) -> bool {
+    let pat: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    match_components(&pat, &comps)
+}
+
+fn match_components(pat: &[&str], comps: &[&str]) -> bool {
+    match pat.split_first() {
+        None => comps.is_empty(),
+        Some((&"**", rest)) => (0..=comps.len()).any(|i| match_components(rest, &comps[i..])),
+        Some((p, rest)) => match comps.split_first() {
+            Some((c, crest)) => {
+                match_name(p.as_bytes(), c.as_bytes()) && match_components(rest, crest)
+            }
+            None => false,
+        },
+    }
+}
+
+fn match_name(p: &[u8], s: &[u8]) -> bool {
+    match p.split_first() {
+        None => s.is_empty(),
+        Some((b'*', rest)) => (0..=s.len()).any(|i| match_name(rest, &s[i..])),
+        Some((b'?', rest)) => !s.is_empty() && match_name(rest, &s[1..]),
+        Some((c, rest)) => s.first() == Some(c) && match_name(rest, &s[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_the_issue_example() {
+        let s = parse(
+            r#"project = "acme-web"
+[[cache]]
+id = "npm"
+preset = "npm"
+setup = "npm ci"
+maintenance = "npm ci --prefer-offline"
+"#,
+        )
+        .unwrap();
+        assert_eq!(s.project.as_str(), "acme-web");
+        let c = &s.caches[0];
+        assert_eq!(c.setup, "npm ci");
+        assert_eq!(c.maintenance.as_deref(), Some("npm ci --prefer-offline"));
+        assert_eq!(c.key_files, ["package-lock.json", "npm-shrinkwrap.json"]);
+        assert!(!c.key_files_explicit);
+        assert_eq!(c.env["npm_config_cache"], "{mount}");
+        assert_eq!(c.tools(), ["node"]);
+    }
+
+    #[test]
+    fn json_is_accepted_too() {
+        let s = parse(r#"{"project":"p","cache":[{"id":"nm","preset":"node_modules"}]}"#).unwrap();
+        let paths = Paths {
+            workdir: "/w".into(),
+            mount_root: "/cache".into(),
+        };
+        assert_eq!(
+            s.caches[0].mountpoint(&paths).unwrap(),
+            Path::new("/w/node_modules")
+        );
+        assert!(s.caches[0].maintenance.is_none());
+    }
+
+    #[test]
+    fn no_caches_is_valid() {
+        assert!(parse("project = \"p\"\n").unwrap().caches.is_empty());
+    }
+
+    #[test]
+    fn bad_specs_name_the_field() {
+        let e = err("project = \"p\"\n[[cache]]\nid = \"x\"\npreset = \"nmp\"\n");
+        assert!(e.contains("cache[0].preset") && e.contains("nmp"), "{e}");
+        let e = err("project = \"p\"\n[[cache]]\nid = \"a/b\"\npreset = \"npm\"\n");
+        assert!(e.contains("cache[0].id"), "{e}");
+        let e = err(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\n[[cache]]\nid = \"a\"\npreset = \"pip\"\n",
+        );
+        assert!(e.contains("cache[1].id") && e.contains("duplicate"), "{e}");
+        let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nsetp = \"x\"\n");
+        assert!(e.contains("setp"), "{e}");
+        let e = err("project = \"p\"\nfoo = 1\n");
+        assert!(e.contains("foo"), "{e}");
+        let e = err("project = \"../x\"\n");
+        assert!(e.contains("project"), "{e}");
+        let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x.lock\"]\n");
+        assert!(e.contains("cache[0].setup"), "{e}");
+        let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\nsetup = \"true\"\n");
+        assert!(e.contains("cache[0].key_files"), "{e}");
+        let e = err(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nkey_files = [\"../etc/passwd\"]\n",
+        );
+        assert!(e.contains("cache[0].key_files"), "{e}");
+        let e = err(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nenv = { \"A-B\" = \"x\" }\n",
+        );
+        assert!(e.contains("cache[0].env"), "{e}");
+        let e =
+            err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"rel\"\n");
+        assert!(e.contains("cache[0].mountpoint"), "{e}");
+        let e = err(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nrestore_keys = [\"a b\"]\n",
+        );
+        assert!(e.contains("cache[0].restore_keys"), "{e}");
+        let e = err(r#"{"project":"p","cache":[{"id":"a","preset":"npm","bogus":1}]}"#);
+        assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn presets_match_the_issue() {
+        let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+        assert_eq!(
+            names,
+            [
+                "npm",
+                "pnpm",
+                "yarn",
+                "pip",
+                "uv",
+                "go",
+                "cargo",
+                "maven",
+                "gradle",
+                "node_modules",
+                "venv",
+                "cargo-target"
+            ]
+        );
+        let env = |n: &str| {
+            preset(n)
+                .unwrap()
+                .env
+                .iter()
+                .map(|(k, _)| *k)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(env("npm"), ["npm_config_cache"]);
+        assert_eq!(env("pnpm"), ["npm_config_store_dir"]);
+        assert_eq!(env("yarn"), ["YARN_CACHE_FOLDER"]);
+        assert_eq!(env("pip"), ["PIP_CACHE_DIR"]);
+        assert_eq!(env("uv"), ["UV_CACHE_DIR"]);
+        assert_eq!(env("go"), ["GOMODCACHE", "GOCACHE"]);
+        assert_eq!(env("cargo"), ["CARGO_HOME"]);
+        assert_eq!(env("gradle"), ["GRADLE_USER_HOME"]);
+        assert_eq!(env("cargo-target"), ["CARGO_TARGET_DIR"]);
+        assert!(
+            preset("maven").unwrap().env[0]
+                .1
+                .contains("maven.repo.local")
+        );
+        assert_eq!(preset("venv").unwrap().mountpoint, Some("{workdir}/.venv"));
+        for p in PRESETS {
+            assert!(!p.tools.is_empty() && !p.key_files.is_empty(), "{}", p.name);
+            assert!(presets_text(false).contains(p.name));
+        }
+        let v: serde_json::Value = serde_json::from_str(&presets_text(true)).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), PRESETS.len());
+    }
+
+    #[test]
+    fn templates_expand() {
+        let paths = Paths {
+            workdir: "/w".into(),
+            mount_root: "/c".into(),
+        };
+        let m = Path::new("/c/x");
+        assert_eq!(expand("{mount}/mod", &paths, Some(m)), "/c/x/mod");
+        assert_eq!(expand("{workdir}:{mount_root}", &paths, None), "/w:/c");
+        assert_eq!(expand("{unknown} {", &paths, None), "{unknown} {");
+        assert_eq!(
+            expand("{env:LAYERCACHE_SURELY_UNSET_VAR}x", &paths, None),
+            "x"
+        );
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("requirements*.txt", "requirements-dev.txt"));
+        assert!(!glob_match("requirements*.txt", "sub/requirements.txt"));
+        assert!(glob_match("**/go.sum", "go.sum"));
+        assert!(glob_match("**/go.sum", "a/b/go.sum"));
+        assert!(glob_match("**/*.gradle*", "app/build.gradle.kts"));
+        assert!(!glob_match("Cargo.lock", "Cargo.toml"));
+        assert!(glob_match("a?c", "abc"));
+    }
+}

@@ -1,0 +1,334 @@
+//! Run telemetry: one JSON line per cache per run in `<store>/events.jsonl`, and `stats`.
+//!
+//! Each event is appended with a single `write(2)` on an `O_APPEND` descriptor, so concurrent
+//! runs never interleave partial lines (POSIX appends are atomic with respect to the offset; a
+//! line is far below any filesystem's short-write threshold). Unreadable lines are skipped by
+//! `stats`, so a torn write after a crash costs one event, not the log.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+
+/// The event log's file name inside the store root.
+pub const EVENTS_FILE: &str = "events.jsonl";
+
+/// What the mount found for the key (GitHub `actions/cache`: exact hit, restore-key hit, miss).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheResult {
+    /// The exact key had a layer: maintenance ran (or nothing), nothing was promoted.
+    Hit,
+    /// A restore key matched an older layer: setup ran on top of it.
+    Restore,
+    /// Nothing matched: setup ran into an empty overlay.
+    Miss,
+}
+
+impl CacheResult {
+    /// `hit`, `restore` or `miss`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "hit",
+            CacheResult::Restore => "restore",
+            CacheResult::Miss => "miss",
+        }
+    }
+}
+
+/// One cache's preparation in one run. Durations in milliseconds; `bytes`/`files` are the size
+/// of the published layer (or of the mounted one on a hit).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Unix time of the event in milliseconds.
+    pub time_ms: u64,
+    /// The project.
+    pub project: String,
+    /// The cache id.
+    pub cache: String,
+    /// The exact key.
+    pub key: String,
+    /// hit, restore or miss.
+    pub result: CacheResult,
+    /// The key of the layer a restore key matched (or the key itself on a hit).
+    #[serde(default)]
+    pub matched_key: Option<String>,
+    /// Time to mount, ms.
+    pub mount_ms: u64,
+    /// Time the setup script ran, ms (0 on a hit).
+    #[serde(default)]
+    pub setup_ms: u64,
+    /// Time the maintenance script ran, ms (0 unless a hit).
+    #[serde(default)]
+    pub maintenance_ms: u64,
+    /// Time to promote the new layer, ms (0 when nothing was promoted).
+    #[serde(default)]
+    pub promote_ms: u64,
+    /// Bytes in the layer, when known.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Files in the layer, when known.
+    #[serde(default)]
+    pub files: u64,
+    /// Exit status of setup or maintenance (0 = success).
+    #[serde(default)]
+    pub exit_status: i32,
+    /// Whether a new layer was published.
+    #[serde(default)]
+    pub published: bool,
+}
+
+impl Event {
+    /// Preparation time in ms: mount + setup + maintenance + promote.
+    pub fn prep_ms(&self) -> u64 {
+        self.mount_ms + self.setup_ms + self.maintenance_ms + self.promote_ms
+    }
+}
+
+/// The event log path for a store root.
+pub fn events_path(store: &Path) -> PathBuf {
+    store.join(EVENTS_FILE)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Appends `event` as one line to `<store>/events.jsonl` (created 0600 if missing) with one
+/// `write(2)`.
+///
+/// Errors: [`Error::Io`] naming the log; [`Error::Failed`] on a short write.
+pub fn append(store: &Path, event: &Event) -> Result<()> {
+    let path = events_path(store);
+    let mut line = serde_json::to_vec(event).map_err(|e| Error::Failed(e.to_string()))?;
+    line.push(b'\n');
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&path)
+        .at(&path)?;
+    let n = f.write(&line).at(&path)?;
+    if n != line.len() {
+        return Err(Error::Failed(format!(
+            "{}: short append ({n} of {} bytes)",
+            path.display(),
+            line.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Reads every parseable event (a missing log is empty).
+///
+/// Errors: [`Error::Io`] naming the log when it exists but cannot be read.
+pub fn read(store: &Path) -> Result<Vec<Event>> {
+    let path = events_path(store);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// Per-result counts and median preparation times.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ResultStats {
+    /// Number of events with this result.
+    pub count: u64,
+    /// Median preparation time (mount + setup + maintenance + promote), ms.
+    pub median_prep_ms: u64,
+}
+
+/// What `layercache stats` reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Stats {
+    /// Successful preparations by result (`hit`, `restore`, `miss`).
+    pub results: BTreeMap<String, ResultStats>,
+    /// Preparations whose setup or maintenance failed.
+    pub failed: u64,
+    /// Time saved by hits and restores versus the median miss of the same project and cache, ms.
+    pub saved_ms: u64,
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2
+    }
+}
+
+/// Summarises `events`, optionally only one project's.
+pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
+    let mut out = Stats::default();
+    let ok: Vec<&Event> = events
+        .iter()
+        .filter(|e| project.is_none_or(|p| e.project == p))
+        .filter(|e| {
+            if e.exit_status != 0 {
+                out.failed += 1;
+            }
+            e.exit_status == 0
+        })
+        .collect();
+    for r in [CacheResult::Hit, CacheResult::Restore, CacheResult::Miss] {
+        let preps: Vec<u64> = ok
+            .iter()
+            .filter(|e| e.result == r)
+            .map(|e| e.prep_ms())
+            .collect();
+        out.results.insert(
+            r.as_str().to_string(),
+            ResultStats {
+                count: preps.len() as u64,
+                median_prep_ms: median(preps),
+            },
+        );
+    }
+    let mut miss_by_cache: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
+    for e in ok.iter().filter(|e| e.result == CacheResult::Miss) {
+        miss_by_cache
+            .entry((&e.project, &e.cache))
+            .or_default()
+            .push(e.prep_ms());
+    }
+    let miss_median: BTreeMap<_, u64> = miss_by_cache
+        .into_iter()
+        .map(|(k, v)| (k, median(v)))
+        .collect();
+    for e in ok.iter().filter(|e| e.result != CacheResult::Miss) {
+        if let Some(m) = miss_median.get(&(e.project.as_str(), e.cache.as_str())) {
+            out.saved_ms += m.saturating_sub(e.prep_ms());
+        }
+    }
+    out
+}
+
+/// The human form of [`Stats`].
+pub fn stats_text(s: &Stats) -> String {
+    let mut out = String::new();
+    for (name, r) in &s.results {
+        out.push_str(&format!(
+            "{name:<8} {:>6}   median preparation {}\n",
+            r.count,
+            fmt_ms(r.median_prep_ms)
+        ));
+    }
+    out.push_str(&format!("{:<8} {:>6}\n", "failed", s.failed));
+    out.push_str(&format!("time saved vs misses: {}\n", fmt_ms(s.saved_ms)));
+    out
+}
+
+/// Formats milliseconds for humans (`850 ms`, `12.3 s`, `4m 05s`).
+pub fn fmt_ms(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if ms < 60_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else {
+        format!("{}m {:02}s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(project: &str, cache: &str, result: CacheResult, prep: u64, status: i32) -> Event {
+        Event {
+            time_ms: 1,
+            project: project.into(),
+            cache: cache.into(),
+            key: "k".into(),
+            result,
+            matched_key: None,
+            mount_ms: 0,
+            setup_ms: prep,
+            maintenance_ms: 0,
+            promote_ms: 0,
+            bytes: 0,
+            files: 0,
+            exit_status: status,
+            published: false,
+        }
+    }
+
+    #[test]
+    fn append_and_read_back() {
+        let d = tempfile::tempdir().unwrap();
+        let a = ev("p", "npm", CacheResult::Miss, 60_000, 0);
+        let b = ev("p", "npm", CacheResult::Hit, 100, 0);
+        append(d.path(), &a).unwrap();
+        append(d.path(), &b).unwrap();
+        // a torn line is skipped, not fatal
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(events_path(d.path()))
+            .unwrap();
+        f.write_all(b"{\"time_ms\":").unwrap();
+        assert_eq!(read(d.path()).unwrap(), vec![a, b]);
+        let text = std::fs::read_to_string(events_path(d.path())).unwrap();
+        assert!(text.contains("\"result\":\"miss\""), "{text}");
+    }
+
+    #[test]
+    fn concurrent_appends_never_interleave() {
+        let d = tempfile::tempdir().unwrap();
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let dir = d.path();
+                s.spawn(move || {
+                    for i in 0..200 {
+                        let mut e = ev("p", &format!("c{t}"), CacheResult::Hit, i, 0);
+                        e.key = "x".repeat(500);
+                        append(dir, &e).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(read(d.path()).unwrap().len(), 800);
+    }
+
+    #[test]
+    fn stats_medians_and_savings() {
+        let events = vec![
+            ev("p", "npm", CacheResult::Miss, 60_000, 0),
+            ev("p", "npm", CacheResult::Miss, 40_000, 0),
+            ev("p", "npm", CacheResult::Hit, 1_000, 0),
+            ev("p", "npm", CacheResult::Hit, 3_000, 0),
+            ev("p", "npm", CacheResult::Restore, 20_000, 0),
+            ev("p", "npm", CacheResult::Miss, 5, 1),
+            ev("q", "npm", CacheResult::Hit, 10, 0),
+        ];
+        let s = stats(&events, Some("p"));
+        assert_eq!(s.results["miss"].count, 2);
+        assert_eq!(s.results["miss"].median_prep_ms, 50_000);
+        assert_eq!(s.results["hit"].median_prep_ms, 2_000);
+        assert_eq!(s.results["restore"].count, 1);
+        assert_eq!(s.failed, 1);
+        assert_eq!(s.saved_ms, 49_000 + 47_000 + 30_000);
+        // q has no misses: its hit saves nothing measurable
+        assert_eq!(stats(&events, None).saved_ms, s.saved_ms);
+        assert!(stats_text(&s).contains("time saved"));
+        assert_eq!(fmt_ms(1500), "1.5 s");
+    }
+}
