@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: native directory, kernel overlayfs, fuse-overlayfs and layercache over
+# the installed node_modules of ../shared/fixtures/npm-app plus a 512 MiB file (issue 4).
+#
+#   bash scripts/bench.sh [--quick] [--runs N] [--impls native,kernel,fuse-overlayfs,layercache]
+#                         [--only walk,readall,require,seqread,copyup,fill,mount,store,tree]
+#                         [--tree N] [--worktree] [--no-build]
+#
+# Every cell is the median of N runs (default 5; --quick: 3 runs and a 100,000-entry tree), each
+# on a freshly mounted overlay with a fresh upper dir; the implementations take turns inside each
+# run so that drift on a shared machine hits them alike. Read workloads are measured three ways:
+#   first = 1st pass on a fresh mount (the lower's page cache warm from earlier runs),
+#   warm  = 2nd pass on the same mount,
+#   cold  = 1st pass on a fresh mount after `echo 3 > /proc/sys/vm/drop_caches`.
+# Ratios are to kernel overlayfs measured in the same run. layercache is built in release mode
+# from the committed HEAD (--worktree: from the working tree) and left out, with the reason
+# printed, while it does not build or mount. Needs root; installs fuse3, fuse-overlayfs, nodejs,
+# npm with apt-get when missing; everything it creates lives under /var/tmp/layercache-bench;
+# an EXIT trap unmounts everything it mounted. Results: printed, and kept in
+# /var/tmp/layercache-bench/results/.
+set -euo pipefail
+# shellcheck source=scripts/lib-bench.sh
+. "$(dirname "$0")/lib-bench.sh"
+
+RUNS=5 TREE_N=1000000 TMO=900 BUILD=1 BUILD_FROM="" QUICK=""
+IMPLS=(native kernel fuse-overlayfs layercache)
+ALL_WORKLOADS="walk readall require seqread copyup fill mount store tree"
+WORKLOADS=$ALL_WORKLOADS
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) QUICK=1 RUNS=3 TREE_N=100000 ;;
+    --runs) RUNS=$2; shift ;;
+    --impls) IFS=, read -r -a IMPLS <<<"$2"; shift ;;
+    --only) WORKLOADS=${2//,/ }; shift ;;
+    --tree) TREE_N=$2; shift ;;
+    --worktree) BUILD_FROM=--worktree ;;
+    --no-build) BUILD="" ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+  shift
+done
+for w in $WORKLOADS; do [[ " $ALL_WORKLOADS " == *" $w "* ]] || die "unknown workload $w"; done
+want() { [[ " $WORKLOADS " == *" $1 "* ]]; }
+has_impl() { [[ " ${IMPLS[*]} " == *" $1 "* ]]; }
+
+lc_init bench.sh
+lc_need fusermount3:fuse3 fuse-overlayfs:fuse-overlayfs node:nodejs npm:npm python3:python3
+B=$LC_BENCH_DIR
+mkdir -p "$B/results" "$B/empty"
+declare -A RES=() FAIL=() NOTE=()
+LC_STATUS="not requested"
+
+# --- layercache: build and probe -------------------------------------------------------------
+lc_probe() {
+  local p=$B/probe
+  rm -rf "$p" && mkdir -p "$p/lower" "$p/mnt"
+  echo hello >"$p/lower/probe.txt"
+  if ! lc_mount layercache "$p/lower" "$p/upper" "$p/work" "$p/mnt"; then
+    LC_STATUS="overlay mount failed: $(lc_mount_error)"
+    lc_umount "$p/mnt"; return 1
+  fi
+  if [ "$(timeout 20 cat "$p/mnt/probe.txt" 2>/dev/null)" != hello ]; then
+    LC_STATUS="mounted, but reading a lower file through the mount failed"
+    lc_umount "$p/mnt"; return 1
+  fi
+  lc_umount "$p/mnt"
+  LC_STATUS="ok ($LC_COMMIT)"
+}
+if has_impl layercache; then
+  if [ -n "$BUILD" ] && ! lc_build $BUILD_FROM; then
+    LC_STATUS="release build failed ($(grep -m1 -E '^error' "$B/build.log" || echo "see $B/build.log"))"
+  elif [ ! -x "$LC_BIN" ]; then
+    LC_STATUS="no binary at $LC_BIN"
+  else
+    [ -n "$LC_COMMIT" ] || LC_COMMIT="prebuilt $LC_BIN"
+    lc_probe || true
+  fi
+  log "layercache: $LC_STATUS"
+  if [[ $LC_STATUS != ok* ]]; then
+    keep=(); for i in "${IMPLS[@]}"; do [ "$i" = layercache ] || keep+=("$i"); done; IMPLS=("${keep[@]}")
+  fi
+fi
+[ ${#IMPLS[@]} -gt 0 ] || die "no implementation left to measure"
+
+lc_npm_lower
+# The fixture's largest direct dependencies that load with require() (up to 5).
+# shellcheck disable=SC2016 # JavaScript, not shell
+REQUIRE_PKGS=$(cd "$LC_LOWER" && node -e '
+  const pj = require("./package.json");
+  const names = Object.keys({ ...pj.dependencies, ...pj.devDependencies });
+  const { execFileSync } = require("child_process");
+  const size = (n) => +execFileSync("du", ["-sk", "node_modules/" + n]).toString().split("\t")[0];
+  const ok = (n) => { try { execFileSync(process.execPath, ["-e", `require(${JSON.stringify(n)})`], { stdio: "ignore" }); return true } catch { return false } };
+  console.log(names.filter(ok).sort((a, b) => size(b) - size(a)).slice(0, 5).join(" "));')
+REQUIRE_JS=""
+for p in $REQUIRE_PKGS; do REQUIRE_JS+="require('$p');"; done
+log "node require workload: $REQUIRE_PKGS"
+
+# --- workloads (each takes the mountpoint; external commands run under timeout) ----------------
+w_walk() { timeout "$TMO" find "$1" -printf '%s %m\n' >/dev/null; }
+w_readall() { timeout "$TMO" tar -C "$1" -cf - node_modules | cat >/dev/null; }
+w_require() { (cd "$1" && exec timeout "$TMO" node -e "$REQUIRE_JS") >/dev/null; }
+w_seqread() { timeout "$TMO" dd if="$1/big.bin" of=/dev/null bs=1M status=none; }
+# shellcheck disable=SC2016 # $1 belongs to the inner sh
+w_copyup() { timeout "$TMO" sh -c 'printf x >>"$1"' _ "$1/big.bin"; }
+w_fill() {
+  (cd "$1/.." && exec timeout "$TMO" npm ci --offline --no-audit --no-fund --loglevel=error \
+    --cache "$LC_NPM_CACHE") >/dev/null && [ -f "$1/react/package.json" ]
+}
+
+# measure KEY FUNC ARG: times FUNC ARG (µs) into RES[KEY], or records why it failed in FAIL[KEY].
+measure() {
+  local key=$1 t0 t1
+  t0=${EPOCHREALTIME/./}
+  if "$2" "$3" 2>"$B/cmd.err"; then
+    t1=${EPOCHREALTIME/./}
+    RES[$key]+="$((10#$t1 - 10#$t0)) "
+  else
+    FAIL[$key]="failed: $(head -c 200 "$B/cmd.err" | head -1)"
+    return 1
+  fi
+}
+
+# fresh IMPL LOWER: a new mount of IMPL over LOWER at $B/run/IMPL/mnt with an empty upper dir.
+fresh() {
+  local r=$B/run/$1
+  [ -n "${FRESH_MNT:-}" ] && lc_umount "$FRESH_MNT"
+  rm -rf "$r/upper" "$r/work"
+  FRESH_MNT=$r/mnt
+  lc_mount "$1" "$2" "$r/upper" "$r/work" "$FRESH_MNT" || {
+    FAILED_MOUNT="mount failed: $(lc_mount_error)"; return 1; }
+}
+done_mount() { [ -z "${FRESH_MNT:-}" ] || lc_umount "$FRESH_MNT"; FRESH_MNT=""; }
+
+read_run() { # WORKLOAD IMPL
+  local w=$1 i=$2
+  if fresh "$i" "$LC_LOWER"; then
+    if measure "$w first $i" "w_$w" "$FRESH_MNT"; then measure "$w warm $i" "w_$w" "$FRESH_MNT" || true; fi
+  else FAIL["$w first $i"]=$FAILED_MOUNT; fi
+  done_mount
+  if fresh "$i" "$LC_LOWER"; then
+    lc_drop_caches
+    measure "$w cold $i" "w_$w" "$FRESH_MNT" || true
+  else FAIL["$w cold $i"]=$FAILED_MOUNT; fi
+  done_mount
+}
+
+copyup_run() {
+  local i=$1
+  if fresh "$i" "$LC_LOWER"; then measure "copyup $i" w_copyup "$FRESH_MNT" || true
+  else FAIL["copyup $i"]=$FAILED_MOUNT; fi
+  done_mount
+  # native appended to the lower itself: put it back
+  [ "$i" != native ] || truncate -s "$LC_BIG_SIZE" "$LC_LOWER/big.bin"
+}
+
+fill_run() {
+  local i=$1 r=$B/run/$1 lower=$B/empty
+  rm -rf "$r/proj" "$r/fill-lower"
+  mkdir -p "$r/proj/node_modules"
+  cp "$LC_LOWER/package.json" "$LC_LOWER/package-lock.json" "$r/proj/"
+  if [ "$i" = native ]; then lower=$r/fill-lower; mkdir -p "$lower"; fi
+  rm -rf "$r/upper" "$r/work"
+  if lc_mount "$i" "$lower" "$r/upper" "$r/work" "$r/proj/node_modules"; then
+    FRESH_MNT=$r/proj/node_modules
+    measure "fill $i" w_fill "$FRESH_MNT" || true
+  else FAIL["fill $i"]="mount failed: $(lc_mount_error)"; fi
+  done_mount
+  rm -rf "$r/proj" "$r/fill-lower" "$r/upper" "$r/work"
+}
+
+# mount latency: from launching the mount command to the first successful stat of a file in it.
+mount_run() { # KEY IMPL LOWER FILE
+  local key=$1 i=$2 lower=$3 file=$4 r=$B/run/$2 t0 t1 deadline ok=""
+  rm -rf "$r/upper" "$r/work"; mkdir -p "$r/upper" "$r/work" "$r/mnt"
+  t0=${EPOCHREALTIME/./}
+  if lc_mount_cmd "$i" "$lower" "$r/upper" "$r/work" "$r/mnt"; then
+    deadline=$((10#$t0 + 10000000))
+    while :; do
+      [ -e "$r/mnt/$file" ] && { ok=1; break; }
+      [ "${EPOCHREALTIME/./}" -lt "$deadline" ] || break
+    done
+  fi
+  t1=${EPOCHREALTIME/./}
+  lc_register "$i" "$r/mnt"
+  if [ -n "$ok" ]; then RES[$key]+="$((10#$t1 - 10#$t0)) "
+  else FAIL[$key]="not ready within 10 s: $(lc_mount_error)"; fi
+  lc_umount "$r/mnt"
+}
+
+# layercache store: miss mount, fill, promote (commit), umount, then the hit lookup of the same key.
+store_run() {
+  local run=$1 s=$B/store r=$B/run/store t0 t1 mnt
+  mnt=$r/proj/node_modules
+  rm -rf "$s" "$r"; mkdir -p "$mnt"
+  cp "$LC_LOWER/package.json" "$LC_LOWER/package-lock.json" "$r/proj/"
+  lcs() { timeout 600 "$LC_BIN" --store "$s" "$@"; }
+  t0=${EPOCHREALTIME/./}
+  if ! lcs mount --project bench --cache node_modules --key "bench-fill-$run" "$mnt" >"$B/mount.json" 2>"$B/cmd.err"; then
+    lc_register layercache "$mnt"; lc_umount "$mnt"
+    FAIL["store miss $run"]="layercache mount: $(head -1 "$B/cmd.err")"; return 0
+  fi
+  t1=${EPOCHREALTIME/./}; RES["store miss"]+="$((10#$t1 - 10#$t0)) "
+  lc_register layercache "$mnt"
+  measure "store fill" w_fill "$mnt" || { lc_umount "$mnt"; return 0; }
+  t0=${EPOCHREALTIME/./}
+  if lcs commit "$mnt" >"$B/commit.out" 2>"$B/cmd.err"; then
+    t1=${EPOCHREALTIME/./}; RES["store promote"]+="$((10#$t1 - 10#$t0)) "
+  else FAIL["store promote"]="layercache commit: $(head -1 "$B/cmd.err")"; fi
+  lcs umount "$mnt" >/dev/null 2>"$B/cmd.err" || NOTE["store umount"]="layercache umount: $(head -1 "$B/cmd.err")"
+  lc_umount "$mnt"
+  [ -z "${FAIL["store promote"]:-}" ] || return 0
+  t0=${EPOCHREALTIME/./}
+  if lcs mount --project bench --cache node_modules --key "bench-fill-$run" "$mnt" >"$B/mount.json" 2>"$B/cmd.err"; then
+    t1=${EPOCHREALTIME/./}
+    while [ ! -e "$mnt/react/package.json" ] && [ $((10#${EPOCHREALTIME/./} - 10#$t1)) -lt 10000000 ]; do :; done
+    RES["store hit"]+="$((10#$t1 - 10#$t0)) "
+    RES["store hit-ready"]+="$((10#${EPOCHREALTIME/./} - 10#$t0)) "
+    grep -q '"hit"' "$B/mount.json" || NOTE["store hit"]="second mount did not report a hit: $(head -c 200 "$B/mount.json")"
+    lc_register layercache "$mnt"
+    lcs umount "$mnt" >/dev/null 2>&1 || true
+    lc_umount "$mnt"
+  else
+    lc_register layercache "$mnt"; lc_umount "$mnt"
+    FAIL["store hit"]="layercache mount (hit): $(head -1 "$B/cmd.err")"
+  fi
+}
+
+# the generated tree: mount latency over a huge lower, a first-pass walk, and daemon peak RSS.
+tree_run() {
+  local i=$1 t=$2 pid rss
+  mount_run "tree-mount $i" "$i" "$t" g000/d00000/f0000
+  if fresh "$i" "$t"; then
+    measure "tree-walk $i" w_walk "$FRESH_MNT" || true
+    pid=${LC_DAEMON[$FRESH_MNT]:-}
+    if [ -n "$pid" ]; then
+      rss=$(awk '/^VmHWM/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
+      [ -z "$rss" ] || RES["tree-rss $i"]="$rss"
+    fi
+  else FAIL["tree-walk $i"]=$FAILED_MOUNT; fi
+  done_mount
+}
+
+# --- the runs --------------------------------------------------------------------------------
+log "implementations: ${IMPLS[*]}; workloads: $WORKLOADS; $RUNS runs each"
+START=$(date +%s)
+for run in $(seq "$RUNS"); do
+  for w in walk readall require seqread; do
+    want "$w" || continue
+    log "run $run/$RUNS: $w"
+    for i in "${IMPLS[@]}"; do read_run "$w" "$i"; done
+  done
+  if want copyup; then log "run $run/$RUNS: copy-up"; for i in "${IMPLS[@]}"; do copyup_run "$i"; done; fi
+  if want mount; then
+    log "run $run/$RUNS: mount latency"
+    for i in "${IMPLS[@]}"; do
+      [ "$i" = native ] || mount_run "mount $i" "$i" "$LC_LOWER" node_modules/react/package.json
+    done
+  fi
+  if want fill; then log "run $run/$RUNS: fill"; for i in "${IMPLS[@]}"; do fill_run "$i"; done; fi
+  if want store && has_impl layercache; then log "run $run/$RUNS: layercache store"; store_run "$run"; fi
+done
+if want tree; then
+  T=$(lc_tree "$TREE_N")
+  for i in "${IMPLS[@]}"; do log "tree ($TREE_N entries): $i"; tree_run "$i" "$T"; done
+fi
+ELAPSED=$(($(date +%s) - START))
+
+# --- the report ------------------------------------------------------------------------------
+STAMP=$(date +%Y%m%d-%H%M%S)
+OUT=$B/results/bench-$STAMP${QUICK:+-quick}.md
+declare -A LABEL=([native]="native" [kernel]="kernel overlayfs" [fuse-overlayfs]="fuse-overlayfs" [layercache]="layercache")
+cell() { # KEY-PREFIX IMPL -> "median (ratio)"
+  local k="$1 $2" kk="$1 kernel" m mk
+  if [ -n "${RES[$k]:-}" ]; then
+    # shellcheck disable=SC2086
+    m=$(lc_median ${RES[$k]})
+    printf '%s' "$(lc_fmt_us "$m")"
+    if [ -n "${RES[$kk]:-}" ] && [ "$2" != kernel ]; then
+      # shellcheck disable=SC2086
+      mk=$(lc_median ${RES[$kk]}); printf ' (%s)' "$(lc_ratio "$m" "$mk")"
+    fi
+  elif [ -n "${FAIL[$k]:-}" ]; then printf 'FAIL'
+  else printf '—'; fi
+}
+row() { # LABEL KEY-PREFIX TARGET
+  local line="| $1 |" i
+  for i in "${IMPLS[@]}"; do line+=" $(cell "$2" "$i") |"; done
+  has_impl layercache && line+=" $3 |"
+  echo "$line"
+}
+{
+  echo "# layercache benchmark $STAMP${QUICK:+ (quick)}"
+  echo
+  lc_machine
+  echo "layercache: $LC_STATUS"
+  echo "runs: median of $RUNS (implementations interleaved in each run), $(find "$LC_LOWER/node_modules" | wc -l) entries in node_modules, total time ${ELAPSED}s"
+  echo "node require: $REQUIRE_PKGS"
+  echo
+  hdr="| workload |" sep="|---|"
+  for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
+  if has_impl layercache; then hdr+=" layercache target |"; sep+="---|"; fi
+  echo "$hdr"; echo "$sep"
+  for w in walk readall require seqread; do
+    want "$w" || continue
+    case $w in
+      walk) name="stat walk (find -printf)" tgt="warm ≤ 1.3×" ;;
+      readall) name="read all files (tar)" tgt="warm ≤ 1.3×" ;;
+      require) name="node require (5 largest)" tgt="" ;;
+      seqread) name="512 MiB sequential read" tgt="≤ 1.5×" ;;
+    esac
+    for p in first warm cold; do
+      t=""
+      if [ "$w" = seqread ] || [ "$p" = warm ]; then t=$tgt; fi
+      row "$name, $p" "$w $p" "$t"
+    done
+  done
+  want copyup && row "copy-up (append 1 byte to 512 MiB)" copyup ""
+  want fill && row "fill (npm ci --offline into empty overlay)" fill ""
+  want mount && row "mount → first stat" mount "< 50 ms"
+  if want tree; then
+    row "mount → first stat, $TREE_N-entry lower (1 run)" tree-mount "< 50 ms"
+    row "walk $TREE_N-entry tree, first pass (1 run)" tree-walk ""
+    line="| daemon peak RSS after that walk |"
+    for i in "${IMPLS[@]}"; do
+      if [ -n "${RES["tree-rss $i"]:-}" ]; then line+=" $((RES["tree-rss $i"] / 1024)) MiB |"; else line+=" — |"; fi
+    done
+    has_impl layercache && line+=" ≤ 200 MB |"
+    echo "$line"
+  fi
+  if want store && has_impl layercache; then
+    echo
+    echo "layercache store (node_modules of the fixture, fresh store each run; median of $RUNS):"
+    echo
+    echo "| step | time | target |"
+    echo "|---|---|---|"
+    for k in "store miss|mount (miss)|" "store fill|fill (npm ci --offline)|" "store promote|promote (commit) of the fill|≤ 1 s" \
+             "store hit|hit lookup (mount command, hit)|" "store hit-ready|hit: mount → first stat|< 50 ms"; do
+      IFS='|' read -r key name tgt <<<"$k"
+      if [ -n "${RES[$key]:-}" ]; then
+        # shellcheck disable=SC2086
+        v=$(lc_fmt_us "$(lc_median ${RES[$key]})")
+      else v="—"; fi
+      echo "| $name | $v | $tgt |"
+    done
+  fi
+  if [ ${#FAIL[@]} -gt 0 ] || [ ${#NOTE[@]} -gt 0 ]; then
+    echo
+    echo "failures and notes:"
+    for k in "${!FAIL[@]}"; do echo "- $k: ${FAIL[$k]}"; done | sort
+    for k in "${!NOTE[@]}"; do echo "- $k: ${NOTE[$k]}"; done | sort
+  fi
+  echo
+  echo "cells: median (ratio to kernel overlayfs in the same run); FAIL = see failures; — = not measured"
+} | tee "$OUT"
+for k in "${!RES[@]}"; do printf '%s\t%s\n' "$k" "${RES[$k]}"; done | sort >"${OUT%.md}.tsv"
+log "report: $OUT (raw samples in ${OUT%.md}.tsv)"
