@@ -1,1 +1,440 @@
-//! (in progress)
+//! Copy-up: bringing a lower entry into the upper dir before it is changed, preserving data
+//! (sparse holes kept, copy_file_range so the kernel moves the bytes), mode, owner, nanosecond
+//! timestamps and xattrs (overlay-private ones excepted) — as kernel overlayfs does
+//! (Documentation/filesystems/overlayfs.rst, "Non-directories"/"Directories").
+//!
+//! Every copy is staged under a temporary name in the workdir and renamed into place, so the
+//! upper dir never holds a partial copy. The upper parent's timestamps are restored afterwards.
+
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use fuser::Errno;
+
+use super::fs::{OpResult, OverlayFs, errno};
+use super::inode::{Kind, Loc, Node, top_lower};
+use super::layers::{Layer, cstr};
+use super::whiteout;
+
+/// Copies xattrs from `src` to `dst` (fds, or paths when `*_path` is given for symlinks and
+/// special files), skipping overlay-private names. Errors on `user.*` names propagate; other
+/// namespaces are best effort (they may need privileges the daemon lacks).
+fn copy_xattrs(src: XRef<'_>, dst: XRef<'_>) -> io::Result<()> {
+    let mut names = vec![0u8; 4096];
+    let n = loop {
+        let n = src.list(&mut names);
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) => names.resize(names.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(()),
+            _ => return Err(e),
+        }
+    };
+    let mut value = vec![0u8; 4096];
+    for name in names[..n].split(|b| *b == 0).filter(|s| !s.is_empty()) {
+        if whiteout::is_private_xattr(name) {
+            continue;
+        }
+        let cname = CString::new(name).expect("split at NUL");
+        let len = loop {
+            let r = src.get(&cname, &mut value);
+            if r >= 0 {
+                break r as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ERANGE) {
+                value.resize(value.len() * 4, 0);
+                continue;
+            }
+            return Err(e);
+        };
+        if dst.set(&cname, &value[..len]) < 0 {
+            let e = io::Error::last_os_error();
+            if name.starts_with(b"user.") {
+                return Err(e);
+            }
+            tracing::debug!(name = %String::from_utf8_lossy(name), error = %e, "xattr not copied up");
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum XRef<'a> {
+    Fd(RawFd),
+    Path(&'a CStr),
+}
+
+impl XRef<'_> {
+    fn list(&self, buf: &mut [u8]) -> isize {
+        // SAFETY: buffers valid for their lengths; fds/paths valid for the call.
+        unsafe {
+            match self {
+                XRef::Fd(fd) => libc::flistxattr(*fd, buf.as_mut_ptr().cast(), buf.len()),
+                XRef::Path(p) => libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()),
+            }
+        }
+    }
+    fn get(&self, name: &CStr, buf: &mut [u8]) -> isize {
+        // SAFETY: as above.
+        unsafe {
+            match self {
+                XRef::Fd(fd) => {
+                    libc::fgetxattr(*fd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                }
+                XRef::Path(p) => libc::lgetxattr(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                ),
+            }
+        }
+    }
+    fn set(&self, name: &CStr, val: &[u8]) -> libc::c_int {
+        // SAFETY: as above.
+        unsafe {
+            match self {
+                XRef::Fd(fd) => {
+                    libc::fsetxattr(*fd, name.as_ptr(), val.as_ptr().cast(), val.len(), 0)
+                }
+                XRef::Path(p) => {
+                    libc::lsetxattr(p.as_ptr(), name.as_ptr(), val.as_ptr().cast(), val.len(), 0)
+                }
+            }
+        }
+    }
+}
+
+/// Copies bytes `[0, len)` of `src` to `dst`, keeping holes (SEEK_DATA/SEEK_HOLE) and letting
+/// the kernel move data (copy_file_range, falling back to pread/pwrite across filesystems).
+pub fn copy_data(src: &File, dst: &File, len: u64) -> io::Result<()> {
+    let s = src.as_raw_fd();
+    let mut off: i64 = 0;
+    while (off as u64) < len {
+        // SAFETY: lseek on an owned fd.
+        let data = unsafe { libc::lseek(s, off, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break;
+            }
+            return Err(e);
+        }
+        if data as u64 >= len {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(s, data, libc::SEEK_HOLE) };
+        let end = if hole < 0 {
+            len as i64
+        } else {
+            (hole as u64).min(len) as i64
+        };
+        copy_range(src, dst, data, end)?;
+        off = end;
+    }
+    dst.set_len(len)
+}
+
+fn copy_range(src: &File, dst: &File, start: i64, end: i64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut pos = start;
+    while pos < end {
+        let mut off_in = pos;
+        let mut off_out = pos;
+        // SAFETY: fds valid; offsets are local variables.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                (end - pos) as usize,
+                0,
+            )
+        };
+        if n > 0 {
+            pos += n as i64;
+            continue;
+        }
+        if n == 0 {
+            break; // source shrank
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EXDEV)
+            | Some(libc::ENOSYS)
+            | Some(libc::EINVAL)
+            | Some(libc::EOPNOTSUPP) => {
+                let mut buf = vec![0u8; (1 << 20).min((end - pos) as usize)];
+                while pos < end {
+                    let want = buf.len().min((end - pos) as usize);
+                    let r = src.read_at(&mut buf[..want], pos as u64)?;
+                    if r == 0 {
+                        break;
+                    }
+                    dst.write_all_at(&buf[..r], pos as u64)?;
+                    pos += r as i64;
+                }
+                return Ok(());
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn times_of(st: &libc::stat) -> [libc::timespec; 2] {
+    [
+        libc::timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec,
+        },
+        libc::timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec,
+        },
+    ]
+}
+
+impl OverlayFs {
+    /// Stages a copy of `src` (layer `sl`, relative path `srel`, stat `st`) under a temporary
+    /// name in the workdir with all metadata, and returns that name. Regular files get bytes
+    /// `[0, min(size, limit))`; directories are created empty.
+    pub(super) fn stage_copy(
+        &self,
+        sl: Layer,
+        srel: &CStr,
+        st: &libc::stat,
+        limit: Option<u64>,
+    ) -> io::Result<CString> {
+        let tmp = self.tmp_name();
+        let mode = st.st_mode & 0o7777;
+        let result = (|| -> io::Result<()> {
+            match Kind::from_mode(st.st_mode) {
+                Kind::File => {
+                    let src = self.roots.open(sl, srel, libc::O_RDONLY, 0)?;
+                    let dst = self.roots.open(
+                        Layer::Work,
+                        &tmp,
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                        0o600,
+                    )?;
+                    let len = limit.map_or(st.st_size as u64, |l| l.min(st.st_size as u64));
+                    copy_data(&src, &dst, len)?;
+                    copy_xattrs(XRef::Fd(src.as_raw_fd()), XRef::Fd(dst.as_raw_fd()))?;
+                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
+                    self.roots.chmod(Layer::Work, &tmp, mode)?;
+                }
+                Kind::Dir => {
+                    self.roots.mkdir(Layer::Work, &tmp, 0o700)?;
+                    let src = self
+                        .roots
+                        .open(sl, srel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                    let dst = self.roots.open(
+                        Layer::Work,
+                        &tmp,
+                        libc::O_RDONLY | libc::O_DIRECTORY,
+                        0,
+                    )?;
+                    copy_xattrs(XRef::Fd(src.as_raw_fd()), XRef::Fd(dst.as_raw_fd()))?;
+                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
+                    self.roots.chmod(Layer::Work, &tmp, mode)?;
+                }
+                Kind::Symlink => {
+                    let target = self.roots.readlink(sl, srel)?;
+                    let target = CString::new(target)
+                        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                    self.roots.symlink(&target, Layer::Work, &tmp)?;
+                    let (sp, dp) = (
+                        self.roots.proc_path(sl, srel),
+                        self.roots.proc_path(Layer::Work, &tmp),
+                    );
+                    copy_xattrs(XRef::Path(&sp), XRef::Path(&dp))?;
+                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
+                }
+                Kind::Special => {
+                    self.roots
+                        .mknod(Layer::Work, &tmp, st.st_mode, st.st_rdev)?;
+                    let (sp, dp) = (
+                        self.roots.proc_path(sl, srel),
+                        self.roots.proc_path(Layer::Work, &tmp),
+                    );
+                    copy_xattrs(XRef::Path(&sp), XRef::Path(&dp))?;
+                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
+                    self.roots.chmod(Layer::Work, &tmp, mode)?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            let _ = self
+                .roots
+                .unlink(Layer::Work, &tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
+            return Err(e);
+        }
+        Ok(tmp)
+    }
+
+    /// Moves a staged entry from the workdir to `dst` in the upper dir, then sets its
+    /// timestamps from `st` and restores the upper parent's timestamps. Returns the new
+    /// upper inode number.
+    pub(super) fn publish_staged(
+        &self,
+        tmp: &CStr,
+        dst: &CStr,
+        st: &libc::stat,
+    ) -> io::Result<u64> {
+        let parent = Path::new(std::ffi::OsStr::from_bytes(dst.to_bytes()))
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .unwrap_or(Path::new("."));
+        let cparent = cstr(parent.as_os_str())?;
+        let pst = self.roots.stat(Layer::Upper, &cparent)?;
+        if let Err(e) = self.roots.rename(Layer::Work, tmp, Layer::Upper, dst, 0) {
+            let _ = self
+                .roots
+                .unlink(Layer::Work, tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
+            return Err(e);
+        }
+        self.roots.utimens(Layer::Upper, dst, &times_of(st))?;
+        let _ = self.roots.utimens(Layer::Upper, &cparent, &times_of(&pst));
+        Ok(self.roots.stat(Layer::Upper, dst)?.st_ino)
+    }
+
+    /// Makes sure directory node `id` and all its ancestors exist in the upper dir (metadata
+    /// copy-up of lower directories). Caller holds `ns`.
+    pub(super) fn ensure_upper_dir(&self, id: u64) -> OpResult<()> {
+        let mut chain = Vec::new();
+        let mut cur = id;
+        loop {
+            let n = self.node(cur)?;
+            if n.upper {
+                break;
+            }
+            chain.push(cur);
+            match n.loc {
+                Loc::Attached { parent, .. } => cur = parent,
+                _ => return Err(Errno::ENOENT),
+            }
+        }
+        let _c = self.copy_lock.lock();
+        for &d in chain.iter().rev() {
+            let n = self.node(d)?;
+            if n.upper {
+                continue;
+            }
+            let rel = cstr(self.path_of(d)?.as_os_str()).map_err(errno)?;
+            let l = n.top_lower().ok_or(Errno::ENOENT)?;
+            let st = self.roots.stat(Layer::Lower(l), &rel).map_err(errno)?;
+            let tmp = self
+                .stage_copy(Layer::Lower(l), &rel, &st, None)
+                .map_err(errno)?;
+            let ino = self.publish_staged(&tmp, &rel, &st).map_err(errno)?;
+            self.nodes.register_upper(ino, d);
+            self.nodes.update(d, |n| n.upper = true);
+        }
+        Ok(())
+    }
+
+    /// Copies node `id` up if it is not in the upper dir yet (regular files: bytes up to
+    /// `limit`, for a truncate that would discard the rest). Caller holds `ns`.
+    ///
+    /// Errors: `ENOENT` for a node that is gone; the errno of a failed copy (nothing is left
+    /// half-copied in the upper dir).
+    pub(super) fn copy_up(&self, id: u64, limit: Option<u64>) -> OpResult<()> {
+        let n = self.node(id)?;
+        if n.upper {
+            return Ok(());
+        }
+        if n.kind == Kind::Dir {
+            return self.ensure_upper_dir(id);
+        }
+        let parent = match &n.loc {
+            Loc::Attached { parent, .. } => Some(*parent),
+            Loc::Orphan { .. } => None,
+            Loc::Gone => return Err(Errno::ENOENT),
+        };
+        if let Some(p) = parent {
+            self.ensure_upper_dir(p)?;
+        }
+        let _c = self.copy_lock.lock();
+        let n = self.node(id)?;
+        if n.upper {
+            return Ok(());
+        }
+        let (sl, srel) = self.backing(id, &n)?;
+        let st = self.roots.stat(sl, &srel).map_err(errno)?;
+        let tmp = self.stage_copy(sl, &srel, &st, limit).map_err(errno)?;
+        let ino = if parent.is_some() {
+            self.publish_staged(&tmp, &srel, &st).map_err(errno)?
+        } else {
+            let dst = Self::orphan_name(id);
+            self.roots
+                .rename(Layer::Work, &tmp, Layer::Work, &dst, 0)
+                .map_err(errno)?;
+            self.nodes
+                .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
+            self.roots.stat(Layer::Work, &dst).map_err(errno)?.st_ino
+        };
+        self.nodes.register_upper(ino, id);
+        self.nodes.update(id, |n| {
+            n.upper = true;
+            n.lowers = 0;
+        });
+        self.drop_fd(id);
+        Ok(())
+    }
+
+    /// Copies the merged contents of directory `dir` (node state `dnode`, path `rel`, already
+    /// present in the upper dir) into the upper dir, recursively — used before renaming a
+    /// directory that has lower contents. Every copied entry is registered under the id it had,
+    /// so `st_ino` values do not change. Caller holds `ns` for writing.
+    pub(super) fn copy_up_tree(&self, dir: u64, dnode: &Node, rel: &Path) -> OpResult<()> {
+        let names = self.merged_names(dnode, rel).map_err(errno)?;
+        for (name, _) in names {
+            let Some(r) = self.resolve(dir, dnode, rel, &name)? else {
+                continue;
+            };
+            let crel = cstr(rel.join(&name).as_os_str()).map_err(errno)?;
+            if !r.upper {
+                let l = top_lower(r.lowers).ok_or(Errno::EIO)?;
+                let _c = self.copy_lock.lock();
+                let tmp = self
+                    .stage_copy(Layer::Lower(l), &crel, &r.st, None)
+                    .map_err(errno)?;
+                let ino = self.publish_staged(&tmp, &crel, &r.st).map_err(errno)?;
+                self.nodes.register_upper(ino, r.id);
+            } else {
+                self.nodes.register_upper(r.st.st_ino, r.id);
+            }
+            if r.kind == Kind::Dir && r.lowers != 0 {
+                let child = Node {
+                    loc: Loc::Gone,
+                    kind: Kind::Dir,
+                    upper: true,
+                    lowers: r.lowers,
+                    lookups: 0,
+                };
+                self.copy_up_tree(r.id, &child, &rel.join(&name))?;
+            }
+            self.drop_fd(r.id);
+        }
+        Ok(())
+    }
+}

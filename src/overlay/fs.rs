@@ -1,8 +1,438 @@
-//! (in progress)
-use crate::error::Result;
+//! The overlay engine: name resolution across layers, attributes, and every filesystem
+//! operation as a method returning `Result<_, Errno>`; `fuse.rs`-style glue lives in
+//! `handlers.rs`.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::num::NonZeroUsize;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{Errno, FileAttr, FileType};
+use parking_lot::{Mutex, RwLock};
+
 use super::OverlayConfig;
-pub struct OverlayFs;
-impl OverlayFs {
-    pub fn new(_cfg: &OverlayConfig) -> Result<Self> { Ok(OverlayFs) }
+use super::dir::Listings;
+use super::errno::to_errno;
+use super::inode::{IdKey, Kind, Loc, Node, Nodes};
+use super::layers::{Layer, Roots, cstr};
+use super::whiteout;
+use crate::error::{Error, Result};
+
+/// How long the kernel may cache entries and attributes. Long: the lower layers are immutable
+/// and every change to the upper goes through this daemon.
+pub const TTL: Duration = Duration::from_secs(3600);
+/// Directory under the workdir holding data of unlinked-but-open files.
+pub const ORPHANS: &str = "orphans";
+const NAME_MAX: usize = 255;
+
+/// Result type of the engine's operations: an errno for the kernel on failure.
+pub type OpResult<T> = std::result::Result<T, Errno>;
+
+/// What a name resolves to across the layers.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The node id (= st_ino).
+    pub id: u64,
+    /// File type.
+    pub kind: Kind,
+    /// Present in the upper dir.
+    pub upper: bool,
+    /// Lower layers holding it (see [`Node::lowers`]).
+    pub lowers: u64,
+    /// `stat` of the layer that provides data and metadata (upper if present, else top lower).
+    pub st: libc::stat,
 }
-impl fuser::Filesystem for OverlayFs {}
+
+/// The overlay filesystem state shared by all worker threads.
+pub struct OverlayFs {
+    pub(super) roots: Roots,
+    pub(super) nodes: Nodes,
+    pub(super) listings: Listings,
+    /// Serialises namespace changes that move existing paths (rename, unlink, rmdir) against
+    /// path-based operations. Taken once per operation at its top; never nested.
+    pub(super) ns: RwLock<()>,
+    /// Serialises copy-ups (so two writers do not copy the same file twice).
+    pub(super) copy_lock: Mutex<()>,
+    fds: Mutex<lru::LruCache<u64, CachedFd>>,
+    tmp_seq: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Clone)]
+struct CachedFd {
+    file: Arc<File>,
+    writable: bool,
+}
+
+fn c(p: &Path) -> OpResult<CString> {
+    cstr(p.as_os_str()).map_err(|e| to_errno(&e))
+}
+
+pub(super) fn errno(e: io::Error) -> Errno {
+    to_errno(&e)
+}
+
+fn ts(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+    } else {
+        UNIX_EPOCH - Duration::new((-sec) as u64, 0) + Duration::from_nanos(nsec as u64)
+    }
+}
+
+/// Converts a `stat` to the FUSE attribute with `ino` as the node id.
+pub fn attr_from_stat(ino: u64, st: &libc::stat, nlink: u32) -> FileAttr {
+    let kind = match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    };
+    FileAttr {
+        ino: fuser::INodeNo(ino),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: ts(st.st_atime, st.st_atime_nsec),
+        mtime: ts(st.st_mtime, st.st_mtime_nsec),
+        ctime: ts(st.st_ctime, st.st_ctime_nsec),
+        crtime: UNIX_EPOCH,
+        kind,
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+impl OverlayFs {
+    /// Opens the layers of `cfg` and prepares the workdir (orphans of an earlier run are removed).
+    ///
+    /// Errors: [`Error::Invalid`] naming a directory that cannot be opened.
+    pub fn new(cfg: &OverlayConfig) -> Result<OverlayFs> {
+        let roots = Roots::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
+            .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
+        let orphans = cfg.workdir.join(ORPHANS);
+        let _ = std::fs::remove_dir_all(&orphans);
+        std::fs::create_dir_all(&orphans).map_err(|e| Error::io(&orphans, e))?;
+        let lowers = if cfg.lowerdirs.is_empty() {
+            0
+        } else {
+            (1u64 << cfg.lowerdirs.len()) - 1
+        };
+        let cap = NonZeroUsize::new(4096).expect("nonzero");
+        Ok(OverlayFs {
+            roots,
+            nodes: Nodes::new(lowers),
+            listings: Listings::default(),
+            ns: RwLock::new(()),
+            copy_lock: Mutex::new(()),
+            fds: Mutex::new(lru::LruCache::new(cap)),
+            tmp_seq: Default::default(),
+        })
+    }
+
+    /// A fresh name for a staging entry in the workdir.
+    pub(super) fn tmp_name(&self) -> CString {
+        let n = self
+            .tmp_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CString::new(format!("tmp-{}-{n}", std::process::id())).expect("no NUL")
+    }
+
+    pub(super) fn orphan_name(id: u64) -> CString {
+        CString::new(format!("{ORPHANS}/{id:x}")).expect("no NUL")
+    }
+
+    pub(super) fn node(&self, id: u64) -> OpResult<Node> {
+        self.nodes.get(id).ok_or(Errno::ENOENT)
+    }
+
+    /// Relative path of an attached node. Errors: `ENOENT` for detached nodes.
+    pub(super) fn path_of(&self, id: u64) -> OpResult<PathBuf> {
+        self.nodes.path(id).ok_or(Errno::ENOENT)
+    }
+
+    /// Where node `n` (id `id`) currently keeps its data: (layer, relative path).
+    pub(super) fn backing(&self, id: u64, n: &Node) -> OpResult<(Layer, CString)> {
+        match &n.loc {
+            Loc::Attached { .. } => {
+                let p = c(&self.path_of(id)?)?;
+                if n.upper {
+                    Ok((Layer::Upper, p))
+                } else {
+                    Ok((Layer::Lower(n.top_lower().ok_or(Errno::ENOENT)?), p))
+                }
+            }
+            Loc::Orphan { lower_path: None } => Ok((Layer::Work, Self::orphan_name(id))),
+            Loc::Orphan {
+                lower_path: Some(p),
+            } => Ok((Layer::Lower(n.top_lower().ok_or(Errno::ENOENT)?), c(p)?)),
+            Loc::Gone => Err(Errno::ENOENT),
+        }
+    }
+
+    /// Resolves `name` in directory node `parent` (whose path is `ppath`) across the layers.
+    /// `Ok(None)` when the name does not exist in the merged view (absent or whited out).
+    pub(super) fn resolve(
+        &self,
+        parent: u64,
+        pnode: &Node,
+        ppath: &Path,
+        name: &OsStr,
+    ) -> OpResult<Option<Resolved>> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let rel = ppath.join(name);
+        let crel = c(&rel)?;
+        let mut upper_st: Option<libc::stat> = None;
+        if pnode.upper
+            && let Some(st) = self.roots.stat_opt(Layer::Upper, &crel).map_err(errno)?
+        {
+            if whiteout::is_whiteout_stat(&st) {
+                return Ok(None);
+            }
+            let kind = Kind::from_mode(st.st_mode);
+            if kind != Kind::Dir || pnode.lowers == 0 {
+                let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
+                return Ok(Some(Resolved {
+                    id,
+                    kind,
+                    upper: true,
+                    lowers: 0,
+                    st,
+                }));
+            }
+            let f = self
+                .roots
+                .open(Layer::Upper, &crel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .map_err(errno)?;
+            if whiteout::is_opaque(std::os::fd::AsFd::as_fd(&f)).map_err(errno)? {
+                let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
+                return Ok(Some(Resolved {
+                    id,
+                    kind,
+                    upper: true,
+                    lowers: 0,
+                    st,
+                }));
+            }
+            upper_st = Some(st);
+        }
+        let mut lowers = 0u64;
+        let mut first: Option<(u8, libc::stat)> = None;
+        let mut mask = pnode.lowers;
+        while mask != 0 {
+            let l = mask.trailing_zeros() as u8;
+            mask &= mask - 1;
+            let Some(st) = self.roots.stat_opt(Layer::Lower(l), &crel).map_err(errno)? else {
+                continue;
+            };
+            if whiteout::is_whiteout_stat(&st) {
+                break;
+            }
+            let kind = Kind::from_mode(st.st_mode);
+            if kind != Kind::Dir {
+                if upper_st.is_none() && first.is_none() {
+                    first = Some((l, st));
+                    lowers = 1 << l;
+                }
+                break;
+            }
+            if first
+                .as_ref()
+                .is_some_and(|(_, f)| Kind::from_mode(f.st_mode) != Kind::Dir)
+            {
+                break;
+            }
+            lowers |= 1 << l;
+            if first.is_none() {
+                first = Some((l, st));
+            }
+            if mask != 0 {
+                let f = self
+                    .roots
+                    .open(
+                        Layer::Lower(l),
+                        &crel,
+                        libc::O_RDONLY | libc::O_DIRECTORY,
+                        0,
+                    )
+                    .map_err(errno)?;
+                if whiteout::is_opaque(std::os::fd::AsFd::as_fd(&f)).map_err(errno)? {
+                    break;
+                }
+            }
+        }
+        match (upper_st, first) {
+            (Some(st), Some((l, lst))) => {
+                // A merged directory: identity from the top lower dir.
+                let id = self.nodes.lower_id(l, lst.st_ino);
+                Ok(Some(Resolved {
+                    id,
+                    kind: Kind::Dir,
+                    upper: true,
+                    lowers,
+                    st,
+                }))
+            }
+            (Some(st), None) => {
+                let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
+                Ok(Some(Resolved {
+                    id,
+                    kind: Kind::Dir,
+                    upper: true,
+                    lowers: 0,
+                    st,
+                }))
+            }
+            (None, Some((l, st))) => {
+                let kind = Kind::from_mode(st.st_mode);
+                let id = if kind == Kind::Dir || st.st_nlink <= 1 {
+                    self.nodes.lower_id(l, st.st_ino)
+                } else {
+                    self.nodes
+                        .keyed(IdKey::LowerPath(parent, name.to_os_string()))
+                };
+                Ok(Some(Resolved {
+                    id,
+                    kind,
+                    upper: false,
+                    lowers,
+                    st,
+                }))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Resolves a child of `parent` after computing the parent's node and path.
+    pub(super) fn resolve_in(
+        &self,
+        parent: u64,
+        name: &OsStr,
+    ) -> OpResult<(Node, PathBuf, Option<Resolved>)> {
+        let pnode = self.node(parent)?;
+        if pnode.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let ppath = self.path_of(parent)?;
+        let r = self.resolve(parent, &pnode, &ppath, name)?;
+        Ok((pnode, ppath, r))
+    }
+
+    /// The attribute the kernel sees for a resolved entry.
+    pub(super) fn attr_of(&self, r: &Resolved) -> FileAttr {
+        // A merged directory, or a store-deduplicated lower file (each path is its own file).
+        let merged_dir = r.kind == Kind::Dir && r.lowers != 0;
+        let dedup_lower = !r.upper && r.kind != Kind::Dir && r.st.st_nlink > 1;
+        let nlink = if merged_dir || dedup_lower {
+            1
+        } else {
+            r.st.st_nlink as u32
+        };
+        attr_from_stat(r.id, &r.st, nlink)
+    }
+
+    /// Looks `name` up in `parent` and records the kernel reference (lookup, create, readdirplus).
+    pub(super) fn lookup_and_remember(
+        &self,
+        parent: u64,
+        name: &OsStr,
+    ) -> OpResult<Option<FileAttr>> {
+        let (_, _, r) = self.resolve_in(parent, name)?;
+        Ok(r.map(|r| {
+            self.nodes
+                .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
+            self.attr_of(&r)
+        }))
+    }
+
+    /// Current attributes of node `id`.
+    pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
+        let n = self.node(id)?;
+        let (layer, p) = self.backing(id, &n)?;
+        let st = self.roots.stat(layer, &p).map_err(errno)?;
+        let r = Resolved {
+            id,
+            kind: n.kind,
+            upper: n.upper || layer == Layer::Work,
+            lowers: n.lowers,
+            st,
+        };
+        Ok(self.attr_of(&r))
+    }
+
+    /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
+    pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<File>> {
+        if let Some(fd) = self.fds.lock().get(&id)
+            && (fd.writable || !writable)
+        {
+            return Ok(fd.file.clone());
+        }
+        let n = self.node(id)?;
+        let (layer, p) = self.backing(id, &n)?;
+        if writable && matches!(layer, Layer::Lower(_)) {
+            return Err(Errno::EIO);
+        }
+        let flags = if writable {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
+        let file = Arc::new(self.roots.open(layer, &p, flags, 0).map_err(errno)?);
+        self.fds.lock().put(
+            id,
+            CachedFd {
+                file: file.clone(),
+                writable,
+            },
+        );
+        Ok(file)
+    }
+
+    /// Drops the cached fd of `id` (after copy-up, so the next access opens the upper copy).
+    pub(super) fn drop_fd(&self, id: u64) {
+        self.fds.lock().pop(&id);
+    }
+
+    /// Reads up to `size` bytes at `offset` (short only at end of file).
+    pub fn read(&self, id: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {
+        let f = {
+            let _g = self.ns.read();
+            self.data_fd(id, false)?
+        };
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match f.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(errno(e)),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset`, copying the file up first. Returns bytes written.
+    pub fn write(&self, id: u64, offset: u64, data: &[u8]) -> OpResult<u32> {
+        let f = {
+            let _g = self.ns.read();
+            self.copy_up(id, None)?;
+            self.data_fd(id, true)?
+        };
+        f.write_all_at(data, offset).map_err(errno)?;
+        Ok(data.len() as u32)
+    }
+}

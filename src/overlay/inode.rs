@@ -1,1 +1,324 @@
-//! (in progress)
+//! The node table: FUSE node ids, their lookup counts and where each node lives in the layers.
+//!
+//! Node ids double as `st_ino` (fuser sends `attr.ino` as the node id), so they must be stable
+//! for the life of the mount and survive copy-up. They are derived from the identity of what a
+//! name refers to ([`IdKey`]):
+//! * a lower directory, or a lower non-directory with one link: `(lower layer + 1) << 56 | ino`
+//!   (deterministic, no memory needed; the same after the kernel forgets the node);
+//! * a lower non-directory with several links (the store deduplicates identical files by
+//!   hardlink, so distinct paths must stay distinct files): a counter id kept per (parent, name);
+//! * anything that lives only in the upper dir: a counter id kept per upper inode number.
+//!
+//! Copy-up registers the new upper inode under the node's existing id, so `st_ino` does not
+//! change. Counter ids start at 2 (1 is the root) and stay below 2^56.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+/// The root's node id (FUSE_ROOT_ID).
+pub const ROOT: u64 = 1;
+const LOWER_SHIFT: u32 = 56;
+
+/// The file type of a node, from `st_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `S_IFDIR`.
+    Dir,
+    /// `S_IFREG`.
+    File,
+    /// `S_IFLNK`.
+    Symlink,
+    /// Fifos, sockets and device nodes.
+    Special,
+}
+
+impl Kind {
+    /// The kind for an `st_mode`.
+    pub fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFREG => Kind::File,
+            libc::S_IFLNK => Kind::Symlink,
+            _ => Kind::Special,
+        }
+    }
+}
+
+/// Where a node's name is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// Reachable as `name` in directory node `parent`.
+    Attached {
+        /// Parent node id.
+        parent: u64,
+        /// The entry name.
+        name: OsString,
+    },
+    /// Unlinked while the kernel still referenced it; its data lives on at
+    /// `<workdir>/orphans/<id>` (upper data) or stays in a lower layer at `lower_path`.
+    Orphan {
+        /// Path of the lower copy relative to the lower root, when the node was lower-only.
+        lower_path: Option<PathBuf>,
+    },
+    /// A removed directory (the kernel marks it dead; only getattr may still arrive).
+    Gone,
+}
+
+/// One node the kernel holds a reference to.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// Where the node is.
+    pub loc: Loc,
+    /// Its file type.
+    pub kind: Kind,
+    /// True when the node exists in the upper dir (data and metadata come from there).
+    pub upper: bool,
+    /// Bit i set: lower layer i holds the node (for directories: every lower dir merged into
+    /// it; for other files: the one lower that provides it when `upper` is false).
+    pub lowers: u64,
+    /// Kernel lookup count (FUSE "nlookup"); the node is dropped when it reaches 0.
+    pub lookups: u64,
+}
+
+impl Node {
+    /// The topmost lower layer holding the node, if any.
+    pub fn top_lower(&self) -> Option<u8> {
+        top_lower(self.lowers)
+    }
+}
+
+/// The topmost (lowest-numbered) layer in a lower mask.
+pub fn top_lower(mask: u64) -> Option<u8> {
+    (mask != 0).then(|| mask.trailing_zeros() as u8)
+}
+
+/// The identity a counter id is kept for (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum IdKey {
+    /// An upper inode number.
+    Upper(u64),
+    /// A multiply-linked lower file, by parent node id and name.
+    LowerPath(u64, OsString),
+    /// A lower inode number too large for the deterministic encoding.
+    LowerBig(u8, u64),
+}
+
+/// Node table plus id allocation.
+pub struct Nodes {
+    map: RwLock<HashMap<u64, Node>>,
+    ids: Mutex<HashMap<IdKey, u64>>,
+    next: AtomicU64,
+}
+
+impl Nodes {
+    /// A table holding only the root (upper dir present, merged with every lower in `lowers`).
+    pub fn new(lowers: u64) -> Nodes {
+        let mut map = HashMap::new();
+        map.insert(
+            ROOT,
+            Node {
+                loc: Loc::Attached {
+                    parent: 0,
+                    name: OsString::new(),
+                },
+                kind: Kind::Dir,
+                upper: true,
+                lowers,
+                lookups: 1,
+            },
+        );
+        Nodes {
+            map: RwLock::new(map),
+            ids: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(2),
+        }
+    }
+
+    /// A copy of node `id`, if the kernel holds it.
+    pub fn get(&self, id: u64) -> Option<Node> {
+        self.map.read().get(&id).cloned()
+    }
+
+    /// Applies `f` to node `id` under the table lock; `None` if absent.
+    pub fn update<R>(&self, id: u64, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
+        self.map.write().get_mut(&id).map(f)
+    }
+
+    /// Records one more kernel reference to `id` at (`parent`, `name`) with the given state,
+    /// creating the node if needed.
+    pub fn remember(
+        &self,
+        id: u64,
+        parent: u64,
+        name: &OsStr,
+        kind: Kind,
+        upper: bool,
+        lowers: u64,
+    ) {
+        let mut map = self.map.write();
+        let loc = Loc::Attached {
+            parent,
+            name: name.to_os_string(),
+        };
+        let node = map.entry(id).or_insert_with(|| Node {
+            loc: loc.clone(),
+            kind,
+            upper,
+            lowers,
+            lookups: 0,
+        });
+        node.loc = loc;
+        node.kind = kind;
+        node.upper = upper;
+        node.lowers = lowers;
+        node.lookups += 1;
+    }
+
+    /// Undoes one [`Nodes::remember`] that the kernel did not receive.
+    pub fn unremember(&self, id: u64) {
+        let _ = self.forget(id, 1);
+    }
+
+    /// Drops `n` kernel references; returns the node when it was removed (count reached 0).
+    pub fn forget(&self, id: u64, n: u64) -> Option<Node> {
+        if id == ROOT {
+            return None;
+        }
+        let mut map = self.map.write();
+        let node = map.get_mut(&id)?;
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            map.remove(&id)
+        } else {
+            None
+        }
+    }
+
+    /// The path of `id` relative to the layer roots (`.` for the root), or `None` when the
+    /// node is not attached to the tree.
+    pub fn path(&self, id: u64) -> Option<PathBuf> {
+        let map = self.map.read();
+        let mut parts: Vec<&OsStr> = Vec::new();
+        let mut cur = id;
+        while cur != ROOT {
+            match &map.get(&cur)?.loc {
+                Loc::Attached { parent, name } => {
+                    parts.push(name);
+                    cur = *parent;
+                }
+                _ => return None,
+            }
+            if parts.len() > 4096 {
+                return None;
+            }
+        }
+        if parts.is_empty() {
+            return Some(PathBuf::from("."));
+        }
+        let mut p = PathBuf::new();
+        for part in parts.iter().rev() {
+            p.push(part);
+        }
+        Some(p)
+    }
+
+    /// Ids of every node below directory `dir` (not `dir` itself).
+    pub fn descendants(&self, dir: u64) -> Vec<u64> {
+        let map = self.map.read();
+        map.keys()
+            .copied()
+            .filter(|&id| {
+                let mut cur = id;
+                let mut depth = 0;
+                while let Some(Node {
+                    loc: Loc::Attached { parent, .. },
+                    ..
+                }) = map.get(&cur)
+                {
+                    if *parent == dir {
+                        return true;
+                    }
+                    cur = *parent;
+                    depth += 1;
+                    if cur == 0 || depth > 4096 {
+                        break;
+                    }
+                }
+                false
+            })
+            .collect()
+    }
+
+    /// The deterministic id of lower inode `ino` in layer `layer`.
+    pub fn lower_id(&self, layer: u8, ino: u64) -> u64 {
+        if ino < (1 << LOWER_SHIFT) {
+            ((layer as u64 + 1) << LOWER_SHIFT) | ino
+        } else {
+            self.keyed(IdKey::LowerBig(layer, ino))
+        }
+    }
+
+    /// The counter id kept for `key`, allocated on first use.
+    pub fn keyed(&self, key: IdKey) -> u64 {
+        let mut ids = self.ids.lock();
+        *ids.entry(key)
+            .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Makes upper inode `ino` resolve to node id `id` (copy-up keeps `st_ino`).
+    pub fn register_upper(&self, ino: u64, id: u64) {
+        self.ids.lock().insert(IdKey::Upper(ino), id);
+    }
+
+    /// Forgets the id of upper inode `ino` (the inode was deleted; its number may be reused).
+    pub fn drop_upper(&self, ino: u64) {
+        self.ids.lock().remove(&IdKey::Upper(ino));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_follow_renames_and_lookup_counts_drop_nodes() {
+        let t = Nodes::new(1);
+        t.remember(10, ROOT, OsStr::new("a"), Kind::Dir, false, 1);
+        t.remember(11, 10, OsStr::new("b"), Kind::File, false, 1);
+        assert_eq!(t.path(11).unwrap(), PathBuf::from("a/b"));
+        assert_eq!(t.path(ROOT).unwrap(), PathBuf::from("."));
+        t.update(10, |n| {
+            n.loc = Loc::Attached {
+                parent: ROOT,
+                name: "z".into(),
+            }
+        });
+        assert_eq!(t.path(11).unwrap(), PathBuf::from("z/b"));
+        assert_eq!(t.descendants(10), vec![11]);
+        t.remember(11, 10, OsStr::new("b"), Kind::File, false, 1);
+        assert!(t.forget(11, 1).is_none());
+        assert!(t.forget(11, 1).is_some());
+        assert!(t.get(11).is_none());
+        assert!(t.forget(ROOT, 5).is_none());
+    }
+
+    #[test]
+    fn ids_are_stable_and_distinct() {
+        let t = Nodes::new(1);
+        let a = t.lower_id(0, 42);
+        assert_eq!(a, t.lower_id(0, 42));
+        assert_ne!(a, t.lower_id(1, 42));
+        let p = t.keyed(IdKey::LowerPath(1, "x".into()));
+        assert_eq!(p, t.keyed(IdKey::LowerPath(1, "x".into())));
+        assert_ne!(p, t.keyed(IdKey::LowerPath(1, "y".into())));
+        t.register_upper(7, a);
+        assert_eq!(t.keyed(IdKey::Upper(7)), a);
+        t.drop_upper(7);
+        assert_ne!(t.keyed(IdKey::Upper(7)), a);
+        assert!(p > ROOT && p < (1 << 56));
+    }
+}

@@ -11,8 +11,10 @@ mod copy_up;
 mod dir;
 pub mod errno;
 mod fs;
+mod handlers;
 mod inode;
 mod layers;
+mod ops;
 pub mod options;
 pub mod whiteout;
 
@@ -134,7 +136,9 @@ pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) 
             drop(hold);
             let mut buf = [0u8; 4];
             rd.read_exact(&mut buf).map_err(|e| {
-                Error::Failed(format!("overlay daemon (pid {pid}) died before serving: {e}"))
+                Error::Failed(format!(
+                    "overlay daemon (pid {pid}) died before serving: {e}"
+                ))
             })?;
             Ok(pid as u32)
         }
@@ -143,8 +147,14 @@ pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) 
 
 fn redirect_stdio() {
     let log = std::env::var_os("LAYERCACHE_DAEMON_LOG");
-    let target = log.as_deref().map(Path::new).unwrap_or(Path::new("/dev/null"));
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(target);
+    let target = log
+        .as_deref()
+        .map(Path::new)
+        .unwrap_or(Path::new("/dev/null"));
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(target);
     let null = std::fs::File::open("/dev/null");
     if let (Ok(out), Ok(null)) = (out, null) {
         // SAFETY: dup2 onto the standard descriptors of this process.
@@ -157,7 +167,10 @@ fn redirect_stdio() {
 }
 
 fn raise_nofile_limit() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: valid pointer to an rlimit struct.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
@@ -198,7 +211,10 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -223,7 +239,10 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
         )));
     }
     nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()).map_err(|e| {
-        Error::Failed(format!("unmount {}: {e} (is a process still using it?)", mountpoint.display()))
+        Error::Failed(format!(
+            "unmount {}: {e} (is a process still using it?)",
+            mountpoint.display()
+        ))
     })?;
     let deadline = Instant::now() + wait;
     if let Some(pid) = daemon {

@@ -20,22 +20,77 @@ pub struct OverlayConfig {
 /// Generic mount options that are accepted and need no action here (the mount is always
 /// `nosuid,nodev`, `allow_other` and `default_permissions`; atime behaviour follows the upper).
 const GENERIC: &[&str] = &[
-    "rw", "noatime", "atime", "relatime", "norelatime", "strictatime", "lazytime", "nolazytime",
-    "nodiratime", "diratime", "allow_other", "allow_root", "default_permissions", "nosuid",
-    "suid", "nodev", "dev", "exec", "noexec", "async", "sync", "dirsync", "auto", "noauto",
-    "user", "nouser", "users", "nofail", "_netdev", "defaults", "silent", "loud",
-    "auto_unmount", "clone_fd",
+    "rw",
+    "noatime",
+    "atime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "lazytime",
+    "nolazytime",
+    "nodiratime",
+    "diratime",
+    "allow_other",
+    "allow_root",
+    "default_permissions",
+    "nosuid",
+    "suid",
+    "nodev",
+    "dev",
+    "exec",
+    "noexec",
+    "async",
+    "sync",
+    "dirsync",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "nofail",
+    "_netdev",
+    "defaults",
+    "silent",
+    "loud",
+    "auto_unmount",
+    "clone_fd",
 ];
 /// Generic options that take a value and are accepted (ignored).
 const GENERIC_VALUED: &[&str] = &[
-    "fsname", "subtype", "context", "fscontext", "defcontext", "rootcontext", "max_read",
-    "blksize", "uid", "gid", "x-systemd.", "comment",
+    "fsname",
+    "subtype",
+    "context",
+    "fscontext",
+    "defcontext",
+    "rootcontext",
+    "max_read",
+    "blksize",
+    "uid",
+    "gid",
+    "x-systemd.",
+    "comment",
 ];
 /// overlayfs / fuse-overlayfs options whose default behaviour is what layercache does anyway.
 const OVERLAY_NOOP: &[&str] = &[
-    "redirect_dir", "index", "xino", "metacopy", "nfs_export", "volatile", "userxattr",
-    "squash_to_root", "squash_to_uid", "squash_to_gid", "threaded", "fsync", "noacl",
-    "static_nlink", "plugins", "uidmapping", "gidmapping", "timeout", "noxattrs",
+    "redirect_dir",
+    "index",
+    "xino",
+    "metacopy",
+    "nfs_export",
+    "volatile",
+    "userxattr",
+    "squash_to_root",
+    "squash_to_uid",
+    "squash_to_gid",
+    "threaded",
+    "fsync",
+    "noacl",
+    "static_nlink",
+    "plugins",
+    "uidmapping",
+    "gidmapping",
+    "timeout",
+    "noxattrs",
 ];
 
 /// Parses `-o` strings (each comma-separated; may repeat) into lower/upper/work directories.
@@ -44,14 +99,22 @@ const OVERLAY_NOOP: &[&str] = &[
 /// `ro` request (the overlay is always writable).
 pub fn parse(options: &[String]) -> Result<RawOptions> {
     let mut raw = RawOptions::default();
-    for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+    for opt in options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| !o.is_empty())
+    {
         let (name, value) = match opt.split_once('=') {
             Some((n, v)) => (n, Some(v)),
             None => (opt, None),
         };
         match (name, value) {
             ("lowerdir", Some(v)) => {
-                raw.lowerdirs = v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect()
+                raw.lowerdirs = v
+                    .split(':')
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from)
+                    .collect()
             }
             ("upperdir", Some(v)) => raw.upperdir = Some(PathBuf::from(v)),
             ("workdir", Some(v)) => raw.workdir = Some(PathBuf::from(v)),
@@ -62,7 +125,10 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
             }
             (n, None) if GENERIC.contains(&n) => {}
             (n, _) if OVERLAY_NOOP.contains(&n) => {}
-            (n, Some(_)) if GENERIC_VALUED.iter().any(|g| n == *g || (g.ends_with('.') && n.starts_with(g))) => {}
+            (n, Some(_))
+                if GENERIC_VALUED
+                    .iter()
+                    .any(|g| n == *g || (g.ends_with('.') && n.starts_with(g))) => {}
             (n, _) if n.starts_with("x-") => {}
             _ => {
                 return Err(Error::invalid(format!(
@@ -76,7 +142,9 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
         return Err(Error::invalid("missing option lowerdir=DIR[:DIR...]"));
     }
     if raw.upperdir.is_none() {
-        return Err(Error::invalid("missing option upperdir=DIR (layercache overlays are writable)"));
+        return Err(Error::invalid(
+            "missing option upperdir=DIR (layercache overlays are writable)",
+        ));
     }
     Ok(raw)
 }
@@ -94,10 +162,16 @@ pub struct RawOptions {
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
     let meta = fs::metadata(p).map_err(|e| {
-        Error::invalid(format!("{what} {}: {e} (want an existing directory)", p.display()))
+        Error::invalid(format!(
+            "{what} {}: {e} (want an existing directory)",
+            p.display()
+        ))
     })?;
     if !meta.is_dir() {
-        return Err(Error::invalid(format!("{what} {}: not a directory", p.display())));
+        return Err(Error::invalid(format!(
+            "{what} {}: not a directory",
+            p.display()
+        )));
     }
     fs::canonicalize(p).map_err(|e| Error::invalid(format!("{what} {}: {e}", p.display())))
 }
@@ -125,7 +199,10 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         .iter()
         .map(|p| existing_dir("lowerdir", p))
         .collect::<Result<Vec<_>>>()?;
-    let upper_given = raw.upperdir.as_deref().ok_or_else(|| Error::invalid("missing upperdir"))?;
+    let upper_given = raw
+        .upperdir
+        .as_deref()
+        .ok_or_else(|| Error::invalid("missing upperdir"))?;
     let upperdir = existing_dir("upperdir", upper_given)?;
     let workdir = match &raw.workdir {
         Some(w) => {
@@ -137,7 +214,10 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             existing_dir("workdir", w)?
         }
         None => {
-            let name = upperdir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = upperdir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let parent = upperdir.parent().ok_or_else(|| {
                 Error::invalid("upperdir /: give a workdir= on the same filesystem")
             })?;
@@ -186,7 +266,11 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             upperdir.display()
         )));
     }
-    Ok(OverlayConfig { lowerdirs, upperdir, workdir })
+    Ok(OverlayConfig {
+        lowerdirs,
+        upperdir,
+        workdir,
+    })
 }
 
 #[cfg(test)]
@@ -199,7 +283,10 @@ mod tests {
 
     #[test]
     fn parses_fuse_overlayfs_style_options() {
-        let r = parse(&s("rw,lowerdir=/a:/b,upperdir=/u,workdir=/w,noatime,lazytime,allow_other")).unwrap();
+        let r = parse(&s(
+            "rw,lowerdir=/a:/b,upperdir=/u,workdir=/w,noatime,lazytime,allow_other",
+        ))
+        .unwrap();
         assert_eq!(r.lowerdirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(r.upperdir, Some(PathBuf::from("/u")));
         assert_eq!(r.workdir, Some(PathBuf::from("/w")));
@@ -207,7 +294,9 @@ mod tests {
 
     #[test]
     fn rejects_unknown_and_missing_options() {
-        let e = parse(&s("lowerdir=/a,upperdir=/u,frobnicate")).unwrap_err().to_string();
+        let e = parse(&s("lowerdir=/a,upperdir=/u,frobnicate"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("frobnicate"), "{e}");
         let e = parse(&s("upperdir=/u")).unwrap_err().to_string();
         assert!(e.contains("lowerdir"), "{e}");
@@ -227,12 +316,22 @@ mod tests {
             upperdir: Some(lower.join("up")),
             workdir: Some(t.path().join("work")),
         };
-        assert!(validate(&raw, &mnt).unwrap_err().to_string().contains("overlap"));
+        assert!(
+            validate(&raw, &mnt)
+                .unwrap_err()
+                .to_string()
+                .contains("overlap")
+        );
         let raw = RawOptions {
             lowerdirs: vec![t.path().join("nope")],
             upperdir: Some(lower.join("up")),
             workdir: None,
         };
-        assert!(validate(&raw, &mnt).unwrap_err().to_string().contains("nope"));
+        assert!(
+            validate(&raw, &mnt)
+                .unwrap_err()
+                .to_string()
+                .contains("nope")
+        );
     }
 }

@@ -1,0 +1,613 @@
+//! `fuser::Filesystem` for [`OverlayFs`]: every handler is a thin call into an engine
+//! operation that returns `Result<_, Errno>`.
+//!
+//! Kernel caching setup (see DESIGN.md "Performance design notes"): long entry/attr TTLs,
+//! negative entries cached, readdirplus for every readdir, parallel directory operations,
+//! cached symlinks, and "no open" mode — open and opendir answer ENOSYS so the kernel stops
+//! sending them and serves pages and listings from its caches; I/O then arrives without a
+//! file handle and uses the engine's per-node fd cache, and copy-up happens lazily at the first
+//! write/setattr/setxattr (never at open).
+
+use std::ffi::OsStr;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use fuser::{
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
+use super::inode::{Kind, Loc};
+use super::ops::{NewEntry, XattrReply};
+
+const GEN: Generation = Generation(0);
+
+fn negative_entry() -> FileAttr {
+    // SAFETY: an all-zero stat is a valid value.
+    let st: libc::stat = unsafe { std::mem::zeroed() };
+    attr_from_stat(0, &st, 0)
+}
+
+fn entry(reply: ReplyEntry, r: OpResult<FileAttr>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &a, GEN),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: OpResult<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn dtype(k: Kind) -> fuser::FileType {
+    match k {
+        Kind::Dir => fuser::FileType::Directory,
+        Kind::File => fuser::FileType::RegularFile,
+        Kind::Symlink => fuser::FileType::Symlink,
+        Kind::Special => fuser::FileType::NamedPipe,
+    }
+}
+
+impl OverlayFs {
+    fn statfs_op(&self) -> OpResult<libc::statvfs> {
+        let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: valid fd and out pointer.
+        if unsafe { libc::fstatvfs(self.roots.fd(super::layers::Layer::Upper), sv.as_mut_ptr()) }
+            < 0
+        {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        // SAFETY: fstatvfs succeeded.
+        Ok(unsafe { sv.assume_init() })
+    }
+
+    /// "." and ".." then the listing, starting at `offset`; `add` returns true when full.
+    fn readdir_walk(
+        &self,
+        dir: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, &OsStr, Kind, u64) -> OpResult<bool>,
+    ) -> OpResult<()> {
+        let listing = {
+            let _g = self.ns.read();
+            self.listing(dir)?
+        };
+        let parent = match self.node(dir)?.loc {
+            Loc::Attached { parent, .. } if parent != 0 => parent,
+            _ => dir,
+        };
+        let mut idx = offset;
+        if idx == 0 {
+            if add(dir, OsStr::new("."), Kind::Dir, 1)? {
+                return Ok(());
+            }
+            idx = 1;
+        }
+        if idx == 1 {
+            if add(parent, OsStr::new(".."), Kind::Dir, 2)? {
+                return Ok(());
+            }
+            idx = 2;
+        }
+        let mut i = (idx - 2) as usize;
+        loop {
+            let e = {
+                let l = listing.lock();
+                match l.entries.get(i) {
+                    None => return Ok(()),
+                    Some(e) if !e.live => None,
+                    Some(e) => Some((e.name.clone(), e.kind)),
+                }
+            };
+            if let Some((name, kind)) = e
+                && add(0, &name, kind, i as u64 + 3)?
+            {
+                return Ok(());
+            }
+            i += 1;
+        }
+    }
+}
+
+impl fuser::Filesystem for OverlayFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let want = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_EXPORT_SUPPORT;
+        if let Err(unsupported) = config.add_capabilities(want) {
+            let _ = config.add_capabilities(want & !unsupported);
+        }
+        let _ = config
+            .set_max_readahead(1 << 20)
+            .or_else(|max| config.set_max_readahead(max));
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = {
+            let _g = self.ns.read();
+            self.lookup_and_remember(parent.0, name)
+        };
+        match r {
+            Ok(Some(a)) => reply.entry(&TTL, &a, GEN),
+            Ok(None) => reply.entry(&TTL, &negative_entry(), GEN),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        OverlayFs::forget(self, ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = {
+            let _g = self.ns.read();
+            self.getattr_node(ino.0)
+        };
+        match r {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match OverlayFs::setattr(self, ino.0, mode, uid, gid, size, atime, mtime) {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match OverlayFs::readlink(self, ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let what = if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
+            NewEntry::File(mode)
+        } else {
+            NewEntry::Special(mode, rdev as u64)
+        };
+        entry(reply, self.make(parent.0, name, req.uid(), req.gid(), what));
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.make(parent.0, name, req.uid(), req.gid(), NewEntry::Dir(mode)),
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, OverlayFs::unlink(self, parent.0, name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, OverlayFs::rmdir(self, parent.0, name));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.make(
+                parent.0,
+                link_name,
+                req.uid(),
+                req.gid(),
+                NewEntry::Symlink(target),
+            ),
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            OverlayFs::rename(self, parent.0, name, newparent.0, newname, flags.bits()),
+        );
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.make(
+                newparent.0,
+                newname,
+                req.uid(),
+                req.gid(),
+                NewEntry::Link(ino.0),
+            ),
+        );
+    }
+
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match OverlayFs::read(self, ino.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match OverlayFs::write(self, ino.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fsync_node(ino.0, datasync));
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // No-opendir mode: readdir is stateless over the engine's per-directory listing.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dir = ino.0;
+        let r = self.readdir_walk(dir, offset, |id, name, kind, cookie| {
+            let id = if id != 0 {
+                id
+            } else {
+                let _g = self.ns.read();
+                match self.resolve_in(dir, name)? {
+                    (_, _, Some(r)) => r.id,
+                    _ => return Ok(false),
+                }
+            };
+            Ok(reply.add(INodeNo(id), cookie, dtype(kind), name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let dir = ino.0;
+        let r = self.readdir_walk(dir, offset, |id, name, _kind, cookie| {
+            if id != 0 {
+                // "." and "..": not counted by the kernel.
+                let a = {
+                    let _g = self.ns.read();
+                    self.getattr_node(id)?
+                };
+                return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
+            }
+            let a = {
+                let _g = self.ns.read();
+                match self.lookup_and_remember(dir, name)? {
+                    Some(a) => a,
+                    None => return Ok(false),
+                }
+            };
+            let full = reply.add(a.ino, cookie, name, &TTL, &a, GEN);
+            if full {
+                self.nodes.unremember(a.ino.0);
+            }
+            Ok(full)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.statfs_op() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                255,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, OverlayFs::setxattr(self, ino.0, name, value, flags));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match OverlayFs::getxattr(self, ino.0, name, size) {
+            Ok(XattrReply::Size(n)) => reply.size(n),
+            Ok(XattrReply::Data(d)) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match OverlayFs::listxattr(self, ino.0, size) {
+            Ok(XattrReply::Size(n)) => reply.size(n),
+            Ok(XattrReply::Data(d)) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, OverlayFs::removexattr(self, ino.0, name));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.make(parent.0, name, req.uid(), req.gid(), NewEntry::File(mode)) {
+            Ok(a) => reply.created(&TTL, &a, GEN, FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fallocate_node(ino.0, offset, length, mode));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.lseek_node(ino.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+impl OverlayFs {
+    fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {
+        let n = self.node(id)?;
+        if !n.upper {
+            return Ok(());
+        }
+        let f = {
+            let _g = self.ns.read();
+            self.data_fd(id, true)?
+        };
+        let r = if datasync {
+            f.sync_data()
+        } else {
+            f.sync_all()
+        };
+        r.map_err(errno)
+    }
+
+    fn fallocate_node(&self, id: u64, offset: u64, length: u64, mode: i32) -> OpResult<()> {
+        let f = {
+            let _g = self.ns.read();
+            self.copy_up(id, None)?;
+            self.data_fd(id, true)?
+        };
+        // SAFETY: valid fd.
+        if unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) } < 0 {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    fn lseek_node(&self, id: u64, offset: i64, whence: i32) -> OpResult<i64> {
+        let f = {
+            let _g = self.ns.read();
+            self.data_fd(id, false)?
+        };
+        // SAFETY: valid fd; the shared fd's position is not used by pread/pwrite.
+        let r = unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
+        if r < 0 {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        Ok(r)
+    }
+
+    fn copy_range_nodes(
+        &self,
+        id_in: u64,
+        off_in: u64,
+        id_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> OpResult<u32> {
+        let (fi, fo) = {
+            let _g = self.ns.read();
+            self.copy_up(id_out, None)?;
+            (self.data_fd(id_in, false)?, self.data_fd(id_out, true)?)
+        };
+        let (mut oi, mut oo) = (off_in as i64, off_out as i64);
+        let len = len.min(1 << 30) as usize;
+        // SAFETY: valid fds and offset pointers.
+        let n = unsafe {
+            libc::copy_file_range(fi.as_raw_fd(), &mut oi, fo.as_raw_fd(), &mut oo, len, 0)
+        };
+        if n < 0 {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        Ok(n as u32)
+    }
+}

@@ -1,0 +1,739 @@
+//! Namespace and metadata operations of the overlay engine (create, unlink, rmdir, rename,
+//! link, setattr, xattrs), each returning `Result<_, Errno>`.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::SystemTime;
+
+use fuser::{Errno, FileAttr, TimeOrNow};
+
+use super::fs::{OpResult, OverlayFs, errno};
+use super::inode::{Kind, Loc, Node};
+use super::layers::{Layer, cstr};
+use super::whiteout;
+
+/// What a create-like operation makes.
+pub enum NewEntry<'a> {
+    /// A regular file with this mode (permission bits).
+    File(u32),
+    /// A directory with this mode.
+    Dir(u32),
+    /// A symlink to this target.
+    Symlink(&'a Path),
+    /// A fifo, socket or device node (full `st_mode` with type bits, and `rdev`).
+    Special(u32, u64),
+    /// A new name for existing node id.
+    Link(u64),
+}
+
+fn c(p: &Path) -> OpResult<CString> {
+    cstr(p.as_os_str()).map_err(errno)
+}
+
+fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
+    match t {
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Some(TimeOrNow::Now) => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        Some(TimeOrNow::SpecificTime(t)) => {
+            let (sec, nsec) = match t.duration_since(SystemTime::UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
+                Err(e) => {
+                    let d = e.duration();
+                    let mut s = -(d.as_secs() as i64);
+                    let mut n = d.subsec_nanos() as i64;
+                    if n > 0 {
+                        s -= 1;
+                        n = 1_000_000_000 - n;
+                    }
+                    (s, n)
+                }
+            };
+            libc::timespec {
+                tv_sec: sec,
+                tv_nsec: nsec,
+            }
+        }
+    }
+}
+
+impl OverlayFs {
+    /// True when a lower layer merged into `pnode` has a visible entry `name`.
+    fn lower_has(&self, pnode: &Node, ppath: &Path, name: &OsStr) -> OpResult<bool> {
+        let rel = c(&ppath.join(name))?;
+        let mut mask = pnode.lowers;
+        while mask != 0 {
+            let l = mask.trailing_zeros() as u8;
+            mask &= mask - 1;
+            if let Some(st) = self.roots.stat_opt(Layer::Lower(l), &rel).map_err(errno)? {
+                return Ok(!whiteout::is_whiteout_stat(&st));
+            }
+        }
+        Ok(false)
+    }
+
+    fn upper_whiteout_at(&self, rel: &CString) -> OpResult<bool> {
+        Ok(self
+            .roots
+            .stat_opt(Layer::Upper, rel)
+            .map_err(errno)?
+            .is_some_and(|st| whiteout::is_whiteout_stat(&st)))
+    }
+
+    /// Creates `name` in `parent` owned by `uid`/`gid` (the parent's gid when it is setgid),
+    /// replacing a whiteout atomically and making a new directory opaque when it hides a
+    /// deleted lower directory. Returns the new entry's attributes (lookup count +1).
+    ///
+    /// Errors: `EEXIST` if the name exists in the merged view, `ENAMETOOLONG`, or the errno of
+    /// the upper dir's syscall.
+    pub fn make(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        uid: u32,
+        gid: u32,
+        what: NewEntry<'_>,
+    ) -> OpResult<FileAttr> {
+        let _g = self.ns.read();
+        let (_, ppath, existing) = self.resolve_in(parent, name)?;
+        if existing.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if let NewEntry::Link(src) = what {
+            self.copy_up(src, None)?;
+        }
+        self.ensure_upper_dir(parent)?;
+        let rel = c(&ppath.join(name))?;
+        let pst = self.roots.stat(Layer::Upper, &c(&ppath)?).map_err(errno)?;
+        let setgid = pst.st_mode & libc::S_ISGID != 0;
+        let gid = if setgid { pst.st_gid } else { gid };
+        let wh = self.upper_whiteout_at(&rel)?;
+        let (layer, at) = if wh {
+            (Layer::Work, self.tmp_name())
+        } else {
+            (Layer::Upper, rel.clone())
+        };
+        let is_dir = matches!(what, NewEntry::Dir(_));
+        let made = (|| -> std::io::Result<()> {
+            match what {
+                NewEntry::File(mode) => {
+                    self.roots.open(
+                        layer,
+                        &at,
+                        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                        mode & 0o7777,
+                    )?;
+                }
+                NewEntry::Dir(mode) => {
+                    let mode = (mode & 0o7777) | if setgid { libc::S_ISGID } else { 0 };
+                    self.roots.mkdir(layer, &at, mode)?;
+                }
+                NewEntry::Symlink(target) => {
+                    self.roots.symlink(&cstr(target.as_os_str())?, layer, &at)?;
+                }
+                NewEntry::Special(mode, rdev) => self.roots.mknod(layer, &at, mode, rdev)?,
+                NewEntry::Link(src) => {
+                    let n = self
+                        .nodes
+                        .get(src)
+                        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOENT))?;
+                    let (sl, sp) = self
+                        .backing(src, &n)
+                        .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
+                    self.roots.link(sl, &sp, layer, &at)?;
+                }
+            }
+            if !matches!(what, NewEntry::Link(_)) {
+                self.roots.chown(layer, &at, uid, gid)?;
+                if let NewEntry::Dir(mode) | NewEntry::File(mode) = what {
+                    // chown may clear set-id bits; put the requested mode back.
+                    let m = (mode & 0o7777) | if setgid && is_dir { libc::S_ISGID } else { 0 };
+                    self.roots.chmod(layer, &at, m)?;
+                }
+            }
+            if wh {
+                if is_dir {
+                    let d = self
+                        .roots
+                        .open(layer, &at, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                    whiteout::set_opaque(d.as_fd())?;
+                    // Swap the new directory with the whiteout, then drop the whiteout.
+                    self.roots.rename(
+                        Layer::Work,
+                        &at,
+                        Layer::Upper,
+                        &rel,
+                        libc::RENAME_EXCHANGE,
+                    )?;
+                    self.roots.unlink(Layer::Work, &at, false)?;
+                } else {
+                    self.roots.rename(Layer::Work, &at, Layer::Upper, &rel, 0)?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            if wh {
+                let _ = self.roots.unlink(Layer::Work, &at, is_dir);
+            }
+            return Err(errno(e));
+        }
+        let attr = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
+        let kind = self
+            .nodes
+            .get(attr.ino.0)
+            .map(|n| n.kind)
+            .unwrap_or(Kind::File);
+        self.listings.added(parent, name, kind);
+        Ok(attr)
+    }
+
+    /// Detaches node `id` (if the kernel holds it) whose upper entry at `rel` is about to
+    /// disappear: keeps its data reachable at `<workdir>/orphans/<id>` so open files stay
+    /// usable. Returns true when the upper entry was moved there (so the caller must not
+    /// delete it).
+    fn orphan(
+        &self,
+        id: u64,
+        kind: Kind,
+        upper: bool,
+        rel: &CString,
+        ppath_name: &Path,
+    ) -> OpResult<bool> {
+        let held = self.nodes.get(id).is_some_and(|n| n.lookups > 0);
+        if !held {
+            return Ok(false);
+        }
+        if kind == Kind::Dir {
+            self.nodes.update(id, |n| n.loc = Loc::Gone);
+            return Ok(false);
+        }
+        if upper {
+            self.roots
+                .rename(Layer::Upper, rel, Layer::Work, &Self::orphan_name(id), 0)
+                .map_err(errno)?;
+            self.nodes
+                .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
+            Ok(true)
+        } else {
+            let p = ppath_name.to_path_buf();
+            self.nodes.update(id, |n| {
+                n.loc = Loc::Orphan {
+                    lower_path: Some(p),
+                }
+            });
+            Ok(false)
+        }
+    }
+
+    /// Removes non-directory `name` from `parent` (a whiteout hides a lower copy).
+    ///
+    /// Errors: `ENOENT`, `EISDIR`, or the upper dir's errno.
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> OpResult<()> {
+        let _g = self.ns.write();
+        let (_, ppath, r) = self.resolve_in(parent, name)?;
+        let r = r.ok_or(Errno::ENOENT)?;
+        if r.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        self.ensure_upper_dir(parent)?;
+        let pnode = self.node(parent)?;
+        let lower_has = self.lower_has(&pnode, &ppath, name)?;
+        let rel_path = ppath.join(name);
+        let rel = c(&rel_path)?;
+        if r.upper {
+            if !self.orphan(r.id, r.kind, true, &rel, &rel_path)? {
+                self.roots
+                    .unlink(Layer::Upper, &rel, false)
+                    .map_err(errno)?;
+                if r.st.st_nlink <= 1 {
+                    self.nodes.drop_upper(r.st.st_ino);
+                }
+            }
+        } else {
+            self.orphan(r.id, r.kind, false, &rel, &rel_path)?;
+        }
+        if lower_has {
+            whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name).map_err(errno)?;
+        }
+        self.listings.removed(parent, name);
+        Ok(())
+    }
+
+    fn upper_dir_fd(&self, ppath: &Path) -> OpResult<std::fs::File> {
+        self.roots
+            .open(
+                Layer::Upper,
+                &c(ppath)?,
+                libc::O_RDONLY | libc::O_DIRECTORY,
+                0,
+            )
+            .map_err(errno)
+    }
+
+    /// Removes whiteouts left inside upper directory `rel` so it can be removed or replaced.
+    fn purge_whiteouts(&self, rel: &Path) -> OpResult<()> {
+        let crel = c(rel)?;
+        for (name, _) in self.roots.read_dir(Layer::Upper, &crel).map_err(errno)? {
+            let p = c(&rel.join(&name))?;
+            let st = self.roots.stat(Layer::Upper, &p).map_err(errno)?;
+            if !whiteout::is_whiteout_stat(&st) {
+                return Err(Errno::ENOTEMPTY);
+            }
+            self.roots.unlink(Layer::Upper, &p, false).map_err(errno)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the empty (in the merged view) directory `name` from `parent`.
+    ///
+    /// Errors: `ENOENT`, `ENOTDIR`, `ENOTEMPTY`, or the upper dir's errno.
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> OpResult<()> {
+        let _g = self.ns.write();
+        let (_, ppath, r) = self.resolve_in(parent, name)?;
+        let r = r.ok_or(Errno::ENOENT)?;
+        if r.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let rel_path = ppath.join(name);
+        let probe = Node {
+            loc: Loc::Gone,
+            kind: Kind::Dir,
+            upper: r.upper,
+            lowers: r.lowers,
+            lookups: 0,
+        };
+        if !self
+            .merged_names(&probe, &rel_path)
+            .map_err(errno)?
+            .is_empty()
+        {
+            return Err(Errno::ENOTEMPTY);
+        }
+        self.ensure_upper_dir(parent)?;
+        let pnode = self.node(parent)?;
+        let lower_has = self.lower_has(&pnode, &ppath, name)?;
+        let rel = c(&rel_path)?;
+        if r.upper {
+            self.purge_whiteouts(&rel_path)?;
+            self.roots.unlink(Layer::Upper, &rel, true).map_err(errno)?;
+            self.nodes.drop_upper(r.st.st_ino);
+        }
+        if lower_has {
+            whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name).map_err(errno)?;
+        }
+        self.orphan(r.id, Kind::Dir, r.upper, &rel, &rel_path)?;
+        self.listings.removed(parent, name);
+        self.listings.forget(r.id);
+        Ok(())
+    }
+
+    /// Renames `parent/name` to `newparent/newname` (`flags`: RENAME_NOREPLACE,
+    /// RENAME_EXCHANGE). Directories with lower contents are copied up whole first, so
+    /// renaming them works (kernel overlayfs without redirect_dir returns EXDEV here).
+    ///
+    /// Errors: `ENOENT`, `EEXIST` (NOREPLACE), `ENOTEMPTY`, `EINVAL` (RENAME_WHITEOUT or
+    /// unknown flags), or the upper dir's errno.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> OpResult<()> {
+        let _g = self.ns.write();
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let (_, ppath, src) = self.resolve_in(parent, name)?;
+        let src = src.ok_or(Errno::ENOENT)?;
+        let (_, nppath, dst) = self.resolve_in(newparent, newname)?;
+        if dst.is_some() && flags & libc::RENAME_NOREPLACE != 0 {
+            return Err(Errno::EEXIST);
+        }
+        if exchange && dst.is_none() {
+            return Err(Errno::ENOENT);
+        }
+        if dst.as_ref().is_some_and(|d| d.id == src.id) && !exchange {
+            return Ok(());
+        }
+        self.ensure_upper_dir(parent)?;
+        self.ensure_upper_dir(newparent)?;
+        let (src_path, dst_path) = (ppath.join(name), nppath.join(newname));
+        let (srel, drel) = (c(&src_path)?, c(&dst_path)?);
+        // Bring the source (and for an exchange the target) wholly into the upper dir.
+        self.bring_up(parent, name, &src)?;
+        if exchange {
+            let d = dst.as_ref().ok_or(Errno::ENOENT)?;
+            self.bring_up(newparent, newname, d)?;
+            for (r, p) in [(&src, &srel), (d, &drel)] {
+                if r.kind == Kind::Dir {
+                    let f = self
+                        .roots
+                        .open(Layer::Upper, p, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                        .map_err(errno)?;
+                    whiteout::set_opaque(f.as_fd()).map_err(errno)?;
+                }
+            }
+            self.roots
+                .rename(
+                    Layer::Upper,
+                    &srel,
+                    Layer::Upper,
+                    &drel,
+                    libc::RENAME_EXCHANGE,
+                )
+                .map_err(errno)?;
+            self.moved(src.id, src.kind, newparent, newname);
+            self.moved(d.id, d.kind, parent, name);
+            self.listings.added(newparent, newname, src.kind);
+            self.listings.added(parent, name, d.kind);
+            return Ok(());
+        }
+        let pnode = self.node(parent)?;
+        let npnode = self.node(newparent)?;
+        let src_lower = self.lower_has(&pnode, &ppath, name)?;
+        let dst_lower = self.lower_has(&npnode, &nppath, newname)?;
+        if src.kind == Kind::Dir && dst_lower {
+            let f = self
+                .roots
+                .open(Layer::Upper, &srel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .map_err(errno)?;
+            whiteout::set_opaque(f.as_fd()).map_err(errno)?;
+        }
+        // Clear the target: an emptied directory or whiteout in the upper dir, detach its node.
+        if let Some(d) = &dst {
+            if d.kind == Kind::Dir {
+                let probe = Node {
+                    loc: Loc::Gone,
+                    kind: Kind::Dir,
+                    upper: d.upper,
+                    lowers: d.lowers,
+                    lookups: 0,
+                };
+                if !self
+                    .merged_names(&probe, &dst_path)
+                    .map_err(errno)?
+                    .is_empty()
+                {
+                    return Err(Errno::ENOTEMPTY);
+                }
+                if d.upper {
+                    self.purge_whiteouts(&dst_path)?;
+                }
+                self.orphan(d.id, Kind::Dir, d.upper, &drel, &dst_path)?;
+                self.listings.forget(d.id);
+            } else if d.upper {
+                // Keep the replaced file's data for open fds: link it into the orphans dir.
+                if self.nodes.get(d.id).is_some_and(|n| n.lookups > 0) {
+                    let o = Self::orphan_name(d.id);
+                    let _ = self.roots.unlink(Layer::Work, &o, false);
+                    self.roots
+                        .link(Layer::Upper, &drel, Layer::Work, &o)
+                        .map_err(errno)?;
+                    self.nodes
+                        .update(d.id, |n| n.loc = Loc::Orphan { lower_path: None });
+                } else if d.st.st_nlink <= 1 {
+                    self.nodes.drop_upper(d.st.st_ino);
+                }
+            } else {
+                self.orphan(d.id, d.kind, false, &drel, &dst_path)?;
+            }
+        }
+        if src.kind == Kind::Dir && self.upper_whiteout_at(&drel)? {
+            self.roots
+                .unlink(Layer::Upper, &drel, false)
+                .map_err(errno)?;
+        }
+        if src_lower {
+            match self.roots.rename(
+                Layer::Upper,
+                &srel,
+                Layer::Upper,
+                &drel,
+                libc::RENAME_WHITEOUT,
+            ) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    self.roots
+                        .rename(Layer::Upper, &srel, Layer::Upper, &drel, 0)
+                        .map_err(errno)?;
+                    whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name)
+                        .map_err(errno)?;
+                }
+                Err(e) => return Err(errno(e)),
+            }
+        } else {
+            self.roots
+                .rename(Layer::Upper, &srel, Layer::Upper, &drel, 0)
+                .map_err(errno)?;
+        }
+        self.moved(src.id, src.kind, newparent, newname);
+        self.listings.removed(parent, name);
+        self.listings.removed(newparent, newname);
+        self.listings.added(newparent, newname, src.kind);
+        Ok(())
+    }
+
+    /// Copies a rename source wholly into the upper dir (a directory with its whole merged tree).
+    fn bring_up(&self, parent: u64, name: &OsStr, r: &super::fs::Resolved) -> OpResult<()> {
+        if r.upper && (r.kind != Kind::Dir || r.lowers == 0) {
+            return Ok(());
+        }
+        // Make sure a node exists for the entry so copy-up can find its path.
+        self.nodes
+            .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
+        let res = (|| {
+            self.copy_up(r.id, None)?;
+            if r.kind == Kind::Dir {
+                let path = self.path_of(r.id)?;
+                let dnode = Node {
+                    loc: Loc::Gone,
+                    kind: Kind::Dir,
+                    upper: true,
+                    lowers: r.lowers,
+                    lookups: 0,
+                };
+                self.copy_up_tree(r.id, &dnode, &path)?;
+                let f = self
+                    .roots
+                    .open(
+                        Layer::Upper,
+                        &c(&path)?,
+                        libc::O_RDONLY | libc::O_DIRECTORY,
+                        0,
+                    )
+                    .map_err(errno)?;
+                whiteout::set_opaque(f.as_fd()).map_err(errno)?;
+            }
+            Ok(())
+        })();
+        self.nodes.unremember(r.id);
+        res
+    }
+
+    /// Updates the node table after `id` moved to (`newparent`, `newname`): it and everything
+    /// below it now live only in the upper dir.
+    fn moved(&self, id: u64, kind: Kind, newparent: u64, newname: &OsStr) {
+        self.nodes.update(id, |n| {
+            n.loc = Loc::Attached {
+                parent: newparent,
+                name: newname.to_os_string(),
+            };
+            n.upper = true;
+            n.lowers = 0;
+        });
+        if kind == Kind::Dir {
+            for d in self.nodes.descendants(id) {
+                self.nodes.update(d, |n| {
+                    n.upper = true;
+                    n.lowers = 0;
+                });
+                self.drop_fd(d);
+                self.listings.forget(d);
+            }
+            self.listings.forget(id);
+        }
+        self.drop_fd(id);
+    }
+
+    /// chmod/chown/truncate/utimes on node `id`, copying it up first (a truncate copies only
+    /// the bytes it keeps). Returns the new attributes.
+    ///
+    /// Errors: `EISDIR` for a directory truncate, or the upper dir's errno.
+    #[allow(clippy::too_many_arguments)]
+    pub fn setattr(
+        &self,
+        id: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+    ) -> OpResult<FileAttr> {
+        {
+            let _g = self.ns.read();
+            self.copy_up(id, size)?;
+            let n = self.node(id)?;
+            let (layer, p) = self.backing(id, &n)?;
+            if let Some(m) = mode
+                && n.kind != Kind::Symlink
+            {
+                self.roots.chmod(layer, &p, m & 0o7777).map_err(errno)?;
+            }
+            if uid.is_some() || gid.is_some() {
+                self.roots
+                    .chown(layer, &p, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))
+                    .map_err(errno)?;
+            }
+            if let Some(sz) = size {
+                if n.kind == Kind::Dir {
+                    return Err(Errno::EISDIR);
+                }
+                let f = self.data_fd(id, true)?;
+                f.set_len(sz).map_err(errno)?;
+            }
+            if atime.is_some() || mtime.is_some() {
+                self.roots
+                    .utimens(layer, &p, &[timespec(atime), timespec(mtime)])
+                    .map_err(errno)?;
+            }
+        }
+        self.getattr_node(id)
+    }
+
+    /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
+    pub fn readlink(&self, id: u64) -> OpResult<Vec<u8>> {
+        let _g = self.ns.read();
+        let n = self.node(id)?;
+        let (layer, p) = self.backing(id, &n)?;
+        self.roots.readlink(layer, &p).map_err(errno)
+    }
+
+    /// The xattr path of node `id` (after copy-up when `write`).
+    fn xattr_path(&self, id: u64, write: bool) -> OpResult<CString> {
+        if write {
+            self.copy_up(id, None)?;
+        }
+        let n = self.node(id)?;
+        let (layer, p) = self.backing(id, &n)?;
+        Ok(self.roots.proc_path(layer, &p))
+    }
+
+    /// getxattr: the value of `name` (`size` 0 asks only the length). Overlay-private names
+    /// are invisible (`ENODATA`).
+    pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> OpResult<XattrReply> {
+        use std::os::unix::ffi::OsStrExt;
+        if whiteout::is_private_xattr(name.as_bytes()) {
+            return Err(Errno::NO_XATTR);
+        }
+        let _g = self.ns.read();
+        let p = self.xattr_path(id, false)?;
+        let cname = cstr(name).map_err(errno)?;
+        let mut buf = vec![0u8; size as usize];
+        // SAFETY: buffer valid for its length, C strings valid.
+        let n = unsafe {
+            libc::lgetxattr(
+                p.as_ptr(),
+                cname.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        buf.truncate(n as usize);
+        Ok(if size == 0 {
+            XattrReply::Size(n as u32)
+        } else {
+            XattrReply::Data(buf)
+        })
+    }
+
+    /// listxattr: names without the overlay-private ones (`size` 0 asks only the length).
+    pub fn listxattr(&self, id: u64, size: u32) -> OpResult<XattrReply> {
+        let _g = self.ns.read();
+        let p = self.xattr_path(id, false)?;
+        let mut buf = vec![0u8; 64 * 1024];
+        // SAFETY: buffer valid for its length.
+        let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        let mut out = Vec::new();
+        for name in buf[..n as usize]
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+        {
+            if !whiteout::is_private_xattr(name) {
+                out.extend_from_slice(name);
+                out.push(0);
+            }
+        }
+        if size == 0 {
+            Ok(XattrReply::Size(out.len() as u32))
+        } else if out.len() > size as usize {
+            Err(Errno::ERANGE)
+        } else {
+            Ok(XattrReply::Data(out))
+        }
+    }
+
+    /// setxattr (copies up first). Errors: `EPERM` for overlay-private names, or the upper's errno.
+    pub fn setxattr(&self, id: u64, name: &OsStr, value: &[u8], flags: i32) -> OpResult<()> {
+        use std::os::unix::ffi::OsStrExt;
+        if whiteout::is_private_xattr(name.as_bytes()) {
+            return Err(Errno::EPERM);
+        }
+        let _g = self.ns.read();
+        let p = self.xattr_path(id, true)?;
+        let cname = cstr(name).map_err(errno)?;
+        // SAFETY: valid C strings and value buffer.
+        let rc = unsafe {
+            libc::lsetxattr(
+                p.as_ptr(),
+                cname.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            )
+        };
+        if rc < 0 {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// removexattr (copies up first). Errors: `ENODATA` if absent, `EPERM` for private names.
+    pub fn removexattr(&self, id: u64, name: &OsStr) -> OpResult<()> {
+        use std::os::unix::ffi::OsStrExt;
+        if whiteout::is_private_xattr(name.as_bytes()) {
+            return Err(Errno::EPERM);
+        }
+        let _g = self.ns.read();
+        let p = self.xattr_path(id, true)?;
+        let cname = cstr(name).map_err(errno)?;
+        // SAFETY: valid C strings.
+        let rc = unsafe { libc::lremovexattr(p.as_ptr(), cname.as_ptr()) };
+        if rc < 0 {
+            return Err(errno(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Called when the kernel drops its last reference to `id`: frees the node, its cached fd
+    /// and listing, and the orphaned data of an unlinked file.
+    pub fn forget(&self, id: u64, n: u64) {
+        if let Some(node) = self.nodes.forget(id, n) {
+            self.drop_fd(id);
+            self.listings.forget(id);
+            if node.loc == (Loc::Orphan { lower_path: None }) {
+                let o = Self::orphan_name(id);
+                if let Ok(st) = self.roots.stat(Layer::Work, &o)
+                    && st.st_nlink <= 1
+                {
+                    self.nodes.drop_upper(st.st_ino);
+                }
+                let _ = self.roots.unlink(Layer::Work, &o, false);
+            }
+        }
+    }
+}
+
+/// An xattr answer: a size probe or the bytes.
+pub enum XattrReply {
+    /// Length in bytes the caller must provide.
+    Size(u32),
+    /// The value or the NUL-separated name list.
+    Data(Vec<u8>),
+}
