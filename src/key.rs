@@ -223,7 +223,7 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
     for pattern in &cache.key_files {
         let before = found.len();
         let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
-        expand(workdir, Path::new(""), &comps, &mut found)?;
+        expand(workdir, Path::new(""), &comps, SKIP_DIRS, &mut found)?;
         let literal = !pattern.contains(['*', '?']);
         if cache.key_files_explicit && literal && found.len() == before {
             return Err(Error::invalid(format!(
@@ -244,7 +244,55 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-fn expand(root: &Path, rel: &Path, comps: &[&str], out: &mut Vec<PathBuf>) -> Result<()> {
+/// Paths under `root` matching `pattern` (relative, `*`/`?` within a name, `**` any directories;
+/// symlinked directories are not followed under `**`), relative to `root` and sorted. Used for
+/// key files and for `exclude`.
+///
+/// Errors: [`Error::Io`] naming a directory that exists but cannot be listed.
+pub fn find_matches(root: &Path, pattern: &str) -> Result<Vec<PathBuf>> {
+    let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
+    let mut out = Vec::new();
+    expand_any(root, Path::new(""), &comps, &mut out)?;
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Like [`expand`] but matches any entry type and skips nothing.
+fn expand_any(root: &Path, rel: &Path, comps: &[&str], out: &mut Vec<PathBuf>) -> Result<()> {
+    let Some((first, rest)) = comps.split_first() else {
+        if fs::symlink_metadata(root.join(rel)).is_ok() {
+            out.push(rel.to_path_buf());
+        }
+        return Ok(());
+    };
+    if *first == "**" {
+        expand_any(root, rel, rest, out)?;
+        for name in list_dir(&root.join(rel))? {
+            let sub = rel.join(&name);
+            if fs::symlink_metadata(root.join(&sub)).is_ok_and(|m| m.is_dir()) {
+                expand_any(root, &sub, comps, out)?;
+            }
+        }
+    } else if first.contains(['*', '?']) {
+        for name in list_dir(&root.join(rel))? {
+            if glob_match(first, &name) {
+                expand_any(root, &rel.join(&name), rest, out)?;
+            }
+        }
+    } else {
+        expand_any(root, &rel.join(first), rest, out)?;
+    }
+    Ok(())
+}
+
+fn expand(
+    root: &Path,
+    rel: &Path,
+    comps: &[&str],
+    skip: &[&str],
+    out: &mut Vec<PathBuf>,
+) -> Result<()> {
     let Some((first, rest)) = comps.split_first() else {
         if fs::metadata(root.join(rel)).is_ok_and(|m| m.is_file()) {
             out.push(rel.to_path_buf());
@@ -252,25 +300,25 @@ fn expand(root: &Path, rel: &Path, comps: &[&str], out: &mut Vec<PathBuf>) -> Re
         return Ok(());
     };
     if *first == "**" {
-        expand(root, rel, rest, out)?;
+        expand(root, rel, rest, skip, out)?;
         for name in list_dir(&root.join(rel))? {
-            if SKIP_DIRS.contains(&name.as_str()) {
+            if skip.contains(&name.as_str()) {
                 continue;
             }
             let sub = rel.join(&name);
             let is_dir = fs::symlink_metadata(root.join(&sub)).is_ok_and(|m| m.is_dir());
             if is_dir {
-                expand(root, &sub, comps, out)?;
+                expand(root, &sub, comps, skip, out)?;
             }
         }
     } else if first.contains(['*', '?']) {
         for name in list_dir(&root.join(rel))? {
             if glob_match(first, &name) {
-                expand(root, &rel.join(&name), rest, out)?;
+                expand(root, &rel.join(&name), rest, skip, out)?;
             }
         }
     } else {
-        expand(root, &rel.join(first), rest, out)?;
+        expand(root, &rel.join(first), rest, skip, out)?;
     }
     Ok(())
 }

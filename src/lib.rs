@@ -10,6 +10,7 @@ pub mod error;
 pub mod ids;
 pub mod key;
 pub mod overlay;
+pub mod run;
 pub mod sandbox;
 pub mod spec;
 pub mod telemetry;
