@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The demo: builds layercache and runs the main job twice on the bundled npm project
+# (examples/npm-app, node_modules preset) against a temporary store and mount root:
+#   run 1 = miss -> `npm ci` -> promote,   run 2 = hit (nothing installed)
+# then prints both preparation times and the speed-up. Cleans up its mounts and temp dirs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+
+need=()
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "demo.sh: missing ${need[*]}; run as root so they can be installed with apt-get" >&2
+    exit 2
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+[ -e /dev/fuse ] || { echo "demo.sh: /dev/fuse is missing" >&2; exit 2; }
+
+cargo build --quiet
+bin=$repo/target/debug/layercache
+
+tmp=$(mktemp -d /tmp/layercache-demo.XXXXXX)
+cleanup() {
+  # Unmount anything of ours still mounted (deepest first), then remove the temp dir.
+  grep -F " $tmp" /proc/mounts | awk '{print $2}' | sort -r | while read -r mp; do
+    "$bin" umount "$mp" 2>/dev/null || fusermount3 -u -z "$mp" 2>/dev/null || umount -l "$mp" || true
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+mkdir -p "$tmp/store" "$tmp/cache" "$tmp/work"
+cp examples/npm-app/package.json examples/npm-app/package-lock.json \
+   examples/npm-app/layercache.toml "$tmp/work/"
+export LAYERCACHE_STORE=$tmp/store
+
+check='node -e "require(\"react\"); require(\"express\"); require(\"lodash\"); console.log(\"react\", require(\"react/package.json\").version, \"loads from the mounted node_modules\")"'
+for i in 1 2; do
+  echo "== run $i: layercache run --spec layercache.toml -- node -e 'require(\"react\")…'"
+  "$bin" run --spec "$tmp/work/layercache.toml" --workdir "$tmp/work" \
+    --mount-root "$tmp/cache" -- sh -c "$check"
+done
+
+echo "== results (from $LAYERCACHE_STORE/events.jsonl)"
+node -e '
+const fs = require("fs");
+const ev = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
+const prep = e => e.mount_ms + e.setup_ms + e.maintenance_ms + e.promote_ms;
+const [a, b] = ev;
+console.log(`run 1: ${a.result}, preparation ${(prep(a) / 1000).toFixed(2)} s (setup ${(a.setup_ms / 1000).toFixed(1)} s, promote ${(a.promote_ms / 1000).toFixed(2)} s, ${a.files} files)`);
+console.log(`run 2: ${b.result}, preparation ${(prep(b) / 1000).toFixed(3)} s`);
+console.log(`speed-up: ${(prep(a) / Math.max(prep(b), 1)).toFixed(0)}x`);
+if (a.result !== "miss" || b.result !== "hit") { console.error("unexpected results"); process.exit(1); }
+' "$LAYERCACHE_STORE/events.jsonl"
+"$bin" stats
