@@ -13,6 +13,7 @@ pub mod overlay;
 pub mod run;
 pub mod sandbox;
 pub mod spec;
+pub mod store;
 pub mod telemetry;
 
 pub use error::{Error, Result};

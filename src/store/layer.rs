@@ -1,0 +1,205 @@
+//! A layer: an immutable directory tree plus its manifest, `layers/<layer-id>/`:
+//!
+//! ```text
+//! layers/<id>/tree/            plain tree (valid kernel-overlayfs lowerdir); regular files are
+//!                              hardlinks to objects/
+//! layers/<id>/manifest.json    Manifest (below)
+//! layers/<id>/lease            flock: shared by every mount of the layer, exclusive for removal
+//! layers/<id>/used             its mtime is the last mount time (LRU order for gc)
+//! ```
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::sys;
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+
+/// Manifest format written by this version.
+pub const MANIFEST_FORMAT: u32 = 1;
+
+/// `layers/<id>/manifest.json`: what a layer is and what it holds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    /// Manifest format version ([`MANIFEST_FORMAT`]).
+    pub format: u32,
+    /// This layer.
+    pub layer: LayerId,
+    /// Owning project.
+    pub project: ProjectId,
+    /// Cache within the project.
+    pub cache: CacheId,
+    /// The key the layer was promoted for (its published key unless another run won the race).
+    pub key: CacheKey,
+    /// The lower layer it was promoted on top of (restore), if any.
+    pub parent: Option<LayerId>,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    /// Apparent size of the regular files in the tree, bytes (each path counted).
+    pub bytes: u64,
+    /// Number of regular files in the tree.
+    pub files: u64,
+    /// Number of directories (the root included).
+    pub dirs: u64,
+    /// Number of symlinks.
+    pub symlinks: u64,
+    /// Number of other entries kept (fifos).
+    pub other: u64,
+    /// Objects this promotion added to the store.
+    pub new_objects: u64,
+    /// Bytes of the objects this promotion added (bytes not stored before).
+    pub new_bytes: u64,
+    /// Paths (relative to the tree) dropped as credential files.
+    pub dropped: Vec<String>,
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A fresh layer id: creation time (ms, 12 hex digits) + 64 random bits, so ids sort by age.
+pub fn new_layer_id() -> LayerId {
+    LayerId::new(format!("{:012x}-{}", now_ms(), sys::random_hex(8)))
+        .expect("generated layer ids are valid")
+}
+
+/// A layer directory (which may or may not exist).
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// The id.
+    pub id: LayerId,
+    /// `layers/<id>`.
+    pub dir: PathBuf,
+}
+
+impl Layer {
+    /// The layer `id` inside the `layers/` directory `layers`.
+    pub fn new(layers: &Path, id: LayerId) -> Layer {
+        Layer {
+            dir: layers.join(id.as_str()),
+            id,
+        }
+    }
+
+    /// `tree/`: the directory mounted as the lowerdir.
+    pub fn tree(&self) -> PathBuf {
+        self.dir.join("tree")
+    }
+
+    /// `manifest.json`.
+    pub fn manifest_path(&self) -> PathBuf {
+        self.dir.join("manifest.json")
+    }
+
+    /// `lease` (see [`super::lease`]).
+    pub fn lease_path(&self) -> PathBuf {
+        self.dir.join("lease")
+    }
+
+    /// `used`: its mtime is the last mount time.
+    pub fn used_path(&self) -> PathBuf {
+        self.dir.join("used")
+    }
+
+    /// Reads the manifest.
+    ///
+    /// Errors: [`Error::Io`] if unreadable; [`Error::Failed`] if it is not a valid manifest.
+    pub fn manifest(&self) -> Result<Manifest> {
+        let p = self.manifest_path();
+        let text = fs::read(&p).at(&p)?;
+        serde_json::from_slice(&text)
+            .map_err(|e| Error::Failed(format!("{}: corrupt manifest: {e}", p.display())))
+    }
+
+    /// Writes `m` as the manifest and fsyncs it.
+    ///
+    /// Errors: [`Error::Io`] naming the manifest path.
+    pub fn write_manifest(&self, m: &Manifest) -> Result<()> {
+        let p = self.manifest_path();
+        let text = serde_json::to_vec_pretty(m).map_err(|e| Error::Failed(e.to_string()))?;
+        write_synced(&p, &text)
+    }
+
+    /// Records "mounted now" (sets the mtime of `used`, creating it).
+    ///
+    /// Errors: [`Error::Io`] naming the file.
+    pub fn touch_used(&self) -> Result<()> {
+        let p = self.used_path();
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .at(&p)?;
+        f.set_modified(SystemTime::now()).at(&p)
+    }
+
+    /// Last mount time (or creation, if never mounted): falls back to the manifest's mtime.
+    pub fn last_used(&self) -> SystemTime {
+        fs::metadata(self.used_path())
+            .or_else(|_| fs::metadata(self.manifest_path()))
+            .and_then(|m| m.modified())
+            .unwrap_or(UNIX_EPOCH)
+    }
+
+    /// Time since [`Layer::last_used`] (zero if in the future).
+    pub fn idle(&self) -> Duration {
+        SystemTime::now()
+            .duration_since(self.last_used())
+            .unwrap_or_default()
+    }
+}
+
+/// Writes `bytes` to `path` (created/truncated) and fsyncs the file.
+///
+/// Errors: [`Error::Io`] naming `path`.
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = fs::File::create(path).at(path)?;
+    f.write_all(bytes).at(path)?;
+    f.sync_all().at(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_sort_by_age_and_manifest_roundtrips() {
+        let a = new_layer_id();
+        std::thread::sleep(Duration::from_millis(2));
+        let b = new_layer_id();
+        assert!(a < b);
+        let t = tempfile::tempdir().unwrap();
+        let l = Layer::new(t.path(), a.clone());
+        fs::create_dir_all(l.tree()).unwrap();
+        let m = Manifest {
+            format: MANIFEST_FORMAT,
+            layer: a,
+            project: ProjectId::new("p").unwrap(),
+            cache: CacheId::new("npm").unwrap(),
+            key: CacheKey::new("k1").unwrap(),
+            parent: None,
+            created_ms: now_ms(),
+            bytes: 1,
+            files: 1,
+            dirs: 1,
+            symlinks: 0,
+            other: 0,
+            new_objects: 1,
+            new_bytes: 1,
+            dropped: vec![],
+        };
+        l.write_manifest(&m).unwrap();
+        assert_eq!(l.manifest().unwrap(), m);
+        l.touch_used().unwrap();
+        assert!(l.idle() < Duration::from_secs(5));
+    }
+}

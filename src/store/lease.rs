@@ -1,0 +1,214 @@
+//! `flock(2)`-based leases.
+//!
+//! * a **layer lease** (`layers/<id>/lease`): every mount of a layer holds a *shared* lock for the
+//!   mount's whole life (the overlay daemon keeps the descriptor); gc and clear take an
+//!   *exclusive non-blocking* lock before removing a layer, so a mounted layer is never evicted;
+//! * a **fill lock** (`caches/<cache>/fills/<key>.lock`): the run that fills a missing key holds it
+//!   exclusively from mount to publish; a concurrent mount of the same key waits for it (bounded),
+//!   then looks the key up again;
+//! * a **run lease** (`runs/<run>/lease`): held exclusively by the mount (daemon) so gc can tell a
+//!   live run directory from a stale one;
+//! * a **project lock** (`projects/<p>/lock`): shared while promoting/publishing, exclusive while
+//!   gc or clear delete layers and objects of that project.
+//!
+//! Locks live on open file descriptions: they end when the last descriptor sharing one is
+//! closed, including when a process dies (kill -9), so a crash never leaves a lease behind.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::sys;
+use crate::error::{IoContext, Result};
+
+/// A held `flock` on a lock file. Dropping it closes the descriptor (releasing the lock unless
+/// a duplicate, e.g. in a mount daemon, still shares the open file description).
+#[derive(Debug)]
+pub struct Lease {
+    file: File,
+    path: PathBuf,
+}
+
+/// Lock strength.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `LOCK_SH`: many holders (mounted layers).
+    Shared,
+    /// `LOCK_EX`: one holder (fills, gc, runs).
+    Exclusive,
+}
+
+impl Mode {
+    fn op(self) -> libc::c_int {
+        match self {
+            Mode::Shared => libc::LOCK_SH,
+            Mode::Exclusive => libc::LOCK_EX,
+        }
+    }
+}
+
+fn open_lock_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .at(path)
+}
+
+impl Lease {
+    /// Takes the lock on `path` (created if missing), blocking until it is granted.
+    ///
+    /// Errors: [`crate::Error::Io`] naming `path`.
+    pub fn acquire(path: &Path, mode: Mode) -> Result<Lease> {
+        let file = open_lock_file(path)?;
+        sys::flock(&file, mode.op()).at(path)?;
+        Ok(Lease {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Takes the lock on `path` if it is free right now; `Ok(None)` when someone holds a
+    /// conflicting lock.
+    ///
+    /// Errors: [`crate::Error::Io`] naming `path` for anything but `EWOULDBLOCK`.
+    pub fn try_acquire(path: &Path, mode: Mode) -> Result<Option<Lease>> {
+        let file = open_lock_file(path)?;
+        match sys::flock(&file, mode.op() | libc::LOCK_NB) {
+            Ok(()) => Ok(Some(Lease {
+                file,
+                path: path.to_path_buf(),
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(None),
+            Err(e) => Err(crate::Error::io(path, e)),
+        }
+    }
+
+    /// Like [`Lease::try_acquire`], retrying (2 ms growing to 50 ms between attempts) until
+    /// `timeout` has passed; `Ok(None)` on timeout.
+    ///
+    /// Errors: as [`Lease::try_acquire`].
+    pub fn acquire_timeout(path: &Path, mode: Mode, timeout: Duration) -> Result<Option<Lease>> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            if let Some(l) = Lease::try_acquire(path, mode)? {
+                return Ok(Some(l));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Adopts the lock that process `pid` holds through its descriptor `fd` (same open file
+    /// description, via `pidfd_getfd(2)`), after checking that the descriptor refers to `path`.
+    /// Returns `None` when that is impossible (process gone, no permission, other file).
+    pub fn adopt(pid: u32, fd: i32, path: &Path) -> Option<Lease> {
+        let owned = sys::pidfd_getfd(pid, fd).ok()?;
+        let file = File::from(owned);
+        let got = file.metadata().ok()?;
+        let want = std::fs::metadata(path).ok()?;
+        if got.dev() != want.dev() || got.ino() != want.ino() {
+            return None;
+        }
+        Some(Lease {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// A duplicate descriptor sharing this lock (hand it to a mount daemon to hold).
+    ///
+    /// Errors: [`crate::Error::Io`] if `dup` fails.
+    pub fn dup_fd(&self) -> Result<OwnedFd> {
+        self.file.as_fd().try_clone_to_owned().at(&self.path)
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The raw descriptor number (recorded so another process can adopt the lock).
+    pub fn raw_fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+}
+
+impl AsFd for Lease {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// True when someone holds a lock on `path` that conflicts with `mode` (a missing file is
+/// free). Probing with `Mode::Exclusive` answers "is anyone holding it at all?".
+///
+/// Errors: [`crate::Error::Io`] naming `path`.
+pub fn is_held(path: &Path, mode: Mode) -> Result<bool> {
+    if !path.exists() {
+        return Ok(false);
+    }
+    Ok(Lease::try_acquire(path, mode)?.is_none())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_excludes_exclusive_and_release_on_drop() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("lease");
+        let a = Lease::acquire(&p, Mode::Shared).unwrap();
+        let b = Lease::try_acquire(&p, Mode::Shared).unwrap();
+        assert!(b.is_some());
+        assert!(Lease::try_acquire(&p, Mode::Exclusive).unwrap().is_none());
+        assert!(is_held(&p, Mode::Exclusive).unwrap());
+        drop(a);
+        drop(b);
+        assert!(Lease::try_acquire(&p, Mode::Exclusive).unwrap().is_some());
+    }
+
+    #[test]
+    fn dup_keeps_the_lock_and_timeout_gives_up() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("fill.lock");
+        let a = Lease::acquire(&p, Mode::Exclusive).unwrap();
+        let dup = a.dup_fd().unwrap();
+        drop(a);
+        let start = Instant::now();
+        let r = Lease::acquire_timeout(&p, Mode::Exclusive, Duration::from_millis(60)).unwrap();
+        assert!(r.is_none());
+        assert!(start.elapsed() >= Duration::from_millis(60));
+        drop(dup);
+        assert!(
+            Lease::acquire_timeout(&p, Mode::Exclusive, Duration::from_secs(5))
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn adopt_shares_the_open_file_description() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("fill.lock");
+        let a = Lease::acquire(&p, Mode::Exclusive).unwrap();
+        if let Some(b) = Lease::adopt(std::process::id(), a.raw_fd(), &p) {
+            drop(a);
+            assert!(is_held(&p, Mode::Exclusive).unwrap(), "adopted lease lost");
+            drop(b);
+            assert!(!is_held(&p, Mode::Exclusive).unwrap());
+        }
+    }
+}

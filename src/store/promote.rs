@@ -1,0 +1,528 @@
+//! Promotion: lower ⊕ upper → a new immutable layer tree (published by [`super::Store`]).
+//!
+//! Merge rules are kernel overlayfs's (Documentation/filesystems/overlayfs.rst), with the
+//! whiteout/opaque encoding read only through [`crate::overlay::whiteout`]:
+//! * an upper **whiteout** (char device 0/0) deletes the lower entry of that name;
+//! * an **opaque** upper directory hides all lower children of that directory;
+//! * an upper directory over a lower directory merges; any other upper entry replaces the lower;
+//! * lower regular files (already object hardlinks) are **re-linked**, not re-hashed (re-hashed
+//!   only to find a spill copy on `EMLINK`); upper regular files are hashed and hardlinked into
+//!   `objects/` — bytes already in the store are never copied;
+//! * symlinks are recreated as symlinks (never followed); modes, owners, ns timestamps and
+//!   xattrs are kept (overlay-private xattrs are dropped);
+//! * credential files ([`CREDENTIAL_FILES`]) are dropped and listed;
+//! * fifos are kept; sockets and device nodes are dropped and listed (a socket is meaningless
+//!   once its process is gone, and a device node has no business in a dependency cache — the
+//!   mount is `nodev` anyway).
+//!
+//! Entry names come from `readdir` and are single components; every source is `lstat`ed and
+//! regular files are opened with `O_NOFOLLOW`, so nothing written by a run — symlinks included
+//! — can make promotion read or write outside the run's upper dir and its project's store.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use super::object::{ObjectStore, copy_metadata};
+use super::sys;
+use crate::error::{IoContext, Result};
+use crate::overlay::whiteout;
+
+/// A pattern naming a credential file that must never enter a shared layer.
+#[derive(Clone, Copy, Debug)]
+pub enum CredentialPattern {
+    /// The file name equals this.
+    Name(&'static str),
+    /// The file name starts with this.
+    Prefix(&'static str),
+    /// The file name ends with this.
+    Suffix(&'static str),
+    /// The path relative to the layer root ends with these components.
+    PathSuffix(&'static str),
+}
+
+/// Credential files dropped at promotion (the one list; matched on every non-directory entry):
+/// npm/yarn/pip/netrc/git/cargo/docker/maven/gradle credentials, PEM keys, ssh keys, dotenv.
+pub const CREDENTIAL_FILES: &[CredentialPattern] = {
+    use CredentialPattern::*;
+    &[
+        Name(".npmrc"),
+        Name(".yarnrc"),
+        Name(".yarnrc.yml"),
+        Name(".pypirc"),
+        Name(".netrc"),
+        Name("_netrc"),
+        Name(".git-credentials"),
+        Name("credentials"),
+        Name("credentials.toml"),
+        PathSuffix(".docker/config.json"),
+        Name("settings.xml"),
+        Name("settings-security.xml"),
+        Name("gradle.properties"),
+        Suffix(".pem"),
+        Prefix("id_rsa"),
+        Prefix("id_ed25519"),
+        Prefix("id_ecdsa"),
+        Prefix("id_dsa"),
+        Name(".env"),
+        Prefix(".env."),
+    ]
+};
+
+/// True when `rel` (a path relative to the layer root) names a credential file.
+pub fn is_credential(rel: &Path) -> bool {
+    let Some(name) = rel.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    CREDENTIAL_FILES.iter().any(|p| match *p {
+        CredentialPattern::Name(n) => name == n,
+        CredentialPattern::Prefix(n) => name.starts_with(n),
+        CredentialPattern::Suffix(n) => name.ends_with(n),
+        CredentialPattern::PathSuffix(s) => rel.ends_with(s),
+    })
+}
+
+/// What a tree build produced.
+#[derive(Clone, Debug, Default)]
+pub struct TreeStats {
+    /// Apparent bytes of regular files (each path counted).
+    pub bytes: u64,
+    /// Regular files.
+    pub files: u64,
+    /// Directories, the root included.
+    pub dirs: u64,
+    /// Symlinks.
+    pub symlinks: u64,
+    /// Fifos kept.
+    pub other: u64,
+    /// Objects added to the store.
+    pub new_objects: u64,
+    /// Bytes of the objects added.
+    pub new_bytes: u64,
+    /// Credential files dropped (relative paths).
+    pub dropped: Vec<String>,
+    /// Sockets and device nodes dropped (relative paths).
+    pub skipped: Vec<String>,
+    /// Object paths this build created (undone if the build is abandoned).
+    pub created_objects: Vec<PathBuf>,
+}
+
+/// Builds the merged tree of `lower` ⊕ `upper` at `dst` (which must not exist), storing regular
+/// files as objects of `objects`. Either side may be absent (a miss has no lower).
+///
+/// Errors: [`crate::Error::Io`] naming the path that failed (e.g. `ENOSPC`). On error the
+/// objects this build created are removed again and `dst` is left for the caller to remove.
+pub fn build_tree(
+    objects: &ObjectStore,
+    lower: Option<&Path>,
+    upper: Option<&Path>,
+    dst: &Path,
+) -> Result<TreeStats> {
+    let mut b = Builder {
+        objects,
+        stats: TreeStats::default(),
+    };
+    match b.merge_dir(lower, upper, dst, Path::new("")) {
+        Ok(()) => Ok(b.stats),
+        Err(e) => {
+            undo_created_objects(&b.stats);
+            Err(e)
+        }
+    }
+}
+
+struct Builder<'a> {
+    objects: &'a ObjectStore,
+    stats: TreeStats,
+}
+
+fn read_entries(dir: &Path) -> Result<Vec<(OsString, fs::Metadata)>> {
+    let mut out = Vec::new();
+    for ent in fs::read_dir(dir).at(dir)? {
+        let ent = ent.at(dir)?;
+        let meta = ent.metadata().at(ent.path())?;
+        out.push((ent.file_name(), meta));
+    }
+    Ok(out)
+}
+
+fn opaque(dir: &Path) -> Result<bool> {
+    let f = fs::File::open(dir).at(dir)?;
+    whiteout::is_opaque(f.as_fd()).at(dir)
+}
+
+type Pair = (Option<fs::Metadata>, Option<fs::Metadata>);
+
+impl Builder<'_> {
+    fn merge_dir(
+        &mut self,
+        lower: Option<&Path>,
+        upper: Option<&Path>,
+        dst: &Path,
+        rel: &Path,
+    ) -> Result<()> {
+        fs::create_dir(dst).at(dst)?;
+        self.stats.dirs += 1;
+        let hide_lower = match upper {
+            Some(u) => opaque(u)?,
+            None => false,
+        };
+        let mut names: BTreeMap<OsString, Pair> = BTreeMap::new();
+        if let Some(u) = upper {
+            for (n, m) in read_entries(u)? {
+                names.entry(n).or_default().0 = Some(m);
+            }
+        }
+        if let Some(l) = lower.filter(|_| !hide_lower) {
+            for (n, m) in read_entries(l)? {
+                names.entry(n).or_default().1 = Some(m);
+            }
+        }
+        for (name, (um, lm)) in names {
+            let d = dst.join(&name);
+            let r = rel.join(&name);
+            match (um, lm, upper, lower) {
+                (Some(um), lm, Some(upper), _) => {
+                    if whiteout::is_whiteout_meta(&um) {
+                        continue;
+                    }
+                    let src = upper.join(&name);
+                    if um.is_dir() {
+                        let lower_sub = match (lower, lm) {
+                            (Some(l), Some(lm)) if lm.is_dir() => Some(l.join(&name)),
+                            _ => None,
+                        };
+                        self.merge_dir(lower_sub.as_deref(), Some(&src), &d, &r)?;
+                    } else {
+                        self.entry(&src, &um, &d, &r, true)?;
+                    }
+                }
+                (None, Some(lm), _, Some(lower)) => {
+                    let src = lower.join(&name);
+                    if lm.is_dir() {
+                        self.merge_dir(Some(&src), None, &d, &r)?;
+                    } else {
+                        self.entry(&src, &lm, &d, &r, false)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(src) = upper.or(lower) {
+            copy_metadata(src, dst)?;
+        }
+        Ok(())
+    }
+
+    /// One non-directory entry `src` (from the upper when `from_upper`) into `dst`.
+    fn entry(
+        &mut self,
+        src: &Path,
+        meta: &fs::Metadata,
+        dst: &Path,
+        rel: &Path,
+        from_upper: bool,
+    ) -> Result<()> {
+        if is_credential(rel) {
+            self.stats.dropped.push(rel.to_string_lossy().into_owned());
+            return Ok(());
+        }
+        let ft = meta.file_type();
+        if ft.is_file() {
+            // A lower file that is already an object link is linked as is (no rehash).
+            let linked = if !from_upper && meta.nlink() > 1 {
+                match fs::hard_link(src, dst) {
+                    Ok(()) => true,
+                    Err(e) if e.raw_os_error() == Some(libc::EMLINK) => false,
+                    Err(e) => return Err(crate::Error::io(dst, e)),
+                }
+            } else {
+                false
+            };
+            if !linked {
+                let stored = self.objects.store_by_link(src)?;
+                if stored.new {
+                    self.stats.new_objects += 1;
+                    self.stats.new_bytes += meta.len();
+                    self.stats.created_objects.push(stored.path.clone());
+                }
+                self.objects.link_object(&stored.path, dst)?;
+            }
+            self.stats.files += 1;
+            self.stats.bytes += meta.len();
+        } else if ft.is_symlink() {
+            let target = fs::read_link(src).at(src)?;
+            std::os::unix::fs::symlink(&target, dst).at(dst)?;
+            copy_metadata(src, dst)?;
+            self.stats.symlinks += 1;
+        } else if ft.is_fifo() {
+            sys::mkfifo(dst, meta.mode()).at(dst)?;
+            copy_metadata(src, dst)?;
+            self.stats.other += 1;
+        } else {
+            // Sockets and device nodes (whiteouts were handled by the caller).
+            self.stats.skipped.push(rel.to_string_lossy().into_owned());
+        }
+        Ok(())
+    }
+}
+
+/// Removes the objects a build created (best effort; gc would remove them too once no tree
+/// links them). Needed because an upper file *is* the new object's inode: if that upper is
+/// mounted again after a failed commit, its writes must not reach the store.
+pub fn undo_created_objects(stats: &TreeStats) {
+    for p in &stats.created_objects {
+        if let Err(e) = fs::remove_file(p)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %p.display(), error = %e, "could not remove an abandoned object");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn write(p: &Path, s: &str) {
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, s).unwrap();
+    }
+
+    fn whiteout_at(dir: &Path, name: &str) {
+        fs::create_dir_all(dir).unwrap();
+        let d = fs::File::open(dir).unwrap();
+        whiteout::create_whiteout(d.as_fd(), OsStr::new(name)).unwrap();
+    }
+
+    /// `rel = content`, `rel/` for directories, `rel -> target` for symlinks; sorted.
+    pub(crate) fn listing(root: &Path) -> Vec<String> {
+        fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+            for e in fs::read_dir(dir).unwrap() {
+                let e = e.unwrap();
+                let rel = e
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                let ft = e.file_type().unwrap();
+                if ft.is_dir() {
+                    out.push(format!("{rel}/"));
+                    walk(root, &e.path(), out);
+                } else if ft.is_symlink() {
+                    let t = fs::read_link(e.path()).unwrap();
+                    out.push(format!("{rel} -> {}", t.display()));
+                } else {
+                    let c = fs::read_to_string(e.path()).unwrap_or_default();
+                    out.push(format!("{rel} = {c}"));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(root, root, &mut out);
+        out.sort();
+        out
+    }
+
+    struct Fixture {
+        t: tempfile::TempDir,
+        objects: ObjectStore,
+    }
+
+    fn fixture() -> Fixture {
+        let t = tempfile::tempdir().unwrap();
+        let objects = ObjectStore::new(t.path().join("objects"));
+        fs::create_dir(objects.dir()).unwrap();
+        Fixture { t, objects }
+    }
+
+    /// Builds a first layer from `src` (as an upper with no lower) so its files are objects.
+    fn layer_from(fx: &Fixture, src: &Path, name: &str) -> PathBuf {
+        let dst = fx.t.path().join(name);
+        build_tree(&fx.objects, None, Some(src), &dst).unwrap();
+        dst
+    }
+
+    #[test]
+    fn whiteouts_and_opaque_dirs_apply() {
+        let fx = fixture();
+        let base = fx.t.path().join("base");
+        write(&base.join("keep.txt"), "lower");
+        write(&base.join("gone.txt"), "lower");
+        write(&base.join("replaced.txt"), "old");
+        write(&base.join("merged/a"), "la");
+        write(&base.join("merged/b"), "lb");
+        write(&base.join("hidden/x"), "lx");
+        write(&base.join("hidden/y"), "ly");
+        write(&base.join("dir_to_file/z"), "lz");
+        let lower = layer_from(&fx, &base, "lower");
+
+        let upper = fx.t.path().join("upper");
+        whiteout_at(&upper, "gone.txt");
+        write(&upper.join("replaced.txt"), "new");
+        write(&upper.join("merged/c"), "uc");
+        whiteout_at(&upper.join("merged"), "a");
+        write(&upper.join("hidden/y"), "uy");
+        let h = fs::File::open(upper.join("hidden")).unwrap();
+        whiteout::set_opaque(h.as_fd()).unwrap();
+        write(&upper.join("dir_to_file"), "now a file");
+        std::os::unix::fs::symlink("keep.txt", upper.join("link")).unwrap();
+
+        let out = fx.t.path().join("out");
+        let st = build_tree(&fx.objects, Some(&lower), Some(&upper), &out).unwrap();
+        assert_eq!(
+            listing(&out),
+            vec![
+                "dir_to_file = now a file",
+                "hidden/",
+                "hidden/y = uy",
+                "keep.txt = lower",
+                "link -> keep.txt",
+                "merged/",
+                "merged/b = lb",
+                "merged/c = uc",
+                "replaced.txt = new",
+            ]
+        );
+        // The opaque marker does not leak into the layer.
+        assert!(!opaque(&out.join("hidden")).unwrap());
+        // Lower files are re-linked to the same inode (no copy, no new object).
+        let (a, b) = (
+            fs::metadata(lower.join("keep.txt")).unwrap(),
+            fs::metadata(out.join("keep.txt")).unwrap(),
+        );
+        assert_eq!(a.ino(), b.ino());
+        assert_eq!(st.new_objects, 4, "new, uc, uy, 'now a file'");
+        assert_eq!(st.symlinks, 1);
+    }
+
+    #[test]
+    fn metadata_is_kept() {
+        let fx = fixture();
+        let upper = fx.t.path().join("upper");
+        write(&upper.join("d/exe"), "#!/bin/sh\n");
+        let exe = upper.join("d/exe");
+        std::os::unix::fs::symlink("exe", upper.join("d/ln")).unwrap();
+        std::os::unix::fs::lchown(upper.join("d/ln"), Some(1234), Some(4321)).unwrap();
+        fs::set_permissions(&exe, fs::Permissions::from_mode(0o751)).unwrap();
+        fs::set_permissions(upper.join("d"), fs::Permissions::from_mode(0o750)).unwrap();
+        sys::set_times_nofollow(&exe, (1, 2), (499_162_800, 123_456_789)).unwrap();
+        sys::set_times_nofollow(&upper.join("d"), (1, 2), (1_000_000, 5)).unwrap();
+        sys::set_xattr(&exe, b"user.mime", b"text/x-sh").unwrap();
+        sys::set_xattr(&exe, b"trusted.overlay.origin", b"zz").unwrap();
+        let out = fx.t.path().join("out");
+        build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
+        let m = fs::metadata(out.join("d/exe")).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o751);
+        assert_eq!((m.mtime(), m.mtime_nsec()), (499_162_800, 123_456_789));
+        assert_eq!(
+            sys::get_xattr(&out.join("d/exe"), b"user.mime").unwrap(),
+            b"text/x-sh"
+        );
+        assert!(sys::get_xattr(&out.join("d/exe"), b"trusted.overlay.origin").is_err());
+        let d = fs::metadata(out.join("d")).unwrap();
+        assert_eq!(
+            (d.mode() & 0o7777, d.mtime(), d.mtime_nsec()),
+            (0o750, 1_000_000, 5)
+        );
+        let l = fs::symlink_metadata(out.join("d/ln")).unwrap();
+        assert_eq!((l.uid(), l.gid()), (1234, 4321));
+    }
+
+    #[test]
+    fn credentials_are_dropped() {
+        let fx = fixture();
+        let upper = fx.t.path().join("upper");
+        for p in [
+            ".npmrc",
+            "sub/.pypirc",
+            ".docker/config.json",
+            "keys/server.pem",
+            ".ssh/id_ed25519.pub",
+            ".env",
+            ".cargo/credentials.toml",
+            ".m2/settings.xml",
+        ] {
+            write(&upper.join(p), "secret");
+        }
+        write(&upper.join("pkg/config.json"), "fine");
+        write(&upper.join("pkg/index.js"), "fine");
+        std::os::unix::fs::symlink("/root/.netrc", upper.join(".netrc")).unwrap();
+        let out = fx.t.path().join("out");
+        let st = build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
+        assert_eq!(st.dropped.len(), 9, "{:?}", st.dropped);
+        assert_eq!(st.files, 2);
+        assert!(out.join("pkg/config.json").exists());
+        assert!(!out.join(".npmrc").exists());
+        assert!(fs::symlink_metadata(out.join(".netrc")).is_err());
+        assert!(is_credential(Path::new("a/.git-credentials")));
+        assert!(!is_credential(Path::new("a/config.json")));
+    }
+
+    #[test]
+    fn planted_symlinks_are_never_followed() {
+        let fx = fixture();
+        let outside = fx.t.path().join("outside");
+        write(&outside.join("secret"), "other project's data");
+        let upper = fx.t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        std::os::unix::fs::symlink(&outside, upper.join("escape")).unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), upper.join("file")).unwrap();
+        std::os::unix::fs::symlink("../../../../outside", upper.join("rel")).unwrap();
+        let out = fx.t.path().join("out");
+        let st = build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
+        assert_eq!((st.files, st.symlinks, st.new_objects), (0, 3, 0));
+        for n in ["escape", "file", "rel"] {
+            let m = fs::symlink_metadata(out.join(n)).unwrap();
+            assert!(m.file_type().is_symlink());
+        }
+        // Nothing was written outside, and the outside file did not become an object.
+        assert_eq!(
+            fs::read_to_string(outside.join("secret")).unwrap(),
+            "other project's data"
+        );
+        assert_eq!(fs::metadata(outside.join("secret")).unwrap().nlink(), 1);
+        assert!(fx.objects.list().unwrap().is_empty());
+    }
+
+    #[test]
+    fn special_files() {
+        let fx = fixture();
+        let upper = fx.t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        sys::mkfifo(&upper.join("fifo"), 0o600).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(upper.join("sock")).unwrap();
+        let out = fx.t.path().join("out");
+        let st = build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
+        let m = fs::symlink_metadata(out.join("fifo")).unwrap();
+        assert!(m.file_type().is_fifo());
+        assert!(!out.join("sock").exists());
+        assert_eq!(st.skipped, vec!["sock".to_string()]);
+    }
+
+    #[test]
+    fn second_version_stores_only_the_change() {
+        let fx = fixture();
+        let base = fx.t.path().join("base");
+        for i in 0..50 {
+            write(
+                &base.join(format!("pkg{i}/index.js")),
+                &format!("module {i}"),
+            );
+        }
+        let v1 = layer_from(&fx, &base, "v1");
+        let upper = fx.t.path().join("upper");
+        write(&upper.join("pkg-new/index.js"), "brand new");
+        let v2 = fx.t.path().join("v2");
+        let st = build_tree(&fx.objects, Some(&v1), Some(&upper), &v2).unwrap();
+        assert_eq!((st.files, st.new_objects, st.new_bytes), (51, 1, 9));
+        assert_eq!(fx.objects.list().unwrap().len(), 51);
+    }
+}

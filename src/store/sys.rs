@@ -1,0 +1,241 @@
+//! Thin, safe wrappers over the few Linux syscalls the store needs that `std` does not offer:
+//! `renameat2(RENAME_NOREPLACE)`, `utimensat(AT_SYMLINK_NOFOLLOW)`, `l*xattr`, `syncfs`,
+//! `mknod` of fifos, `getrandom`, and `pidfd_getfd(2)` to adopt a lock held by a mount daemon.
+//! Every function returns the raw `io::Error` (callers add the path with `IoContext`).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `renameat2(src, dst, RENAME_NOREPLACE)`: atomically moves `src` to `dst` unless `dst` exists.
+///
+/// Errors: `EEXIST` when `dst` exists (nothing is changed), or any other `renameat2(2)` errno.
+pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
+    let (s, d) = (cpath(src)?, cpath(dst)?);
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    check(unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            s.as_ptr(),
+            libc::AT_FDCWD,
+            d.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    })
+}
+
+/// Sets atime and mtime (seconds, nanoseconds) of `path` without following a final symlink.
+///
+/// Errors: the `utimensat(2)` errno.
+pub fn set_times_nofollow(path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> io::Result<()> {
+    let c = cpath(path)?;
+    let ts = [
+        libc::timespec {
+            tv_sec: atime.0 as libc::time_t,
+            tv_nsec: atime.1 as _,
+        },
+        libc::timespec {
+            tv_sec: mtime.0 as libc::time_t,
+            tv_nsec: mtime.1 as _,
+        },
+    ];
+    // SAFETY: valid path and a two-element timespec array.
+    check(unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+}
+
+/// Lists the extended attribute names of `path` (not following a final symlink).
+///
+/// Errors: the `llistxattr(2)` errno; `ENOTSUP` is reported as an empty list.
+pub fn list_xattrs(path: &Path) -> io::Result<Vec<Vec<u8>>> {
+    let c = cpath(path)?;
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: buffer pointer/len are valid.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return Ok(buf
+                .split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect());
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ERANGE) => buf.resize(buf.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(err),
+        }
+    }
+}
+
+/// Reads the value of xattr `name` of `path` (not following a final symlink).
+///
+/// Errors: the `lgetxattr(2)` errno (`ENODATA` when absent).
+pub fn get_xattr(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
+    let c = cpath(path)?;
+    let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: valid strings and buffer.
+        let r =
+            unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if r >= 0 {
+            buf.truncate(r as usize);
+            return Ok(buf);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ERANGE) && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 8, 0);
+            continue;
+        }
+        return Err(err);
+    }
+}
+
+/// Sets xattr `name` = `value` on `path` (not following a final symlink).
+///
+/// Errors: the `lsetxattr(2)` errno.
+pub fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
+    let c = cpath(path)?;
+    let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid strings and buffer.
+    check(unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })
+}
+
+/// Removes xattr `name` from `path` (not following a final symlink).
+///
+/// Errors: the `lremovexattr(2)` errno.
+pub fn remove_xattr(path: &Path, name: &[u8]) -> io::Result<()> {
+    let c = cpath(path)?;
+    let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid strings.
+    check(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) })
+}
+
+/// `syncfs(2)` on the filesystem holding `path` (a directory or file).
+///
+/// Errors: opening `path` or the `syncfs` errno.
+pub fn syncfs(path: &Path) -> io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: valid open fd.
+    check(unsafe { libc::syncfs(f.as_raw_fd()) })
+}
+
+/// `fsync(2)` of a directory (makes renames/links inside it durable).
+///
+/// Errors: opening or the `fsync` errno.
+pub fn fsync_dir(path: &Path) -> io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
+}
+
+/// Creates a fifo at `path` with permission bits `mode`.
+///
+/// Errors: the `mknod(2)` errno.
+pub fn mkfifo(path: &Path, mode: u32) -> io::Result<()> {
+    let c = cpath(path)?;
+    // SAFETY: valid path.
+    check(unsafe { libc::mknod(c.as_ptr(), libc::S_IFIFO | (mode & 0o7777), 0) })
+}
+
+/// `n` random bytes from the kernel (`getrandom(2)`), as lowercase hex.
+pub fn random_hex(n: usize) -> String {
+    let mut buf = vec![0u8; n];
+    let mut filled = 0;
+    while filled < n {
+        // SAFETY: the slice is valid for writes of its length.
+        let r = unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), n - filled, 0) };
+        if r > 0 {
+            filled += r as usize;
+        } else {
+            // Extremely unlikely: fall back to time and pid so ids stay unique enough.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let h = blake3::hash(format!("{t}-{}-{filled}", std::process::id()).as_bytes());
+            let take = (n - filled).min(32);
+            buf[filled..filled + take].copy_from_slice(&h.as_bytes()[..take]);
+            filled += take;
+        }
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `flock(2)` on `fd` with `op` (`LOCK_SH`, `LOCK_EX`, optionally `| LOCK_NB`).
+///
+/// Errors: `EWOULDBLOCK` when non-blocking and held elsewhere, or the `flock` errno.
+pub fn flock(fd: &impl AsRawFd, op: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: valid fd.
+        let rc = unsafe { libc::flock(fd.as_raw_fd(), op) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}
+
+/// Duplicates descriptor `fd` of process `pid` into this process (`pidfd_getfd(2)`), sharing
+/// its open file description — and therefore any `flock` held through it.
+///
+/// Errors: `ESRCH` if the process is gone, `EPERM` without ptrace rights, `EBADF` if it has no
+/// such descriptor, `ENOSYS` on kernels older than 5.6.
+pub fn pidfd_getfd(pid: u32, fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pidfd was just returned by the kernel and is owned here.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: plain syscall with integer arguments.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh descriptor owned by this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
+}
+
+/// True when process `pid` exists (signal 0 probe; `EPERM` counts as alive).
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: signal 0 performs only the existence/permission check.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
