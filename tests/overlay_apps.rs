@@ -62,13 +62,24 @@ fn sqlite_wal_integrity_after_updates() {
     );
     let out = reader.wait_with_output().unwrap();
     assert!(out.status.success(), "concurrent reader failed");
-    sqlite(&db, "update t set b = randomblob(500) where id % 11 = 0; pragma wal_checkpoint(truncate);");
+    sqlite(
+        &db,
+        "update t set b = randomblob(500) where id % 11 = 0; pragma wal_checkpoint(truncate);",
+    );
     sqlite(&db, "update t set v = 'last' where id = 1;");
     let want_rows = 5000 - (1..=5000).filter(|i| i % 7 == 0).count();
     for round in ["live", "after remount"] {
         assert_eq!(sqlite(&db, "pragma integrity_check;"), "ok", "{round}");
-        assert_eq!(sqlite(&db, "select count(*) from t;"), want_rows.to_string(), "{round}");
-        assert_eq!(sqlite(&db, "select v from t where id = 1;"), "last", "{round}");
+        assert_eq!(
+            sqlite(&db, "select count(*) from t;"),
+            want_rows.to_string(),
+            "{round}"
+        );
+        assert_eq!(
+            sqlite(&db, "select v from t where id = 1;"),
+            "last",
+            "{round}"
+        );
         if round == "live" {
             fx.remount();
         }
@@ -117,7 +128,10 @@ fn git_init_commit_gc_status() {
     fs::create_dir(&r).unwrap();
     git(&r, &h, &["init", "-q", "-b", "main"]);
     for i in 0..40 {
-        write(&r.join(format!("dir{}/f{i}.txt", i % 4)), format!("content {i}\n"));
+        write(
+            &r.join(format!("dir{}/f{i}.txt", i % 4)),
+            format!("content {i}\n"),
+        );
     }
     git(&r, &h, &["add", "."]);
     git(&r, &h, &["commit", "-q", "-m", "one"]);
@@ -137,7 +151,11 @@ fn git_init_commit_gc_status() {
     git(&o, &h, &["gc", "-q", "--prune=now"]);
     for round in ["live", "after remount"] {
         for (repo, commits) in [(&r, 2), (&o, 2)] {
-            assert_eq!(git(repo, &h, &["status", "--porcelain"]), "", "{round}: clean tree");
+            assert_eq!(
+                git(repo, &h, &["status", "--porcelain"]),
+                "",
+                "{round}: clean tree"
+            );
             git(repo, &h, &["fsck", "--full", "--strict"]);
             let log = git(repo, &h, &["log", "--oneline"]);
             assert_eq!(log.lines().count(), commits, "{round}: {log}");
@@ -158,10 +176,14 @@ fn four_processes_append_to_one_lower_file() {
     });
     // Two writers keep one O_APPEND fd; two reopen the file for every line.
     let script = |n: usize| {
-        if n % 2 == 0 {
-            format!("exec 3>>log; i=0; while [ $i -lt {LINES} ]; do printf 'p{n} line %s\\n' $i >&3; i=$((i+1)); done")
+        if n.is_multiple_of(2) {
+            format!(
+                "exec 3>>log; i=0; while [ $i -lt {LINES} ]; do printf 'p{n} line %s\\n' $i >&3; i=$((i+1)); done"
+            )
         } else {
-            format!("i=0; while [ $i -lt {LINES} ]; do printf 'p{n} line %s\\n' $i >>log; i=$((i+1)); done")
+            format!(
+                "i=0; while [ $i -lt {LINES} ]; do printf 'p{n} line %s\\n' $i >>log; i=$((i+1)); done"
+            )
         }
     };
     let children: Vec<_> = (0..4)
@@ -180,7 +202,11 @@ fn four_processes_append_to_one_lower_file() {
     let text = read(&fx.p("log"));
     let lines: Vec<&str> = text.lines().collect();
     let base: Vec<String> = (0..10).map(|i| format!("base {i}")).collect();
-    assert_eq!(lines[..10], base[..], "the lower content stays first and intact");
+    assert_eq!(
+        lines[..10],
+        base[..],
+        "the lower content stays first and intact"
+    );
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
     for l in &lines[10..] {
         *count.entry(l).or_default() += 1;
@@ -204,16 +230,25 @@ fn read_only_lower_files_and_0555_dirs_chmod_and_remove_by_root() {
             }
         }
         // Go module cache: files 0444, directories 0555, children before parents.
-        sh(l, "find . -type f -exec chmod 0444 {} + && find . -depth -mindepth 1 -type d -exec chmod 0555 {} +");
+        sh(
+            l,
+            "find . -type f -exec chmod 0444 {} + && find . -depth -mindepth 1 -type d -exec chmod 0555 {} +",
+        );
     });
     // chmod'ing a read-only file and writing it.
     chmod(&fx.p("mod_a@v1.0.0/go.mod"), 0o644);
-    assert_eq!(fs::metadata(fx.p("mod_a@v1.0.0/go.mod")).unwrap().mode() & 0o777, 0o644);
+    assert_eq!(
+        fs::metadata(fx.p("mod_a@v1.0.0/go.mod")).unwrap().mode() & 0o777,
+        0o644
+    );
     write(&fx.p("mod_a@v1.0.0/go.mod"), "module a\n");
     // Root writes a 0444 file and creates in a 0555 dir without chmod.
     write(&fx.p("mod_a@v1.0.0/a.go"), "package a\n");
     write(&fx.p("mod_a@v1.0.0/internal/new.go"), "new\n");
-    assert_eq!(fs::metadata(fx.p("mod_a@v1.0.0/internal")).unwrap().mode() & 0o777, 0o555);
+    assert_eq!(
+        fs::metadata(fx.p("mod_a@v1.0.0/internal")).unwrap().mode() & 0o777,
+        0o555
+    );
     // `go clean -modcache`: make directories writable, then remove.
     sh(&fx.mnt, "chmod -R u+w mod_a@v1.0.0 && rm -rf mod_a@v1.0.0");
     // Root removes a read-only tree as it is.
@@ -226,7 +261,14 @@ fn read_only_lower_files_and_0555_dirs_chmod_and_remove_by_root() {
 
 fn as_nobody(dir: &Path, script: &str) -> std::process::Output {
     Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            script,
+        ])
         .current_dir(dir)
         .output()
         .expect("setpriv")
@@ -281,7 +323,10 @@ fn other_uid_with_allow_other_and_default_permissions() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("Permission denied"), "{what}: {err}");
     }
-    assert!(!fx.upper.join("public").exists(), "a denied write must not copy up");
+    assert!(
+        !fx.upper.join("public").exists(),
+        "a denied write must not copy up"
+    );
     assert!(!fx.upper.join("secret").exists());
     fx.remount();
     assert_eq!(read(&fx.p("home/d/f")), "deep\n");

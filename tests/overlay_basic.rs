@@ -58,10 +58,16 @@ impl Want<'_> {
     }
 
     fn check(&self, p: &Path, what: &str) {
-        let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{what}: lstat {}: {e}", p.display()));
+        let m = fs::symlink_metadata(p)
+            .unwrap_or_else(|e| panic!("{what}: lstat {}: {e}", p.display()));
         if let Some(d) = self.data {
             let got = fs::read(p).unwrap();
-            assert!(got == d, "{what}: data differs ({} bytes, want {})", got.len(), d.len());
+            assert!(
+                got == d,
+                "{what}: data differs ({} bytes, want {})",
+                got.len(),
+                d.len()
+            );
         }
         assert_eq!(m.mode() & 0o7777, self.mode, "{what}: mode");
         assert_eq!((m.uid(), m.gid()), (self.uid, self.gid), "{what}: owner");
@@ -69,11 +75,7 @@ impl Want<'_> {
             assert_eq!((m.mtime(), m.mtime_nsec()), t, "{what}: mtime (ns)");
         }
         for (k, v) in self.xattrs {
-            assert_eq!(
-                get_xattr(p, k).as_deref(),
-                Some(*v),
-                "{what}: xattr {k}"
-            );
+            assert_eq!(get_xattr(p, k).as_deref(), Some(*v), "{what}: xattr {k}");
         }
     }
 }
@@ -157,7 +159,12 @@ fn copy_up_on_truncate() {
     let mut fx = Fixture::new(rich_lower);
     let c = cstr(&fx.p("f"));
     // SAFETY: valid C string.
-    assert_eq!(unsafe { libc::truncate(c.as_ptr(), 777) }, 0, "truncate: errno {}", errno());
+    assert_eq!(
+        unsafe { libc::truncate(c.as_ptr(), 777) },
+        0,
+        "truncate: errno {}",
+        errno()
+    );
     let data = lower_data();
     check_copied_up(
         &mut fx,
@@ -229,7 +236,10 @@ fn copy_up_on_chown() {
     let m = fs::symlink_metadata(fx.p("sl")).unwrap();
     assert!(m.file_type().is_symlink());
     assert_eq!((m.uid(), m.gid()), (4321, 8765));
-    assert_eq!(fs::read_link(fx.p("sl")).unwrap().to_str(), Some("target/of/link"));
+    assert_eq!(
+        fs::read_link(fx.p("sl")).unwrap().to_str(),
+        Some("target/of/link")
+    );
 }
 
 #[test]
@@ -429,7 +439,10 @@ fn st_ino_stable_across_copy_up() {
     let new_ino = ino("d/new");
     drop_caches();
     let again: Vec<u64> = ["f", "d", "d/g", "d/h"].iter().map(|p| ino(p)).collect();
-    assert_eq!(before, again, "st_ino changed after the kernel forgot the inodes");
+    assert_eq!(
+        before, again,
+        "st_ino changed after the kernel forgot the inodes"
+    );
     assert_eq!(new_ino, ino("d/new"), "st_ino of an upper file changed");
     // Distinct files have distinct inode numbers.
     let mut all = again.clone();
@@ -445,7 +458,10 @@ fn hardlink_to_lower_file() {
     let mut fx = Fixture::new(|l| write(&l.join("f"), "orig\n"));
     fs::hard_link(fx.p("f"), fx.p("h")).unwrap();
     for round in 0..2 {
-        let (a, b) = (fs::metadata(fx.p("f")).unwrap(), fs::metadata(fx.p("h")).unwrap());
+        let (a, b) = (
+            fs::metadata(fx.p("f")).unwrap(),
+            fs::metadata(fx.p("h")).unwrap(),
+        );
         assert_eq!(a.ino(), b.ino(), "round {round}: same st_ino");
         assert_eq!((a.nlink(), b.nlink()), (2, 2), "round {round}: nlink");
         OpenOptions::new()
@@ -464,7 +480,10 @@ fn hardlink_to_lower_file() {
         assert!(read(&fx.p("f")).ends_with(&format!("via h {round}\n")));
         fx.remount();
     }
-    assert_eq!(read(&fx.p("f")), "orig\nvia f 0\nvia h 0\nvia f 1\nvia h 1\n");
+    assert_eq!(
+        read(&fx.p("f")),
+        "orig\nvia f 0\nvia h 0\nvia f 1\nvia h 1\n"
+    );
     fs::remove_file(fx.p("f")).unwrap();
     assert_eq!(fs::metadata(fx.p("h")).unwrap().nlink(), 1);
     assert_enoent(&fx.p("f"));
@@ -482,16 +501,30 @@ fn symlinks_including_dangling() {
     });
     assert_eq!(read(&fx.p("sl")), "data");
     assert_eq!(read(&fx.p("dl/inner")), "inner");
-    assert!(fs::symlink_metadata(fx.p("dangling")).unwrap().file_type().is_symlink());
-    assert_eq!(fs::metadata(fx.p("dangling")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
-    assert_eq!(fs::read_link(fx.p("dangling")).unwrap().to_str(), Some("nowhere"));
+    assert!(
+        fs::symlink_metadata(fx.p("dangling"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        fs::metadata(fx.p("dangling")).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        fs::read_link(fx.p("dangling")).unwrap().to_str(),
+        Some("nowhere")
+    );
     std::os::unix::fs::symlink("missing/target", fx.p("newdangling")).unwrap();
     std::os::unix::fs::symlink("dir/inner", fx.p("newsl")).unwrap();
     // Writing through a dangling symlink creates its target.
     write(&fx.p("dangling"), "created");
     for _ in 0..2 {
         assert_eq!(read(&fx.p("nowhere")), "created");
-        assert_eq!(fs::read_link(fx.p("newdangling")).unwrap().to_str(), Some("missing/target"));
+        assert_eq!(
+            fs::read_link(fx.p("newdangling")).unwrap().to_str(),
+            Some("missing/target")
+        );
         assert_eq!(read(&fx.p("newsl")), "inner");
         let m = fs::symlink_metadata(fx.p("newdangling")).unwrap();
         assert_eq!(m.len(), "missing/target".len() as u64, "symlink st_size");
@@ -512,7 +545,12 @@ fn fifo_and_unix_socket() {
     });
     let c = cstr(&fx.p("fifo"));
     // SAFETY: valid C string.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo: errno {}", errno());
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+        0,
+        "mkfifo: errno {}",
+        errno()
+    );
     for name in ["fifo", "lowerfifo"] {
         let p = fx.p(name);
         assert!(fs::symlink_metadata(&p).unwrap().file_type().is_fifo());
@@ -546,8 +584,18 @@ fn fifo_and_unix_socket() {
     drop(conn);
     drop(listener);
     fx.remount();
-    assert!(fs::symlink_metadata(fx.p("sock")).unwrap().file_type().is_socket());
-    assert!(fs::symlink_metadata(fx.p("fifo")).unwrap().file_type().is_fifo());
+    assert!(
+        fs::symlink_metadata(fx.p("sock"))
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    assert!(
+        fs::symlink_metadata(fx.p("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
 }
 
 #[test]
@@ -624,7 +672,12 @@ fn statfs_reports_the_upper_filesystem() {
         // SAFETY: zeroed statvfs is a valid out-parameter.
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: valid C string and out-pointer.
-        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs {}", p.display());
+        assert_eq!(
+            unsafe { libc::statvfs(c.as_ptr(), &mut s) },
+            0,
+            "statvfs {}",
+            p.display()
+        );
         s
     };
     let (m, u) = (vfs(&fx.mnt), vfs(&fx.upper));
@@ -634,9 +687,19 @@ fn statfs_reports_the_upper_filesystem() {
     let avail = |s: &libc::statvfs| s.f_bavail as u128 * s.f_frsize as u128;
     assert!(total(&m) > 0, "f_blocks");
     let diff = total(&m).abs_diff(total(&u));
-    assert!(diff * 100 <= total(&u), "total size {} vs upper {}", total(&m), total(&u));
+    assert!(
+        diff * 100 <= total(&u),
+        "total size {} vs upper {}",
+        total(&m),
+        total(&u)
+    );
     let diff = avail(&m).abs_diff(avail(&u));
-    assert!(diff * 100 <= total(&u), "available {} vs upper {}", avail(&m), avail(&u));
+    assert!(
+        diff * 100 <= total(&u),
+        "available {} vs upper {}",
+        avail(&m),
+        avail(&u)
+    );
 }
 
 fn open_flags(p: &Path, flags: i32) -> Result<File, i32> {
@@ -663,7 +726,11 @@ fn o_excl_create() {
     });
     let excl = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
     for existing in ["f", "d", "dangling"] {
-        assert_eq!(open_flags(&fx.p(existing), excl).err(), Some(libc::EEXIST), "{existing}");
+        assert_eq!(
+            open_flags(&fx.p(existing), excl).err(),
+            Some(libc::EEXIST),
+            "{existing}"
+        );
     }
     fs::remove_file(fx.p("del")).unwrap();
     open_flags(&fx.p("del"), excl).expect("O_EXCL over a deleted lower name");
@@ -678,13 +745,21 @@ fn o_excl_create() {
 fn fallocate_allocates_and_punches() {
     require_root!();
     let fx = Fixture::new(|l| write(&l.join("f"), "0123456789"));
-    let f = OpenOptions::new().read(true).write(true).open(fx.p("f")).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fx.p("f"))
+        .unwrap();
     // SAFETY: valid fd.
     let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) };
     assert_eq!(r, 0, "fallocate: errno {}", errno());
     let m = f.metadata().unwrap();
     assert_eq!(m.len(), 1 << 20);
-    assert!(m.blocks() * 512 >= 1 << 20, "allocated {}", m.blocks() * 512);
+    assert!(
+        m.blocks() * 512 >= 1 << 20,
+        "allocated {}",
+        m.blocks() * 512
+    );
     let mut buf = [0u8; 10];
     f.read_exact_at(&mut buf, 0).unwrap();
     assert_eq!(&buf, b"0123456789", "data kept by copy-up + fallocate");
@@ -732,7 +807,10 @@ fn copy_file_range_between_files() {
     let dst = File::create(fx.p("dst")).unwrap();
     copy(&src, &dst, data.len());
     drop(dst);
-    assert!(fs::read(fx.p("dst")).unwrap() == data, "lower -> upper copy");
+    assert!(
+        fs::read(fx.p("dst")).unwrap() == data,
+        "lower -> upper copy"
+    );
     // Upper -> lower-backed file (copy-up of the destination), at an offset.
     let mut dst2 = OpenOptions::new().write(true).open(fx.p("src")).unwrap();
     dst2.seek(SeekFrom::Start(1000)).unwrap();
@@ -744,7 +822,10 @@ fn copy_file_range_between_files() {
     drop(dst2);
     let mut want = data.clone();
     want[1000..1008].copy_from_slice(b"INSERTED");
-    assert!(fs::read(fx.p("src")).unwrap() == want, "upper -> copied-up copy");
+    assert!(
+        fs::read(fx.p("src")).unwrap() == want,
+        "upper -> copied-up copy"
+    );
 }
 
 #[test]
@@ -754,10 +835,18 @@ fn unlink_of_open_file_keeps_fd_usable() {
         write(&l.join("rw"), "lower rw");
         write(&l.join("ro"), "lower ro");
     });
-    let mut rw = OpenOptions::new().read(true).write(true).open(fx.p("rw")).unwrap();
+    let mut rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fx.p("rw"))
+        .unwrap();
     let mut ro = File::open(fx.p("ro")).unwrap();
     write(&fx.p("up"), "upper");
-    let mut up = OpenOptions::new().read(true).write(true).open(fx.p("up")).unwrap();
+    let mut up = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fx.p("up"))
+        .unwrap();
     for n in ["rw", "ro", "up"] {
         fs::remove_file(fx.p(n)).unwrap();
         assert_enoent(&fx.p(n));
@@ -822,7 +911,11 @@ fn o_tmpfile_works_or_eopnotsupp() {
 fn mmap_shared_writes() {
     require_root!();
     let mut fx = Fixture::new(|l| write(&l.join("f"), vec![b'a'; 8192]));
-    let f = OpenOptions::new().read(true).write(true).open(fx.p("f")).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fx.p("f"))
+        .unwrap();
     // SAFETY: mapping 8192 bytes of a file of that size, shared, read-write.
     let map = unsafe {
         libc::mmap(
@@ -838,7 +931,10 @@ fn mmap_shared_writes() {
     // SAFETY: map is 8192 bytes long, writable.
     unsafe {
         let s = std::slice::from_raw_parts_mut(map.cast::<u8>(), 8192);
-        assert!(s.iter().all(|b| *b == b'a'), "lower data visible through the mapping");
+        assert!(
+            s.iter().all(|b| *b == b'a'),
+            "lower data visible through the mapping"
+        );
         s[..4].copy_from_slice(b"MMAP");
         s[4096..4100].copy_from_slice(b"PAGE");
         assert_eq!(libc::msync(map, 8192, libc::MS_SYNC), 0);
@@ -899,8 +995,16 @@ fn flock_between_processes() {
     };
     // SAFETY: valid fd.
     assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
-    assert_eq!(try_lock(libc::LOCK_EX), 1, "exclusive flock must block another process");
-    assert_eq!(try_lock(libc::LOCK_SH), 1, "shared flock must block against exclusive");
+    assert_eq!(
+        try_lock(libc::LOCK_EX),
+        1,
+        "exclusive flock must block another process"
+    );
+    assert_eq!(
+        try_lock(libc::LOCK_SH),
+        1,
+        "shared flock must block against exclusive"
+    );
     // SAFETY: valid fd.
     assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) }, 0);
     assert_eq!(try_lock(libc::LOCK_SH), 0, "two shared flocks coexist");
@@ -914,7 +1018,11 @@ fn flock_between_processes() {
 fn fcntl_locks_between_processes() {
     require_root!();
     let fx = Fixture::new(|l| write(&l.join("f"), vec![b'x'; 1000]));
-    let f = OpenOptions::new().read(true).write(true).open(fx.p("f")).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fx.p("f"))
+        .unwrap();
     let setlk = |fd: i32, ty: i32, start: i64, len: i64| {
         // SAFETY: zeroed flock is a valid value.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
@@ -963,7 +1071,11 @@ fn fcntl_locks_between_processes() {
             }
         })
     };
-    assert_eq!(probe(50, 10), 1, "overlapping range must be locked (F_GETLK names the parent)");
+    assert_eq!(
+        probe(50, 10),
+        1,
+        "overlapping range must be locked (F_GETLK names the parent)"
+    );
     assert_eq!(probe(200, 10), 0, "disjoint range is free");
     assert_eq!(setlk(f.as_raw_fd(), libc::F_UNLCK, 0, 100), 0);
     assert_eq!(probe(50, 10), 0, "free after F_UNLCK");

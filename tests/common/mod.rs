@@ -41,9 +41,9 @@ impl Impl {
             Err(_) | Ok("") | Ok("layercache") => Impl::Layercache,
             Ok("kernel") => Impl::Kernel,
             Ok("fuse-overlayfs") => Impl::FuseOverlayfs,
-            Ok(other) => panic!(
-                "LAYERCACHE_TEST_IMPL={other:?}: want layercache, kernel or fuse-overlayfs"
-            ),
+            Ok(other) => {
+                panic!("LAYERCACHE_TEST_IMPL={other:?}: want layercache, kernel or fuse-overlayfs")
+            }
         }
     }
 
@@ -151,10 +151,11 @@ impl FixtureBuilder {
                 }
             })
             .collect();
-        for d in lowers
-            .iter()
-            .cloned()
-            .chain([root.join("upper"), root.join("work"), root.join("mnt")])
+        for d in
+            lowers
+                .iter()
+                .cloned()
+                .chain([root.join("upper"), root.join("work"), root.join("mnt")])
         {
             fs::create_dir(&d).unwrap();
             fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
@@ -300,6 +301,14 @@ impl Fixture {
         self.mount();
     }
 
+    /// Drops the guard of a mount the test already ended itself (e.g. with fusermount3 -u).
+    pub fn forget_mount(&mut self) {
+        if let Some(g) = self.mount.take() {
+            drop(g); // unmounts if it is still there
+        }
+        self.assert_lower_unchanged();
+    }
+
     pub fn is_mounted(&self) -> bool {
         self.mount.is_some()
     }
@@ -354,7 +363,11 @@ impl MountGuard {
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
-        assert!(!is_mounted(&mnt), "{} still mounted after umount", mnt.display());
+        assert!(
+            !is_mounted(&mnt),
+            "{} still mounted after umount",
+            mnt.display()
+        );
     }
 }
 
@@ -490,7 +503,12 @@ pub fn lstat_errno(p: &Path) -> i32 {
 
 pub fn assert_enoent(p: &Path) {
     let e = lstat_errno(p);
-    assert_eq!(e, libc::ENOENT, "{}: want ENOENT, got errno {e}", p.display());
+    assert_eq!(
+        e,
+        libc::ENOENT,
+        "{}: want ENOENT, got errno {e}",
+        p.display()
+    );
 }
 
 pub fn list_xattrs(p: &Path) -> Vec<(OsString, Vec<u8>)> {
@@ -503,9 +521,17 @@ pub fn list_xattrs(p: &Path) -> Vec<(OsString, Vec<u8>)> {
     let mut buf = vec![0u8; n as usize];
     // SAFETY: buf is writable for buf.len() bytes.
     let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(n >= 0, "llistxattr {}: {}", p.display(), io::Error::last_os_error());
+    assert!(
+        n >= 0,
+        "llistxattr {}: {}",
+        p.display(),
+        io::Error::last_os_error()
+    );
     let mut out = Vec::new();
-    for name in buf[..n as usize].split(|b| *b == 0).filter(|s| !s.is_empty()) {
+    for name in buf[..n as usize]
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+    {
         let v = get_xattr(p, OsStr::from_bytes(name)).unwrap_or_default();
         out.push((OsStr::from_bytes(name).to_owned(), v));
     }
@@ -568,7 +594,13 @@ pub fn set_times(p: &Path, atime: (i64, i64), mtime: (i64, i64)) {
             libc::AT_SYMLINK_NOFOLLOW,
         )
     };
-    assert_eq!(r, 0, "utimensat {}: {}", p.display(), io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "utimensat {}: {}",
+        p.display(),
+        io::Error::last_os_error()
+    );
 }
 
 pub fn chown(p: &Path, uid: u32, gid: u32) {

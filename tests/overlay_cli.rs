@@ -1,0 +1,272 @@
+//! The `layercache overlay` command line: bad input is rejected with one clear line and exit
+//! status 2 without mounting or changing anything; `mount -t fuse.layercache` works; the usual
+//! unmount commands end a mount (issue 2, "Interface").
+
+#[macro_use]
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// Runs `layercache overlay -o OPTS MNT` expecting a rejection: exit 2, one non-empty line on
+/// stderr that contains `needle`, no new mount at `mnt`, lower and upper unchanged.
+fn expect_rejected(fx: &Fixture, opts: &str, mnt: &Path, needle: &str) {
+    let upper_before = tree_fingerprint(&fx.upper);
+    let mounts_before = mounts_at(mnt);
+    let out = Command::new(layercache_bin())
+        .args(["overlay", "-o", opts])
+        .arg(mnt)
+        .output()
+        .unwrap();
+    if mounts_at(mnt) > mounts_before {
+        let _ = Command::new("umount").arg("-l").arg(mnt).output();
+        panic!("-o {opts}: mounted although the input is bad");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "-o {opts}: exit status (stderr: {err})"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "-o {opts}: want one error line, got {err:?}"
+    );
+    assert!(
+        lines[0].contains(needle),
+        "-o {opts}: the error should name {needle:?}: {err:?}"
+    );
+    assert!(
+        tree_fingerprint(&fx.upper) == upper_before,
+        "-o {opts}: upper dir changed"
+    );
+    fx.assert_lower_unchanged();
+}
+
+fn unmounted_fixture() -> Fixture {
+    Fixture::builder().unmounted().build(|l| {
+        write(&l[0].join("f"), "f");
+        fs::create_dir(l[0].join("inside")).unwrap();
+    })
+}
+
+#[test]
+fn bad_input_missing_directories() {
+    require_root!();
+    only_layercache!("layercache's own command line");
+    let fx = unmounted_fixture();
+    let (l, u, w) = (fx.lower().display(), fx.upper.display(), fx.work.display());
+    let missing = "/nonexistent/layercache-test-dir";
+    expect_rejected(
+        &fx,
+        &format!("lowerdir={missing},upperdir={u},workdir={w}"),
+        &fx.mnt,
+        missing,
+    );
+    expect_rejected(
+        &fx,
+        &format!("lowerdir={l}:{missing},upperdir={u},workdir={w}"),
+        &fx.mnt,
+        missing,
+    );
+    expect_rejected(
+        &fx,
+        &format!("lowerdir={l},upperdir={missing},workdir={w}"),
+        &fx.mnt,
+        missing,
+    );
+    expect_rejected(
+        &fx,
+        &format!("upperdir={u},workdir={w}"),
+        &fx.mnt,
+        "lowerdir",
+    );
+    let nomnt = fx.mnt.join("missing-mountpoint");
+    expect_rejected(&fx, &fx.options(), &nomnt, "missing-mountpoint");
+}
+
+#[test]
+fn bad_input_upper_inside_lower_and_lower_inside_upper() {
+    require_root!();
+    only_layercache!("layercache's own command line");
+    let fx = unmounted_fixture();
+    let (l, u, w) = (fx.lower().display(), fx.upper.display(), fx.work.display());
+    let inside = fx.lower().join("inside");
+    let inside = inside.display();
+    expect_rejected(
+        &fx,
+        &format!("lowerdir={l},upperdir={inside},workdir={w}"),
+        &fx.mnt,
+        &inside.to_string(),
+    );
+    fs::create_dir(fx.upper.join("low")).unwrap();
+    let low = fx.upper.join("low");
+    expect_rejected(
+        &fx,
+        &format!("lowerdir={},upperdir={u},workdir={w}", low.display()),
+        &fx.mnt,
+        "upper",
+    );
+}
+
+#[test]
+fn bad_input_unknown_option() {
+    require_root!();
+    only_layercache!("layercache's own command line");
+    let fx = unmounted_fixture();
+    expect_rejected(
+        &fx,
+        &format!("{},frobnicate=1", fx.options()),
+        &fx.mnt,
+        "frobnicate",
+    );
+    expect_rejected(
+        &fx,
+        &format!("{},bogus_flag", fx.options()),
+        &fx.mnt,
+        "bogus_flag",
+    );
+}
+
+#[test]
+fn bad_input_busy_mountpoint() {
+    require_root!();
+    only_layercache!("layercache's own command line");
+    let mut fx = unmounted_fixture();
+    fx.mount();
+    write(&fx.p("made"), "x");
+    expect_rejected(&fx, &fx.options(), &fx.mnt, &fx.mnt.display().to_string());
+    assert_eq!(mounts_at(&fx.mnt), 1, "exactly one mount at the mountpoint");
+    assert_eq!(read(&fx.p("made")), "x", "the first mount still serves");
+}
+
+#[test]
+fn generic_mount_options_are_accepted() {
+    require_root!();
+    only_layercache!("layercache's own command line");
+    let mut fx = unmounted_fixture();
+    let out = Command::new(layercache_bin())
+        .args([
+            "overlay",
+            "-o",
+            "rw,noatime,lazytime,allow_other",
+            "-o",
+            &fx.options(),
+        ])
+        .arg(&fx.mnt)
+        .output()
+        .unwrap();
+    fx.adopt_mount();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&fx.p("f")), "f");
+    let line = fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(&*fx.mnt.display().to_string()))
+        .map(str::to_string)
+        .unwrap();
+    for want in ["nosuid", "nodev", "allow_other", "default_permissions"] {
+        assert!(line.contains(want), "mount options lack {want}: {line}");
+    }
+}
+
+/// Runs a mount command that should end up running `layercache overlay MNT -o …`, adopts the
+/// mount and checks it serves and persists into the upper.
+fn mount_through_helper(mut cmd: Command, what: &str) {
+    let mut fx = unmounted_fixture();
+    let out = cmd
+        .arg(&fx.mnt)
+        .args(["-o", &format!("{},noatime", fx.options())])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    if mounts_at(&fx.mnt) > 0 {
+        fx.adopt_mount();
+    }
+    assert!(out.status.success(), "{what}: {err}");
+    assert!(
+        fx.is_mounted(),
+        "{what} returned success but nothing is mounted"
+    );
+    assert_eq!(read(&fx.p("f")), "f");
+    write(&fx.p("g"), "g");
+    fx.unmount();
+    assert_eq!(read(&fx.upper.join("g")), "g");
+}
+
+/// `mount -t fuse.layercache overlay MNT -o …` makes mount(8) run `mount.fuse3 overlay MNT -o …
+/// -t fuse.layercache`, which runs `layercache overlay MNT -o …` through /bin/sh. mount(8)
+/// drops PATH from the helper's environment (sh then searches its default directories), so
+/// this test calls mount.fuse3 itself with a PATH holding a symlink to the built binary.
+#[test]
+fn mount_fuse3_helper_runs_layercache_overlay() {
+    require_root!();
+    only_layercache!("mount -t fuse.layercache runs the layercache binary");
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(layercache_bin(), bin.path().join("layercache")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+    );
+    // mount.fuse3 SOURCE MOUNTPOINT [-t TYPE] [-o OPTS], as mount(8) calls it; sh reorders
+    // the arguments mount_through_helper appends (MNT -o OPTS).
+    let mut fixed = Command::new("sh");
+    fixed
+        .arg("-c")
+        .arg("exec mount.fuse3 overlay \"$1\" -t fuse.layercache -o \"$3\"")
+        .arg("sh")
+        .env("PATH", path);
+    mount_through_helper(fixed, "mount.fuse3 overlay MNT -t fuse.layercache");
+}
+
+/// The same path through mount(8) itself, naming the program explicitly (`-t fuse
+/// PROGRAM#SOURCE`), which needs no PATH lookup.
+#[test]
+fn mount_t_fuse_program_hash_source() {
+    require_root!();
+    only_layercache!("mount -t fuse runs the layercache binary");
+    let mut cmd = Command::new("mount");
+    cmd.args(["-t", "fuse"])
+        .arg(format!("{}#overlay", layercache_bin().display()));
+    mount_through_helper(cmd, "mount -t fuse layercache#overlay");
+}
+
+#[test]
+fn fusermount3_u_ends_the_mount() {
+    require_root!();
+    skip_for!(Impl::Kernel, "fusermount3 only unmounts FUSE filesystems");
+    let mut fx = unmounted_fixture();
+    fx.mount();
+    write(&fx.p("g"), "written");
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&fx.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&fx.mnt), "still mounted after fusermount3 -u");
+    assert_eq!(mounts_at(&fx.mnt), 0);
+    assert_eq!(
+        read(&fx.upper.join("g")),
+        "written",
+        "upper consistent after unmount"
+    );
+    // The guard has nothing left to do; mount again to check the upper is reusable.
+    fx.forget_mount();
+    fx.mount();
+    assert_eq!(read(&fx.p("g")), "written");
+}
