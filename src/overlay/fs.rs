@@ -58,6 +58,8 @@ pub struct OverlayFs {
     /// Serialises copy-ups (so two writers do not copy the same file twice).
     pub(super) copy_lock: Mutex<()>,
     fds: Mutex<lru::LruCache<u64, CachedFd>>,
+    /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
+    pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
     tmp_seq: std::sync::atomic::AtomicU64,
 }
 
@@ -136,6 +138,7 @@ impl OverlayFs {
             ns: RwLock::new(()),
             copy_lock: Mutex::new(()),
             fds: Mutex::new(lru::LruCache::new(cap)),
+            orphans: Mutex::default(),
             tmp_seq: Default::default(),
         })
     }
@@ -340,7 +343,12 @@ impl OverlayFs {
         } else {
             r.st.st_nlink as u32
         };
-        attr_from_stat(r.id, &r.st, nlink)
+        let mut attr = attr_from_stat(r.id, &r.st, nlink);
+        // The orphan link in the workdir (kept for open fds) is not a name the user can see.
+        if r.upper && self.orphans.lock().contains(&r.id) {
+            attr.nlink = attr.nlink.saturating_sub(1);
+        }
+        attr
     }
 
     /// Looks `name` up in `parent` and records the kernel reference (lookup, create, readdirplus).
@@ -369,7 +377,15 @@ impl OverlayFs {
             lowers: n.lowers,
             st,
         };
-        Ok(self.attr_of(&r))
+        let mut attr = self.attr_of(&r);
+        // An unlinked lower-only file has no name left.
+        if let Loc::Orphan {
+            lower_path: Some(_),
+        } = n.loc
+        {
+            attr.nlink = 0;
+        }
+        Ok(attr)
     }
 
     /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).

@@ -218,6 +218,7 @@ impl OverlayFs {
             self.roots
                 .rename(Layer::Upper, rel, Layer::Work, &Self::orphan_name(id), 0)
                 .map_err(errno)?;
+            self.orphans.lock().insert(id);
             self.nodes
                 .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
             Ok(true)
@@ -439,6 +440,7 @@ impl OverlayFs {
                     self.roots
                         .link(Layer::Upper, &drel, Layer::Work, &o)
                         .map_err(errno)?;
+                    self.orphans.lock().insert(d.id);
                     self.nodes
                         .update(d.id, |n| n.loc = Loc::Orphan { lower_path: None });
                 } else if d.st.st_nlink <= 1 {
@@ -714,10 +716,10 @@ impl OverlayFs {
     /// Called when the kernel drops its last reference to `id`: frees the node, its cached fd
     /// and listing, and the orphaned data of an unlinked file.
     pub fn forget(&self, id: u64, n: u64) {
-        if let Some(node) = self.nodes.forget(id, n) {
+        if self.nodes.forget(id, n).is_some() {
             self.drop_fd(id);
             self.listings.forget(id);
-            if node.loc == (Loc::Orphan { lower_path: None }) {
+            if self.orphans.lock().remove(&id) {
                 let o = Self::orphan_name(id);
                 if let Ok(st) = self.roots.stat(Layer::Work, &o)
                     && st.st_nlink <= 1
