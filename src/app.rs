@@ -14,6 +14,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Overlay(args) => {
             crate::overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)
         }
+        Command::Run(args) => cmd_run(&cli.global, &args),
         Command::Presets => {
             print!("{}", crate::spec::presets_text(cli.global.json));
             Ok(0)
@@ -21,6 +22,13 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Key(args) => cmd_key(&cli.global, &args),
         Command::Stats(args) => cmd_stats(&cli.global, &args),
         Command::SandboxArgs(args) => cmd_sandbox_args(&cli.global, &args),
+        Command::Mount(args) => crate::store::cmd::mount(&cli.global, &args),
+        Command::Commit(args) => crate::store::cmd::commit(&cli.global, &args),
+        Command::Umount(args) => crate::store::cmd::umount(&cli.global, &args),
+        Command::Ls(args) => crate::store::cmd::ls(&cli.global, &args),
+        Command::Gc(args) => crate::store::cmd::gc(&cli.global, &args),
+        Command::Clear(args) => crate::store::cmd::clear(&cli.global, &args),
+        Command::Verify(args) => crate::store::cmd::verify(&cli.global, &args),
         other => Err(Error::Failed(format!("{other:?}: not implemented yet"))),
     }
 }
@@ -34,20 +42,14 @@ fn init_tracing() {
         .try_init();
 }
 
-/// The store root: `--store`/`LAYERCACHE_STORE`, else /var/lib/layercache as root, else
-/// `$XDG_CACHE_HOME/layercache` (`~/.cache/layercache`).
-pub fn store_root(global: &crate::cli::GlobalArgs) -> std::path::PathBuf {
-    if let Some(s) = &global.store {
-        return s.clone();
+/// The store root: `--store`/`LAYERCACHE_STORE`, else [`crate::store::default_root`].
+///
+/// Errors: [`Error::Invalid`] when no default can be derived.
+pub fn store_root(global: &crate::cli::GlobalArgs) -> Result<std::path::PathBuf> {
+    match &global.store {
+        Some(s) => Ok(s.clone()),
+        None => crate::store::default_root(),
     }
-    if nix::unistd::geteuid().is_root() {
-        return "/var/lib/layercache".into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))
-        .unwrap_or_else(|| "/tmp".into());
-    base.join("layercache")
 }
 
 /// The project directory: `--workdir` or the current directory, made absolute.
@@ -66,19 +68,49 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     let spec = crate::spec::load(&args.spec)?;
     let paths = crate::spec::Paths {
         workdir: workdir(&args.workdir)?,
-        mount_root: args.mount_root.clone(),
+        mount_root: absolute(&args.mount_root)?,
     };
     let env = crate::key::Environment::host(args.image.clone());
     let mut all = Vec::new();
     for cache in &spec.caches {
         all.push(crate::key::compute(cache, &paths, &env)?);
     }
+    // What each key would match now (a store that cannot be opened shows no matches).
+    let store = store_root(global).and_then(|r| crate::store::Store::open(Some(&r)));
+    let mut matches = Vec::new();
+    for k in &all {
+        let found = match &store {
+            Ok(st) => {
+                let pd = st.project(&spec.project)?;
+                match st.lookup(&pd, &k.id, &k.key, &k.restore_keys)? {
+                    crate::store::Lookup::Hit { layer } => {
+                        serde_json::json!({"result": "hit", "matched_key": k.key, "layer": layer})
+                    }
+                    crate::store::Lookup::Restore { matched_key, layer } => {
+                        serde_json::json!({"result": "restore", "matched_key": matched_key, "layer": layer})
+                    }
+                    crate::store::Lookup::Miss => serde_json::json!({"result": "miss"}),
+                }
+            }
+            Err(e) => serde_json::json!({"result": "unknown", "error": e.to_string()}),
+        };
+        matches.push(found);
+    }
     if global.json {
-        let v = serde_json::json!({ "project": spec.project.as_str(), "caches": all });
+        let caches: Vec<serde_json::Value> = all
+            .iter()
+            .zip(&matches)
+            .map(|(k, m)| {
+                let mut v = serde_json::to_value(k).unwrap_or_default();
+                v["would_match"] = m.clone();
+                v
+            })
+            .collect();
+        let v = serde_json::json!({ "project": spec.project.as_str(), "caches": caches });
         println!("{v}");
         return Ok(0);
     }
-    for k in &all {
+    for (k, m) in all.iter().zip(&matches) {
         println!("{}", k.id);
         println!("  key:          {}", k.key);
         let rks: Vec<&str> = k.restore_keys.iter().map(|r| r.as_str()).collect();
@@ -90,13 +122,18 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
             .collect();
         println!("  key files:    {}", files.join(", "));
         println!("  mountpoint:   {}", k.mountpoint.display());
+        let result = m["result"].as_str().unwrap_or("unknown");
+        match m["matched_key"].as_str() {
+            Some(mk) => println!("  would match:  {result} ({mk})"),
+            None => println!("  would match:  {result}"),
+        }
     }
     Ok(0)
 }
 
 /// `layercache stats [--project P]`.
 fn cmd_stats(global: &crate::cli::GlobalArgs, args: &crate::cli::LsArgs) -> Result<i32> {
-    let events = crate::telemetry::read(&store_root(global))?;
+    let events = crate::telemetry::read(&store_root(global)?)?;
     let stats = crate::telemetry::stats(&events, args.project.as_deref());
     if global.json {
         let v = serde_json::to_string(&stats).map_err(|e| Error::Failed(e.to_string()))?;
@@ -116,7 +153,7 @@ fn cmd_sandbox_args(
     let spec = crate::spec::load(&args.spec)?;
     let paths = crate::spec::Paths {
         workdir: workdir(&args.workdir)?,
-        mount_root: args.mount_root.clone(),
+        mount_root: absolute(&args.mount_root)?,
     };
     let mut binds = crate::sandbox::Binds {
         workdir: paths.workdir.clone(),
@@ -134,4 +171,37 @@ fn cmd_sandbox_args(
         println!("{}", crate::sandbox::shell_quote(&words));
     }
     Ok(0)
+}
+
+/// `layercache run`: validates the flags into a [`crate::run::RunConfig`] and runs the job over
+/// the store.
+fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
+    let sandbox = crate::run::SandboxMode::parse(&args.sandbox)?;
+    let spec = crate::spec::load(&args.spec)?;
+    let paths = crate::spec::Paths {
+        workdir: workdir(&args.workdir)?,
+        mount_root: absolute(&args.mount_root)?,
+    };
+    let store_dir = store_root(global)?;
+    let cfg = crate::run::RunConfig {
+        spec,
+        paths,
+        image: args.image.clone(),
+        sandbox,
+        command: args.command.iter().map(std::ffi::OsString::from).collect(),
+        store: store_dir.clone(),
+        json: global.json,
+    };
+    if cfg.spec.caches.is_empty() {
+        return crate::run::run(&cfg, &crate::run::NoMounts);
+    }
+    let store = crate::store::Store::open(Some(&store_dir))?;
+    let mounter = crate::run::StoreMounter::new(store, std::time::Duration::from_secs(300));
+    crate::run::run(&cfg, &mounter)
+}
+
+/// `path` made absolute against the current directory (not resolved).
+fn absolute(path: &std::path::Path) -> Result<std::path::PathBuf> {
+    std::path::absolute(path)
+        .map_err(|e| Error::invalid(format!("--mount-root {}: {e}", path.display())))
 }

@@ -47,6 +47,9 @@ pub struct Mounted {
 /// What a promotion published.
 #[derive(Debug, Clone, Default)]
 pub struct Committed {
+    /// Whether this run's layer was published (false when another run published the key
+    /// first; its layer is mounted instead).
+    pub published: bool,
     /// Bytes in the new layer.
     pub bytes: u64,
     /// Files in the new layer.
@@ -111,6 +114,98 @@ pub struct RunConfig {
     pub store: PathBuf,
     /// Summary as JSON.
     pub json: bool,
+}
+
+/// [`Mounter`] over the layer store ([`crate::store::Store`]).
+pub struct StoreMounter {
+    store: crate::store::Store,
+    fill_wait: Duration,
+}
+
+impl StoreMounter {
+    /// Wraps an open store; a mount waits up to `fill_wait` for another run filling the same
+    /// key.
+    pub fn new(store: crate::store::Store, fill_wait: Duration) -> Self {
+        StoreMounter { store, fill_wait }
+    }
+}
+
+impl Mounter for StoreMounter {
+    fn mount(
+        &self,
+        project: &ProjectId,
+        cache: &CacheId,
+        key: &CacheKey,
+        restore_keys: &[CacheKey],
+        mountpoint: &Path,
+    ) -> Result<Mounted> {
+        use crate::store::{MountRequest, MountResult};
+        let out = self.store.mount(&MountRequest {
+            project: project.clone(),
+            cache: cache.clone(),
+            key: key.clone(),
+            restore_keys: restore_keys.to_vec(),
+            fill_wait: self.fill_wait,
+            mountpoint: mountpoint.to_path_buf(),
+        })?;
+        let upper = self
+            .store
+            .project(project)
+            .ok()
+            .map(|pd| pd.runs().join(&out.run).join("upper"));
+        Ok(Mounted {
+            result: match out.result {
+                MountResult::Hit => CacheResult::Hit,
+                MountResult::Restore => CacheResult::Restore,
+                MountResult::Miss => CacheResult::Miss,
+            },
+            matched_key: out.matched_key.map(|k| k.to_string()),
+            upper,
+            bytes: out.bytes,
+            files: out.files,
+        })
+    }
+
+    fn commit(&self, mountpoint: &Path) -> Result<Committed> {
+        let out = self.store.commit(mountpoint)?;
+        if !out.dropped.is_empty() {
+            eprintln!(
+                "layercache: kept out of the layer (credentials): {}",
+                out.dropped.join(", ")
+            );
+        }
+        Ok(Committed {
+            published: out.result == crate::store::CommitResult::Published,
+            bytes: out.bytes,
+            files: out.files,
+        })
+    }
+
+    fn umount(&self, mountpoint: &Path) -> Result<()> {
+        self.store.umount(mountpoint)
+    }
+}
+
+/// A [`Mounter`] for runs that declare no caches: every operation fails.
+pub struct NoMounts;
+
+impl Mounter for NoMounts {
+    fn mount(
+        &self,
+        _: &ProjectId,
+        c: &CacheId,
+        _: &CacheKey,
+        _: &[CacheKey],
+        _: &Path,
+    ) -> Result<Mounted> {
+        Err(Error::Failed(format!("cache {c}: no store opened")))
+    }
+    fn commit(&self, mp: &Path) -> Result<Committed> {
+        Err(Error::Failed(format!("{}: no store opened", mp.display())))
+    }
+    fn umount(&self, mp: &Path) -> Result<()> {
+        Err(Error::Failed(format!("{}: no store opened", mp.display())))
+    }
 }
 
 // ---- signals ---------------------------------------------------------------------------------
@@ -357,7 +452,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             let t = Instant::now();
             let committed = mounter.commit(&p.keys.mountpoint)?;
             p.event.promote_ms = t.elapsed().as_millis() as u64;
-            p.event.published = true;
+            p.event.published = committed.published;
             p.event.bytes = committed.bytes;
             p.event.files = committed.files;
         }
@@ -676,7 +771,11 @@ mod tests {
             copy_tree(mp, &dst);
             self.layers.borrow_mut().insert(key.clone(), dst);
             self.log.borrow_mut().push(format!("commit {key}"));
-            Ok(Committed { bytes: 1, files: 1 })
+            Ok(Committed {
+                published: true,
+                bytes: 1,
+                files: 1,
+            })
         }
         fn umount(&self, mp: &Path) -> Result<()> {
             self.mounted.borrow_mut().remove(mp);
