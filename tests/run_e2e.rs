@@ -1,0 +1,308 @@
+//! End-to-end tests of `layercache run` through the binary: real FUSE mounts (as root with
+//! /dev/fuse; skipped otherwise), a temporary store and mount root per test, and a guard that
+//! unmounts anything left under the test's directory, even when the test panics.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_layercache");
+
+fn can_mount() -> bool {
+    let ok = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
+    if !ok {
+        eprintln!("skipped: needs root and /dev/fuse");
+    }
+    ok
+}
+
+/// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
+/// it (deepest first; lazy as a last resort) before the directory is removed.
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let dir = tempfile::Builder::new()
+            .prefix("layercache-run-")
+            .tempdir()
+            .unwrap();
+        for d in ["store", "cache", "work"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        Sandbox { dir }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn work(&self) -> PathBuf {
+        self.path("work")
+    }
+
+    fn write_spec(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// `layercache run --spec SPEC --workdir work --mount-root cache -- sh -c SCRIPT`.
+    fn run(&self, spec: &Path, script: Option<&str>) -> Output {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--store")
+            .arg(self.path("store"))
+            .arg("run")
+            .arg("--spec")
+            .arg(spec)
+            .arg("--workdir")
+            .arg(self.work())
+            .arg("--mount-root")
+            .arg(self.path("cache"));
+        if let Some(s) = script {
+            cmd.args(["--", "sh", "-c", s]);
+        }
+        let out = cmd.output().unwrap();
+        eprintln!(
+            "run: {}\n--stdout--\n{}\n--stderr--\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn events(&self) -> Vec<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(self.path("store").join("events.jsonl")).unwrap_or_default();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn mounts_below(&self) -> Vec<String> {
+        let root = self.dir.path().to_string_lossy().to_string();
+        let text = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let mut v: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|mp| mp.starts_with(&root))
+            .map(String::from)
+            .collect();
+        v.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        v
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        for mp in self.mounts_below() {
+            let ok = Command::new(BIN)
+                .args(["umount", &mp])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !ok {
+                let _ = Command::new("fusermount3").args(["-u", "-z", &mp]).status();
+                let _ = Command::new("umount").args(["-l", &mp]).status();
+            }
+        }
+    }
+}
+
+fn prep_ms(e: &serde_json::Value) -> u64 {
+    ["mount_ms", "setup_ms", "maintenance_ms", "promote_ms"]
+        .iter()
+        .map(|k| e[k].as_u64().unwrap_or(0))
+        .sum()
+}
+
+const DEPS_SPEC: &str = r#"project = "PROJECT"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+env = { DEPS = "{mount}" }
+setup = "SETUP"
+"#;
+
+fn deps_spec(project: &str, setup: &str) -> String {
+    DEPS_SPEC
+        .replace("PROJECT", project)
+        .replace("SETUP", &setup.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[test]
+fn no_caches_run_is_the_direct_run() {
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", "project = \"p\"\n");
+    let script = "echo out; echo err >&2; pwd >/dev/null; exit 4";
+    let direct = Command::new("sh").args(["-c", script]).output().unwrap();
+    let via = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["run", "--spec"])
+        .arg(&spec)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(via.status.code(), direct.status.code());
+    assert_eq!(via.stdout, direct.stdout);
+    assert_eq!(via.stderr, direct.stderr);
+    assert!(sb.events().is_empty());
+}
+
+#[test]
+fn bad_spec_exits_2_naming_the_field() {
+    let sb = Sandbox::new();
+    let spec = sb.write_spec(
+        "spec.toml",
+        "project = \"p\"\n[[cache]]\nid = \"x\"\npreset = \"nmp\"\n",
+    );
+    let out = sb.run(&spec, Some("true"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cache[0].preset"));
+    // a missing key file is caught before anything is mounted
+    let spec = sb.write_spec(
+        "spec2.toml",
+        "project = \"p\"\n[[cache]]\nid = \"x\"\npreset = \"npm\"\n",
+    );
+    let out = sb.run(&spec, Some("true"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("key_files"));
+}
+
+#[test]
+fn setup_failure_publishes_nothing_and_second_run_hits_after_success() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let failing = sb.write_spec(
+        "fail.toml",
+        &deps_spec("p", "echo half > \"$DEPS/half\"; exit 3"),
+    );
+    let out = sb.run(&failing, Some("echo must-not-run"));
+    assert_eq!(out.status.code(), Some(3));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("must-not-run"));
+    assert!(sb.mounts_below().is_empty(), "left mounted after failure");
+    let ev = sb.events();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0]["exit_status"], 3);
+    assert_eq!(ev[0]["published"], false);
+
+    // the same key again: still a miss (nothing was published), now succeeding
+    let ok = sb.write_spec(
+        "ok.toml",
+        &deps_spec("p", "echo half > \"$DEPS/half\"; exit 3").replace("exit 3", "true"),
+    );
+    let failing_key = ev[0]["key"].clone();
+    let out = sb.run(&ok, Some("cat \"$DEPS/half\""));
+    assert_eq!(out.status.code(), Some(0));
+    let ev = sb.events();
+    assert_eq!(ev[1]["result"], "miss");
+    assert_ne!(ev[1]["key"], failing_key, "setup script is part of the key");
+    // the failed run's key never got a layer: it does not hit either
+    let out = sb.run(&failing, Some("true"));
+    assert_eq!(out.status.code(), Some(3));
+    assert_ne!(sb.events()[2]["result"], "hit");
+
+    let out = sb.run(&ok, Some("cat \"$DEPS/half\""));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "half\n");
+    assert_eq!(sb.events()[3]["result"], "hit");
+    assert!(sb.mounts_below().is_empty());
+}
+
+#[test]
+fn credentials_written_by_setup_stay_out_of_the_layer() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec(
+        "spec.toml",
+        &deps_spec(
+            "p",
+            "printf '//registry.npmjs.org/:_authToken=npm_SECRET\\n' > \"$DEPS/.npmrc\" && \
+             mkdir -p \"$DEPS/pkg\" && printf x > \"$DEPS/pkg/data\" && \
+             printf '//r/:_authToken=npm_SECRET\\n' > \"$DEPS/pkg/.npmrc\"",
+        ),
+    );
+    assert_eq!(sb.run(&spec, None).status.code(), Some(0));
+    let out = sb.run(
+        &spec,
+        Some("cat \"$DEPS/pkg/data\"; ls -A \"$DEPS\" \"$DEPS/pkg\""),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with('x'), "{stdout}");
+    assert!(!stdout.contains(".npmrc"), "{stdout}");
+    assert_eq!(sb.events()[1]["result"], "hit");
+    // and nowhere in the store
+    let grep = Command::new("grep")
+        .args(["-r", "-l", "npm_SECRET"])
+        .arg(sb.path("store"))
+        .output()
+        .unwrap();
+    assert!(
+        grep.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&grep.stdout)
+    );
+}
+
+#[test]
+fn two_projects_never_share_a_layer() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let setup = "echo \"$PROJ\" > \"$DEPS/owner\"";
+    let a = sb.write_spec("a.toml", &deps_spec("alpha", setup));
+    let b = sb.write_spec("b.toml", &deps_spec("beta", setup));
+    assert_eq!(sb.run(&a, None).status.code(), Some(0));
+    assert_eq!(sb.run(&b, None).status.code(), Some(0));
+    let ev = sb.events();
+    assert_eq!(
+        ev[0]["key"], ev[1]["key"],
+        "identical inputs give identical keys"
+    );
+    assert_eq!(ev[0]["result"], "miss");
+    assert_eq!(ev[1]["result"], "miss", "beta must not see alpha's layer");
+    assert_eq!(sb.run(&a, None).status.code(), Some(0));
+    assert_eq!(sb.events()[2]["result"], "hit");
+}
+
+#[test]
+fn npm_fixture_node_modules_second_run_hits() {
+    if !can_mount() || Command::new("npm").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root, /dev/fuse and npm");
+        return;
+    }
+    let sb = Sandbox::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/npm-app");
+    for f in ["package.json", "package-lock.json", "layercache.toml"] {
+        std::fs::copy(example.join(f), sb.work().join(f)).unwrap();
+    }
+    let spec = sb.work().join("layercache.toml");
+    let check = "node -e \"require('react'); require('express'); require('lodash'); \
+                 console.log(require('react/package.json').version)\"";
+    let first = sb.run(&spec, Some(check));
+    assert_eq!(first.status.code(), Some(0));
+    let second = sb.run(&spec, Some(check));
+    assert_eq!(second.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&second.stdout).starts_with("18."));
+    let ev = sb.events();
+    assert_eq!(ev[0]["result"], "miss");
+    assert_eq!(ev[0]["published"], true);
+    assert_eq!(ev[1]["result"], "hit");
+    let (miss, hit) = (prep_ms(&ev[0]), prep_ms(&ev[1]));
+    eprintln!("preparation: miss {miss} ms, hit {hit} ms");
+    assert!(
+        miss >= 20 * hit.max(1),
+        "hit preparation {hit} ms is not 20x faster than the miss {miss} ms"
+    );
+    assert!(sb.mounts_below().is_empty());
+}
