@@ -22,8 +22,13 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Key(args) => cmd_key(&cli.global, &args),
         Command::Stats(args) => cmd_stats(&cli.global, &args),
         Command::SandboxArgs(args) => cmd_sandbox_args(&cli.global, &args),
-        #[allow(unreachable_patterns)]
-        other => Err(Error::Failed(format!("{other:?}: not implemented yet"))),
+        Command::Mount(args) => crate::store::cmd::mount(&cli.global, &args),
+        Command::Commit(args) => crate::store::cmd::commit(&cli.global, &args),
+        Command::Umount(args) => crate::store::cmd::umount(&cli.global, &args),
+        Command::Ls(args) => crate::store::cmd::ls(&cli.global, &args),
+        Command::Gc(args) => crate::store::cmd::gc(&cli.global, &args),
+        Command::Clear(args) => crate::store::cmd::clear(&cli.global, &args),
+        Command::Verify(args) => crate::store::cmd::verify(&cli.global, &args),
     }
 }
 

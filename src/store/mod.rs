@@ -21,6 +21,7 @@
 //! the same key reports `exists` and discards its copy); restore keys are prefixes tried in
 //! order, the most recently created matching layer first.
 
+pub mod cmd;
 pub mod gc;
 pub mod layer;
 pub mod lease;

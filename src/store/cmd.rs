@@ -1,0 +1,206 @@
+//! The store subcommands (`mount`, `commit`, `umount`, `ls`, `gc`, `clear`, `verify`): raw CLI
+//! flags → validated ids → [`Store`] calls → output. Each returns the exit status
+//! (see [`crate::error`]): 0, or 1 when `clear` refused a layer in use or `verify` found
+//! corruption.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{GcOptions, MountRequest, Store, gc};
+use crate::cli::{ClearArgs, GcArgs, GlobalArgs, LsArgs, MountArgs, MountpointArg};
+use crate::error::{Error, Result};
+use crate::ids::{CacheId, CacheKey, ProjectId};
+
+fn open(global: &GlobalArgs) -> Result<Store> {
+    let root: PathBuf = match &global.store {
+        Some(s) => s.clone(),
+        None => super::default_root()?,
+    };
+    Store::open(Some(&root))
+}
+
+/// Prints one line to stdout; a closed stdout (EPIPE) is not an error.
+fn emit(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+fn project_opt(p: &Option<String>) -> Result<Option<ProjectId>> {
+    p.as_deref().map(ProjectId::new).transpose()
+}
+
+/// `layercache mount`: prints the [`super::MountOutcome`] as one JSON line.
+///
+/// Errors: [`Error::Invalid`] (exit 2) for bad ids or mountpoint; store/mount errors.
+pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
+    let req = MountRequest {
+        project: ProjectId::new(a.project.as_str())?,
+        cache: CacheId::new(a.cache.as_str())?,
+        key: CacheKey::new(a.key.as_str())?,
+        restore_keys: a
+            .restore_keys
+            .iter()
+            .map(|k| {
+                CacheKey::new(k.as_str()).map_err(|e| Error::invalid(format!("--restore-key: {e}")))
+            })
+            .collect::<Result<_>>()?,
+        fill_wait: Duration::from_secs(a.fill_wait),
+        mountpoint: a.mountpoint.clone(),
+    };
+    let store = open(global)?;
+    let out = store.mount(&req)?;
+    emit(&json(&out));
+    Ok(0)
+}
+
+/// `layercache commit`: prints the [`super::CommitOutcome`] as one JSON line (credential files
+/// dropped are also listed on stderr).
+///
+/// Errors: see [`Store::commit`].
+pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
+    let store = open(global)?;
+    let out = store.commit(&a.mountpoint)?;
+    if !out.dropped.is_empty() {
+        eprintln!(
+            "layercache: credential files kept out of the layer: {}",
+            out.dropped.join(", ")
+        );
+    }
+    emit(&json(&out));
+    Ok(0)
+}
+
+/// `layercache umount`.
+///
+/// Errors: see [`Store::umount`].
+pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
+    open(global)?.umount(&a.mountpoint)?;
+    if global.json {
+        emit(&json(&serde_json::json!({"unmounted": a.mountpoint})));
+    }
+    Ok(0)
+}
+
+/// `layercache ls`: a table, or one JSON array with `--json`.
+///
+/// Errors: [`Error::Invalid`] for a bad project id; store read errors.
+pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
+    let store = open(global)?;
+    let rows = store.list(project_opt(&a.project)?.as_ref())?;
+    if global.json {
+        emit(&json(&rows));
+        return Ok(0);
+    }
+    emit(&format!(
+        "{:<16} {:<14} {:<30} {:>10} {:>8} {:<6} KEYS",
+        "PROJECT", "CACHE", "LAYER", "BYTES", "FILES", "IN-USE"
+    ));
+    for r in rows {
+        let keys: Vec<&str> = r.keys.iter().map(|k| k.as_str()).collect();
+        emit(&format!(
+            "{:<16} {:<14} {:<30} {:>10} {:>8} {:<6} {}",
+            r.project.as_str(),
+            r.cache.as_str(),
+            r.layer.as_str(),
+            r.bytes,
+            r.files,
+            if r.in_use { "yes" } else { "no" },
+            if keys.is_empty() {
+                "(unpublished)".to_string()
+            } else {
+                keys.join(",")
+            }
+        ));
+    }
+    Ok(0)
+}
+
+/// `layercache gc`.
+///
+/// Errors: [`Error::Invalid`] for a bad size/duration; store errors.
+pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
+    let opts = GcOptions {
+        max_size: a.max_size.as_deref().map(gc::parse_size).transpose()?,
+        max_inodes: a.max_inodes.map(|n| if n == 0 { None } else { Some(n) }),
+        max_age: a.max_age.as_deref().map(gc::parse_duration).transpose()?,
+        dry_run: a.dry_run,
+    };
+    let r = open(global)?.gc(&opts)?;
+    if global.json {
+        emit(&json(&r));
+    } else {
+        emit(&format!(
+            "{}evicted {} layer(s), removed {} object(s) ({} bytes), {} stale run(s), {} staging entr(ies), {} orphan layer(s); {} layer(s) in use kept; now {} bytes, {} inodes, {} layers",
+            if r.dry_run { "(dry run) " } else { "" },
+            r.evicted.len(),
+            r.removed_objects,
+            r.freed_bytes,
+            r.removed_runs,
+            r.removed_staging,
+            r.removed_orphans,
+            r.in_use,
+            r.after.bytes,
+            r.after.inodes,
+            r.after.layers
+        ));
+    }
+    Ok(0)
+}
+
+/// `layercache clear`: exit 1 when a layer in use was refused.
+///
+/// Errors: [`Error::Invalid`] for bad ids or an unknown project; store errors.
+pub fn clear(global: &GlobalArgs, a: &ClearArgs) -> Result<i32> {
+    let project = ProjectId::new(a.project.as_str())?;
+    let cache = a.cache.as_deref().map(CacheId::new).transpose()?;
+    let r = open(global)?.clear(&project, cache.as_ref())?;
+    if global.json {
+        emit(&json(&r));
+    } else {
+        emit(&format!(
+            "removed {} layer(s), {} object(s)",
+            r.removed.len(),
+            r.removed_objects
+        ));
+    }
+    if !r.in_use.is_empty() {
+        let ids: Vec<&str> = r.in_use.iter().map(|l| l.as_str()).collect();
+        eprintln!(
+            "layercache: refused to clear {} layer(s) in use (mounted): {}; unmount them first",
+            ids.len(),
+            ids.join(", ")
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+/// `layercache verify`: exit 1 when a corrupt object was found (and quarantined).
+///
+/// Errors: [`Error::Invalid`] for a bad project id; store errors.
+pub fn verify(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
+    let r = open(global)?.verify(project_opt(&a.project)?.as_ref())?;
+    if global.json {
+        emit(&json(&r));
+    } else {
+        emit(&format!(
+            "checked {} object(s): {} corrupt, {} layer(s) quarantined",
+            r.objects_checked,
+            r.bad_objects.len(),
+            r.quarantined.len()
+        ));
+        for b in &r.bad_objects {
+            emit(&format!("  corrupt object {b}"));
+        }
+        for q in &r.quarantined {
+            emit(&format!("  quarantined layer {q}"));
+        }
+    }
+    Ok(if r.bad_objects.is_empty() { 0 } else { 1 })
+}
