@@ -125,17 +125,18 @@ fn copy_up_on_open_for_write() {
         rich_file(l, "f");
         rich_file(l, "g");
     });
-    // Open for writing without writing: data and mtime preserved.
+    // Open for writing without writing: data and mtime preserved. Whether the upper copy is
+    // made at open (kernel overlayfs) or lazily at the first write (layercache's no-open mode)
+    // is not observable through the mount, so only the merged view is checked here.
     drop(OpenOptions::new().write(true).open(fx.p("g")).unwrap());
     let data = lower_data();
-    check_copied_up(
-        &mut fx,
-        "g",
-        &Want {
-            data: Some(&data),
-            ..Want::lower()
-        },
-    );
+    let want = Want {
+        data: Some(&data),
+        ..Want::lower()
+    };
+    want.check(&fx.p("g"), "after open for write");
+    fx.remount();
+    want.check(&fx.p("g"), "after open for write and remount");
     // Write 5 bytes in the middle: the rest of the data is preserved.
     let f = OpenOptions::new().write(true).open(fx.p("f")).unwrap();
     f.write_at(b"HELLO", 1000).unwrap();
@@ -150,6 +151,36 @@ fn copy_up_on_open_for_write() {
             mtime: None,
             ..Want::lower()
         },
+    );
+}
+
+#[test]
+fn fds_opened_before_copy_up_see_later_writes() {
+    require_root!();
+    let fx = Fixture::new(|l| write(&l.join("f"), "lower content\n"));
+    // A reader opened while the file is still lower-only, and one that already read it (so
+    // its pages are cached), must both see data written through a later writer.
+    let early = File::open(fx.p("f")).unwrap();
+    let cached = File::open(fx.p("f")).unwrap();
+    let mut buf = vec![0u8; 14];
+    cached.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b"lower content\n");
+    let w = OpenOptions::new().write(true).open(fx.p("f")).unwrap();
+    w.write_at(b"UPPER", 0).unwrap();
+    drop(w);
+    for (name, f) in [("early", &early), ("cached", &cached)] {
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&buf),
+            "UPPER content\n",
+            "{name} reader after the copy-up"
+        );
+    }
+    let m = early.metadata().unwrap();
+    assert_eq!(
+        m.ino(),
+        fs::metadata(fx.p("f")).unwrap().ino(),
+        "fstat of the early fd"
     );
 }
 
@@ -1079,4 +1110,50 @@ fn fcntl_locks_between_processes() {
     assert_eq!(probe(200, 10), 0, "disjoint range is free");
     assert_eq!(setlk(f.as_raw_fd(), libc::F_UNLCK, 0, 100), 0);
     assert_eq!(probe(50, 10), 0, "free after F_UNLCK");
+}
+
+#[test]
+fn upper_dir_is_readable_by_kernel_overlayfs() {
+    require_root!();
+    skip_for!(
+        Impl::Kernel,
+        "compares another implementation's upper dir with the kernel's view"
+    );
+    let mut fx = Fixture::new(|l| {
+        write(&l.join("del"), "del");
+        write(&l.join("edit"), "old");
+        write(&l.join("opaque/old"), "old");
+        write(&l.join("moved/a"), "a");
+        write(&l.join("moved/sub/b"), "b");
+        write(&l.join("keep/x"), "x");
+        write(&l.join("keep/gone"), "gone");
+    });
+    fs::remove_file(fx.p("del")).unwrap();
+    write(&fx.p("edit"), "new");
+    fs::remove_dir_all(fx.p("opaque")).unwrap();
+    fs::create_dir(fx.p("opaque")).unwrap();
+    write(&fx.p("opaque/fresh"), "fresh");
+    fs::rename(fx.p("moved"), fx.p("renamed")).unwrap();
+    fs::remove_file(fx.p("keep/gone")).unwrap();
+    set_xattr(&fx.p("edit"), "user.k", b"v").unwrap();
+    let check = |fx: &Fixture, what: &str| {
+        assert_eq!(
+            names(&fx.mnt),
+            ["edit", "keep", "opaque", "renamed"],
+            "{what}"
+        );
+        assert_eq!(read(&fx.p("edit")), "new", "{what}");
+        assert_eq!(
+            get_xattr(&fx.p("edit"), "user.k").as_deref(),
+            Some(&b"v"[..]),
+            "{what}"
+        );
+        assert_eq!(names(&fx.p("opaque")), ["fresh"], "{what}");
+        assert_eq!(names(&fx.p("renamed")), ["a", "sub"], "{what}");
+        assert_eq!(read(&fx.p("renamed/sub/b")), "b", "{what}");
+        assert_eq!(names(&fx.p("keep")), ["x"], "{what}");
+    };
+    check(&fx, "implementation under test");
+    fx.with_kernel_view(|fx| check(fx, "kernel overlayfs over the same upper"));
+    check(&fx, "implementation under test, remounted");
 }

@@ -301,6 +301,43 @@ impl Fixture {
         self.mount();
     }
 
+    /// Unmounts the implementation under test, mounts kernel overlayfs over the same lower and
+    /// upper dirs (with a fresh workdir) at the same mountpoint, runs `check` on it, then
+    /// mounts the implementation under test again. Proves the upper dir uses the kernel's
+    /// encoding of whiteouts, opaque directories and renames.
+    pub fn with_kernel_view(&mut self, check: impl FnOnce(&Fixture)) {
+        self.unmount();
+        let kwork = self.work.with_file_name("kernel-work");
+        fs::create_dir_all(&kwork).unwrap();
+        let lowers: Vec<String> = self
+            .lowers
+            .iter()
+            .map(|l| l.display().to_string())
+            .collect();
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lowers.join(":"),
+            self.upper.display(),
+            kwork.display()
+        );
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kernel overlayfs refused the upper dir: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.adopt_mount();
+        check(self);
+        self.unmount();
+        // Kernel overlayfs leaves its own scratch dirs in the workdir only.
+        fs::remove_dir_all(&kwork).unwrap();
+        self.mount();
+    }
+
     /// Drops the guard of a mount the test already ended itself (e.g. with fusermount3 -u).
     pub fn forget_mount(&mut self) {
         if let Some(g) = self.mount.take() {
