@@ -1052,9 +1052,7 @@ impl Store {
             .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         let _ = sys::syncfs(&mnt);
         let tu = Instant::now();
-        if overlay::is_mountpoint_busy(&mnt)?
-            && let Err(e) = overlay::unmount(&mnt, Some(rec.daemon_pid), UNMOUNT_WAIT)
-        {
+        if let Err(e) = unmount_and_wait(&mnt, rec.daemon_pid) {
             HELD.lock().insert(mnt.clone(), held);
             return Err(e);
         }
@@ -1341,9 +1339,7 @@ impl Store {
         let (_, rec, run_dir) = self.find_run(&mnt)?.ok_or_else(|| {
             Error::invalid(format!("{}: not a layercache store mount", mnt.display()))
         })?;
-        if overlay::is_mountpoint_busy(&mnt)? {
-            overlay::unmount(&mnt, Some(rec.daemon_pid), UNMOUNT_WAIT)?;
-        }
+        unmount_and_wait(&mnt, rec.daemon_pid)?;
         HELD.lock().remove(&mnt);
         remove_tree(&run_dir)
     }
@@ -1589,6 +1585,33 @@ impl Store {
         }
         Ok(report)
     }
+}
+
+/// Unmounts `mnt` (if mounted) and waits until its daemon `pid` has exited, so the upper dir
+/// is quiescent. Waits on a pidfd: the daemon counts as gone once it exits, even while its
+/// new parent (init) has not reaped it yet.
+///
+/// Errors: as [`overlay::unmount`] (EBUSY → [`Error::Failed`], nothing changed).
+fn unmount_and_wait(mnt: &Path, pid: u32) -> Result<()> {
+    let pidfd = if pid != 0 {
+        sys::pidfd_open(pid).ok()
+    } else {
+        None
+    };
+    if overlay::is_mountpoint_busy(mnt)? {
+        let daemon = if pidfd.is_some() { None } else { Some(pid) };
+        overlay::unmount(mnt, daemon, UNMOUNT_WAIT)?;
+    }
+    if let Some(fd) = pidfd
+        && !sys::wait_pidfd(&fd, pid, UNMOUNT_WAIT)
+    {
+        return Err(Error::Failed(format!(
+            "{}: overlay daemon {pid} did not exit within {}s of unmounting",
+            mnt.display(),
+            UNMOUNT_WAIT.as_secs()
+        )));
+    }
+    Ok(())
 }
 
 /// Writes `run.json` atomically (temp file + rename).
