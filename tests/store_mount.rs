@@ -1,0 +1,524 @@
+//! Mount-based tests of the layer store through the `layercache` binary: mount (hit, restore,
+//! miss) → commit → umount, concurrent fills, gc, clear, verify, isolation, input errors.
+//!
+//! Every mount is held by a [`Mounted`] guard whose Drop runs `layercache umount` (and
+//! `umount -l` as a last resort) before the temporary store is removed. Readiness is checked
+//! by stat-ing the mountpoint (a different `st_dev` than its parent), never by sleeping.
+//! Skipped (as a pass) when not root or without /dev/fuse.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+struct Env {
+    t: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            t: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn store(&self) -> PathBuf {
+        self.t.path().join("store")
+    }
+    fn dir(&self, name: &str) -> PathBuf {
+        let p = self.t.path().join(name);
+        fs::create_dir_all(&p).unwrap();
+        p
+    }
+    fn lc(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_layercache"))
+            .arg("--store")
+            .arg(self.store())
+            .args(args)
+            .env_remove("LAYERCACHE_STORE")
+            .output()
+            .unwrap()
+    }
+    fn lc_ok(&self, args: &[&str]) -> String {
+        let o = self.lc(args);
+        assert!(
+            o.status.success(),
+            "layercache {args:?} failed: {}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.lc_ok(args);
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+    /// `layercache mount` → (guard, outcome).
+    fn mount(
+        &self,
+        project: &str,
+        cache: &str,
+        key: &str,
+        restore: &[&str],
+        mnt: &Path,
+    ) -> (Mounted, Value) {
+        let mut args = vec![
+            "mount",
+            "--project",
+            project,
+            "--cache",
+            cache,
+            "--key",
+            key,
+        ];
+        for r in restore {
+            args.extend(["--restore-key", r]);
+        }
+        let m = mnt.to_str().unwrap();
+        args.push(m);
+        let guard = Mounted {
+            store: self.store(),
+            mnt: mnt.to_path_buf(),
+        };
+        let v = self.json(&args);
+        assert!(is_mounted(mnt), "mount returned before the mount was ready");
+        (guard, v)
+    }
+    fn commit(&self, mnt: &Path) -> Value {
+        self.json(&["commit", mnt.to_str().unwrap()])
+    }
+    fn layers(&self, project: &str) -> Vec<Value> {
+        match self.json(&["--json", "ls", "--project", project]) {
+            Value::Array(a) => a,
+            v => panic!("{v}"),
+        }
+    }
+}
+
+/// The mountpoint is a mount when its device differs from its parent's.
+fn is_mounted(mnt: &Path) -> bool {
+    let (a, b) = (fs::metadata(mnt), fs::metadata(mnt.parent().unwrap()));
+    matches!((a, b), (Ok(a), Ok(b)) if a.dev() != b.dev())
+}
+
+/// Unmounts on drop: `layercache umount`, then `umount -l` as a last resort.
+struct Mounted {
+    store: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if !is_mounted(&self.mnt) {
+            return;
+        }
+        let _ = Command::new(env!("CARGO_BIN_EXE_layercache"))
+            .arg("--store")
+            .arg(&self.store)
+            .arg("umount")
+            .arg(&self.mnt)
+            .output();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+fn write(p: &Path, s: &str) {
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(p, s).unwrap();
+}
+
+#[test]
+fn miss_commit_hit_roundtrip() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let (guard, v) = env.mount("p1", "npm", "k1", &[], &mnt);
+    assert_eq!(v["result"], "miss");
+    assert_eq!(v["fill_lock"], true);
+    write(&mnt.join("pkg/index.js"), "module.exports = 1;\n");
+    write(&mnt.join(".npmrc"), "//registry/:_authToken=SECRET\n");
+    write(&mnt.join("pkg/.env"), "TOKEN=SECRET\n");
+    std::os::unix::fs::symlink("/etc/hostname", mnt.join("outside")).unwrap();
+    let c = env.commit(&mnt);
+    assert_eq!(c["result"], "published", "{c}");
+    assert_eq!(c["files"], 1);
+    let dropped: Vec<&str> = c["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(dropped, vec![".npmrc", "pkg/.env"]);
+    // The caller keeps a working mount: now a hit on the new layer, with a fresh upper.
+    assert_eq!(c["remount"]["result"], "hit");
+    assert!(is_mounted(&mnt));
+    assert_eq!(
+        fs::read_to_string(mnt.join("pkg/index.js")).unwrap(),
+        "module.exports = 1;\n"
+    );
+    assert!(!mnt.join(".npmrc").exists());
+    assert_eq!(
+        fs::read_link(mnt.join("outside")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    write(&mnt.join("scratch"), "private to this run");
+    // Commit after a hit is a no-op.
+    assert_eq!(env.commit(&mnt)["result"], "noop");
+    env.lc_ok(&["umount", mnt.to_str().unwrap()]);
+    assert!(!is_mounted(&mnt));
+    drop(guard);
+
+    let (_g, v) = env.mount("p1", "npm", "k1", &[], &mnt);
+    assert_eq!(v["result"], "hit");
+    assert_eq!(v["matched_key"], "k1");
+    assert!(
+        !mnt.join("scratch").exists(),
+        "a hit's writes were discarded"
+    );
+    assert!(v["mount_ms"].as_u64().unwrap() < 1000);
+    let layers = env.layers("p1");
+    assert_eq!(layers.len(), 1);
+    assert_eq!(layers[0]["in_use"], true);
+    // No secret reached the store.
+    let grep = Command::new("grep")
+        .args(["-r", "-l", "SECRET"])
+        .arg(env.store())
+        .output()
+        .unwrap();
+    assert!(
+        grep.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&grep.stdout)
+    );
+}
+
+#[test]
+fn restore_keys_pick_the_newest_match_in_scope() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let publish = |project: &str, cache: &str, key: &str, content: &str| {
+        let (_g, v) = env.mount(project, cache, key, &[], &mnt);
+        assert_eq!(v["result"], "miss");
+        write(&mnt.join("which"), content);
+        assert_eq!(env.commit(&mnt)["result"], "published");
+    };
+    publish("p1", "npm", "npm-linux-aaa", "older");
+    publish("p1", "npm", "npm-linux-bbb", "newer");
+    publish("p1", "other", "npm-linux-zzz", "other cache");
+    publish("p2", "npm", "npm-linux-yyy", "other project");
+
+    let (_g, v) = env.mount("p1", "npm", "npm-linux-ccc", &["npm-linux-"], &mnt);
+    assert_eq!(
+        (v["result"].as_str(), v["matched_key"].as_str()),
+        (Some("restore"), Some("npm-linux-bbb"))
+    );
+    assert_eq!(fs::read_to_string(mnt.join("which")).unwrap(), "newer");
+    // Incremental fill on top of the restore: change one file, delete one, add one.
+    write(&mnt.join("which"), "restored+changed");
+    write(&mnt.join("added"), "new");
+    let c = env.commit(&mnt);
+    assert_eq!(c["result"], "published");
+    assert_eq!(c["new_objects"], 2);
+    assert!(c["parent"].is_string());
+    drop(_g);
+
+    // Prefixes are tried in order; a non-matching first prefix falls through.
+    let (_g, v) = env.mount("p1", "npm", "x", &["nomatch-", "npm-linux-a"], &mnt);
+    assert_eq!(v["matched_key"], "npm-linux-aaa");
+    drop(_g);
+    let (_g, v) = env.mount("p2", "npm", "x", &["npm-linux-"], &mnt);
+    assert_eq!(v["matched_key"], "npm-linux-yyy");
+    drop(_g);
+    let (_g, v) = env.mount("p3", "npm", "x", &["npm-linux-"], &mnt);
+    assert_eq!(v["result"], "miss");
+}
+
+#[test]
+fn eight_concurrent_fills_publish_one_layer() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let results: Vec<(String, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let env = &env;
+                s.spawn(move || {
+                    let mnt = env.dir(&format!("mnt{i}"));
+                    let (_g, v) = env.mount("p", "deps", "same-key", &[], &mnt);
+                    let result = v["result"].as_str().unwrap().to_string();
+                    let commit = if result == "miss" {
+                        for f in 0..300 {
+                            write(&mnt.join(format!("d{}/f{f}", f % 10)), &format!("file {f}"));
+                        }
+                        env.commit(&mnt)["result"].as_str().unwrap().to_string()
+                    } else {
+                        assert_eq!(fs::read_to_string(mnt.join("d3/f123")).unwrap(), "file 123");
+                        "-".to_string()
+                    };
+                    (result, commit)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let published = results.iter().filter(|r| r.1 == "published").count();
+    assert_eq!(published, 1, "{results:?}");
+    // With the fill lock, the other seven waited and hit.
+    let hits = results.iter().filter(|r| r.0 == "hit").count();
+    assert_eq!(hits, 7, "{results:?}");
+    let layers = env.layers("p");
+    assert_eq!(layers.len(), 1, "{layers:?}");
+    assert_eq!(layers[0]["files"], 300);
+}
+
+#[test]
+fn gc_evicts_lru_never_a_mounted_layer() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    for k in ["a", "b", "c"] {
+        let (_g, _) = env.mount("p", "c", k, &[], &mnt);
+        write(&mnt.join("data"), &k.repeat(1000));
+        env.commit(&mnt);
+    }
+    // Use "a" again: it becomes the most recently used.
+    drop(env.mount("p", "c", "a", &[], &mnt));
+    let r = env.json(&["--json", "gc", "--max-size", "1500", "--dry-run"]);
+    assert_eq!(r["evicted"].as_array().unwrap().len(), 2, "{r}");
+    assert_eq!(env.layers("p").len(), 3, "dry run changed nothing");
+    let r = env.json(&["--json", "gc", "--max-size", "1500"]);
+    assert_eq!(r["after"]["bytes"], 1000, "{r}");
+    let left = env.layers("p");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0]["keys"][0], "a");
+    assert_eq!(r["removed_objects"], 2);
+
+    // A mounted layer survives any limit; once unmounted it goes.
+    let (g, v) = env.mount("p", "c", "a", &[], &mnt);
+    assert_eq!(v["result"], "hit");
+    let r = env.json(&["--json", "gc", "--max-size", "1"]);
+    assert_eq!(
+        (r["evicted"].as_array().unwrap().len(), r["in_use"].as_u64()),
+        (0, Some(1))
+    );
+    assert_eq!(
+        fs::read_to_string(mnt.join("data")).unwrap(),
+        "a".repeat(1000)
+    );
+    drop(g);
+    let r = env.json(&["--json", "gc", "--max-size", "1"]);
+    assert_eq!(r["evicted"].as_array().unwrap().len(), 1);
+    assert_eq!(env.layers("p").len(), 0);
+    assert_eq!(
+        env.json(&[
+            "mount",
+            "--project",
+            "p",
+            "--cache",
+            "c",
+            "--key",
+            "a",
+            mnt.to_str().unwrap()
+        ])["result"],
+        "miss"
+    );
+    env.lc_ok(&["umount", mnt.to_str().unwrap()]);
+}
+
+#[test]
+fn clear_refuses_layers_in_use() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let (g, _) = env.mount("p", "c", "k", &[], &mnt);
+    write(&mnt.join("f"), "x");
+    env.commit(&mnt);
+    let o = env.lc(&["clear", "--project", "p"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("in use"),
+        "{o:?}"
+    );
+    assert_eq!(env.layers("p").len(), 1);
+    drop(g);
+    env.lc_ok(&["clear", "--project", "p", "--cache", "c"]);
+    assert_eq!(env.layers("p").len(), 0);
+    let o = env.lc(&["clear", "--project", "nope"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn busy_commit_changes_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let (_g, _) = env.mount("p", "c", "k", &[], &mnt);
+    write(&mnt.join("f"), "x");
+    let open = fs::File::open(mnt.join("f")).unwrap();
+    let o = env.lc(&["commit", mnt.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains(mnt.to_str().unwrap()));
+    assert!(env.layers("p").is_empty());
+    assert!(is_mounted(&mnt));
+    drop(open);
+    assert_eq!(fs::read_to_string(mnt.join("f")).unwrap(), "x");
+    assert_eq!(env.commit(&mnt)["result"], "published");
+}
+
+#[test]
+fn planted_symlinks_cannot_reach_another_project() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    // p2 has a layer with a secret.
+    let (g, _) = env.mount("p2", "c", "k", &[], &mnt);
+    write(&mnt.join("secret"), "p2 data");
+    env.commit(&mnt);
+    drop(g);
+    let p2 = env.store().join("v1/projects/p2");
+    let mode = fs::metadata(&p2).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    // p1's run plants symlinks into p2's tree and store.
+    let (g, _) = env.mount("p1", "c", "k", &[], &mnt);
+    std::os::unix::fs::symlink(&p2, mnt.join("to-p2")).unwrap();
+    std::os::unix::fs::symlink(p2.join("objects"), mnt.join("objs")).unwrap();
+    std::os::unix::fs::symlink("../../../../p2/layers", mnt.join("rel")).unwrap();
+    let c = env.commit(&mnt);
+    assert_eq!(
+        (c["files"].as_u64(), c["new_objects"].as_u64()),
+        (Some(0), Some(0)),
+        "{c}"
+    );
+    drop(g);
+    let p1_tree = env.layers("p1")[0]["layer"].as_str().unwrap().to_string();
+    let tree = env
+        .store()
+        .join("v1/projects/p1/layers")
+        .join(p1_tree)
+        .join("tree");
+    for n in ["to-p2", "objs", "rel"] {
+        assert!(
+            fs::symlink_metadata(tree.join(n))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
+    // p2 is untouched: one layer, one object with exactly its own links.
+    assert_eq!(env.layers("p2").len(), 1);
+    let r = env.json(&["--json", "verify", "--project", "p2"]);
+    assert_eq!(r["objects_checked"], 1);
+}
+
+#[test]
+fn verify_quarantines_corrupt_layers() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let (g, _) = env.mount("p", "c", "k", &[], &mnt);
+    write(&mnt.join("f"), "good bytes");
+    let c = env.commit(&mnt);
+    drop(g);
+    let layer = c["layer"].as_str().unwrap();
+    let f = env
+        .store()
+        .join("v1/projects/p/layers")
+        .join(layer)
+        .join("tree/f");
+    fs::write(&f, "evil bytes").unwrap(); // same inode as the object
+    let o = env.lc(&["--json", "verify"]);
+    assert_eq!(o.status.code(), Some(1));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["quarantined"].as_array().unwrap().len(), 1, "{r}");
+    assert!(env.layers("p").is_empty());
+    let (_g, v) = env.mount("p", "c", "k", &[], &mnt);
+    assert_eq!(v["result"], "miss");
+}
+
+#[test]
+fn bad_input_is_exit_2_and_names_it() {
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let m = mnt.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec![
+                "mount",
+                "--project",
+                "../x",
+                "--cache",
+                "c",
+                "--key",
+                "k",
+                m,
+            ],
+            "../x",
+        ),
+        (
+            vec!["mount", "--project", "p", "--cache", "a/b", "--key", "k", m],
+            "a/b",
+        ),
+        (
+            vec![
+                "mount",
+                "--project",
+                "p",
+                "--cache",
+                "c",
+                "--key",
+                "k\u{1}",
+                m,
+            ],
+            "cache key",
+        ),
+        (
+            vec![
+                "mount",
+                "--project",
+                "p",
+                "--cache",
+                "c",
+                "--key",
+                "k",
+                "/nonexistent/mnt",
+            ],
+            "/nonexistent/mnt",
+        ),
+        (vec!["commit", m], "not a layercache store mount"),
+        (vec!["gc", "--max-size", "lots"], "lots"),
+    ] {
+        let o = env.lc(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
