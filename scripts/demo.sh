@@ -26,7 +26,8 @@ bin=$repo/target/debug/layercache
 tmp=$(mktemp -d /tmp/layercache-demo.XXXXXX)
 cleanup() {
   # Unmount anything of ours still mounted (deepest first), then remove the temp dir.
-  grep -F " $tmp" /proc/mounts | awk '{print $2}' | sort -r | while read -r mp; do
+  set +e
+  grep -F " $tmp/" /proc/mounts | awk '{print $2}' | sort -r | while read -r mp; do
     "$bin" umount "$mp" 2>/dev/null || fusermount3 -u -z "$mp" 2>/dev/null || umount -l "$mp" || true
   done
   rm -rf "$tmp"
