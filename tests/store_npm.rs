@@ -1,0 +1,174 @@
+//! End to end with a real package manager: `npm ci` of ../shared/fixtures/npm-app fills the
+//! npm cache (miss) and node_modules layers, `commit` publishes them, a second mount hits and
+//! `npm ci --offline` installs from the layer alone. Needs root, /dev/fuse, npm and (for the
+//! fill) the npm registry; skipped otherwise. Mounts are held by guards that unmount on Drop.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const FIXTURE: &str = "/work/shared/fixtures/npm-app";
+
+fn is_mounted(mnt: &Path) -> bool {
+    let (a, b) = (fs::metadata(mnt), fs::metadata(mnt.parent().unwrap()));
+    matches!((a, b), (Ok(a), Ok(b)) if a.dev() != b.dev())
+}
+
+struct Mounted {
+    store: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = Command::new(env!("CARGO_BIN_EXE_layercache"))
+                .arg("--store")
+                .arg(&self.store)
+                .arg("umount")
+                .arg(&self.mnt)
+                .output();
+        }
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+fn lc(store: &Path, args: &[&str]) -> Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_layercache"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn mount(store: &Path, cache: &str, key: &str, mnt: &Path) -> (Mounted, Value) {
+    let g = Mounted {
+        store: store.to_path_buf(),
+        mnt: mnt.to_path_buf(),
+    };
+    let v = lc(
+        store,
+        &[
+            "mount",
+            "--project",
+            "npm-app",
+            "--cache",
+            cache,
+            "--key",
+            key,
+            mnt.to_str().unwrap(),
+        ],
+    );
+    assert!(is_mounted(mnt));
+    (g, v)
+}
+
+fn copy_fixture(dst: &Path) {
+    fs::create_dir_all(dst).unwrap();
+    for f in ["package.json", "package-lock.json"] {
+        fs::copy(Path::new(FIXTURE).join(f), dst.join(f)).unwrap();
+    }
+}
+
+fn npm(workdir: &Path, cache: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new("npm")
+        .arg("ci")
+        .args(["--no-audit", "--no-fund", "--ignore-scripts", "--cache"])
+        .arg(cache)
+        .args(extra)
+        .current_dir(workdir)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn npm_ci_fill_commit_hit_offline() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !Path::new("/dev/fuse").exists() || !Path::new(FIXTURE).exists() {
+        eprintln!("skipped: needs root, /dev/fuse and the npm fixture");
+        return;
+    }
+    if Command::new("npm").arg("--version").output().is_err() {
+        eprintln!("skipped: npm is not installed");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let cache_mnt = t.path().join("npm-cache");
+    let app1 = t.path().join("app1");
+    copy_fixture(&app1);
+    let nm1 = app1.join("node_modules");
+    fs::create_dir_all(&cache_mnt).unwrap();
+    fs::create_dir_all(&nm1).unwrap();
+
+    // Fill: both caches miss; npm ci downloads into the npm cache and extracts node_modules.
+    let (gc, v) = mount(&store, "npm", "npm-k1", &cache_mnt);
+    assert_eq!(v["result"], "miss");
+    let (gn, v) = mount(&store, "node_modules", "nm-k1", &nm1);
+    assert_eq!(v["result"], "miss");
+    let o = npm(&app1, &cache_mnt, &[]);
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        if err.contains("ENOTFOUND") || err.contains("EAI_AGAIN") || err.contains("ECONNREFUSED") {
+            eprintln!("skipped: no registry access: {err}");
+            return;
+        }
+        panic!("npm ci failed: {err}");
+    }
+    assert!(nm1.join("react/package.json").exists());
+    let c = lc(&store, &["commit", cache_mnt.to_str().unwrap()]);
+    assert_eq!(c["result"], "published", "{c}");
+    let c = lc(&store, &["commit", nm1.to_str().unwrap()]);
+    assert_eq!(c["result"], "published", "{c}");
+    eprintln!(
+        "node_modules promote: {} files, {} bytes, promote {} ms, publish {} ms, unmount {} ms, total {} ms",
+        c["files"], c["bytes"], c["promote_ms"], c["publish_ms"], c["unmount_ms"], c["total_ms"]
+    );
+    assert!(c["files"].as_u64().unwrap() > 5000, "{c}");
+    drop(gn);
+    drop(gc);
+
+    // Reuse: a fresh checkout, the npm cache layer mounted as a hit, install offline.
+    let app2 = t.path().join("app2");
+    copy_fixture(&app2);
+    let (_gc, v) = mount(&store, "npm", "npm-k1", &cache_mnt);
+    assert_eq!(v["result"], "hit");
+    eprintln!("hit mount of the npm cache: {} ms", v["total_ms"]);
+    let o = npm(&app2, &cache_mnt, &["--offline"]);
+    assert!(
+        o.status.success(),
+        "npm ci --offline: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(app2.join("node_modules/react/package.json").exists());
+    assert!(app2.join("node_modules/.bin/tsc").exists());
+
+    // And the node_modules layer is directly usable as a hit.
+    let nm3 = t.path().join("app3/node_modules");
+    fs::create_dir_all(&nm3).unwrap();
+    let (_gn, v) = mount(&store, "node_modules", "nm-k1", &nm3);
+    assert_eq!(v["result"], "hit");
+    let out = Command::new("node")
+        .args(["-e", "console.log(require('lodash').VERSION)"])
+        .current_dir(t.path().join("app3"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
