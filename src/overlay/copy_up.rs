@@ -388,6 +388,7 @@ impl OverlayFs {
             self.roots
                 .rename(Layer::Work, &tmp, Layer::Work, &dst, 0)
                 .map_err(errno)?;
+            self.orphans.lock().insert(id);
             self.nodes
                 .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
             self.roots.stat(Layer::Work, &dst).map_err(errno)?.st_ino
