@@ -1191,6 +1191,10 @@ impl Store {
     /// does after unmounting, without any mount (for tests, benchmarks and tools). `parent`
     /// is the lower layer id, if any.
     ///
+    /// The upper's regular files become objects **by hardlink** (same inode): the caller must
+    /// not modify them afterwards (delete the upper, as `commit` does, or replace files by
+    /// rename, never write in place).
+    ///
     /// Errors: as [`Store::commit`]'s promotion: nothing is published on error.
     pub fn promote_dirs(
         &self,
@@ -1665,4 +1669,77 @@ fn tree_links_any(root: &Path, bad: &HashSet<(u64, u64)>) -> Result<bool> {
         }
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eight_threads_race_to_publish_one_key() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open(Some(&t.path().join("store"))).unwrap();
+        let (p, c, k) = (
+            ProjectId::new("p").unwrap(),
+            CacheId::new("c").unwrap(),
+            CacheKey::new("k").unwrap(),
+        );
+        let results: Vec<Published> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|i| {
+                    let (store, p, c, k) = (&store, &p, &c, &k);
+                    let upper = t.path().join(format!("upper{i}"));
+                    s.spawn(move || {
+                        for f in 0..50 {
+                            let d = upper.join(format!("d{}", f % 5));
+                            fs::create_dir_all(&d).unwrap();
+                            fs::write(d.join(format!("f{f}")), format!("{i}:{f}")).unwrap();
+                        }
+                        store.promote_dirs(p, c, k, None, Some(&upper)).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<_> = results
+            .iter()
+            .filter(|r| r.result == CommitResult::Published)
+            .collect();
+        assert_eq!(winners.len(), 1);
+        assert!(results.iter().all(|r| r.layer == winners[0].layer));
+        let pd = store.project(&p).unwrap();
+        assert_eq!(pd.layer_ids().unwrap(), vec![winners[0].layer.clone()]);
+        assert_eq!(
+            store.lookup(&pd, &c, &k, &[]).unwrap(),
+            Lookup::Hit {
+                layer: winners[0].layer.clone()
+            }
+        );
+        // Once the uppers are gone (commit deletes the run), the losers' objects are
+        // unreferenced garbage for gc; the winner's stay.
+        for i in 0..8 {
+            fs::remove_dir_all(t.path().join(format!("upper{i}"))).unwrap();
+        }
+        let r = store.gc(&GcOptions::default()).unwrap();
+        assert_eq!(r.removed_objects, 7 * 50);
+        assert_eq!(pd.objects().list().unwrap().len(), 50);
+    }
+
+    #[test]
+    fn format_and_config_are_checked() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("s");
+        Store::open(Some(&root)).unwrap();
+        fs::write(
+            root.join("v1/config.toml"),
+            "[limits]\nmax_size = \"huge\"\n",
+        )
+        .unwrap();
+        let e = Store::open(Some(&root)).unwrap_err().to_string();
+        assert!(e.contains("config.toml") && e.contains("huge"), "{e}");
+        fs::write(root.join("v1/config.toml"), gc::DEFAULT_CONFIG_TOML).unwrap();
+        fs::write(root.join("v1/format.json"), r#"{"format":2,"features":[]}"#).unwrap();
+        let e = Store::open(Some(&root)).unwrap_err().to_string();
+        assert!(e.contains("format 2"), "{e}");
+    }
 }
