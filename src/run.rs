@@ -440,9 +440,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             if status != 0 {
                 log_event(cfg, &p.event);
                 mounts.unmount_all()?;
-                eprintln!("layercache: {label} failed with status {status}; nothing was published");
                 return Err(Error::Child {
-                    what: label,
+                    what: format!("{label} (nothing published)"),
                     status,
                 });
             }
@@ -464,7 +463,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     mounts.unmount_all()?;
     if let Some(sig) = stopped() {
         return Err(Error::Child {
-            what: "layercache run (interrupted)".into(),
+            what: format!("layercache run (interrupted by signal {sig})"),
             status: 128 + sig,
         });
     }
@@ -474,7 +473,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
 fn interrupted(mounts: &mut Mounts<'_>, sig: i32) -> Result<i32> {
     mounts.unmount_all()?;
     Err(Error::Child {
-        what: "layercache run (interrupted)".into(),
+        what: format!("layercache run (interrupted by signal {sig})"),
         status: 128 + sig,
     })
 }

@@ -306,3 +306,101 @@ fn npm_fixture_node_modules_second_run_hits() {
     );
     assert!(sb.mounts_below().is_empty());
 }
+
+#[test]
+fn sigterm_during_setup_unmounts_and_publishes_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let fifo = sb.work().join("ready");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let spec = sb.write_spec(
+        "spec.toml",
+        &deps_spec(
+            "p",
+            "echo half > \"$DEPS/half\"; echo ready > ready; exec sleep 120",
+        ),
+    );
+    let mut child = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .arg("run")
+        .arg("--spec")
+        .arg(&spec)
+        .arg("--workdir")
+        .arg(sb.work())
+        .arg("--mount-root")
+        .arg(sb.path("cache"))
+        .args(["--", "echo", "must-not-run"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Blocks until setup has written to the fifo: the mount is up and setup is running.
+    let ready = std::fs::read_to_string(&fifo).unwrap();
+    assert_eq!(ready, "ready\n");
+    assert!(!sb.mounts_below().is_empty(), "setup runs on a mount");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(sb.mounts_below().is_empty(), "left mounted after SIGTERM");
+    // nothing was published: the same key is still a miss
+    let ev = sb.events();
+    assert_eq!(ev.last().unwrap()["published"], false);
+    std::fs::remove_file(&fifo).unwrap();
+    let out = sb.run(
+        &sb.write_spec(
+            "probe.toml",
+            &std::fs::read_to_string(&spec)
+                .unwrap()
+                .replace("exec sleep 120", "true"),
+        ),
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(sb.events().last().unwrap()["result"], "miss");
+}
+
+#[test]
+fn bwrap_sandbox_sees_the_mounts_and_nothing_else_writable() {
+    if !can_mount() || Command::new("bwrap").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root, /dev/fuse and bwrap");
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec("spec.toml", &deps_spec("p", "echo sandboxed > \"$DEPS/f\""));
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--store")
+        .arg(sb.path("store"))
+        .args(["run", "--sandbox", "bwrap", "--spec"])
+        .arg(&spec)
+        .arg("--workdir")
+        .arg(sb.work())
+        .arg("--mount-root")
+        .arg(sb.path("cache"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "cat \"$DEPS/f\"; pwd; touch /usr/layercache-probe 2>/dev/null && echo escaped; \
+             echo w > out.txt",
+        ]);
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, format!("sandboxed\n{}\n", sb.work().display()));
+    assert!(sb.work().join("out.txt").exists(), "workdir is writable");
+    assert!(!Path::new("/usr/layercache-probe").exists());
+    assert!(sb.mounts_below().is_empty());
+}
