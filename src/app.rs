@@ -14,6 +14,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Overlay(args) => {
             crate::overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)
         }
+        Command::OverlayDaemon(args) => {
+            crate::overlay::cli_daemon(&args.config, args.ready_fd, &args.mountpoint)
+        }
         Command::Run(args) => cmd_run(&cli.global, &args),
         Command::Presets => {
             print!("{}", crate::spec::presets_text(cli.global.json));

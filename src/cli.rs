@@ -31,6 +31,9 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Mount a copy-on-write overlay of any directories (fuse-overlayfs compatible options).
     Overlay(OverlayArgs),
+    /// Internal: the daemon started by `overlay`/`mount` (config as JSON, readiness on a pipe).
+    #[command(hide = true)]
+    OverlayDaemon(OverlayDaemonArgs),
     /// Mount the layer for a key (hit, restore or miss) with a private upper layer.
     Mount(MountArgs),
     /// Promote a store mount's merged view (lower + upper) into a new layer under its key.
@@ -67,6 +70,19 @@ pub struct OverlayArgs {
     /// Stay in the foreground instead of returning once the mount is ready.
     #[arg(short = 'f')]
     pub foreground: bool,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+}
+
+/// `layercache overlay-daemon` (internal).
+#[derive(Debug, Args)]
+pub struct OverlayDaemonArgs {
+    /// The validated overlay configuration as JSON.
+    #[arg(long)]
+    pub config: String,
+    /// Descriptor to write one byte to once the mount is ready.
+    #[arg(long)]
+    pub ready_fd: i32,
     /// Where to mount.
     pub mountpoint: PathBuf,
 }

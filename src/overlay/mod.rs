@@ -19,7 +19,7 @@ pub mod options;
 pub mod whiteout;
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -39,10 +39,23 @@ pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> R
     let raw = options::parse(options)?;
     let cfg = options::validate(&raw, mountpoint)?;
     if foreground {
-        mount_foreground(&cfg, mountpoint)?;
+        mount_foreground(&cfg, mountpoint, None)?;
     } else {
         mount_daemon(&cfg, mountpoint, Vec::new())?;
     }
+    Ok(0)
+}
+
+/// The hidden `overlay-daemon` subcommand run by [`mount_daemon`]: mount `cfg` (JSON of an
+/// [`OverlayConfig`]), report readiness on `ready_fd`, then serve until unmounted.
+///
+/// Errors: as [`mount_foreground`]; a malformed config is [`Error::Invalid`].
+pub fn cli_daemon(config_json: &str, ready_fd: i32, mountpoint: &Path) -> Result<i32> {
+    let cfg: OverlayConfig = serde_json::from_str(config_json)
+        .map_err(|e| Error::invalid(format!("overlay-daemon --config: {e}")))?;
+    // SAFETY: the parent passed this descriptor (the write end of a pipe) for us to own.
+    let ready = unsafe { OwnedFd::from_raw_fd(ready_fd) };
+    mount_foreground(&cfg, mountpoint, Some(ready))?;
     Ok(0)
 }
 
@@ -62,7 +75,7 @@ fn fuse_config() -> fuser::Config {
     cfg
 }
 
-fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<fs::OverlayFs> {
+fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
     if !Path::new("/dev/fuse").exists() {
         return Err(Error::invalid(
             "/dev/fuse is missing: load the fuse module or pass the device into the container",
@@ -74,73 +87,104 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<fs::OverlayFs> {
             mountpoint.display()
         )));
     }
-    layers::probe_upper(&cfg.upperdir, &cfg.workdir)?;
+    layers::probe_upper(&cfg.upperdir, &cfg.workdir)
+}
+
+/// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted. When
+/// `ready` is given, one byte is written to it once the mount answers requests (after the FUSE
+/// INIT handshake) and standard I/O is then redirected to `LAYERCACHE_DAEMON_LOG` or /dev/null.
+///
+/// Errors: [`Error::Invalid`] when the mount cannot be made (see [`cli_overlay`]).
+pub fn mount_foreground(
+    cfg: &OverlayConfig,
+    mountpoint: &Path,
+    ready: Option<OwnedFd>,
+) -> Result<()> {
+    preflight(cfg, mountpoint)?;
     // SAFETY: umask has no preconditions; the daemon applies the kernel-provided modes as given.
     unsafe { libc::umask(0) };
     raise_nofile_limit();
-    fs::OverlayFs::new(cfg)
-}
-
-/// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted.
-///
-/// Errors: [`Error::Invalid`] when the mount cannot be made (see [`cli_overlay`]).
-pub fn mount_foreground(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
-    let fs = preflight(cfg, mountpoint)?;
+    let fs = fs::OverlayFs::new(cfg)?;
+    // Session::new mounts and completes the INIT handshake before returning.
     let session = fuser::Session::new(fs, mountpoint, &fuse_config())
         .map_err(|e| Error::invalid(format!("mount {}: {e}", mountpoint.display())))?;
+    if let Some(ready) = ready {
+        let mut f = std::fs::File::from(ready);
+        let _ = f.write_all(b"1");
+        drop(f);
+        redirect_stdio();
+    }
     session.run().at(mountpoint)
 }
 
-/// Mounts `cfg` at `mountpoint`, forks a daemon that serves it, and returns the daemon's pid
-/// once the FUSE handshake is done (the mount answers requests when this returns).
+/// Mounts `cfg` at `mountpoint` by starting this binary again as a daemon
+/// (`layercache overlay-daemon`, in its own session), and returns the daemon's pid once the
+/// mount answers requests.
 ///
 /// `hold` are descriptors (for example flock'ed lease files) the daemon keeps open for its whole
-/// life, so locks on them last exactly as long as the mount.
+/// life, so locks on them last exactly as long as the mount. No other descriptor of the caller
+/// reaches the daemon.
 ///
-/// Errors: [`Error::Invalid`] for a mount that cannot be made; [`Error::Io`] if fork fails (the
-/// mount is undone then).
+/// Errors: [`Error::Invalid`] with the daemon's own message when the mount cannot be made
+/// (nothing is mounted then); [`Error::Io`] if the daemon cannot be started.
 pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) -> Result<u32> {
-    let fs = preflight(cfg, mountpoint)?;
-    let (mut rd, mut wr) = std::io::pipe().at("pipe")?;
-    // Session::new mounts and completes the INIT handshake on this (single) thread.
-    let session = fuser::Session::new(fs, mountpoint, &fuse_config())
-        .map_err(|e| Error::invalid(format!("mount {}: {e}", mountpoint.display())))?;
-    // SAFETY: the process is single-threaded here (no session threads are started before fork).
-    match unsafe { libc::fork() } {
-        -1 => {
-            let err = std::io::Error::last_os_error();
-            drop(session); // unmounts
-            Err(Error::io(mountpoint, err))
-        }
-        0 => {
-            drop(rd);
-            // SAFETY: setsid has no preconditions; detach from the caller's session and terminal.
-            unsafe { libc::setsid() };
-            redirect_stdio();
-            let _ = wr.write_all(&std::process::id().to_le_bytes());
-            drop(wr);
-            let _hold = hold;
-            let code = match session.run() {
-                Ok(()) => 0,
-                Err(e) => {
-                    tracing::error!(error = %e, "session ended with an error");
-                    1
+    use std::os::unix::process::CommandExt;
+    preflight(cfg, mountpoint)?;
+    let (mut ready_rd, ready_wr) = std::io::pipe().at("pipe")?;
+    let (mut err_rd, err_wr) = std::io::pipe().at("pipe")?;
+    let exe = std::env::current_exe().at("/proc/self/exe")?;
+    let config = serde_json::to_string(cfg).map_err(|e| Error::Failed(e.to_string()))?;
+    let ready_fd = ready_wr.as_raw_fd();
+    let mut keep: Vec<i32> = hold.iter().map(|f| f.as_raw_fd()).collect();
+    keep.push(ready_fd);
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("overlay-daemon")
+        .arg("--config")
+        .arg(&config)
+        .arg("--ready-fd")
+        .arg(ready_fd.to_string())
+        .arg(mountpoint)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err_wr);
+    // SAFETY: only async-signal-safe calls (setsid, fcntl) run between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            for &fd in &keep {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
                 }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().at("layercache overlay-daemon")?;
+    drop(cmd);
+    drop(ready_wr);
+    drop(hold);
+    let mut byte = [0u8; 1];
+    match ready_rd.read(&mut byte) {
+        Ok(1) => Ok(child.id()),
+        _ => {
+            let mut msg = String::new();
+            let _ = err_rd.read_to_string(&mut msg);
+            let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
+            let msg = msg.trim().trim_start_matches("layercache: ").to_string();
+            let msg = if msg.is_empty() {
+                format!(
+                    "overlay daemon for {} exited with status {status}",
+                    mountpoint.display()
+                )
+            } else {
+                msg
             };
-            std::process::exit(code);
-        }
-        pid => {
-            drop(wr);
-            // The parent must not unmount: forget the session (the child owns the mount now).
-            std::mem::forget(session);
-            drop(hold);
-            let mut buf = [0u8; 4];
-            rd.read_exact(&mut buf).map_err(|e| {
-                Error::Failed(format!(
-                    "overlay daemon (pid {pid}) died before serving: {e}"
-                ))
-            })?;
-            Ok(pid as u32)
+            Err(if status == 2 {
+                Error::invalid(msg)
+            } else {
+                Error::Failed(msg)
+            })
         }
     }
 }

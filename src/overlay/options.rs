@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 /// A validated overlay configuration: absolute, canonical directories.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OverlayConfig {
     /// Read-only lower directories, topmost first (overlayfs `lowerdir=` order). Up to 63.
     pub lowerdirs: Vec<PathBuf>,

@@ -288,10 +288,19 @@ impl Fixture {
         );
     }
 
-    /// Unmounts and checks the lower layers are unchanged.
+    /// Unmounts, waits for the serving daemon (if any) to exit, and checks the lower layers
+    /// are unchanged. Waiting makes a following mount at the same place independent of the old
+    /// daemon's shutdown (see the overlay_cli test on that).
     pub fn unmount(&mut self) {
         let guard = self.mount.take().expect("not mounted");
+        let pids = daemon_pids(&self.mnt);
         guard.unmount_checked();
+        for pid in pids {
+            assert!(
+                wait_exit(pid, 10_000),
+                "daemon {pid} still running 10 s after umount"
+            );
+        }
         self.assert_lower_unchanged();
     }
 
@@ -704,4 +713,46 @@ pub fn is_whiteout(p: &Path) -> bool {
 pub fn is_opaque(p: &Path) -> bool {
     get_xattr(p, "trusted.overlay.opaque").as_deref() == Some(b"y")
         || get_xattr(p, "user.overlay.opaque").as_deref() == Some(b"y")
+}
+
+/// Pids of processes whose command line ends with the mountpoint `mnt` and names an overlay
+/// (the FUSE daemons serving it: `layercache overlay … MNT`, `fuse-overlayfs … MNT`).
+pub fn daemon_pids(mnt: &Path) -> Vec<i32> {
+    let want = mnt.as_os_str().as_bytes();
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+        let overlay = args
+            .iter()
+            .any(|a| *a == b"overlay" || *a == b"overlay-daemon" || a.ends_with(b"fuse-overlayfs"));
+        if overlay && args.last() == Some(&want) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Waits (pidfd + poll, no sleeping) up to `ms` for process `pid` to exit; true when it has.
+pub fn wait_exit(pid: i32, ms: i32) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    if fd < 0 {
+        return errno() == libc::ESRCH; // already gone
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    r == 1
 }
