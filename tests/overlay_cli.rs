@@ -270,3 +270,54 @@ fn fusermount3_u_ends_the_mount() {
     fx.mount();
     assert_eq!(read(&fx.p("g")), "written");
 }
+
+/// After `umount MNT` the old daemon must not touch MNT again: when it exits late (here: it
+/// is stopped right after umount returns, until a new mount is made at the same place) it must
+/// not unmount the new mount. (Stopping it before umount would block umount itself, which
+/// waits for the daemon's answer.)
+#[test]
+fn old_daemon_exit_does_not_unmount_a_new_mount() {
+    require_root!();
+    skip_for!(Impl::Kernel, "no daemon");
+    let mut fx = unmounted_fixture();
+    let mut conclusive = 0;
+    for _ in 0..10 {
+        fx.mount();
+        let old = daemon_pids(&fx.mnt);
+        assert!(!old.is_empty(), "no daemon found for {}", fx.mnt.display());
+        let out = Command::new("umount").arg(&fx.mnt).output().unwrap();
+        // SAFETY: signalling processes this test started.
+        let stopped: Vec<i32> = old
+            .iter()
+            .copied()
+            .filter(|p| unsafe { libc::kill(*p, libc::SIGSTOP) } == 0)
+            .collect();
+        assert!(
+            out.status.success(),
+            "umount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        fx.forget_mount();
+        if stopped.is_empty() {
+            continue; // the old daemon was already gone: try again
+        }
+        conclusive += 1;
+        fx.mount();
+        for pid in &stopped {
+            // SAFETY: as above.
+            unsafe { libc::kill(*pid, libc::SIGCONT) };
+            assert!(wait_exit(*pid, 10_000), "old daemon {pid} did not exit");
+        }
+        assert!(
+            is_mounted(&fx.mnt),
+            "the old daemon's exit unmounted the new mount at {}",
+            fx.mnt.display()
+        );
+        assert_eq!(read(&fx.p("f")), "f");
+        fx.unmount();
+    }
+    assert!(
+        conclusive > 0,
+        "never caught the old daemon before it exited"
+    );
+}
