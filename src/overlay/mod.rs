@@ -61,18 +61,50 @@ pub fn cli_daemon(config_json: &str, ready_fd: i32, mountpoint: &Path) -> Result
 
 fn fuse_config() -> fuser::Config {
     let mut cfg = fuser::Config::default();
-    cfg.mount_options = vec![
-        fuser::MountOption::FSName("layercache".into()),
-        fuser::MountOption::Subtype("layercache".into()),
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoSuid,
-        fuser::MountOption::NoDev,
-        fuser::MountOption::RW,
-    ];
     cfg.acl = fuser::SessionACL::All;
     cfg.n_threads = Some(THREADS);
     cfg.clone_fd = true;
     cfg
+}
+
+/// Mounts a FUSE filesystem of type `fuse.layercache` at `mountpoint` with mount(2) and returns
+/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`.
+///
+/// The mount is made here rather than by fuser so that nothing unmounts "whatever is at
+/// MOUNTPOINT" when the session ends: after `umount MNT` and a new mount at the same place, a
+/// late-exiting old daemon must leave the new mount alone.
+///
+/// Errors: [`Error::Invalid`] naming the mountpoint and the mount(2) errno (`EPERM` without
+/// CAP_SYS_ADMIN).
+fn mount_fuse(mountpoint: &Path) -> Result<OwnedFd> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| Error::invalid(format!("/dev/fuse: {e}")))?;
+    let fd: OwnedFd = dev.into();
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let data = format!(
+        "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
+        fd.as_raw_fd()
+    );
+    nix::mount::mount(
+        Some("layercache"),
+        mountpoint,
+        Some("fuse.layercache"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|e| {
+        let hint = if e == nix::errno::Errno::EPERM {
+            " (mounting needs root)"
+        } else {
+            ""
+        };
+        Error::invalid(format!("mount {}: {e}{hint}", mountpoint.display()))
+    })?;
+    Ok(fd)
 }
 
 fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
@@ -105,9 +137,18 @@ pub fn mount_foreground(
     unsafe { libc::umask(0) };
     raise_nofile_limit();
     let fs = fs::OverlayFs::new(cfg)?;
-    // Session::new mounts and completes the INIT handshake before returning.
-    let session = fuser::Session::new(fs, mountpoint, &fuse_config())
-        .map_err(|e| Error::invalid(format!("mount {}: {e}", mountpoint.display())))?;
+    let fd = mount_fuse(mountpoint)?;
+    // from_fd completes the INIT handshake before returning.
+    let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config()) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            return Err(Error::invalid(format!(
+                "mount {}: {e}",
+                mountpoint.display()
+            )));
+        }
+    };
     if let Some(ready) = ready {
         let mut f = std::fs::File::from(ready);
         let _ = f.write_all(b"1");
