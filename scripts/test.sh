@@ -25,5 +25,16 @@ fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo build --quiet
-cargo test --quiet -- --test-threads=2
-echo "mounts left behind:"; grep -E 'layercache' /proc/mounts || echo "none"
+log=$(mktemp /tmp/layercache-test.XXXXXX)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+left=$(awk '$3 == "fuse.layercache" {print $2}' /proc/mounts)
+if [ -n "$left" ]; then
+  echo "test.sh: layercache mounts left behind:"; echo "$left"
+fi
+sum() { grep -E '^test result:' "$log" | grep -oE "[0-9]+ $1" | awk '{s += $1} END {print s + 0}'; }
+echo "tests: $(sum passed) passed, $(sum failed) failed"
+exit "$status"
