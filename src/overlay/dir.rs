@@ -32,32 +32,44 @@ pub struct DirEntry {
     pub live: bool,
 }
 
-/// A directory's listing: entries in offset order plus a name index.
+/// A directory's listing: entries in offset order plus a name index, built on the first
+/// change (a read-only walk of a large tree never pays for it).
 #[derive(Default, Debug)]
 pub struct Listing {
     /// Entries; offset of entry i is i + 1 (after "." and "..", see handlers).
     pub entries: Vec<DirEntry>,
-    index: HashMap<OsString, usize>,
+    index: Option<HashMap<OsString, usize>>,
 }
 
 impl Listing {
     fn new(entries: Vec<DirEntry>) -> Listing {
-        let index = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.name.clone(), i))
-            .collect();
-        Listing { entries, index }
+        Listing {
+            entries,
+            index: None,
+        }
+    }
+
+    fn index(&mut self) -> &mut HashMap<OsString, usize> {
+        let entries = &self.entries;
+        self.index.get_or_insert_with(|| {
+            entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.live)
+                .map(|(i, e)| (e.name.clone(), i))
+                .collect()
+        })
     }
 
     fn add(&mut self, name: &OsStr, kind: Kind) {
-        if let Some(&i) = self.index.get(name)
+        if let Some(&i) = self.index().get(name)
             && self.entries[i].live
         {
             self.entries[i].kind = kind;
             return;
         }
-        self.index.insert(name.to_os_string(), self.entries.len());
+        let next = self.entries.len();
+        self.index().insert(name.to_os_string(), next);
         self.entries.push(DirEntry {
             name: name.to_os_string(),
             kind,
@@ -66,7 +78,7 @@ impl Listing {
     }
 
     fn remove(&mut self, name: &OsStr) {
-        if let Some(i) = self.index.remove(name) {
+        if let Some(i) = self.index().remove(name) {
             self.entries[i].live = false;
         }
     }
