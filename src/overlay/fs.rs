@@ -205,21 +205,11 @@ impl OverlayFs {
                 return Ok(None);
             }
             let kind = Kind::from_mode(st.st_mode);
-            if kind != Kind::Dir || pnode.lowers == 0 {
-                let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
-                return Ok(Some(Resolved {
-                    id,
-                    kind,
-                    upper: true,
-                    lowers: 0,
-                    st,
-                }));
-            }
-            let f = self
-                .roots
-                .open(Layer::Upper, &crel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                .map_err(errno)?;
-            if whiteout::is_opaque(std::os::fd::AsFd::as_fd(&f)).map_err(errno)? {
+            // A non-directory, or a directory with nothing below it to merge (no lower dirs
+            // under the parent, or opaque), hides every lower entry of that name.
+            let upper_only =
+                kind != Kind::Dir || pnode.lowers == 0 || self.upper_dir_is_opaque(&crel)?;
+            if upper_only {
                 let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
                 return Ok(Some(Resolved {
                     id,
@@ -316,6 +306,14 @@ impl OverlayFs {
             }
             (None, None) => Ok(None),
         }
+    }
+
+    fn upper_dir_is_opaque(&self, rel: &CString) -> OpResult<bool> {
+        let f = self
+            .roots
+            .open(Layer::Upper, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(errno)?;
+        whiteout::is_opaque(std::os::fd::AsFd::as_fd(&f)).map_err(errno)
     }
 
     /// Resolves a child of `parent` after computing the parent's node and path.
