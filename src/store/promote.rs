@@ -43,10 +43,15 @@ pub enum CredentialPattern {
     Suffix(&'static str),
     /// The path relative to the layer root ends with these components.
     PathSuffix(&'static str),
+    /// The file name ends with this and the file holds a private key (`PRIVATE KEY-----`).
+    /// Certificate bundles such as certifi's `cacert.pem` are public data that installed
+    /// Python trees need, so they are kept.
+    PrivateKeySuffix(&'static str),
 }
 
 /// Credential files dropped at promotion (the one list; matched on every non-directory entry):
-/// npm/yarn/pip/netrc/git/cargo/docker/maven/gradle credentials, PEM keys, ssh keys, dotenv.
+/// npm/yarn/pip/netrc/git/cargo/docker/maven/gradle credentials, PEM/KEY files holding a
+/// private key, ssh keys, dotenv.
 pub const CREDENTIAL_FILES: &[CredentialPattern] = {
     use CredentialPattern::*;
     &[
@@ -63,7 +68,8 @@ pub const CREDENTIAL_FILES: &[CredentialPattern] = {
         Name("settings.xml"),
         Name("settings-security.xml"),
         Name("gradle.properties"),
-        Suffix(".pem"),
+        PrivateKeySuffix(".pem"),
+        PrivateKeySuffix(".key"),
         Prefix("id_rsa"),
         Prefix("id_ed25519"),
         Prefix("id_ecdsa"),
@@ -73,8 +79,37 @@ pub const CREDENTIAL_FILES: &[CredentialPattern] = {
     ]
 };
 
-/// True when `rel` (a path relative to the layer root) names a credential file.
-pub fn is_credential(rel: &Path) -> bool {
+/// Files larger than this (bytes) that match a [`CredentialPattern::PrivateKeySuffix`] are
+/// treated as credentials without reading them.
+const MAX_KEY_SCAN: u64 = 4 << 20;
+
+/// True when the regular file `src` contains a PEM private key block (or cannot be read, or is
+/// too large to scan: when in doubt, the file stays out of the shared layer).
+fn holds_private_key(src: &Path) -> bool {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(mut f) = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(src)
+    else {
+        return true;
+    };
+    let mut buf = Vec::new();
+    if f.by_ref()
+        .take(MAX_KEY_SCAN + 1)
+        .read_to_end(&mut buf)
+        .is_err()
+        || buf.len() as u64 > MAX_KEY_SCAN
+    {
+        return true;
+    }
+    buf.windows(16).any(|w| w == b"PRIVATE KEY-----")
+}
+
+/// True when `rel` (a path relative to the layer root; the file itself is at `src`) is a
+/// credential file.
+pub fn is_credential(rel: &Path, src: &Path) -> bool {
     let Some(name) = rel.file_name().and_then(|n| n.to_str()) else {
         return false;
     };
@@ -83,6 +118,9 @@ pub fn is_credential(rel: &Path) -> bool {
         CredentialPattern::Prefix(n) => name.starts_with(n),
         CredentialPattern::Suffix(n) => name.ends_with(n),
         CredentialPattern::PathSuffix(s) => rel.ends_with(s),
+        CredentialPattern::PrivateKeySuffix(n) => {
+            name.ends_with(n) && src.is_file() && holds_private_key(src)
+        }
     })
 }
 
@@ -227,7 +265,7 @@ impl Builder<'_> {
         rel: &Path,
         from_upper: bool,
     ) -> Result<()> {
-        if is_credential(rel) {
+        if is_credential(rel, src) {
             self.stats.dropped.push(rel.to_string_lossy().into_owned());
             return Ok(());
         }
@@ -452,6 +490,10 @@ mod tests {
         ] {
             write(&upper.join(p), "secret");
         }
+        write(
+            &upper.join("keys/server.pem"),
+            "-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n",
+        );
         write(&upper.join("pkg/config.json"), "fine");
         write(&upper.join("pkg/index.js"), "fine");
         std::os::unix::fs::symlink("/root/.netrc", upper.join(".netrc")).unwrap();
@@ -462,8 +504,24 @@ mod tests {
         assert!(out.join("pkg/config.json").exists());
         assert!(!out.join(".npmrc").exists());
         assert!(fs::symlink_metadata(out.join(".netrc")).is_err());
-        assert!(is_credential(Path::new("a/.git-credentials")));
-        assert!(!is_credential(Path::new("a/config.json")));
+        let none = Path::new("/nonexistent");
+        assert!(is_credential(Path::new("a/.git-credentials"), none));
+        assert!(!is_credential(Path::new("a/config.json"), none));
+        let t = tempfile::tempdir().unwrap();
+        let key = t.path().join("server.pem");
+        fs::write(
+            &key,
+            "-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        assert!(is_credential(Path::new("certs/server.pem"), &key));
+        let bundle = t.path().join("cacert.pem");
+        fs::write(
+            &bundle,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        assert!(!is_credential(Path::new("certifi/cacert.pem"), &bundle));
     }
 
     #[test]
