@@ -173,7 +173,9 @@ pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) 
     preflight(cfg, mountpoint)?;
     let (mut ready_rd, ready_wr) = std::io::pipe().at("pipe")?;
     let (mut err_rd, err_wr) = std::io::pipe().at("pipe")?;
-    let exe = std::env::current_exe().at("/proc/self/exe")?;
+    // The running binary itself, even when its file was replaced or deleted since (a rebuild or
+    // package upgrade while a run is in flight); current_exe() would name the deleted path.
+    let exe = std::path::PathBuf::from("/proc/self/exe");
     let config = serde_json::to_string(cfg).map_err(|e| Error::Failed(e.to_string()))?;
     let ready_fd = ready_wr.as_raw_fd();
     let mut keep: Vec<i32> = hold.iter().map(|f| f.as_raw_fd()).collect();
@@ -310,12 +312,13 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Unmounts the FUSE filesystem at `mountpoint` and waits (up to `wait`) until no FUSE mount
-/// remains there. If `daemon` is given, also waits for that process to exit, so the upper dir
-/// is quiescent when this returns.
+/// Unmounts the FUSE filesystem at `mountpoint` and waits (up to `wait`) for its daemon — the
+/// given pid, or the `layercache overlay-daemon` serving that mountpoint — to exit, so the upper
+/// dir is quiescent when this returns. The wait uses a pidfd: a daemon that has exited counts
+/// as gone even before its parent reaps it.
 ///
-/// Errors: [`Error::Failed`] with `EBUSY` when files are still open on the mount (nothing is
-/// changed then); [`Error::Invalid`] if nothing is mounted there.
+/// Errors: [`Error::Failed`] (`EBUSY`) when files are still open on the mount (nothing is
+/// changed then); [`Error::Invalid`] if no FUSE filesystem is mounted there.
 pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result<()> {
     if !is_mountpoint_busy(mountpoint)? {
         return Err(Error::invalid(format!(
@@ -323,24 +326,43 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
             mountpoint.display()
         )));
     }
+    let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let pidfd = daemon.or_else(|| daemon_of(&canon)).and_then(pidfd_open);
     nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()).map_err(|e| {
         Error::Failed(format!(
             "unmount {}: {e} (is a process still using it?)",
             mountpoint.display()
         ))
     })?;
-    let deadline = Instant::now() + wait;
-    if let Some(pid) = daemon {
-        while Instant::now() < deadline {
-            // SAFETY: signal 0 only checks for existence.
-            if unsafe { libc::kill(pid as i32, 0) } != 0 {
-                break;
-            }
-            // Reap it if it is our child; ignore otherwise.
-            // SAFETY: non-blocking waitpid on a pid.
-            unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
-            std::thread::sleep(Duration::from_millis(2));
-        }
+    if let Some(fd) = pidfd {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+        let deadline = Instant::now() + wait;
+        // SAFETY: one valid pollfd; retried on EINTR until the deadline.
+        while unsafe { libc::poll(&mut p, 1, ms) } < 0 && Instant::now() < deadline {}
     }
     Ok(())
+}
+
+/// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any.
+fn daemon_of(mountpoint: &Path) -> Option<u32> {
+    use std::os::unix::ffi::OsStrExt;
+    let want = mountpoint.as_os_str().as_bytes();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+        (args.get(1) == Some(&&b"overlay-daemon"[..]) && args.last() == Some(&want)).then_some(pid)
+    })
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative result is a fresh descriptor we own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

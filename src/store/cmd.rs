@@ -80,7 +80,13 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
 ///
 /// Errors: see [`Store::umount`].
 pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
-    open(global)?.umount(&a.mountpoint)?;
+    let store = open(global)?;
+    if store.is_store_mount(&a.mountpoint)? {
+        store.umount(&a.mountpoint)?;
+    } else {
+        // A plain `layercache overlay` mount.
+        crate::overlay::unmount(&a.mountpoint, None, std::time::Duration::from_secs(30))?;
+    }
     if global.json {
         emit(&json(&serde_json::json!({"unmounted": a.mountpoint})));
     }

@@ -1334,6 +1334,16 @@ impl Store {
         }
     }
 
+    /// True when `mountpoint` is a mount made by `layercache mount`/`run` in this store.
+    ///
+    /// Errors: [`Error::Io`] reading the store's run records.
+    pub fn is_store_mount(&self, mountpoint: &Path) -> Result<bool> {
+        match canonical_mountpoint(mountpoint) {
+            Ok(mnt) => Ok(self.find_run(&mnt)?.is_some()),
+            Err(_) => Ok(false),
+        }
+    }
+
     /// `layercache umount`: unmounts the store mount at `mountpoint` (waiting for its daemon)
     /// and deletes its run directory (the private upper is discarded).
     ///
