@@ -2,119 +2,13 @@
 //! /dev/fuse; skipped otherwise), a temporary store and mount root per test, and a guard that
 //! unmounts anything left under the test's directory, even when the test panics.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_layercache");
+#[path = "common/run.rs"]
+mod run_common;
 
-fn can_mount() -> bool {
-    let ok = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("skipped: needs root and /dev/fuse");
-    }
-    ok
-}
-
-/// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
-/// it (deepest first; lazy as a last resort) before the directory is removed.
-struct Sandbox {
-    dir: tempfile::TempDir,
-}
-
-impl Sandbox {
-    fn new() -> Sandbox {
-        let dir = tempfile::Builder::new()
-            .prefix("layercache-run-")
-            .tempdir()
-            .unwrap();
-        for d in ["store", "cache", "work"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        Sandbox { dir }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-
-    fn work(&self) -> PathBuf {
-        self.path("work")
-    }
-
-    fn write_spec(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.path(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-
-    /// `layercache run --spec SPEC --workdir work --mount-root cache -- sh -c SCRIPT`.
-    fn run(&self, spec: &Path, script: Option<&str>) -> Output {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("--store")
-            .arg(self.path("store"))
-            .arg("run")
-            .arg("--spec")
-            .arg(spec)
-            .arg("--workdir")
-            .arg(self.work())
-            .arg("--mount-root")
-            .arg(self.path("cache"));
-        if let Some(s) = script {
-            cmd.args(["--", "sh", "-c", s]);
-        }
-        let out = cmd.output().unwrap();
-        eprintln!(
-            "run: {}\n--stdout--\n{}\n--stderr--\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
-    }
-
-    fn events(&self) -> Vec<serde_json::Value> {
-        let text =
-            std::fs::read_to_string(self.path("store").join("events.jsonl")).unwrap_or_default();
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn mounts_below(&self) -> Vec<String> {
-        let root = self.dir.path().to_string_lossy().to_string();
-        let text = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-        let mut v: Vec<String> = text
-            .lines()
-            .filter_map(|l| l.split(' ').nth(1))
-            .filter(|mp| mp.starts_with(&root))
-            .map(String::from)
-            .collect();
-        v.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        v
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        for mp in self.mounts_below() {
-            let ok = Command::new(BIN)
-                .args(["umount", &mp])
-                .output()
-                .is_ok_and(|o| o.status.success());
-            if !ok {
-                let _ = Command::new("fusermount3").args(["-u", "-z", &mp]).status();
-                let _ = Command::new("umount").args(["-l", &mp]).status();
-            }
-        }
-    }
-}
-
-fn prep_ms(e: &serde_json::Value) -> u64 {
-    ["mount_ms", "setup_ms", "maintenance_ms", "promote_ms"]
-        .iter()
-        .map(|k| e[k].as_u64().unwrap_or(0))
-        .sum()
-}
+use run_common::{BIN, Sandbox, can_mount, prep_ms};
 
 const DEPS_SPEC: &str = r#"project = "PROJECT"
 [[cache]]

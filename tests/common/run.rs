@@ -1,0 +1,210 @@
+//! Helpers for the end-to-end tests of `layercache run` (tests/run_e2e.rs,
+//! tests/run_fixtures.rs), included with `#[path = "common/run.rs"] mod run_common;` so the
+//! overlay suites that use `tests/common/mod.rs` do not compile them.
+//!
+//! A [`Sandbox`] is a temp dir with its own store, mount root and workdir; its Drop unmounts every
+//! mount left below it (deepest first; lazy as a last resort) before the directory is removed,
+//! so a panicking test never leaves a mount behind.
+
+#![allow(dead_code)] // each test binary uses a different subset of the helpers
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
+
+/// Whether mount-based tests can run here (root and /dev/fuse); prints why not.
+pub fn can_mount() -> bool {
+    let ok = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
+    if !ok {
+        eprintln!("skipped: needs root and /dev/fuse");
+    }
+    ok
+}
+
+/// Whether `tool --version` runs; prints a skip message naming the tool when it does not.
+pub fn have_tool(tool: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: needs {tool}");
+    }
+    ok
+}
+
+/// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
+/// it (deepest first; lazy as a last resort) before the directory is removed.
+pub struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Sandbox {
+        let dir = tempfile::Builder::new()
+            .prefix("layercache-run-")
+            .tempdir()
+            .unwrap();
+        for d in ["store", "cache", "work"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        Sandbox { dir }
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    pub fn work(&self) -> PathBuf {
+        self.path("work")
+    }
+
+    pub fn write_spec(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Copies the regular files of a read-only fixture tree (e.g. /work/shared/fixtures/npm-app)
+    /// into the workdir, writable.
+    pub fn copy_into_work(&self, from: &Path) {
+        copy_tree(from, &self.work());
+    }
+
+    /// `layercache --store STORE [GLOBAL…] run --spec SPEC --workdir work --mount-root cache
+    /// [-- COMMAND…]` with extra environment; prints its output.
+    pub fn run_cmd<S: AsRef<OsStr>>(
+        &self,
+        global: &[&str],
+        spec: &Path,
+        command: &[S],
+        envs: &[(&str, &str)],
+    ) -> Output {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--store")
+            .arg(self.path("store"))
+            .args(global)
+            .arg("run")
+            .arg("--spec")
+            .arg(spec)
+            .arg("--workdir")
+            .arg(self.work())
+            .arg("--mount-root")
+            .arg(self.path("cache"))
+            .envs(envs.iter().copied());
+        if !command.is_empty() {
+            cmd.arg("--").args(command);
+        }
+        let out = cmd.output().unwrap();
+        eprintln!(
+            "run: {}\n--stdout--\n{}\n--stderr--\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            tail(&String::from_utf8_lossy(&out.stderr), 40)
+        );
+        out
+    }
+
+    /// `layercache run --spec SPEC --workdir work --mount-root cache -- sh -c SCRIPT`.
+    pub fn run(&self, spec: &Path, script: Option<&str>) -> Output {
+        match script {
+            Some(s) => self.run_cmd(&[], spec, &["sh", "-c", s], &[]),
+            None => self.run_cmd::<&str>(&[], spec, &[], &[]),
+        }
+    }
+
+    /// The events of `<store>/events.jsonl`, oldest first.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(self.path("store").join("events.jsonl")).unwrap_or_default();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// `layercache --store STORE --json ls`: one object per layer.
+    pub fn ls(&self) -> Vec<serde_json::Value> {
+        let out = Command::new(BIN)
+            .arg("--store")
+            .arg(self.path("store"))
+            .args(["--json", "ls"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ls: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match serde_json::from_slice(&out.stdout).unwrap() {
+            serde_json::Value::Array(v) => v,
+            other => panic!("ls --json: not an array: {other}"),
+        }
+    }
+
+    /// Mountpoints below the sandbox, deepest first.
+    pub fn mounts_below(&self) -> Vec<String> {
+        let root = self.dir.path().to_string_lossy().to_string();
+        let text = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let mut v: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|mp| mp.starts_with(&root))
+            .map(String::from)
+            .collect();
+        v.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        v
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        for mp in self.mounts_below() {
+            let ok = Command::new(BIN)
+                .args(["umount", &mp])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !ok {
+                let _ = Command::new("fusermount3").args(["-u", "-z", &mp]).status();
+                let _ = Command::new("umount").args(["-l", &mp]).status();
+            }
+        }
+    }
+}
+
+/// Preparation time of one event: mount + setup + maintenance + promote, ms.
+pub fn prep_ms(e: &serde_json::Value) -> u64 {
+    ["mount_ms", "setup_ms", "maintenance_ms", "promote_ms"]
+        .iter()
+        .map(|k| e[k].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The last `n` lines of `text` (long setup logs).
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+            let mut perm = std::fs::metadata(&dst).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
+            std::fs::set_permissions(&dst, perm).unwrap();
+        }
+    }
+}
