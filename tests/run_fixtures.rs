@@ -245,7 +245,7 @@ maintenance = "pip cache dir"
 "#,
     );
     let check = "pip cache dir; printf '%s\\n' \"$VIRTUAL_ENV\"; \
-                 .venv/bin/python -c 'import flask, pydantic, rich, pytest, jinja2; print(flask.__name__)'";
+                 .venv/bin/python -c 'import flask, requests, pydantic, rich, pytest; print(flask.__name__)'";
     let first = sb.run(&spec, Some(check));
     assert_eq!(first.status.code(), Some(0));
     let second = sb.run(&spec, Some(check));
@@ -270,11 +270,10 @@ maintenance = "pip cache dir"
 }
 
 /// A public CA bundle in an installed tree (certifi's `cacert.pem`, which `requests` loads at
-/// import time) must survive promotion. Fails today: the store's credential list drops every
-/// `*.pem` (src/store/promote.rs `CREDENTIAL_FILES`), so `import requests` fails on a venv hit
-/// with `FileNotFoundError` from `load_verify_locations`. No real install needed to show it.
+/// import time) survives promotion: the store's credential rule for `*.pem` drops only files
+/// holding a private key (it used to drop every `*.pem`, so `import requests` failed on a venv
+/// hit). No real install needed to show it.
 #[test]
-#[ignore = "store bug: the *.pem credential rule drops public CA bundles (certifi/cacert.pem)"]
 fn public_ca_bundle_in_an_installed_tree_survives_promotion() {
     if !can_mount() {
         return;
