@@ -74,7 +74,7 @@ if has_impl layercache; then
   elif [ ! -x "$LC_BIN" ]; then
     LC_STATUS="no binary at $LC_BIN"
   else
-    [ -n "$LC_COMMIT" ] || LC_COMMIT="prebuilt $LC_BIN"
+    [ -n "$LC_COMMIT" ] || LC_COMMIT=$(lc_prebuilt_commit)
     lc_probe || true
   fi
   log "layercache: $LC_STATUS"

@@ -73,7 +73,8 @@ if has_impl layercache; then
   elif [ ! -x "$LC_BIN" ]; then
     LC_STATUS="no binary at $LC_BIN"
   else
-    LC_STATUS="ok (${LC_COMMIT:-prebuilt $LC_BIN})"
+    [ -n "$LC_COMMIT" ] || LC_COMMIT=$(lc_prebuilt_commit)
+    LC_STATUS="ok ($LC_COMMIT)"
   fi
 fi
 

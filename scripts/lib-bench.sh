@@ -63,6 +63,15 @@ lc_build() {
   fi
 }
 
+# lc_prebuilt_commit: describes a binary used with --no-build (the last commit lc_build exported).
+lc_prebuilt_commit() {
+  if [ -f "$LC_SRC/.lc-commit" ] && [ "$LC_BIN" = "$LC_TARGET/release/layercache" ]; then
+    echo "$(cut -c1-12 "$LC_SRC/.lc-commit") (prebuilt)"
+  else
+    echo "prebuilt $LC_BIN"
+  fi
+}
+
 # Microseconds since the epoch, without a fork.
 lc_now() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
 
@@ -179,6 +188,7 @@ lc_machine() {
   mem=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   fs=$(findmnt -no FSTYPE -T "$LC_BENCH_DIR" 2>/dev/null || echo "?")
   echo "machine: $(nproc) × ${cpu:-unknown CPU}, $mem RAM, Linux $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME"); bench dir on $fs"
+  echo "load average (1/5/15 min) when the report was written: $(cut -d' ' -f1-3 /proc/loadavg) — other work on the machine shows up as noise"
   echo "tools: fuse-overlayfs $(fuse-overlayfs --version 2>/dev/null | awk '/^fuse-overlayfs: version/ { print $3; exit }'), node $(node --version 2>/dev/null), npm $(npm --version 2>/dev/null), layercache ${LC_COMMIT:-not built}"
 }
 

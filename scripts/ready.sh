@@ -50,7 +50,7 @@ if [ -n "$BUILD" ] && ! lc_build $BUILD_FROM; then
 elif [ ! -x "$LC_BIN" ]; then
   LC_STATUS="no binary at $LC_BIN"
 fi
-[ -n "$LC_COMMIT" ] || LC_COMMIT="prebuilt $LC_BIN"
+[ -n "$LC_COMMIT" ] || LC_COMMIT=$(lc_prebuilt_commit)
 log "layercache: $LC_STATUS ($LC_COMMIT)"
 
 declare -A RES=() NOTE=() SIZE=()
