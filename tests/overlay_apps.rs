@@ -14,8 +14,11 @@ use std::process::{Command, Stdio};
 use common::*;
 
 fn sqlite(db: &Path, sql: &str) -> String {
+    // A busy timeout, as real applications set: a writer that meets the concurrent reader's
+    // lock (or WAL recovery by another connection) waits instead of failing with SQLITE_BUSY.
     let out = Command::new("sqlite3")
         .arg("-batch")
+        .args(["-cmd", ".timeout 10000"])
         .arg(db)
         .arg(sql)
         .output()
@@ -47,6 +50,7 @@ fn sqlite_wal_integrity_after_updates() {
     // Several writers in sequence plus a reader running alongside one of them.
     sqlite(&db, "update t set v = v || ' x' where id % 3 = 0;");
     let reader = Command::new("sqlite3")
+        .args(["-cmd", ".timeout 10000"])
         .arg(&db)
         .arg("select count(*) from t; select count(*) from t where v like '%x';")
         .stdout(Stdio::piped())

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,65 +22,87 @@ use super::inode::{Kind, Node};
 use super::layers::{Layer, cstr};
 use super::whiteout;
 
-/// One entry of a listing.
-#[derive(Clone, Debug)]
-pub struct DirEntry {
-    /// Entry name.
-    pub name: OsString,
-    /// File type as far as known from d_type (the authoritative type comes from lookup).
-    pub kind: Kind,
-    /// False once the name was removed (a tombstone keeps later offsets stable).
-    pub live: bool,
+/// One slot of a listing: where its name sits in the name buffer, its type, and whether it
+/// is still there. 8 bytes, so a walk of a million-entry tree keeps listings small.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    start: u32,
+    len: u8,
+    kind: Kind,
+    live: bool,
 }
 
-/// A directory's listing: entries in offset order plus a name index, built on the first
-/// change (a read-only walk of a large tree never pays for it).
+/// A directory's listing: names in offset order, packed into one buffer, plus a name index
+/// built on the first change (a read-only walk of a large tree never pays for it).
 #[derive(Default, Debug)]
 pub struct Listing {
-    /// Entries; offset of entry i is i + 1 (after "." and "..", see handlers).
-    pub entries: Vec<DirEntry>,
-    index: Option<HashMap<OsString, usize>>,
+    names: Vec<u8>,
+    slots: Vec<Slot>,
+    index: Option<HashMap<Box<[u8]>, usize>>,
 }
 
 impl Listing {
-    fn new(entries: Vec<DirEntry>) -> Listing {
-        Listing {
-            entries,
-            index: None,
+    fn new(entries: Vec<(OsString, Kind)>) -> Listing {
+        let mut l = Listing::default();
+        l.slots.reserve_exact(entries.len());
+        for (name, kind) in entries {
+            l.push(&name, kind);
         }
+        l.names.shrink_to_fit();
+        l
     }
 
-    fn index(&mut self) -> &mut HashMap<OsString, usize> {
-        let entries = &self.entries;
-        self.index.get_or_insert_with(|| {
-            entries
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.live)
-                .map(|(i, e)| (e.name.clone(), i))
-                .collect()
-        })
-    }
-
-    fn add(&mut self, name: &OsStr, kind: Kind) {
-        if let Some(&i) = self.index().get(name)
-            && self.entries[i].live
-        {
-            self.entries[i].kind = kind;
-            return;
-        }
-        let next = self.entries.len();
-        self.index().insert(name.to_os_string(), next);
-        self.entries.push(DirEntry {
-            name: name.to_os_string(),
+    fn push(&mut self, name: &OsStr, kind: Kind) {
+        let b = name.as_bytes();
+        // Names are at most 255 bytes (NAME_MAX); a listing never exceeds 4 GiB of names.
+        let len = b.len().min(255) as u8;
+        self.slots.push(Slot {
+            start: self.names.len() as u32,
+            len,
             kind,
             live: true,
         });
+        self.names.extend_from_slice(&b[..len as usize]);
+    }
+
+    fn name(&self, s: &Slot) -> &[u8] {
+        &self.names[s.start as usize..s.start as usize + s.len as usize]
+    }
+
+    /// Entry `i` (offset order): its name and kind, `Some(None)` for a removed entry, `None`
+    /// past the end.
+    pub fn get(&self, i: usize) -> Option<Option<(OsString, Kind)>> {
+        let s = self.slots.get(i)?;
+        Some(
+            s.live
+                .then(|| (OsStr::from_bytes(self.name(s)).to_os_string(), s.kind)),
+        )
+    }
+
+    fn index(&mut self) -> &mut HashMap<Box<[u8]>, usize> {
+        if self.index.is_none() {
+            let idx = (0..self.slots.len())
+                .filter(|&i| self.slots[i].live)
+                .map(|i| (self.name(&self.slots[i]).into(), i))
+                .collect();
+            self.index = Some(idx);
+        }
+        self.index.as_mut().expect("just built")
+    }
+
+    fn add(&mut self, name: &OsStr, kind: Kind) {
+        if let Some(&i) = self.index().get(name.as_bytes()) {
+            self.slots[i].kind = kind;
+            return;
+        }
+        let next = self.slots.len();
+        self.index().insert(name.as_bytes().into(), next);
+        self.push(name, kind);
     }
 
     fn remove(&mut self, name: &OsStr) {
-        if let Some(i) = self.index().remove(name) {
-            self.entries[i].live = false;
+        if let Some(i) = self.index().remove(name.as_bytes()) {
+            self.slots[i].live = false;
         }
     }
 }
@@ -97,7 +120,7 @@ impl Listings {
     }
 
     /// Caches `entries` as the listing of `dir` unless one appeared meanwhile; returns the cached one.
-    pub fn insert(&self, dir: u64, entries: Vec<DirEntry>) -> Arc<Mutex<Listing>> {
+    pub fn insert(&self, dir: u64, entries: Vec<(OsString, Kind)>) -> Arc<Mutex<Listing>> {
         self.map
             .entry(dir)
             .or_insert_with(|| Arc::new(Mutex::new(Listing::new(entries))))
@@ -203,15 +226,7 @@ impl OverlayFs {
         }
         let rel = self.path_of(dir)?;
         let names = self.merged_names(&n, &rel).map_err(super::fs::errno)?;
-        let entries = names
-            .into_iter()
-            .map(|(name, kind)| DirEntry {
-                name,
-                kind,
-                live: true,
-            })
-            .collect();
-        Ok(self.listings.insert(dir, entries))
+        Ok(self.listings.insert(dir, names))
     }
 }
 
@@ -221,25 +236,15 @@ mod tests {
 
     #[test]
     fn tombstones_keep_offsets_and_readds_go_to_the_end() {
-        let mut l = Listing::new(vec![
-            DirEntry {
-                name: "a".into(),
-                kind: Kind::File,
-                live: true,
-            },
-            DirEntry {
-                name: "b".into(),
-                kind: Kind::File,
-                live: true,
-            },
-        ]);
+        let mut l = Listing::new(vec![("a".into(), Kind::File), ("b".into(), Kind::File)]);
         l.remove(OsStr::new("a"));
-        assert!(!l.entries[0].live);
-        assert_eq!(l.entries[1].name, "b");
+        assert_eq!(l.get(0), Some(None));
+        assert_eq!(l.get(1), Some(Some(("b".into(), Kind::File))));
         l.add(OsStr::new("a"), Kind::Dir);
-        assert_eq!(l.entries.len(), 3);
-        assert_eq!(l.entries[2].kind, Kind::Dir);
-        l.add(OsStr::new("b"), Kind::File);
-        assert_eq!(l.entries.len(), 3);
+        assert_eq!(l.get(2), Some(Some(("a".into(), Kind::Dir))));
+        assert_eq!(l.get(3), None);
+        l.add(OsStr::new("b"), Kind::Symlink);
+        assert_eq!(l.get(1), Some(Some(("b".into(), Kind::Symlink))));
+        assert_eq!(l.get(3), None);
     }
 }

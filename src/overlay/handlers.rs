@@ -97,13 +97,8 @@ impl OverlayFs {
         }
         let mut i = (idx - 2) as usize;
         loop {
-            let e = {
-                let l = listing.lock();
-                match l.entries.get(i) {
-                    None => return Ok(()),
-                    Some(e) if !e.live => None,
-                    Some(e) => Some((e.name.clone(), e.kind)),
-                }
+            let Some(e) = listing.lock().get(i) else {
+                return Ok(());
             };
             if let Some((name, kind)) = e
                 && add(0, &name, kind, i as u64 + 3)?

@@ -56,7 +56,7 @@ pub enum Loc {
         /// Parent node id.
         parent: u64,
         /// The entry name.
-        name: OsString,
+        name: Box<OsStr>,
     },
     /// Unlinked while the kernel still referenced it; its data lives on at
     /// `<workdir>/orphans/<id>` (upper data) or stays in a lower layer at `lower_path`.
@@ -109,7 +109,9 @@ pub enum IdKey {
 
 /// Node table plus id allocation.
 pub struct Nodes {
-    map: RwLock<HashMap<u64, Node>>,
+    /// Boxed values keep the table's buckets small (16 bytes): a million-entry walk then
+    /// costs tens of MB of table, not the ~150 MB of power-of-two buckets of whole nodes.
+    map: RwLock<HashMap<u64, Box<Node>>>,
     ids: Mutex<HashMap<IdKey, u64>>,
     next: AtomicU64,
 }
@@ -120,16 +122,16 @@ impl Nodes {
         let mut map = HashMap::new();
         map.insert(
             ROOT,
-            Node {
+            Box::new(Node {
                 loc: Loc::Attached {
                     parent: 0,
-                    name: OsString::new(),
+                    name: OsStr::new("").into(),
                 },
                 kind: Kind::Dir,
                 upper: true,
                 lowers,
                 lookups: 1,
-            },
+            }),
         );
         Nodes {
             map: RwLock::new(map),
@@ -140,12 +142,12 @@ impl Nodes {
 
     /// A copy of node `id`, if the kernel holds it.
     pub fn get(&self, id: u64) -> Option<Node> {
-        self.map.read().get(&id).cloned()
+        self.map.read().get(&id).map(|n| (**n).clone())
     }
 
     /// Applies `f` to node `id` under the table lock; `None` if absent.
     pub fn update<R>(&self, id: u64, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
-        self.map.write().get_mut(&id).map(f)
+        self.map.write().get_mut(&id).map(|n| f(n))
     }
 
     /// Records one more kernel reference to `id` at (`parent`, `name`) with the given state,
@@ -160,18 +162,22 @@ impl Nodes {
         lowers: u64,
     ) {
         let mut map = self.map.write();
-        let loc = Loc::Attached {
-            parent,
-            name: name.to_os_string(),
-        };
-        let node = map.entry(id).or_insert_with(|| Node {
-            loc: loc.clone(),
-            kind,
-            upper,
-            lowers,
-            lookups: 0,
+        let node = map.entry(id).or_insert_with(|| {
+            Box::new(Node {
+                loc: Loc::Gone,
+                kind,
+                upper,
+                lowers,
+                lookups: 0,
+            })
         });
-        node.loc = loc;
+        let same = matches!(&node.loc, Loc::Attached { parent: p, name: n } if *p == parent && **n == *name);
+        if !same {
+            node.loc = Loc::Attached {
+                parent,
+                name: name.into(),
+            };
+        }
         node.kind = kind;
         node.upper = upper;
         node.lowers = lowers;
@@ -192,7 +198,7 @@ impl Nodes {
         let node = map.get_mut(&id)?;
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
-            map.remove(&id)
+            map.remove(&id).map(|b| *b)
         } else {
             None
         }
@@ -234,11 +240,7 @@ impl Nodes {
             .filter(|&id| {
                 let mut cur = id;
                 let mut depth = 0;
-                while let Some(Node {
-                    loc: Loc::Attached { parent, .. },
-                    ..
-                }) = map.get(&cur)
-                {
+                while let Some(Loc::Attached { parent, .. }) = map.get(&cur).map(|n| &n.loc) {
                     if *parent == dir {
                         return true;
                     }
@@ -294,7 +296,7 @@ mod tests {
         t.update(10, |n| {
             n.loc = Loc::Attached {
                 parent: ROOT,
-                name: "z".into(),
+                name: OsStr::new("z").into(),
             }
         });
         assert_eq!(t.path(11).unwrap(), PathBuf::from("z/b"));

@@ -528,7 +528,7 @@ impl OverlayFs {
         self.nodes.update(id, |n| {
             n.loc = Loc::Attached {
                 parent: newparent,
-                name: newname.to_os_string(),
+                name: newname.into(),
             };
             n.upper = true;
             n.lowers = 0;
