@@ -483,6 +483,52 @@ fn st_ino_stable_across_copy_up() {
     assert_eq!(all.len(), 5, "inode numbers collide: {again:?} + {new_ino}");
 }
 
+/// pjdfstest link::remove_link: three names of one inode, removed one by one while the kernel
+/// still holds the inode; each removed name is gone at once and nlink follows.
+#[test]
+fn removing_hardlinks_one_by_one() {
+    require_root!();
+    let fx = Fixture::new(|l| write(&l.join("lower"), "l"));
+    for base in ["lower", "new"] {
+        let file = fx.p(base);
+        if base == "new" {
+            write(&file, "n");
+        }
+        let (first, second) = (fx.p(&format!("{base}.1")), fx.p(&format!("{base}.2")));
+        fs::hard_link(&file, &first).unwrap();
+        fs::hard_link(&first, &second).unwrap();
+        let held = File::open(&first).unwrap();
+        fs::remove_file(&file).unwrap();
+        assert_enoent(&file);
+        assert_eq!(fs::symlink_metadata(&first).unwrap().nlink(), 2, "{base}");
+        assert_eq!(
+            fs::symlink_metadata(&first).unwrap().ino(),
+            fs::symlink_metadata(&second).unwrap().ino()
+        );
+        fs::remove_file(&second).unwrap();
+        assert_enoent(&second);
+        assert_eq!(fs::symlink_metadata(&first).unwrap().nlink(), 1, "{base}");
+        fs::remove_file(&first).unwrap();
+        assert_enoent(&first);
+        assert_eq!(held.metadata().unwrap().nlink(), 0, "{base}");
+    }
+}
+
+/// A 0/0 character device is the whiteout encoding: creating one is refused (EPERM), never
+/// an EIO or a file that vanishes.
+#[test]
+fn whiteout_device_cannot_be_created() {
+    require_root!();
+    let fx = Fixture::new(|_| {});
+    let p = std::ffi::CString::new(fx.p("c").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid C string.
+    let rc = unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o644, 0) };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(rc, -1);
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
+    assert_enoent(&fx.p("c"));
+}
+
 #[test]
 fn hardlink_to_lower_file() {
     require_root!();

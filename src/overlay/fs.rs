@@ -125,6 +125,12 @@ impl OverlayFs {
         let orphans = cfg.workdir.join(ORPHANS);
         let _ = std::fs::remove_dir_all(&orphans);
         std::fs::create_dir_all(&orphans).map_err(|e| Error::io(&orphans, e))?;
+        // Unlinked files' data lives here: private to root, like the workdir overlayfs uses.
+        std::fs::set_permissions(
+            &orphans,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .map_err(|e| Error::io(&orphans, e))?;
         let lowers = if cfg.lowerdirs.is_empty() {
             0
         } else {

@@ -90,8 +90,8 @@ impl OverlayFs {
     /// replacing a whiteout atomically and making a new directory opaque when it hides a
     /// deleted lower directory. Returns the new entry's attributes (lookup count +1).
     ///
-    /// Errors: `EEXIST` if the name exists in the merged view, `ENAMETOOLONG`, or the errno of
-    /// the upper dir's syscall.
+    /// Errors: `EEXIST` if the name exists in the merged view, `ENAMETOOLONG`, `EPERM` for a
+    /// 0/0 character device (the whiteout encoding), or the errno of the upper dir's syscall.
     pub fn make(
         &self,
         parent: u64,
@@ -100,6 +100,13 @@ impl OverlayFs {
         gid: u32,
         what: NewEntry<'_>,
     ) -> OpResult<FileAttr> {
+        if let NewEntry::Special(mode, 0) = what
+            && mode & libc::S_IFMT == libc::S_IFCHR
+        {
+            // A 0/0 character device is the whiteout encoding (overlayfs.rst); as on kernel
+            // overlayfs it cannot exist as a file in the merged view.
+            return Err(Errno::EPERM);
+        }
         let _g = self.ns.read();
         let (_, ppath, existing) = self.resolve_in(parent, name)?;
         if existing.is_some() {
@@ -215,10 +222,16 @@ impl OverlayFs {
             return Ok(false);
         }
         if upper {
-            self.roots
-                .rename(Layer::Upper, rel, Layer::Work, &Self::orphan_name(id), 0)
-                .map_err(errno)?;
-            self.orphans.lock().insert(id);
+            if self.orphans.lock().contains(&id) {
+                // Another name of this inode is already kept there; rename(2) between two
+                // links of one inode would do nothing, so just drop this name.
+                self.roots.unlink(Layer::Upper, rel, false).map_err(errno)?;
+            } else {
+                self.roots
+                    .rename(Layer::Upper, rel, Layer::Work, &Self::orphan_name(id), 0)
+                    .map_err(errno)?;
+                self.orphans.lock().insert(id);
+            }
             self.nodes
                 .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
             Ok(true)
