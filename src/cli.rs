@@ -9,8 +9,10 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "layercache", version, about, max_term_width = 100)]
 pub struct Cli {
+    /// Options every subcommand accepts.
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -90,10 +92,13 @@ pub struct OverlayDaemonArgs {
 /// `layercache mount`.
 #[derive(Debug, Args)]
 pub struct MountArgs {
+    /// Project id (the unit of isolation: letters, digits, `._-+=@,`).
     #[arg(long)]
     pub project: String,
+    /// Cache id within the project, e.g. `npm`.
     #[arg(long)]
     pub cache: String,
+    /// The cache key to look up and to publish under.
     #[arg(long)]
     pub key: String,
     /// Prefixes tried in order when the key itself has no layer.
@@ -102,12 +107,14 @@ pub struct MountArgs {
     /// Seconds to wait for another run that is filling the same key.
     #[arg(long, default_value_t = 300)]
     pub fill_wait: u64,
+    /// Where to mount (an existing directory).
     pub mountpoint: PathBuf,
 }
 
 /// A single MOUNTPOINT argument.
 #[derive(Debug, Args)]
 pub struct MountpointArg {
+    /// The mountpoint of a layercache mount.
     pub mountpoint: PathBuf,
 }
 
@@ -146,6 +153,7 @@ pub struct KeyArgs {
     /// Where caches are mounted (`<mount-root>/<id>`); enters the key through the mountpoint.
     #[arg(long, default_value = "/cache")]
     pub mount_root: PathBuf,
+    /// The sandbox image id that enters the key's environment fingerprint.
     #[arg(long, env = "LAYERCACHE_IMAGE")]
     pub image: Option<String>,
 }
@@ -156,10 +164,13 @@ pub struct SandboxArgs {
     /// bwrap or docker.
     #[arg(long)]
     pub driver: String,
+    /// The spec (TOML or JSON); `-` reads standard input.
     #[arg(long)]
     pub spec: String,
+    /// The project directory key files are read from (default: the current directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+    /// Where caches are mounted (`<mount-root>/<id>`).
     #[arg(long, default_value = "/cache")]
     pub mount_root: PathBuf,
 }
@@ -167,6 +178,7 @@ pub struct SandboxArgs {
 /// `layercache ls`, `stats`, `verify`.
 #[derive(Debug, Args)]
 pub struct LsArgs {
+    /// Only this project (default: all).
     #[arg(long)]
     pub project: Option<String>,
 }
@@ -177,11 +189,13 @@ pub struct GcArgs {
     /// e.g. 10G, 512M (bytes, binary units).
     #[arg(long)]
     pub max_size: Option<String>,
+    /// Maximum number of inodes (files, directories, symlinks) the store may hold.
     #[arg(long)]
     pub max_inodes: Option<u64>,
     /// e.g. 30d, 12h, 90m, 3600s.
     #[arg(long)]
     pub max_age: Option<String>,
+    /// Print what would be evicted without removing anything.
     #[arg(long)]
     pub dry_run: bool,
 }
@@ -189,8 +203,10 @@ pub struct GcArgs {
 /// `layercache clear`.
 #[derive(Debug, Args)]
 pub struct ClearArgs {
+    /// The project whose layers are removed.
     #[arg(long)]
     pub project: String,
+    /// Only this cache of the project (default: every cache).
     #[arg(long)]
     pub cache: Option<String>,
 }

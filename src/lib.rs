@@ -4,6 +4,8 @@
 //! Module map (see DESIGN.md): [`overlay`] is the FUSE filesystem and knows nothing about keys;
 //! [`store`] is the on-disk layer store and knows nothing about FUSE; [`app`] wires the CLI to them.
 
+#![warn(missing_docs)]
+
 pub mod app;
 pub mod cli;
 pub mod error;
