@@ -14,6 +14,7 @@
 //!
 //! An object whose link count is 1 is referenced by no layer and no staging tree: gc removes it.
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -66,6 +67,36 @@ pub fn hash_file(path: &Path) -> io::Result<ObjectId> {
             }
         })?;
     hash_reader(&mut f)
+}
+
+/// Hashes `paths` (regular files) on up to `threads` threads (blake3 of the bytes, as
+/// [`hash_file`]). Files that cannot be read are left out; the caller hashes them itself and
+/// reports the error with its path.
+pub fn hash_files(paths: Vec<PathBuf>, threads: usize) -> HashMap<PathBuf, ObjectId> {
+    let threads = threads.clamp(1, 8);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let paths = &paths;
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(p) = paths.get(i) else { break };
+                        if let Ok(id) = hash_file(p) {
+                            out.push((p.clone(), id));
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    })
 }
 
 fn hash_reader(f: &mut File) -> io::Result<ObjectId> {
@@ -178,9 +209,20 @@ impl ObjectStore {
     /// Errors: [`crate::Error::Io`] naming `src` or the object path (e.g. `ENOSPC` creating the
     /// fan-out directory).
     pub fn store_by_link(&self, src: &Path) -> Result<Stored> {
+        self.store_by_link_hashed(src, None)
+    }
+
+    /// [`ObjectStore::store_by_link`] with the content hash already computed (`Some`), e.g. by
+    /// [`hash_files`] on several threads.
+    ///
+    /// Errors: as [`ObjectStore::store_by_link`].
+    pub fn store_by_link_hashed(&self, src: &Path, hash: Option<ObjectId>) -> Result<Stored> {
         strip_private_xattrs(src).at(src)?;
         let meta = fs::symlink_metadata(src).at(src)?;
-        let id = hash_file(src).at(src)?;
+        let id = match hash {
+            Some(id) => id,
+            None => hash_file(src).at(src)?,
+        };
         let tag = meta_tag(src, &meta).at(src)?;
         let obj = self.path_for(&id, tag);
         match fs::hard_link(src, &obj) {

@@ -19,7 +19,7 @@
 //! regular files are opened with `O_NOFOLLOW`, so nothing written by a run — symlinks included
 //! — can make promotion read or write outside the run's upper dir and its project's store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs;
 use std::io;
@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use super::object::{ObjectStore, copy_metadata};
 use super::sys;
 use crate::error::{IoContext, Result};
+use crate::ids::ObjectId;
 use crate::overlay::whiteout;
 
 /// A pattern naming a credential file that must never enter a shared layer.
@@ -160,9 +161,21 @@ pub fn build_tree(
     upper: Option<&Path>,
     dst: &Path,
 ) -> Result<TreeStats> {
+    // Hash the upper's regular files up front on every core: hashing is most of a promotion's
+    // CPU time (the walk below then only links).
+    let hashes = match upper {
+        Some(u) => {
+            let mut files = Vec::new();
+            collect_files(u, &mut files);
+            let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+            super::object::hash_files(files, threads)
+        }
+        None => HashMap::new(),
+    };
     let mut b = Builder {
         objects,
         stats: TreeStats::default(),
+        hashes,
     };
     match b.merge_dir(lower, upper, dst, Path::new("")) {
         Ok(()) => Ok(b.stats),
@@ -176,6 +189,21 @@ pub fn build_tree(
 struct Builder<'a> {
     objects: &'a ObjectStore,
     stats: TreeStats,
+    /// Content hashes of the upper's regular files, computed in parallel before the walk.
+    hashes: HashMap<PathBuf, ObjectId>,
+}
+
+/// Regular files below `dir` (not following symlinks); unreadable parts are skipped (the
+/// walk that follows reports them).
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for ent in rd.flatten() {
+        match ent.file_type() {
+            Ok(t) if t.is_dir() => collect_files(&ent.path(), out),
+            Ok(t) if t.is_file() => out.push(ent.path()),
+            _ => {}
+        }
+    }
 }
 
 fn read_entries(dir: &Path) -> Result<Vec<(OsString, fs::Metadata)>> {
@@ -282,7 +310,8 @@ impl Builder<'_> {
                 false
             };
             if !linked {
-                let stored = self.objects.store_by_link(src)?;
+                let hash = self.hashes.get(src).copied();
+                let stored = self.objects.store_by_link_hashed(src, hash)?;
                 if stored.new {
                     self.stats.new_objects += 1;
                     self.stats.new_bytes += meta.len();
