@@ -25,6 +25,8 @@ fn child(dir: &Path) {
         )
         .unwrap();
     }
+    // Tell the parent the (slow, load-dependent) startup is over: its kills land in publishes.
+    fs::write(dir.join(format!("ready-{}", std::process::id())), "").unwrap();
     for n in 0.. {
         // A new inode each time: the previous one is an object now and must not change.
         let tmp = upper.join(".counter.tmp");
@@ -55,8 +57,17 @@ fn kill_9_mid_publish_leaves_the_store_consistent() {
             .env("LC_CRASH_CHILD", t.path())
             .spawn()
             .unwrap();
-        // Vary the kill point (pseudo-random spread over startup, build and publish).
-        std::thread::sleep(Duration::from_millis(40 + (round * 37) % 200));
+        // Wait until the child is past its startup (a loaded CI machine can take seconds to
+        // start a test binary), then vary the kill point over the publish loop.
+        let ready = t.path().join(format!("ready-{}", ch.id()));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !ready.exists() && std::time::Instant::now() < deadline {
+            if ch.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(20 + (round * 37) % 200));
         ch.kill().unwrap(); // SIGKILL
         ch.wait().unwrap();
     }

@@ -732,7 +732,14 @@ impl OverlayFs {
         if self.nodes.forget(id, n).is_some() {
             self.drop_fd(id);
             self.listings.forget(id);
-            if self.orphans.lock().remove(&id) {
+            if self.orphans.lock().contains(&id) {
+                // Exclusive against lookups: a lookup of another name of this inode computes
+                // nlink from the upper (which counts the orphan link) and then subtracts the
+                // orphan link if `orphans` still lists it; both must see the same state.
+                let _g = self.ns.write();
+                if !self.orphans.lock().remove(&id) {
+                    return;
+                }
                 let o = Self::orphan_name(id);
                 if let Ok(st) = self.roots.stat(Layer::Work, &o)
                     && st.st_nlink <= 1
