@@ -321,3 +321,27 @@ fn old_daemon_exit_does_not_unmount_a_new_mount() {
         "never caught the old daemon before it exited"
     );
 }
+
+/// SIGTERM/SIGINT to the daemon end the mount cleanly (as libfuse daemons do), instead of
+/// leaving a dead "Transport endpoint is not connected" mount; the upper keeps what was written.
+#[test]
+fn signals_to_the_daemon_unmount() {
+    require_root!();
+    only_layercache!("layercache's daemon");
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mut fx = unmounted_fixture();
+        fx.mount();
+        write(&fx.p("kept"), "data");
+        let pids = daemon_pids(&fx.mnt);
+        assert_eq!(pids.len(), 1, "one daemon for {}", fx.mnt.display());
+        // SAFETY: signalling the daemon this test started.
+        assert_eq!(unsafe { libc::kill(pids[0], sig) }, 0);
+        assert!(
+            wait_exit(pids[0], 10_000),
+            "daemon did not exit on signal {sig}"
+        );
+        assert!(!is_mounted(&fx.mnt), "still mounted after signal {sig}");
+        fx.forget_mount();
+        assert_eq!(read(&fx.upper.join("kept")), "data");
+    }
+}

@@ -149,6 +149,7 @@ pub fn mount_foreground(
             )));
         }
     };
+    unmount_on_signal(mountpoint)?;
     if let Some(ready) = ready {
         let mut f = std::fs::File::from(ready);
         let _ = f.write_all(b"1");
@@ -156,6 +157,33 @@ pub fn mount_foreground(
         redirect_stdio();
     }
     session.run().at(mountpoint)
+}
+
+/// Makes SIGINT, SIGTERM and SIGHUP end the mount the way libfuse daemons do: a dedicated
+/// thread waits for them (they are blocked in every other thread, which inherit the mask) and
+/// lazily unmounts `mountpoint`; the session then sees ENODEV and `run` returns. Without this a
+/// killed daemon leaves a dead mount ("Transport endpoint is not connected").
+///
+/// Errors: [`Error::Io`] if the signal mask cannot be set.
+fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(sig);
+    }
+    set.thread_block()
+        .map_err(|e| Error::io(mountpoint, std::io::Error::from(e)))?;
+    let mnt = mountpoint.to_path_buf();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(sig) = set.wait() {
+                tracing::info!(?sig, mountpoint = %mnt.display(), "signal: unmounting");
+                let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+            }
+        })
+        .map(drop)
+        .at(mountpoint)
 }
 
 /// Mounts `cfg` at `mountpoint` by starting this binary again as a daemon

@@ -162,6 +162,13 @@ pub struct RawOptions {
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
     let meta = fs::metadata(p).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            return Error::invalid(format!(
+                "{what} {}: a dead FUSE mount is there (its daemon is gone); remove it with \
+                 `layercache umount {0}` or `umount -l {0}`",
+                p.display()
+            ));
+        }
         Error::invalid(format!(
             "{what} {}: {e} (want an existing directory)",
             p.display()
