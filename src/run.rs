@@ -423,8 +423,16 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
                 &label,
                 p.mounted.upper.clone().filter(|_| what == "setup"),
             );
+            // The script may name its own mount as `{mount}` (and `{workdir}`, `{mount_root}`,
+            // `{env:NAME}`, as in `env`); it also gets it as $LAYERCACHE_MOUNT.
+            let script = crate::spec::expand(script, &cfg.paths, Some(&p.keys.mountpoint));
+            let mut env = run_env.clone();
+            env.insert(
+                "LAYERCACHE_MOUNT".into(),
+                p.keys.mountpoint.display().to_string(),
+            );
             let t = Instant::now();
-            let status = run_script(cfg, &run_env, &mountpoints, script, &label)?;
+            let status = run_script(cfg, &env, &mountpoints, &script, &label)?;
             drop(progress);
             let ms = t.elapsed().as_millis() as u64;
             if what == "setup" {
@@ -834,6 +842,23 @@ env = { DEPS_DIR = "{mount}" }
 setup = "echo built > \"$DEPS_DIR/out\" && echo setup-ran >> setup.log"
 maintenance = "echo maint >> setup.log"
 "#;
+
+    /// A custom setup finds its mount through `{mount}` and `$LAYERCACHE_MOUNT`, without an
+    /// `env` entry.
+    #[test]
+    fn scripts_see_their_mount() {
+        let spec = r#"project = "p"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+setup = "echo a > {mount}/a && test -n \"$LAYERCACHE_MOUNT\" && test -f \"$LAYERCACHE_MOUNT/a\""
+"#;
+        let e = env(spec, &[]);
+        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+        let events = telemetry::read(&e.cfg.store).unwrap();
+        assert_eq!(events[0].exit_status, 0, "setup failed");
+        assert!(events[0].published);
+    }
 
     #[test]
     fn miss_then_hit_then_restore() {

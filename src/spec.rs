@@ -15,7 +15,8 @@
 //! when the exact key has no entry), Codex cloud environments (a *setup* script fills an empty
 //! environment; a cheaper *maintenance* script runs when a cached one is resumed).
 //!
-//! Templates: `env` values and `mountpoint` may use `{mount}` (the cache's mountpoint),
+//! Templates: `env` values, `mountpoint`, `setup` and `maintenance` may use `{mount}` (the cache's
+//! mountpoint; scripts also get it as `$LAYERCACHE_MOUNT`),
 //! `{workdir}` (the project directory), `{mount_root}` and `{env:NAME}` (the variable in
 //! layercache's own environment, empty when unset).
 
@@ -407,7 +408,8 @@ pub fn expand(template: &str, paths: &Paths, mount: Option<&Path>) -> String {
 
 /// Reads a spec from `FILE`, or standard input when `source` is `-`.
 ///
-/// Errors: [`Error::Io`] naming the file; [`Error::Invalid`] (see [`parse`]).
+/// Errors: [`Error::Invalid`] naming the file when it cannot be read or parsed (see [`parse`]);
+/// [`Error::Io`] when standard input cannot be read.
 pub fn load(source: &str) -> Result<Spec> {
     let (text, name) = if source == "-" {
         let mut s = String::new();
@@ -416,10 +418,13 @@ pub fn load(source: &str) -> Result<Spec> {
             .at("<standard input>")?;
         (s, "<standard input>".to_string())
     } else {
-        (
-            std::fs::read_to_string(source).at(source)?,
-            source.to_string(),
-        )
+        let text = std::fs::read_to_string(source).map_err(|e| {
+            // A spec that cannot be read is bad input (exit 2), like a spec that does not parse.
+            Error::invalid(format!(
+                "spec {source}: {e} (want a readable TOML or JSON file, or - for standard input)"
+            ))
+        })?;
+        (text, source.to_string())
     };
     parse(&text).map_err(|e| Error::invalid(format!("spec {name}: {e}")))
 }
