@@ -31,7 +31,8 @@ set +e
 cargo test --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-left=$(awk '$3 == "fuse.layercache" {print $2}' /proc/mounts)
+# Only the tests' own mount places (temp dirs they create), not other layercache users' mounts.
+left=$(awk '$3 == "fuse.layercache" && $2 ~ /\/(lc-test-|layercache-run-|\.tmp)/ {print $2}' /proc/mounts)
 if [ -n "$left" ]; then
   echo "test.sh: layercache mounts left behind:"; echo "$left"
 fi
