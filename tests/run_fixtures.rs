@@ -1,4 +1,4 @@
-//! `layercache run` on the real fixtures (../shared/fixtures, or `LAYERCACHE_FIXTURES`) with the
+//! `layercache run` on the real fixtures (examples/, or `LAYERCACHE_FIXTURES`) with the
 //! real package managers: the acceptance items of issue 5 for the npm, node_modules, venv, pip,
 //! cargo-target and cargo presets.
 //!
@@ -17,11 +17,12 @@ mod run_common;
 
 use run_common::{Sandbox, can_mount, have_tool, prep_ms};
 
-/// The shared fixtures directory, or `None` (a skip) when it is not there.
+/// A fixture project: the copies bundled in the repo's `examples/` (npm-app, pip-app,
+/// cargo-app), or `$LAYERCACHE_FIXTURES/<name>`; `None` (a skip) when it is not there.
 fn fixture(name: &str) -> Option<PathBuf> {
     let root = std::env::var_os("LAYERCACHE_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"));
     let dir = root.join(name);
     if !dir.is_dir() {
         eprintln!("skipped: fixture {} not found", dir.display());

@@ -1,4 +1,4 @@
-//! End to end with a real package manager: `npm ci` of ../shared/fixtures/npm-app fills the
+//! End to end with a real package manager: `npm ci` of examples/npm-app (the bundled fixture) fills the
 //! npm cache (miss) and node_modules layers, `commit` publishes them, a second mount hits and
 //! `npm ci --offline` installs from the layer alone. Needs root, /dev/fuse, npm and (for the
 //! fill) the npm registry; skipped otherwise. Mounts are held by guards that unmount on Drop.
@@ -10,7 +10,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const FIXTURE: &str = "/work/shared/fixtures/npm-app";
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/npm-app");
 
 fn is_mounted(mnt: &Path) -> bool {
     let (a, b) = (fs::metadata(mnt), fs::metadata(mnt.parent().unwrap()));
