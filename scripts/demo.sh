@@ -20,6 +20,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -e /dev/fuse ] || { echo "demo.sh: /dev/fuse is missing" >&2; exit 2; }
 
+echo "== building layercache (cargo build; a few minutes the first time)"
 cargo build --quiet
 bin=$repo/target/debug/layercache
 
