@@ -78,7 +78,17 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
         all.push(crate::key::compute(cache, &paths, &env)?);
     }
     // What each key would match now (a store that cannot be opened shows no matches).
-    let store = store_root(global).and_then(|r| crate::store::Store::open(Some(&r)));
+    // Never creates a store: a missing one just matches nothing.
+    let store = store_root(global).and_then(|r| {
+        if crate::store::exists_at(&r) {
+            crate::store::Store::open(Some(&r))
+        } else {
+            Err(crate::Error::invalid(format!(
+                "no store at {}",
+                r.display()
+            )))
+        }
+    });
     let mut matches = Vec::new();
     for k in &all {
         let found = match &store {

@@ -12,11 +12,31 @@ use crate::cli::{ClearArgs, GcArgs, GlobalArgs, LsArgs, MountArgs, MountpointArg
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 
+fn root(global: &GlobalArgs) -> Result<PathBuf> {
+    match &global.store {
+        Some(s) => Ok(s.clone()),
+        None => super::default_root(),
+    }
+}
+
 fn open(global: &GlobalArgs) -> Result<Store> {
-    let root: PathBuf = match &global.store {
-        Some(s) => s.clone(),
-        None => super::default_root()?,
-    };
+    Store::open(Some(&root(global)?))
+}
+
+/// Opens the store for a command that only reads or trims it (`ls`, `gc`, `clear`, `verify`):
+/// a store that does not exist yet is not created (a mistyped `--store` would otherwise look
+/// like an empty store).
+///
+/// Errors: [`Error::Invalid`] naming the path when no store is there.
+fn open_existing(global: &GlobalArgs) -> Result<Store> {
+    let root = root(global)?;
+    if !super::exists_at(&root) {
+        return Err(Error::invalid(format!(
+            "no layercache store at {} (one is created by the first `mount` or `run`; check \
+             --store / LAYERCACHE_STORE)",
+            root.display()
+        )));
+    }
     Store::open(Some(&root))
 }
 
@@ -97,7 +117,7 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
 ///
 /// Errors: [`Error::Invalid`] for a bad project id; store read errors.
 pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
-    let store = open(global)?;
+    let store = open_existing(global)?;
     let rows = store.list(project_opt(&a.project)?.as_ref())?;
     if global.json {
         emit(&json(&rows));
@@ -137,7 +157,7 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
         max_age: a.max_age.as_deref().map(gc::parse_duration).transpose()?,
         dry_run: a.dry_run,
     };
-    let r = open(global)?.gc(&opts)?;
+    let r = open_existing(global)?.gc(&opts)?;
     if global.json {
         emit(&json(&r));
     } else {
@@ -165,7 +185,7 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
 pub fn clear(global: &GlobalArgs, a: &ClearArgs) -> Result<i32> {
     let project = ProjectId::new(a.project.as_str())?;
     let cache = a.cache.as_deref().map(CacheId::new).transpose()?;
-    let r = open(global)?.clear(&project, cache.as_ref())?;
+    let r = open_existing(global)?.clear(&project, cache.as_ref())?;
     if global.json {
         emit(&json(&r));
     } else {
@@ -191,7 +211,7 @@ pub fn clear(global: &GlobalArgs, a: &ClearArgs) -> Result<i32> {
 ///
 /// Errors: [`Error::Invalid`] for a bad project id; store errors.
 pub fn verify(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
-    let r = open(global)?.verify(project_opt(&a.project)?.as_ref())?;
+    let r = open_existing(global)?.verify(project_opt(&a.project)?.as_ref())?;
     if global.json {
         emit(&json(&r));
     } else {

@@ -610,6 +610,11 @@ fn canonical_mountpoint(p: &Path) -> Result<PathBuf> {
     Ok(c)
 }
 
+/// True when a layercache store (format file included) exists at `root`.
+pub fn exists_at(root: &Path) -> bool {
+    root.join("v1").join("format.json").is_file()
+}
+
 impl Store {
     /// Opens (creating if needed) the store at `root`, or at [`default_root`] when `None`.
     /// Creates `v1/`, `format.json` and a default `config.toml`, and reads the limits.
