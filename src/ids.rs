@@ -2,7 +2,7 @@
 //!
 //! Each newtype validates in its constructor, so a value of the type is always safe to use as a
 //! single path component: 1..=128 bytes (keys up to 512), ASCII letters, digits and `._-+=@,`
-//! (`:` too for keys), not starting with `.`, no `/`, no `..`, no control characters.
+//! (`:` too for keys), not starting with `.` or `-`, no `/`, no `..`, no control characters.
 
 use std::fmt;
 
@@ -16,9 +16,9 @@ fn validate(kind: &str, value: &str, max: usize, extra: &[u8]) -> Result<()> {
             "invalid {kind} {value:?}: must be 1 to {max} bytes long"
         )));
     }
-    if value.starts_with('.') {
+    if value.starts_with('.') || value.starts_with('-') {
         return Err(Error::invalid(format!(
-            "invalid {kind} {value:?}: must not start with '.'"
+            "invalid {kind} {value:?}: must not start with '.' or '-'"
         )));
     }
     if let Some(bad) = value.bytes().find(|b| !allowed(*b)) {
@@ -146,7 +146,16 @@ mod tests {
 
     #[test]
     fn ids_reject_path_tricks() {
-        for bad in ["", "..", ".hidden", "a/b", "a\nb", "a b", &"x".repeat(129)] {
+        for bad in [
+            "",
+            "..",
+            ".hidden",
+            "-x",
+            "a/b",
+            "a\nb",
+            "a b",
+            &"x".repeat(129),
+        ] {
             assert!(ProjectId::new(bad).is_err(), "{bad:?} accepted");
         }
         assert_eq!(ProjectId::new("acme-web_2").unwrap().as_str(), "acme-web_2");

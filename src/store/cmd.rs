@@ -86,6 +86,13 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
 pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     let store = open(global)?;
     let out = store.commit(&a.mountpoint)?;
+    if out.result == super::CommitResult::Exists {
+        eprintln!(
+            "layercache: key {} was already published (keys are immutable); this mount's changes \
+             were discarded and the mount now shows the published layer",
+            out.key
+        );
+    }
     if !out.dropped.is_empty() {
         eprintln!(
             "layercache: credential files kept out of the layer: {}",

@@ -818,11 +818,25 @@ impl Store {
                     continue; // look up again under the lock: the filler may have published
                 }
                 let remaining = deadline.saturating_duration_since(Instant::now());
+                if !remaining.is_zero() {
+                    eprintln!(
+                        "layercache: another run is filling {}/{} key {}; waiting up to {} s for it \
+                         (--fill-wait)",
+                        req.project,
+                        req.cache,
+                        req.key,
+                        remaining.as_secs()
+                    );
+                }
                 let w = Instant::now();
                 match Lease::acquire_timeout(&fill_path, Mode::Exclusive, remaining)? {
                     Some(l) => fill = Some(l),
                     None => {
-                        tracing::warn!(key = %req.key, "fill wait expired; filling without the fill lock");
+                        eprintln!(
+                            "layercache: the other fill of key {} did not finish in time; filling \
+                             it here too (only one of the two is published)",
+                            req.key
+                        );
                         gave_up = true;
                     }
                 }
