@@ -522,3 +522,171 @@ fn bad_input_is_exit_2_and_names_it() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// Unmounts a tmpfs on drop (after the mounts that live on it are gone).
+struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem holding `path` until writes fail with ENOSPC.
+fn fill_up(path: &Path) {
+    use std::io::Write;
+    let mut f = fs::File::create(path).unwrap();
+    for chunk in [65536usize, 4096, 1] {
+        let buf = vec![0xa5u8; chunk];
+        loop {
+            match f.write(&buf) {
+                Ok(n) if n > 0 => {}
+                Ok(_) => break,
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A full disk (ENOSPC) while filling gives the writer ENOSPC (not EIO); while promoting it is
+/// a clear error: nothing is published, the published layer is intact, and the mount stays as
+/// it was so the commit can be retried once there is space.
+#[test]
+fn enospc_while_filling_and_promoting_loses_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let small = t.path().join("small");
+    fs::create_dir(&small).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount tmpfs");
+    let _tmpfs = Tmpfs(small.clone());
+    let store = small.join("store");
+    let lc = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_layercache"))
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .env_remove("LAYERCACHE_STORE")
+            .output()
+            .unwrap()
+    };
+    let guard = |mnt: &Path| Mounted {
+        store: store.clone(),
+        mnt: mnt.to_path_buf(),
+    };
+    // A published layer that must survive everything below.
+    let (m1, m2) = (t.path().join("m1"), t.path().join("m2"));
+    fs::create_dir_all(&m1).unwrap();
+    fs::create_dir_all(&m2).unwrap();
+    let _g1 = guard(&m1);
+    assert!(
+        lc(&[
+            "mount",
+            "--project",
+            "p",
+            "--cache",
+            "c",
+            "--key",
+            "k1",
+            m1.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    write(&m1.join("keep"), "published data");
+    assert!(lc(&["commit", m1.to_str().unwrap()]).status.success());
+    assert!(lc(&["umount", m1.to_str().unwrap()]).status.success());
+
+    let _g2 = guard(&m2);
+    assert!(
+        lc(&[
+            "mount",
+            "--project",
+            "p",
+            "--cache",
+            "c",
+            "--key",
+            "k2",
+            m2.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    // Filling: the writer sees ENOSPC.
+    let big = vec![7u8; 16 << 20];
+    let err = fs::write(m2.join("big"), &big).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    fs::remove_file(m2.join("big")).unwrap();
+    for i in 0..20 {
+        write(&m2.join(format!("d{i}/f")), &format!("file {i}"));
+    }
+    // Promoting with no space left: an error naming the problem, nothing published.
+    let filler = small.join("filler");
+    fill_up(&filler);
+    let o = lc(&["commit", m2.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "commit succeeded on a full disk");
+    assert!(stderr.contains("No space left"), "{stderr}");
+    let ls = lc(&["--json", "ls", "--project", "p"]);
+    let layers: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(layers.as_array().unwrap().len(), 1, "{layers}");
+    // The mount is put back when that is possible (on a completely full disk it may not be:
+    // then the error says so and the run dir is left for gc).
+    fs::remove_file(&filler).unwrap();
+    if is_mounted(&m2) {
+        assert_eq!(fs::read_to_string(m2.join("d3/f")).unwrap(), "file 3");
+        let o = lc(&["commit", m2.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(lc(&["umount", m2.to_str().unwrap()]).status.success());
+    } else {
+        assert!(stderr.contains("could not be mounted again"), "{stderr}");
+    }
+    // The published layer is intact and the store still works.
+    assert!(
+        lc(&[
+            "mount",
+            "--project",
+            "p",
+            "--cache",
+            "c",
+            "--key",
+            "k1",
+            m1.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    assert_eq!(
+        fs::read_to_string(m1.join("keep")).unwrap(),
+        "published data"
+    );
+    assert!(lc(&["umount", m1.to_str().unwrap()]).status.success());
+    assert!(
+        lc(&[
+            "mount",
+            "--project",
+            "p",
+            "--cache",
+            "c",
+            "--key",
+            "k3",
+            m2.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    write(&m2.join("x"), "x");
+    assert!(lc(&["commit", m2.to_str().unwrap()]).status.success());
+    assert!(lc(&["umount", m2.to_str().unwrap()]).status.success());
+    let v = lc(&["verify", "--project", "p"]);
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+}

@@ -1114,7 +1114,11 @@ impl Store {
                     held.fill,
                     Some(&run_dir),
                 ) {
-                    tracing::error!(error = %e2, "could not restore the mount after a failed commit");
+                    eprintln!(
+                        "layercache: the commit failed and {} could not be mounted again ({e2}); \
+                         its files stay in the run directory until gc",
+                        mnt.display()
+                    );
                 }
                 return Err(e);
             }
