@@ -225,38 +225,25 @@ impl ObjectStore {
         };
         let tag = meta_tag(src, &meta).at(src)?;
         let obj = self.path_for(&id, tag);
-        match fs::hard_link(src, &obj) {
-            Ok(()) => Ok(Stored {
-                path: obj,
-                new: true,
-            }),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(Stored {
-                path: obj,
-                new: false,
-            }),
+        // Ok(true): linked as a new object; Ok(false): an equal object exists already.
+        let link = || match fs::hard_link(src, &obj) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
+            Err(e) => Err(e),
+        };
+        let new = match link() {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 let parent = obj.parent().unwrap_or(&self.dir);
                 fs::create_dir_all(parent).at(parent)?;
-                match fs::hard_link(src, &obj) {
-                    Ok(()) => Ok(Stored {
-                        path: obj,
-                        new: true,
-                    }),
-                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(Stored {
-                        path: obj,
-                        new: false,
-                    }),
-                    Err(e) => Err(crate::Error::io(&obj, e)),
-                }
+                link()
             }
             // The source inode itself is at its link limit: it is an object already (a lower
             // tree file); find or make a spill copy to hand out instead.
-            Err(e) if e.raw_os_error() == Some(libc::EMLINK) => Ok(Stored {
-                path: obj,
-                new: false,
-            }),
-            Err(e) => Err(crate::Error::io(&obj, e)),
+            Err(e) if e.raw_os_error() == Some(libc::EMLINK) => Ok(false),
+            r => r,
         }
+        .at(&obj)?;
+        Ok(Stored { path: obj, new })
     }
 
     /// Hardlinks `object` at `dst`. When the object is at the filesystem's link limit
