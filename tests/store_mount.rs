@@ -23,18 +23,44 @@ fn can_mount() -> bool {
     true
 }
 
+/// A temporary directory for mountpoints and the store. Fields drop in order: the tmpfs (if
+/// any) is unmounted before the directory is removed.
 struct Env {
+    store: PathBuf,
+    tmpfs: Option<Tmpfs>,
     t: tempfile::TempDir,
 }
 
 impl Env {
     fn new() -> Env {
+        let t = tempfile::tempdir().unwrap();
         Env {
-            t: tempfile::tempdir().unwrap(),
+            store: t.path().join("store"),
+            tmpfs: None,
+            t,
         }
     }
+    /// An Env whose store lives on a fresh tmpfs of `size` (e.g. "8m") mounted at
+    /// [`Env::small`]; mountpoints stay outside it.
+    fn on_tmpfs(size: &str) -> Env {
+        let mut env = Env::new();
+        let small = env.dir("small");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&small)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount tmpfs");
+        env.tmpfs = Some(Tmpfs(small.clone()));
+        env.store = small.join("store");
+        env
+    }
+    /// The tmpfs of [`Env::on_tmpfs`].
+    fn small(&self) -> &Path {
+        &self.tmpfs.as_ref().expect("an Env::on_tmpfs").0
+    }
     fn store(&self) -> PathBuf {
-        self.t.path().join("store")
+        self.store.clone()
     }
     fn dir(&self, name: &str) -> PathBuf {
         let p = self.t.path().join(name);
@@ -97,6 +123,9 @@ impl Env {
     }
     fn commit(&self, mnt: &Path) -> Value {
         self.json(&["commit", mnt.to_str().unwrap()])
+    }
+    fn umount(&self, mnt: &Path) {
+        self.lc_ok(&["umount", mnt.to_str().unwrap()]);
     }
     fn layers(&self, project: &str) -> Vec<Value> {
         match self.json(&["--json", "ls", "--project", project]) {
@@ -179,7 +208,7 @@ fn miss_commit_hit_roundtrip() {
     write(&mnt.join("scratch"), "private to this run");
     // Commit after a hit is a no-op.
     assert_eq!(env.commit(&mnt)["result"], "noop");
-    env.lc_ok(&["umount", mnt.to_str().unwrap()]);
+    env.umount(&mnt);
     assert!(!is_mounted(&mnt));
     drop(guard);
 
@@ -343,7 +372,7 @@ fn gc_evicts_lru_never_a_mounted_layer() {
         ])["result"],
         "miss"
     );
-    env.lc_ok(&["umount", mnt.to_str().unwrap()]);
+    env.umount(&mnt);
 }
 
 #[test]
@@ -559,68 +588,15 @@ fn enospc_while_filling_and_promoting_loses_nothing() {
     if !can_mount() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let small = t.path().join("small");
-    fs::create_dir(&small).unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&small)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "mount tmpfs");
-    let _tmpfs = Tmpfs(small.clone());
-    let store = small.join("store");
-    let lc = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_layercache"))
-            .arg("--store")
-            .arg(&store)
-            .args(args)
-            .env_remove("LAYERCACHE_STORE")
-            .output()
-            .unwrap()
-    };
-    let guard = |mnt: &Path| Mounted {
-        store: store.clone(),
-        mnt: mnt.to_path_buf(),
-    };
+    let env = Env::on_tmpfs("8m");
     // A published layer that must survive everything below.
-    let (m1, m2) = (t.path().join("m1"), t.path().join("m2"));
-    fs::create_dir_all(&m1).unwrap();
-    fs::create_dir_all(&m2).unwrap();
-    let _g1 = guard(&m1);
-    assert!(
-        lc(&[
-            "mount",
-            "--project",
-            "p",
-            "--cache",
-            "c",
-            "--key",
-            "k1",
-            m1.to_str().unwrap()
-        ])
-        .status
-        .success()
-    );
+    let (m1, m2) = (env.dir("m1"), env.dir("m2"));
+    let (_g1, _) = env.mount("p", "c", "k1", &[], &m1);
     write(&m1.join("keep"), "published data");
-    assert!(lc(&["commit", m1.to_str().unwrap()]).status.success());
-    assert!(lc(&["umount", m1.to_str().unwrap()]).status.success());
+    env.commit(&m1);
+    env.umount(&m1);
 
-    let _g2 = guard(&m2);
-    assert!(
-        lc(&[
-            "mount",
-            "--project",
-            "p",
-            "--cache",
-            "c",
-            "--key",
-            "k2",
-            m2.to_str().unwrap()
-        ])
-        .status
-        .success()
-    );
+    let (_g2, _) = env.mount("p", "c", "k2", &[], &m2);
     // Filling: the writer sees ENOSPC.
     let big = vec![7u8; 16 << 20];
     let err = fs::write(m2.join("big"), &big).unwrap_err();
@@ -630,63 +606,34 @@ fn enospc_while_filling_and_promoting_loses_nothing() {
         write(&m2.join(format!("d{i}/f")), &format!("file {i}"));
     }
     // Promoting with no space left: an error naming the problem, nothing published.
-    let filler = small.join("filler");
+    let filler = env.small().join("filler");
     fill_up(&filler);
-    let o = lc(&["commit", m2.to_str().unwrap()]);
+    let o = env.lc(&["commit", m2.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "commit succeeded on a full disk");
     assert!(stderr.contains("No space left"), "{stderr}");
-    let ls = lc(&["--json", "ls", "--project", "p"]);
-    let layers: Value = serde_json::from_slice(&ls.stdout).unwrap();
-    assert_eq!(layers.as_array().unwrap().len(), 1, "{layers}");
+    let layers = env.layers("p");
+    assert_eq!(layers.len(), 1, "{layers:?}");
     // The mount is put back when that is possible (on a completely full disk it may not be:
     // then the error says so and the run dir is left for gc).
     fs::remove_file(&filler).unwrap();
     if is_mounted(&m2) {
         assert_eq!(fs::read_to_string(m2.join("d3/f")).unwrap(), "file 3");
-        let o = lc(&["commit", m2.to_str().unwrap()]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(lc(&["umount", m2.to_str().unwrap()]).status.success());
+        env.commit(&m2);
+        env.umount(&m2);
     } else {
         assert!(stderr.contains("could not be mounted again"), "{stderr}");
     }
     // The published layer is intact and the store still works.
-    assert!(
-        lc(&[
-            "mount",
-            "--project",
-            "p",
-            "--cache",
-            "c",
-            "--key",
-            "k1",
-            m1.to_str().unwrap()
-        ])
-        .status
-        .success()
-    );
+    let (_g1, _) = env.mount("p", "c", "k1", &[], &m1);
     assert_eq!(
         fs::read_to_string(m1.join("keep")).unwrap(),
         "published data"
     );
-    assert!(lc(&["umount", m1.to_str().unwrap()]).status.success());
-    assert!(
-        lc(&[
-            "mount",
-            "--project",
-            "p",
-            "--cache",
-            "c",
-            "--key",
-            "k3",
-            m2.to_str().unwrap()
-        ])
-        .status
-        .success()
-    );
+    env.umount(&m1);
+    let (_g2, _) = env.mount("p", "c", "k3", &[], &m2);
     write(&m2.join("x"), "x");
-    assert!(lc(&["commit", m2.to_str().unwrap()]).status.success());
-    assert!(lc(&["umount", m2.to_str().unwrap()]).status.success());
-    let v = lc(&["verify", "--project", "p"]);
-    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+    env.commit(&m2);
+    env.umount(&m2);
+    env.lc_ok(&["verify", "--project", "p"]);
 }
