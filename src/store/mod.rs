@@ -229,6 +229,19 @@ impl ProjectDirs {
         Ok(removed)
     }
 
+    /// Unpublishes and removes layer `id` under an exclusive lease on it; `false` (nothing
+    /// changed) when the layer is mounted (its lease is held).
+    ///
+    /// Errors: [`Error::Io`] reading the keys or removing the layer.
+    fn evict(&self, id: &LayerId) -> Result<bool> {
+        let Some(_x) = Lease::try_acquire(&self.layer(id).lease_path(), Mode::Exclusive)? else {
+            return Ok(false);
+        };
+        self.unpublish(id)?;
+        self.remove_layer(id)?;
+        Ok(true)
+    }
+
     /// Moves layer `id` out of `layers/` (so no lookup can reach it) and deletes it.
     fn remove_layer(&self, id: &LayerId) -> Result<()> {
         let from = self.layers().join(id.as_str());
@@ -455,6 +468,21 @@ pub struct RunRecord {
     pub fill_lock_fd: Option<i32>,
     /// Mount time, ms since the epoch.
     pub mounted_ms: u64,
+}
+
+impl RunRecord {
+    /// The request of this run's mount, to mount again at once (no fill wait) at the same
+    /// mountpoint.
+    fn remount_request(&self) -> MountRequest {
+        MountRequest {
+            project: self.project.clone(),
+            cache: self.cache.clone(),
+            key: self.key.clone(),
+            restore_keys: self.restore_keys.clone(),
+            fill_wait: Duration::ZERO,
+            mountpoint: self.mountpoint.clone(),
+        }
+    }
 }
 
 /// Result of a publish without a mount ([`Store::promote_dirs`]).
@@ -1090,14 +1118,7 @@ impl Store {
             Ok(p) => p,
             Err(e) => {
                 // Nothing was published: put the previous mount back (same lower and upper).
-                let req = MountRequest {
-                    project: rec.project.clone(),
-                    cache: rec.cache.clone(),
-                    key: rec.key.clone(),
-                    restore_keys: rec.restore_keys.clone(),
-                    fill_wait: Duration::ZERO,
-                    mountpoint: mnt.clone(),
-                };
+                let req = rec.remount_request();
                 let lower_lease = match &rec.lower {
                     Some(id) => self.lease_layer(&pd, id)?,
                     None => None,
@@ -1126,14 +1147,7 @@ impl Store {
         // The old run is done: its upper's files now live in the store.
         drop(held.others);
         remove_tree(&run_dir)?;
-        let req = MountRequest {
-            project: rec.project.clone(),
-            cache: rec.cache.clone(),
-            key: rec.key.clone(),
-            restore_keys: rec.restore_keys.clone(),
-            fill_wait: Duration::ZERO,
-            mountpoint: mnt.clone(),
-        };
+        let req = rec.remount_request();
         let remount = match self.lease_layer(&pd, &published.layer)? {
             Some(lease) => Some(self.mount_run(
                 &pd,
@@ -1331,30 +1345,24 @@ impl Store {
                 }
             }
         })();
-        match published {
-            Ok(None) => Ok(Published {
-                result: CommitResult::Published,
-                layer: id,
-                manifest,
-                skipped: stats.skipped,
-                promote_ms,
-                publish_ms: ms_since(tpub),
-            }),
+        let (result, layer) = match published {
+            Ok(None) => (CommitResult::Published, id),
             Ok(Some(winner)) => {
                 // Someone else published the key first: ours is discarded (actions/cache:
                 // keys are immutable). Its new objects become unreferenced; gc sweeps them.
                 remove_tree(&final_layer.dir)?;
-                Ok(Published {
-                    result: CommitResult::Exists,
-                    layer: winner,
-                    manifest,
-                    skipped: stats.skipped,
-                    promote_ms,
-                    publish_ms: ms_since(tpub),
-                })
+                (CommitResult::Exists, winner)
             }
-            Err(e) => Err(undo(e, &stats, &final_layer.dir)),
-        }
+            Err(e) => return Err(undo(e, &stats, &final_layer.dir)),
+        };
+        Ok(Published {
+            result,
+            layer,
+            manifest,
+            skipped: stats.skipped,
+            promote_ms,
+            publish_ms: ms_since(tpub),
+        })
     }
 
     /// True when `mountpoint` is a mount made by `layercache mount`/`run` in this store.
@@ -1496,18 +1504,10 @@ impl Store {
         for i in evict {
             let (pi, id) = &where_[i];
             let pd = &pds[*pi];
-            let l = pd.layer(id);
-            if dry {
-                report.evicted.push(format!("{}/{id}", pd.project));
-                continue;
-            }
             // Re-check under an exclusive lease: a mount may have started meanwhile.
-            let Some(_x) = Lease::try_acquire(&l.lease_path(), Mode::Exclusive)? else {
-                continue;
-            };
-            pd.unpublish(id)?;
-            pd.remove_layer(id)?;
-            report.evicted.push(format!("{}/{id}", pd.project));
+            if dry || pd.evict(id)? {
+                report.evicted.push(format!("{}/{id}", pd.project));
+            }
         }
         // 3. Objects no tree links any more.
         for pd in &pds {
@@ -1559,13 +1559,11 @@ impl Store {
                     _ => continue,
                 }
             }
-            let Some(_x) = Lease::try_acquire(&l.lease_path(), Mode::Exclusive)? else {
+            if pd.evict(&id)? {
+                report.removed.push(id);
+            } else {
                 report.in_use.push(id);
-                continue;
-            };
-            pd.unpublish(&id)?;
-            pd.remove_layer(&id)?;
-            report.removed.push(id);
+            }
         }
         // Keys whose layer is gone (a crash mid-eviction) go too.
         for (c, k, l) in pd.all_keys()? {
