@@ -89,8 +89,8 @@ fn kill_9_mid_publish_leaves_the_store_consistent() {
                 files += 1;
             }
         }
-        assert_eq!(files, m.files, "key {k}: layer {id} is incomplete");
-        assert_eq!(m.files, 400);
+        assert_eq!(files, m.counts.files, "key {k}: layer {id} is incomplete");
+        assert_eq!(m.counts.files, 400);
     }
     let r = store.gc(&GcOptions::default()).unwrap();
     eprintln!("after 12 kills: {} keys; gc: {r:?}", keys.len());

@@ -38,6 +38,16 @@ pub struct Manifest {
     pub parent: Option<LayerId>,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_ms: u64,
+    /// What the tree holds (flattened: the JSON has these fields at the top level).
+    #[serde(flatten)]
+    pub counts: TreeCounts,
+    /// Paths (relative to the tree) dropped as credential files.
+    pub dropped: Vec<String>,
+}
+
+/// What a layer's tree holds, counted while it is built (see `promote::build_tree`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeCounts {
     /// Apparent size of the regular files in the tree, bytes (each path counted).
     pub bytes: u64,
     /// Number of regular files in the tree.
@@ -52,8 +62,6 @@ pub struct Manifest {
     pub new_objects: u64,
     /// Bytes of the objects this promotion added (bytes not stored before).
     pub new_bytes: u64,
-    /// Paths (relative to the tree) dropped as credential files.
-    pub dropped: Vec<String>,
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -188,17 +196,26 @@ mod tests {
             key: CacheKey::new("k1").unwrap(),
             parent: None,
             created_ms: now_ms(),
-            bytes: 1,
-            files: 1,
-            dirs: 1,
-            symlinks: 0,
-            other: 0,
-            new_objects: 1,
-            new_bytes: 1,
+            counts: TreeCounts {
+                bytes: 1,
+                files: 1,
+                dirs: 1,
+                symlinks: 0,
+                other: 0,
+                new_objects: 1,
+                new_bytes: 1,
+            },
             dropped: vec![],
         };
         l.write_manifest(&m).unwrap();
         assert_eq!(l.manifest().unwrap(), m);
+        // The counts stand at the top level of manifest.json.
+        let json: serde_json::Value =
+            serde_json::from_slice(&fs::read(l.dir.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(
+            (json["files"].as_u64(), json["dirs"].as_u64()),
+            (Some(1), Some(1))
+        );
         l.touch_used().unwrap();
         assert!(l.idle() < Duration::from_secs(5));
     }

@@ -948,7 +948,7 @@ impl Store {
             Some(id) => {
                 let l = pd.layer(id);
                 let m = l.manifest().map_err(cleanup)?;
-                (l.tree(), m.bytes, m.files)
+                (l.tree(), m.counts.bytes, m.counts.files)
             }
             None => (pd.empty(), 0, 0),
         };
@@ -1170,10 +1170,10 @@ impl Store {
             key: rec.key,
             layer: Some(published.layer.clone()),
             parent: rec.lower,
-            bytes: m.bytes,
-            files: m.files,
-            new_objects: m.new_objects,
-            new_bytes: m.new_bytes,
+            bytes: m.counts.bytes,
+            files: m.counts.files,
+            new_objects: m.counts.new_objects,
+            new_bytes: m.counts.new_bytes,
             dropped: m.dropped.clone(),
             skipped: published.skipped.clone(),
             remount,
@@ -1217,7 +1217,7 @@ impl Store {
             for id in pd.layer_ids()? {
                 if let Ok(m) = pd.layer(&id).manifest() {
                     u.layers += 1;
-                    u.inodes += m.dirs + m.symlinks + m.other;
+                    u.inodes += m.counts.dirs + m.counts.symlinks + m.counts.other;
                 }
             }
         }
@@ -1297,13 +1297,7 @@ impl Store {
             key: key.clone(),
             parent: parent.map(|p| p.id.clone()),
             created_ms: now_ms(),
-            bytes: stats.bytes,
-            files: stats.files,
-            dirs: stats.dirs,
-            symlinks: stats.symlinks,
-            other: stats.other,
-            new_objects: stats.new_objects,
-            new_bytes: stats.new_bytes,
+            counts: stats.counts,
             dropped: stats.dropped.clone(),
         };
         let prep = (|| -> Result<()> {
@@ -1414,8 +1408,8 @@ impl Store {
                     parent: m.parent,
                     created_ms: m.created_ms,
                     last_used_ms: last,
-                    bytes: m.bytes,
-                    files: m.files,
+                    bytes: m.counts.bytes,
+                    files: m.counts.files,
                     in_use: lease::is_held(&l.lease_path(), Mode::Exclusive)?,
                     layer: id,
                 });

@@ -27,6 +27,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use super::layer::TreeCounts;
 use super::object::{ObjectStore, copy_metadata};
 use super::sys;
 use crate::error::{IoContext, Result};
@@ -128,20 +129,8 @@ pub fn is_credential(rel: &Path, src: &Path) -> bool {
 /// What a tree build produced.
 #[derive(Clone, Debug, Default)]
 pub struct TreeStats {
-    /// Apparent bytes of regular files (each path counted).
-    pub bytes: u64,
-    /// Regular files.
-    pub files: u64,
-    /// Directories, the root included.
-    pub dirs: u64,
-    /// Symlinks.
-    pub symlinks: u64,
-    /// Fifos kept.
-    pub other: u64,
-    /// Objects added to the store.
-    pub new_objects: u64,
-    /// Bytes of the objects added.
-    pub new_bytes: u64,
+    /// What the built tree holds.
+    pub counts: TreeCounts,
     /// Credential files dropped (relative paths).
     pub dropped: Vec<String>,
     /// Sockets and device nodes dropped (relative paths).
@@ -232,7 +221,7 @@ impl Builder<'_> {
         rel: &Path,
     ) -> Result<()> {
         fs::create_dir(dst).at(dst)?;
-        self.stats.dirs += 1;
+        self.stats.counts.dirs += 1;
         let hide_lower = match upper {
             Some(u) => opaque(u)?,
             None => false,
@@ -313,23 +302,23 @@ impl Builder<'_> {
                 let hash = self.hashes.get(src).copied();
                 let stored = self.objects.store_by_link_hashed(src, hash)?;
                 if stored.new {
-                    self.stats.new_objects += 1;
-                    self.stats.new_bytes += meta.len();
+                    self.stats.counts.new_objects += 1;
+                    self.stats.counts.new_bytes += meta.len();
                     self.stats.created_objects.push(stored.path.clone());
                 }
                 self.objects.link_object(&stored.path, dst)?;
             }
-            self.stats.files += 1;
-            self.stats.bytes += meta.len();
+            self.stats.counts.files += 1;
+            self.stats.counts.bytes += meta.len();
         } else if ft.is_symlink() {
             let target = fs::read_link(src).at(src)?;
             std::os::unix::fs::symlink(&target, dst).at(dst)?;
             copy_metadata(src, dst)?;
-            self.stats.symlinks += 1;
+            self.stats.counts.symlinks += 1;
         } else if ft.is_fifo() {
             sys::mkfifo(dst, meta.mode()).at(dst)?;
             copy_metadata(src, dst)?;
-            self.stats.other += 1;
+            self.stats.counts.other += 1;
         } else {
             // Sockets and device nodes (whiteouts were handled by the caller).
             self.stats.skipped.push(rel.to_string_lossy().into_owned());
@@ -466,8 +455,8 @@ mod tests {
             fs::metadata(out.join("keep.txt")).unwrap(),
         );
         assert_eq!(a.ino(), b.ino());
-        assert_eq!(st.new_objects, 4, "new, uc, uy, 'now a file'");
-        assert_eq!(st.symlinks, 1);
+        assert_eq!(st.counts.new_objects, 4, "new, uc, uy, 'now a file'");
+        assert_eq!(st.counts.symlinks, 1);
     }
 
     #[test]
@@ -529,7 +518,7 @@ mod tests {
         let out = fx.t.path().join("out");
         let st = build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
         assert_eq!(st.dropped.len(), 9, "{:?}", st.dropped);
-        assert_eq!(st.files, 2);
+        assert_eq!(st.counts.files, 2);
         assert!(out.join("pkg/config.json").exists());
         assert!(!out.join(".npmrc").exists());
         assert!(fs::symlink_metadata(out.join(".netrc")).is_err());
@@ -565,7 +554,10 @@ mod tests {
         std::os::unix::fs::symlink("../../../../outside", upper.join("rel")).unwrap();
         let out = fx.t.path().join("out");
         let st = build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
-        assert_eq!((st.files, st.symlinks, st.new_objects), (0, 3, 0));
+        assert_eq!(
+            (st.counts.files, st.counts.symlinks, st.counts.new_objects),
+            (0, 3, 0)
+        );
         for n in ["escape", "file", "rel"] {
             let m = fs::symlink_metadata(out.join(n)).unwrap();
             assert!(m.file_type().is_symlink());
@@ -609,7 +601,10 @@ mod tests {
         write(&upper.join("pkg-new/index.js"), "brand new");
         let v2 = fx.t.path().join("v2");
         let st = build_tree(&fx.objects, Some(&v1), Some(&upper), &v2).unwrap();
-        assert_eq!((st.files, st.new_objects, st.new_bytes), (51, 1, 9));
+        assert_eq!(
+            (st.counts.files, st.counts.new_objects, st.counts.new_bytes),
+            (51, 1, 9)
+        );
         assert_eq!(fx.objects.list().unwrap().len(), 51);
     }
 }
