@@ -127,6 +127,26 @@ impl Env {
     fn umount(&self, mnt: &Path) {
         self.lc_ok(&["umount", mnt.to_str().unwrap()]);
     }
+    /// Mounts a new `key` (a miss) at `mnt`, writes `files` (path, content), commits (a
+    /// publish) and unmounts; returns the commit's outcome.
+    fn publish(
+        &self,
+        project: &str,
+        cache: &str,
+        key: &str,
+        mnt: &Path,
+        files: &[(&str, &str)],
+    ) -> Value {
+        let (_g, v) = self.mount(project, cache, key, &[], mnt);
+        assert_eq!(v["result"], "miss", "{v}");
+        for (path, content) in files {
+            write(&mnt.join(path), content);
+        }
+        let c = self.commit(mnt);
+        assert_eq!(c["result"], "published", "{c}");
+        self.umount(mnt);
+        c
+    }
     fn layers(&self, project: &str) -> Vec<Value> {
         match self.json(&["--json", "ls", "--project", project]) {
             Value::Array(a) => a,
@@ -244,10 +264,7 @@ fn restore_keys_pick_the_newest_match_in_scope() {
     let env = Env::new();
     let mnt = env.dir("mnt");
     let publish = |project: &str, cache: &str, key: &str, content: &str| {
-        let (_g, v) = env.mount(project, cache, key, &[], &mnt);
-        assert_eq!(v["result"], "miss");
-        write(&mnt.join("which"), content);
-        assert_eq!(env.commit(&mnt)["result"], "published");
+        env.publish(project, cache, key, &mnt, &[("which", content)]);
     };
     publish("p1", "npm", "npm-linux-aaa", "older");
     publish("p1", "npm", "npm-linux-bbb", "newer");
@@ -327,9 +344,7 @@ fn gc_evicts_lru_never_a_mounted_layer() {
     let env = Env::new();
     let mnt = env.dir("mnt");
     for k in ["a", "b", "c"] {
-        let (_g, _) = env.mount("p", "c", k, &[], &mnt);
-        write(&mnt.join("data"), &k.repeat(1000));
-        env.commit(&mnt);
+        env.publish("p", "c", k, &mnt, &[("data", &k.repeat(1000))]);
     }
     // Use "a" again: it becomes the most recently used.
     drop(env.mount("p", "c", "a", &[], &mnt));
@@ -359,19 +374,8 @@ fn gc_evicts_lru_never_a_mounted_layer() {
     let r = env.json(&["--json", "gc", "--max-size", "1"]);
     assert_eq!(r["evicted"].as_array().unwrap().len(), 1);
     assert_eq!(env.layers("p").len(), 0);
-    assert_eq!(
-        env.json(&[
-            "mount",
-            "--project",
-            "p",
-            "--cache",
-            "c",
-            "--key",
-            "a",
-            mnt.to_str().unwrap()
-        ])["result"],
-        "miss"
-    );
+    let (_g, v) = env.mount("p", "c", "a", &[], &mnt);
+    assert_eq!(v["result"], "miss");
     env.umount(&mnt);
 }
 
@@ -427,10 +431,7 @@ fn planted_symlinks_cannot_reach_another_project() {
     let env = Env::new();
     let mnt = env.dir("mnt");
     // p2 has a layer with a secret.
-    let (g, _) = env.mount("p2", "c", "k", &[], &mnt);
-    write(&mnt.join("secret"), "p2 data");
-    env.commit(&mnt);
-    drop(g);
+    env.publish("p2", "c", "k", &mnt, &[("secret", "p2 data")]);
     let p2 = env.store().join("v1/projects/p2");
     let mode = fs::metadata(&p2).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o700);
@@ -473,10 +474,7 @@ fn verify_quarantines_corrupt_layers() {
     }
     let env = Env::new();
     let mnt = env.dir("mnt");
-    let (g, _) = env.mount("p", "c", "k", &[], &mnt);
-    write(&mnt.join("f"), "good bytes");
-    let c = env.commit(&mnt);
-    drop(g);
+    let c = env.publish("p", "c", "k", &mnt, &[("f", "good bytes")]);
     let layer = c["layer"].as_str().unwrap();
     let f = env
         .store()
@@ -591,10 +589,7 @@ fn enospc_while_filling_and_promoting_loses_nothing() {
     let env = Env::on_tmpfs("8m");
     // A published layer that must survive everything below.
     let (m1, m2) = (env.dir("m1"), env.dir("m2"));
-    let (_g1, _) = env.mount("p", "c", "k1", &[], &m1);
-    write(&m1.join("keep"), "published data");
-    env.commit(&m1);
-    env.umount(&m1);
+    env.publish("p", "c", "k1", &m1, &[("keep", "published data")]);
 
     let (_g2, _) = env.mount("p", "c", "k2", &[], &m2);
     // Filling: the writer sees ENOSPC.
@@ -631,9 +626,6 @@ fn enospc_while_filling_and_promoting_loses_nothing() {
         "published data"
     );
     env.umount(&m1);
-    let (_g2, _) = env.mount("p", "c", "k3", &[], &m2);
-    write(&m2.join("x"), "x");
-    env.commit(&m2);
-    env.umount(&m2);
+    env.publish("p", "c", "k3", &m2, &[("x", "x")]);
     env.lc_ok(&["verify", "--project", "p"]);
 }
