@@ -356,12 +356,23 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
     }
     let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let pidfd = daemon.or_else(|| daemon_of(&canon)).and_then(pidfd_open);
-    nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()).map_err(|e| {
-        Error::Failed(format!(
-            "unmount {}: {e} (is a process still using it?)",
-            mountpoint.display()
-        ))
-    })?;
+    // EBUSY can be transient (a file closed by another thread or a process exiting right now
+    // is released a moment later), so retry briefly before reporting it.
+    let busy_until = Instant::now() + Duration::from_secs(2);
+    loop {
+        match nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()) {
+            Ok(()) => break,
+            Err(nix::errno::Errno::EBUSY) if Instant::now() < busy_until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(Error::Failed(format!(
+                    "unmount {}: {e} (is a process still using it?)",
+                    mountpoint.display()
+                )));
+            }
+        }
+    }
     if let Some(fd) = pidfd {
         let mut p = libc::pollfd {
             fd: fd.as_raw_fd(),
