@@ -432,15 +432,14 @@ impl OverlayFs {
             self.data_fd(id, false)?
         };
         let mut buf = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < buf.len() {
-            match f.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
+        let done = loop {
+            // A short pread of a regular file means end of file: no second call to learn it.
+            match f.read_at(&mut buf, offset) {
+                Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(errno(e)),
             }
-        }
+        };
         buf.truncate(done);
         Ok(buf)
     }

@@ -27,8 +27,17 @@ pub use options::OverlayConfig;
 
 use crate::error::{Error, IoContext, Result};
 
-/// Worker threads serving FUSE requests (each with its own cloned /dev/fuse fd).
+/// Worker threads serving FUSE requests (each with its own cloned /dev/fuse fd); the
+/// environment variable `LAYERCACHE_THREADS` (1..=64) overrides it for tuning.
 const THREADS: usize = 4;
+
+fn threads() -> usize {
+    std::env::var("LAYERCACHE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| (1..=64).contains(n))
+        .unwrap_or(THREADS)
+}
 
 /// `layercache overlay -o OPTIONS MOUNTPOINT [-f]`: parse and validate the options, mount, and
 /// either serve in the foreground (`-f`) or return once the mount is ready.
@@ -62,7 +71,7 @@ pub fn cli_daemon(config_json: &str, ready_fd: i32, mountpoint: &Path) -> Result
 fn fuse_config() -> fuser::Config {
     let mut cfg = fuser::Config::default();
     cfg.acl = fuser::SessionACL::All;
-    cfg.n_threads = Some(THREADS);
+    cfg.n_threads = Some(threads());
     cfg.clone_fd = true;
     cfg
 }
