@@ -362,11 +362,15 @@ impl OverlayFs {
         name: &OsStr,
     ) -> OpResult<Option<FileAttr>> {
         let (_, _, r) = self.resolve_in(parent, name)?;
-        Ok(r.map(|r| {
-            self.nodes
-                .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
-            self.attr_of(&r)
-        }))
+        Ok(r.map(|r| self.remember(parent, name, &r)))
+    }
+
+    /// Records a kernel reference to the resolved entry `name` of `parent` and returns the
+    /// attributes to send with it.
+    pub(super) fn remember(&self, parent: u64, name: &OsStr, r: &Resolved) -> FileAttr {
+        self.nodes
+            .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
+        self.attr_of(r)
     }
 
     /// Current attributes of node `id`.

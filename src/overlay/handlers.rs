@@ -20,7 +20,7 @@ use fuser::{
 };
 
 use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
-use super::inode::{Kind, Loc};
+use super::inode::{Kind, Loc, Node};
 use super::ops::{NewEntry, XattrReply};
 
 const GEN: Generation = Generation(0);
@@ -68,29 +68,33 @@ impl OverlayFs {
     }
 
     /// "." and ".." then the listing, starting at `offset`; `add` returns true when full.
+    /// Walks "." and ".." then the listing of `dir` from `offset`, under the namespace lock
+    /// (one snapshot of the directory's node and path for the whole reply, so entries are not
+    /// each re-resolved from the root); `add` gets the entry's id (for "." and "..") or 0, its
+    /// name, kind, cookie and the directory's node and path, and returns true when full.
     fn readdir_walk(
         &self,
         dir: u64,
         offset: u64,
-        mut add: impl FnMut(u64, &OsStr, Kind, u64) -> OpResult<bool>,
+        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Node, &Path) -> OpResult<bool>,
     ) -> OpResult<()> {
-        let listing = {
-            let _g = self.ns.read();
-            self.listing(dir)?
-        };
-        let parent = match self.node(dir)?.loc {
+        let _g = self.ns.read();
+        let listing = self.listing(dir)?;
+        let dnode = self.node(dir)?;
+        let dpath = self.path_of(dir)?;
+        let parent = match dnode.loc {
             Loc::Attached { parent, .. } if parent != 0 => parent,
             _ => dir,
         };
         let mut idx = offset;
         if idx == 0 {
-            if add(dir, OsStr::new("."), Kind::Dir, 1)? {
+            if add(dir, OsStr::new("."), Kind::Dir, 1, &dnode, &dpath)? {
                 return Ok(());
             }
             idx = 1;
         }
         if idx == 1 {
-            if add(parent, OsStr::new(".."), Kind::Dir, 2)? {
+            if add(parent, OsStr::new(".."), Kind::Dir, 2, &dnode, &dpath)? {
                 return Ok(());
             }
             idx = 2;
@@ -101,7 +105,7 @@ impl OverlayFs {
                 return Ok(());
             };
             if let Some((name, kind)) = e
-                && add(0, &name, kind, i as u64 + 3)?
+                && add(0, &name, kind, i as u64 + 3, &dnode, &dpath)?
             {
                 return Ok(());
             }
@@ -360,14 +364,13 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectory,
     ) {
         let dir = ino.0;
-        let r = self.readdir_walk(dir, offset, |id, name, kind, cookie| {
+        let r = self.readdir_walk(dir, offset, |id, name, kind, cookie, dnode, dpath| {
             let id = if id != 0 {
                 id
             } else {
-                let _g = self.ns.read();
-                match self.resolve_in(dir, name)? {
-                    (_, _, Some(r)) => r.id,
-                    _ => return Ok(false),
+                match self.resolve(dir, dnode, dpath, name)? {
+                    Some(r) => r.id,
+                    None => return Ok(false),
                 }
             };
             Ok(reply.add(INodeNo(id), cookie, dtype(kind), name))
@@ -387,21 +390,15 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let dir = ino.0;
-        let r = self.readdir_walk(dir, offset, |id, name, _kind, cookie| {
+        let r = self.readdir_walk(dir, offset, |id, name, _kind, cookie, dnode, dpath| {
             if id != 0 {
                 // "." and "..": not counted by the kernel.
-                let a = {
-                    let _g = self.ns.read();
-                    self.getattr_node(id)?
-                };
+                let a = self.getattr_node(id)?;
                 return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
             }
-            let a = {
-                let _g = self.ns.read();
-                match self.lookup_and_remember(dir, name)? {
-                    Some(a) => a,
-                    None => return Ok(false),
-                }
+            let a = match self.resolve(dir, dnode, dpath, name)? {
+                Some(r) => self.remember(dir, name, &r),
+                None => return Ok(false),
             };
             let full = reply.add(a.ino, cookie, name, &TTL, &a, GEN);
             if full {
