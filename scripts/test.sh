@@ -10,7 +10,15 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v fuse-overlayfs >/dev/null 2>&1 || need+=(fuse-overlayfs)
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
 command -v setfattr >/dev/null 2>&1 || need+=(attr)
-command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v git >/dev/null 2>&1 || need+=(git)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+command -v python3 >/dev/null 2>&1 || need+=(python3 python3-venv)
+# Debian's python3 needs python3-venv for `python3 -m venv` (the venv preset's setup).
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  need+=(python3-venv)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "test.sh: missing ${need[*]}; run as root so they can be installed with apt-get" >&2
@@ -21,6 +29,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
+command -v cargo >/dev/null 2>&1 || { echo "test.sh: cargo (a Rust toolchain) is missing" >&2; exit 2; }
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
