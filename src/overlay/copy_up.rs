@@ -358,10 +358,11 @@ impl OverlayFs {
     /// Errors: `ENOENT` for a node that is gone; the errno of a failed copy (nothing is left
     /// half-copied in the upper dir).
     pub(super) fn copy_up(&self, id: u64, limit: Option<u64>) -> OpResult<()> {
-        let n = self.node(id)?;
-        if n.upper {
+        // Every WRITE comes through here: answer the common case without copying the node.
+        if self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
+        let n = self.node(id)?;
         if n.kind == Kind::Dir {
             return self.ensure_upper_dir(id);
         }
@@ -378,7 +379,7 @@ impl OverlayFs {
         if n.upper {
             return Ok(());
         }
-        let (sl, srel) = self.backing(id, &n)?;
+        let (sl, srel, _) = self.backing(id)?;
         let st = self.roots.stat(sl, &srel).map_err(errno)?;
         let tmp = self.stage_copy(sl, &srel, &st, limit).map_err(errno)?;
         let ino = if parent.is_some() {

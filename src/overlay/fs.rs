@@ -17,7 +17,7 @@ use parking_lot::{Mutex, RwLock};
 use super::OverlayConfig;
 use super::dir::Listings;
 use super::errno::to_errno;
-use super::inode::{IdKey, Kind, Loc, Node, Nodes};
+use super::inode::{IdKey, Kind, Located, Node, Nodes, Place, top_lower};
 use super::layers::{Layer, Roots, cstr};
 use super::whiteout;
 use crate::error::{Error, Result};
@@ -170,23 +170,17 @@ impl OverlayFs {
         self.nodes.path(id).ok_or(Errno::ENOENT)
     }
 
-    /// Where node `n` (id `id`) currently keeps its data: (layer, relative path).
-    pub(super) fn backing(&self, id: u64, n: &Node) -> OpResult<(Layer, CString)> {
-        match &n.loc {
-            Loc::Attached { .. } => {
-                let p = c(&self.path_of(id)?)?;
-                if n.upper {
-                    Ok((Layer::Upper, p))
-                } else {
-                    Ok((Layer::Lower(n.top_lower().ok_or(Errno::ENOENT)?), p))
-                }
-            }
-            Loc::Orphan { lower_path: None } => Ok((Layer::Work, Self::orphan_name(id))),
-            Loc::Orphan {
-                lower_path: Some(p),
-            } => Ok((Layer::Lower(n.top_lower().ok_or(Errno::ENOENT)?), c(p)?)),
-            Loc::Gone => Err(Errno::ENOENT),
-        }
+    /// Where node `id` currently keeps its data: (layer, relative path) and its state.
+    /// Errors: `ENOENT` for a node that is gone.
+    pub(super) fn backing(&self, id: u64) -> OpResult<(Layer, CString, Located)> {
+        let l = self.nodes.locate(id).ok_or(Errno::ENOENT)?;
+        let top = || top_lower(l.lowers).map(Layer::Lower).ok_or(Errno::ENOENT);
+        let (layer, path) = match &l.place {
+            Place::Path(p) if l.upper => (Layer::Upper, c(p)?),
+            Place::Path(p) | Place::OrphanLower(p) => (top()?, c(p)?),
+            Place::OrphanUpper => (Layer::Work, Self::orphan_name(id)),
+        };
+        Ok((layer, path, l))
     }
 
     /// Resolves `name` in directory node `parent` (whose path is `ppath`) across the layers.
@@ -375,22 +369,18 @@ impl OverlayFs {
 
     /// Current attributes of node `id`.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
-        let n = self.node(id)?;
-        let (layer, p) = self.backing(id, &n)?;
+        let (layer, p, l) = self.backing(id)?;
         let st = self.roots.stat(layer, &p).map_err(errno)?;
         let r = Resolved {
             id,
-            kind: n.kind,
-            upper: n.upper || layer == Layer::Work,
-            lowers: n.lowers,
+            kind: l.kind,
+            upper: l.upper || layer == Layer::Work,
+            lowers: l.lowers,
             st,
         };
         let mut attr = self.attr_of(&r);
         // An unlinked lower-only file has no name left.
-        if let Loc::Orphan {
-            lower_path: Some(_),
-        } = n.loc
-        {
+        if let Place::OrphanLower(_) = l.place {
             attr.nlink = 0;
         }
         Ok(attr)
@@ -403,8 +393,7 @@ impl OverlayFs {
         {
             return Ok(fd.file.clone());
         }
-        let n = self.node(id)?;
-        let (layer, p) = self.backing(id, &n)?;
+        let (layer, p, _) = self.backing(id)?;
         if writable && matches!(layer, Layer::Lower(_)) {
             return Err(Errno::EIO);
         }

@@ -96,6 +96,51 @@ pub fn top_lower(mask: u64) -> Option<u8> {
     (mask != 0).then(|| mask.trailing_zeros() as u8)
 }
 
+/// Where a node's data is, as [`Nodes::locate`] found it.
+#[derive(Clone, Debug)]
+pub struct Located {
+    /// File type.
+    pub kind: Kind,
+    /// Present in the upper dir (or, for an orphan, in the workdir).
+    pub upper: bool,
+    /// Lower layers holding it (see [`Node::lowers`]).
+    pub lowers: u64,
+    /// Its place.
+    pub place: Place,
+}
+
+/// The place of a node's data.
+#[derive(Clone, Debug)]
+pub enum Place {
+    /// Attached at this path relative to the layer roots.
+    Path(PathBuf),
+    /// Unlinked; its upper data is kept at `<workdir>/orphans/<id>`.
+    OrphanUpper,
+    /// Unlinked lower-only file, still at this path in its lower layer.
+    OrphanLower(PathBuf),
+}
+
+fn path_in(map: &HashMap<u64, Box<Node>>, id: u64) -> Option<PathBuf> {
+    let mut parts: Vec<&OsStr> = Vec::new();
+    let mut cur = id;
+    while cur != ROOT {
+        match &map.get(&cur)?.loc {
+            Loc::Attached { parent, name } => {
+                parts.push(name);
+                cur = *parent;
+            }
+            _ => return None,
+        }
+        if parts.len() > 4096 {
+            return None;
+        }
+    }
+    if parts.is_empty() {
+        return Some(PathBuf::from("."));
+    }
+    Some(parts.iter().rev().collect())
+}
+
 /// The identity a counter id is kept for (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum IdKey {
@@ -143,6 +188,11 @@ impl Nodes {
     /// A copy of node `id`, if the kernel holds it.
     pub fn get(&self, id: u64) -> Option<Node> {
         self.map.read().get(&id).map(|n| (**n).clone())
+    }
+
+    /// Reads node `id` through `f` under the table's read lock (no copy); `None` if absent.
+    pub fn peek<R>(&self, id: u64, f: impl FnOnce(&Node) -> R) -> Option<R> {
+        self.map.read().get(&id).map(|n| f(n))
     }
 
     /// Applies `f` to node `id` under the table lock; `None` if absent.
@@ -207,29 +257,28 @@ impl Nodes {
     /// The path of `id` relative to the layer roots (`.` for the root), or `None` when the
     /// node is not attached to the tree.
     pub fn path(&self, id: u64) -> Option<PathBuf> {
+        path_in(&self.map.read(), id)
+    }
+
+    /// Everything needed to reach node `id`'s data, read in one pass under the table lock (no
+    /// copy of the node, no second lookup for its path): the hot path of GETATTR/READ/WRITE.
+    pub fn locate(&self, id: u64) -> Option<Located> {
         let map = self.map.read();
-        let mut parts: Vec<&OsStr> = Vec::new();
-        let mut cur = id;
-        while cur != ROOT {
-            match &map.get(&cur)?.loc {
-                Loc::Attached { parent, name } => {
-                    parts.push(name);
-                    cur = *parent;
-                }
-                _ => return None,
-            }
-            if parts.len() > 4096 {
-                return None;
-            }
-        }
-        if parts.is_empty() {
-            return Some(PathBuf::from("."));
-        }
-        let mut p = PathBuf::new();
-        for part in parts.iter().rev() {
-            p.push(part);
-        }
-        Some(p)
+        let n = map.get(&id)?;
+        let place = match &n.loc {
+            Loc::Attached { .. } => Place::Path(path_in(&map, id)?),
+            Loc::Orphan { lower_path: None } => Place::OrphanUpper,
+            Loc::Orphan {
+                lower_path: Some(p),
+            } => Place::OrphanLower(p.clone()),
+            Loc::Gone => return None,
+        };
+        Some(Located {
+            kind: n.kind,
+            upper: n.upper,
+            lowers: n.lowers,
+            place,
+        })
     }
 
     /// Ids of every node below directory `dir` (not `dir` itself).

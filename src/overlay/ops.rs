@@ -146,12 +146,8 @@ impl OverlayFs {
                 }
                 NewEntry::Special(mode, rdev) => self.roots.mknod(layer, &at, mode, rdev)?,
                 NewEntry::Link(src) => {
-                    let n = self
-                        .nodes
-                        .get(src)
-                        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOENT))?;
-                    let (sl, sp) = self
-                        .backing(src, &n)
+                    let (sl, sp, _) = self
+                        .backing(src)
                         .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
                     self.roots.link(sl, &sp, layer, &at)?;
                 }
@@ -578,8 +574,7 @@ impl OverlayFs {
         {
             let _g = self.ns.read();
             self.copy_up(id, size)?;
-            let n = self.node(id)?;
-            let (layer, p) = self.backing(id, &n)?;
+            let (layer, p, n) = self.backing(id)?;
             if let Some(m) = mode
                 && n.kind != Kind::Symlink
             {
@@ -609,8 +604,7 @@ impl OverlayFs {
     /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
     pub fn readlink(&self, id: u64) -> OpResult<Vec<u8>> {
         let _g = self.ns.read();
-        let n = self.node(id)?;
-        let (layer, p) = self.backing(id, &n)?;
+        let (layer, p, _) = self.backing(id)?;
         self.roots.readlink(layer, &p).map_err(errno)
     }
 
@@ -619,8 +613,7 @@ impl OverlayFs {
         if write {
             self.copy_up(id, None)?;
         }
-        let n = self.node(id)?;
-        let (layer, p) = self.backing(id, &n)?;
+        let (layer, p, _) = self.backing(id)?;
         Ok(self.roots.proc_path(layer, &p))
     }
 
