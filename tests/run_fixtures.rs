@@ -15,17 +15,18 @@ use std::path::{Path, PathBuf};
 #[path = "common/run.rs"]
 mod run_common;
 
-use run_common::{Sandbox, can_mount, have_tool, prep_ms};
+use run_common::{Sandbox, can_mount, have_tool, prep_ms, skip_or_fail};
 
 /// A fixture project: the copies bundled in the repo's `examples/` (npm-app, pip-app,
-/// cargo-app), or `$LAYERCACHE_FIXTURES/<name>`; `None` (a skip) when it is not there.
+/// cargo-app), or `$LAYERCACHE_FIXTURES/<name>`; `None` (a skip; a failure when `CI` is
+/// set) when it is not there.
 fn fixture(name: &str) -> Option<PathBuf> {
     let root = std::env::var_os("LAYERCACHE_FIXTURES")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"));
     let dir = root.join(name);
     if !dir.is_dir() {
-        eprintln!("skipped: fixture {} not found", dir.display());
+        skip_or_fail(&format!("fixture {} not found", dir.display()));
         return None;
     }
     Some(dir)

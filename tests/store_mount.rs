@@ -4,7 +4,7 @@
 //! Every mount is held by a [`Mounted`] guard whose Drop runs `layercache umount` (and
 //! `umount -l` as a last resort) before the temporary store is removed. Readiness is checked
 //! by stat-ing the mountpoint (a different `st_dev` than its parent), never by sleeping.
-//! Skipped (as a pass) when not root or without /dev/fuse.
+//! Skipped (as a pass) when not root or without /dev/fuse; a failure instead when `CI` is set.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -13,12 +13,16 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "common/mounts.rs"]
+mod mounts;
+
+use mounts::skip_or_fail;
+
 fn can_mount() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !root || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
+        return !skip_or_fail("needs root and /dev/fuse");
     }
     true
 }

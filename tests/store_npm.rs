@@ -1,7 +1,7 @@
 //! End to end with a real package manager: `npm ci` of examples/npm-app (the bundled fixture) fills the
 //! npm cache (miss) and node_modules layers, `commit` publishes them, a second mount hits and
 //! `npm ci --offline` installs from the layer alone. Needs root, /dev/fuse, npm and (for the
-//! fill) the npm registry; skipped otherwise. Mounts are held by guards that unmount on Drop.
+//! fill) the npm registry; skipped otherwise (a failure when `CI` is set). Mounts are held by guards that unmount on Drop.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -9,6 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+#[path = "common/mounts.rs"]
+mod mounts;
+
+use mounts::skip_or_fail;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/npm-app");
 
@@ -98,11 +103,11 @@ fn npm_ci_fill_commit_hit_offline() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !root || !Path::new("/dev/fuse").exists() || !Path::new(FIXTURE).exists() {
-        eprintln!("skipped: needs root, /dev/fuse and the npm fixture");
+        skip_or_fail("needs root, /dev/fuse and the npm fixture");
         return;
     }
     if Command::new("npm").arg("--version").output().is_err() {
-        eprintln!("skipped: npm is not installed");
+        skip_or_fail("npm is not installed");
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -123,7 +128,7 @@ fn npm_ci_fill_commit_hit_offline() {
     if !o.status.success() {
         let err = String::from_utf8_lossy(&o.stderr);
         if err.contains("ENOTFOUND") || err.contains("EAI_AGAIN") || err.contains("ECONNREFUSED") {
-            eprintln!("skipped: no registry access: {err}");
+            skip_or_fail(&format!("no registry access: {err}"));
             return;
         }
         panic!("npm ci failed: {err}");

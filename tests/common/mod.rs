@@ -26,6 +26,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod mounts;
+pub use mounts::skip_or_fail;
+
 /// The overlay implementation the tests run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Impl {
@@ -53,13 +56,12 @@ impl Impl {
 }
 
 /// Returns false (after printing why) when mount-based tests cannot run here. Not being root
-/// is a skip that counts as a pass; being root without `/dev/fuse` for a FUSE implementation
-/// is a failure (the test machines have it).
+/// is a skip that counts as a pass ([`skip_or_fail`]: a failure when `CI` is set); being root
+/// without `/dev/fuse` for a FUSE implementation is a failure (the test machines have it).
 pub fn can_mount() -> bool {
     let test = std::thread::current().name().unwrap_or("?").to_string();
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP {test}: mount-based tests need root");
+    if unsafe { libc::geteuid() } != 0 && skip_or_fail("mount-based tests need root") {
         return false;
     }
     if Impl::current().uses_fuse() && !Path::new("/dev/fuse").exists() {

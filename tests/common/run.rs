@@ -12,27 +12,25 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "mounts.rs"]
+mod mounts;
+pub use mounts::skip_or_fail;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
 
-/// Whether mount-based tests can run here (root and /dev/fuse); prints why not.
+/// Whether mount-based tests can run here (root and /dev/fuse); otherwise [`skip_or_fail`].
 pub fn can_mount() -> bool {
     let ok = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("skipped: needs root and /dev/fuse");
-    }
-    ok
+    ok || !skip_or_fail("needs root and /dev/fuse")
 }
 
-/// Whether `tool --version` runs; prints a skip message naming the tool when it does not.
+/// Whether `tool --version` runs; otherwise [`skip_or_fail`] naming the tool.
 pub fn have_tool(tool: &str) -> bool {
     let ok = Command::new(tool)
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: needs {tool}");
-    }
-    ok
+    ok || !skip_or_fail(&format!("needs {tool}"))
 }
 
 /// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
