@@ -16,16 +16,7 @@ use serde_json::Value;
 #[path = "common/mounts.rs"]
 mod mounts;
 
-use mounts::skip_or_fail;
-
-fn can_mount() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root || !Path::new("/dev/fuse").exists() {
-        return !skip_or_fail("needs root and /dev/fuse");
-    }
-    true
-}
+use mounts::{Mounted, can_mount, is_mounted, write};
 
 /// A temporary directory for mountpoints and the store. Fields drop in order: the tmpfs (if
 /// any) is unmounted before the directory is removed.
@@ -159,40 +150,6 @@ impl Env {
     }
 }
 
-/// The mountpoint is a mount when its device differs from its parent's.
-fn is_mounted(mnt: &Path) -> bool {
-    let (a, b) = (fs::metadata(mnt), fs::metadata(mnt.parent().unwrap()));
-    matches!((a, b), (Ok(a), Ok(b)) if a.dev() != b.dev())
-}
-
-/// Unmounts on drop: `layercache umount`, then `umount -l` as a last resort.
-struct Mounted {
-    store: PathBuf,
-    mnt: PathBuf,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if !is_mounted(&self.mnt) {
-            return;
-        }
-        let _ = Command::new(env!("CARGO_BIN_EXE_layercache"))
-            .arg("--store")
-            .arg(&self.store)
-            .arg("umount")
-            .arg(&self.mnt)
-            .output();
-        if is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-    }
-}
-
-fn write(p: &Path, s: &str) {
-    fs::create_dir_all(p.parent().unwrap()).unwrap();
-    fs::write(p, s).unwrap();
-}
-
 #[test]
 fn miss_commit_hit_roundtrip() {
     if !can_mount() {
@@ -317,7 +274,7 @@ fn eight_concurrent_fills_publish_one_layer() {
                     let result = v["result"].as_str().unwrap().to_string();
                     let commit = if result == "miss" {
                         for f in 0..300 {
-                            write(&mnt.join(format!("d{}/f{f}", f % 10)), &format!("file {f}"));
+                            write(&mnt.join(format!("d{}/f{f}", f % 10)), format!("file {f}"));
                         }
                         env.commit(&mnt)["result"].as_str().unwrap().to_string()
                     } else {
@@ -602,7 +559,7 @@ fn enospc_while_filling_and_promoting_loses_nothing() {
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
     fs::remove_file(m2.join("big")).unwrap();
     for i in 0..20 {
-        write(&m2.join(format!("d{i}/f")), &format!("file {i}"));
+        write(&m2.join(format!("d{i}/f")), format!("file {i}"));
     }
     // Promoting with no space left: an error naming the problem, nothing published.
     let filler = env.small().join("filler");

@@ -4,8 +4,7 @@
 //! fill) the npm registry; skipped otherwise (a failure when `CI` is set). Mounts are held by guards that unmount on Drop.
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -13,35 +12,9 @@ use serde_json::Value;
 #[path = "common/mounts.rs"]
 mod mounts;
 
-use mounts::skip_or_fail;
+use mounts::{Mounted, can_mount, have_tool, is_mounted, skip_or_fail};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/npm-app");
-
-fn is_mounted(mnt: &Path) -> bool {
-    let (a, b) = (fs::metadata(mnt), fs::metadata(mnt.parent().unwrap()));
-    matches!((a, b), (Ok(a), Ok(b)) if a.dev() != b.dev())
-}
-
-struct Mounted {
-    store: PathBuf,
-    mnt: PathBuf,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if is_mounted(&self.mnt) {
-            let _ = Command::new(env!("CARGO_BIN_EXE_layercache"))
-                .arg("--store")
-                .arg(&self.store)
-                .arg("umount")
-                .arg(&self.mnt)
-                .output();
-        }
-        if is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-    }
-}
 
 fn lc(store: &Path, args: &[&str]) -> Value {
     let o = Command::new(env!("CARGO_BIN_EXE_layercache"))
@@ -100,14 +73,11 @@ fn npm(workdir: &Path, cache: &Path, extra: &[&str]) -> std::process::Output {
 
 #[test]
 fn npm_ci_fill_commit_hit_offline() {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root || !Path::new("/dev/fuse").exists() || !Path::new(FIXTURE).exists() {
-        skip_or_fail("needs root, /dev/fuse and the npm fixture");
+    if !can_mount() || !have_tool("npm") {
         return;
     }
-    if Command::new("npm").arg("--version").output().is_err() {
-        skip_or_fail("npm is not installed");
+    if !Path::new(FIXTURE).exists() {
+        skip_or_fail(&format!("needs the npm fixture {FIXTURE}"));
         return;
     }
     let t = tempfile::tempdir().unwrap();

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod mounts;
-pub use mounts::skip_or_fail;
+pub use mounts::{is_mounted, skip_or_fail, write};
 
 /// The overlay implementation the tests run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -436,15 +436,6 @@ fn lazy_umount(mnt: &Path) {
     let _ = Command::new("umount").arg("-l").arg(mnt).output();
 }
 
-/// True when `p` is a mountpoint: its `st_dev` differs from its parent's.
-pub fn is_mounted(p: &Path) -> bool {
-    let (Ok(m), Ok(parent)) = (fs::metadata(p), fs::metadata(p.join(".."))) else {
-        // An unreachable (ENOTCONN) mountpoint is still a mount.
-        return fs::symlink_metadata(p).is_err() || fs::metadata(p).is_err();
-    };
-    m.dev() != parent.dev()
-}
-
 /// Lines of /proc/mounts whose mountpoint is exactly `p`.
 pub fn mounts_at(p: &Path) -> usize {
     let text = fs::read_to_string("/proc/mounts").unwrap();
@@ -657,13 +648,6 @@ pub fn chown(p: &Path, uid: u32, gid: u32) {
 
 pub fn chmod(p: &Path, mode: u32) {
     fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
-}
-
-pub fn write(p: &Path, data: impl AsRef<[u8]>) {
-    if let Some(parent) = p.parent() {
-        fs::create_dir_all(parent).unwrap();
-    }
-    fs::write(p, data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
 }
 
 pub fn read(p: &Path) -> String {

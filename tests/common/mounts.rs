@@ -1,11 +1,17 @@
 //! Helpers shared by every test binary: the one place that decides whether a test whose
 //! environment is incomplete (not root, no /dev/fuse, a tool or fixture missing) is skipped or
-//! fails.
+//! fails ([`skip_or_fail`]), the checks that use it, and the mount helpers (is a path a mount,
+//! a guard that unmounts a store mount on Drop, writing a file with its parents).
 //!
 //! Included as `mod mounts;` by tests/common/mod.rs, as `#[path = "mounts.rs"] mod mounts;` by
 //! tests/common/run.rs and as `#[path = "common/mounts.rs"] mod mounts;` by the store tests.
 
 #![allow(dead_code)] // each test binary uses a different subset of the helpers
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// Call where a test cannot run here, with the reason (e.g. "needs root and /dev/fuse").
 /// Without `CI` in the environment: prints `skipped <test>: <reason>` and returns true (the
@@ -18,4 +24,61 @@ pub fn skip_or_fail(reason: &str) -> bool {
     }
     eprintln!("skipped {test}: {reason}");
     true
+}
+
+/// Whether mount-based tests can run here (root and /dev/fuse); otherwise [`skip_or_fail`].
+pub fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let ok = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
+    ok || !skip_or_fail("needs root and /dev/fuse")
+}
+
+/// Whether `tool --version` runs; otherwise [`skip_or_fail`] naming the tool.
+pub fn have_tool(tool: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok || !skip_or_fail(&format!("needs {tool}"))
+}
+
+/// True when `p` is a mountpoint: its `st_dev` differs from its parent's.
+pub fn is_mounted(p: &Path) -> bool {
+    let (Ok(m), Ok(parent)) = (fs::metadata(p), fs::metadata(p.join(".."))) else {
+        // An unreachable (ENOTCONN) mountpoint is still a mount.
+        return fs::symlink_metadata(p).is_err() || fs::metadata(p).is_err();
+    };
+    m.dev() != parent.dev()
+}
+
+/// A `layercache mount` of `store` at `mnt`; Drop unmounts it: `layercache umount`, then
+/// `umount -l` as a last resort.
+pub struct Mounted {
+    pub store: PathBuf,
+    pub mnt: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if !is_mounted(&self.mnt) {
+            return;
+        }
+        let _ = Command::new(env!("CARGO_BIN_EXE_layercache"))
+            .arg("--store")
+            .arg(&self.store)
+            .arg("umount")
+            .arg(&self.mnt)
+            .output();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// Writes `data` to `p`, creating its parent directories.
+pub fn write(p: &Path, data: impl AsRef<[u8]>) {
+    if let Some(parent) = p.parent() {
+        fs::create_dir_all(parent).unwrap();
+    }
+    fs::write(p, data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
 }

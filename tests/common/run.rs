@@ -14,24 +14,10 @@ use std::process::{Command, Output};
 
 #[path = "mounts.rs"]
 mod mounts;
-pub use mounts::skip_or_fail;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use mounts::{can_mount, have_tool, skip_or_fail};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
-
-/// Whether mount-based tests can run here (root and /dev/fuse); otherwise [`skip_or_fail`].
-pub fn can_mount() -> bool {
-    let ok = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
-    ok || !skip_or_fail("needs root and /dev/fuse")
-}
-
-/// Whether `tool --version` runs; otherwise [`skip_or_fail`] naming the tool.
-pub fn have_tool(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok || !skip_or_fail(&format!("needs {tool}"))
-}
 
 /// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
 /// it (deepest first; lazy as a last resort) before the directory is removed.
