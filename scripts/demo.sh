@@ -7,9 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
+command -v cargo >/dev/null 2>&1 || {
+  echo "demo.sh: cargo is missing: install a Rust toolchain with rustup" >&2
+  exit 2
+}
 need=()
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
-command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "demo.sh: missing ${need[*]}; run as root so they can be installed with apt-get" >&2

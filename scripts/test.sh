@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The Rust toolchain cannot come from apt here (Debian's is too old): it must be installed
+# already, with the rustfmt and clippy components (rustup component add rustfmt clippy).
+for c in cargo rustfmt cargo-clippy; do
+  command -v "$c" >/dev/null 2>&1 || {
+    echo "test.sh: $c is missing: install a Rust toolchain with rustup (components rustfmt, clippy)" >&2
+    exit 2
+  }
+done
+
 need=()
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
@@ -29,7 +38,6 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
-command -v cargo >/dev/null 2>&1 || { echo "test.sh: cargo (a Rust toolchain) is missing" >&2; exit 2; }
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings

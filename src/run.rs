@@ -471,7 +471,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     mounts.unmount_all()?;
     if let Some(sig) = stopped() {
         return Err(Error::Child {
-            what: format!("layercache run (interrupted by signal {sig})"),
+            what: format!("run (interrupted by signal {sig})"),
             status: 128 + sig,
         });
     }
@@ -481,7 +481,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
 fn interrupted(mounts: &mut Mounts<'_>, sig: i32) -> Result<i32> {
     mounts.unmount_all()?;
     Err(Error::Child {
-        what: format!("layercache run (interrupted by signal {sig})"),
+        what: format!("run (interrupted by signal {sig})"),
         status: 128 + sig,
     })
 }
