@@ -125,6 +125,7 @@ impl fuser::Filesystem for OverlayFs {
         if let Err(unsupported) = config.add_capabilities(want) {
             let _ = config.add_capabilities(want & !unsupported);
         }
+        let _ = config.set_max_write(1 << 20);
         let _ = config
             .set_max_readahead(1 << 20)
             .or_else(|max| config.set_max_readahead(max));

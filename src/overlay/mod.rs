@@ -27,9 +27,43 @@ pub use options::OverlayConfig;
 
 use crate::error::{Error, IoContext, Result};
 
-/// Worker threads serving FUSE requests (each with its own cloned /dev/fuse fd); the
-/// environment variable `LAYERCACHE_THREADS` (1..=64) overrides it for tuning.
+/// Worker threads reading FUSE requests from /dev/fuse (each with its own cloned fd); the
+/// environment variable `LAYERCACHE_THREADS` (1..=64) overrides it for tuning. With FUSE over
+/// io_uring they only see FORGET and INTERRUPT (and requests sent before the rings are up).
 const THREADS: usize = 4;
+
+/// Threads per CPU request queue when the kernel serves FUSE over io_uring (see
+/// vendor/fuser/src/uring.rs): 2, so one slow request (a copy-up) does not stall every other
+/// request issued on that CPU.
+const URING_THREADS_PER_CPU: usize = 2;
+
+/// Path of the `fuse` module parameter that lets FUSE servers use io_uring (Linux 6.14+).
+const FUSE_ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// `Some(threads per CPU queue)` unless `LAYERCACHE_URING=0` asks for the /dev/fuse read loop.
+fn uring_threads() -> Option<usize> {
+    match std::env::var("LAYERCACHE_URING").as_deref() {
+        Ok("0") | Ok("off") | Ok("no") => None,
+        _ => Some(URING_THREADS_PER_CPU),
+    }
+}
+
+/// Sets the fuse module's `enable_uring` parameter to Y when it is N and we are root. The
+/// parameter only permits FUSE servers to opt in to io_uring during INIT; servers that do not
+/// ask keep using /dev/fuse. Best effort: if it cannot be set, the kernel simply does not offer
+/// io_uring and the session serves requests through /dev/fuse.
+fn allow_fuse_uring() {
+    let Ok(v) = std::fs::read_to_string(FUSE_ENABLE_URING) else {
+        return; // kernel without CONFIG_FUSE_IO_URING
+    };
+    if v.trim() == "Y" || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    match std::fs::write(FUSE_ENABLE_URING, "Y") {
+        Ok(()) => tracing::debug!("{FUSE_ENABLE_URING} set to Y"),
+        Err(e) => tracing::debug!("{FUSE_ENABLE_URING}: {e}; serving through /dev/fuse"),
+    }
+}
 
 fn threads() -> usize {
     std::env::var("LAYERCACHE_THREADS")
@@ -73,6 +107,7 @@ fn fuse_config() -> fuser::Config {
     cfg.acl = fuser::SessionACL::All;
     cfg.n_threads = Some(threads());
     cfg.clone_fd = true;
+    cfg.io_uring = uring_threads();
     cfg
 }
 
@@ -146,6 +181,9 @@ pub fn mount_foreground(
     unsafe { libc::umask(0) };
     raise_nofile_limit();
     let fs = fs::OverlayFs::new(cfg)?;
+    if uring_threads().is_some() {
+        allow_fuse_uring();
+    }
     let fd = mount_fuse(mountpoint)?;
     // from_fd completes the INIT handshake before returning.
     let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config()) {

@@ -1,0 +1,194 @@
+//! FUSE over io_uring (vendor/fuser/src/uring.rs): requests are served by threads pinned to the
+//! requester's CPU, and `LAYERCACHE_URING=0` keeps the /dev/fuse read loop. The overlay
+//! semantics themselves are covered by the other overlay_* tests, which run over the rings.
+
+#[macro_use]
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::*;
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// (tid, comm) of every thread of process `pid`.
+fn threads(pid: i32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let tid = e.file_name().to_string_lossy().into_owned();
+        let comm = fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        out.push((tid, comm.trim().to_string()));
+    }
+    out
+}
+
+/// A field of /proc/PID/task/TID/status, e.g. "voluntary_ctxt_switches".
+fn status_field(pid: i32, tid: &str, field: &str) -> String {
+    let s = fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("{field} missing in status of {pid}/{tid}"))
+        .trim()
+        .to_string()
+}
+
+/// Context switches (voluntary: slept until a request came; involuntary: preempted by the
+/// requester it just answered) of the threads of `pid` whose name starts with `prefix`: a
+/// thread that serves a request switches at least once.
+fn wakeups(pid: i32, prefix: &str) -> u64 {
+    let field = |tid: &str, f: &str| status_field(pid, tid, f).parse::<u64>().unwrap();
+    threads(pid)
+        .iter()
+        .filter(|(_, comm)| comm.starts_with(prefix))
+        .map(|(tid, _)| {
+            field(tid, "voluntary_ctxt_switches") + field(tid, "nonvoluntary_ctxt_switches")
+        })
+        .sum()
+}
+
+/// `n` statx calls with AT_STATX_FORCE_SYNC: each one is a GETATTR request to the daemon.
+fn forced_getattrs(p: &Path, n: usize) {
+    let c = cstr(p);
+    for _ in 0..n {
+        // SAFETY: statx writes into the zeroed buffer we own.
+        let rc = unsafe {
+            let mut sx: libc::statx = std::mem::zeroed();
+            libc::statx(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                libc::AT_STATX_FORCE_SYNC,
+                libc::STATX_BASIC_STATS,
+                &mut sx,
+            )
+        };
+        assert_eq!(rc, 0, "statx {}: errno {}", p.display(), errno());
+    }
+}
+
+fn possible_cpus() -> usize {
+    let s = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    s.trim()
+        .split(',')
+        .map(|r| r.rsplit('-').next().unwrap().parse::<usize>().unwrap() + 1)
+        .max()
+        .unwrap()
+}
+
+fn daemon_of(fx: &Fixture) -> i32 {
+    let pids = daemon_pids(&fx.mnt);
+    assert_eq!(
+        pids.len(),
+        1,
+        "one daemon serves {}: {pids:?}",
+        fx.mnt.display()
+    );
+    pids[0]
+}
+
+#[test]
+fn requests_are_served_by_per_cpu_io_uring_threads() {
+    require_root!();
+    only_layercache!("io_uring transport of layercache's daemon");
+    if !Path::new(ENABLE_URING).exists() && skip_or_fail("kernel without FUSE over io_uring") {
+        return;
+    }
+    let fx = Fixture::new(|l| write(&l.join("f"), "lower\n"));
+    // The daemon, as root, allows FUSE io_uring when the module parameter was off.
+    assert_eq!(fs::read_to_string(ENABLE_URING).unwrap().trim(), "Y");
+    let pid = daemon_of(&fx);
+
+    let ring: Vec<(String, String)> = threads(pid)
+        .into_iter()
+        .filter(|(_, c)| c.starts_with("fuser-uring-"))
+        .collect();
+    assert_eq!(
+        ring.len(),
+        2 * possible_cpus(),
+        "two threads per CPU queue: {ring:?}"
+    );
+    for (tid, comm) in &ring {
+        // "fuser-uring-Q.T" serves queue Q and runs on CPU Q only.
+        let q = comm["fuser-uring-".len()..].split('.').next().unwrap();
+        assert_eq!(
+            status_field(pid, tid, "Cpus_allowed_list"),
+            q,
+            "{comm} pinned to CPU {q}"
+        );
+    }
+
+    let (ring0, dev0) = (wakeups(pid, "fuser-uring-"), wakeups(pid, "fuser-"));
+    forced_getattrs(&fx.p("f"), 2000);
+    let ring_woken = wakeups(pid, "fuser-uring-") - ring0;
+    let dev_woken = (wakeups(pid, "fuser-") - dev0) - ring_woken;
+    assert!(
+        ring_woken >= 1000,
+        "2000 GETATTRs woke the ring threads only {ring_woken} times"
+    );
+    assert!(
+        dev_woken < 100,
+        "the /dev/fuse threads were woken {dev_woken} times"
+    );
+    assert_eq!(read(&fx.p("f")), "lower\n");
+}
+
+#[test]
+fn large_writes_and_reads_fit_the_ring_payload() {
+    require_root!();
+    let fx = Fixture::new(|l| write(&l.join("big"), vec![7u8; 3 << 20]));
+    // 3 MiB rewritten through 1 MiB WRITE requests and read back through READs of the same size.
+    let data: Vec<u8> = (0..(3u32 << 20))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    fs::write(fx.p("big"), &data).unwrap();
+    // Drop the mount's page cache for the file so the reads go to the daemon.
+    let f = fs::File::open(fx.p("big")).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise only takes the fd and a range.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert!(
+        fs::read(fx.p("big")).unwrap() == data,
+        "data read back differs"
+    );
+    assert!(
+        fs::read(fx.upper.join("big")).unwrap() == data,
+        "upper copy differs"
+    );
+}
+
+#[test]
+fn layercache_uring_0_keeps_the_dev_fuse_loop() {
+    require_root!();
+    only_layercache!("LAYERCACHE_URING is layercache's switch");
+    let mut fx = Fixture::builder()
+        .unmounted()
+        .build(|l| write(&l[0].join("f"), "lower\n"));
+    let out = fx
+        .mount_command()
+        .env("LAYERCACHE_URING", "0")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fx.adopt_mount();
+    let pid = daemon_of(&fx);
+    assert!(
+        threads(pid)
+            .iter()
+            .all(|(_, c)| !c.starts_with("fuser-uring-")),
+        "no io_uring threads with LAYERCACHE_URING=0: {:?}",
+        threads(pid)
+    );
+    let dev0 = wakeups(pid, "fuser-");
+    forced_getattrs(&fx.p("f"), 500);
+    assert!(
+        wakeups(pid, "fuser-") - dev0 >= 250,
+        "the /dev/fuse threads served the GETATTRs"
+    );
+    fs::write(fx.p("f"), "upper\n").unwrap();
+    assert_eq!(read(&fx.p("f")), "upper\n");
+    assert_eq!(read(&fx.lower().join("f")), "lower\n");
+}
