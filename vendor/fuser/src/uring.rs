@@ -60,25 +60,67 @@ const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// `FUSE_URING_IOV_SEGS`: a REGISTER carries two iovecs (header, payload).
 const IOV_SEGS: u32 = 2;
 
-/// The reply slot of one ring entry: replies may be sent from any thread (fuser's contract), so
-/// the entry's thread waits here until the filesystem has replied.
+/// The reply slot of one ring entry. Replies may be sent from any thread (fuser's contract);
+/// `send` writes the reply straight into the entry's buffers and the entry's thread waits in
+/// `take` until it has, then commits.
 #[derive(Debug)]
 pub(crate) struct RingReply {
-    reply: Mutex<Option<Vec<u8>>>,
+    /// Body length of the reply written for the current request (`Err` when it did not fit);
+    /// `None` until the filesystem has replied.
+    written: Mutex<Option<Result<usize, usize>>>,
     ready: Condvar,
+    /// The entry's `in_out` header area (receives the 16-byte `fuse_out_header`).
+    out_header: *mut u8,
+    /// The entry's payload buffer and its size in bytes.
+    payload: *mut u8,
+    payload_sz: usize,
     /// For passthrough backing-file ioctls, which always go to /dev/fuse.
     ch: ChannelSender,
 }
 
+// SAFETY: the raw pointers refer to the entry's buffers, which outlive every RingReply clone
+// handed to a request (serve_entry keeps them alive, or leaks them). They are written only by
+// `send`, once per request, while the request is outstanding: the kernel does not touch the
+// buffers then and the entry's thread is in dispatch or blocked in `take`.
+unsafe impl Send for RingReply {}
+unsafe impl Sync for RingReply {}
+
 impl RingReply {
-    /// Stores a complete reply (`fuse_out_header` followed by its payload).
+    /// Writes a complete reply (`fuse_out_header` followed by its payload) into the entry.
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
-        let mut buf = self.reply.lock();
-        let out = buf.get_or_insert_with(Vec::new);
-        out.clear();
-        for part in data {
-            out.extend_from_slice(part);
-        }
+        let mut written = self.written.lock();
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        let body = total.saturating_sub(OUT_HEADER_SZ);
+        *written = Some(if total < OUT_HEADER_SZ || body > self.payload_sz {
+            Err(total)
+        } else {
+            let mut at = 0usize;
+            for part in data {
+                let mut p: &[u8] = part;
+                if at < OUT_HEADER_SZ {
+                    let n = (OUT_HEADER_SZ - at).min(p.len());
+                    // SAFETY: at + n <= OUT_HEADER_SZ <= IN_OUT_SZ (see the impl's SAFETY note).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(p.as_ptr(), self.out_header.add(at), n)
+                    };
+                    at += n;
+                    p = &p[n..];
+                }
+                if !p.is_empty() {
+                    // SAFETY: at >= OUT_HEADER_SZ here and at - OUT_HEADER_SZ + p.len() <= body
+                    // <= payload_sz; our reply data never lives in the entry buffers.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            p.as_ptr(),
+                            self.payload.add(at - OUT_HEADER_SZ),
+                            p.len(),
+                        )
+                    };
+                    at += p.len();
+                }
+            }
+            Ok(body)
+        });
         self.ready.notify_one();
         Ok(())
     }
@@ -87,13 +129,15 @@ impl RingReply {
         &self.ch
     }
 
-    fn take(&self) -> Vec<u8> {
-        let mut buf = self.reply.lock();
+    /// Waits for the reply to the current request: its body length, or `Err(total length)`
+    /// when it did not fit the entry.
+    fn take(&self) -> Result<usize, usize> {
+        let mut written = self.written.lock();
         loop {
-            if let Some(out) = buf.take() {
-                return out;
+            if let Some(r) = written.take() {
+                return r;
             }
-            self.ready.wait(&mut buf);
+            self.ready.wait(&mut written);
         }
     }
 }
@@ -177,24 +221,31 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     payload_sz: usize,
 ) -> io::Result<()> {
     pin_to_cpu(usize::from(qid));
-    let mut header = Box::new(Header([0; HEADER_SZ]));
-    let mut payload = vec![0u8; payload_sz];
-    let res = serve(se, qid, &mut header, &mut payload);
-    if res.is_err() {
-        // The kernel may still hold this entry's buffers: never hand them back to the allocator.
-        std::mem::forget(header);
-        std::mem::forget(payload);
+    // The buffers are shared with the kernel, so they are only ever reached through these raw
+    // pointers (no Rust reference to them is held while the kernel may write them).
+    let header = Box::into_raw(Box::new(Header([0; HEADER_SZ])));
+    let payload = Box::into_raw(vec![0u8; payload_sz].into_boxed_slice());
+    // SAFETY: both pointers come from Box::into_raw just above.
+    let (hdr, pl) = unsafe { ((*header).0.as_mut_ptr(), (*payload).as_mut_ptr()) };
+    let res = serve(se, qid, hdr, pl, payload_sz);
+    if res.is_ok() {
+        // The connection ended and released the entry: the buffers are ours again.
+        // SAFETY: from Box::into_raw above, not freed elsewhere.
+        unsafe { drop((Box::from_raw(header), Box::from_raw(payload))) };
     }
+    // Otherwise the kernel may still hold the entry: the buffers are leaked, never reused.
     res
 }
 
+/// The loop of [`serve_entry`] over the entry buffers `hdr` (`HEADER_SZ` bytes) and `pl`
+/// (`payload_sz` bytes).
 fn serve<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
     qid: u16,
-    header: &mut Header,
-    payload: &mut [u8],
+    hdr: *mut u8,
+    pl: *mut u8,
+    payload_sz: usize,
 ) -> io::Result<()> {
-    let payload_sz = payload.len();
     let fd = se.ch.as_fd().as_raw_fd();
     let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder()
         .setup_single_issuer()
@@ -202,17 +253,20 @@ fn serve<FS: Filesystem>(
         .build(2)?;
     let iov = [
         libc::iovec {
-            iov_base: header.0.as_mut_ptr().cast(),
+            iov_base: hdr.cast(),
             iov_len: HEADER_SZ,
         },
         libc::iovec {
-            iov_base: payload.as_mut_ptr().cast(),
+            iov_base: pl.cast(),
             iov_len: payload_sz,
         },
     ];
     let slot = Arc::new(RingReply {
-        reply: Mutex::new(None),
+        written: Mutex::new(None),
         ready: Condvar::new(),
+        out_header: hdr,
+        payload: pl,
+        payload_sz,
         ch: se.ch.sender(),
     });
     // Requests are reassembled here in /dev/fuse layout (header, op struct, payload), 8-byte
@@ -223,9 +277,9 @@ fn serve<FS: Filesystem>(
     // Only a privileged thread can come back from SCHED_IDLE (the daemon runs as root).
     let can_yield = nix::unistd::geteuid().is_root();
     loop {
-        // SAFETY: the SQE points at `iov`, `header` and `payload`. `iov` lives until this
-        // function returns, after the REGISTER was consumed; the buffers outlive the ring
-        // (serve_entry leaks them if this returns early with the entry still registered).
+        // SAFETY: the SQE points at `iov` and the entry buffers. `iov` lives until this function
+        // returns, after the REGISTER was consumed; the buffers outlive the ring (serve_entry
+        // leaks them if this returns early with the entry still registered).
         unsafe {
             ring.submission()
                 .push(&next)
@@ -269,7 +323,14 @@ fn serve<FS: Filesystem>(
                 }
             };
         }
-        let h = &header.0;
+        // SAFETY: the kernel has delivered a request into the entry and does not write it
+        // again before our commit; `hdr` spans HEADER_SZ bytes, `pl` payload_sz bytes.
+        let (h, payload) = unsafe {
+            (
+                std::slice::from_raw_parts(hdr.cast_const(), HEADER_SZ),
+                std::slice::from_raw_parts(pl.cast_const(), payload_sz),
+            )
+        };
         let len = u32::from_ne_bytes(h[0..4].try_into().unwrap()) as usize;
         let commit_id = u64::from_ne_bytes(h[ENT_COMMIT_ID..ENT_COMMIT_ID + 8].try_into().unwrap());
         let in_payload =
@@ -307,20 +368,17 @@ fn serve<FS: Filesystem>(
                 ));
             }
         }
-        let out = slot.take();
-        let body = out.len().saturating_sub(OUT_HEADER_SZ);
-        if out.len() < OUT_HEADER_SZ || body > payload_sz {
-            error!(
-                "io_uring queue {qid}: reply of {} bytes does not fit",
-                out.len()
-            );
-            return Err(io::Error::other(
-                "reply larger than the io_uring payload buffer",
-            ));
-        }
-        header.0[..OUT_HEADER_SZ].copy_from_slice(&out[..OUT_HEADER_SZ]);
-        payload[..body].copy_from_slice(&out[OUT_HEADER_SZ..]);
-        header.0[ENT_PAYLOAD_SZ..ENT_PAYLOAD_SZ + 4].copy_from_slice(&(body as u32).to_ne_bytes());
+        let body = match slot.take() {
+            Ok(body) => body,
+            Err(total) => {
+                error!("io_uring queue {qid}: a reply of {total} bytes does not fit the entry");
+                return Err(io::Error::other(
+                    "reply larger than the io_uring payload buffer",
+                ));
+            }
+        };
+        // SAFETY: ENT_PAYLOAD_SZ + 4 <= HEADER_SZ; the entry is still ours until the commit.
+        unsafe { std::ptr::write_unaligned(hdr.add(ENT_PAYLOAD_SZ).cast::<u32>(), body as u32) };
         next = uring_cmd(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, None);
         committing = true;
     }
