@@ -85,6 +85,21 @@ fn ts(sec: i64, nsec: i64) -> SystemTime {
     }
 }
 
+/// Reads up to `buf.len()` bytes at `offset` of `f` into `buf`; returns how many (fewer at end
+/// of file).
+///
+/// Errors: the `pread` errno.
+pub(super) fn read_into(f: &File, offset: u64, buf: &mut [u8]) -> OpResult<usize> {
+    loop {
+        // A short pread of a regular file means end of file: no second call to learn it.
+        match f.read_at(buf, offset) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(errno(e)),
+        }
+    }
+}
+
 /// Converts a `stat` to the FUSE attribute with `ino` as the node id.
 pub fn attr_from_stat(ino: u64, st: &libc::stat, nlink: u32) -> FileAttr {
     let kind = match st.st_mode & libc::S_IFMT {
@@ -418,23 +433,10 @@ impl OverlayFs {
         self.fds.lock().pop(&id);
     }
 
-    /// Reads up to `size` bytes at `offset` (short only at end of file).
-    pub fn read(&self, id: u64, offset: u64, size: u32) -> OpResult<Vec<u8>> {
-        let f = {
-            let _g = self.ns.read();
-            self.data_fd(id, false)?
-        };
-        let mut buf = vec![0u8; size as usize];
-        let done = loop {
-            // A short pread of a regular file means end of file: no second call to learn it.
-            match f.read_at(&mut buf, offset) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(errno(e)),
-            }
-        };
-        buf.truncate(done);
-        Ok(buf)
+    /// The file READs of node `id` are served from (upper copy or lower file).
+    pub(super) fn read_fd(&self, id: u64) -> OpResult<Arc<File>> {
+        let _g = self.ns.read();
+        self.data_fd(id, false)
     }
 
     /// Writes `data` at `offset`, copying the file up first. Returns bytes written.

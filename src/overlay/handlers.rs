@@ -303,10 +303,12 @@ impl fuser::Filesystem for OverlayFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match OverlayFs::read(self, ino.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(e),
-        }
+        // The data is read straight into the reply buffer (the io_uring entry's payload).
+        let f = match self.read_fd(ino.0) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        reply.data_with(size as usize, |buf| super::fs::read_into(&f, offset, buf));
     }
 
     fn write(

@@ -214,6 +214,26 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// Reply with the first `n` bytes of a `max`-byte buffer that `fill` wrote and counted
+    /// (`Ok(n)`, clamped to `max`), or with the errno `fill` returns. For a request that came
+    /// through FUSE over io_uring the buffer is the ring entry's payload buffer, so the data is
+    /// not copied again on its way to the kernel (layercache addition, see PATCHES.md).
+    pub fn data_with(mut self, max: usize, fill: impl FnOnce(&mut [u8]) -> Result<usize, Errno>) {
+        if let Some(ReplySender::Ring(slot)) = &self.reply.sender
+            && max <= slot.capacity()
+        {
+            let slot = slot.clone();
+            self.reply.sender = None; // replied below; Drop must not send EIO
+            slot.fill(self.reply.unique.0, max, fill);
+            return;
+        }
+        let mut buf = vec![0u8; max];
+        match fill(&mut buf) {
+            Ok(n) => self.data(&buf[..n.min(max)]),
+            Err(e) => self.error(e),
+        }
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);

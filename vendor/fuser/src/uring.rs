@@ -125,6 +125,38 @@ impl RingReply {
         Ok(())
     }
 
+    /// Bytes a reply body may have.
+    pub(crate) fn capacity(&self) -> usize {
+        self.payload_sz
+    }
+
+    /// Replies to request `unique` with data that `fill` writes straight into the entry's
+    /// payload buffer (`max` bytes, at most `capacity()`), or with the errno it returns.
+    pub(crate) fn fill(
+        &self,
+        unique: u64,
+        max: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<usize, crate::Errno>,
+    ) {
+        let mut written = self.written.lock();
+        let max = max.min(self.payload_sz);
+        // SAFETY: see the impl's SAFETY note; max <= payload_sz.
+        let buf = unsafe { std::slice::from_raw_parts_mut(self.payload, max) };
+        let (body, error) = match fill(buf) {
+            Ok(n) => (n.min(max), 0i32),
+            Err(e) => (0, -e.code()),
+        };
+        // struct fuse_out_header { u32 len; i32 error; u64 unique; }
+        let mut h = [0u8; OUT_HEADER_SZ];
+        h[0..4].copy_from_slice(&((OUT_HEADER_SZ + body) as u32).to_ne_bytes());
+        h[4..8].copy_from_slice(&error.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        // SAFETY: OUT_HEADER_SZ <= IN_OUT_SZ bytes of the entry's header area.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.out_header, OUT_HEADER_SZ) };
+        *written = Some(Ok(body));
+        self.ready.notify_one();
+    }
+
     pub(crate) fn channel(&self) -> &ChannelSender {
         &self.ch
     }
