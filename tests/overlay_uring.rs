@@ -11,6 +11,32 @@ use std::path::Path;
 use common::*;
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+const IO_URING_DISABLED: &str = "/proc/sys/kernel/io_uring_disabled";
+
+/// Tests of this file that count the daemon's io_uring threads must not overlap the one that
+/// switches io_uring off for the whole machine.
+static MACHINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn machine() -> std::sync::MutexGuard<'static, ()> {
+    MACHINE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sets `kernel.io_uring_disabled` and puts the old value back on drop (also on panic).
+struct IoUringDisabled(String);
+
+impl IoUringDisabled {
+    fn set(v: &str) -> Option<IoUringDisabled> {
+        let old = fs::read_to_string(IO_URING_DISABLED).ok()?;
+        fs::write(IO_URING_DISABLED, v).ok()?;
+        Some(IoUringDisabled(old.trim().to_string()))
+    }
+}
+
+impl Drop for IoUringDisabled {
+    fn drop(&mut self) {
+        let _ = fs::write(IO_URING_DISABLED, &self.0);
+    }
+}
 
 /// (tid, comm) of every thread of process `pid`.
 fn threads(pid: i32) -> Vec<(String, String)> {
@@ -93,6 +119,7 @@ fn requests_are_served_by_per_cpu_io_uring_threads() {
     if !Path::new(ENABLE_URING).exists() && skip_or_fail("kernel without FUSE over io_uring") {
         return;
     }
+    let _m = machine();
     let fx = Fixture::new(|l| write(&l.join("f"), "lower\n"));
     // The daemon, as root, allows FUSE io_uring when the module parameter was off.
     assert_eq!(fs::read_to_string(ENABLE_URING).unwrap().trim(), "Y");
@@ -191,4 +218,39 @@ fn layercache_uring_0_keeps_the_dev_fuse_loop() {
     fs::write(fx.p("f"), "upper\n").unwrap();
     assert_eq!(read(&fx.p("f")), "upper\n");
     assert_eq!(read(&fx.lower().join("f")), "lower\n");
+}
+
+#[test]
+fn without_io_uring_the_mount_serves_through_dev_fuse() {
+    require_root!();
+    only_layercache!("io_uring fallback of layercache's daemon");
+    let _m = machine();
+    // kernel.io_uring_disabled=2 makes io_uring_setup fail (as seccomp does in containers): the
+    // daemon must not ask for FUSE over io_uring, or every request would wait for rings that
+    // never come.
+    let Some(_off) = IoUringDisabled::set("2") else {
+        if skip_or_fail("kernel.io_uring_disabled cannot be set") {
+            return;
+        }
+        unreachable!()
+    };
+    let fx = Fixture::new(|l| write(&l.join("f"), "lower\n"));
+    let pid = daemon_of(&fx);
+    assert!(
+        threads(pid)
+            .iter()
+            .all(|(_, c)| !c.starts_with("fuser-uring-"))
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = fx.p("f");
+    std::thread::spawn(move || {
+        fs::write(&p, "upper\n").unwrap();
+        let _ = tx.send(read(&p));
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(20));
+    assert_eq!(
+        got.as_deref(),
+        Ok("upper\n"),
+        "the mount answered within 20 s"
+    );
 }

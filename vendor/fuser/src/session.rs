@@ -298,6 +298,8 @@ impl<FS: Filesystem> Session<FS> {
 
         if let (Some(per_queue), Some(payload)) = (config.io_uring, uring_payload) {
             let ring_ch = channels[0].clone();
+            let (registered_tx, registered) = std::sync::mpsc::channel();
+            let mut entries = 0;
             for qid in 0..crate::uring::possible_cpus() {
                 for t in 0..per_queue.max(1) {
                     let thread_name = format!("fuser-uring-{qid}.{t}");
@@ -309,11 +311,25 @@ impl<FS: Filesystem> Session<FS> {
                         session_owner,
                     };
                     let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
+                    let tx = registered_tx.clone();
                     threads.push(
-                        thread::Builder::new()
-                            .name(thread_name)
-                            .spawn(move || crate::uring::serve_entry(&event_loop, qid, payload))?,
+                        thread::Builder::new().name(thread_name).spawn(move || {
+                            crate::uring::serve_entry(&event_loop, qid, payload, tx)
+                        })?,
                     );
+                    entries += 1;
+                }
+            }
+            // The kernel granted io_uring in INIT, so it holds every request until each queue
+            // has an entry: if one cannot be registered, end the session (the connection is
+            // aborted when its fds close) rather than leave every caller hanging.
+            for _ in 0..entries {
+                match registered.recv_timeout(std::time::Duration::from_secs(10)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => {
+                        return Err(io::Error::other("io_uring entries not registered in 10 s"));
+                    }
                 }
             }
         }
@@ -461,6 +477,9 @@ impl<FS: Filesystem> Session<FS> {
             // enable_uring=Y; the rings are set up in run().
             if self.config.io_uring.is_some()
                 && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
+                && crate::uring::probe()
+                    .inspect_err(|e| warn!("FUSE over io_uring not used: io_uring: {e}"))
+                    .is_ok()
                 && config
                     .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
                     .is_ok()

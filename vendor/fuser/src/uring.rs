@@ -204,6 +204,9 @@ fn uring_cmd(
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
+/// `IORING_ENTER_GETEVENTS` (include/uapi/linux/io_uring.h).
+const IORING_ENTER_GETEVENTS: u32 = 1;
+
 /// Sets the calling thread's scheduling policy (`SCHED_OTHER` keeps the thread's nice value).
 /// Best effort: without CAP_SYS_NICE leaving SCHED_IDLE may fail, so it is never entered then.
 fn set_policy(policy: i32) {
@@ -224,6 +227,23 @@ fn pin_to_cpu(cpu: usize) {
             );
         }
     }
+}
+
+/// Builds a ring the way every entry thread does (128-byte SQEs, single issuer, deferred task
+/// work; Linux 6.1+).
+fn new_ring() -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
+    IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(2)
+}
+
+/// Whether this process can create the rings: io_uring may be disabled
+/// (`kernel.io_uring_disabled`), filtered by seccomp (Docker's default profile) or out of
+/// locked memory. Checked before INIT asks for FUSE_OVER_IO_URING, because once the kernel
+/// granted it, every request waits until all queues have an entry.
+pub(crate) fn probe() -> io::Result<()> {
+    new_ring().map(drop)
 }
 
 /// Number of FUSE io_uring queues the kernel expects: one per possible CPU
@@ -247,10 +267,14 @@ pub(crate) fn possible_cpus() -> usize {
 /// Serves one ring entry of queue `qid` until the connection ends (`ENOTCONN`/`ENODEV` on the
 /// command), with a payload buffer of `payload_sz` bytes (at least the kernel's
 /// `max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)`).
+///
+/// `registered` receives, once, whether the entry was registered: `Ok` once REGISTER was
+/// accepted, the error otherwise (the session must then end: the kernel waits for every queue).
 pub(crate) fn serve_entry<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
     qid: u16,
     payload_sz: usize,
+    registered: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     pin_to_cpu(usize::from(qid));
     // The buffers are shared with the kernel, so they are only ever reached through these raw
@@ -259,7 +283,7 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     let payload = Box::into_raw(vec![0u8; payload_sz].into_boxed_slice());
     // SAFETY: both pointers come from Box::into_raw just above.
     let (hdr, pl) = unsafe { ((*header).0.as_mut_ptr(), (*payload).as_mut_ptr()) };
-    let res = serve(se, qid, hdr, pl, payload_sz);
+    let res = serve(se, qid, hdr, pl, payload_sz, registered);
     if res.is_ok() {
         // The connection ended and released the entry: the buffers are ours again.
         // SAFETY: from Box::into_raw above, not freed elsewhere.
@@ -277,12 +301,16 @@ fn serve<FS: Filesystem>(
     hdr: *mut u8,
     pl: *mut u8,
     payload_sz: usize,
+    registered: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     let fd = se.ch.as_fd().as_raw_fd();
-    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .build(2)?;
+    let mut ring = match new_ring() {
+        Ok(ring) => ring,
+        Err(e) => {
+            let _ = registered.send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
+            return Err(e);
+        }
+    };
     let iov = [
         libc::iovec {
             iov_base: hdr.cast(),
@@ -306,6 +334,8 @@ fn serve<FS: Filesystem>(
     let mut request: Vec<u64> = Vec::new();
     let mut next = uring_cmd(fd, CMD_REGISTER, qid, 0, Some(&iov));
     let mut committing = false;
+    let mut registered = Some(registered);
+    let mut pending: Option<cqueue::Entry> = None;
     // Only a privileged thread can come back from SCHED_IDLE (the daemon runs as root).
     let can_yield = nix::unistd::geteuid().is_root();
     loop {
@@ -333,14 +363,43 @@ fn serve<FS: Filesystem>(
                 return Err(e);
             }
         }
-        let cqe = loop {
-            match ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return Err(e),
+        if let Some(registered) = registered.take() {
+            // REGISTER is checked synchronously: an error completes it at once (after deferred
+            // task work runs, which GETEVENTS with min_complete 0 does), success completes it
+            // only when a request arrives.
+            // SAFETY: no arguments beyond the flags.
+            let r = unsafe {
+                ring.submitter()
+                    .enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None)
+            };
+            let early = ring.completion().next();
+            let failed = match (&r, &early) {
+                (Err(e), _) => Some(io::Error::new(e.kind(), format!("io_uring REGISTER: {e}"))),
+                (_, Some(c)) if c.result() < 0 => Some(io::Error::from_raw_os_error(-c.result())),
+                _ => None,
+            };
+            if let Some(e) = failed {
+                error!("io_uring queue {qid}: REGISTER failed: {e}");
+                let _ = registered.send(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(e);
             }
-            if let Some(cqe) = ring.completion().next() {
-                break cqe;
+            let _ = registered.send(Ok(()));
+            if let Some(cqe) = early {
+                pending = Some(cqe);
+            }
+        }
+        let cqe = if let Some(cqe) = pending.take() {
+            cqe
+        } else {
+            loop {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                    Err(e) => return Err(e),
+                }
+                if let Some(cqe) = ring.completion().next() {
+                    break cqe;
+                }
             }
         };
         let res = cqe.result();
