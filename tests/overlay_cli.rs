@@ -345,3 +345,106 @@ fn signals_to_the_daemon_unmount() {
         assert_eq!(read(&fx.upper.join("kept")), "data");
     }
 }
+
+#[test]
+fn daemon_keeps_no_inherited_descriptor_and_is_named_layercache() {
+    require_root!();
+    only_layercache!("layercache's daemon");
+    use std::os::fd::AsRawFd;
+    let mut fx = Fixture::builder()
+        .unmounted()
+        .build(|l| write(&l[0].join("f"), "x"));
+    // A shell's `( flock 9; layercache overlay … ) 9>lock`: the mount command starts with an
+    // inheritable, locked fd 9 (opened in the child only, so no other test inherits it).
+    let lock_path = fx.upper.parent().unwrap().join("lock");
+    fs::write(&lock_path, "").unwrap();
+    let c_lock = cstr(&lock_path);
+    let mut cmd = fx.mount_command();
+    // SAFETY: open/dup2/flock are async-signal-safe; c_lock was built before the fork.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            let fd = libc::open(c_lock.as_ptr(), libc::O_RDWR);
+            if fd < 0 || libc::dup2(fd, 9) < 0 || libc::flock(9, libc::LOCK_EX) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fx.adopt_mount();
+    // The mount command has exited; only a daemon that kept fd 9 could still hold the lock.
+    let again = fs::File::open(&lock_path).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(again.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(
+        rc, 0,
+        "the daemon still holds the caller's locked descriptor"
+    );
+    let pids = daemon_pids(&fx.mnt);
+    assert_eq!(pids.len(), 1);
+    let comm = fs::read_to_string(format!("/proc/{}/comm", pids[0])).unwrap();
+    assert_eq!(
+        comm.trim(),
+        "layercache",
+        "ps/pgrep/pidof name of the daemon"
+    );
+}
+
+#[test]
+fn short_of_descriptors_the_mount_works_or_fails_cleanly() {
+    require_root!();
+    only_layercache!("layercache's daemon setup");
+    use std::os::unix::process::CommandExt;
+    // Between "cannot even start the daemon" and "plenty", every limit must give either a
+    // mount that serves requests or an error with nothing left mounted (never a hung or dead
+    // mount: with FUSE over io_uring the kernel holds requests until all rings are set up).
+    for limit in [12u64, 14, 16, 18, 20, 22, 24, 32] {
+        let mut fx = Fixture::builder()
+            .unmounted()
+            .build(|l| write(&l[0].join("f"), "lower\n"));
+        let mut cmd = fx.mount_command();
+        // SAFETY: setrlimit is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        if out.status.success() {
+            fx.adopt_mount();
+            let p = fx.p("f");
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(fs::read_to_string(&p).map_err(|e| e.to_string()));
+            });
+            let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+            assert_eq!(
+                got,
+                Ok(Ok("lower\n".to_string())),
+                "RLIMIT_NOFILE {limit}: mounted but not serving"
+            );
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("Too many open files"),
+                "RLIMIT_NOFILE {limit}: {err}"
+            );
+            assert_eq!(
+                mounts_at(&fx.mnt),
+                0,
+                "RLIMIT_NOFILE {limit}: failed but left a mount"
+            );
+        }
+    }
+}

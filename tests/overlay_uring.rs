@@ -131,8 +131,8 @@ fn requests_are_served_by_per_cpu_io_uring_threads() {
         .collect();
     assert_eq!(
         ring.len(),
-        2 * possible_cpus(),
-        "two threads per CPU queue: {ring:?}"
+        4 * possible_cpus(),
+        "four threads per CPU queue: {ring:?}"
     );
     for (tid, comm) in &ring {
         // "fuser-uring-Q.T" serves queue Q and runs on CPU Q only.

@@ -32,10 +32,12 @@ use crate::error::{Error, IoContext, Result};
 /// io_uring they only see FORGET and INTERRUPT (and requests sent before the rings are up).
 const THREADS: usize = 4;
 
-/// Threads per CPU request queue when the kernel serves FUSE over io_uring (see
-/// vendor/fuser/src/uring.rs): 2, so one slow request (a copy-up) does not stall every other
-/// request issued on that CPU.
-const URING_THREADS_PER_CPU: usize = 2;
+/// Threads (= ring entries) per CPU request queue when the kernel serves FUSE over io_uring
+/// (see vendor/fuser/src/uring.rs). A request waits while every entry of its CPU's queue is
+/// busy, so this is how many slow requests (copy-ups of big files) one CPU can have in flight
+/// before its quick ones queue behind them. Idle threads sleep; each has a 1 MiB payload buffer
+/// that is touched only by large requests.
+const URING_THREADS_PER_CPU: usize = 4;
 
 /// Path of the `fuse` module parameter that lets FUSE servers use io_uring (Linux 6.14+).
 const FUSE_ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -94,6 +96,9 @@ pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> R
 ///
 /// Errors: as [`mount_foreground`]; a malformed config is [`Error::Invalid`].
 pub fn cli_daemon(config_json: &str, ready_fd: i32, mountpoint: &Path) -> Result<i32> {
+    // Shown by ps/pgrep/pidof as "layercache" rather than "exe" (it runs /proc/self/exe).
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"layercache".as_ptr()) };
     let cfg: OverlayConfig = serde_json::from_str(config_json)
         .map_err(|e| Error::invalid(format!("overlay-daemon --config: {e}")))?;
     // SAFETY: the parent passed this descriptor (the write end of a pipe) for us to own.
@@ -197,13 +202,24 @@ pub fn mount_foreground(
         }
     };
     unmount_on_signal(mountpoint)?;
-    if let Some(ready) = ready {
-        let mut f = std::fs::File::from(ready);
-        let _ = f.write_all(b"1");
-        drop(f);
-        redirect_stdio();
+    // Ready once requests are served (with FUSE over io_uring: once every CPU queue has its
+    // entries registered; the kernel holds requests until then).
+    let served = std::cell::Cell::new(false);
+    let res = session.run_notify(|| {
+        served.set(true);
+        if let Some(ready) = ready {
+            let mut f = std::fs::File::from(ready);
+            let _ = f.write_all(b"1");
+            drop(f);
+            redirect_stdio();
+        }
+    });
+    if res.is_err() && !served.get() {
+        // Setting up the session failed after mount(2) (out of fds for the request threads,
+        // say): leave no dead mount behind for the caller, who is told the mount failed.
+        let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
     }
-    session.run().at(mountpoint)
+    res.at(mountpoint)
 }
 
 /// Makes SIGINT, SIGTERM and SIGHUP end the mount the way libfuse daemons do: a dedicated
@@ -265,10 +281,20 @@ pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) 
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(err_wr);
-    // SAFETY: only async-signal-safe calls (setsid, fcntl) run between fork and exec.
+    // SAFETY: only async-signal-safe calls (setsid, close_range, fcntl) run between fork and
+    // exec.
     unsafe {
         cmd.pre_exec(move || {
             libc::setsid();
+            // Descriptors the caller left inheritable (a shell's `9>lock` held with flock, say)
+            // must not live on in the daemon until unmount: mark everything above stderr
+            // close-on-exec (CLOSE_RANGE_CLOEXEC, Linux 5.11), then let through what it needs.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             for &fd in &keep {
                 let flags = libc::fcntl(fd, libc::F_GETFD);
                 if flags >= 0 {

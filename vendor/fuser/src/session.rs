@@ -140,8 +140,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
-    /// Payload buffer size of an io_uring entry, when INIT granted FUSE_OVER_IO_URING.
-    pub(crate) uring_payload: Option<usize>,
+    /// Payload buffer size of an io_uring entry and the entries' rings, when INIT granted
+    /// FUSE_OVER_IO_URING.
+    pub(crate) uring: Option<crate::uring::Setup>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -189,7 +190,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
-            uring_payload: None,
+            uring: None,
         };
 
         session.handshake()?;
@@ -218,7 +219,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
-            uring_payload: None,
+            uring: None,
         };
 
         session.handshake()?;
@@ -249,6 +250,16 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_notify(|| {})
+    }
+
+    /// [`run`](Self::run), calling `ready` once the session serves requests: after the
+    /// io_uring entries are registered when FUSE over io_uring is in use (until then the
+    /// kernel holds every request), at once otherwise; not at all if setting up fails
+    /// (layercache addition, see PATCHES.md).
+    /// # Errors
+    /// As `run`, and when an io_uring entry cannot be registered.
+    pub fn run_notify(self, ready: impl FnOnce()) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -257,7 +268,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
-            uring_payload,
+            uring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -296,29 +307,28 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut threads = Vec::with_capacity(n_threads);
 
-        if let (Some(per_queue), Some(payload)) = (config.io_uring, uring_payload) {
+        if let (Some(per_queue), Some(crate::uring::Setup { payload, rings })) =
+            (config.io_uring, uring)
+        {
             let ring_ch = channels[0].clone();
             let (registered_tx, registered) = std::sync::mpsc::channel();
-            let mut entries = 0;
-            for qid in 0..crate::uring::possible_cpus() {
-                for t in 0..per_queue.max(1) {
-                    let thread_name = format!("fuser-uring-{qid}.{t}");
-                    let event_loop = SessionEventLoop {
-                        thread_name: thread_name.clone(),
-                        filesystem: filesystem.clone(),
-                        ch: ring_ch.clone(),
-                        allowed,
-                        session_owner,
-                    };
-                    let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
-                    let tx = registered_tx.clone();
-                    threads.push(
-                        thread::Builder::new().name(thread_name).spawn(move || {
-                            crate::uring::serve_entry(&event_loop, qid, payload, tx)
-                        })?,
-                    );
-                    entries += 1;
-                }
+            let per_queue = per_queue.max(1);
+            let entries = rings.len();
+            for (i, ring) in rings.into_iter().enumerate() {
+                let (qid, t) = (i / per_queue, i % per_queue);
+                let thread_name = format!("fuser-uring-{qid}.{t}");
+                let event_loop = SessionEventLoop {
+                    thread_name: thread_name.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: ring_ch.clone(),
+                    allowed,
+                    session_owner,
+                };
+                let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
+                let tx = registered_tx.clone();
+                threads.push(thread::Builder::new().name(thread_name).spawn(move || {
+                    crate::uring::serve_entry(&event_loop, ring, qid, payload, tx)
+                })?);
             }
             // The kernel granted io_uring in INIT, so it holds every request until each queue
             // has an entry: if one cannot be registered, end the session (the connection is
@@ -333,6 +343,7 @@ impl<FS: Filesystem> Session<FS> {
                 }
             }
         }
+        ready();
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -475,20 +486,25 @@ impl<FS: Filesystem> Session<FS> {
 
             // FUSE over io_uring: offered by the kernel only when the fuse module has
             // enable_uring=Y; the rings are set up in run().
-            if self.config.io_uring.is_some()
+            if let Some(per_queue) = self.config.io_uring
                 && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
-                && crate::uring::probe()
-                    .inspect_err(|e| warn!("FUSE over io_uring not used: io_uring: {e}"))
-                    .is_ok()
-                && config
-                    .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
-                    .is_ok()
             {
-                let page = page_size::get();
-                let payload = (config.max_write as usize)
-                    .max(usize::from(config.max_pages()) * page)
-                    .max(8192);
-                self.uring_payload = Some(payload);
+                let n = crate::uring::possible_cpus() * per_queue.max(1);
+                match crate::uring::new_rings(n) {
+                    Ok(rings) => {
+                        if config
+                            .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                            .is_ok()
+                        {
+                            let page = page_size::get();
+                            let payload = (config.max_write as usize)
+                                .max(usize::from(config.max_pages()) * page)
+                                .max(8192);
+                            self.uring = Some(crate::uring::Setup { payload, rings });
+                        }
+                    }
+                    Err(e) => warn!("FUSE over io_uring not used: io_uring: {e}"),
+                }
             }
 
             // Remember the ABI version supported by kernel and mark the session initialized.

@@ -229,21 +229,42 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
-/// Builds a ring the way every entry thread does (128-byte SQEs, single issuer, deferred task
-/// work; Linux 6.1+).
-fn new_ring() -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
-    IoUring::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .build(2)
+/// One entry's ring: 128-byte SQEs, single issuer, deferred task work (Linux 6.1+).
+pub(crate) type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
+
+/// What INIT set up for FUSE over io_uring: the entries' payload buffer size (bytes) and one
+/// disabled ring per entry, queue-major (`possible_cpus() * per_queue`).
+pub(crate) struct Setup {
+    pub(crate) payload: usize,
+    pub(crate) rings: Vec<Ring>,
 }
 
-/// Whether this process can create the rings: io_uring may be disabled
-/// (`kernel.io_uring_disabled`), filtered by seccomp (Docker's default profile) or out of
-/// locked memory. Checked before INIT asks for FUSE_OVER_IO_URING, because once the kernel
-/// granted it, every request waits until all queues have an entry.
-pub(crate) fn probe() -> io::Result<()> {
-    new_ring().map(drop)
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Setup {{ payload: {}, rings: {} }}",
+            self.payload,
+            self.rings.len()
+        )
+    }
+}
+
+/// Creates `n` rings for the entry threads, disabled (`IORING_SETUP_R_DISABLED`) so that the
+/// thread that enables one becomes its single issuer. Done before INIT asks for
+/// FUSE_OVER_IO_URING: io_uring may be disabled (`kernel.io_uring_disabled`), filtered by
+/// seccomp (Docker's default profile) or short of fds or locked memory, and once the kernel
+/// granted io_uring it holds every request until all queues have an entry.
+pub(crate) fn new_rings(n: usize) -> io::Result<Vec<Ring>> {
+    (0..n)
+        .map(|_| {
+            IoUring::builder()
+                .setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_r_disabled()
+                .build(2)
+        })
+        .collect()
 }
 
 /// Number of FUSE io_uring queues the kernel expects: one per possible CPU
@@ -272,6 +293,7 @@ pub(crate) fn possible_cpus() -> usize {
 /// accepted, the error otherwise (the session must then end: the kernel waits for every queue).
 pub(crate) fn serve_entry<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
+    ring: Ring,
     qid: u16,
     payload_sz: usize,
     registered: std::sync::mpsc::Sender<io::Result<()>>,
@@ -283,7 +305,7 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     let payload = Box::into_raw(vec![0u8; payload_sz].into_boxed_slice());
     // SAFETY: both pointers come from Box::into_raw just above.
     let (hdr, pl) = unsafe { ((*header).0.as_mut_ptr(), (*payload).as_mut_ptr()) };
-    let res = serve(se, qid, hdr, pl, payload_sz, registered);
+    let res = serve(se, ring, qid, hdr, pl, payload_sz, registered);
     if res.is_ok() {
         // The connection ended and released the entry: the buffers are ours again.
         // SAFETY: from Box::into_raw above, not freed elsewhere.
@@ -297,6 +319,7 @@ pub(crate) fn serve_entry<FS: Filesystem>(
 /// (`payload_sz` bytes).
 fn serve<FS: Filesystem>(
     se: &SessionEventLoop<FS>,
+    mut ring: Ring,
     qid: u16,
     hdr: *mut u8,
     pl: *mut u8,
@@ -304,13 +327,10 @@ fn serve<FS: Filesystem>(
     registered: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     let fd = se.ch.as_fd().as_raw_fd();
-    let mut ring = match new_ring() {
-        Ok(ring) => ring,
-        Err(e) => {
-            let _ = registered.send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
-            return Err(e);
-        }
-    };
+    if let Err(e) = ring.submitter().register_enable_rings() {
+        let _ = registered.send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
+        return Err(e);
+    }
     let iov = [
         libc::iovec {
             iov_base: hdr.cast(),
