@@ -359,9 +359,8 @@ fn daemon_keeps_no_inherited_descriptor_and_is_named_layercache() {
     let lock_path = fx.upper.parent().unwrap().join("lock");
     fs::write(&lock_path, "").unwrap();
     let c_lock = cstr(&lock_path);
-    let mut cmd = fx.mount_command();
     // SAFETY: open/dup2/flock are async-signal-safe; c_lock was built before the fork.
-    unsafe {
+    fx.mount_with(|cmd| unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || {
             let fd = libc::open(c_lock.as_ptr(), libc::O_RDWR);
@@ -370,14 +369,7 @@ fn daemon_keeps_no_inherited_descriptor_and_is_named_layercache() {
             }
             Ok(())
         });
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    fx.adopt_mount();
+    });
     // The mount command has exited; only a daemon that kept fd 9 could still hold the lock.
     let again = fs::File::open(&lock_path).unwrap();
     // SAFETY: flock on a descriptor we own.

@@ -190,17 +190,9 @@ fn layercache_uring_0_keeps_the_dev_fuse_loop() {
     let mut fx = Fixture::builder()
         .unmounted()
         .build(|l| write(&l[0].join("f"), "lower\n"));
-    let out = fx
-        .mount_command()
-        .env("LAYERCACHE_URING", "0")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    fx.adopt_mount();
+    fx.mount_with(|c| {
+        c.env("LAYERCACHE_URING", "0");
+    });
     let pid = daemon_of(&fx);
     assert!(
         threads(pid)

@@ -265,8 +265,16 @@ impl Fixture {
 
     /// Mounts (panics if already mounted or if the mount does not come up).
     pub fn mount(&mut self) {
+        self.mount_with(|_| {});
+    }
+
+    /// Mounts with the mount command changed by `tweak` first (an environment variable, a
+    /// `pre_exec` hook); panics like [`Fixture::mount`].
+    pub fn mount_with(&mut self, tweak: impl FnOnce(&mut Command)) {
         assert!(self.mount.is_none(), "already mounted");
-        let out = self.mount_command().output().expect("spawn mount command");
+        let mut cmd = self.mount_command();
+        tweak(&mut cmd);
+        let out = cmd.output().expect("spawn mount command");
         assert!(
             out.status.success(),
             "mount failed ({:?}): {}",
