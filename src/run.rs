@@ -276,6 +276,41 @@ fn status_code(st: ExitStatus) -> i32 {
 
 /// Spawns `cmd` as the current child and waits; signals received meanwhile are forwarded.
 fn run_child(mut cmd: Command, what: &str) -> Result<i32> {
+    // glibc's posix_spawn (used by std, and by whatever started us) sets glibc's internal
+    // signals 32 and 33 (SIGCANCEL, SIGSETXID) to SIG_IGN in the child, and SIG_IGN survives
+    // exec: COMMAND would start with two real-time signals ignored (a Go or musl program sees
+    // that). With a pre_exec hook std forks instead, and the hook resets both to SIG_DFL —
+    // through the raw system call, since glibc's sigaction refuses its internal signals.
+    // SAFETY: rt_sigaction(2) is async-signal-safe; the struct is the kernel's sigaction
+    // layout (handler, flags, restorer, 64-bit mask) on x86_64 and aarch64.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            #[repr(C)]
+            struct KernelSigaction {
+                handler: usize,
+                flags: libc::c_ulong,
+                restorer: usize,
+                mask: u64,
+            }
+            let dfl = KernelSigaction {
+                handler: libc::SIG_DFL,
+                flags: 0,
+                restorer: 0,
+                mask: 0,
+            };
+            for sig in [32, 33] {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    &dfl as *const KernelSigaction,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    8usize,
+                );
+            }
+            Ok(())
+        });
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

@@ -45,6 +45,26 @@ fn no_caches_run_is_the_direct_run() {
 }
 
 #[test]
+fn command_starts_with_no_signal_ignored() {
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", "project = \"p\"\n");
+    let via = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["run", "--spec"])
+        .arg(&spec)
+        .args(["--", "grep", "^SigIgn:", "/proc/self/status"])
+        .output()
+        .unwrap();
+    // Not even glibc's internal signals 32 and 33 (bits 31 and 32), which its posix_spawn
+    // leaves ignored in the child.
+    assert_eq!(
+        String::from_utf8_lossy(&via.stdout).trim(),
+        "SigIgn:\t0000000000000000"
+    );
+}
+
+#[test]
 fn bad_spec_exits_2_naming_the_field() {
     let sb = Sandbox::new();
     let spec = sb.write_spec(
