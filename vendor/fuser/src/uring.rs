@@ -270,18 +270,11 @@ pub(crate) fn new_rings(n: usize) -> io::Result<Vec<Ring>> {
 /// Number of FUSE io_uring queues the kernel expects: one per possible CPU
 /// (`num_possible_cpus()`, read from /sys/devices/system/cpu/possible, e.g. "0-1").
 pub(crate) fn possible_cpus() -> usize {
-    let parse = |s: &str| -> Option<usize> {
-        let mut n = 0;
-        for range in s.trim().split(',') {
-            let (a, b) = range.split_once('-').unwrap_or((range, range));
-            n = n.max(b.parse::<usize>().ok()? + 1);
-            let _ = a.parse::<usize>().ok()?;
-        }
-        Some(n)
-    };
+    // An ascending list of CPUs and ranges: the last number is the highest CPU.
     std::fs::read_to_string("/sys/devices/system/cpu/possible")
         .ok()
-        .and_then(|s| parse(&s))
+        .and_then(|s| s.trim().rsplit([',', '-']).next()?.parse::<usize>().ok())
+        .map(|last| last + 1)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
@@ -351,7 +344,9 @@ fn serve<FS: Filesystem>(
     });
     // Requests are reassembled here in /dev/fuse layout (header, op struct, payload), 8-byte
     // aligned as fuser's parser requires.
-    let mut request: Vec<u64> = Vec::new();
+    // Sized once for the largest request (header, op struct, full payload); u64 elements keep
+    // it 8-byte aligned.
+    let mut request: Vec<u64> = vec![0; (IN_HEADER_SZ + OP_IN_SZ + payload_sz).div_ceil(8)];
     let mut next = uring_cmd(fd, CMD_REGISTER, qid, 0, Some(&iov));
     let mut committing = false;
     let mut registered = Some(registered);
@@ -456,9 +451,8 @@ fn serve<FS: Filesystem>(
                 "malformed io_uring request",
             ));
         };
-        request.clear();
-        request.resize(len.div_ceil(8), 0);
-        // SAFETY: a Vec<u64> of len.div_ceil(8) elements holds at least `len` bytes.
+        // SAFETY: len <= IN_HEADER_SZ + OP_IN_SZ + payload_sz bytes (checked above), which the
+        // buffer holds.
         let buf = unsafe { std::slice::from_raw_parts_mut(request.as_mut_ptr().cast::<u8>(), len) };
         buf[..IN_HEADER_SZ].copy_from_slice(&h[..IN_HEADER_SZ]);
         buf[IN_HEADER_SZ..IN_HEADER_SZ + op_sz].copy_from_slice(&h[IN_OUT_SZ..IN_OUT_SZ + op_sz]);
