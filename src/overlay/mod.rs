@@ -107,12 +107,14 @@ pub fn cli_daemon(config_json: &str, ready_fd: i32, mountpoint: &Path) -> Result
     Ok(0)
 }
 
-fn fuse_config() -> fuser::Config {
+/// fuser settings: `threads()` /dev/fuse readers with cloned fds, and FUSE over io_uring with
+/// `uring` threads per CPU queue when `Some`. (The session ACL is passed to
+/// `Session::from_fd`, which ignores `Config::acl`.)
+fn fuse_config(uring: Option<usize>) -> fuser::Config {
     let mut cfg = fuser::Config::default();
-    cfg.acl = fuser::SessionACL::All;
     cfg.n_threads = Some(threads());
     cfg.clone_fd = true;
-    cfg.io_uring = uring_threads();
+    cfg.io_uring = uring;
     cfg
 }
 
@@ -186,12 +188,14 @@ pub fn mount_foreground(
     unsafe { libc::umask(0) };
     raise_nofile_limit();
     let fs = fs::OverlayFs::new(cfg)?;
-    if uring_threads().is_some() {
+    let uring = uring_threads();
+    if uring.is_some() {
         allow_fuse_uring();
     }
     let fd = mount_fuse(mountpoint)?;
     // from_fd completes the INIT handshake before returning.
-    let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config()) {
+    let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config(uring))
+    {
         Ok(s) => s,
         Err(e) => {
             let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
@@ -261,7 +265,7 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
 /// (nothing is mounted then); [`Error::Io`] if the daemon cannot be started.
 pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) -> Result<u32> {
     use std::os::unix::process::CommandExt;
-    preflight(cfg, mountpoint)?;
+    // The daemon runs `preflight` itself (in mount_foreground) and reports its error here.
     let (mut ready_rd, ready_wr) = std::io::pipe().at("pipe")?;
     let (mut err_rd, err_wr) = std::io::pipe().at("pipe")?;
     // The running binary itself, even when its file was replaced or deleted since (a rebuild or
