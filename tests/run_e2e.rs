@@ -8,7 +8,7 @@ use std::process::Command;
 #[path = "common/run.rs"]
 mod run_common;
 
-use run_common::{BIN, Sandbox, can_mount, have_tool, prep_ms};
+use run_common::{BIN, Sandbox, assert_not_in_tree, can_mount, have_tool, prep_ms};
 
 const DEPS_SPEC: &str = r#"project = "PROJECT"
 [[cache]]
@@ -154,16 +154,7 @@ fn credentials_written_by_setup_stay_out_of_the_layer() {
     assert!(!stdout.contains(".npmrc"), "{stdout}");
     assert_eq!(sb.events()[1]["result"], "hit");
     // and nowhere in the store
-    let grep = Command::new("grep")
-        .args(["-r", "-l", "npm_SECRET"])
-        .arg(sb.path("store"))
-        .output()
-        .unwrap();
-    assert!(
-        grep.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&grep.stdout)
-    );
+    assert_not_in_tree(&sb.path("store"), "npm_SECRET");
 }
 
 #[test]
@@ -262,21 +253,14 @@ fn sigterm_during_setup_unmounts_and_publishes_nothing() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + 15));
     assert!(sb.mounts_below().is_empty(), "left mounted after SIGTERM");
-    // nothing was published: the same key is still a miss
+    // nothing was published: no layer in the store at all
     let ev = sb.events();
     assert_eq!(ev.last().unwrap()["published"], false);
-    std::fs::remove_file(&fifo).unwrap();
-    let out = sb.run(
-        &sb.write_spec(
-            "probe.toml",
-            &std::fs::read_to_string(&spec)
-                .unwrap()
-                .replace("exec sleep 120", "true"),
-        ),
-        None,
+    assert!(
+        sb.ls().is_empty(),
+        "the interrupted setup published {:?}",
+        sb.ls()
     );
-    assert_eq!(out.status.code(), Some(0));
-    assert_eq!(sb.events().last().unwrap()["result"], "miss");
 }
 
 #[test]

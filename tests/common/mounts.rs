@@ -82,3 +82,22 @@ pub fn write(p: &Path, data: impl AsRef<[u8]>) {
     }
     fs::write(p, data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
 }
+
+/// Asserts that no file under `dir` contains `needle` (`grep -r` finds none: exit status 1, not
+/// an error such as a missing `dir`).
+#[allow(dead_code)]
+pub fn assert_not_in_tree(dir: &std::path::Path, needle: &str) {
+    let grep = std::process::Command::new("grep")
+        .args(["-r", "-l", needle])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert_eq!(
+        grep.status.code(),
+        Some(1),
+        "grep -r {needle} {}: {}{}",
+        dir.display(),
+        String::from_utf8_lossy(&grep.stdout),
+        String::from_utf8_lossy(&grep.stderr)
+    );
+}

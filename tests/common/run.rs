@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 #[path = "mounts.rs"]
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use mounts::{can_mount, have_tool, skip_or_fail};
+pub use mounts::{assert_not_in_tree, can_mount, have_tool, skip_or_fail};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
 
