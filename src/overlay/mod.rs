@@ -420,11 +420,12 @@ fn unescape_mountinfo(s: &str) -> String {
 /// Unmounts the FUSE filesystem at `mountpoint` and waits (up to `wait`) for its daemon — the
 /// given pid, or the `layercache overlay-daemon` serving that mountpoint — to exit, so the upper
 /// dir is quiescent when this returns. The wait uses a pidfd: a daemon that has exited counts
-/// as gone even before its parent reaps it.
+/// as gone even before its parent reaps it. Returns whether the daemon is gone (true when no
+/// daemon was found to wait for).
 ///
 /// Errors: [`Error::Failed`] (`EBUSY`) when files are still open on the mount (nothing is
 /// changed then); [`Error::Invalid`] if no FUSE filesystem is mounted there.
-pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result<()> {
+pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result<bool> {
     if !is_mountpoint_busy(mountpoint)? {
         return Err(Error::invalid(format!(
             "{}: no layercache mount there",
@@ -432,7 +433,8 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
         )));
     }
     let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    let pidfd = daemon.or_else(|| daemon_of(&canon)).and_then(pidfd_open);
+    let daemon = daemon.or_else(|| daemon_of(&canon));
+    let pidfd = daemon.and_then(|pid| Some((pid, pidfd_open(pid).ok()?)));
     // EBUSY can be transient (a file closed by another thread or a process exiting right now
     // is released a moment later), so retry briefly before reporting it.
     let busy_until = Instant::now() + Duration::from_secs(2);
@@ -450,18 +452,7 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
             }
         }
     }
-    if let Some(fd) = pidfd {
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
-        let deadline = Instant::now() + wait;
-        // SAFETY: one valid pollfd; retried on EINTR until the deadline.
-        while unsafe { libc::poll(&mut p, 1, ms) } < 0 && Instant::now() < deadline {}
-    }
-    Ok(())
+    Ok(pidfd.is_none_or(|(pid, fd)| wait_pidfd(&fd, pid, wait)))
 }
 
 /// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any.
@@ -476,9 +467,35 @@ fn daemon_of(mountpoint: &Path) -> Option<u32> {
     })
 }
 
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    // SAFETY: a non-negative result is a fresh descriptor we own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+/// A `pidfd_open(2)` descriptor for `pid`: becomes readable when the process exits (even
+/// while it is an unreaped zombie), and is immune to pid reuse.
+///
+/// Errors: `ESRCH` if there is no such process; `ENOSYS` before Linux 5.3.
+pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh descriptor owned by this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Waits up to `timeout` for the process behind `pidfd` to exit; reaps it if it is our child.
+/// Returns true once it has exited.
+pub fn wait_pidfd(pidfd: &OwnedFd, pid: u32, timeout: std::time::Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if n == 1 {
+        // SAFETY: non-blocking reap of a child we may own; ECHILD otherwise, ignored.
+        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+        return true;
+    }
+    false
 }

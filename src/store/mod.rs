@@ -1622,18 +1622,16 @@ impl Store {
 ///
 /// Errors: as [`overlay::unmount`] (EBUSY → [`Error::Failed`], nothing changed).
 fn unmount_and_wait(mnt: &Path, pid: u32) -> Result<()> {
-    let pidfd = if pid != 0 {
-        sys::pidfd_open(pid).ok()
+    let daemon = (pid != 0).then_some(pid);
+    let gone = if overlay::is_mountpoint_busy(mnt)? {
+        overlay::unmount(mnt, daemon, UNMOUNT_WAIT)?
     } else {
-        None
+        // Already unmounted (by `umount`, say): its daemon may still be finishing.
+        daemon
+            .and_then(|pid| Some((pid, overlay::pidfd_open(pid).ok()?)))
+            .is_none_or(|(pid, fd)| overlay::wait_pidfd(&fd, pid, UNMOUNT_WAIT))
     };
-    if overlay::is_mountpoint_busy(mnt)? {
-        let daemon = if pidfd.is_some() { None } else { Some(pid) };
-        overlay::unmount(mnt, daemon, UNMOUNT_WAIT)?;
-    }
-    if let Some(fd) = pidfd
-        && !sys::wait_pidfd(&fd, pid, UNMOUNT_WAIT)
-    {
+    if !gone {
         return Err(Error::Failed(format!(
             "{}: overlay daemon {pid} did not exit within {}s of unmounting",
             mnt.display(),

@@ -239,36 +239,3 @@ pub fn pid_alive(pid: u32) -> bool {
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
-
-/// A `pidfd_open(2)` descriptor for `pid`: becomes readable when the process exits (even
-/// while it is an unreaped zombie), and is immune to pid reuse.
-///
-/// Errors: `ESRCH` if there is no such process; `ENOSYS` before Linux 5.3.
-pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor owned by this process.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// Waits up to `timeout` for the process behind `pidfd` to exit; reaps it if it is our child.
-/// Returns true once it has exited.
-pub fn wait_pidfd(pidfd: &OwnedFd, pid: u32, timeout: std::time::Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if n == 1 {
-        // SAFETY: non-blocking reap of a child we may own; ECHILD otherwise, ignored.
-        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
-        return true;
-    }
-    false
-}
