@@ -385,7 +385,20 @@ impl OverlayFs {
     /// Current attributes of node `id`.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
         let (layer, p, l) = self.backing(id)?;
-        let st = self.roots.stat(layer, &p).map_err(errno)?;
+        self.attr_at(id, layer, &p, &l)
+    }
+
+    /// The attributes of node `id`, whose data is at `p` in `layer` as [`Self::backing`] found.
+    ///
+    /// Errors: the `fstatat` errno.
+    pub(super) fn attr_at(
+        &self,
+        id: u64,
+        layer: Layer,
+        p: &CString,
+        l: &Located,
+    ) -> OpResult<FileAttr> {
+        let st = self.roots.stat(layer, p).map_err(errno)?;
         let r = Resolved {
             id,
             kind: l.kind,

@@ -597,8 +597,8 @@ impl OverlayFs {
                     .utimens(layer, &p, &[timespec(atime), timespec(mtime)])
                     .map_err(errno)?;
             }
+            self.attr_at(id, layer, &p, &n)
         }
-        self.getattr_node(id)
     }
 
     /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
