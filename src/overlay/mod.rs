@@ -67,6 +67,53 @@ fn allow_fuse_uring() {
     }
 }
 
+/// Readahead window of a layercache mount, in KiB: a sequential reader then gets up to 1 MiB per
+/// FUSE READ (the mount's max_pages is 256) instead of 128 KiB, an eighth of the round trips
+/// (first pass over a 512 MiB file: ~390 ms at 128 KiB, ~310 ms at 1 MiB, served pinned).
+const READ_AHEAD_KB: u64 = 1024;
+
+/// Raises the readahead window of the FUSE mount at `mountpoint` to [`READ_AHEAD_KB`]. The
+/// window belongs to the mount's own backing device info (`/sys/class/bdi/MAJOR:MINOR`, named
+/// after the mount's anonymous device), so no other filesystem is affected. The kernel starts
+/// every FUSE mount at the default 128 KiB and INIT's `max_readahead` can only lower that
+/// (fs/fuse/inode.c `process_init_reply`), hence sysfs. Best effort: without root, or with
+/// sysfs read-only, the mount keeps 128 KiB.
+///
+/// Sends no request to the mount (`AT_STATX_DONT_SYNC`), so it is safe before requests are
+/// served.
+fn raise_read_ahead(mountpoint: &Path) {
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: statx is plain data; the call writes at most its size.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `stx` is a valid statx buffer.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC | libc::AT_NO_AUTOMOUNT,
+            0,
+            &mut stx,
+        )
+    };
+    if r != 0 {
+        return;
+    }
+    let knob = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        stx.stx_dev_major, stx.stx_dev_minor
+    );
+    let now: Option<u64> = std::fs::read_to_string(&knob)
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    if now.is_some_and(|kb| kb < READ_AHEAD_KB)
+        && let Err(e) = std::fs::write(&knob, READ_AHEAD_KB.to_string())
+    {
+        tracing::debug!("{knob}: {e}; readahead stays at {now:?} KiB");
+    }
+}
+
 fn threads() -> usize {
     std::env::var("LAYERCACHE_THREADS")
         .ok()
@@ -206,6 +253,7 @@ pub fn mount_foreground(
         }
     };
     unmount_on_signal(mountpoint)?;
+    raise_read_ahead(mountpoint);
     // Ready once requests are served (with FUSE over io_uring: once every CPU queue has its
     // entries registered; the kernel holds requests until then).
     let served = std::cell::Cell::new(false);
