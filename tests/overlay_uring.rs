@@ -248,3 +248,122 @@ fn without_io_uring_the_mount_serves_through_dev_fuse() {
         "the mount answered within 20 s"
     );
 }
+
+/// Runs `f` on a thread pinned to `cpu` (so its requests go to that CPU's ring queue).
+fn on_cpu<T: Send + 'static>(cpu: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: cpu_set_t is plain data; sched_setaffinity only reads it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            let rc = libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+            assert_eq!(rc, 0, "pin the test thread to CPU {cpu}: errno {}", errno());
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// CPUs this process may run on (Cpus_allowed_list of /proc/self/status, e.g. "0-1").
+fn allowed_cpus() -> Vec<usize> {
+    let s = fs::read_to_string("/proc/self/status").unwrap();
+    let list = s
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut cpus = Vec::new();
+    for r in list.split(',') {
+        let (a, b) = r.split_once('-').unwrap_or((r, r));
+        cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+/// Ring threads of queue `q` of daemon `pid` whose affinity is wider than CPU `q`.
+fn spread_threads(pid: i32, q: usize) -> Vec<String> {
+    let prefix = format!("fuser-uring-{q}.");
+    threads(pid)
+        .into_iter()
+        .filter(|(tid, comm)| {
+            comm.starts_with(&prefix)
+                && status_field(pid, tid, "Cpus_allowed_list") != q.to_string()
+        })
+        .map(|(_, comm)| comm)
+        .collect()
+}
+
+#[test]
+fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
+    require_root!();
+    only_layercache!("read-ahead and thread placement of layercache's daemon");
+    if !Path::new(ENABLE_URING).exists() && skip_or_fail("kernel without FUSE over io_uring") {
+        return;
+    }
+    let _m = machine();
+    const SIZE: usize = 64 << 20;
+    let data: Vec<u8> = (0..SIZE as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let lower_data = data.clone();
+    let fx = Fixture::new(move |l| write(&l.join("big"), &lower_data));
+    let pid = daemon_of(&fx);
+
+    // The mount's own readahead window is 1 MiB (one READ per MiB streamed), not the 128 KiB
+    // every FUSE mount starts with.
+    let st = fs::metadata(&fx.mnt).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let (major, minor) = (libc::major(st.dev()), libc::minor(st.dev()));
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    assert_eq!(fs::read_to_string(&knob).unwrap().trim(), "1024", "{knob}");
+
+    // Stream the file from one CPU in 1 MiB reads; every byte must come back. The file stays
+    // open until the end: closing it sends a request (FLUSH) of its own.
+    let cpus = allowed_cpus();
+    let cpu = cpus[0];
+    let p = fx.p("big");
+    let (got, open_file) = on_cpu(cpu, move || {
+        use std::io::Read;
+        let mut f = fs::File::open(p).unwrap();
+        let mut out = Vec::with_capacity(SIZE);
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break (out, f);
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    });
+    assert_eq!(got.len(), SIZE, "bytes read back");
+    assert!(got == data, "streamed data differs from the lower file");
+
+    if cpus.len() < 2 {
+        return; // one CPU: spreading a thread over the daemon's CPUs changes nothing
+    }
+    // The entries that served the stream's READs may run on any of the daemon's CPUs (the last
+    // request the mount saw was a READ of 1 MiB)...
+    let spread = spread_threads(pid, cpu);
+    assert!(
+        !spread.is_empty(),
+        "no ring thread of queue {cpu} was spread after streaming"
+    );
+    // ...and the next small request pins its thread back: the kernel hands a queue's requests
+    // to the entry freed last (fs/fuse/dev_uring.c keeps available entries LIFO), which served
+    // the stream's last READ.
+    let f = fx.p("big");
+    on_cpu(cpu, move || forced_getattrs(&f, 10));
+    let after = spread_threads(pid, cpu);
+    assert!(
+        after.len() < spread.len(),
+        "GETATTRs did not pin a thread back: spread before {spread:?}, after {after:?}"
+    );
+    for q in 0..possible_cpus() {
+        if q != cpu {
+            assert_eq!(spread_threads(pid, q), Vec::<String>::new(), "queue {q}");
+        }
+    }
+    drop(open_file);
+}

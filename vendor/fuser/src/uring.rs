@@ -215,16 +215,100 @@ fn set_policy(policy: i32) {
     unsafe { libc::sched_setscheduler(0, policy, &p) };
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity only reads it.
+/// The calling thread's CPU affinity mask.
+fn affinity() -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size. On failure
+    // the zeroed set is returned and set_affinity then fails harmlessly (EINVAL).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set);
+        set
+    }
+}
+
+/// Sets the calling thread's CPU affinity mask. Errors: `EINVAL` if no CPU of `set` is allowed
+/// (a cpuset that excludes them).
+fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: sched_setaffinity only reads `set`.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The set holding only `cpu`.
+fn only_cpu(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes one bit of it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
-            debug!(
-                "io_uring queue {cpu}: not pinned: {}",
-                io::Error::last_os_error()
-            );
+        set
+    }
+}
+
+/// `FUSE_READ` (include/uapi/linux/fuse.h `enum fuse_opcode`).
+const FUSE_READ: u32 = 15;
+
+/// READs of at least this many bytes (512 KiB) are readahead of a file being streamed (the
+/// kernel grows a sequential reader's readahead window up to the mount's `read_ahead_kb`, and
+/// small files never get a window this large).
+const STREAM_READ_MIN: u32 = 512 << 10;
+
+/// Whether `req` (a request in /dev/fuse layout: `fuse_in_header`, then `fuse_read_in` with
+/// `size` at bytes 16..20) is a READ of at least [`STREAM_READ_MIN`] bytes.
+fn is_stream_read(req: &[u8]) -> bool {
+    let u32_at = |i: usize| {
+        req.get(i..i + 4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+    };
+    u32_at(4) == Some(FUSE_READ)
+        && u32_at(IN_HEADER_SZ + 16).is_some_and(|size| size >= STREAM_READ_MIN)
+}
+
+/// Where an entry thread may run: pinned to its queue's CPU, where the requester runs, so a
+/// round trip costs two context switches on one CPU; spread over the thread's original CPUs
+/// while it serves a streamed read (see [`Placement::serve`]).
+struct Placement {
+    /// The affinity the thread started with (the daemon's; a cpuset or taskset may narrow it).
+    home: libc::cpu_set_t,
+    /// Only the queue's CPU.
+    own: libc::cpu_set_t,
+    /// Whether pinning worked at all (if not, the thread stays where it was allowed to run).
+    pinned: bool,
+    /// Whether the thread is currently spread over `home`.
+    spread: bool,
+}
+
+impl Placement {
+    /// Pins the calling thread to CPU `qid`.
+    fn pin(qid: u16) -> Self {
+        let home = affinity();
+        let own = only_cpu(usize::from(qid));
+        let pinned = match set_affinity(&own) {
+            Ok(()) => true,
+            Err(e) => {
+                debug!("io_uring queue {qid}: not pinned: {e}");
+                false
+            }
+        };
+        Placement {
+            home,
+            own,
+            pinned,
+            spread: false,
+        }
+    }
+
+    /// Places the thread for the request it is about to serve. A streamed read served on the
+    /// requester's CPU serializes all its work (reading the backing file, the kernel's copy
+    /// into the page cache, the reader's own copy) on that CPU while the others idle; spread,
+    /// the scheduler runs this thread beside the reader and readahead overlaps consumption
+    /// (first pass over a 512 MiB file on 2 vCPUs: ~310 ms pinned, ~210 ms spread). Any other
+    /// request pins the thread back. One `sched_setaffinity` per change, none otherwise.
+    fn serve(&mut self, stream: bool) {
+        if self.pinned && stream != self.spread {
+            let _ = set_affinity(if stream { &self.home } else { &self.own });
+            self.spread = stream;
         }
     }
 }
@@ -291,7 +375,6 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     payload_sz: usize,
     registered: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
-    pin_to_cpu(usize::from(qid));
     // The buffers are shared with the kernel, so they are only ever reached through these raw
     // pointers (no Rust reference to them is held while the kernel may write them).
     let header = Box::into_raw(Box::new(Header([0; HEADER_SZ])));
@@ -320,6 +403,7 @@ fn serve<FS: Filesystem>(
     registered: std::sync::mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     let fd = se.ch.as_fd().as_raw_fd();
+    let mut placement = Placement::pin(qid);
     if let Err(e) = ring.submitter().register_enable_rings() {
         let _ = registered.send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
         return Err(e);
@@ -457,6 +541,9 @@ fn serve<FS: Filesystem>(
         buf[..IN_HEADER_SZ].copy_from_slice(&h[..IN_HEADER_SZ]);
         buf[IN_HEADER_SZ..IN_HEADER_SZ + op_sz].copy_from_slice(&h[IN_OUT_SZ..IN_OUT_SZ + op_sz]);
         buf[IN_HEADER_SZ + op_sz..].copy_from_slice(&payload[..in_payload]);
+
+        // Pinned, or spread while streaming a large file.
+        placement.serve(is_stream_read(buf));
 
         match RequestWithSender::new(ReplyTo::Ring(slot.clone()), buf) {
             Some(req) => {
