@@ -3,6 +3,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
+use crate::store::cmd::store_root;
 
 /// Runs the parsed command line and returns the exit status (see [`crate::error`]).
 ///
@@ -45,16 +46,6 @@ fn init_tracing() {
         .try_init();
 }
 
-/// The store root: `--store`/`LAYERCACHE_STORE`, else [`crate::store::default_root`].
-///
-/// Errors: [`Error::Invalid`] when no default can be derived.
-pub fn store_root(global: &crate::cli::GlobalArgs) -> Result<std::path::PathBuf> {
-    match &global.store {
-        Some(s) => Ok(s.clone()),
-        None => crate::store::default_root(),
-    }
-}
-
 /// The project directory: `--workdir` or the current directory, made absolute.
 fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
     use crate::error::IoContext;
@@ -81,14 +72,8 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     // What each key would match now (a store that cannot be opened shows no matches).
     // Never creates a store: a missing one just matches nothing.
     let store = store_root(global).and_then(|r| {
-        if crate::store::exists_at(&r) {
-            crate::store::Store::open(Some(&r))
-        } else {
-            Err(crate::Error::invalid(format!(
-                "no store at {}",
-                r.display()
-            )))
-        }
+        crate::store::Store::open_existing(&r)?
+            .ok_or_else(|| Error::invalid(format!("no store at {}", r.display())))
     });
     let mut matches = Vec::new();
     for k in &all {

@@ -12,7 +12,10 @@ use crate::cli::{ClearArgs, GcArgs, GlobalArgs, LsArgs, MountArgs, MountpointArg
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 
-fn root(global: &GlobalArgs) -> Result<PathBuf> {
+/// The store root: `--store`/`LAYERCACHE_STORE`, else [`super::default_root`].
+///
+/// Errors: [`Error::Invalid`] when no default can be derived.
+pub fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
     match &global.store {
         Some(s) => Ok(s.clone()),
         None => super::default_root(),
@@ -20,24 +23,22 @@ fn root(global: &GlobalArgs) -> Result<PathBuf> {
 }
 
 fn open(global: &GlobalArgs) -> Result<Store> {
-    Store::open(Some(&root(global)?))
+    Store::open(Some(&store_root(global)?))
 }
 
 /// Opens the store for a command that only reads or trims it (`ls`, `gc`, `clear`, `verify`):
-/// a store that does not exist yet is not created (a mistyped `--store` would otherwise look
-/// like an empty store).
+/// a store that does not exist yet is not created (see [`Store::open_existing`]).
 ///
 /// Errors: [`Error::Invalid`] naming the path when no store is there.
 fn open_existing(global: &GlobalArgs) -> Result<Store> {
-    let root = root(global)?;
-    if !super::exists_at(&root) {
-        return Err(Error::invalid(format!(
+    let root = store_root(global)?;
+    Store::open_existing(&root)?.ok_or_else(|| {
+        Error::invalid(format!(
             "no layercache store at {} (one is created by the first `mount` or `run`; check \
              --store / LAYERCACHE_STORE)",
             root.display()
-        )));
-    }
-    Store::open(Some(&root))
+        ))
+    })
 }
 
 /// Prints one line to stdout; a closed stdout (EPIPE) is not an error.

@@ -644,6 +644,18 @@ pub fn exists_at(root: &Path) -> bool {
 }
 
 impl Store {
+    /// Opens the store at `root` only if one exists there (see [`exists_at`]): `Ok(None)`
+    /// instead of creating it, for commands that read or trim a store (a mistyped `--store`
+    /// would otherwise look like an empty store).
+    ///
+    /// Errors: as [`Store::open`].
+    pub fn open_existing(root: &Path) -> Result<Option<Store>> {
+        if !exists_at(root) {
+            return Ok(None);
+        }
+        Store::open(Some(root)).map(Some)
+    }
+
     /// Opens (creating if needed) the store at `root`, or at [`default_root`] when `None`.
     /// Creates `v1/`, `format.json` and a default `config.toml`, and reads the limits.
     ///
