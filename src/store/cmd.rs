@@ -106,11 +106,11 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
 
 /// `layercache umount`.
 ///
-/// Errors: see [`Store::umount`].
+/// Errors: see [`Store::umount_run`] and [`crate::overlay::unmount`].
 pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     let store = open(global)?;
-    if store.is_store_mount(&a.mountpoint)? {
-        store.umount(&a.mountpoint)?;
+    if let Some(m) = store.store_mount(&a.mountpoint)? {
+        store.umount_run(m)?;
     } else {
         // A plain `layercache overlay` mount.
         crate::overlay::unmount(&a.mountpoint, None, std::time::Duration::from_secs(30))?;

@@ -485,6 +485,14 @@ impl RunRecord {
     }
 }
 
+/// A store mount found by [`Store::store_mount`]: its canonical mountpoint and run record.
+#[derive(Clone, Debug)]
+pub struct StoreMount {
+    mnt: PathBuf,
+    rec: RunRecord,
+    run_dir: PathBuf,
+}
+
 /// Result of a publish without a mount ([`Store::promote_dirs`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct Published {
@@ -1371,14 +1379,18 @@ impl Store {
         })
     }
 
-    /// True when `mountpoint` is a mount made by `layercache mount`/`run` in this store.
+    /// The store mount at `mountpoint` (a mount made by `layercache mount`/`run` in this
+    /// store), found by one scan of the run records; `None` when `mountpoint` is not one (or
+    /// does not resolve to a directory). Unmount it with [`Store::umount_run`].
     ///
     /// Errors: [`Error::Io`] reading the store's run records.
-    pub fn is_store_mount(&self, mountpoint: &Path) -> Result<bool> {
-        match canonical_mountpoint(mountpoint) {
-            Ok(mnt) => Ok(self.find_run(&mnt)?.is_some()),
-            Err(_) => Ok(false),
-        }
+    pub fn store_mount(&self, mountpoint: &Path) -> Result<Option<StoreMount>> {
+        let Ok(mnt) = canonical_mountpoint(mountpoint) else {
+            return Ok(None);
+        };
+        Ok(self
+            .find_run(&mnt)?
+            .map(|(_, rec, run_dir)| StoreMount { mnt, rec, run_dir }))
     }
 
     /// `layercache umount`: unmounts the store mount at `mountpoint` (waiting for its daemon)
@@ -1390,9 +1402,17 @@ impl Store {
         let (_, rec, run_dir) = self.find_run(&mnt)?.ok_or_else(|| {
             Error::invalid(format!("{}: not a layercache store mount", mnt.display()))
         })?;
-        unmount_and_wait(&mnt, rec.daemon_pid)?;
-        HELD.lock().remove(&mnt);
-        remove_tree(&run_dir)
+        self.umount_run(StoreMount { mnt, rec, run_dir })
+    }
+
+    /// Unmounts a store mount found by [`Store::store_mount`] (waiting for its daemon) and
+    /// deletes its run directory (the private upper is discarded).
+    ///
+    /// Errors: [`Error::Failed`] when busy (nothing changed); [`Error::Io`] removing the run.
+    pub fn umount_run(&self, m: StoreMount) -> Result<()> {
+        unmount_and_wait(&m.mnt, m.rec.daemon_pid)?;
+        HELD.lock().remove(&m.mnt);
+        remove_tree(&m.run_dir)
     }
 
     /// `layercache ls`: every layer (of `project`, or all), newest first.
