@@ -16,13 +16,13 @@ use common::*;
 fn expect_rejected(fx: &Fixture, opts: &str, mnt: &Path, needle: &str) {
     let upper_before = tree_fingerprint(&fx.upper);
     let mounts_before = mounts_at(mnt);
-    let out = Command::new(layercache_bin())
+    let out = Command::new(BIN)
         .args(["overlay", "-o", opts])
         .arg(mnt)
         .output()
         .unwrap();
     if mounts_at(mnt) > mounts_before {
-        let _ = Command::new("umount").arg("-l").arg(mnt).output();
+        lazy_umount(mnt);
         panic!("-o {opts}: mounted although the input is bad");
     }
     let err = String::from_utf8_lossy(&out.stderr);
@@ -150,7 +150,7 @@ fn generic_mount_options_are_accepted() {
     require_root!();
     only_layercache!("layercache's own command line");
     let mut fx = unmounted_fixture();
-    let out = Command::new(layercache_bin())
+    let out = Command::new(BIN)
         .args([
             "overlay",
             "-o",
@@ -212,7 +212,7 @@ fn mount_fuse3_helper_runs_layercache_overlay() {
     require_root!();
     only_layercache!("mount -t fuse.layercache runs the layercache binary");
     let bin = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(layercache_bin(), bin.path().join("layercache")).unwrap();
+    std::os::unix::fs::symlink(BIN, bin.path().join("layercache")).unwrap();
     let path = format!(
         "{}:{}",
         bin.path().display(),
@@ -236,8 +236,7 @@ fn mount_t_fuse_program_hash_source() {
     require_root!();
     only_layercache!("mount -t fuse runs the layercache binary");
     let mut cmd = Command::new("mount");
-    cmd.args(["-t", "fuse"])
-        .arg(format!("{}#overlay", layercache_bin().display()));
+    cmd.args(["-t", "fuse"]).arg(format!("{BIN}#overlay"));
     mount_through_helper(cmd, "mount -t fuse layercache#overlay");
 }
 

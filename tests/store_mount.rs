@@ -63,7 +63,7 @@ impl Env {
         p
     }
     fn lc(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_layercache"))
+        Command::new(mounts::BIN)
             .arg("--store")
             .arg(self.store())
             .args(args)
@@ -507,7 +507,7 @@ struct Tmpfs(PathBuf);
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        mounts::lazy_umount(&self.0);
     }
 }
 

@@ -17,7 +17,7 @@ use mounts::{Mounted, can_mount, have_tool, is_mounted, skip_or_fail};
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/npm-app");
 
 fn lc(store: &Path, args: &[&str]) -> Value {
-    let o = Command::new(env!("CARGO_BIN_EXE_layercache"))
+    let o = Command::new(mounts::BIN)
         .arg("--store")
         .arg(store)
         .args(args)

@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod mounts;
-pub use mounts::{is_mounted, skip_or_fail, write};
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use mounts::{BIN, can_mount_with, is_mounted, lazy_umount, skip_or_fail, write};
 
 /// The overlay implementation the tests run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,31 +51,18 @@ impl Impl {
         }
     }
 
-    fn uses_fuse(self) -> bool {
+    /// Whether mounting it needs `/dev/fuse`.
+    pub fn uses_fuse(self) -> bool {
         self != Impl::Kernel
     }
 }
 
-/// Returns false (after printing why) when mount-based tests cannot run here. Not being root
-/// is a skip that counts as a pass ([`skip_or_fail`]: a failure when `CI` is set); being root
-/// without `/dev/fuse` for a FUSE implementation is a failure (the test machines have it).
-pub fn can_mount() -> bool {
-    let test = std::thread::current().name().unwrap_or("?").to_string();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 && skip_or_fail("mount-based tests need root") {
-        return false;
-    }
-    if Impl::current().uses_fuse() && !Path::new("/dev/fuse").exists() {
-        panic!("{test}: /dev/fuse is missing (running as root, so this is a failure, not a skip)");
-    }
-    true
-}
-
-/// `require_root!()` at the top of a test: returns early (a pass) when it cannot run here.
+/// `require_root!()` at the top of a test: returns early (a pass) when it cannot run here
+/// ([`can_mount_with`]: root, and `/dev/fuse` unless the implementation is kernel overlayfs).
 #[allow(unused_macros)]
 macro_rules! require_root {
     () => {
-        if !$crate::common::can_mount() {
+        if !$crate::common::can_mount_with($crate::common::Impl::current().uses_fuse()) {
             return;
         }
     };
@@ -100,11 +88,6 @@ macro_rules! only_layercache {
             return;
         }
     };
-}
-
-/// The layercache binary built by cargo for these tests.
-pub fn layercache_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_layercache"))
 }
 
 /// Builder for a [`Fixture`].
@@ -220,6 +203,11 @@ impl Fixture {
 
     /// The `-o` option string for this fixture.
     pub fn options(&self) -> String {
+        self.options_with_work(&self.work)
+    }
+
+    /// The `-o` option string for this fixture's lower(s) and upper with workdir `work`.
+    fn options_with_work(&self, work: &Path) -> String {
         let lowers: Vec<String> = self
             .lowers
             .iter()
@@ -229,7 +217,7 @@ impl Fixture {
             "lowerdir={},upperdir={},workdir={}",
             lowers.join(":"),
             self.upper.display(),
-            self.work.display()
+            work.display()
         )
     }
 
@@ -238,7 +226,7 @@ impl Fixture {
         let opts = self.options();
         match Impl::current() {
             Impl::Layercache => {
-                let mut c = Command::new(layercache_bin());
+                let mut c = Command::new(BIN);
                 c.arg("overlay").arg("-o").arg(&opts).arg(&self.mnt);
                 c
             }
@@ -328,17 +316,7 @@ impl Fixture {
         self.unmount();
         let kwork = self.work.with_file_name("kernel-work");
         fs::create_dir_all(&kwork).unwrap();
-        let lowers: Vec<String> = self
-            .lowers
-            .iter()
-            .map(|l| l.display().to_string())
-            .collect();
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            lowers.join(":"),
-            self.upper.display(),
-            kwork.display()
-        );
+        let opts = self.options_with_work(&kwork);
         let out = Command::new("mount")
             .args(["-t", "overlay", "overlay", "-o", &opts])
             .arg(&self.mnt)
@@ -438,10 +416,6 @@ impl Drop for MountGuard {
             lazy_umount(&self.mnt);
         }
     }
-}
-
-fn lazy_umount(mnt: &Path) {
-    let _ = Command::new("umount").arg("-l").arg(mnt).output();
 }
 
 /// Lines of /proc/mounts whose mountpoint is exactly `p`.

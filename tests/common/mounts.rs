@@ -1,7 +1,8 @@
 //! Helpers shared by every test binary: the one place that decides whether a test whose
 //! environment is incomplete (not root, no /dev/fuse, a tool or fixture missing) is skipped or
-//! fails ([`skip_or_fail`]), the checks that use it, and the mount helpers (is a path a mount,
-//! a guard that unmounts a store mount on Drop, writing a file with its parents).
+//! fails ([`skip_or_fail`]), the checks that use it, the layercache binary ([`BIN`]) and the
+//! mount helpers (is a path a mount, a lazy unmount as the last resort of every guard, a guard
+//! that unmounts a store mount on Drop, writing a file with its parents).
 //!
 //! Included as `mod mounts;` by tests/common/mod.rs, as `#[path = "mounts.rs"] mod mounts;` by
 //! tests/common/run.rs and as `#[path = "common/mounts.rs"] mod mounts;` by the store tests.
@@ -26,11 +27,26 @@ pub fn skip_or_fail(reason: &str) -> bool {
     true
 }
 
-/// Whether mount-based tests can run here (root and /dev/fuse); otherwise [`skip_or_fail`].
-pub fn can_mount() -> bool {
+/// The layercache binary built by cargo for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
+
+/// Whether mount-based tests can run here: root, and `/dev/fuse` when `fuse` (every test but
+/// the overlay suites run against kernel overlayfs); otherwise [`skip_or_fail`] naming what is
+/// missing.
+pub fn can_mount_with(fuse: bool) -> bool {
     // SAFETY: geteuid has no preconditions.
-    let ok = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
-    ok || !skip_or_fail("needs root and /dev/fuse")
+    if unsafe { libc::geteuid() } != 0 {
+        return !skip_or_fail("mount-based tests need root");
+    }
+    if fuse && !Path::new("/dev/fuse").exists() {
+        return !skip_or_fail("/dev/fuse is missing (running as root)");
+    }
+    true
+}
+
+/// [`can_mount_with`] for a test that mounts FUSE filesystems (the store and run tests).
+pub fn can_mount() -> bool {
+    can_mount_with(true)
 }
 
 /// Whether `tool --version` runs; otherwise [`skip_or_fail`] naming the tool.
@@ -63,16 +79,21 @@ impl Drop for Mounted {
         if !is_mounted(&self.mnt) {
             return;
         }
-        let _ = Command::new(env!("CARGO_BIN_EXE_layercache"))
+        let _ = Command::new(BIN)
             .arg("--store")
             .arg(&self.store)
             .arg("umount")
             .arg(&self.mnt)
             .output();
         if is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            lazy_umount(&self.mnt);
         }
     }
+}
+
+/// `umount -l MNT`, ignoring the outcome: the last resort of the guards' Drop.
+pub fn lazy_umount(mnt: &Path) {
+    let _ = Command::new("umount").arg("-l").arg(mnt).output();
 }
 
 /// Writes `data` to `p`, creating its parent directories.

@@ -15,9 +15,7 @@ use std::process::{Command, Output};
 #[path = "mounts.rs"]
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use mounts::{assert_not_in_tree, can_mount, have_tool, skip_or_fail};
-
-pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
+pub use mounts::{BIN, assert_not_in_tree, can_mount, have_tool, skip_or_fail};
 
 /// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
 /// it (deepest first; lazy as a last resort) before the directory is removed.
@@ -157,7 +155,7 @@ impl Drop for Sandbox {
                 .is_ok_and(|o| o.status.success());
             if !ok {
                 let _ = Command::new("fusermount3").args(["-u", "-z", &mp]).status();
-                let _ = Command::new("umount").args(["-l", &mp]).status();
+                mounts::lazy_umount(Path::new(&mp));
             }
         }
     }
