@@ -222,8 +222,9 @@ impl OverlayFs {
             let kind = Kind::from_mode(st.st_mode);
             // A non-directory, or a directory with nothing below it to merge (no lower dirs
             // under the parent, or opaque), hides every lower entry of that name.
-            let upper_only =
-                kind != Kind::Dir || pnode.lowers == 0 || self.upper_dir_is_opaque(&crel)?;
+            let upper_only = kind != Kind::Dir
+                || pnode.lowers == 0
+                || whiteout::dir_is_opaque_at(self.roots.fd(Layer::Upper), &crel).map_err(errno)?;
             if upper_only {
                 let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
                 return Ok(Some(Resolved {
@@ -266,19 +267,11 @@ impl OverlayFs {
             if first.is_none() {
                 first = Some((l, st));
             }
-            if mask != 0 {
-                let f = self
-                    .roots
-                    .open(
-                        Layer::Lower(l),
-                        &crel,
-                        libc::O_RDONLY | libc::O_DIRECTORY,
-                        0,
-                    )
-                    .map_err(errno)?;
-                if whiteout::is_opaque(std::os::fd::AsFd::as_fd(&f)).map_err(errno)? {
-                    break;
-                }
+            if mask != 0
+                && whiteout::dir_is_opaque_at(self.roots.fd(Layer::Lower(l)), &crel)
+                    .map_err(errno)?
+            {
+                break;
             }
         }
         match (upper_st, first) {
@@ -321,14 +314,6 @@ impl OverlayFs {
             }
             (None, None) => Ok(None),
         }
-    }
-
-    fn upper_dir_is_opaque(&self, rel: &CString) -> OpResult<bool> {
-        let f = self
-            .roots
-            .open(Layer::Upper, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-            .map_err(errno)?;
-        whiteout::is_opaque(std::os::fd::AsFd::as_fd(&f)).map_err(errno)
     }
 
     /// Resolves a child of `parent` after computing the parent's node and path.

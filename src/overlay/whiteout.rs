@@ -13,8 +13,9 @@
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 /// xattr marking an opaque directory when the daemon is privileged (kernel overlayfs default).
 pub const OPAQUE_XATTR_TRUSTED: &CStr = c"trusted.overlay.opaque";
@@ -81,6 +82,42 @@ pub fn is_opaque(dir: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(false)
 }
 
+/// True when the directory at `rel` below the directory fd `dir` is opaque: opens it
+/// (`O_DIRECTORY | O_NOFOLLOW`) and reads it like [`is_opaque`]. The daemon's check, on a
+/// name it has just found to be a directory in a layer.
+///
+/// Errors: the `openat(2)` errno (`ENOENT`; `ENOTDIR` for anything but a directory, a symlink
+/// included), or as [`is_opaque`].
+pub fn dir_is_opaque_at(dir: RawFd, rel: &CStr) -> io::Result<bool> {
+    opaque_at(dir, rel, libc::O_NOFOLLOW)
+}
+
+/// True when the directory at `path` (a symlink to one is followed) is opaque. Promotion's
+/// check, on the directories of an upper tree.
+///
+/// Errors: `EINVAL` for a path with a NUL byte, the `open(2)` errno, or as [`is_opaque`].
+pub fn dir_is_opaque(path: &Path) -> io::Result<bool> {
+    opaque_at(libc::AT_FDCWD, &cstr(path.as_os_str())?, 0)
+}
+
+fn opaque_at(dir: RawFd, rel: &CStr, flags: libc::c_int) -> io::Result<bool> {
+    // SAFETY: `dir` is a directory fd or AT_FDCWD and `rel` is NUL-terminated; a bad fd is
+    // only an error (EBADF).
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            rel.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | flags,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by openat and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    is_opaque(fd.as_fd())
+}
+
 /// Marks the directory open at `dir` opaque: its lower-layer namesakes no longer show through.
 /// Writes `trusted.overlay.opaque` as root, `user.overlay.opaque` otherwise.
 ///
@@ -107,7 +144,6 @@ fn cstr(name: &OsStr) -> io::Result<CString> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
 
     #[test]
     fn private_xattrs_are_recognised() {
@@ -134,5 +170,28 @@ mod tests {
         }
         let plain = std::fs::symlink_metadata(dir.path()).unwrap();
         assert!(!is_whiteout_meta(&plain));
+    }
+
+    #[test]
+    fn opaque_by_name_and_by_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::File::open(dir.path()).unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("d", dir.path().join("l")).unwrap();
+        let at = |name: &CStr| dir_is_opaque_at(root.as_raw_fd(), name);
+        assert!(!at(c"d").unwrap());
+        assert!(!dir_is_opaque(&dir.path().join("d")).unwrap());
+        let d = std::fs::File::open(dir.path().join("d")).unwrap();
+        if set_opaque(d.as_fd()).is_ok() {
+            assert!(at(c"d").unwrap());
+            assert!(dir_is_opaque(&dir.path().join("d")).unwrap());
+            // The path form follows a symlink; the daemon's form does not.
+            assert!(dir_is_opaque(&dir.path().join("l")).unwrap());
+        }
+        assert_eq!(at(c"l").unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
+        assert_eq!(
+            at(c"missing").unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
     }
 }

@@ -23,7 +23,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -205,11 +204,6 @@ fn read_entries(dir: &Path) -> Result<Vec<(OsString, fs::Metadata)>> {
     Ok(out)
 }
 
-fn opaque(dir: &Path) -> Result<bool> {
-    let f = fs::File::open(dir).at(dir)?;
-    whiteout::is_opaque(f.as_fd()).at(dir)
-}
-
 type Pair = (Option<fs::Metadata>, Option<fs::Metadata>);
 
 impl Builder<'_> {
@@ -223,7 +217,7 @@ impl Builder<'_> {
         fs::create_dir(dst).at(dst)?;
         self.stats.counts.dirs += 1;
         let hide_lower = match upper {
-            Some(u) => opaque(u)?,
+            Some(u) => whiteout::dir_is_opaque(u).at(u)?,
             None => false,
         };
         let mut names: BTreeMap<OsString, Pair> = BTreeMap::new();
@@ -344,6 +338,7 @@ pub fn undo_created_objects(stats: &TreeStats) {
 mod tests {
     use super::*;
     use std::ffi::OsStr;
+    use std::os::fd::AsFd;
     use std::os::unix::fs::PermissionsExt;
 
     fn write(p: &Path, s: &str) {
@@ -448,7 +443,7 @@ mod tests {
             ]
         );
         // The opaque marker does not leak into the layer.
-        assert!(!opaque(&out.join("hidden")).unwrap());
+        assert!(!whiteout::dir_is_opaque(&out.join("hidden")).unwrap());
         // Lower files are re-linked to the same inode (no copy, no new object).
         let (a, b) = (
             fs::metadata(lower.join("keep.txt")).unwrap(),
