@@ -16,17 +16,12 @@ use common::*;
 fn sqlite(db: &Path, sql: &str) -> String {
     // A busy timeout, as real applications set: a writer that meets the concurrent reader's
     // lock (or WAL recovery by another connection) waits instead of failing with SQLITE_BUSY.
-    let out = Command::new("sqlite3")
-        .arg("-batch")
-        .args(["-cmd", ".timeout 10000"])
-        .arg(db)
-        .arg(sql)
-        .output()
-        .expect("sqlite3 (Debian package sqlite3; scripts/test.sh installs it)");
-    assert!(
-        out.status.success(),
-        "sqlite3 {sql:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new("sqlite3")
+            .arg("-batch")
+            .args(["-cmd", ".timeout 10000"])
+            .arg(db)
+            .arg(sql),
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
@@ -91,22 +86,16 @@ fn sqlite_wal_integrity_after_updates() {
 }
 
 fn git(dir: &Path, home: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("HOME", home)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .output()
-        .expect("git");
-    assert!(
-        out.status.success(),
-        "git {args:?} in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("HOME", home)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com"),
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -263,19 +252,19 @@ fn read_only_lower_files_and_0555_dirs_chmod_and_remove_by_root() {
     }
 }
 
-fn as_nobody(dir: &Path, script: &str) -> std::process::Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "sh",
-            "-c",
-            script,
-        ])
-        .current_dir(dir)
-        .output()
-        .expect("setpriv")
+/// `setpriv` running `sh -c script` in `dir` as uid/gid 65534 with no groups.
+fn as_nobody(dir: &Path, script: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "sh",
+        "-c",
+        script,
+    ])
+    .current_dir(dir);
+    c
 }
 
 #[test]
@@ -294,16 +283,11 @@ fn other_uid_with_allow_other_and_default_permissions() {
     write(&fx.p("upper_secret"), "upper secret\n");
     chmod(&fx.p("upper_secret"), 0o600);
     // A file and a directory created by another uid through the mount.
-    let out = as_nobody(
+    let out = run_ok(&mut as_nobody(
         &fx.mnt,
         "set -e; cat public; echo mine > home/mine; mkdir home/d; echo deep > home/d/f; \
          cat home/mine home/d/f; echo more >> theirs; cat theirs",
-    );
-    assert!(
-        out.status.success(),
-        "uid 65534 in the mount: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "public\nmine\ndeep\ntheirs\nmore\n"
@@ -322,7 +306,7 @@ fn other_uid_with_allow_other_and_default_permissions() {
         ("echo x > newfile", "create in a 0755 root dir"),
         ("rm public", "unlink in a 0755 root dir"),
     ] {
-        let out = as_nobody(&fx.mnt, script);
+        let out = as_nobody(&fx.mnt, script).output().expect("setpriv");
         assert!(!out.status.success(), "uid 65534 could {what}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("Permission denied"), "{what}: {err}");

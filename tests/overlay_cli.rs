@@ -247,16 +247,7 @@ fn fusermount3_u_ends_the_mount() {
     let mut fx = unmounted_fixture();
     fx.mount();
     write(&fx.p("g"), "written");
-    let out = Command::new("fusermount3")
-        .arg("-u")
-        .arg(&fx.mnt)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(Command::new("fusermount3").arg("-u").arg(&fx.mnt));
     assert!(!is_mounted(&fx.mnt), "still mounted after fusermount3 -u");
     assert_eq!(mounts_at(&fx.mnt), 0);
     assert_eq!(

@@ -8,7 +8,7 @@ use std::process::Command;
 #[path = "common/run.rs"]
 mod run_common;
 
-use run_common::{BIN, Sandbox, assert_not_in_tree, can_mount, have_tool, prep_ms};
+use run_common::{BIN, Sandbox, assert_not_in_tree, can_mount, have_tool, prep_ms, run_ok};
 
 const DEPS_SPEC: &str = r#"project = "PROJECT"
 [[cache]]
@@ -287,14 +287,8 @@ fn bwrap_sandbox_sees_the_mounts_and_nothing_else_writable() {
             "cat \"$DEPS/f\"; pwd; touch /usr/layercache-probe 2>/dev/null && echo escaped; \
              echo w > out.txt",
         ]);
-    let out = cmd.output().unwrap();
+    let out = run_ok(&mut cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(stdout, format!("sandboxed\n{}\n", sb.work().display()));
     assert!(sb.work().join("out.txt").exists(), "workdir is writable");
     assert!(!Path::new("/usr/layercache-probe").exists());

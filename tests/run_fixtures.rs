@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 #[path = "common/run.rs"]
 mod run_common;
 
-use run_common::{Sandbox, can_mount, have_tool, prep_ms, skip_or_fail};
+use run_common::{Sandbox, can_mount, have_tool, prep_ms, run_ok, skip_or_fail};
 
 /// A fixture project: the copies bundled in the repo's `examples/` (npm-app, pip-app,
 /// cargo-app), or `$LAYERCACHE_FIXTURES/<name>`; `None` (a skip; a failure when `CI` is
@@ -156,22 +156,17 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
     // One more small package, lockfile only (the registry is reachable; its own npm cache).
     let lock = sb.work().join("package-lock.json");
     let old_lock = std::fs::read(&lock).unwrap();
-    let npm = std::process::Command::new("npm")
-        .args([
-            "install",
-            "is-number@7.0.0",
-            "--package-lock-only",
-            "--no-audit",
-            "--no-fund",
-        ])
-        .current_dir(sb.work())
-        .env("npm_config_cache", sb.path("npm-cache"))
-        .output()
-        .unwrap();
-    assert!(
-        npm.status.success(),
-        "npm install --package-lock-only: {}",
-        String::from_utf8_lossy(&npm.stderr)
+    run_ok(
+        std::process::Command::new("npm")
+            .args([
+                "install",
+                "is-number@7.0.0",
+                "--package-lock-only",
+                "--no-audit",
+                "--no-fund",
+            ])
+            .current_dir(sb.work())
+            .env("npm_config_cache", sb.path("npm-cache")),
     );
     assert_ne!(
         std::fs::read(&lock).unwrap(),

@@ -16,7 +16,7 @@ use serde_json::Value;
 #[path = "common/mounts.rs"]
 mod mounts;
 
-use mounts::{Mounted, can_mount, is_mounted, write};
+use mounts::{Mounted, can_mount, is_mounted, run_ok, write};
 
 /// A temporary directory for mountpoints and the store. Fields drop in order: the tmpfs (if
 /// any) is unmounted before the directory is removed.
@@ -40,12 +40,11 @@ impl Env {
     fn on_tmpfs(size: &str) -> Env {
         let mut env = Env::new();
         let small = env.dir("small");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&small)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "mount tmpfs");
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&small),
+        );
         env.tmpfs = Some(Tmpfs(small.clone()));
         env.store = small.join("store");
         env
@@ -62,24 +61,21 @@ impl Env {
         fs::create_dir_all(&p).unwrap();
         p
     }
-    fn lc(&self, args: &[&str]) -> Output {
-        Command::new(mounts::BIN)
-            .arg("--store")
+    /// `layercache --store STORE ARGS…`.
+    fn lc_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(mounts::BIN);
+        c.arg("--store")
             .arg(self.store())
             .args(args)
-            .env_remove("LAYERCACHE_STORE")
-            .output()
-            .unwrap()
+            .env_remove("LAYERCACHE_STORE");
+        c
     }
+    fn lc(&self, args: &[&str]) -> Output {
+        self.lc_command(args).output().unwrap()
+    }
+    #[track_caller]
     fn lc_ok(&self, args: &[&str]) -> String {
-        let o = self.lc(args);
-        assert!(
-            o.status.success(),
-            "layercache {args:?} failed: {}\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
+        String::from_utf8(run_ok(&mut self.lc_command(args)).stdout).unwrap()
     }
     fn json(&self, args: &[&str]) -> Value {
         let out = self.lc_ok(args);

@@ -12,21 +12,16 @@ use serde_json::Value;
 #[path = "common/mounts.rs"]
 mod mounts;
 
-use mounts::{Mounted, can_mount, have_tool, is_mounted, skip_or_fail};
+use mounts::{Mounted, can_mount, have_tool, is_mounted, run_ok, skip_or_fail};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/npm-app");
 
 fn lc(store: &Path, args: &[&str]) -> Value {
-    let o = Command::new(mounts::BIN)
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
+    let o = run_ok(
+        Command::new(mounts::BIN)
+            .arg("--store")
+            .arg(store)
+            .args(args),
     );
     serde_json::from_slice(&o.stdout).unwrap()
 }
@@ -60,15 +55,15 @@ fn copy_fixture(dst: &Path) {
     }
 }
 
-fn npm(workdir: &Path, cache: &Path, extra: &[&str]) -> std::process::Output {
-    Command::new("npm")
-        .arg("ci")
+/// `npm ci` of the fixture in `workdir` with its cache at `cache`.
+fn npm(workdir: &Path, cache: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new("npm");
+    c.arg("ci")
         .args(["--no-audit", "--no-fund", "--ignore-scripts", "--cache"])
         .arg(cache)
         .args(extra)
-        .current_dir(workdir)
-        .output()
-        .unwrap()
+        .current_dir(workdir);
+    c
 }
 
 #[test]
@@ -94,7 +89,7 @@ fn npm_ci_fill_commit_hit_offline() {
     assert_eq!(v["result"], "miss");
     let (gn, v) = mount(&store, "node_modules", "nm-k1", &nm1);
     assert_eq!(v["result"], "miss");
-    let o = npm(&app1, &cache_mnt, &[]);
+    let o = npm(&app1, &cache_mnt, &[]).output().unwrap();
     if !o.status.success() {
         let err = String::from_utf8_lossy(&o.stderr);
         if err.contains("ENOTFOUND") || err.contains("EAI_AGAIN") || err.contains("ECONNREFUSED") {
@@ -122,12 +117,7 @@ fn npm_ci_fill_commit_hit_offline() {
     let (_gc, v) = mount(&store, "npm", "npm-k1", &cache_mnt);
     assert_eq!(v["result"], "hit");
     eprintln!("hit mount of the npm cache: {} ms", v["total_ms"]);
-    let o = npm(&app2, &cache_mnt, &["--offline"]);
-    assert!(
-        o.status.success(),
-        "npm ci --offline: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    run_ok(&mut npm(&app2, &cache_mnt, &["--offline"]));
     assert!(app2.join("node_modules/react/package.json").exists());
     assert!(app2.join("node_modules/.bin/tsc").exists());
 
@@ -136,14 +126,9 @@ fn npm_ci_fill_commit_hit_offline() {
     fs::create_dir_all(&nm3).unwrap();
     let (_gn, v) = mount(&store, "node_modules", "nm-k1", &nm3);
     assert_eq!(v["result"], "hit");
-    let out = Command::new("node")
-        .args(["-e", "console.log(require('lodash').VERSION)"])
-        .current_dir(t.path().join("app3"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("node")
+            .args(["-e", "console.log(require('lodash').VERSION)"])
+            .current_dir(t.path().join("app3")),
     );
 }

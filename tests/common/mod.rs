@@ -28,7 +28,7 @@ use std::process::{Command, Output};
 
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use mounts::{BIN, can_mount_with, is_mounted, lazy_umount, skip_or_fail, write};
+pub use mounts::{BIN, can_mount_with, is_mounted, lazy_umount, run_ok, skip_or_fail, write};
 
 /// The overlay implementation the tests run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,13 +262,7 @@ impl Fixture {
         assert!(self.mount.is_none(), "already mounted");
         let mut cmd = self.mount_command();
         tweak(&mut cmd);
-        let out = cmd.output().expect("spawn mount command");
-        assert!(
-            out.status.success(),
-            "mount failed ({:?}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_ok(&mut cmd);
         self.adopt_mount();
     }
 
@@ -317,15 +311,11 @@ impl Fixture {
         let kwork = self.work.with_file_name("kernel-work");
         fs::create_dir_all(&kwork).unwrap();
         let opts = self.options_with_work(&kwork);
-        let out = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(&self.mnt)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "kernel overlayfs refused the upper dir: {}",
-            String::from_utf8_lossy(&out.stderr)
+        // Fails here when kernel overlayfs refuses the upper dir (not in its encoding).
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o", &opts])
+                .arg(&self.mnt),
         );
         self.adopt_mount();
         check(self);
@@ -647,26 +637,20 @@ pub fn names(p: &Path) -> Vec<String> {
 }
 
 /// Runs `sh -c script` in `dir`; panics with its output unless it succeeds; returns stdout.
+#[track_caller]
 pub fn sh(dir: &Path, script: &str) -> String {
-    let out = sh_output(dir, script);
-    assert!(
-        out.status.success(),
-        "`{script}` in {} failed ({:?})\nstdout: {}\nstderr: {}",
-        dir.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(&mut sh_command(dir, script));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 pub fn sh_output(dir: &Path, script: &str) -> Output {
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .expect("spawn sh")
+    sh_command(dir, script).output().expect("spawn sh")
+}
+
+fn sh_command(dir: &Path, script: &str) -> Command {
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(script).current_dir(dir);
+    c
 }
 
 /// True when the upper entry at `p` is a whiteout (kernel overlayfs encoding: char dev 0/0).

@@ -1,7 +1,7 @@
 //! Helpers shared by every test binary: the one place that decides whether a test whose
 //! environment is incomplete (not root, no /dev/fuse, a tool or fixture missing) is skipped or
-//! fails ([`skip_or_fail`]), the checks that use it, the layercache binary ([`BIN`]) and the
-//! mount helpers (is a path a mount, a lazy unmount as the last resort of every guard, a guard
+//! fails ([`skip_or_fail`]), the checks that use it, the layercache binary ([`BIN`]), running a
+//! command that must succeed ([`run_ok`]) and the mount helpers (is a path a mount, a lazy unmount as the last resort of every guard, a guard
 //! that unmounts a store mount on Drop, writing a file with its parents).
 //!
 //! Included as `mod mounts;` by tests/common/mod.rs, as `#[path = "mounts.rs"] mod mounts;` by
@@ -12,7 +12,7 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// Call where a test cannot run here, with the reason (e.g. "needs root and /dev/fuse").
 /// Without `CI` in the environment: prints `skipped <test>: <reason>` and returns true (the
@@ -29,6 +29,28 @@ pub fn skip_or_fail(reason: &str) -> bool {
 
 /// The layercache binary built by cargo for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
+
+/// Runs `cmd` to completion and returns its output; panics (at the caller's line) naming the
+/// command (with its directory and environment changes), its exit status, stdout and stderr
+/// unless it exits 0, or naming the program when it cannot be started.
+#[track_caller]
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) => panic!(
+            "cannot run {:?}: {e} (scripts/test.sh installs the tools the tests need)",
+            cmd.get_program()
+        ),
+    };
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({})\n--stdout--\n{}\n--stderr--\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// Whether mount-based tests can run here: root, and `/dev/fuse` when `fuse` (every test but
 /// the overlay suites run against kernel overlayfs); otherwise [`skip_or_fail`] naming what is

@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 #[path = "mounts.rs"]
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use mounts::{BIN, assert_not_in_tree, can_mount, have_tool, skip_or_fail};
+pub use mounts::{BIN, assert_not_in_tree, can_mount, have_tool, run_ok, skip_or_fail};
 
 /// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
 /// it (deepest first; lazy as a last resort) before the directory is removed.
@@ -114,16 +114,11 @@ impl Sandbox {
 
     /// `layercache --store STORE --json ls`: one object per layer.
     pub fn ls(&self) -> Vec<serde_json::Value> {
-        let out = Command::new(BIN)
-            .arg("--store")
-            .arg(self.path("store"))
-            .args(["--json", "ls"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ls: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            Command::new(BIN)
+                .arg("--store")
+                .arg(self.path("store"))
+                .args(["--json", "ls"]),
         );
         match serde_json::from_slice(&out.stdout).unwrap() {
             serde_json::Value::Array(v) => v,
