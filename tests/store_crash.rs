@@ -6,6 +6,7 @@
 //! The child is this test binary re-executed with `LC_CRASH_CHILD=<dir>`.
 
 use std::fs;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -68,8 +69,16 @@ fn kill_9_mid_publish_leaves_the_store_consistent() {
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(20 + (round * 37) % 200));
-        ch.kill().unwrap(); // SIGKILL
-        ch.wait().unwrap();
+        let kill = ch.kill(); // SIGKILL
+        let status = ch.wait().unwrap();
+        // A child that ended on its own (a panic in the publish loop, say) was never killed
+        // mid-publish: the round would prove nothing.
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "round {round}: the child was not killed by SIGKILL but ended with {status} (kill: \
+             {kill:?}); its output is above"
+        );
     }
     let store = Store::open(Some(&t.path().join("store"))).unwrap();
     let p = ProjectId::new("p").unwrap();
