@@ -16,7 +16,7 @@ use std::path::Path;
 use fuser::Errno;
 
 use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Kind, Loc, Node, top_lower};
+use super::inode::{Kind, Loc, Node, orphan_name, top_lower};
 use super::layers::{Layer, cstr};
 use super::whiteout;
 
@@ -339,7 +339,7 @@ impl OverlayFs {
             if n.upper {
                 continue;
             }
-            let rel = cstr(self.path_of(d)?.as_os_str()).map_err(errno)?;
+            let rel = self.path_of(d)?;
             let l = n.top_lower().ok_or(Errno::ENOENT)?;
             let st = self.roots.stat(Layer::Lower(l), &rel).map_err(errno)?;
             let tmp = self
@@ -379,13 +379,13 @@ impl OverlayFs {
         if n.upper {
             return Ok(());
         }
-        let (sl, srel, _) = self.backing(id)?;
-        let st = self.roots.stat(sl, &srel).map_err(errno)?;
-        let tmp = self.stage_copy(sl, &srel, &st, limit).map_err(errno)?;
+        let (sl, src) = self.backing(id)?;
+        let st = self.roots.stat(sl, &src.path).map_err(errno)?;
+        let tmp = self.stage_copy(sl, &src.path, &st, limit).map_err(errno)?;
         let ino = if parent.is_some() {
-            self.publish_staged(&tmp, &srel, &st).map_err(errno)?
+            self.publish_staged(&tmp, &src.path, &st).map_err(errno)?
         } else {
-            let dst = Self::orphan_name(id);
+            let dst = orphan_name(id);
             self.roots
                 .rename(Layer::Work, &tmp, Layer::Work, &dst, 0)
                 .map_err(errno)?;

@@ -224,7 +224,7 @@ impl OverlayFs {
         if n.kind != Kind::Dir {
             return Err(fuser::Errno::ENOTDIR);
         }
-        let rel = self.path_of(dir)?;
+        let rel = super::layers::path_buf(self.path_of(dir)?);
         let names = self.merged_names(&n, &rel).map_err(super::fs::errno)?;
         Ok(self.listings.insert(dir, names))
     }

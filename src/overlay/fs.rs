@@ -17,16 +17,14 @@ use parking_lot::{Mutex, RwLock};
 use super::OverlayConfig;
 use super::dir::Listings;
 use super::errno::to_errno;
-use super::inode::{IdKey, Kind, Located, Node, Nodes, Place, top_lower};
-use super::layers::{Layer, Roots, cstr};
+use super::inode::{IdKey, Kind, Located, Node, Nodes, ORPHANS, Place, top_lower};
+use super::layers::{Layer, Roots, cstr, path_buf};
 use super::whiteout;
 use crate::error::{Error, Result};
 
 /// How long the kernel may cache entries and attributes. Long: the lower layers are immutable
 /// and every change to the upper goes through this daemon.
 pub const TTL: Duration = Duration::from_secs(3600);
-/// Directory under the workdir holding data of unlinked-but-open files.
-pub const ORPHANS: &str = "orphans";
 const NAME_MAX: usize = 255;
 
 /// Result type of the engine's operations: an errno for the kernel on failure.
@@ -172,30 +170,27 @@ impl OverlayFs {
         CString::new(format!("tmp-{}-{n}", std::process::id())).expect("no NUL")
     }
 
-    pub(super) fn orphan_name(id: u64) -> CString {
-        CString::new(format!("{ORPHANS}/{id:x}")).expect("no NUL")
-    }
-
     pub(super) fn node(&self, id: u64) -> OpResult<Node> {
         self.nodes.get(id).ok_or(Errno::ENOENT)
     }
 
     /// Relative path of an attached node. Errors: `ENOENT` for detached nodes.
-    pub(super) fn path_of(&self, id: u64) -> OpResult<PathBuf> {
+    pub(super) fn path_of(&self, id: u64) -> OpResult<CString> {
         self.nodes.path(id).ok_or(Errno::ENOENT)
     }
 
-    /// Where node `id` currently keeps its data: (layer, relative path) and its state.
-    /// Errors: `ENOENT` for a node that is gone.
-    pub(super) fn backing(&self, id: u64) -> OpResult<(Layer, CString, Located)> {
+    /// Where node `id` currently keeps its data: the layer its [`Located::path`] is in, and
+    /// its state. Errors: `ENOENT` for a node that is gone.
+    pub(super) fn backing(&self, id: u64) -> OpResult<(Layer, Located)> {
         let l = self.nodes.locate(id).ok_or(Errno::ENOENT)?;
-        let top = || top_lower(l.lowers).map(Layer::Lower).ok_or(Errno::ENOENT);
-        let (layer, path) = match &l.place {
-            Place::Path(p) if l.upper => (Layer::Upper, c(p)?),
-            Place::Path(p) | Place::OrphanLower(p) => (top()?, c(p)?),
-            Place::OrphanUpper => (Layer::Work, Self::orphan_name(id)),
+        let layer = match l.place {
+            Place::Attached if l.upper => Layer::Upper,
+            Place::Attached | Place::OrphanLower => {
+                top_lower(l.lowers).map(Layer::Lower).ok_or(Errno::ENOENT)?
+            }
+            Place::OrphanUpper => Layer::Work,
         };
-        Ok((layer, path, l))
+        Ok((layer, l))
     }
 
     /// Resolves `name` in directory node `parent` (whose path is `ppath`) across the layers.
@@ -326,7 +321,7 @@ impl OverlayFs {
         if pnode.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
-        let ppath = self.path_of(parent)?;
+        let ppath = path_buf(self.path_of(parent)?);
         let r = self.resolve(parent, &pnode, &ppath, name)?;
         Ok((pnode, ppath, r))
     }
@@ -369,21 +364,15 @@ impl OverlayFs {
 
     /// Current attributes of node `id`.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
-        let (layer, p, l) = self.backing(id)?;
-        self.attr_at(id, layer, &p, &l)
+        let (layer, l) = self.backing(id)?;
+        self.attr_at(id, layer, &l)
     }
 
-    /// The attributes of node `id`, whose data is at `p` in `layer` as [`Self::backing`] found.
+    /// The attributes of node `id`, whose data is in `layer` as [`Self::backing`] found.
     ///
     /// Errors: the `fstatat` errno.
-    pub(super) fn attr_at(
-        &self,
-        id: u64,
-        layer: Layer,
-        p: &CString,
-        l: &Located,
-    ) -> OpResult<FileAttr> {
-        let st = self.roots.stat(layer, p).map_err(errno)?;
+    pub(super) fn attr_at(&self, id: u64, layer: Layer, l: &Located) -> OpResult<FileAttr> {
+        let st = self.roots.stat(layer, &l.path).map_err(errno)?;
         let r = Resolved {
             id,
             kind: l.kind,
@@ -393,7 +382,7 @@ impl OverlayFs {
         };
         let mut attr = self.attr_of(&r);
         // An unlinked lower-only file has no name left.
-        if let Place::OrphanLower(_) = l.place {
+        if l.place == Place::OrphanLower {
             attr.nlink = 0;
         }
         Ok(attr)
@@ -406,7 +395,7 @@ impl OverlayFs {
         {
             return Ok(fd.file.clone());
         }
-        let (layer, p, _) = self.backing(id)?;
+        let (layer, l) = self.backing(id)?;
         if writable && matches!(layer, Layer::Lower(_)) {
             return Err(Errno::EIO);
         }
@@ -415,7 +404,7 @@ impl OverlayFs {
         } else {
             libc::O_RDONLY
         };
-        let file = Arc::new(self.roots.open(layer, &p, flags, 0).map_err(errno)?);
+        let file = Arc::new(self.roots.open(layer, &l.path, flags, 0).map_err(errno)?);
         self.fds.lock().put(
             id,
             CachedFd {

@@ -81,7 +81,7 @@ impl OverlayFs {
         let _g = self.ns.read();
         let listing = self.listing(dir)?;
         let dnode = self.node(dir)?;
-        let dpath = self.path_of(dir)?;
+        let dpath = super::layers::path_buf(self.path_of(dir)?);
         let parent = match dnode.loc {
             Loc::Attached { parent, .. } if parent != 0 => parent,
             _ => dir,

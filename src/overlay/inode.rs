@@ -13,8 +13,8 @@
 //! change. Counter ids start at 2 (1 is the root) and stay below 2^56.
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::ffi::{CString, OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
@@ -22,6 +22,15 @@ use parking_lot::{Mutex, RwLock};
 /// The root's node id (FUSE_ROOT_ID).
 pub const ROOT: u64 = 1;
 const LOWER_SHIFT: u32 = 56;
+/// Directory under the workdir holding data of unlinked-but-open files.
+pub const ORPHANS: &str = "orphans";
+/// Bytes reserved for a node's path: one allocation covers a path of up to 255 bytes.
+const PATH_CAPACITY: usize = 256;
+
+/// Where the upper data of unlinked node `id` is kept, relative to the workdir.
+pub fn orphan_name(id: u64) -> CString {
+    CString::new(format!("{ORPHANS}/{id:x}")).expect("no NUL")
+}
 
 /// The file type of a node, from `st_mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +71,7 @@ pub enum Loc {
     /// `<workdir>/orphans/<id>` (upper data) or stays in a lower layer at `lower_path`.
     Orphan {
         /// Path of the lower copy relative to the lower root, when the node was lower-only.
-        lower_path: Option<PathBuf>,
+        lower_path: Option<CString>,
     },
     /// A removed directory (the kernel marks it dead; only getattr may still arrive).
     Gone,
@@ -107,38 +116,53 @@ pub struct Located {
     pub lowers: u64,
     /// Its place.
     pub place: Place,
+    /// The path of its data relative to the root of the layer that holds it (see [`Place`]).
+    pub path: CString,
 }
 
-/// The place of a node's data.
-#[derive(Clone, Debug)]
+/// The place of a node's data, which says what [`Located::path`] is relative to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
-    /// Attached at this path relative to the layer roots.
-    Path(PathBuf),
-    /// Unlinked; its upper data is kept at `<workdir>/orphans/<id>`.
+    /// Attached; the path is relative to the layer roots.
+    Attached,
+    /// Unlinked; its upper data is kept in the workdir at [`orphan_name`].
     OrphanUpper,
-    /// Unlinked lower-only file, still at this path in its lower layer.
-    OrphanLower(PathBuf),
+    /// Unlinked lower-only file, still at the path in its lower layer.
+    OrphanLower,
 }
 
-fn path_in(map: &HashMap<u64, Box<Node>>, id: u64) -> Option<PathBuf> {
-    let mut parts: Vec<&OsStr> = Vec::new();
+/// The path of `id` relative to the layer roots (`.` for the root), or `None` when the node is
+/// not attached to the tree: built straight into the C string the `*at` syscalls take, in one
+/// allocation (for paths up to [`PATH_CAPACITY`]). The walk goes from the node up, so each
+/// name is appended reversed and the whole is reversed at the end.
+///
+/// Every name in the table was resolved (turned into a C string) before it was remembered, so
+/// none holds a NUL byte; were one to, the node would read as detached.
+fn path_in(map: &HashMap<u64, Box<Node>>, id: u64) -> Option<CString> {
+    let mut buf: Vec<u8> = Vec::with_capacity(PATH_CAPACITY);
     let mut cur = id;
+    let mut depth = 0;
     while cur != ROOT {
-        match &map.get(&cur)?.loc {
-            Loc::Attached { parent, name } => {
-                parts.push(name);
-                cur = *parent;
-            }
-            _ => return None,
+        let Loc::Attached { parent, name } = &map.get(&cur)?.loc else {
+            return None;
+        };
+        if !buf.is_empty() {
+            buf.push(b'/');
         }
-        if parts.len() > 4096 {
+        let start = buf.len();
+        buf.extend_from_slice(name.as_bytes());
+        buf[start..].reverse();
+        cur = *parent;
+        depth += 1;
+        if depth > 4096 {
             return None;
         }
     }
-    if parts.is_empty() {
-        return Some(PathBuf::from("."));
+    if buf.is_empty() {
+        buf.push(b'.');
     }
-    Some(parts.iter().rev().collect())
+    buf.reverse();
+    CString::new(buf).ok()
 }
 
 /// The identity a counter id is kept for (see the module docs).
@@ -256,7 +280,7 @@ impl Nodes {
 
     /// The path of `id` relative to the layer roots (`.` for the root), or `None` when the
     /// node is not attached to the tree.
-    pub fn path(&self, id: u64) -> Option<PathBuf> {
+    pub fn path(&self, id: u64) -> Option<CString> {
         path_in(&self.map.read(), id)
     }
 
@@ -265,12 +289,12 @@ impl Nodes {
     pub fn locate(&self, id: u64) -> Option<Located> {
         let map = self.map.read();
         let n = map.get(&id)?;
-        let place = match &n.loc {
-            Loc::Attached { .. } => Place::Path(path_in(&map, id)?),
-            Loc::Orphan { lower_path: None } => Place::OrphanUpper,
+        let (place, path) = match &n.loc {
+            Loc::Attached { .. } => (Place::Attached, path_in(&map, id)?),
+            Loc::Orphan { lower_path: None } => (Place::OrphanUpper, orphan_name(id)),
             Loc::Orphan {
                 lower_path: Some(p),
-            } => Place::OrphanLower(p.clone()),
+            } => (Place::OrphanLower, p.clone()),
             Loc::Gone => return None,
         };
         Some(Located {
@@ -278,6 +302,7 @@ impl Nodes {
             upper: n.upper,
             lowers: n.lowers,
             place,
+            path,
         })
     }
 
@@ -340,16 +365,30 @@ mod tests {
         let t = Nodes::new(1);
         t.remember(10, ROOT, OsStr::new("a"), Kind::Dir, false, 1);
         t.remember(11, 10, OsStr::new("b"), Kind::File, false, 1);
-        assert_eq!(t.path(11).unwrap(), PathBuf::from("a/b"));
-        assert_eq!(t.path(ROOT).unwrap(), PathBuf::from("."));
+        assert_eq!(t.path(11).unwrap().as_c_str(), c"a/b");
+        assert_eq!(t.path(ROOT).unwrap().as_c_str(), c".");
         t.update(10, |n| {
             n.loc = Loc::Attached {
                 parent: ROOT,
                 name: OsStr::new("z").into(),
             }
         });
-        assert_eq!(t.path(11).unwrap(), PathBuf::from("z/b"));
+        assert_eq!(t.path(11).unwrap().as_c_str(), c"z/b");
         assert_eq!(t.descendants(10), vec![11]);
+        t.remember(12, 10, OsStr::new("sub dir"), Kind::Dir, false, 1);
+        t.remember(13, 12, OsStr::new("file.txt"), Kind::File, false, 1);
+        let located = t.locate(13).unwrap();
+        assert_eq!(located.place, Place::Attached);
+        assert_eq!(located.path.as_c_str(), c"z/sub dir/file.txt");
+        t.update(13, |n| n.loc = Loc::Orphan { lower_path: None });
+        assert!(t.path(13).is_none());
+        assert_eq!(t.locate(13).unwrap().path, orphan_name(13));
+        t.update(13, |n| {
+            n.loc = Loc::Orphan {
+                lower_path: Some(c"z/sub dir/file.txt".into()),
+            }
+        });
+        assert_eq!(t.locate(13).unwrap().place, Place::OrphanLower);
         t.remember(11, 10, OsStr::new("b"), Kind::File, false, 1);
         assert!(t.forget(11, 1).is_none());
         assert!(t.forget(11, 1).is_some());

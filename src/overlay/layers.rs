@@ -95,6 +95,17 @@ pub fn cstr(p: &OsStr) -> io::Result<CString> {
     CString::new(p.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// The path a C string holds, borrowed.
+pub fn as_path(c: &CStr) -> &Path {
+    Path::new(OsStr::from_bytes(c.to_bytes()))
+}
+
+/// The path a C string holds (no copy).
+pub fn path_buf(c: CString) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    OsString::from_vec(c.into_bytes()).into()
+}
+
 fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
     if rc < 0 {
         Err(io::Error::last_os_error())

@@ -9,8 +9,8 @@ use std::time::SystemTime;
 use fuser::{Errno, FileAttr, TimeOrNow};
 
 use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Kind, Loc, Node};
-use super::layers::{Layer, cstr};
+use super::inode::{Kind, Loc, Node, orphan_name};
+use super::layers::{Layer, as_path, cstr};
 use super::whiteout;
 
 /// What a create-like operation makes.
@@ -146,10 +146,10 @@ impl OverlayFs {
                 }
                 NewEntry::Special(mode, rdev) => self.roots.mknod(layer, &at, mode, rdev)?,
                 NewEntry::Link(src) => {
-                    let (sl, sp, _) = self
+                    let (sl, s) = self
                         .backing(src)
                         .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
-                    self.roots.link(sl, &sp, layer, &at)?;
+                    self.roots.link(sl, &s.path, layer, &at)?;
                 }
             }
             if !matches!(what, NewEntry::Link(_)) {
@@ -201,14 +201,7 @@ impl OverlayFs {
     /// disappear: keeps its data reachable at `<workdir>/orphans/<id>` so open files stay
     /// usable. Returns true when the upper entry was moved there (so the caller must not
     /// delete it).
-    fn orphan(
-        &self,
-        id: u64,
-        kind: Kind,
-        upper: bool,
-        rel: &CString,
-        ppath_name: &Path,
-    ) -> OpResult<bool> {
+    fn orphan(&self, id: u64, kind: Kind, upper: bool, rel: &CString) -> OpResult<bool> {
         let held = self.nodes.get(id).is_some_and(|n| n.lookups > 0);
         if !held {
             return Ok(false);
@@ -224,7 +217,7 @@ impl OverlayFs {
                 self.roots.unlink(Layer::Upper, rel, false).map_err(errno)?;
             } else {
                 self.roots
-                    .rename(Layer::Upper, rel, Layer::Work, &Self::orphan_name(id), 0)
+                    .rename(Layer::Upper, rel, Layer::Work, &orphan_name(id), 0)
                     .map_err(errno)?;
                 self.orphans.lock().insert(id);
             }
@@ -232,7 +225,7 @@ impl OverlayFs {
                 .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
             Ok(true)
         } else {
-            let p = ppath_name.to_path_buf();
+            let p = rel.clone();
             self.nodes.update(id, |n| {
                 n.loc = Loc::Orphan {
                     lower_path: Some(p),
@@ -258,7 +251,7 @@ impl OverlayFs {
         let rel_path = ppath.join(name);
         let rel = c(&rel_path)?;
         if r.upper {
-            if !self.orphan(r.id, r.kind, true, &rel, &rel_path)? {
+            if !self.orphan(r.id, r.kind, true, &rel)? {
                 self.roots
                     .unlink(Layer::Upper, &rel, false)
                     .map_err(errno)?;
@@ -267,7 +260,7 @@ impl OverlayFs {
                 }
             }
         } else {
-            self.orphan(r.id, r.kind, false, &rel, &rel_path)?;
+            self.orphan(r.id, r.kind, false, &rel)?;
         }
         if lower_has {
             whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name).map_err(errno)?;
@@ -338,7 +331,7 @@ impl OverlayFs {
         if lower_has {
             whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name).map_err(errno)?;
         }
-        self.orphan(r.id, Kind::Dir, r.upper, &rel, &rel_path)?;
+        self.orphan(r.id, Kind::Dir, r.upper, &rel)?;
         self.listings.removed(parent, name);
         self.listings.forget(r.id);
         Ok(())
@@ -439,12 +432,12 @@ impl OverlayFs {
                 if d.upper {
                     self.purge_whiteouts(&dst_path)?;
                 }
-                self.orphan(d.id, Kind::Dir, d.upper, &drel, &dst_path)?;
+                self.orphan(d.id, Kind::Dir, d.upper, &drel)?;
                 self.listings.forget(d.id);
             } else if d.upper {
                 // Keep the replaced file's data for open fds: link it into the orphans dir.
                 if self.nodes.get(d.id).is_some_and(|n| n.lookups > 0) {
-                    let o = Self::orphan_name(d.id);
+                    let o = orphan_name(d.id);
                     let _ = self.roots.unlink(Layer::Work, &o, false);
                     self.roots
                         .link(Layer::Upper, &drel, Layer::Work, &o)
@@ -456,7 +449,7 @@ impl OverlayFs {
                     self.nodes.drop_upper(d.st.st_ino);
                 }
             } else {
-                self.orphan(d.id, d.kind, false, &drel, &dst_path)?;
+                self.orphan(d.id, d.kind, false, &drel)?;
             }
         }
         if src.kind == Kind::Dir && self.upper_whiteout_at(&drel)? {
@@ -513,15 +506,10 @@ impl OverlayFs {
                     lowers: r.lowers,
                     lookups: 0,
                 };
-                self.copy_up_tree(r.id, &dnode, &path)?;
+                self.copy_up_tree(r.id, &dnode, as_path(&path))?;
                 let f = self
                     .roots
-                    .open(
-                        Layer::Upper,
-                        &c(&path)?,
-                        libc::O_RDONLY | libc::O_DIRECTORY,
-                        0,
-                    )
+                    .open(Layer::Upper, &path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
                     .map_err(errno)?;
                 whiteout::set_opaque(f.as_fd()).map_err(errno)?;
             }
@@ -574,15 +562,16 @@ impl OverlayFs {
         {
             let _g = self.ns.read();
             self.copy_up(id, size)?;
-            let (layer, p, n) = self.backing(id)?;
+            let (layer, n) = self.backing(id)?;
+            let p = &n.path;
             if let Some(m) = mode
                 && n.kind != Kind::Symlink
             {
-                self.roots.chmod(layer, &p, m & 0o7777).map_err(errno)?;
+                self.roots.chmod(layer, p, m & 0o7777).map_err(errno)?;
             }
             if uid.is_some() || gid.is_some() {
                 self.roots
-                    .chown(layer, &p, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))
+                    .chown(layer, p, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))
                     .map_err(errno)?;
             }
             if let Some(sz) = size {
@@ -594,18 +583,18 @@ impl OverlayFs {
             }
             if atime.is_some() || mtime.is_some() {
                 self.roots
-                    .utimens(layer, &p, &[timespec(atime), timespec(mtime)])
+                    .utimens(layer, p, &[timespec(atime), timespec(mtime)])
                     .map_err(errno)?;
             }
-            self.attr_at(id, layer, &p, &n)
+            self.attr_at(id, layer, &n)
         }
     }
 
     /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
     pub fn readlink(&self, id: u64) -> OpResult<Vec<u8>> {
         let _g = self.ns.read();
-        let (layer, p, _) = self.backing(id)?;
-        self.roots.readlink(layer, &p).map_err(errno)
+        let (layer, l) = self.backing(id)?;
+        self.roots.readlink(layer, &l.path).map_err(errno)
     }
 
     /// The xattr path of node `id` (after copy-up when `write`).
@@ -613,8 +602,8 @@ impl OverlayFs {
         if write {
             self.copy_up(id, None)?;
         }
-        let (layer, p, _) = self.backing(id)?;
-        Ok(self.roots.proc_path(layer, &p))
+        let (layer, l) = self.backing(id)?;
+        Ok(self.roots.proc_path(layer, &l.path))
     }
 
     /// getxattr: the value of `name` (`size` 0 asks only the length). Overlay-private names
@@ -733,7 +722,7 @@ impl OverlayFs {
                 if !self.orphans.lock().remove(&id) {
                     return;
                 }
-                let o = Self::orphan_name(id);
+                let o = orphan_name(id);
                 if let Ok(st) = self.roots.stat(Layer::Work, &o)
                     && st.st_nlink <= 1
                 {
