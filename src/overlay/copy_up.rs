@@ -16,8 +16,8 @@ use std::path::Path;
 use fuser::Errno;
 
 use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Kind, Loc, Node, orphan_name, top_lower};
-use super::layers::{Layer, cstr};
+use super::inode::{Kind, Loc, Located, orphan_name, top_lower};
+use super::layers::{Layer, child, cstr};
 use super::whiteout;
 
 /// Copies xattrs from `src` to `dst` (fds, or paths when `*_path` is given for symlinks and
@@ -403,17 +403,19 @@ impl OverlayFs {
         Ok(())
     }
 
-    /// Copies the merged contents of directory `dir` (node state `dnode`, path `rel`, already
-    /// present in the upper dir) into the upper dir, recursively — used before renaming a
-    /// directory that has lower contents. Every copied entry is registered under the id it had,
-    /// so `st_ino` values do not change. Caller holds `ns` for writing.
-    pub(super) fn copy_up_tree(&self, dir: u64, dnode: &Node, rel: &Path) -> OpResult<()> {
-        let names = self.merged_names(dnode, rel).map_err(errno)?;
+    /// Copies the merged contents of directory `dir` (as `d`, already present in the upper
+    /// dir) into the upper dir, recursively — used before renaming a directory that has lower
+    /// contents. Every copied entry is registered under the id it had, so `st_ino` values do
+    /// not change. Caller holds `ns` for writing.
+    pub(super) fn copy_up_tree(&self, dir: u64, d: &Located) -> OpResult<()> {
+        let names = self
+            .merged_names(d.upper, d.lowers, &d.path)
+            .map_err(errno)?;
         for (name, _) in names {
-            let Some(r) = self.resolve(dir, dnode, rel, &name)? else {
+            let Some(r) = self.resolve(dir, d, &name)? else {
                 continue;
             };
-            let crel = cstr(rel.join(&name).as_os_str()).map_err(errno)?;
+            let crel = child(&d.path, &name).map_err(errno)?;
             if !r.upper {
                 let l = top_lower(r.lowers).ok_or(Errno::EIO)?;
                 let _c = self.copy_lock.lock();
@@ -426,14 +428,7 @@ impl OverlayFs {
                 self.nodes.register_upper(r.st.st_ino, r.id);
             }
             if r.kind == Kind::Dir && r.lowers != 0 {
-                let child = Node {
-                    loc: Loc::Gone,
-                    kind: Kind::Dir,
-                    upper: true,
-                    lowers: r.lowers,
-                    lookups: 0,
-                };
-                self.copy_up_tree(r.id, &child, &rel.join(&name))?;
+                self.copy_up_tree(r.id, &Located::dir(true, r.lowers, dir, crel))?;
             }
             self.drop_fd(r.id);
         }

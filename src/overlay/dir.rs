@@ -8,18 +8,17 @@
 //! valid and no entry is returned twice or skipped while entries are deleted during iteration.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CStr, OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::Arc;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
 
 use super::fs::OverlayFs;
-use super::inode::{Kind, Node};
-use super::layers::{Layer, cstr};
+use super::inode::{Kind, Located};
+use super::layers::{Layer, child};
 use super::whiteout;
 
 /// One slot of a listing: where its name sits in the name buffer, its type, and whether it
@@ -158,29 +157,30 @@ fn kind_of_dtype(t: u8) -> Option<Kind> {
 }
 
 impl OverlayFs {
-    /// The merged names of directory `dnode` at `rel` with their kinds, upper first.
+    /// The merged names of the directory at `rel`, in the upper dir when `upper` and merged
+    /// from the lower layers `lowers`, with their kinds, upper first.
     ///
     /// Errors: the `openat`/`getdents`/`fstatat` errno of a layer.
     pub(super) fn merged_names(
         &self,
-        dnode: &Node,
-        rel: &Path,
+        upper: bool,
+        lowers: u64,
+        rel: &CStr,
     ) -> io::Result<Vec<(OsString, Kind)>> {
-        let crel = cstr(rel.as_os_str())?;
         let mut seen: HashSet<OsString> = HashSet::new();
         let mut out = Vec::new();
         let mut layers: Vec<Layer> = Vec::new();
-        if dnode.upper {
+        if upper {
             layers.push(Layer::Upper);
         }
-        let mut mask = dnode.lowers;
+        let mut mask = lowers;
         while mask != 0 {
             layers.push(Layer::Lower(mask.trailing_zeros() as u8));
             mask &= mask - 1;
         }
         let multi = layers.len() > 1;
         for layer in layers {
-            let names = match self.roots.read_dir(layer, &crel) {
+            let names = match self.roots.read_dir(layer, rel) {
                 Ok(n) => n,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
                     continue;
@@ -194,9 +194,7 @@ impl OverlayFs {
                 let kind = match kind_of_dtype(dtype) {
                     Some(k) => k,
                     None => {
-                        let st = self
-                            .roots
-                            .stat(layer, &cstr(rel.join(&name).as_os_str())?)?;
+                        let st = self.roots.stat(layer, &child(rel, &name)?)?;
                         if whiteout::is_whiteout_stat(&st) {
                             if multi {
                                 seen.insert(name);
@@ -215,17 +213,19 @@ impl OverlayFs {
         Ok(out)
     }
 
-    /// The listing of directory node `dir`, built from the layers on first use.
-    pub(super) fn listing(&self, dir: u64) -> super::fs::OpResult<Arc<Mutex<Listing>>> {
+    /// The listing of directory node `dir` (as [`OverlayFs::dir`] found it: `d`), built from
+    /// the layers on first use.
+    pub(super) fn listing(
+        &self,
+        dir: u64,
+        d: &Located,
+    ) -> super::fs::OpResult<Arc<Mutex<Listing>>> {
         if let Some(l) = self.listings.get(dir) {
             return Ok(l);
         }
-        let n = self.node(dir)?;
-        if n.kind != Kind::Dir {
-            return Err(fuser::Errno::ENOTDIR);
-        }
-        let rel = super::layers::path_buf(self.path_of(dir)?);
-        let names = self.merged_names(&n, &rel).map_err(super::fs::errno)?;
+        let names = self
+            .merged_names(d.upper, d.lowers, &d.path)
+            .map_err(super::fs::errno)?;
         Ok(self.listings.insert(dir, names))
     }
 }

@@ -7,7 +7,6 @@ use std::fs::File;
 use std::io;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,7 +17,7 @@ use super::OverlayConfig;
 use super::dir::Listings;
 use super::errno::to_errno;
 use super::inode::{IdKey, Kind, Located, Node, Nodes, ORPHANS, Place, top_lower};
-use super::layers::{Layer, Roots, cstr, path_buf};
+use super::layers::{Layer, Roots, child};
 use super::whiteout;
 use crate::error::{Error, Result};
 
@@ -67,10 +66,6 @@ struct CachedFd {
     writable: bool,
 }
 
-fn c(p: &Path) -> OpResult<CString> {
-    cstr(p.as_os_str()).map_err(|e| to_errno(&e))
-}
-
 pub(super) fn errno(e: io::Error) -> Errno {
     to_errno(&e)
 }
@@ -96,6 +91,18 @@ pub(super) fn read_into(f: &File, offset: u64, buf: &mut [u8]) -> OpResult<usize
             Err(e) => return Err(errno(e)),
         }
     }
+}
+
+/// The layer a located node's data is in (its [`Located::path`] is relative to that layer's
+/// root). Errors: `ENOENT` for a lower-only node with no lower layer.
+pub(super) fn layer_of(l: &Located) -> OpResult<Layer> {
+    Ok(match l.place {
+        Place::Attached if l.upper => Layer::Upper,
+        Place::Attached | Place::OrphanLower => {
+            top_lower(l.lowers).map(Layer::Lower).ok_or(Errno::ENOENT)?
+        }
+        Place::OrphanUpper => Layer::Work,
+    })
 }
 
 /// Converts a `stat` to the FUSE attribute with `ino` as the node id.
@@ -183,32 +190,43 @@ impl OverlayFs {
     /// its state. Errors: `ENOENT` for a node that is gone.
     pub(super) fn backing(&self, id: u64) -> OpResult<(Layer, Located)> {
         let l = self.nodes.locate(id).ok_or(Errno::ENOENT)?;
-        let layer = match l.place {
-            Place::Attached if l.upper => Layer::Upper,
-            Place::Attached | Place::OrphanLower => {
-                top_lower(l.lowers).map(Layer::Lower).ok_or(Errno::ENOENT)?
-            }
-            Place::OrphanUpper => Layer::Work,
-        };
-        Ok((layer, l))
+        Ok((layer_of(&l)?, l))
     }
 
-    /// Resolves `name` in directory node `parent` (whose path is `ppath`) across the layers.
-    /// `Ok(None)` when the name does not exist in the merged view (absent or whited out).
+    /// Directory node `id` as one read of the node table finds it: the layers it is merged
+    /// from, its path and its parent. The caller holds `ns`, so the snapshot stays true for
+    /// the rest of its operation.
+    ///
+    /// Errors: `ENOTDIR` for another kind of node, `ENOENT` for one that is absent, removed or
+    /// detached.
+    pub(super) fn dir(&self, id: u64) -> OpResult<Located> {
+        match self.nodes.locate(id) {
+            Some(l) if l.kind != Kind::Dir => Err(Errno::ENOTDIR),
+            Some(l) if l.place == Place::Attached => Ok(l),
+            Some(_) => Err(Errno::ENOENT),
+            // Removed, or below a detached node: the kind still decides first.
+            None if self.nodes.peek(id, |n| n.kind != Kind::Dir) == Some(true) => {
+                Err(Errno::ENOTDIR)
+            }
+            None => Err(Errno::ENOENT),
+        }
+    }
+
+    /// Resolves `name` in directory node `parent` (as [`Self::dir`] found it: `pdir`) across
+    /// the layers. `Ok(None)` when the name does not exist in the merged view (absent or
+    /// whited out).
     pub(super) fn resolve(
         &self,
         parent: u64,
-        pnode: &Node,
-        ppath: &Path,
+        pdir: &Located,
         name: &OsStr,
     ) -> OpResult<Option<Resolved>> {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        let rel = ppath.join(name);
-        let crel = c(&rel)?;
+        let crel = child(&pdir.path, name).map_err(errno)?;
         let mut upper_st: Option<libc::stat> = None;
-        if pnode.upper
+        if pdir.upper
             && let Some(st) = self.roots.stat_opt(Layer::Upper, &crel).map_err(errno)?
         {
             if whiteout::is_whiteout_stat(&st) {
@@ -218,7 +236,7 @@ impl OverlayFs {
             // A non-directory, or a directory with nothing below it to merge (no lower dirs
             // under the parent, or opaque), hides every lower entry of that name.
             let upper_only = kind != Kind::Dir
-                || pnode.lowers == 0
+                || pdir.lowers == 0
                 || whiteout::dir_is_opaque_at(self.roots.fd(Layer::Upper), &crel).map_err(errno)?;
             if upper_only {
                 let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
@@ -234,7 +252,7 @@ impl OverlayFs {
         }
         let mut lowers = 0u64;
         let mut first: Option<(u8, libc::stat)> = None;
-        let mut mask = pnode.lowers;
+        let mut mask = pdir.lowers;
         while mask != 0 {
             let l = mask.trailing_zeros() as u8;
             mask &= mask - 1;
@@ -311,19 +329,15 @@ impl OverlayFs {
         }
     }
 
-    /// Resolves a child of `parent` after computing the parent's node and path.
+    /// Resolves a child of `parent`; returns the parent as [`Self::dir`] found it too.
     pub(super) fn resolve_in(
         &self,
         parent: u64,
         name: &OsStr,
-    ) -> OpResult<(Node, PathBuf, Option<Resolved>)> {
-        let pnode = self.node(parent)?;
-        if pnode.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
-        }
-        let ppath = path_buf(self.path_of(parent)?);
-        let r = self.resolve(parent, &pnode, &ppath, name)?;
-        Ok((pnode, ppath, r))
+    ) -> OpResult<(Located, Option<Resolved>)> {
+        let pdir = self.dir(parent)?;
+        let r = self.resolve(parent, &pdir, name)?;
+        Ok((pdir, r))
     }
 
     /// The attribute the kernel sees for a resolved entry.
@@ -350,7 +364,7 @@ impl OverlayFs {
         parent: u64,
         name: &OsStr,
     ) -> OpResult<Option<FileAttr>> {
-        let (_, _, r) = self.resolve_in(parent, name)?;
+        let (_, r) = self.resolve_in(parent, name)?;
         Ok(r.map(|r| self.remember(parent, name, &r)))
     }
 

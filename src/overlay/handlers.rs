@@ -19,8 +19,8 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
-use super::inode::{Kind, Loc, Node};
+use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno, layer_of};
+use super::inode::{Kind, Located};
 use super::ops::{NewEntry, XattrReply};
 
 const GEN: Generation = Generation(0);
@@ -67,34 +67,34 @@ impl OverlayFs {
         Ok(unsafe { sv.assume_init() })
     }
 
-    /// "." and ".." then the listing, starting at `offset`; `add` returns true when full.
-    /// Walks "." and ".." then the listing of `dir` from `offset`, under the namespace lock
-    /// (one snapshot of the directory's node and path for the whole reply, so entries are not
-    /// each re-resolved from the root); `add` gets the entry's id (for "." and "..") or 0, its
-    /// name, kind, cookie and the directory's node and path, and returns true when full.
+    /// Walks "." and ".." then the listing of `dir` from `offset`. `add` gets the entry's id
+    /// (for "." and "..") or 0, its name, kind and cookie, and the directory as one read of the
+    /// node table found it (for resolving the entry), and returns true when the reply is full.
+    ///
+    /// The namespace lock is held for the walk and only for it (the caller sends the reply
+    /// after): the listing is built and every entry resolved — and, for readdirplus,
+    /// remembered under `dir` — against that one snapshot of the directory's layers and path,
+    /// which no rename or unlink can change meanwhile; entries are not each re-resolved from
+    /// the root.
     fn readdir_walk(
         &self,
         dir: u64,
         offset: u64,
-        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Node, &Path) -> OpResult<bool>,
+        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Located) -> OpResult<bool>,
     ) -> OpResult<()> {
         let _g = self.ns.read();
-        let listing = self.listing(dir)?;
-        let dnode = self.node(dir)?;
-        let dpath = super::layers::path_buf(self.path_of(dir)?);
-        let parent = match dnode.loc {
-            Loc::Attached { parent, .. } if parent != 0 => parent,
-            _ => dir,
-        };
+        let d = self.dir(dir)?;
+        let listing = self.listing(dir, &d)?;
+        let parent = if d.parent != 0 { d.parent } else { dir };
         let mut idx = offset;
         if idx == 0 {
-            if add(dir, OsStr::new("."), Kind::Dir, 1, &dnode, &dpath)? {
+            if add(dir, OsStr::new("."), Kind::Dir, 1, &d)? {
                 return Ok(());
             }
             idx = 1;
         }
         if idx == 1 {
-            if add(parent, OsStr::new(".."), Kind::Dir, 2, &dnode, &dpath)? {
+            if add(parent, OsStr::new(".."), Kind::Dir, 2, &d)? {
                 return Ok(());
             }
             idx = 2;
@@ -105,7 +105,7 @@ impl OverlayFs {
                 return Ok(());
             };
             if let Some((name, kind)) = e
-                && add(0, &name, kind, i as u64 + 3, &dnode, &dpath)?
+                && add(0, &name, kind, i as u64 + 3, &d)?
             {
                 return Ok(());
             }
@@ -367,11 +367,11 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectory,
     ) {
         let dir = ino.0;
-        let r = self.readdir_walk(dir, offset, |id, name, kind, cookie, dnode, dpath| {
+        let r = self.readdir_walk(dir, offset, |id, name, kind, cookie, d| {
             let id = if id != 0 {
                 id
             } else {
-                match self.resolve(dir, dnode, dpath, name)? {
+                match self.resolve(dir, d, name)? {
                     Some(r) => r.id,
                     None => return Ok(false),
                 }
@@ -393,13 +393,17 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let dir = ino.0;
-        let r = self.readdir_walk(dir, offset, |id, name, _kind, cookie, dnode, dpath| {
+        let r = self.readdir_walk(dir, offset, |id, name, _kind, cookie, d| {
             if id != 0 {
-                // "." and "..": not counted by the kernel.
-                let a = self.getattr_node(id)?;
+                // "." and "..": not counted by the kernel. "." is the snapshot itself.
+                let a = if id == dir {
+                    self.attr_at(dir, layer_of(d)?, d)?
+                } else {
+                    self.getattr_node(id)?
+                };
                 return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
             }
-            let a = match self.resolve(dir, dnode, dpath, name)? {
+            let a = match self.resolve(dir, d, name)? {
                 Some(r) => self.remember(dir, name, &r),
                 None => return Ok(false),
             };

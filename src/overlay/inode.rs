@@ -118,6 +118,24 @@ pub struct Located {
     pub place: Place,
     /// The path of its data relative to the root of the layer that holds it (see [`Place`]).
     pub path: CString,
+    /// The parent node id while attached (0 for the root and for unlinked nodes).
+    pub parent: u64,
+}
+
+impl Located {
+    /// A directory attached at `path` below `parent`, in the upper dir when `upper` and merged
+    /// from the lower layers `lowers`: what resolving its names needs (see
+    /// [`OverlayFs::resolve`](super::fs::OverlayFs::resolve)) for one that is not in the table.
+    pub fn dir(upper: bool, lowers: u64, parent: u64, path: CString) -> Located {
+        Located {
+            kind: Kind::Dir,
+            upper,
+            lowers,
+            place: Place::Attached,
+            path,
+            parent,
+        }
+    }
 }
 
 /// The place of a node's data, which says what [`Located::path`] is relative to.
@@ -289,12 +307,12 @@ impl Nodes {
     pub fn locate(&self, id: u64) -> Option<Located> {
         let map = self.map.read();
         let n = map.get(&id)?;
-        let (place, path) = match &n.loc {
-            Loc::Attached { .. } => (Place::Attached, path_in(&map, id)?),
-            Loc::Orphan { lower_path: None } => (Place::OrphanUpper, orphan_name(id)),
+        let (place, path, parent) = match &n.loc {
+            Loc::Attached { parent, .. } => (Place::Attached, path_in(&map, id)?, *parent),
+            Loc::Orphan { lower_path: None } => (Place::OrphanUpper, orphan_name(id), 0),
             Loc::Orphan {
                 lower_path: Some(p),
-            } => (Place::OrphanLower, p.clone()),
+            } => (Place::OrphanLower, p.clone(), 0),
             Loc::Gone => return None,
         };
         Some(Located {
@@ -303,6 +321,7 @@ impl Nodes {
             lowers: n.lowers,
             place,
             path,
+            parent,
         })
     }
 
@@ -380,6 +399,8 @@ mod tests {
         let located = t.locate(13).unwrap();
         assert_eq!(located.place, Place::Attached);
         assert_eq!(located.path.as_c_str(), c"z/sub dir/file.txt");
+        assert_eq!(located.parent, 12);
+        assert_eq!(t.locate(ROOT).unwrap().parent, 0);
         t.update(13, |n| n.loc = Loc::Orphan { lower_path: None });
         assert!(t.path(13).is_none());
         assert_eq!(t.locate(13).unwrap().path, orphan_name(13));

@@ -95,15 +95,20 @@ pub fn cstr(p: &OsStr) -> io::Result<CString> {
     CString::new(p.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// `parent/name` as a C string (what `Path::join` gives), built in one allocation.
+/// Errors: `EINVAL` for a NUL byte in `name`.
+pub fn child(parent: &CStr, name: &OsStr) -> io::Result<CString> {
+    let (p, n) = (parent.to_bytes(), name.as_bytes());
+    let mut v = Vec::with_capacity(p.len() + n.len() + 2);
+    v.extend_from_slice(p);
+    v.push(b'/');
+    v.extend_from_slice(n);
+    CString::new(v).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
 /// The path a C string holds, borrowed.
 pub fn as_path(c: &CStr) -> &Path {
     Path::new(OsStr::from_bytes(c.to_bytes()))
-}
-
-/// The path a C string holds (no copy).
-pub fn path_buf(c: CString) -> std::path::PathBuf {
-    use std::os::unix::ffi::OsStringExt;
-    OsString::from_vec(c.into_bytes()).into()
 }
 
 fn check(rc: libc::c_int) -> io::Result<libc::c_int> {

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use fuser::{Errno, FileAttr, TimeOrNow};
 
 use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Kind, Loc, Node, orphan_name};
+use super::inode::{Kind, Loc, Located, Node, orphan_name};
 use super::layers::{Layer, as_path, cstr};
 use super::whiteout;
 
@@ -108,7 +108,8 @@ impl OverlayFs {
             return Err(Errno::EPERM);
         }
         let _g = self.ns.read();
-        let (_, ppath, existing) = self.resolve_in(parent, name)?;
+        let (pdir, existing) = self.resolve_in(parent, name)?;
+        let ppath = as_path(&pdir.path);
         if existing.is_some() {
             return Err(Errno::EEXIST);
         }
@@ -117,7 +118,7 @@ impl OverlayFs {
         }
         self.ensure_upper_dir(parent)?;
         let rel = c(&ppath.join(name))?;
-        let pst = self.roots.stat(Layer::Upper, &c(&ppath)?).map_err(errno)?;
+        let pst = self.roots.stat(Layer::Upper, &pdir.path).map_err(errno)?;
         let setgid = pst.st_mode & libc::S_ISGID != 0;
         let gid = if setgid { pst.st_gid } else { gid };
         let wh = self.upper_whiteout_at(&rel)?;
@@ -240,14 +241,15 @@ impl OverlayFs {
     /// Errors: `ENOENT`, `EISDIR`, or the upper dir's errno.
     pub fn unlink(&self, parent: u64, name: &OsStr) -> OpResult<()> {
         let _g = self.ns.write();
-        let (_, ppath, r) = self.resolve_in(parent, name)?;
+        let (pdir, r) = self.resolve_in(parent, name)?;
+        let ppath = as_path(&pdir.path);
         let r = r.ok_or(Errno::ENOENT)?;
         if r.kind == Kind::Dir {
             return Err(Errno::EISDIR);
         }
         self.ensure_upper_dir(parent)?;
         let pnode = self.node(parent)?;
-        let lower_has = self.lower_has(&pnode, &ppath, name)?;
+        let lower_has = self.lower_has(&pnode, ppath, name)?;
         let rel_path = ppath.join(name);
         let rel = c(&rel_path)?;
         if r.upper {
@@ -263,7 +265,7 @@ impl OverlayFs {
             self.orphan(r.id, r.kind, false, &rel)?;
         }
         if lower_has {
-            whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name).map_err(errno)?;
+            whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name).map_err(errno)?;
         }
         self.listings.removed(parent, name);
         Ok(())
@@ -299,21 +301,16 @@ impl OverlayFs {
     /// Errors: `ENOENT`, `ENOTDIR`, `ENOTEMPTY`, or the upper dir's errno.
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> OpResult<()> {
         let _g = self.ns.write();
-        let (_, ppath, r) = self.resolve_in(parent, name)?;
+        let (pdir, r) = self.resolve_in(parent, name)?;
+        let ppath = as_path(&pdir.path);
         let r = r.ok_or(Errno::ENOENT)?;
         if r.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
         let rel_path = ppath.join(name);
-        let probe = Node {
-            loc: Loc::Gone,
-            kind: Kind::Dir,
-            upper: r.upper,
-            lowers: r.lowers,
-            lookups: 0,
-        };
+        let rel = c(&rel_path)?;
         if !self
-            .merged_names(&probe, &rel_path)
+            .merged_names(r.upper, r.lowers, &rel)
             .map_err(errno)?
             .is_empty()
         {
@@ -321,15 +318,14 @@ impl OverlayFs {
         }
         self.ensure_upper_dir(parent)?;
         let pnode = self.node(parent)?;
-        let lower_has = self.lower_has(&pnode, &ppath, name)?;
-        let rel = c(&rel_path)?;
+        let lower_has = self.lower_has(&pnode, ppath, name)?;
         if r.upper {
             self.purge_whiteouts(&rel_path)?;
             self.roots.unlink(Layer::Upper, &rel, true).map_err(errno)?;
             self.nodes.drop_upper(r.st.st_ino);
         }
         if lower_has {
-            whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name).map_err(errno)?;
+            whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name).map_err(errno)?;
         }
         self.orphan(r.id, Kind::Dir, r.upper, &rel)?;
         self.listings.removed(parent, name);
@@ -356,9 +352,11 @@ impl OverlayFs {
             return Err(Errno::EINVAL);
         }
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let (_, ppath, src) = self.resolve_in(parent, name)?;
+        let (pdir, src) = self.resolve_in(parent, name)?;
+        let ppath = as_path(&pdir.path);
         let src = src.ok_or(Errno::ENOENT)?;
-        let (_, nppath, dst) = self.resolve_in(newparent, newname)?;
+        let (npdir, dst) = self.resolve_in(newparent, newname)?;
+        let nppath = as_path(&npdir.path);
         if dst.is_some() && flags & libc::RENAME_NOREPLACE != 0 {
             return Err(Errno::EEXIST);
         }
@@ -403,8 +401,8 @@ impl OverlayFs {
         }
         let pnode = self.node(parent)?;
         let npnode = self.node(newparent)?;
-        let src_lower = self.lower_has(&pnode, &ppath, name)?;
-        let dst_lower = self.lower_has(&npnode, &nppath, newname)?;
+        let src_lower = self.lower_has(&pnode, ppath, name)?;
+        let dst_lower = self.lower_has(&npnode, nppath, newname)?;
         if src.kind == Kind::Dir && dst_lower {
             let f = self
                 .roots
@@ -415,15 +413,8 @@ impl OverlayFs {
         // Clear the target: an emptied directory or whiteout in the upper dir, detach its node.
         if let Some(d) = &dst {
             if d.kind == Kind::Dir {
-                let probe = Node {
-                    loc: Loc::Gone,
-                    kind: Kind::Dir,
-                    upper: d.upper,
-                    lowers: d.lowers,
-                    lookups: 0,
-                };
                 if !self
-                    .merged_names(&probe, &dst_path)
+                    .merged_names(d.upper, d.lowers, &drel)
                     .map_err(errno)?
                     .is_empty()
                 {
@@ -470,7 +461,7 @@ impl OverlayFs {
                     self.roots
                         .rename(Layer::Upper, &srel, Layer::Upper, &drel, 0)
                         .map_err(errno)?;
-                    whiteout::create_whiteout(self.upper_dir_fd(&ppath)?.as_fd(), name)
+                    whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name)
                         .map_err(errno)?;
                 }
                 Err(e) => return Err(errno(e)),
@@ -498,18 +489,11 @@ impl OverlayFs {
         let res = (|| {
             self.copy_up(r.id, None)?;
             if r.kind == Kind::Dir {
-                let path = self.path_of(r.id)?;
-                let dnode = Node {
-                    loc: Loc::Gone,
-                    kind: Kind::Dir,
-                    upper: true,
-                    lowers: r.lowers,
-                    lookups: 0,
-                };
-                self.copy_up_tree(r.id, &dnode, as_path(&path))?;
+                let d = Located::dir(true, r.lowers, parent, self.path_of(r.id)?);
+                self.copy_up_tree(r.id, &d)?;
                 let f = self
                     .roots
-                    .open(Layer::Upper, &path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                    .open(Layer::Upper, &d.path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
                     .map_err(errno)?;
                 whiteout::set_opaque(f.as_fd()).map_err(errno)?;
             }
