@@ -28,7 +28,9 @@ use std::process::{Command, Output};
 
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use mounts::{BIN, can_mount_with, is_mounted, lazy_umount, run_ok, skip_or_fail, write};
+pub use mounts::{
+    BIN, can_mount_with, is_mounted, lazy_umount, names, run_ok, skip_or_fail, write,
+};
 
 /// The overlay implementation the tests run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -624,16 +626,6 @@ pub fn chmod(p: &Path, mode: u32) {
 
 pub fn read(p: &Path) -> String {
     fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
-}
-
-/// Sorted names in a directory (via std's readdir).
-pub fn names(p: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(p)
-        .unwrap_or_else(|e| panic!("read_dir {}: {e}", p.display()))
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 /// Runs `sh -c script` in `dir`; panics with its output unless it succeeds; returns stdout.

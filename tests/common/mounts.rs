@@ -1,8 +1,9 @@
 //! Helpers shared by every test binary: the one place that decides whether a test whose
 //! environment is incomplete (not root, no /dev/fuse, a tool or fixture missing) is skipped or
 //! fails ([`skip_or_fail`]), the checks that use it, the layercache binary ([`BIN`]), running a
-//! command that must succeed ([`run_ok`]) and the mount helpers (is a path a mount, a lazy unmount as the last resort of every guard, a guard
-//! that unmounts a store mount on Drop, writing a file with its parents).
+//! command that must succeed ([`run_ok`]) and the mount and file helpers (is a path a mount, a
+//! lazy unmount as the last resort of every guard, a guard that unmounts a store mount on Drop,
+//! writing a file with its parents, a directory's names).
 //!
 //! Included as `mod mounts;` by tests/common/mod.rs, as `#[path = "mounts.rs"] mod mounts;` by
 //! tests/common/run.rs and as `#[path = "common/mounts.rs"] mod mounts;` by the store tests.
@@ -116,6 +117,16 @@ impl Drop for Mounted {
 /// `umount -l MNT`, ignoring the outcome: the last resort of the guards' Drop.
 pub fn lazy_umount(mnt: &Path) {
     let _ = Command::new("umount").arg("-l").arg(mnt).output();
+}
+
+/// Sorted names in a directory (via std's readdir).
+pub fn names(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", p.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
 }
 
 /// Writes `data` to `p`, creating its parent directories.
