@@ -16,7 +16,7 @@ use std::path::Path;
 use fuser::Errno;
 
 use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Kind, Loc, Located, orphan_name, top_lower};
+use super::inode::{Kind, Loc, Located, Place, orphan_name, top_lower};
 use super::layers::{Layer, child, cstr};
 use super::whiteout;
 
@@ -323,29 +323,32 @@ impl OverlayFs {
         let mut chain = Vec::new();
         let mut cur = id;
         loop {
-            let n = self.node(cur)?;
-            if n.upper {
+            let (upper, parent) = self
+                .nodes
+                .peek(cur, |n| (n.upper, n.loc.parent()))
+                .ok_or(Errno::ENOENT)?;
+            if upper {
                 break;
             }
             chain.push(cur);
-            match n.loc {
-                Loc::Attached { parent, .. } => cur = parent,
-                _ => return Err(Errno::ENOENT),
-            }
+            cur = parent.ok_or(Errno::ENOENT)?;
         }
         let _c = self.copy_lock.lock();
         for &d in chain.iter().rev() {
-            let n = self.node(d)?;
-            if n.upper {
+            if self.nodes.peek(d, |n| n.upper).ok_or(Errno::ENOENT)? {
                 continue;
             }
-            let rel = self.path_of(d)?;
-            let l = n.top_lower().ok_or(Errno::ENOENT)?;
-            let st = self.roots.stat(Layer::Lower(l), &rel).map_err(errno)?;
+            let dir = self
+                .nodes
+                .locate(d)
+                .filter(|l| l.place == Place::Attached)
+                .ok_or(Errno::ENOENT)?;
+            let (l, rel) = (top_lower(dir.lowers).ok_or(Errno::ENOENT)?, &dir.path);
+            let st = self.roots.stat(Layer::Lower(l), rel).map_err(errno)?;
             let tmp = self
-                .stage_copy(Layer::Lower(l), &rel, &st, None)
+                .stage_copy(Layer::Lower(l), rel, &st, None)
                 .map_err(errno)?;
-            let ino = self.publish_staged(&tmp, &rel, &st).map_err(errno)?;
+            let ino = self.publish_staged(&tmp, rel, &st).map_err(errno)?;
             self.nodes.register_upper(ino, d);
             self.nodes.update(d, |n| n.upper = true);
         }
@@ -358,25 +361,28 @@ impl OverlayFs {
     /// Errors: `ENOENT` for a node that is gone; the errno of a failed copy (nothing is left
     /// half-copied in the upper dir).
     pub(super) fn copy_up(&self, id: u64, limit: Option<u64>) -> OpResult<()> {
-        // Every WRITE comes through here: answer the common case without copying the node.
-        if self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
+        // Every WRITE comes through here: answer the common case from one read of the node.
+        let (upper, kind, gone, parent) = self
+            .nodes
+            .peek(id, |n| {
+                (n.upper, n.kind, n.loc == Loc::Gone, n.loc.parent())
+            })
+            .ok_or(Errno::ENOENT)?;
+        if upper {
             return Ok(());
         }
-        let n = self.node(id)?;
-        if n.kind == Kind::Dir {
+        if kind == Kind::Dir {
             return self.ensure_upper_dir(id);
         }
-        let parent = match &n.loc {
-            Loc::Attached { parent, .. } => Some(*parent),
-            Loc::Orphan { .. } => None,
-            Loc::Gone => return Err(Errno::ENOENT),
-        };
+        if gone {
+            return Err(Errno::ENOENT);
+        }
+        // `parent` is `None` for an unlinked file.
         if let Some(p) = parent {
             self.ensure_upper_dir(p)?;
         }
         let _c = self.copy_lock.lock();
-        let n = self.node(id)?;
-        if n.upper {
+        if self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
         let (sl, src) = self.backing(id)?;
@@ -389,9 +395,7 @@ impl OverlayFs {
             self.roots
                 .rename(Layer::Work, &tmp, Layer::Work, &dst, 0)
                 .map_err(errno)?;
-            self.orphans.lock().insert(id);
-            self.nodes
-                .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
+            self.kept_as_orphan(id);
             self.roots.stat(Layer::Work, &dst).map_err(errno)?.st_ino
         };
         self.nodes.register_upper(ino, id);

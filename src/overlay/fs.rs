@@ -16,7 +16,7 @@ use parking_lot::{Mutex, RwLock};
 use super::OverlayConfig;
 use super::dir::Listings;
 use super::errno::to_errno;
-use super::inode::{IdKey, Kind, Located, Node, Nodes, ORPHANS, Place, top_lower};
+use super::inode::{IdKey, Kind, Located, Nodes, ORPHANS, Place, top_lower};
 use super::layers::{Layer, Roots, child};
 use super::whiteout;
 use crate::error::{Error, Result};
@@ -38,7 +38,7 @@ pub struct Resolved {
     pub kind: Kind,
     /// Present in the upper dir.
     pub upper: bool,
-    /// Lower layers holding it (see [`Node::lowers`]).
+    /// Lower layers holding it (see [`Node::lowers`](super::inode::Node::lowers)).
     pub lowers: u64,
     /// `stat` of the layer that provides data and metadata (upper if present, else top lower).
     pub st: libc::stat,
@@ -175,10 +175,6 @@ impl OverlayFs {
             .tmp_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         CString::new(format!("tmp-{}-{n}", std::process::id())).expect("no NUL")
-    }
-
-    pub(super) fn node(&self, id: u64) -> OpResult<Node> {
-        self.nodes.get(id).ok_or(Errno::ENOENT)
     }
 
     /// Relative path of an attached node. Errors: `ENOENT` for detached nodes.

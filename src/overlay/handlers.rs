@@ -545,8 +545,7 @@ impl fuser::Filesystem for OverlayFs {
 
 impl OverlayFs {
     fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {
-        let n = self.node(id)?;
-        if !n.upper {
+        if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
         let f = {

@@ -77,8 +77,18 @@ pub enum Loc {
     Gone,
 }
 
+impl Loc {
+    /// The parent node id while attached.
+    pub fn parent(&self) -> Option<u64> {
+        match self {
+            Loc::Attached { parent, .. } => Some(*parent),
+            _ => None,
+        }
+    }
+}
+
 /// One node the kernel holds a reference to.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Node {
     /// Where the node is.
     pub loc: Loc,
@@ -91,13 +101,6 @@ pub struct Node {
     pub lowers: u64,
     /// Kernel lookup count (FUSE "nlookup"); the node is dropped when it reaches 0.
     pub lookups: u64,
-}
-
-impl Node {
-    /// The topmost lower layer holding the node, if any.
-    pub fn top_lower(&self) -> Option<u8> {
-        top_lower(self.lowers)
-    }
 }
 
 /// The topmost (lowest-numbered) layer in a lower mask.
@@ -227,11 +230,6 @@ impl Nodes {
         }
     }
 
-    /// A copy of node `id`, if the kernel holds it.
-    pub fn get(&self, id: u64) -> Option<Node> {
-        self.map.read().get(&id).map(|n| (**n).clone())
-    }
-
     /// Reads node `id` through `f` under the table's read lock (no copy); `None` if absent.
     pub fn peek<R>(&self, id: u64, f: impl FnOnce(&Node) -> R) -> Option<R> {
         self.map.read().get(&id).map(|n| f(n))
@@ -307,12 +305,12 @@ impl Nodes {
     pub fn locate(&self, id: u64) -> Option<Located> {
         let map = self.map.read();
         let n = map.get(&id)?;
-        let (place, path, parent) = match &n.loc {
-            Loc::Attached { parent, .. } => (Place::Attached, path_in(&map, id)?, *parent),
-            Loc::Orphan { lower_path: None } => (Place::OrphanUpper, orphan_name(id), 0),
+        let (place, path) = match &n.loc {
+            Loc::Attached { .. } => (Place::Attached, path_in(&map, id)?),
+            Loc::Orphan { lower_path: None } => (Place::OrphanUpper, orphan_name(id)),
             Loc::Orphan {
                 lower_path: Some(p),
-            } => (Place::OrphanLower, p.clone(), 0),
+            } => (Place::OrphanLower, p.clone()),
             Loc::Gone => return None,
         };
         Some(Located {
@@ -321,7 +319,7 @@ impl Nodes {
             lowers: n.lowers,
             place,
             path,
-            parent,
+            parent: n.loc.parent().unwrap_or(0),
         })
     }
 
@@ -413,7 +411,7 @@ mod tests {
         t.remember(11, 10, OsStr::new("b"), Kind::File, false, 1);
         assert!(t.forget(11, 1).is_none());
         assert!(t.forget(11, 1).is_some());
-        assert!(t.get(11).is_none());
+        assert!(t.peek(11, |_| ()).is_none());
         assert!(t.forget(ROOT, 5).is_none());
     }
 

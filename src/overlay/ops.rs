@@ -8,10 +8,21 @@ use std::time::SystemTime;
 
 use fuser::{Errno, FileAttr, TimeOrNow};
 
-use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Kind, Loc, Located, Node, orphan_name};
-use super::layers::{Layer, as_path, cstr};
+use super::fs::{OpResult, OverlayFs, Resolved, errno};
+use super::inode::{Kind, Loc, Located, orphan_name};
+use super::layers::{Layer, as_path, child, cstr};
 use super::whiteout;
+
+/// What becomes of the upper entry of a file whose name leaves the merged view (see
+/// [`OverlayFs::detach`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leaving {
+    /// Unlinked: the entry is removed here (moved to the orphans while its node is held).
+    Unlinked,
+    /// The target of a rename: the entry stays for the rename to replace atomically (a held
+    /// node's data is linked to the orphans first).
+    Replaced,
+}
 
 /// What a create-like operation makes.
 pub enum NewEntry<'a> {
@@ -64,10 +75,10 @@ fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
 }
 
 impl OverlayFs {
-    /// True when a lower layer merged into `pnode` has a visible entry `name`.
-    fn lower_has(&self, pnode: &Node, ppath: &Path, name: &OsStr) -> OpResult<bool> {
-        let rel = c(&ppath.join(name))?;
-        let mut mask = pnode.lowers;
+    /// True when a lower layer merged into directory `pdir` has a visible entry `name`.
+    fn lower_has(&self, pdir: &Located, name: &OsStr) -> OpResult<bool> {
+        let rel = child(&pdir.path, name).map_err(errno)?;
+        let mut mask = pdir.lowers;
         while mask != 0 {
             let l = mask.trailing_zeros() as u8;
             mask &= mask - 1;
@@ -191,49 +202,73 @@ impl OverlayFs {
         let attr = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
         let kind = self
             .nodes
-            .get(attr.ino.0)
-            .map(|n| n.kind)
+            .peek(attr.ino.0, |n| n.kind)
             .unwrap_or(Kind::File);
         self.listings.added(parent, name, kind);
         Ok(attr)
     }
 
-    /// Detaches node `id` (if the kernel holds it) whose upper entry at `rel` is about to
-    /// disappear: keeps its data reachable at `<workdir>/orphans/<id>` so open files stay
-    /// usable. Returns true when the upper entry was moved there (so the caller must not
-    /// delete it).
-    fn orphan(&self, id: u64, kind: Kind, upper: bool, rel: &CString) -> OpResult<bool> {
-        let held = self.nodes.get(id).is_some_and(|n| n.lookups > 0);
-        if !held {
-            return Ok(false);
-        }
-        if kind == Kind::Dir {
-            self.nodes.update(id, |n| n.loc = Loc::Gone);
-            return Ok(false);
-        }
-        if upper {
-            if self.orphans.lock().contains(&id) {
-                // Another name of this inode is already kept there; rename(2) between two
-                // links of one inode would do nothing, so just drop this name.
-                self.roots.unlink(Layer::Upper, rel, false).map_err(errno)?;
-            } else {
-                self.roots
-                    .rename(Layer::Upper, rel, Layer::Work, &orphan_name(id), 0)
-                    .map_err(errno)?;
-                self.orphans.lock().insert(id);
+    /// Name `rel` of `r` leaves the merged view (unlink, rmdir, or the target of a rename):
+    /// the one place that keeps the books. A node the kernel still holds is detached — a
+    /// directory is marked gone; a file's data stays reachable so open files keep working
+    /// (upper data at [`orphan_name`], lower data where it is) — and an upper inode that loses
+    /// its last link loses its id. For an upper file, `leaving` says whether its entry is
+    /// removed here or left for a rename to replace; a directory's upper entry is the
+    /// caller's (rmdir removes it, a rename replaces it).
+    ///
+    /// Errors: the errno of moving, linking or removing the upper entry.
+    fn detach(&self, r: &Resolved, rel: &CString, leaving: Leaving) -> OpResult<()> {
+        let held = self.nodes.peek(r.id, |n| n.lookups > 0) == Some(true);
+        if r.kind == Kind::Dir {
+            if held {
+                self.nodes.update(r.id, |n| n.loc = Loc::Gone);
             }
-            self.nodes
-                .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
-            Ok(true)
-        } else {
-            let p = rel.clone();
-            self.nodes.update(id, |n| {
-                n.loc = Loc::Orphan {
-                    lower_path: Some(p),
-                }
-            });
-            Ok(false)
+            return Ok(());
         }
+        if !r.upper {
+            if held {
+                let p = rel.clone();
+                self.nodes.update(r.id, |n| {
+                    n.loc = Loc::Orphan {
+                        lower_path: Some(p),
+                    }
+                });
+            }
+            return Ok(());
+        }
+        match leaving {
+            Leaving::Unlinked if !held || self.orphans.lock().contains(&r.id) => {
+                // Held: another name of this inode is already kept there, and rename(2)
+                // between two links of one inode would do nothing, so just drop this name.
+                self.roots.unlink(Layer::Upper, rel, false).map_err(errno)?;
+            }
+            Leaving::Unlinked => self
+                .roots
+                .rename(Layer::Upper, rel, Layer::Work, &orphan_name(r.id), 0)
+                .map_err(errno)?,
+            Leaving::Replaced if held => {
+                let o = orphan_name(r.id);
+                let _ = self.roots.unlink(Layer::Work, &o, false);
+                self.roots
+                    .link(Layer::Upper, rel, Layer::Work, &o)
+                    .map_err(errno)?;
+            }
+            Leaving::Replaced => {}
+        }
+        if held {
+            self.kept_as_orphan(r.id);
+        } else if r.st.st_nlink <= 1 {
+            self.nodes.drop_upper(r.st.st_ino);
+        }
+        Ok(())
+    }
+
+    /// Records that unlinked node `id`'s upper data is now kept at [`orphan_name`] in the
+    /// workdir (until [`Self::forget`] drops it).
+    pub(super) fn kept_as_orphan(&self, id: u64) {
+        self.orphans.lock().insert(id);
+        self.nodes
+            .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
     }
 
     /// Removes non-directory `name` from `parent` (a whiteout hides a lower copy).
@@ -248,22 +283,9 @@ impl OverlayFs {
             return Err(Errno::EISDIR);
         }
         self.ensure_upper_dir(parent)?;
-        let pnode = self.node(parent)?;
-        let lower_has = self.lower_has(&pnode, ppath, name)?;
-        let rel_path = ppath.join(name);
-        let rel = c(&rel_path)?;
-        if r.upper {
-            if !self.orphan(r.id, r.kind, true, &rel)? {
-                self.roots
-                    .unlink(Layer::Upper, &rel, false)
-                    .map_err(errno)?;
-                if r.st.st_nlink <= 1 {
-                    self.nodes.drop_upper(r.st.st_ino);
-                }
-            }
-        } else {
-            self.orphan(r.id, r.kind, false, &rel)?;
-        }
+        let lower_has = self.lower_has(&pdir, name)?;
+        let rel = child(&pdir.path, name).map_err(errno)?;
+        self.detach(&r, &rel, Leaving::Unlinked)?;
         if lower_has {
             whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name).map_err(errno)?;
         }
@@ -317,8 +339,7 @@ impl OverlayFs {
             return Err(Errno::ENOTEMPTY);
         }
         self.ensure_upper_dir(parent)?;
-        let pnode = self.node(parent)?;
-        let lower_has = self.lower_has(&pnode, ppath, name)?;
+        let lower_has = self.lower_has(&pdir, name)?;
         if r.upper {
             self.purge_whiteouts(&rel_path)?;
             self.roots.unlink(Layer::Upper, &rel, true).map_err(errno)?;
@@ -327,7 +348,7 @@ impl OverlayFs {
         if lower_has {
             whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name).map_err(errno)?;
         }
-        self.orphan(r.id, Kind::Dir, r.upper, &rel)?;
+        self.detach(&r, &rel, Leaving::Unlinked)?;
         self.listings.removed(parent, name);
         self.listings.forget(r.id);
         Ok(())
@@ -399,10 +420,8 @@ impl OverlayFs {
             self.listings.added(parent, name, d.kind);
             return Ok(());
         }
-        let pnode = self.node(parent)?;
-        let npnode = self.node(newparent)?;
-        let src_lower = self.lower_has(&pnode, ppath, name)?;
-        let dst_lower = self.lower_has(&npnode, nppath, newname)?;
+        let src_lower = self.lower_has(&pdir, name)?;
+        let dst_lower = self.lower_has(&npdir, newname)?;
         if src.kind == Kind::Dir && dst_lower {
             let f = self
                 .roots
@@ -423,25 +442,9 @@ impl OverlayFs {
                 if d.upper {
                     self.purge_whiteouts(&dst_path)?;
                 }
-                self.orphan(d.id, Kind::Dir, d.upper, &drel)?;
                 self.listings.forget(d.id);
-            } else if d.upper {
-                // Keep the replaced file's data for open fds: link it into the orphans dir.
-                if self.nodes.get(d.id).is_some_and(|n| n.lookups > 0) {
-                    let o = orphan_name(d.id);
-                    let _ = self.roots.unlink(Layer::Work, &o, false);
-                    self.roots
-                        .link(Layer::Upper, &drel, Layer::Work, &o)
-                        .map_err(errno)?;
-                    self.orphans.lock().insert(d.id);
-                    self.nodes
-                        .update(d.id, |n| n.loc = Loc::Orphan { lower_path: None });
-                } else if d.st.st_nlink <= 1 {
-                    self.nodes.drop_upper(d.st.st_ino);
-                }
-            } else {
-                self.orphan(d.id, d.kind, false, &drel)?;
             }
+            self.detach(d, &drel, Leaving::Replaced)?;
         }
         if src.kind == Kind::Dir && self.upper_whiteout_at(&drel)? {
             self.roots
@@ -479,7 +482,7 @@ impl OverlayFs {
     }
 
     /// Copies a rename source wholly into the upper dir (a directory with its whole merged tree).
-    fn bring_up(&self, parent: u64, name: &OsStr, r: &super::fs::Resolved) -> OpResult<()> {
+    fn bring_up(&self, parent: u64, name: &OsStr, r: &Resolved) -> OpResult<()> {
         if r.upper && (r.kind != Kind::Dir || r.lowers == 0) {
             return Ok(());
         }
