@@ -304,6 +304,18 @@ impl OverlayFs {
             .map_err(errno)
     }
 
+    /// Checks that directory `r` at `rel` has no entry in the merged view (whiteouts aside).
+    ///
+    /// Errors: `ENOTEMPTY`, or the errno of reading a layer.
+    fn check_empty(&self, r: &Resolved, rel: &CString) -> OpResult<()> {
+        let names = self.merged_names(r.upper, r.lowers, rel).map_err(errno)?;
+        if names.is_empty() {
+            Ok(())
+        } else {
+            Err(Errno::ENOTEMPTY)
+        }
+    }
+
     /// Removes whiteouts left inside upper directory `rel` so it can be removed or replaced.
     fn purge_whiteouts(&self, rel: &Path) -> OpResult<()> {
         let crel = c(rel)?;
@@ -331,13 +343,7 @@ impl OverlayFs {
         }
         let rel_path = ppath.join(name);
         let rel = c(&rel_path)?;
-        if !self
-            .merged_names(r.upper, r.lowers, &rel)
-            .map_err(errno)?
-            .is_empty()
-        {
-            return Err(Errno::ENOTEMPTY);
-        }
+        self.check_empty(&r, &rel)?;
         self.ensure_upper_dir(parent)?;
         let lower_has = self.lower_has(&pdir, name)?;
         if r.upper {
@@ -432,13 +438,7 @@ impl OverlayFs {
         // Clear the target: an emptied directory or whiteout in the upper dir, detach its node.
         if let Some(d) = &dst {
             if d.kind == Kind::Dir {
-                if !self
-                    .merged_names(d.upper, d.lowers, &drel)
-                    .map_err(errno)?
-                    .is_empty()
-                {
-                    return Err(Errno::ENOTEMPTY);
-                }
+                self.check_empty(d, &drel)?;
                 if d.upper {
                     self.purge_whiteouts(&dst_path)?;
                 }
