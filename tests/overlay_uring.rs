@@ -101,6 +101,12 @@ fn possible_cpus() -> usize {
         .unwrap()
 }
 
+/// Whether the kernel has FUSE over io_uring; `false` means the test was skipped and should
+/// return (under `CI`, `skip_or_fail` panics instead).
+fn fuse_uring_available() -> bool {
+    Path::new(ENABLE_URING).exists() || !skip_or_fail("kernel without FUSE over io_uring")
+}
+
 fn daemon_of(fx: &Fixture) -> i32 {
     let pids = daemon_pids(&fx.mnt);
     assert_eq!(
@@ -116,7 +122,7 @@ fn daemon_of(fx: &Fixture) -> i32 {
 fn requests_are_served_by_per_cpu_io_uring_threads() {
     require_root!();
     only_layercache!("io_uring transport of layercache's daemon");
-    if !Path::new(ENABLE_URING).exists() && skip_or_fail("kernel without FUSE over io_uring") {
+    if !fuse_uring_available() {
         return;
     }
     let _m = machine();
@@ -299,7 +305,7 @@ fn spread_threads(pid: i32, q: usize) -> Vec<String> {
 fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
     require_root!();
     only_layercache!("read-ahead and thread placement of layercache's daemon");
-    if !Path::new(ENABLE_URING).exists() && skip_or_fail("kernel without FUSE over io_uring") {
+    if !fuse_uring_available() {
         return;
     }
     let _m = machine();
