@@ -6,7 +6,7 @@ mod common;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 
@@ -945,6 +945,53 @@ fn unlink_of_open_file_keeps_fd_usable() {
     write(&fx.p("rw"), "fresh");
     assert_eq!(read(&fx.p("rw")), "fresh");
     assert_eq!(names(&fx.mnt), ["rw"]);
+}
+
+#[test]
+fn removed_directory_held_open_keeps_answering_fstat_and_fchmod() {
+    require_root!();
+    let fx = Fixture::new(|l| {
+        fs::create_dir(l.join("low")).unwrap();
+        write(&l.join("low/f"), "lower child");
+    });
+    fs::create_dir(fx.p("up")).unwrap();
+    write(&fx.p("up/g"), "upper child");
+    for d in ["low", "up"] {
+        // As a shell whose cwd is removed (`cd d; rm -rf ../d; ls .`) or a tool holding an fd.
+        let dir = File::open(fx.p(d)).unwrap();
+        fs::remove_dir_all(fx.p(d)).unwrap();
+        assert_enoent(&fx.p(d));
+        let md = dir
+            .metadata()
+            .unwrap_or_else(|e| panic!("fstat of removed {d}: {e}"));
+        assert!(md.is_dir(), "{d}");
+        // 0 as on a disk filesystem (kernel overlayfs keeps 1 for a removed merged directory).
+        assert!(md.nlink() <= 1, "nlink of removed {d}: {}", md.nlink());
+        dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap_or_else(|e| panic!("fchmod of removed {d}: {e}"));
+        assert_eq!(dir.metadata().unwrap().mode() & 0o7777, 0o700, "{d}");
+        // "." still opens; listing it gives nothing (the kernel answers getdents of a dead
+        // directory itself, with ENOENT, which ls and readdir(3) users treat as the end).
+        // SAFETY: a valid dirfd and a NUL-terminated name; the fd is owned just below.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            )
+        };
+        assert!(fd >= 0, "open . in removed {d}: errno {}", errno());
+        // SAFETY: fd was just opened here and is used nowhere else.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let mut listing = nix::dir::Dir::from_fd(owned).unwrap();
+        let names: Vec<_> = listing.iter().filter_map(|e| e.ok()).collect();
+        assert!(
+            names.is_empty(),
+            "removed {d} lists {} entries",
+            names.len()
+        );
+    }
+    assert_eq!(names(&fx.mnt), Vec::<String>::new());
 }
 
 #[test]

@@ -16,7 +16,7 @@ use parking_lot::{Mutex, RwLock};
 use super::OverlayConfig;
 use super::dir::Listings;
 use super::errno::to_errno;
-use super::inode::{IdKey, Kind, Located, Nodes, ORPHANS, Place, top_lower};
+use super::inode::{IdKey, Kind, Loc, Located, Nodes, ORPHANS, Place, top_lower};
 use super::layers::{Layer, Roots, child};
 use super::whiteout;
 use crate::error::{Error, Result};
@@ -57,6 +57,11 @@ pub struct OverlayFs {
     fds: Mutex<lru::LruCache<u64, CachedFd>>,
     /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
     pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
+    /// Removed directories the kernel still holds (an open fd, a process's cwd): their
+    /// attributes at removal with nlink 0, which GETATTR answers and SETATTR changes, as a
+    /// disk filesystem (and kernel overlayfs) keeps serving fstat/fchmod of a removed
+    /// directory. Dropped when the kernel forgets the node.
+    pub(super) gone_dirs: Mutex<std::collections::HashMap<u64, FileAttr>>,
     tmp_seq: std::sync::atomic::AtomicU64,
 }
 
@@ -165,6 +170,7 @@ impl OverlayFs {
             copy_lock: Mutex::new(()),
             fds: Mutex::new(lru::LruCache::new(cap)),
             orphans: Mutex::default(),
+            gone_dirs: Default::default(),
             tmp_seq: Default::default(),
         })
     }
@@ -372,10 +378,23 @@ impl OverlayFs {
         self.attr_of(r)
     }
 
-    /// Current attributes of node `id`.
+    /// Current attributes of node `id` (for a removed directory still held by the kernel, the
+    /// ones kept in [`Self::gone_dirs`]).
+    ///
+    /// Errors: `ENOENT` for a node that is not (or no longer) known, or the `fstatat` errno.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
-        let (layer, l) = self.backing(id)?;
-        self.attr_at(id, layer, &l)
+        match self.backing(id) {
+            Ok((layer, l)) => self.attr_at(id, layer, &l),
+            Err(e) => self.gone_dir_attr(id).ok_or(e),
+        }
+    }
+
+    /// The kept attributes of `id` when it is a removed directory the kernel still holds.
+    pub(super) fn gone_dir_attr(&self, id: u64) -> Option<FileAttr> {
+        if self.nodes.peek(id, |n| n.loc == Loc::Gone) != Some(true) {
+            return None;
+        }
+        self.gone_dirs.lock().get(&id).copied()
     }
 
     /// The attributes of node `id`, whose data is in `layer` as [`Self::backing`] found.

@@ -221,6 +221,9 @@ impl OverlayFs {
         let held = self.nodes.peek(r.id, |n| n.lookups > 0) == Some(true);
         if r.kind == Kind::Dir {
             if held {
+                let mut attr = self.attr_of(r);
+                attr.nlink = 0;
+                self.gone_dirs.lock().insert(r.id, attr);
                 self.nodes.update(r.id, |n| n.loc = Loc::Gone);
             }
             return Ok(());
@@ -546,6 +549,9 @@ impl OverlayFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
     ) -> OpResult<FileAttr> {
+        if self.gone_dir_attr(id).is_some() {
+            return self.setattr_gone_dir(id, mode, uid, gid, size, atime, mtime);
+        }
         {
             let _g = self.ns.read();
             self.copy_up(id, size)?;
@@ -575,6 +581,51 @@ impl OverlayFs {
             }
             self.attr_at(id, layer, &n)
         }
+    }
+
+    /// SETATTR of a removed directory the kernel still holds: changes its kept attributes
+    /// (nothing is left on disk to change), as fchmod/fchown/futimens of a removed directory
+    /// succeed on a disk filesystem.
+    ///
+    /// Errors: `EISDIR` for a truncate, `ENOENT` once the node is forgotten.
+    #[allow(clippy::too_many_arguments)]
+    fn setattr_gone_dir(
+        &self,
+        id: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+    ) -> OpResult<FileAttr> {
+        if size.is_some() {
+            return Err(Errno::EISDIR);
+        }
+        let now = std::time::SystemTime::now();
+        let at = |t: TimeOrNow| match t {
+            TimeOrNow::Now => now,
+            TimeOrNow::SpecificTime(t) => t,
+        };
+        let mut gone = self.gone_dirs.lock();
+        let a = gone.get_mut(&id).ok_or(Errno::ENOENT)?;
+        if let Some(m) = mode {
+            a.perm = (m & 0o7777) as u16;
+        }
+        if let Some(u) = uid {
+            a.uid = u;
+        }
+        if let Some(g) = gid {
+            a.gid = g;
+        }
+        if let Some(t) = atime {
+            a.atime = at(t);
+        }
+        if let Some(t) = mtime {
+            a.mtime = at(t);
+        }
+        a.ctime = now;
+        Ok(*a)
     }
 
     /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
@@ -698,7 +749,10 @@ impl OverlayFs {
     /// Called when the kernel drops its last reference to `id`: frees the node, its cached fd
     /// and listing, and the orphaned data of an unlinked file.
     pub fn forget(&self, id: u64, n: u64) {
-        if self.nodes.forget(id, n).is_some() {
+        if let Some(node) = self.nodes.forget(id, n) {
+            if node.loc == Loc::Gone {
+                self.gone_dirs.lock().remove(&id);
+            }
             self.drop_fd(id);
             self.listings.forget(id);
             if self.orphans.lock().contains(&id) {
