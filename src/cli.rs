@@ -40,7 +40,12 @@ pub enum Command {
     Mount(MountArgs),
     /// Promote a store mount's merged view (lower + upper) into a new layer under its key.
     Commit(MountpointArg),
-    /// Unmount a mount and discard its private upper layer.
+    /// Unmount a mount: a store mount's private upper is discarded, an overlay's upperdir kept.
+    ///
+    /// A store mount (made by `mount` or `run` with this store) is unmounted and its private
+    /// upper layer discarded. Any other mount — a plain `layercache overlay` mount — is unmounted
+    /// and its upperdir left as it is. A missing store is never created: the mount is then
+    /// treated as a plain one.
     Umount(MountpointArg),
     /// The main job: prepare the spec's caches (setup or maintenance), then run COMMAND.
     Run(RunArgs),

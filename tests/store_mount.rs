@@ -498,6 +498,91 @@ fn bad_input_is_exit_2_and_names_it() {
     }
 }
 
+/// `umount` never creates a store: with `--store` at a missing directory, at a path that
+/// cannot be created (under /proc) or at a regular file, a plain `layercache overlay` mount is
+/// still unmounted (its upperdir kept) and no store appears; a path with nothing mounted is
+/// exit 2 naming it, and changes nothing on disk.
+#[test]
+fn umount_without_a_store_unmounts_a_plain_overlay_and_creates_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let missing = env.store();
+    let file = env.t.path().join("a-file");
+    write(&file, "not a store");
+    let (lower, upper, work, mnt) = (
+        env.dir("lower"),
+        env.dir("upper"),
+        env.dir("work"),
+        env.dir("mnt"),
+    );
+    let lc_at = |store: &Path, args: &[&str]| -> Output {
+        Command::new(mounts::BIN)
+            .arg("--store")
+            .arg(store)
+            .args(args)
+            .env_remove("LAYERCACHE_STORE")
+            .output()
+            .unwrap()
+    };
+    let m = mnt.to_str().unwrap();
+    for store in [missing.as_path(), Path::new("/proc/nope"), file.as_path()] {
+        run_ok(
+            Command::new(mounts::BIN)
+                .arg("overlay")
+                .arg("-o")
+                .arg(format!(
+                    "lowerdir={},upperdir={},workdir={}",
+                    lower.display(),
+                    upper.display(),
+                    work.display()
+                ))
+                .arg(&mnt),
+        );
+        let _g = Mounted {
+            store: store.to_path_buf(),
+            mnt: mnt.clone(),
+        };
+        assert!(is_mounted(&mnt));
+        write(&mnt.join("kept"), "x");
+        let o = lc_at(store, &["umount", m]);
+        assert!(
+            o.status.success(),
+            "--store {}: {}",
+            store.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            !is_mounted(&mnt),
+            "--store {}: still mounted",
+            store.display()
+        );
+        assert_eq!(fs::read_to_string(upper.join("kept")).unwrap(), "x");
+    }
+    assert!(
+        !missing.exists(),
+        "umount created a store at {}",
+        missing.display()
+    );
+    assert_eq!(fs::read_to_string(&file).unwrap(), "not a store");
+
+    let before = names(env.t.path());
+    let nowhere = env.t.path().join("nonexistent");
+    for target in [nowhere.as_path(), mnt.as_path()] {
+        let o = lc_at(&missing, &["umount", target.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {err}", target.display());
+        assert!(err.contains(target.to_str().unwrap()), "{err}");
+    }
+    assert!(
+        !missing.exists(),
+        "umount created a store at {}",
+        missing.display()
+    );
+    assert_eq!(names(env.t.path()), before);
+}
+
 /// Unmounts a tmpfs on drop (after the mounts that live on it are gone).
 struct Tmpfs(PathBuf);
 

@@ -104,16 +104,28 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     Ok(0)
 }
 
-/// `layercache umount`.
+/// `layercache umount`: a store mount (one recorded in this store's runs) is unmounted and its
+/// private upper discarded; anything else is unmounted as a plain `layercache overlay` mount,
+/// its upperdir left as it is. Never creates a store: when there is none at `--store` (or no
+/// store root can be derived) the mount cannot be a store mount, so the plain path is taken.
 ///
-/// Errors: see [`Store::umount_run`] and [`crate::overlay::unmount`].
+/// Errors: see [`Store::open_existing`], [`Store::umount_run`] and
+/// [`crate::overlay::unmount`] (exit 2, nothing changed, when nothing is mounted there).
 pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
-    let store = open(global)?;
-    if let Some(m) = store.store_mount(&a.mountpoint)? {
-        store.umount_run(m)?;
-    } else {
-        // A plain `layercache overlay` mount.
-        crate::overlay::unmount(&a.mountpoint, None, std::time::Duration::from_secs(30))?;
+    let store = match store_root(global) {
+        Ok(root) => Store::open_existing(&root)?,
+        Err(_) => None,
+    };
+    let found = match &store {
+        Some(st) => st.store_mount(&a.mountpoint)?,
+        None => None,
+    };
+    match (store, found) {
+        (Some(st), Some(m)) => st.umount_run(m)?,
+        _ => {
+            // A plain `layercache overlay` mount.
+            crate::overlay::unmount(&a.mountpoint, None, std::time::Duration::from_secs(30))?;
+        }
     }
     if global.json {
         emit(&json(&serde_json::json!({"unmounted": a.mountpoint})));
