@@ -373,3 +373,53 @@ fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
     }
     drop(open_file);
 }
+
+#[test]
+fn a_daemon_confined_by_taskset_stays_on_its_cpus() {
+    require_root!();
+    only_layercache!("thread placement of layercache's daemon");
+    if !fuse_uring_available() {
+        return;
+    }
+    let cpus = allowed_cpus();
+    if cpus.len() < 2 {
+        return; // one CPU: nothing to confine the daemon away from
+    }
+    let _m = machine();
+    let (inside, outside) = (cpus[0], cpus[1]);
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 253) as u8).collect();
+    let lower_data = data.clone();
+    let mut fx = Fixture::builder()
+        .unmounted()
+        .build(move |l| write(&l[0].join("big"), &lower_data));
+    // As `taskset -c INSIDE layercache overlay …`: the affinity the daemon inherits.
+    fx.mount_with(|c| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the hook only calls sched_setaffinity, which is async-signal-safe.
+        unsafe {
+            c.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(inside, &mut set);
+                if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    let pid = daemon_of(&fx);
+    // Requests issued on the other CPU (its ring queue) are served, streamed reads included...
+    let p = fx.p("big");
+    let got = on_cpu(outside, move || fs::read(p).unwrap());
+    assert!(got == data, "data read from CPU {outside} differs");
+    let f = fx.p("big");
+    on_cpu(outside, move || forced_getattrs(&f, 10));
+    // ...by threads that never left the CPU they were confined to.
+    for (tid, comm) in threads(pid) {
+        assert_eq!(
+            status_field(pid, &tid, "Cpus_allowed_list"),
+            inside.to_string(),
+            "{comm} of a daemon started on CPU {inside} only"
+        );
+    }
+}

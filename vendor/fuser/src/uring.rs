@@ -280,17 +280,24 @@ struct Placement {
 }
 
 impl Placement {
-    /// Pins the calling thread to CPU `qid`.
+    /// Pins the calling thread to CPU `qid` when the thread may run there. A thread may widen
+    /// its own affinity beyond what `taskset` gave the process (only a cpuset is a hard
+    /// limit), so a queue whose CPU is outside the inherited mask is served from that mask
+    /// instead: the daemon never runs where it was told not to.
     fn pin(qid: u16) -> Self {
         let home = affinity();
         let own = only_cpu(usize::from(qid));
-        let pinned = match set_affinity(&own) {
-            Ok(()) => true,
-            Err(e) => {
-                debug!("io_uring queue {qid}: not pinned: {e}");
-                false
-            }
-        };
+        // SAFETY: CPU_ISSET reads one bit of a plain-data set.
+        let allowed = usize::from(qid) < libc::CPU_SETSIZE as usize
+            && unsafe { libc::CPU_ISSET(usize::from(qid), &home) };
+        let pinned = allowed
+            && match set_affinity(&own) {
+                Ok(()) => true,
+                Err(e) => {
+                    debug!("io_uring queue {qid}: not pinned: {e}");
+                    false
+                }
+            };
         Placement {
             home,
             own,
