@@ -75,12 +75,21 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
         crate::store::Store::open_existing(&r)?
             .ok_or_else(|| Error::invalid(format!("no store at {}", r.display())))
     });
+    // The project's directories only if they exist: `key` creates nothing (a project the
+    // store has never seen matches nothing).
+    let project = match &store {
+        Ok(st) => st.projects(Some(&spec.project))?.pop(),
+        Err(_) => None,
+    };
     let mut matches = Vec::new();
     for k in &all {
         let found = match &store {
             Ok(st) => {
-                let pd = st.project(&spec.project)?;
-                match st.lookup(&pd, &k.id, &k.key, &k.restore_keys)? {
+                let lookup = match &project {
+                    Some(pd) => st.lookup(pd, &k.id, &k.key, &k.restore_keys)?,
+                    None => crate::store::Lookup::Miss,
+                };
+                match lookup {
                     crate::store::Lookup::Hit { layer } => {
                         serde_json::json!({"result": "hit", "matched_key": k.key, "layer": layer})
                     }

@@ -180,6 +180,54 @@ fn two_projects_never_share_a_layer() {
     assert_eq!(sb.events()[2]["result"], "hit");
 }
 
+/// Every path below `dir`, relative to it, sorted.
+fn tree(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+            if p.is_dir() && !p.is_symlink() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// `layercache key` only reads the store: it reports a hit for a project the store has and a
+/// miss for one it has never seen, and creates no file or directory for either.
+#[test]
+fn key_reads_the_store_and_creates_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let a = sb.write_spec("a.toml", &deps_spec("alpha", "true"));
+    let b = sb.write_spec("b.toml", &deps_spec("beta", "true"));
+    assert_eq!(sb.run(&a, None).status.code(), Some(0));
+    let before = tree(&sb.path("store"));
+    for (spec, want) in [(&a, "hit"), (&b, "miss")] {
+        let out = run_ok(
+            Command::new(BIN)
+                .arg("--store")
+                .arg(sb.path("store"))
+                .args(["--json", "key", "--spec"])
+                .arg(spec)
+                .arg("--workdir")
+                .arg(sb.work())
+                .arg("--mount-root")
+                .arg(sb.path("cache")),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["caches"][0]["would_match"]["result"], want, "{v}");
+    }
+    assert_eq!(tree(&sb.path("store")), before, "key changed the store");
+}
+
 #[test]
 fn npm_fixture_node_modules_second_run_hits() {
     if !can_mount() || !have_tool("npm") {
