@@ -138,10 +138,33 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     Ok(0)
 }
 
-/// `layercache stats [--project P]`.
+/// `layercache stats [--project P]`: like `ls`, exit 2 when there is no store or when `P` is
+/// neither in the event log nor in the store.
 fn cmd_stats(global: &crate::cli::GlobalArgs, args: &crate::cli::LsArgs) -> Result<i32> {
-    let events = crate::telemetry::read(&store_root(global)?)?;
-    let stats = crate::telemetry::stats(&events, args.project.as_deref());
+    let store = crate::store::cmd::open_existing(global)?;
+    let events = crate::telemetry::read(store.root())?;
+    let project = args
+        .project
+        .as_deref()
+        .map(crate::ids::ProjectId::new)
+        .transpose()?;
+    if let Some(p) = &project
+        && !events.iter().any(|e| e.project == p.as_str())
+        && store.projects(Some(p))?.is_empty()
+    {
+        // A cleared project keeps its events, so the names come from both places.
+        let mut known: std::collections::BTreeSet<String> =
+            events.iter().map(|e| e.project.clone()).collect();
+        known.extend(
+            store
+                .projects(None)?
+                .iter()
+                .map(|pd| pd.project.to_string()),
+        );
+        let known: Vec<String> = known.into_iter().collect();
+        return Err(crate::store::no_such_project(store.root(), p, &known));
+    }
+    let stats = crate::telemetry::stats(&events, project.as_ref().map(|p| p.as_str()));
     if global.json {
         let v = serde_json::to_string(&stats).map_err(|e| Error::Failed(e.to_string()))?;
         println!("{v}");

@@ -583,6 +583,84 @@ fn umount_without_a_store_unmounts_a_plain_overlay_and_creates_nothing() {
     assert_eq!(names(env.t.path()), before);
 }
 
+/// Read-only and trimming commands agree on bad names: without a store `ls`, `stats`, `gc`,
+/// `verify` and `clear` are exit 2 naming the path and create nothing; an unknown `--project`
+/// (ls, stats, verify, clear) or `--cache` (clear) is exit 2 naming it and listing what the
+/// store has, and changes nothing. A negative number is the option's own message whether
+/// written `--opt -1` or `--opt=-1`.
+#[test]
+fn unknown_names_and_a_missing_store_are_exit_2_listing_what_exists() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let m = mnt.to_str().unwrap();
+    let exit_2 = |args: &[&str], needles: &[&str]| {
+        let o = env.lc(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: want {n:?} in {err}");
+        }
+    };
+    let store = env.store();
+    let no_store = format!("no layercache store at {}", store.display());
+    for args in [
+        &["ls"][..],
+        &["stats"],
+        &["gc"],
+        &["verify"],
+        &["clear", "--project", "p1"],
+    ] {
+        exit_2(args, &[&no_store]);
+    }
+    for (args, value) in [
+        (
+            &["gc", "--max-inodes", "-1"][..],
+            "\"-1\" is not a whole number",
+        ),
+        (&["gc", "--max-inodes=-1"], "\"-1\" is not a whole number"),
+        (&["gc", "--max-size", "-1G"], "invalid size \"-1G\""),
+        (&["gc", "--max-age", "-5d"], "invalid duration \"-5d\""),
+        (
+            &[
+                "mount",
+                "--project",
+                "p1",
+                "--cache",
+                "c1",
+                "--key",
+                "k",
+                "--fill-wait",
+                "-1",
+                m,
+            ],
+            "\"-1\" is not a whole number",
+        ),
+    ] {
+        exit_2(args, &[value]);
+    }
+    assert!(!store.exists(), "a read-only command created the store");
+
+    env.publish("p1", "c1", "k1", &mnt, &[("f", "x")]);
+    for args in [
+        &["ls", "--project", "nope"][..],
+        &["stats", "--project", "nope"],
+        &["verify", "--project", "nope"],
+        &["clear", "--project", "nope"],
+    ] {
+        exit_2(args, &["project nope", "projects: p1"]);
+    }
+    exit_2(
+        &["clear", "--project", "p1", "--cache", "nope"],
+        &["cache nope", "caches: c1"],
+    );
+    assert_eq!(env.layers("p1").len(), 1, "a refused clear removed a layer");
+    assert!(!store.join("v1/projects/nope").exists());
+    env.lc_ok(&["stats", "--project", "p1"]);
+}
+
 /// Unmounts a tmpfs on drop (after the mounts that live on it are gone).
 struct Tmpfs(PathBuf);
 

@@ -26,11 +26,11 @@ fn open(global: &GlobalArgs) -> Result<Store> {
     Store::open(Some(&store_root(global)?))
 }
 
-/// Opens the store for a command that only reads or trims it (`ls`, `gc`, `clear`, `verify`):
-/// a store that does not exist yet is not created (see [`Store::open_existing`]).
+/// Opens the store for a command that only reads or trims it (`ls`, `stats`, `gc`, `clear`,
+/// `verify`): a store that does not exist yet is not created (see [`Store::open_existing`]).
 ///
 /// Errors: [`Error::Invalid`] naming the path when no store is there.
-fn open_existing(global: &GlobalArgs) -> Result<Store> {
+pub fn open_existing(global: &GlobalArgs) -> Result<Store> {
     let root = store_root(global)?;
     Store::open_existing(&root)?.ok_or_else(|| {
         Error::invalid(format!(

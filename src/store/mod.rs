@@ -29,7 +29,7 @@ pub mod object;
 pub mod promote;
 mod sys;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -651,6 +651,25 @@ pub fn exists_at(root: &Path) -> bool {
     root.join("v1").join("format.json").is_file()
 }
 
+/// The exit-2 error for a `--project` the store at `root` does not have: names it, the store
+/// and the projects there are (`known`).
+pub fn no_such_project(root: &Path, project: &ProjectId, known: &[String]) -> Error {
+    Error::invalid(format!(
+        "project {project}: no such project in the store at {} ({})",
+        root.display(),
+        one_of("projects", known)
+    ))
+}
+
+/// `"<what>: a, b"`, or `"it has no <what> yet"` when `names` is empty.
+fn one_of(what: &str, names: &[String]) -> String {
+    if names.is_empty() {
+        format!("it has no {what} yet")
+    } else {
+        format!("{what}: {}", names.join(", "))
+    }
+}
+
 impl Store {
     /// Opens the store at `root` only if one exists there (see [`exists_at`]): `Ok(None)`
     /// instead of creating it, for commands that read or trim a store (a mistyped `--store`
@@ -772,6 +791,26 @@ impl Store {
             .filter(|p| only.is_none_or(|o| o == p))
             .map(|p| self.project_dirs(&p))
             .collect())
+    }
+
+    /// The projects a `--project` option selects: every project when `only` is `None`, else
+    /// just `only`, which must exist.
+    ///
+    /// Errors: [`Error::Invalid`] naming `only` and listing the store's projects when it has
+    /// no such project; [`Error::Io`] reading `projects/`.
+    fn selected_projects(&self, only: Option<&ProjectId>) -> Result<Vec<ProjectDirs>> {
+        let pds = self.projects(only)?;
+        match only {
+            Some(p) if pds.is_empty() => {
+                let known: Vec<String> = self
+                    .projects(None)?
+                    .iter()
+                    .map(|pd| pd.project.to_string())
+                    .collect();
+                Err(no_such_project(&self.root, p, &known))
+            }
+            _ => Ok(pds),
+        }
     }
 
     /// Looks `key` up in (`project`, `cache`): exact key → [`Lookup::Hit`]; else each prefix
@@ -1417,10 +1456,10 @@ impl Store {
 
     /// `layercache ls`: every layer (of `project`, or all), newest first.
     ///
-    /// Errors: [`Error::Io`] reading the store.
+    /// Errors: [`Error::Invalid`] for an unknown project; [`Error::Io`] reading the store.
     pub fn list(&self, project: Option<&ProjectId>) -> Result<Vec<LayerInfo>> {
         let mut out = Vec::new();
-        for pd in self.projects(project)? {
+        for pd in self.selected_projects(project)? {
             let mut keys: HashMap<LayerId, Vec<CacheKey>> = HashMap::new();
             for (_, k, l) in pd.all_keys()? {
                 keys.entry(l).or_default().push(k);
@@ -1568,13 +1607,26 @@ impl Store {
     /// `layercache clear`: removes the layers of `project` (or of one `cache` of it) and the
     /// objects only they used. Mounted layers are refused and listed in the report.
     ///
-    /// Errors: [`Error::Invalid`] for an unknown project; [`Error::Io`] on store errors.
+    /// Errors: [`Error::Invalid`] for an unknown project, or a cache the project has never had
+    /// (no `caches/<cache>/` and no layer of it); [`Error::Io`] on store errors.
     pub fn clear(&self, project: &ProjectId, cache: Option<&CacheId>) -> Result<ClearReport> {
-        let Some(pd) = self.projects(Some(project))?.into_iter().next() else {
-            return Err(Error::invalid(format!(
-                "project {project}: no such project in the store"
-            )));
-        };
+        let mut pds = self.selected_projects(Some(project))?;
+        let pd = pds.remove(0);
+        if let Some(c) = cache {
+            let mut known: BTreeSet<CacheId> = pd.caches()?.into_iter().collect();
+            for id in pd.layer_ids()? {
+                if let Ok(m) = pd.layer(&id).manifest() {
+                    known.insert(m.cache);
+                }
+            }
+            if !known.contains(c) {
+                let known: Vec<String> = known.iter().map(|c| c.to_string()).collect();
+                return Err(Error::invalid(format!(
+                    "cache {c}: project {project} has no such cache ({})",
+                    one_of("caches", &known)
+                )));
+            }
+        }
         let _lock = Lease::acquire(&pd.lock(), Mode::Exclusive)?;
         let mut report = ClearReport::default();
         for id in pd.layer_ids()? {
@@ -1606,9 +1658,10 @@ impl Store {
     /// it is unpublished and moved to `quarantine/` (a later mount of its key misses and
     /// refills).
     ///
-    /// Errors: [`Error::Io`] when the store cannot be read or changed.
+    /// Errors: [`Error::Invalid`] for an unknown project; [`Error::Io`] when the store cannot
+    /// be read or changed.
     pub fn verify(&self, project: Option<&ProjectId>) -> Result<VerifyReport> {
-        let pds = self.projects(project)?;
+        let pds = self.selected_projects(project)?;
         let _locks = self.lock_projects(&pds)?;
         let mut report = VerifyReport::default();
         for pd in &pds {
