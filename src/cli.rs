@@ -5,6 +5,16 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+// The numeric and size/duration options accept a leading '-' as their value
+// (allow_negative_numbers / allow_hyphen_values), so `--max-inodes -1` gets the same message
+// naming the value as `--max-inodes=-1` instead of clap's "unexpected argument '-1'".
+
+/// A count or a number of seconds: a whole number, 0 or more.
+fn whole_number(s: &str) -> Result<u64, String> {
+    s.parse()
+        .map_err(|_| format!("{s:?} is not a whole number (want 0, 1, 2, …)"))
+}
+
 /// layercache — immutable dependency-cache layers mounted through a FUSE copy-on-write overlay.
 #[derive(Debug, Parser)]
 #[command(name = "layercache", version, about, max_term_width = 100)]
@@ -110,7 +120,7 @@ pub struct MountArgs {
     #[arg(long = "restore-key")]
     pub restore_keys: Vec<String>,
     /// Seconds to wait for another run that is filling the same key.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole_number)]
     pub fill_wait: u64,
     /// Where to mount (an existing directory).
     pub mountpoint: PathBuf,
@@ -192,13 +202,13 @@ pub struct LsArgs {
 #[derive(Debug, Args)]
 pub struct GcArgs {
     /// e.g. 10G, 512M (bytes, binary units).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub max_size: Option<String>,
     /// Maximum number of inodes (files, directories, symlinks) the store may hold.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number)]
     pub max_inodes: Option<u64>,
     /// e.g. 30d, 12h, 90m, 3600s.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub max_age: Option<String>,
     /// Print what would be evicted without removing anything.
     #[arg(long)]
