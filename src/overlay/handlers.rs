@@ -21,7 +21,7 @@ use fuser::{
 
 use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno, layer_of};
 use super::inode::{Kind, Located};
-use super::ops::{NewEntry, XattrReply};
+use super::ops::{AttrChange, NewEntry, XattrReply};
 
 const GEN: Generation = Generation(0);
 
@@ -177,7 +177,15 @@ impl fuser::Filesystem for OverlayFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match OverlayFs::setattr(self, ino.0, mode, uid, gid, size, atime, mtime) {
+        let change = AttrChange {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+        };
+        match OverlayFs::setattr(self, ino.0, &change) {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
         }

@@ -538,45 +538,40 @@ impl OverlayFs {
     /// the bytes it keeps). Returns the new attributes.
     ///
     /// Errors: `EISDIR` for a directory truncate, or the upper dir's errno.
-    #[allow(clippy::too_many_arguments)]
-    pub fn setattr(
-        &self,
-        id: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-    ) -> OpResult<FileAttr> {
+    pub fn setattr(&self, id: u64, change: &AttrChange) -> OpResult<FileAttr> {
         if self.gone_dir_attr(id).is_some() {
-            return self.setattr_gone_dir(id, mode, uid, gid, size, atime, mtime);
+            return self.setattr_gone_dir(id, change);
         }
         {
             let _g = self.ns.read();
-            self.copy_up(id, size)?;
+            self.copy_up(id, change.size)?;
             let (layer, n) = self.backing(id)?;
             let p = &n.path;
-            if let Some(m) = mode
+            if let Some(m) = change.mode
                 && n.kind != Kind::Symlink
             {
                 self.roots.chmod(layer, p, m & 0o7777).map_err(errno)?;
             }
-            if uid.is_some() || gid.is_some() {
+            if change.uid.is_some() || change.gid.is_some() {
                 self.roots
-                    .chown(layer, p, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))
+                    .chown(
+                        layer,
+                        p,
+                        change.uid.unwrap_or(u32::MAX),
+                        change.gid.unwrap_or(u32::MAX),
+                    )
                     .map_err(errno)?;
             }
-            if let Some(sz) = size {
+            if let Some(sz) = change.size {
                 if n.kind == Kind::Dir {
                     return Err(Errno::EISDIR);
                 }
                 let f = self.data_fd(id, true)?;
                 f.set_len(sz).map_err(errno)?;
             }
-            if atime.is_some() || mtime.is_some() {
+            if change.atime.is_some() || change.mtime.is_some() {
                 self.roots
-                    .utimens(layer, p, &[timespec(atime), timespec(mtime)])
+                    .utimens(layer, p, &[timespec(change.atime), timespec(change.mtime)])
                     .map_err(errno)?;
             }
             self.attr_at(id, layer, &n)
@@ -588,18 +583,8 @@ impl OverlayFs {
     /// succeed on a disk filesystem.
     ///
     /// Errors: `EISDIR` for a truncate, `ENOENT` once the node is forgotten.
-    #[allow(clippy::too_many_arguments)]
-    fn setattr_gone_dir(
-        &self,
-        id: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-    ) -> OpResult<FileAttr> {
-        if size.is_some() {
+    fn setattr_gone_dir(&self, id: u64, change: &AttrChange) -> OpResult<FileAttr> {
+        if change.size.is_some() {
             return Err(Errno::EISDIR);
         }
         let now = std::time::SystemTime::now();
@@ -609,19 +594,19 @@ impl OverlayFs {
         };
         let mut gone = self.gone_dirs.lock();
         let a = gone.get_mut(&id).ok_or(Errno::ENOENT)?;
-        if let Some(m) = mode {
+        if let Some(m) = change.mode {
             a.perm = (m & 0o7777) as u16;
         }
-        if let Some(u) = uid {
+        if let Some(u) = change.uid {
             a.uid = u;
         }
-        if let Some(g) = gid {
+        if let Some(g) = change.gid {
             a.gid = g;
         }
-        if let Some(t) = atime {
+        if let Some(t) = change.atime {
             a.atime = at(t);
         }
-        if let Some(t) = mtime {
+        if let Some(t) = change.mtime {
             a.mtime = at(t);
         }
         a.ctime = now;
@@ -773,6 +758,24 @@ impl OverlayFs {
             }
         }
     }
+}
+
+/// What a SETATTR changes (each `None` is left alone): permission bits and file type bits as
+/// chmod(2) takes them, owner ids, size in bytes, access and modification times.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttrChange {
+    /// New mode (only the 0o7777 bits are applied).
+    pub mode: Option<u32>,
+    /// New owner uid.
+    pub uid: Option<u32>,
+    /// New owner gid.
+    pub gid: Option<u32>,
+    /// New size in bytes (truncate or extend).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeOrNow>,
+    /// New modification time.
+    pub mtime: Option<TimeOrNow>,
 }
 
 /// An xattr answer: a size probe or the bytes.
