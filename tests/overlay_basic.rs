@@ -970,6 +970,26 @@ fn removed_directory_held_open_keeps_answering_fstat_and_fchmod() {
         dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .unwrap_or_else(|e| panic!("fchmod of removed {d}: {e}"));
         assert_eq!(dir.metadata().unwrap().mode() & 0o7777, 0o700, "{d}");
+        // `ls -l .` reads its xattrs (security.selinux, POSIX ACLs): none, not an error.
+        let mut buf = [0u8; 256];
+        // SAFETY: a valid fd, a NUL-terminated name and a buffer of the given length.
+        let got = unsafe {
+            libc::fgetxattr(
+                dir.as_raw_fd(),
+                c"user.any".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        assert_eq!(
+            (got, errno()),
+            (-1, libc::ENODATA),
+            "getxattr of removed {d}"
+        );
+        // SAFETY: a valid fd and a buffer of the given length.
+        let listed =
+            unsafe { libc::flistxattr(dir.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert_eq!(listed, 0, "listxattr of removed {d}: errno {}", errno());
         // "." still opens; listing it gives nothing (the kernel answers getdents of a dead
         // directory itself, with ENOENT, which ls and readdir(3) users treat as the end).
         // SAFETY: a valid dirfd and a NUL-terminated name; the fd is owned just below.

@@ -630,10 +630,12 @@ impl OverlayFs {
     }
 
     /// getxattr: the value of `name` (`size` 0 asks only the length). Overlay-private names
-    /// are invisible (`ENODATA`).
+    /// are invisible (`ENODATA`), and so is every name of a removed directory held open.
     pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> OpResult<XattrReply> {
         use std::os::unix::ffi::OsStrExt;
-        if whiteout::is_private_xattr(name.as_bytes()) {
+        // A removed directory held open has no xattrs left to read (`ls -l` asks for
+        // security.selinux and POSIX ACLs on it).
+        if whiteout::is_private_xattr(name.as_bytes()) || self.gone_dir_attr(id).is_some() {
             return Err(Errno::NO_XATTR);
         }
         let _g = self.ns.read();
@@ -660,24 +662,27 @@ impl OverlayFs {
         })
     }
 
-    /// listxattr: names without the overlay-private ones (`size` 0 asks only the length).
+    /// listxattr: names without the overlay-private ones (`size` 0 asks only the length); an
+    /// empty list for a removed directory held open (see getxattr).
     pub fn listxattr(&self, id: u64, size: u32) -> OpResult<XattrReply> {
-        let _g = self.ns.read();
-        let p = self.xattr_path(id, false)?;
-        let mut buf = vec![0u8; 64 * 1024];
-        // SAFETY: buffer valid for its length.
-        let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
         let mut out = Vec::new();
-        for name in buf[..n as usize]
-            .split(|b| *b == 0)
-            .filter(|s| !s.is_empty())
-        {
-            if !whiteout::is_private_xattr(name) {
-                out.extend_from_slice(name);
-                out.push(0);
+        if self.gone_dir_attr(id).is_none() {
+            let _g = self.ns.read();
+            let p = self.xattr_path(id, false)?;
+            let mut buf = vec![0u8; 64 * 1024];
+            // SAFETY: buffer valid for its length.
+            let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                return Err(errno(std::io::Error::last_os_error()));
+            }
+            for name in buf[..n as usize]
+                .split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+            {
+                if !whiteout::is_private_xattr(name) {
+                    out.extend_from_slice(name);
+                    out.push(0);
+                }
             }
         }
         if size == 0 {
@@ -689,7 +694,9 @@ impl OverlayFs {
         }
     }
 
-    /// setxattr (copies up first). Errors: `EPERM` for overlay-private names, or the upper's errno.
+    /// setxattr (copies up first). Errors: `EPERM` for overlay-private names, `ENOENT` for a
+    /// removed directory held open (nothing on disk keeps its xattrs; ext4 would accept it), or
+    /// the upper's errno.
     pub fn setxattr(&self, id: u64, name: &OsStr, value: &[u8], flags: i32) -> OpResult<()> {
         use std::os::unix::ffi::OsStrExt;
         if whiteout::is_private_xattr(name.as_bytes()) {
