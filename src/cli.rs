@@ -9,6 +9,14 @@ use clap::{Args, Parser, Subcommand};
 // (allow_negative_numbers / allow_hyphen_values), so `--max-inodes -1` gets the same message
 // naming the value as `--max-inodes=-1` instead of clap's "unexpected argument '-1'".
 
+/// An inode limit: a whole number, or `none` (= 0, no limit) as the other limits take it.
+fn inode_limit(s: &str) -> Result<u64, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(0);
+    }
+    whole_number(s).map_err(|e| format!("{e} or \"none\""))
+}
+
 /// A count or a number of seconds: a whole number, 0 or more.
 fn whole_number(s: &str) -> Result<u64, String> {
     s.parse()
@@ -204,8 +212,9 @@ pub struct GcArgs {
     /// e.g. 10G, 512M (bytes, binary units).
     #[arg(long, allow_hyphen_values = true)]
     pub max_size: Option<String>,
-    /// Maximum number of inodes (files, directories, symlinks) the store may hold.
-    #[arg(long, allow_negative_numbers = true, value_parser = whole_number)]
+    /// Maximum number of inodes (files, directories, symlinks) the store may hold; `none` or 0:
+    /// no limit.
+    #[arg(long, allow_negative_numbers = true, value_parser = inode_limit)]
     pub max_inodes: Option<u64>,
     /// e.g. 30d, 12h, 90m, 3600s.
     #[arg(long, allow_hyphen_values = true)]

@@ -57,10 +57,33 @@ pub struct ConfigFile {
 pub struct LimitsFile {
     /// e.g. "20G".
     pub max_size: Option<String>,
-    /// e.g. 5000000.
+    /// e.g. 5000000; `"none"` is read as 0 (no limit).
+    #[serde(default, deserialize_with = "count_or_none")]
     pub max_inodes: Option<u64>,
     /// e.g. "30d".
     pub max_age: Option<String>,
+}
+
+/// Reads `max_inodes` as a whole number or the string `"none"` (→ 0, no limit), like the
+/// other limits take `"none"`.
+///
+/// Errors: a serde error naming what was found, e.g. `"lots"`.
+fn count_or_none<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum CountOrNone {
+        Count(u64),
+        Word(String),
+    }
+    match CountOrNone::deserialize(d)? {
+        CountOrNone::Count(n) => Ok(Some(n)),
+        CountOrNone::Word(w) if w.trim().eq_ignore_ascii_case("none") => Ok(Some(0)),
+        CountOrNone::Word(w) => Err(serde::de::Error::custom(format!(
+            "max_inodes = {w:?}: want a whole number or \"none\""
+        ))),
+    }
 }
 
 /// The config.toml written into a new store.
@@ -289,6 +312,13 @@ mod tests {
         assert!(parse_duration("-1h").is_err());
         let f: ConfigFile = toml::from_str(DEFAULT_CONFIG_TOML).unwrap();
         assert_eq!(f.limits.resolve().unwrap(), Limits::default());
+        // "none" disables the inode limit as it does the others; other words are refused.
+        let f: ConfigFile =
+            toml::from_str("[limits]\nmax_inodes = \"none\"\nmax_size = \"none\"\n").unwrap();
+        let l = f.limits.resolve().unwrap();
+        assert_eq!((l.max_inodes, l.max_size), (None, None));
+        let e = toml::from_str::<ConfigFile>("[limits]\nmax_inodes = \"lots\"\n").unwrap_err();
+        assert!(e.to_string().contains("lots"), "{e}");
     }
 
     #[test]
