@@ -526,8 +526,17 @@ fn umount_without_a_store_unmounts_a_plain_overlay_and_creates_nothing() {
             .output()
             .unwrap()
     };
+    // A store that exists but is not readable (a format.json of another shape).
+    let broken = env.dir("broken");
+    fs::create_dir_all(broken.join("v1")).unwrap();
+    write(&broken.join("v1/format.json"), "{ not json");
     let m = mnt.to_str().unwrap();
-    for store in [missing.as_path(), Path::new("/proc/nope"), file.as_path()] {
+    for store in [
+        missing.as_path(),
+        Path::new("/proc/nope"),
+        file.as_path(),
+        broken.as_path(),
+    ] {
         run_ok(
             Command::new(mounts::BIN)
                 .arg("overlay")
@@ -559,6 +568,14 @@ fn umount_without_a_store_unmounts_a_plain_overlay_and_creates_nothing() {
             store.display()
         );
         assert_eq!(fs::read_to_string(upper.join("kept")).unwrap(), "x");
+        if store == broken {
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("cannot read the store"), "{err}");
+            assert_eq!(
+                fs::read_to_string(broken.join("v1/format.json")).unwrap(),
+                "{ not json"
+            );
+        }
     }
     assert!(
         !missing.exists(),

@@ -109,11 +109,23 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
 /// its upperdir left as it is. Never creates a store: when there is none at `--store` (or no
 /// store root can be derived) the mount cannot be a store mount, so the plain path is taken.
 ///
-/// Errors: see [`Store::open_existing`], [`Store::umount_run`] and
-/// [`crate::overlay::unmount`] (exit 2, nothing changed, when nothing is mounted there).
+/// A store that exists but cannot be read (another format, a bad config.toml) is reported on
+/// stderr and the mount is unmounted as a plain overlay, so a broken store never pins a mount.
+///
+/// Errors: see [`Store::umount_run`] and [`crate::overlay::unmount`] (exit 2, nothing changed,
+/// when nothing is mounted there).
 pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     let store = match store_root(global) {
-        Ok(root) => Store::open_existing(&root)?,
+        // A store that cannot be read (another format, a broken config.toml) must not keep a
+        // mount in place: unmount it as a plain overlay and say why. A run's private upper, if
+        // this was a store mount, stays in the store's run directory.
+        Ok(root) => Store::open_existing(&root).unwrap_or_else(|e| {
+            eprintln!(
+                "layercache: cannot read the store ({e}); unmounting {} as a plain overlay",
+                a.mountpoint.display()
+            );
+            None
+        }),
         Err(_) => None,
     };
     let found = match &store {
