@@ -606,6 +606,48 @@ fn umount_without_a_store_unmounts_a_plain_overlay_and_creates_nothing() {
 /// store has, and changes nothing. A negative number is the option's own message whether
 /// written `--opt -1` or `--opt=-1`.
 #[test]
+fn umount_with_another_store_names_the_mounts_store_and_leaves_its_run() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let (_g, v) = env.mount("p", "c", "k", &[], &mnt);
+    assert_eq!(v["result"], "miss", "{v}");
+    let runs = env.store().join("v1/projects/p/runs");
+    assert_eq!(names(&runs).len(), 1, "one run directory");
+    // The right mount, the wrong store (e.g. a different LAYERCACHE_STORE in this shell).
+    let other = env.dir("other-store");
+    let o = Command::new(mounts::BIN)
+        .arg("--store")
+        .arg(&other)
+        .arg("umount")
+        .arg(&mnt)
+        .env_remove("LAYERCACHE_STORE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!is_mounted(&mnt));
+    assert!(
+        err.contains(&format!("store at {}", env.store().display())),
+        "the message names the mount's own store: {err}"
+    );
+    assert_eq!(
+        names(&runs).len(),
+        1,
+        "the run directory stays for its store"
+    );
+    assert!(
+        names(&other).is_empty(),
+        "nothing created in the other store"
+    );
+    // Its own store then cleans the run up.
+    env.umount(&mnt);
+    assert!(names(&runs).is_empty(), "run directory removed");
+}
+
+#[test]
 fn unknown_names_and_a_missing_store_are_exit_2_listing_what_exists() {
     if !can_mount() {
         return;

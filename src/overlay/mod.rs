@@ -503,16 +503,37 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
     Ok(pidfd.is_none_or(|(pid, fd)| wait_pidfd(&fd, pid, wait)))
 }
 
-/// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any.
-fn daemon_of(mountpoint: &Path) -> Option<u32> {
+/// The pid and config of the `layercache overlay-daemon` process serving `mountpoint`
+/// (canonical), if any: its command line is `overlay-daemon --config JSON --ready-fd N MNT`.
+fn daemon_with_config(mountpoint: &Path) -> Option<(u32, Option<OverlayConfig>)> {
     use std::os::unix::ffi::OsStrExt;
     let want = mountpoint.as_os_str().as_bytes();
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
-        (args.get(1) == Some(&&b"overlay-daemon"[..]) && args.last() == Some(&want)).then_some(pid)
+        if args.get(1) != Some(&&b"overlay-daemon"[..]) || args.last() != Some(&want) {
+            return None;
+        }
+        let config = args
+            .iter()
+            .position(|a| *a == b"--config")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|json| serde_json::from_slice(json).ok());
+        Some((pid, config))
     })
+}
+
+/// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any.
+fn daemon_of(mountpoint: &Path) -> Option<u32> {
+    daemon_with_config(mountpoint).map(|(pid, _)| pid)
+}
+
+/// The upper directory of the layercache mount at `mountpoint` (canonical), read from the
+/// command line of the daemon serving it; `None` when no daemon of ours serves it (a mount made
+/// by `mount -t fuse.layercache` through mount.fuse3 is served under another command line).
+pub fn upperdir_of(mountpoint: &Path) -> Option<std::path::PathBuf> {
+    daemon_with_config(mountpoint)?.1.map(|c| c.upperdir)
 }
 
 /// A `pidfd_open(2)` descriptor for `pid`: becomes readable when the process exits (even

@@ -135,7 +135,22 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     match (store, found) {
         (Some(st), Some(m)) => st.umount_run(m)?,
         _ => {
-            // A plain `layercache overlay` mount.
+            // A plain `layercache overlay` mount — or a store mount of another store (a wrong
+            // --store): say so, since its run directory then stays behind.
+            let mnt = std::fs::canonicalize(&a.mountpoint).unwrap_or(a.mountpoint.clone());
+            if let Some(root) = crate::overlay::upperdir_of(&mnt)
+                .as_deref()
+                .and_then(super::store_of_run_upper)
+            {
+                eprintln!(
+                    "layercache: {} is a mount of the store at {}; unmounting it without that \
+                     store leaves its run directory, which `layercache --store {} umount` or \
+                     `gc` removes",
+                    a.mountpoint.display(),
+                    root.display(),
+                    root.display()
+                );
+            }
             crate::overlay::unmount(&a.mountpoint, None, std::time::Duration::from_secs(30))?;
         }
     }

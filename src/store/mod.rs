@@ -651,6 +651,19 @@ pub fn exists_at(root: &Path) -> bool {
     root.join("v1").join("format.json").is_file()
 }
 
+/// The store root of a run's private upper dir, `<root>/v1/projects/<project>/runs/<run>/upper`
+/// (see the layout at the top of this module); `None` for any other path.
+pub fn store_of_run_upper(upper: &Path) -> Option<PathBuf> {
+    let names: Vec<&std::ffi::OsStr> = upper.iter().collect();
+    let n = names.len();
+    let shaped = n >= 7
+        && names[n - 1] == "upper"
+        && names[n - 3] == "runs"
+        && names[n - 5] == "projects"
+        && names[n - 6] == "v1";
+    shaped.then(|| upper.ancestors().nth(6).map(Path::to_path_buf))?
+}
+
 /// The exit-2 error for a `--project` the store at `root` does not have: names it, the store
 /// and the projects there are (`known`).
 pub fn no_such_project(root: &Path, project: &ProjectId, known: &[String]) -> Error {
