@@ -317,13 +317,13 @@ fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
     let fx = Fixture::new(move |l| write(&l.join("big"), &lower_data));
     let pid = daemon_of(&fx);
 
-    // The mount's own readahead window is 1 MiB (one READ per MiB streamed), not the 128 KiB
+    // The mount's own readahead window is 2 MiB (two 1 MiB READs per window), not the 128 KiB
     // every FUSE mount starts with.
     let st = fs::metadata(&fx.mnt).unwrap();
     use std::os::unix::fs::MetadataExt;
     let (major, minor) = (libc::major(st.dev()), libc::minor(st.dev()));
     let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
-    assert_eq!(fs::read_to_string(&knob).unwrap().trim(), "1024", "{knob}");
+    assert_eq!(fs::read_to_string(&knob).unwrap().trim(), "2048", "{knob}");
 
     // Stream the file from one CPU in 1 MiB reads; every byte must come back. The file stays
     // open until the end: closing it sends a request (FLUSH) of its own.
