@@ -5,10 +5,11 @@
 //!
 //! A key reads `<id>-<os>-<arch>-<env8>-<hash>`:
 //! * `env8` — the environment fingerprint: the first 8 hex digits of blake3 over the sandbox
-//!   image id (`--image` / `LAYERCACHE_IMAGE`, `none` when unset) and the versions of the preset's
+//!   image id (`--image` / `LAYERCACHE_IMAGE`, `none` when unset), the versions of the preset's
 //!   tools (`node --version`, `python3 --version`, `rustc --version`, `go version`,
-//!   `java --version`; a missing tool counts as `none`). Installed trees with native code depend
-//!   on them, so a changed image or toolchain never restores an old layer;
+//!   `java --version`; a missing tool counts as `none`) and the mountpoint. Installed trees with
+//!   native code depend on the tools and embed their absolute path, so a changed image,
+//!   toolchain or mountpoint never restores an old layer;
 //! * `hash` — 32 hex digits of blake3 over the cache id, the preset name and version, the setup
 //!   script, the env templates, the mountpoint, the exclude list, the key files' relative paths and
 //!   contents (sorted by path), and the environment fingerprint.
@@ -166,7 +167,13 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     let files = find_key_files(cache, &paths.workdir)?;
     let mountpoint = cache.mountpoint(paths)?;
     let fingerprint = env.fingerprint(cache.tools());
-    let env8 = &blake3::hash(fingerprint.as_bytes()).to_hex()[..8];
+    // The mountpoint joins the environment: an installed tree embeds its absolute path (a
+    // venv's scripts, cargo's fingerprints), so even a restore must not cross mountpoints.
+    let mut env_h = blake3::Hasher::new();
+    env_h.update(fingerprint.as_bytes());
+    env_h.update(b"\0mountpoint=");
+    env_h.update(mountpoint.as_os_str().as_encoded_bytes());
+    let env8 = &env_h.finalize().to_hex()[..8];
 
     let mut h = blake3::Hasher::new_derive_key("layercache cache key v1");
     let mut field = |name: &str, value: &[u8]| {
@@ -413,7 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn image_or_tool_change_changes_prefix() {
+    fn image_tool_or_mountpoint_change_changes_prefix() {
         let d = setup_dir();
         let a = keys(NPM, d.path(), Some("img-a")).unwrap();
         let b = keys(NPM, d.path(), Some("img-b")).unwrap();
@@ -427,6 +434,15 @@ mod tests {
         let env = Environment::with_versions(Some("img-a".into()), &[("node", "v22.0.0")]);
         let c = compute(&s.caches[0], &paths, &env).unwrap();
         assert_ne!(a.prefix(), c.prefix());
+        // Another mountpoint is another environment: no restore across mount roots either.
+        let moved = Paths {
+            workdir: d.path().to_path_buf(),
+            mount_root: "/elsewhere".into(),
+        };
+        let env = Environment::with_versions(Some("img-a".into()), &[("node", "v20.0.0")]);
+        let m = compute(&s.caches[0], &moved, &env).unwrap();
+        assert_ne!(a.prefix(), m.prefix());
+        assert_ne!(a.key, m.key);
     }
 
     #[test]
