@@ -618,14 +618,34 @@ fn umount_with_another_store_names_the_mounts_store_and_leaves_its_run() {
     assert_eq!(names(&runs).len(), 1, "one run directory");
     // The right mount, the wrong store (e.g. a different LAYERCACHE_STORE in this shell).
     let other = env.dir("other-store");
-    let o = Command::new(mounts::BIN)
-        .arg("--store")
-        .arg(&other)
-        .arg("umount")
-        .arg(&mnt)
-        .env_remove("LAYERCACHE_STORE")
-        .output()
-        .unwrap();
+    let missing = env.t.path().join("no-store");
+    let lc_at = |store: &Path, args: &[&str]| {
+        Command::new(mounts::BIN)
+            .arg("--store")
+            .arg(store)
+            .args(args)
+            .arg(&mnt)
+            .env_remove("LAYERCACHE_STORE")
+            .output()
+            .unwrap()
+    };
+    // commit refuses, names the mount's own store, and creates nothing.
+    for store in [&other, &missing] {
+        let o = lc_at(store, &["commit"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("store at {}", env.store().display())),
+            "commit names the mount's own store: {err}"
+        );
+        assert!(is_mounted(&mnt), "a refused commit leaves the mount");
+    }
+    assert!(
+        !missing.exists(),
+        "commit created a store at {}",
+        missing.display()
+    );
+    let o = lc_at(&other, &["umount"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!is_mounted(&mnt));

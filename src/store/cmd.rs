@@ -4,7 +4,7 @@
 //! corruption.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{GcOptions, MountRequest, Store, gc};
@@ -85,7 +85,24 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
 ///
 /// Errors: see [`Store::commit`].
 pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
-    let store = open(global)?;
+    let root = store_root(global)?;
+    if let Some(theirs) = other_store_of(&a.mountpoint, Some(&root)) {
+        return Err(Error::invalid(format!(
+            "{mnt} is a mount of the store at {theirs}, not of {root}: commit it with \
+             `layercache --store {theirs} commit {mnt}`",
+            mnt = a.mountpoint.display(),
+            theirs = theirs.display(),
+            root = root.display(),
+        )));
+    }
+    // Committing never creates a store: without one there is no store mount to commit.
+    let store = Store::open_existing(&root)?.ok_or_else(|| {
+        Error::invalid(format!(
+            "{}: not a layercache store mount (there is no store at {})",
+            a.mountpoint.display(),
+            root.display()
+        ))
+    })?;
     let out = store.commit(&a.mountpoint)?;
     if out.result == super::CommitResult::Exists {
         eprintln!(
@@ -121,13 +138,15 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         // this was a store mount, stays in the store's run directory.
         Ok(root) => Store::open_existing(&root).unwrap_or_else(|e| {
             eprintln!(
-                "layercache: cannot read the store ({e}); unmounting {} as a plain overlay",
+                "layercache: cannot read the store ({e}); unmounting {} as a plain overlay (a \
+                 run's files, if it was a store mount, stay in the store)",
                 a.mountpoint.display()
             );
             None
         }),
         Err(_) => None,
     };
+    let given = store_root(global).ok();
     let found = match &store {
         Some(st) => st.store_mount(&a.mountpoint)?,
         None => None,
@@ -137,18 +156,13 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         _ => {
             // A plain `layercache overlay` mount — or a store mount of another store (a wrong
             // --store): say so, since its run directory then stays behind.
-            let mnt = std::fs::canonicalize(&a.mountpoint).unwrap_or(a.mountpoint.clone());
-            if let Some(root) = crate::overlay::upperdir_of(&mnt)
-                .as_deref()
-                .and_then(super::store_of_run_upper)
-            {
+            if let Some(root) = other_store_of(&a.mountpoint, given.as_deref()) {
                 eprintln!(
-                    "layercache: {} is a mount of the store at {}; unmounting it without that \
-                     store leaves its run directory, which `layercache --store {} umount` or \
-                     `gc` removes",
-                    a.mountpoint.display(),
-                    root.display(),
-                    root.display()
+                    "layercache: {mnt} is a mount of the store at {root}; unmounting it without \
+                     that store leaves its run directory, which `layercache --store {root} umount \
+                     {mnt}` or `gc` removes",
+                    mnt = a.mountpoint.display(),
+                    root = root.display(),
                 );
             }
             crate::overlay::unmount(&a.mountpoint, None, std::time::Duration::from_secs(30))?;
@@ -158,6 +172,19 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         emit(&json(&serde_json::json!({"unmounted": a.mountpoint})));
     }
     Ok(0)
+}
+
+/// The root of the store `mountpoint` is a run of, when that is another store than `root`
+/// (read from the serving daemon's upperdir, `<store>/v1/projects/P/runs/R/upper`); `None` for
+/// a mount of `root` itself, a plain overlay, or a mount whose daemon is not ours.
+fn other_store_of(mountpoint: &Path, root: Option<&Path>) -> Option<PathBuf> {
+    let mnt = std::fs::canonicalize(mountpoint).unwrap_or(mountpoint.to_path_buf());
+    let theirs = crate::overlay::upperdir_of(&mnt)
+        .as_deref()
+        .and_then(super::store_of_run_upper)?;
+    let same =
+        root.is_some_and(|r| std::fs::canonicalize(r).ok() == std::fs::canonicalize(&theirs).ok());
+    (!same).then_some(theirs)
 }
 
 /// `layercache ls`: a table, or one JSON array with `--json`.

@@ -925,7 +925,7 @@ impl Store {
                         req.project,
                         req.cache,
                         req.key,
-                        remaining.as_secs()
+                        remaining.as_secs_f64().ceil()
                     );
                 }
                 let w = Instant::now();
