@@ -18,6 +18,21 @@ mod mounts;
 
 use mounts::{Mounted, can_mount, is_mounted, names, run_ok, write};
 
+/// `layercache --store STORE ARGS…` (LAYERCACHE_STORE unset).
+fn lc_command_at(store: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(mounts::BIN);
+    c.arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("LAYERCACHE_STORE");
+    c
+}
+
+/// Runs [`lc_command_at`] to completion, whatever its exit status.
+fn lc_at(store: &Path, args: &[&str]) -> Output {
+    lc_command_at(store, args).output().unwrap()
+}
+
 /// A temporary directory for mountpoints and the store. Fields drop in order: the tmpfs (if
 /// any) is unmounted before the directory is removed.
 struct Env {
@@ -63,12 +78,7 @@ impl Env {
     }
     /// `layercache --store STORE ARGS…`.
     fn lc_command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(mounts::BIN);
-        c.arg("--store")
-            .arg(self.store())
-            .args(args)
-            .env_remove("LAYERCACHE_STORE");
-        c
+        lc_command_at(&self.store(), args)
     }
     fn lc(&self, args: &[&str]) -> Output {
         self.lc_command(args).output().unwrap()
@@ -517,15 +527,6 @@ fn umount_without_a_store_unmounts_a_plain_overlay_and_creates_nothing() {
         env.dir("work"),
         env.dir("mnt"),
     );
-    let lc_at = |store: &Path, args: &[&str]| -> Output {
-        Command::new(mounts::BIN)
-            .arg("--store")
-            .arg(store)
-            .args(args)
-            .env_remove("LAYERCACHE_STORE")
-            .output()
-            .unwrap()
-    };
     // A store that exists but is not readable (a format.json of another shape).
     let broken = env.dir("broken");
     fs::create_dir_all(broken.join("v1")).unwrap();
@@ -600,13 +601,11 @@ fn umount_without_a_store_unmounts_a_plain_overlay_and_creates_nothing() {
     assert_eq!(names(env.t.path()), before);
 }
 
-/// Read-only and trimming commands agree on bad names: without a store `ls`, `stats`, `gc`,
-/// `verify` and `clear` are exit 2 naming the path and create nothing; an unknown `--project`
-/// (ls, stats, verify, clear) or `--cache` (clear) is exit 2 naming it and listing what the
-/// store has, and changes nothing. A negative number is the option's own message whether
-/// written `--opt -1` or `--opt=-1`.
+/// A store mount unmounted or committed with another `--store` than its own: commit refuses
+/// and umount unmounts, both naming the mount's own store; nothing is created in the other
+/// store, and the run directory stays until its own store's umount.
 #[test]
-fn umount_with_another_store_names_the_mounts_store_and_leaves_its_run() {
+fn commit_and_umount_with_another_store_name_the_mounts_own_store() {
     if !can_mount() {
         return;
     }
@@ -619,19 +618,9 @@ fn umount_with_another_store_names_the_mounts_store_and_leaves_its_run() {
     // The right mount, the wrong store (e.g. a different LAYERCACHE_STORE in this shell).
     let other = env.dir("other-store");
     let missing = env.t.path().join("no-store");
-    let lc_at = |store: &Path, args: &[&str]| {
-        Command::new(mounts::BIN)
-            .arg("--store")
-            .arg(store)
-            .args(args)
-            .arg(&mnt)
-            .env_remove("LAYERCACHE_STORE")
-            .output()
-            .unwrap()
-    };
     // commit refuses, names the mount's own store, and creates nothing.
     for store in [&other, &missing] {
-        let o = lc_at(store, &["commit"]);
+        let o = lc_at(store, &["commit", mnt.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{err}");
         assert!(
@@ -645,7 +634,7 @@ fn umount_with_another_store_names_the_mounts_store_and_leaves_its_run() {
         "commit created a store at {}",
         missing.display()
     );
-    let o = lc_at(&other, &["umount"]);
+    let o = lc_at(&other, &["umount", mnt.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!is_mounted(&mnt));
@@ -667,6 +656,11 @@ fn umount_with_another_store_names_the_mounts_store_and_leaves_its_run() {
     assert!(names(&runs).is_empty(), "run directory removed");
 }
 
+/// Read-only and trimming commands agree on bad names: without a store `ls`, `stats`, `gc`,
+/// `verify` and `clear` are exit 2 naming the path and create nothing; an unknown `--project`
+/// (ls, stats, verify, clear) or `--cache` (clear) is exit 2 naming it and listing what the
+/// store has, and changes nothing. A negative number is the option's own message whether
+/// written `--opt -1` or `--opt=-1`.
 #[test]
 fn unknown_names_and_a_missing_store_are_exit_2_listing_what_exists() {
     if !can_mount() {
