@@ -107,6 +107,20 @@ fn fuse_uring_available() -> bool {
     Path::new(ENABLE_URING).exists() || !skip_or_fail("kernel without FUSE over io_uring")
 }
 
+/// The prologue of a test of the io_uring transport: root, layercache, a kernel with FUSE over
+/// io_uring (else the test returns, see [`fuse_uring_available`]), and the machine lock held
+/// until the test ends (see [`MACHINE`]). `$why` says why only layercache is tested.
+macro_rules! uring_test {
+    ($why:expr) => {
+        require_root!();
+        only_layercache!($why);
+        if !fuse_uring_available() {
+            return;
+        }
+        let _machine = machine();
+    };
+}
+
 fn daemon_of(fx: &Fixture) -> i32 {
     let pids = daemon_pids(&fx.mnt);
     assert_eq!(
@@ -120,12 +134,7 @@ fn daemon_of(fx: &Fixture) -> i32 {
 
 #[test]
 fn requests_are_served_by_per_cpu_io_uring_threads() {
-    require_root!();
-    only_layercache!("io_uring transport of layercache's daemon");
-    if !fuse_uring_available() {
-        return;
-    }
-    let _m = machine();
+    uring_test!("io_uring transport of layercache's daemon");
     let fx = Fixture::new(|l| write(&l.join("f"), "lower\n"));
     // The daemon, as root, allows FUSE io_uring when the module parameter was off.
     assert_eq!(fs::read_to_string(ENABLE_URING).unwrap().trim(), "Y");
@@ -303,12 +312,7 @@ fn spread_threads(pid: i32, q: usize) -> Vec<String> {
 
 #[test]
 fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
-    require_root!();
-    only_layercache!("read-ahead and thread placement of layercache's daemon");
-    if !fuse_uring_available() {
-        return;
-    }
-    let _m = machine();
+    uring_test!("read-ahead and thread placement of layercache's daemon");
     const SIZE: usize = 64 << 20;
     let data: Vec<u8> = (0..SIZE as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
@@ -376,16 +380,11 @@ fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
 
 #[test]
 fn a_daemon_confined_by_taskset_stays_on_its_cpus() {
-    require_root!();
-    only_layercache!("thread placement of layercache's daemon");
-    if !fuse_uring_available() {
-        return;
-    }
+    uring_test!("thread placement of layercache's daemon");
     let cpus = allowed_cpus();
     if cpus.len() < 2 {
         return; // one CPU: nothing to confine the daemon away from
     }
-    let _m = machine();
     let (inside, outside) = (cpus[0], cpus[1]);
     let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 253) as u8).collect();
     let lower_data = data.clone();
