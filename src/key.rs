@@ -361,12 +361,17 @@ mod tests {
         d
     }
 
+    /// Paths of a workdir `dir` with caches mounted under `mount_root`.
+    fn paths(dir: &Path, mount_root: &str) -> Paths {
+        Paths {
+            workdir: dir.to_path_buf(),
+            mount_root: mount_root.into(),
+        }
+    }
+
     fn keys(spec_text: &str, dir: &Path, image: Option<&str>) -> Result<CacheKeys> {
         let s = spec::parse(spec_text)?;
-        let paths = Paths {
-            workdir: dir.to_path_buf(),
-            mount_root: "/cache".into(),
-        };
+        let paths = paths(dir, "/cache");
         let env = Environment::with_versions(image.map(String::from), &[("node", "v20.0.0")]);
         compute(&s.caches[0], &paths, &env)
     }
@@ -427,20 +432,12 @@ mod tests {
         assert_ne!(a.prefix(), b.prefix());
         assert_ne!(a.key, b.key);
         let s = spec::parse(NPM).unwrap();
-        let paths = Paths {
-            workdir: d.path().to_path_buf(),
-            mount_root: "/cache".into(),
-        };
         let env = Environment::with_versions(Some("img-a".into()), &[("node", "v22.0.0")]);
-        let c = compute(&s.caches[0], &paths, &env).unwrap();
+        let c = compute(&s.caches[0], &paths(d.path(), "/cache"), &env).unwrap();
         assert_ne!(a.prefix(), c.prefix());
         // Another mountpoint is another environment: no restore across mount roots either.
-        let moved = Paths {
-            workdir: d.path().to_path_buf(),
-            mount_root: "/elsewhere".into(),
-        };
         let env = Environment::with_versions(Some("img-a".into()), &[("node", "v20.0.0")]);
-        let m = compute(&s.caches[0], &moved, &env).unwrap();
+        let m = compute(&s.caches[0], &paths(d.path(), "/elsewhere"), &env).unwrap();
         assert_ne!(a.prefix(), m.prefix());
         assert_ne!(a.key, m.key);
     }
