@@ -470,13 +470,13 @@ fn serve<FS: Filesystem>(
             }
         }
         if let Some(registered) = registered.take() {
-            // REGISTER is checked synchronously: an error completes it at once (after deferred
-            // task work runs, which GETEVENTS with min_complete 0 does), success completes it
-            // only when a request arrives.
-            // SAFETY: no arguments beyond the flags.
+            // REGISTER is checked synchronously: it is submitted here, an error completes it at
+            // once (after deferred task work runs, which GETEVENTS with min_complete 0 does),
+            // success completes it only when a request arrives.
+            // SAFETY: no arguments beyond the count and flags; the SQE was pushed above.
             let r = unsafe {
                 ring.submitter()
-                    .enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None)
+                    .enter::<libc::sigset_t>(1, 0, IORING_ENTER_GETEVENTS, None)
             };
             let early = ring.completion().next();
             let failed = match (&r, &early) {
