@@ -12,6 +12,7 @@ command -v cargo >/dev/null 2>&1 || {
   exit 2
 }
 need=()
+command -v cc >/dev/null 2>&1 || need+=(gcc) # cargo's linker; rustup brings none
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)

@@ -14,11 +14,12 @@ for c in cargo rustfmt cargo-clippy; do
 done
 
 need=()
+# rustup brings no linker: cargo links with cc, and blake3 and the cargo fixture compile C.
+command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v fuse-overlayfs >/dev/null 2>&1 || need+=(fuse-overlayfs)
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
-command -v setfattr >/dev/null 2>&1 || need+=(attr)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v git >/dev/null 2>&1 || need+=(git)
@@ -60,7 +61,8 @@ set -e
 # Only the tests' own mount places (temp dirs they create), not other layercache users' mounts.
 left=$(awk '$3 == "fuse.layercache" && $2 ~ /\/(lc-test-|layercache-run-|\.tmp)/ {print $2}' /proc/mounts)
 if [ -n "$left" ]; then
-  echo "test.sh: layercache mounts left behind:"; echo "$left"
+  echo "test.sh: layercache mounts left behind (a test without a mount guard):"; echo "$left"
+  status=1
 fi
 sum() { grep -E '^test result:' "$log" | grep -oE "[0-9]+ $1" | awk '{s += $1} END {print s + 0}'; }
 echo "tests: $(sum passed) passed, $(sum failed) failed"
