@@ -69,8 +69,8 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     for cache in &spec.caches {
         all.push(crate::key::compute(cache, &paths, &env)?);
     }
-    // What each key would match now (a store that cannot be opened shows no matches).
-    // Never creates a store: a missing one just matches nothing.
+    // What each key would match now. Never creates a store: without one (or with one that
+    // cannot be read) each key reports "unknown" with the reason.
     let store = store_root(global).and_then(|r| {
         crate::store::Store::open_existing(&r)?
             .ok_or_else(|| Error::invalid(format!("no store at {}", r.display())))
