@@ -220,6 +220,10 @@ impl OverlayFs {
     fn detach(&self, r: &Resolved, rel: &CString, leaving: Leaving) -> OpResult<()> {
         let held = self.nodes.peek(r.id, |n| n.lookups > 0) == Some(true);
         if r.kind == Kind::Dir {
+            // Removed by rmdir or replaced by a rename: its upper inode number may be reused.
+            if r.upper {
+                self.nodes.drop_upper(r.st.st_ino);
+            }
             if held {
                 let mut attr = self.attr_of(r);
                 attr.nlink = 0;
@@ -352,7 +356,6 @@ impl OverlayFs {
         if r.upper {
             self.purge_whiteouts(&rel_path)?;
             self.roots.unlink(Layer::Upper, &rel, true).map_err(errno)?;
-            self.nodes.drop_upper(r.st.st_ino);
         }
         if lower_has {
             whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name).map_err(errno)?;
@@ -539,9 +542,17 @@ impl OverlayFs {
     ///
     /// Errors: `EISDIR` for a directory truncate, or the upper dir's errno.
     pub fn setattr(&self, id: u64, change: &AttrChange) -> OpResult<FileAttr> {
-        if self.gone_dir_attr(id).is_some() {
-            return self.setattr_gone_dir(id, change);
+        match self.setattr_on_disk(id, change) {
+            // Only a node with no place on disk can be a removed directory held open.
+            Err(e) if e == Errno::ENOENT && self.gone_dir_attr(id).is_some() => {
+                self.setattr_gone_dir(id, change)
+            }
+            r => r,
         }
+    }
+
+    /// [`Self::setattr`] of a node that has a place in a layer.
+    fn setattr_on_disk(&self, id: u64, change: &AttrChange) -> OpResult<FileAttr> {
         {
             let _g = self.ns.read();
             self.copy_up(id, change.size)?;
@@ -620,6 +631,16 @@ impl OverlayFs {
         self.roots.readlink(layer, &l.path).map_err(errno)
     }
 
+    /// The xattr path to read xattrs of node `id`, or `None` for a removed directory held open,
+    /// which has none left (`ls -l` asks for security.selinux and POSIX ACLs on it).
+    fn xattr_read_path(&self, id: u64) -> OpResult<Option<CString>> {
+        match self.xattr_path(id, false) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if e == Errno::ENOENT && self.gone_dir_attr(id).is_some() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The xattr path of node `id` (after copy-up when `write`).
     fn xattr_path(&self, id: u64, write: bool) -> OpResult<CString> {
         if write {
@@ -633,13 +654,13 @@ impl OverlayFs {
     /// are invisible (`ENODATA`), and so is every name of a removed directory held open.
     pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> OpResult<XattrReply> {
         use std::os::unix::ffi::OsStrExt;
-        // A removed directory held open has no xattrs left to read (`ls -l` asks for
-        // security.selinux and POSIX ACLs on it).
-        if whiteout::is_private_xattr(name.as_bytes()) || self.gone_dir_attr(id).is_some() {
+        if whiteout::is_private_xattr(name.as_bytes()) {
             return Err(Errno::NO_XATTR);
         }
         let _g = self.ns.read();
-        let p = self.xattr_path(id, false)?;
+        let Some(p) = self.xattr_read_path(id)? else {
+            return Err(Errno::NO_XATTR);
+        };
         let cname = cstr(name).map_err(errno)?;
         let mut buf = vec![0u8; size as usize];
         // SAFETY: buffer valid for its length, C strings valid.
@@ -666,9 +687,8 @@ impl OverlayFs {
     /// empty list for a removed directory held open (see getxattr).
     pub fn listxattr(&self, id: u64, size: u32) -> OpResult<XattrReply> {
         let mut out = Vec::new();
-        if self.gone_dir_attr(id).is_none() {
-            let _g = self.ns.read();
-            let p = self.xattr_path(id, false)?;
+        let _g = self.ns.read();
+        if let Some(p) = self.xattr_read_path(id)? {
             let mut buf = vec![0u8; 64 * 1024];
             // SAFETY: buffer valid for its length.
             let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
