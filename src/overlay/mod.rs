@@ -226,7 +226,8 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
 
 /// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted. When
 /// `ready` is given, one byte is written to it once the mount answers requests (after the FUSE
-/// INIT handshake) and standard I/O is then redirected to `LAYERCACHE_DAEMON_LOG` or /dev/null.
+/// INIT handshake and, with FUSE over io_uring, once every ring entry is registered) and
+/// standard I/O is then redirected to `LAYERCACHE_DAEMON_LOG` or /dev/null.
 ///
 /// Errors: [`Error::Invalid`] when the mount cannot be made (see [`cli_overlay`]).
 pub fn mount_foreground(

@@ -10,8 +10,9 @@
 //! has been copied into the entry; the reply is written into the same buffers and handed back
 //! with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also waits for the next request.
 //!
-//! Each entry here has its own thread and its own ring, pinned to the entry's CPU: the thread
-//! that serves a request runs where the requester runs, so a round trip costs two context
+//! Each entry here has its own thread and its own ring, pinned to the entry's CPU (except while
+//! it serves a streamed read, see `Placement`): the thread that serves a request runs where the
+//! requester runs, so a round trip costs two context
 //! switches on one CPU instead of two cross-CPU wake-ups (on the 2-vCPU VMs we measured, a
 //! GETATTR round trip went from ~25-50 us to ~4 us). The kernel uses the rings only once every
 //! queue has an entry; until then, and always for FORGET and INTERRUPT, requests still arrive
@@ -61,7 +62,7 @@ const CMD_COMMIT_AND_FETCH: u32 = 2;
 const IOV_SEGS: u32 = 2;
 
 /// The reply slot of one ring entry. Replies may be sent from any thread (fuser's contract);
-/// `send` writes the reply straight into the entry's buffers and the entry's thread waits in
+/// `send` (or `fill`, for READ data) writes the reply straight into the entry's buffers and the entry's thread waits in
 /// `take` until it has, then commits.
 #[derive(Debug)]
 pub(crate) struct RingReply {
@@ -80,7 +81,7 @@ pub(crate) struct RingReply {
 
 // SAFETY: the raw pointers refer to the entry's buffers, which outlive every RingReply clone
 // handed to a request (serve_entry keeps them alive, or leaks them). They are written only by
-// `send`, once per request, while the request is outstanding: the kernel does not touch the
+// `send` or `fill`, once per request, while the request is outstanding: the kernel does not touch the
 // buffers then and the entry's thread is in dispatch or blocked in `take`.
 unsafe impl Send for RingReply {}
 unsafe impl Sync for RingReply {}
