@@ -86,24 +86,30 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
 /// Errors: see [`Store::commit`].
 pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     let root = store_root(global)?;
-    if let Some(theirs) = other_store_of(&a.mountpoint, Some(&root)) {
-        return Err(Error::invalid(format!(
+    // Only when this store has no such mount: is it a mount of another store (a wrong
+    // --store)? That costs a scan of /proc, which a normal commit does not pay.
+    let not_ours = |fallback: Error| match other_store_of(&a.mountpoint, Some(&root)) {
+        Some(theirs) => Error::invalid(format!(
             "{mnt} is a mount of the store at {theirs}, not of {root}: commit it with \
              `layercache --store {theirs} commit {mnt}`",
             mnt = a.mountpoint.display(),
             theirs = theirs.display(),
             root = root.display(),
-        )));
-    }
+        )),
+        None => fallback,
+    };
     // Committing never creates a store: without one there is no store mount to commit.
-    let store = Store::open_existing(&root)?.ok_or_else(|| {
-        Error::invalid(format!(
+    let Some(store) = Store::open_existing(&root)? else {
+        return Err(not_ours(Error::invalid(format!(
             "{}: not a layercache store mount (there is no store at {})",
             a.mountpoint.display(),
             root.display()
-        ))
-    })?;
-    let out = store.commit(&a.mountpoint)?;
+        ))));
+    };
+    let out = match store.commit(&a.mountpoint) {
+        Err(e @ Error::Invalid(_)) => return Err(not_ours(e)),
+        r => r?,
+    };
     if out.result == super::CommitResult::Exists {
         eprintln!(
             "layercache: key {} was already published (keys are immutable); this mount's changes \
@@ -132,11 +138,12 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
 /// Errors: see [`Store::umount_run`] and [`crate::overlay::unmount`] (exit 2, nothing changed,
 /// when nothing is mounted there).
 pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
-    let store = match store_root(global) {
+    let given = store_root(global).ok();
+    let store = match &given {
         // A store that cannot be read (another format, a broken config.toml) must not keep a
         // mount in place: unmount it as a plain overlay and say why. A run's private upper, if
         // this was a store mount, stays in the store's run directory.
-        Ok(root) => Store::open_existing(&root).unwrap_or_else(|e| {
+        Some(root) => Store::open_existing(root).unwrap_or_else(|e| {
             eprintln!(
                 "layercache: cannot read the store ({e}); unmounting {} as a plain overlay (a \
                  run's files, if it was a store mount, stay in the store)",
@@ -144,9 +151,8 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
             );
             None
         }),
-        Err(_) => None,
+        None => None,
     };
-    let given = store_root(global).ok();
     let found = match &store {
         Some(st) => st.store_mount(&a.mountpoint)?,
         None => None,
@@ -182,8 +188,8 @@ fn other_store_of(mountpoint: &Path, root: Option<&Path>) -> Option<PathBuf> {
     let theirs = crate::overlay::upperdir_of(&mnt)
         .as_deref()
         .and_then(super::store_of_run_upper)?;
-    let same =
-        root.is_some_and(|r| std::fs::canonicalize(r).ok() == std::fs::canonicalize(&theirs).ok());
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let same = root.is_some_and(|r| canon(r) == canon(&theirs));
     (!same).then_some(theirs)
 }
 
