@@ -180,13 +180,25 @@ fn two_projects_never_share_a_layer() {
     assert_eq!(sb.events()[2]["result"], "hit");
 }
 
-/// Every path below `dir`, relative to it, sorted.
+/// Every path below `dir`, relative to it, with its mode, size and ns mtime/ctime, sorted: a
+/// file written, appended to, chmod'ed or replaced changes its entry.
 fn tree(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        use std::os::unix::fs::MetadataExt;
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
-            out.push(p.strip_prefix(root).unwrap().display().to_string());
-            if p.is_dir() && !p.is_symlink() {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            out.push(format!(
+                "{} mode={:o} size={} mtime={}.{} ctime={}.{}",
+                p.strip_prefix(root).unwrap().display(),
+                m.mode(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec()
+            ));
+            if m.is_dir() {
                 walk(root, &p, out);
             }
         }
