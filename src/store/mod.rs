@@ -1450,11 +1450,13 @@ impl Store {
     ///
     /// Errors: [`Error::Invalid`] when it is not a store mount; [`Error::Failed`] when busy.
     pub fn umount(&self, mountpoint: &Path) -> Result<()> {
-        let mnt = canonical_mountpoint(mountpoint)?;
-        let (_, rec, run_dir) = self.find_run(&mnt)?.ok_or_else(|| {
-            Error::invalid(format!("{}: not a layercache store mount", mnt.display()))
+        let m = self.store_mount(mountpoint)?.ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: not a layercache store mount",
+                mountpoint.display()
+            ))
         })?;
-        self.umount_run(StoreMount { mnt, rec, run_dir })
+        self.umount_run(m)
     }
 
     /// Unmounts a store mount found by [`Store::store_mount`] (waiting for its daemon) and

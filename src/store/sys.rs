@@ -214,13 +214,7 @@ pub fn flock(fd: &impl AsRawFd, op: libc::c_int) -> io::Result<()> {
 /// Errors: `ESRCH` if the process is gone, `EPERM` without ptrace rights, `EBADF` if it has no
 /// such descriptor, `ENOSYS` on kernels older than 5.6.
 pub fn pidfd_getfd(pid: u32, fd: i32) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if pidfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pidfd was just returned by the kernel and is owned here.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    let pidfd = crate::overlay::pidfd_open(pid)?;
     // SAFETY: plain syscall with integer arguments.
     let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if got < 0 {
