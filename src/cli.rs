@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 /// An inode limit: a whole number, or `none` (= 0, no limit) as the other limits take it.
 fn inode_limit(s: &str) -> Result<u64, String> {
-    if s.trim().eq_ignore_ascii_case("none") {
+    if crate::store::gc::means_no_limit(s) {
         return Ok(0);
     }
     whole_number(s).map_err(|e| format!("{e} or \"none\""))

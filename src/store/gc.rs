@@ -64,6 +64,12 @@ pub struct LimitsFile {
     pub max_age: Option<String>,
 }
 
+/// Whether a limit's value is the word `none` (any case, surrounding blanks ignored), which
+/// disables the limit in config.toml and on the command line.
+pub fn means_no_limit(s: &str) -> bool {
+    s.trim().eq_ignore_ascii_case("none")
+}
+
 /// Reads `max_inodes` as a whole number or the string `"none"` (→ 0, no limit), like the
 /// other limits take `"none"`.
 ///
@@ -79,7 +85,7 @@ fn count_or_none<'de, D: serde::Deserializer<'de>>(
     }
     match CountOrNone::deserialize(d)? {
         CountOrNone::Count(n) => Ok(Some(n)),
-        CountOrNone::Word(w) if w.trim().eq_ignore_ascii_case("none") => Ok(Some(0)),
+        CountOrNone::Word(w) if means_no_limit(&w) => Ok(Some(0)),
         CountOrNone::Word(w) => Err(serde::de::Error::custom(format!(
             "max_inodes = {w:?}: want a whole number or \"none\""
         ))),
@@ -126,7 +132,7 @@ impl LimitsFile {
 /// Errors: [`Error::Invalid`] naming the input.
 pub fn parse_size(s: &str) -> Result<Option<u64>> {
     let t = s.trim();
-    if t.eq_ignore_ascii_case("none") {
+    if means_no_limit(t) {
         return Ok(None);
     }
     let bad = || {
@@ -157,7 +163,7 @@ pub fn parse_size(s: &str) -> Result<Option<u64>> {
 /// Errors: [`Error::Invalid`] naming the input.
 pub fn parse_duration(s: &str) -> Result<Option<Duration>> {
     let t = s.trim();
-    if t.eq_ignore_ascii_case("none") {
+    if means_no_limit(t) {
         return Ok(None);
     }
     let bad = || {
