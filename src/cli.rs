@@ -209,14 +209,14 @@ pub struct LsArgs {
 /// `layercache gc`.
 #[derive(Debug, Args)]
 pub struct GcArgs {
-    /// e.g. 10G, 512M (bytes, binary units).
+    /// Maximum bytes the store may hold, e.g. 10G, 512M (binary units); `none` or 0: no limit.
     #[arg(long, allow_hyphen_values = true)]
     pub max_size: Option<String>,
     /// Maximum number of inodes (files, directories, symlinks) the store may hold; `none` or 0:
     /// no limit.
     #[arg(long, allow_negative_numbers = true, value_parser = inode_limit)]
     pub max_inodes: Option<u64>,
-    /// e.g. 30d, 12h, 90m, 3600s.
+    /// Evict layers not mounted for this long, e.g. 30d, 12h, 90m, 3600s; `none` or 0: no limit.
     #[arg(long, allow_hyphen_values = true)]
     pub max_age: Option<String>,
     /// Print what would be evicted without removing anything.

@@ -81,14 +81,19 @@ fn count_or_none<'de, D: serde::Deserializer<'de>>(
     #[serde(untagged)]
     enum CountOrNone {
         Count(u64),
+        Negative(i64),
         Word(String),
     }
+    let bad = |shown: String| {
+        serde::de::Error::custom(format!(
+            "max_inodes = {shown}: want a whole number or \"none\""
+        ))
+    };
     match CountOrNone::deserialize(d)? {
         CountOrNone::Count(n) => Ok(Some(n)),
         CountOrNone::Word(w) if means_no_limit(&w) => Ok(Some(0)),
-        CountOrNone::Word(w) => Err(serde::de::Error::custom(format!(
-            "max_inodes = {w:?}: want a whole number or \"none\""
-        ))),
+        CountOrNone::Word(w) => Err(bad(format!("{w:?}"))),
+        CountOrNone::Negative(n) => Err(bad(n.to_string())),
     }
 }
 
@@ -325,6 +330,12 @@ mod tests {
         assert_eq!((l.max_inodes, l.max_size), (None, None));
         let e = toml::from_str::<ConfigFile>("[limits]\nmax_inodes = \"lots\"\n").unwrap_err();
         assert!(e.to_string().contains("lots"), "{e}");
+        let e = toml::from_str::<ConfigFile>("[limits]\nmax_inodes = -1\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("max_inodes = -1: want a whole number"),
+            "{e}"
+        );
     }
 
     #[test]
