@@ -59,14 +59,25 @@ fn status_field(pid: i32, tid: &str, field: &str) -> String {
         .to_string()
 }
 
+/// Ring threads are named `fuser-uring-Q.T`.
+fn ring_thread(comm: &str) -> bool {
+    comm.starts_with("fuser-uring-")
+}
+
+/// /dev/fuse reader threads are named `fuser-N`.
+fn dev_thread(comm: &str) -> bool {
+    comm.starts_with("fuser-") && !ring_thread(comm)
+}
+
 /// Context switches (voluntary: slept until a request came; involuntary: preempted by the
-/// requester it just answered) of the threads of `pid` whose name starts with `prefix`: a
-/// thread that serves a request switches at least once.
-fn wakeups(pid: i32, prefix: &str) -> u64 {
+/// requester it just answered) of the threads of `pid` whose name `which` selects: a thread
+/// that serves a request switches at least once. Each set is counted on its own, so a delta of
+/// one set never mixes in the other's switches made between two reads.
+fn wakeups(pid: i32, which: fn(&str) -> bool) -> u64 {
     let field = |tid: &str, f: &str| status_field(pid, tid, f).parse::<u64>().unwrap();
     threads(pid)
         .iter()
-        .filter(|(_, comm)| comm.starts_with(prefix))
+        .filter(|(_, comm)| which(comm))
         .map(|(tid, _)| {
             field(tid, "voluntary_ctxt_switches") + field(tid, "nonvoluntary_ctxt_switches")
         })
@@ -142,7 +153,7 @@ fn requests_are_served_by_per_cpu_io_uring_threads() {
 
     let ring: Vec<(String, String)> = threads(pid)
         .into_iter()
-        .filter(|(_, c)| c.starts_with("fuser-uring-"))
+        .filter(|(_, c)| ring_thread(c))
         .collect();
     assert_eq!(
         ring.len(),
@@ -159,10 +170,10 @@ fn requests_are_served_by_per_cpu_io_uring_threads() {
         );
     }
 
-    let (ring0, dev0) = (wakeups(pid, "fuser-uring-"), wakeups(pid, "fuser-"));
+    let (ring0, dev0) = (wakeups(pid, ring_thread), wakeups(pid, dev_thread));
     forced_getattrs(&fx.p("f"), 2000);
-    let ring_woken = wakeups(pid, "fuser-uring-") - ring0;
-    let dev_woken = (wakeups(pid, "fuser-") - dev0) - ring_woken;
+    let ring_woken = wakeups(pid, ring_thread) - ring0;
+    let dev_woken = wakeups(pid, dev_thread) - dev0;
     assert!(
         ring_woken >= 1000,
         "2000 GETATTRs woke the ring threads only {ring_woken} times"
@@ -212,16 +223,14 @@ fn layercache_uring_0_keeps_the_dev_fuse_loop() {
     });
     let pid = daemon_of(&fx);
     assert!(
-        threads(pid)
-            .iter()
-            .all(|(_, c)| !c.starts_with("fuser-uring-")),
+        threads(pid).iter().all(|(_, c)| !ring_thread(c)),
         "no io_uring threads with LAYERCACHE_URING=0: {:?}",
         threads(pid)
     );
-    let dev0 = wakeups(pid, "fuser-");
+    let dev0 = wakeups(pid, dev_thread);
     forced_getattrs(&fx.p("f"), 500);
     assert!(
-        wakeups(pid, "fuser-") - dev0 >= 250,
+        wakeups(pid, dev_thread) - dev0 >= 250,
         "the /dev/fuse threads served the GETATTRs"
     );
     fs::write(fx.p("f"), "upper\n").unwrap();
@@ -245,11 +254,7 @@ fn without_io_uring_the_mount_serves_through_dev_fuse() {
     };
     let fx = Fixture::new(|l| write(&l.join("f"), "lower\n"));
     let pid = daemon_of(&fx);
-    assert!(
-        threads(pid)
-            .iter()
-            .all(|(_, c)| !c.starts_with("fuser-uring-"))
-    );
+    assert!(threads(pid).iter().all(|(_, c)| !ring_thread(c)));
     let (tx, rx) = std::sync::mpsc::channel();
     let p = fx.p("f");
     std::thread::spawn(move || {
