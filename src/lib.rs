@@ -16,6 +16,7 @@ pub mod run;
 pub mod sandbox;
 pub mod spec;
 pub mod store;
+pub mod sys;
 pub mod telemetry;
 
 pub use error::{Error, Result};

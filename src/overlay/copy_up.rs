@@ -17,8 +17,9 @@ use fuser::Errno;
 
 use super::fs::{OpResult, OverlayFs, errno};
 use super::inode::{Kind, Loc, Located, Place, orphan_name, top_lower};
-use super::layers::{Layer, child, cstr};
+use super::layers::Layer;
 use super::whiteout;
+use crate::sys::{child, cstr};
 
 /// Copies xattrs from `src` to `dst` (fds, or paths when `*_path` is given for symlinks and
 /// special files), skipping overlay-private names. Errors on `user.*` names propagate; other

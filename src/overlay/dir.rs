@@ -18,8 +18,9 @@ use parking_lot::Mutex;
 
 use super::fs::OverlayFs;
 use super::inode::{Kind, Located};
-use super::layers::{Layer, child};
+use super::layers::Layer;
 use super::whiteout;
+use crate::sys::child;
 
 /// One slot of a listing: where its name sits in the name buffer, its type, and whether it
 /// is still there. 8 bytes, so a walk of a million-entry tree keeps listings small.

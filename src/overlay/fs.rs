@@ -17,9 +17,10 @@ use super::OverlayConfig;
 use super::dir::Listings;
 use super::errno::to_errno;
 use super::inode::{IdKey, Kind, Loc, Located, Nodes, ORPHANS, Place, top_lower};
-use super::layers::{Layer, Roots, child};
+use super::layers::{Layer, Roots};
 use super::whiteout;
 use crate::error::{Error, Result};
+use crate::sys::child;
 
 /// How long the kernel may cache entries and attributes. Long: the lower layers are immutable
 /// and every change to the upper goes through this daemon.

@@ -1,5 +1,6 @@
 //! Layer roots (directory fds opened before mounting) and checks of the upper filesystem.
 
+use crate::sys::check;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -88,35 +89,6 @@ fn open_dir(p: &Path) -> io::Result<OwnedFd> {
     }
     // SAFETY: fd was just returned by open and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Converts a path or name to a C string. Errors: `EINVAL` for an interior NUL.
-pub fn cstr(p: &OsStr) -> io::Result<CString> {
-    CString::new(p.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-/// `parent/name` as a C string (what `Path::join` gives), built in one allocation.
-/// Errors: `EINVAL` for a NUL byte in `name`.
-pub fn child(parent: &CStr, name: &OsStr) -> io::Result<CString> {
-    let (p, n) = (parent.to_bytes(), name.as_bytes());
-    let mut v = Vec::with_capacity(p.len() + n.len() + 2);
-    v.extend_from_slice(p);
-    v.push(b'/');
-    v.extend_from_slice(n);
-    CString::new(v).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-/// The path a C string holds, borrowed.
-pub fn as_path(c: &CStr) -> &Path {
-    Path::new(OsStr::from_bytes(c.to_bytes()))
-}
-
-fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
 }
 
 impl Roots {

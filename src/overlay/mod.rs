@@ -487,7 +487,7 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
     }
     let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let daemon = daemon.or_else(|| daemon_of(&canon));
-    let pidfd = daemon.and_then(|pid| Some((pid, pidfd_open(pid).ok()?)));
+    let pidfd = daemon.and_then(|pid| Some((pid, crate::sys::pidfd_open(pid).ok()?)));
     // EBUSY can be transient (a file closed by another thread or a process exiting right now
     // is released a moment later), so retry briefly before reporting it.
     let busy_until = Instant::now() + Duration::from_secs(2);
@@ -539,20 +539,6 @@ fn daemon_of(mountpoint: &Path) -> Option<u32> {
 /// by `mount -t fuse.layercache` through mount.fuse3 is served under another command line).
 pub fn upperdir_of(mountpoint: &Path) -> Option<std::path::PathBuf> {
     daemon_with_config(mountpoint)?.1.map(|c| c.upperdir)
-}
-
-/// A `pidfd_open(2)` descriptor for `pid`: becomes readable when the process exits (even
-/// while it is an unreaped zombie), and is immune to pid reuse.
-///
-/// Errors: `ESRCH` if there is no such process; `ENOSYS` before Linux 5.3.
-pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor owned by this process.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Waits up to `timeout` for the process behind `pidfd` to exit; reaps it if it is our child.

@@ -10,8 +10,9 @@ use fuser::{Errno, FileAttr, TimeOrNow};
 
 use super::fs::{OpResult, OverlayFs, Resolved, errno};
 use super::inode::{Kind, Loc, Located, orphan_name};
-use super::layers::{Layer, as_path, child, cstr};
+use super::layers::Layer;
 use super::whiteout;
+use crate::sys::{as_path, child, cstr};
 
 /// What becomes of the upper entry of a file whose name leaves the merged view (see
 /// [`OverlayFs::detach`]).

@@ -11,10 +11,10 @@
 //! Overlay-private xattrs (`trusted.overlay.*`, `user.overlay.*`) are hidden from the merged view
 //! and never copied up.
 
-use std::ffi::{CStr, CString, OsStr};
+use crate::sys::cstr;
+use std::ffi::{CStr, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// xattr marking an opaque directory when the daemon is privileged (kernel overlayfs default).
@@ -135,10 +135,6 @@ pub fn set_opaque(dir: BorrowedFd<'_>) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn cstr(name: &OsStr) -> io::Result<CString> {
-    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 #[cfg(test)]

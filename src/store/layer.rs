@@ -14,9 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::sys;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+use crate::sys;
 
 /// Manifest format written by this version.
 pub const MANIFEST_FORMAT: u32 = 1;

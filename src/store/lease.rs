@@ -20,8 +20,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sys;
 use crate::error::{IoContext, Result};
+use crate::sys;
 
 /// A held `flock` on a lock file. Dropping it closes the descriptor (releasing the lock unless
 /// a duplicate, e.g. in a mount daemon, still shares the open file description).

@@ -27,7 +27,7 @@ pub mod layer;
 pub mod lease;
 pub mod object;
 pub mod promote;
-mod sys;
+use crate::sys;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs;
@@ -1728,7 +1728,7 @@ fn unmount_and_wait(mnt: &Path, pid: u32) -> Result<()> {
     } else {
         // Already unmounted (by `umount`, say): its daemon may still be finishing.
         daemon
-            .and_then(|pid| Some((pid, overlay::pidfd_open(pid).ok()?)))
+            .and_then(|pid| Some((pid, sys::pidfd_open(pid).ok()?)))
             .is_none_or(|(pid, fd)| overlay::wait_pidfd(&fd, pid, UNMOUNT_WAIT))
     };
     if !gone {

@@ -20,10 +20,10 @@ use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::sys;
 use crate::error::{IoContext, Result};
 use crate::ids::ObjectId;
 use crate::overlay::whiteout::is_private_xattr;
+use crate::sys;
 
 /// Highest spill copy index tried before giving up with `EMLINK`.
 const MAX_SPILLS: u32 = 100_000;

@@ -28,10 +28,10 @@ use std::path::{Path, PathBuf};
 
 use super::layer::TreeCounts;
 use super::object::{ObjectStore, copy_metadata};
-use super::sys;
 use crate::error::{IoContext, Result};
 use crate::ids::ObjectId;
 use crate::overlay::whiteout;
+use crate::sys;
 
 /// A pattern naming a credential file that must never enter a shared layer.
 #[derive(Clone, Copy, Debug)]

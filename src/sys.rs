@@ -1,24 +1,65 @@
-//! Thin, safe wrappers over the few Linux syscalls the store needs that `std` does not offer:
+//! Thin, safe wrappers over the Linux syscalls layercache needs that `std` does not offer:
 //! `renameat2(RENAME_NOREPLACE)`, `utimensat(AT_SYMLINK_NOFOLLOW)`, `l*xattr`, `syncfs`,
 //! `mknod` of fifos, `getrandom`, and `pidfd_getfd(2)` to adopt a lock held by a mount daemon.
 //! Every function returns the raw `io::Error` (callers add the path with `IoContext`).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    cstr(p.as_os_str())
 }
 
-fn check(rc: libc::c_int) -> io::Result<()> {
+/// Converts a path or name to a C string. Errors: `EINVAL` for an interior NUL.
+pub fn cstr(p: &OsStr) -> io::Result<CString> {
+    CString::new(p.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `parent/name` as a C string (what `Path::join` gives), built in one allocation.
+/// Errors: `EINVAL` for a NUL byte in `name`.
+pub fn child(parent: &CStr, name: &OsStr) -> io::Result<CString> {
+    let (p, n) = (parent.to_bytes(), name.as_bytes());
+    let mut v = Vec::with_capacity(p.len() + n.len() + 2);
+    v.extend_from_slice(p);
+    v.push(b'/');
+    v.extend_from_slice(n);
+    CString::new(v).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The path a C string holds, borrowed.
+pub fn as_path(c: &CStr) -> &Path {
+    Path::new(OsStr::from_bytes(c.to_bytes()))
+}
+
+/// A libc return value as a result: negative means failure with `errno` (taken at once, before
+/// anything else can overwrite it); otherwise the value itself.
+pub fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(rc)
     }
+}
+
+fn check_ok(rc: libc::c_int) -> io::Result<()> {
+    check(rc).map(drop)
+}
+
+/// A `pidfd_open(2)` descriptor for `pid`: becomes readable when the process exits (even
+/// while it is an unreaped zombie), and is immune to pid reuse.
+///
+/// Errors: `ESRCH` if there is no such process; `ENOSYS` before Linux 5.3.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh descriptor owned by this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// `renameat2(src, dst, RENAME_NOREPLACE)`: atomically moves `src` to `dst` unless `dst` exists.
@@ -27,7 +68,7 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
     let (s, d) = (cpath(src)?, cpath(dst)?);
     // SAFETY: both strings are NUL-terminated and outlive the call.
-    check(unsafe {
+    check_ok(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
             s.as_ptr(),
@@ -54,7 +95,7 @@ pub fn set_times_nofollow(path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> 
         },
     ];
     // SAFETY: valid path and a two-element timespec array.
-    check(unsafe {
+    check_ok(unsafe {
         libc::utimensat(
             libc::AT_FDCWD,
             c.as_ptr(),
@@ -121,7 +162,7 @@ pub fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
     let c = cpath(path)?;
     let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid strings and buffer.
-    check(unsafe {
+    check_ok(unsafe {
         libc::lsetxattr(
             c.as_ptr(),
             n.as_ptr(),
@@ -139,7 +180,7 @@ pub fn remove_xattr(path: &Path, name: &[u8]) -> io::Result<()> {
     let c = cpath(path)?;
     let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid strings.
-    check(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) })
+    check_ok(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) })
 }
 
 /// `syncfs(2)` on the filesystem holding `path` (a directory or file).
@@ -148,7 +189,7 @@ pub fn remove_xattr(path: &Path, name: &[u8]) -> io::Result<()> {
 pub fn syncfs(path: &Path) -> io::Result<()> {
     let f = std::fs::File::open(path)?;
     // SAFETY: valid open fd.
-    check(unsafe { libc::syncfs(f.as_raw_fd()) })
+    check_ok(unsafe { libc::syncfs(f.as_raw_fd()) })
 }
 
 /// `fsync(2)` of a directory (makes renames/links inside it durable).
@@ -164,7 +205,7 @@ pub fn fsync_dir(path: &Path) -> io::Result<()> {
 pub fn mkfifo(path: &Path, mode: u32) -> io::Result<()> {
     let c = cpath(path)?;
     // SAFETY: valid path.
-    check(unsafe { libc::mknod(c.as_ptr(), libc::S_IFIFO | (mode & 0o7777), 0) })
+    check_ok(unsafe { libc::mknod(c.as_ptr(), libc::S_IFIFO | (mode & 0o7777), 0) })
 }
 
 /// `n` random bytes from the kernel (`getrandom(2)`), as lowercase hex.
@@ -214,7 +255,7 @@ pub fn flock(fd: &impl AsRawFd, op: libc::c_int) -> io::Result<()> {
 /// Errors: `ESRCH` if the process is gone, `EPERM` without ptrace rights, `EBADF` if it has no
 /// such descriptor, `ENOSYS` on kernels older than 5.6.
 pub fn pidfd_getfd(pid: u32, fd: i32) -> io::Result<OwnedFd> {
-    let pidfd = crate::overlay::pidfd_open(pid)?;
+    let pidfd = pidfd_open(pid)?;
     // SAFETY: plain syscall with integer arguments.
     let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if got < 0 {
