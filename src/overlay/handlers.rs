@@ -19,9 +19,10 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno, layer_of};
-use super::inode::{Kind, Located};
+use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
+use super::inode::Backing;
 use super::ops::{AttrChange, NewEntry, XattrReply};
+use super::stack::Kind;
 
 const GEN: Generation = Generation(0);
 
@@ -50,7 +51,10 @@ fn dtype(k: Kind) -> fuser::FileType {
         Kind::Dir => fuser::FileType::Directory,
         Kind::File => fuser::FileType::RegularFile,
         Kind::Symlink => fuser::FileType::Symlink,
-        Kind::Special => fuser::FileType::NamedPipe,
+        Kind::Special(libc::DT_SOCK) => fuser::FileType::Socket,
+        Kind::Special(libc::DT_CHR) => fuser::FileType::CharDevice,
+        Kind::Special(libc::DT_BLK) => fuser::FileType::BlockDevice,
+        Kind::Special(_) => fuser::FileType::NamedPipe,
     }
 }
 
@@ -58,8 +62,7 @@ impl OverlayFs {
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
         let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
         // SAFETY: valid fd and out pointer.
-        if unsafe { libc::fstatvfs(self.roots.fd(super::layers::Layer::Upper), sv.as_mut_ptr()) }
-            < 0
+        if unsafe { libc::fstatvfs(self.stack.fd(super::stack::Tree::Upper), sv.as_mut_ptr()) } < 0
         {
             return Err(errno(std::io::Error::last_os_error()));
         }
@@ -80,7 +83,7 @@ impl OverlayFs {
         &self,
         dir: u64,
         offset: u64,
-        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Located) -> OpResult<bool>,
+        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Backing) -> OpResult<bool>,
     ) -> OpResult<()> {
         let _g = self.ns.read();
         let d = self.dir(dir)?;
@@ -405,7 +408,7 @@ impl fuser::Filesystem for OverlayFs {
             if id != 0 {
                 // "." and "..": not counted by the kernel. "." is the snapshot itself.
                 let a = if id == dir {
-                    self.attr_at(dir, layer_of(d)?, d)?
+                    self.attr_at(dir, d)?
                 } else {
                     self.getattr_node(id)?
                 };
@@ -617,5 +620,23 @@ impl OverlayFs {
             return Err(errno(std::io::Error::last_os_error()));
         }
         Ok(n as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_readdir_types_follow_the_file_type() {
+        use fuser::FileType as T;
+        let of = |mode| dtype(Kind::from_mode(mode));
+        assert_eq!(of(libc::S_IFIFO), T::NamedPipe);
+        assert_eq!(of(libc::S_IFSOCK), T::Socket);
+        assert_eq!(of(libc::S_IFCHR), T::CharDevice);
+        assert_eq!(of(libc::S_IFBLK), T::BlockDevice);
+        assert_eq!(of(libc::S_IFDIR), T::Directory);
+        assert_eq!(of(libc::S_IFLNK), T::Symlink);
+        assert_eq!(of(libc::S_IFREG), T::RegularFile);
     }
 }

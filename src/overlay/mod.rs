@@ -13,9 +13,9 @@ pub mod errno;
 mod fs;
 mod handlers;
 mod inode;
-mod layers;
 mod ops;
 pub mod options;
+pub mod stack;
 pub mod whiteout;
 
 use std::io::{Read, Write};
@@ -221,7 +221,7 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
             mountpoint.display()
         )));
     }
-    layers::probe_upper(&cfg.upperdir, &cfg.workdir)
+    stack::probe_upper(&cfg.upperdir, &cfg.workdir)
 }
 
 /// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted. When
