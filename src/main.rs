@@ -22,11 +22,10 @@ fn normalized_args() -> Vec<OsString> {
             .get_subcommands()
             .any(|c| c.get_name() == first || c.get_all_aliases().any(|a| a == first));
     let has_o = args.iter().skip(3).any(|a| a == "-o");
-    if !known && !first.starts_with('-') && args.len() >= 3 && has_o {
-        args[1] = OsString::from("overlay");
-    } else if Path::new(first).is_absolute()
-        && Path::new(first).file_name().is_some_and(|n| n == "overlay")
-    {
+    let any_source = !known && !first.starts_with('-') && args.len() >= 3 && has_o;
+    let canonical_overlay = Path::new(first).is_absolute()
+        && Path::new(first).file_name().is_some_and(|n| n == "overlay");
+    if any_source || canonical_overlay {
         args[1] = OsString::from("overlay");
     }
     args
