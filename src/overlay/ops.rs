@@ -712,6 +712,7 @@ impl OverlayFs {
     /// and listing, and the orphaned data of an unlinked file.
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(node) = self.nodes.forget(id, n) {
+            self.pt.forget(id);
             if node.loc == Loc::Gone {
                 self.gone_dirs.lock().remove(&id);
             }
