@@ -14,6 +14,7 @@ use fuser::{Errno, FileAttr, FileType};
 use parking_lot::{Mutex, RwLock};
 
 use super::OverlayConfig;
+use super::copy_up::CopyLocks;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
 use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
@@ -54,8 +55,12 @@ pub struct OverlayFs {
     /// Serialises namespace changes that move existing paths (rename, unlink, rmdir) against
     /// path-based operations. Taken once per operation at its top; never nested.
     pub(super) ns: RwLock<()>,
-    /// Serialises copy-ups (so two writers do not copy the same file twice).
-    pub(super) copy_lock: Mutex<()>,
+    /// Per-node copy-up locks (two writers never copy the same file twice; unrelated files
+    /// copy in parallel).
+    pub(super) copy_locks: CopyLocks,
+    /// Serialises the short publish step of copy-ups (rename into the upper dir and restoring
+    /// the parent's timestamps).
+    pub(super) publish_lock: Mutex<()>,
     fds: Mutex<lru::LruCache<u64, CachedFd>>,
     /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
     pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
@@ -163,7 +168,8 @@ impl OverlayFs {
             nodes: Nodes::new(lowers),
             listings: Listings::default(),
             ns: RwLock::new(()),
-            copy_lock: Mutex::new(()),
+            copy_locks: CopyLocks::default(),
+            publish_lock: Mutex::new(()),
             fds: Mutex::new(lru::LruCache::new(cap)),
             orphans: Mutex::default(),
             gone_dirs: Default::default(),

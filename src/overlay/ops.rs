@@ -345,10 +345,22 @@ impl OverlayFs {
         newname: &OsStr,
         flags: u32,
     ) -> OpResult<()> {
-        let _g = self.ns.write();
         if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
             return Err(Errno::EINVAL);
         }
+        // Copy a directory source with lower contents up while other requests go on (the
+        // namespace lock shared); the rename proper below, which holds it exclusively, then
+        // finds the tree already up and only moves it.
+        {
+            let _g = self.ns.read();
+            if let (_, Some(src)) = self.resolve_in(parent, name)?
+                && src.kind == Kind::Dir
+                && src.lowers != 0
+            {
+                self.bring_up(parent, name, &src)?;
+            }
+        }
+        let _g = self.ns.write();
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let (pdir, src) = self.resolve_in(parent, name)?;
         let src = src.ok_or(Errno::ENOENT)?;
