@@ -265,6 +265,25 @@ impl Nodes {
         }
     }
 
+    /// Gives memory back after the kernel forgot most nodes (a walk of a large tree ends): when
+    /// the table holds less than an eighth of its capacity (and more than 16k slots), the
+    /// table is rebuilt at twice its size. Returns whether it was. Cheap otherwise (a read lock).
+    pub fn shrink_if_sparse(&self) -> bool {
+        let sparse =
+            |m: &HashMap<u64, Box<Node>>| m.capacity() > 16384 && m.len() * 8 < m.capacity();
+        if !sparse(&self.map.read()) {
+            return false;
+        }
+        let mut map = self.map.write();
+        if !sparse(&map) {
+            return false;
+        }
+        let keep = map.len() * 2;
+        map.shrink_to(keep);
+        tracing::debug!(nodes = map.len(), "node table shrunk");
+        true
+    }
+
     /// The path of `id` relative to the layer roots (`.` for the root), or `None` when the
     /// node is not attached to the tree.
     pub fn path(&self, id: u64) -> Option<CString> {
