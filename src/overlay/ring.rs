@@ -17,7 +17,11 @@
 //!   instead of migrating it to another, halted CPU (an IPI and a VM exit per request). Used
 //!   only with `CAP_SYS_NICE`: per sched(7) a thread without it (root in a default Docker
 //!   container) may enter SCHED_IDLE but not leave it. Every `sched_setscheduler` result is
-//!   checked; a thread that cannot switch stops trying.
+//!   checked; a thread that cannot switch stops trying. A SCHED_IDLE thread runs only when
+//!   nothing else wants its CPU, so when another task keeps that CPU busy the commit itself
+//!   can wait for hundreds of ms (measured: a lookup stalled 250-730 ms while a `mv` of a
+//!   lower tree kept the daemon busy, 48 ms without the hand-off): a commit that took longer
+//!   than [`STARVED`] turns the hand-off off for that thread for [`BACK_OFF`].
 //!
 //! The effect of each is in the committed bench reports (benches/results/, e.g.
 //! 2026-11-29-bench-quick-seqread-bc09e50.md for the streamed read).
@@ -30,6 +34,12 @@ use fuser::{RingHooks, RingThread};
 /// [`super::READ_AHEAD_KB`]) are readahead of a file being streamed: the kernel grows a
 /// sequential reader's window up to `read_ahead_kb`, and small files never get one this large.
 pub const STREAM_READ_MIN: u32 = (super::READ_AHEAD_KB as u32) * 1024 / 4;
+
+/// A commit submitted as SCHED_IDLE that took longer than this (200 µs; a free CPU does it in
+/// a few µs) waited for a busy CPU.
+const STARVED: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long a thread whose commit was starved commits without the hand-off (2 s).
+const BACK_OFF: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `FUSE_READ` (include/uapi/linux/fuse.h `enum fuse_opcode`).
 const FUSE_READ: u32 = 15;
@@ -58,6 +68,7 @@ impl RingHooks for Policy {
         Box::new(EntryThread {
             placement: Placement::pin(qid),
             hand_off: self.hand_off,
+            backed_off_until: None,
         })
     }
 }
@@ -93,6 +104,8 @@ fn set_policy(policy: i32) -> io::Result<()> {
 struct EntryThread {
     placement: Placement,
     hand_off: bool,
+    /// Set after a starved commit: no hand-off until then.
+    backed_off_until: Option<std::time::Instant>,
 }
 
 impl RingThread for EntryThread {
@@ -105,6 +118,13 @@ impl RingThread for EntryThread {
         if !self.hand_off {
             return Ok(());
         }
+        if let Some(until) = self.backed_off_until {
+            if std::time::Instant::now() < until {
+                return Ok(());
+            }
+            self.backed_off_until = None;
+        }
+        let start = std::time::Instant::now();
         if let Err(e) = set_policy(libc::SCHED_IDLE) {
             tracing::debug!("SCHED_IDLE refused ({e}): hand-off off for this thread");
             self.hand_off = false;
@@ -116,6 +136,14 @@ impl RingThread for EntryThread {
         if let Err(e) = set_policy(libc::SCHED_OTHER) {
             tracing::error!("cannot leave SCHED_IDLE ({e}): this io_uring thread stays idle-class");
             self.hand_off = false;
+        }
+        let took = start.elapsed();
+        if took > STARVED {
+            self.backed_off_until = Some(std::time::Instant::now() + BACK_OFF);
+            tracing::debug!(
+                ?took,
+                "SCHED_IDLE commit waited for a busy CPU: hand-off paused"
+            );
         }
         r
     }
