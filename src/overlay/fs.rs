@@ -244,9 +244,7 @@ impl OverlayFs {
             (false, Some(l), _) if e.kind == Kind::Dir || e.st.st_nlink <= 1 => {
                 self.nodes.lower_id(l, e.st.st_ino)
             }
-            (false, _, _) => self
-                .nodes
-                .keyed(IdKey::LowerPath(parent, name.to_os_string())),
+            (false, _, _) => self.nodes.path_id(parent, name),
         };
         Ok(Some(Resolved { id, entry: e }))
     }
