@@ -21,7 +21,8 @@
 //!   nothing else wants its CPU, so when another task keeps that CPU busy the commit itself
 //!   can wait for hundreds of ms (measured: a lookup stalled 250-730 ms while a `mv` of a
 //!   lower tree kept the daemon busy, 48 ms without the hand-off): a commit that took longer
-//!   than [`STARVED`] turns the hand-off off for that thread for [`BACK_OFF`].
+//!   than [`STARVED`] turns the hand-off off for that thread for [`BACK_OFF`], doubled after
+//!   each further starved commit (up to [`MAX_BACK_OFF`]) and reset by a quick one.
 //!
 //! The effect of each is in the committed bench reports (benches/results/, e.g.
 //! 2026-11-29-bench-quick-seqread-bc09e50.md for the streamed read).
@@ -38,8 +39,10 @@ pub const STREAM_READ_MIN: u32 = (super::READ_AHEAD_KB as u32) * 1024 / 4;
 /// A commit submitted as SCHED_IDLE that took longer than this (200 µs; a free CPU does it in
 /// a few µs) waited for a busy CPU.
 const STARVED: std::time::Duration = std::time::Duration::from_micros(200);
-/// How long a thread whose commit was starved commits without the hand-off (2 s).
+/// How long a thread whose commit was starved first commits without the hand-off (2 s).
 const BACK_OFF: std::time::Duration = std::time::Duration::from_secs(2);
+/// The longest pause of the hand-off after starved commits in a row (2 min).
+const MAX_BACK_OFF: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// `FUSE_READ` (include/uapi/linux/fuse.h `enum fuse_opcode`).
 const FUSE_READ: u32 = 15;
@@ -69,6 +72,7 @@ impl RingHooks for Policy {
             placement: Placement::pin(qid),
             hand_off: self.hand_off,
             backed_off_until: None,
+            back_off: BACK_OFF,
         })
     }
 }
@@ -106,6 +110,8 @@ struct EntryThread {
     hand_off: bool,
     /// Set after a starved commit: no hand-off until then.
     backed_off_until: Option<std::time::Instant>,
+    /// The pause after the next starved commit.
+    back_off: std::time::Duration,
 }
 
 impl RingThread for EntryThread {
@@ -139,11 +145,12 @@ impl RingThread for EntryThread {
         }
         let took = start.elapsed();
         if took > STARVED {
-            self.backed_off_until = Some(std::time::Instant::now() + BACK_OFF);
-            tracing::debug!(
-                ?took,
-                "SCHED_IDLE commit waited for a busy CPU: hand-off paused"
-            );
+            self.backed_off_until = Some(std::time::Instant::now() + self.back_off);
+            let pause = self.back_off;
+            tracing::debug!(?took, ?pause, "SCHED_IDLE commit waited for a busy CPU");
+            self.back_off = (self.back_off * 2).min(MAX_BACK_OFF);
+        } else {
+            self.back_off = BACK_OFF;
         }
         r
     }
