@@ -22,7 +22,9 @@
 //!   can wait for hundreds of ms (measured: a lookup stalled 250-730 ms while a `mv` of a
 //!   lower tree kept the daemon busy, 48 ms without the hand-off): a commit that took longer
 //!   than [`STARVED`] turns the hand-off off for that thread for [`BACK_OFF`], doubled after
-//!   each further starved commit (up to [`MAX_BACK_OFF`]) and reset by a quick one.
+//!   each further starved commit (up to [`MAX_BACK_OFF`]) and reset by a quick one; and no
+//!   hand-off is tried while the machine has more runnable tasks than CPUs (the running count
+//!   of /proc/loadavg, read at most every [`LOAD_PROBE`] per thread).
 //!
 //! The effect of each is in the committed bench reports (benches/results/, e.g.
 //! 2026-11-29-bench-quick-seqread-bc09e50.md for the streamed read).
@@ -43,6 +45,26 @@ const STARVED: std::time::Duration = std::time::Duration::from_micros(200);
 const BACK_OFF: std::time::Duration = std::time::Duration::from_secs(2);
 /// The longest pause of the hand-off after starved commits in a row (2 min).
 const MAX_BACK_OFF: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// How often an entry thread reads the machine's runnable-task count (100 ms).
+const LOAD_PROBE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether more tasks are runnable than there are CPUs (the 4th field of /proc/loadavg,
+/// "running/total"; false when it cannot be read).
+fn cpus_busy() -> bool {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(3)?
+                .split('/')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .is_some_and(|running| running > cpus)
+}
 
 /// `FUSE_READ` (include/uapi/linux/fuse.h `enum fuse_opcode`).
 const FUSE_READ: u32 = 15;
@@ -73,6 +95,8 @@ impl RingHooks for Policy {
             hand_off: self.hand_off,
             backed_off_until: None,
             back_off: BACK_OFF,
+            probed: None,
+            busy: false,
         })
     }
 }
@@ -112,6 +136,9 @@ struct EntryThread {
     backed_off_until: Option<std::time::Instant>,
     /// The pause after the next starved commit.
     back_off: std::time::Duration,
+    /// When [`cpus_busy`] was last read, and what it said.
+    probed: Option<std::time::Instant>,
+    busy: bool,
 }
 
 impl RingThread for EntryThread {
@@ -131,6 +158,13 @@ impl RingThread for EntryThread {
             self.backed_off_until = None;
         }
         let start = std::time::Instant::now();
+        if self.probed.is_none_or(|t| start - t > LOAD_PROBE) {
+            self.busy = cpus_busy();
+            self.probed = Some(start);
+        }
+        if self.busy {
+            return Ok(());
+        }
         if let Err(e) = set_policy(libc::SCHED_IDLE) {
             tracing::debug!("SCHED_IDLE refused ({e}): hand-off off for this thread");
             self.hand_off = false;
