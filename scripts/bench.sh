@@ -15,8 +15,8 @@
 #   warm  = 2nd pass on the same mount,
 #   cold  = 1st pass on a fresh mount after `echo 3 > /proc/sys/vm/drop_caches`.
 # pagecache = the page cache held after 4 fresh mounts of one lower were each read fully (caches
-# dropped first): kernel overlayfs shares the lower's pages, a FUSE mount without passthrough
-# keeps its own copy. layercache-pt is layercache with FUSE passthrough (LAYERCACHE_PASSTHROUGH=1).
+# dropped first; counted in a memory cgroup of their own): kernel overlayfs shares the lower's
+# pages, a FUSE mount without passthrough keeps its own copy. layercache-pt is layercache with FUSE passthrough (LAYERCACHE_PASSTHROUGH=1).
 # Ratios are to kernel overlayfs measured in the same run. layercache is built in release mode
 # from the committed HEAD (--worktree: from the working tree) and left out, with the reason
 # printed, while it does not build or mount. Needs root; installs fuse3, fuse-overlayfs, nodejs,
@@ -153,21 +153,52 @@ read_run() { # WORKLOAD IMPL
   done_mount
 }
 
-# page cache: 4 fresh mounts of IMPL over the lower, each read fully, caches dropped first;
-# records the growth of "Cached" in /proc/meminfo (KiB) under "pagecache IMPL".
+# The memory cgroup directory of this shell and the memory.stat field that counts its page
+# cache ("v1-dir cache" or "v2-dir file"); empty when there is none to use.
+pc_cgroup() {
+  local line path
+  line=$(grep -m1 -E '^[0-9]+:memory:' /proc/self/cgroup || true)
+  if [ -n "$line" ] && [ -d "/sys/fs/cgroup/memory${line#*:memory:}" ]; then
+    echo "/sys/fs/cgroup/memory${line#*:memory:} cache"; return
+  fi
+  path=$(grep -m1 '^0::' /proc/self/cgroup | cut -d: -f3- || true)
+  [ -f "/sys/fs/cgroup$path/memory.stat" ] && echo "/sys/fs/cgroup$path file"
+}
+
+# page cache: 4 fresh mounts of IMPL over the lower, each read fully, caches dropped first.
+# The mounts, their daemons and the readers run in a memory cgroup of their own, whose page
+# cache (memory.stat) is what they brought in — other work on the machine does not count; the
+# growth of "Cached" in /proc/meminfo is the fallback without cgroups. KiB into "pagecache IMPL".
 pagecache_run() {
-  local i=$1 r=$B/run/$1 k before after ok=1
+  local i=$1 r=$B/run/$1 k cg field kib
+  read -r cg field <<<"$(pc_cgroup)"
+  if [ -n "${cg:-}" ]; then
+    cg=$cg/lcbench-$$; rmdir "$cg" 2>/dev/null || true; mkdir "$cg"
+  fi
   lc_drop_caches
-  before=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
-  for k in 1 2 3 4; do
-    rm -rf "$r/pc$k"
-    if lc_mount "$i" "$LC_LOWER" "$r/pc$k/upper" "$r/pc$k/work" "$r/pc$k/mnt"; then
-      timeout "$TMO" tar -C "$r/pc$k/mnt" -cf - node_modules | wc -c >/dev/null || ok=""
-    else FAIL["pagecache $i"]="mount failed: $(lc_mount_error)"; ok=""; fi
-  done
-  after=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
-  [ -z "$ok" ] || RES["pagecache $i"]+="$((after - before)) "
-  for k in 1 2 3 4; do lc_umount "$r/pc$k/mnt"; rm -rf "$r/pc$k"; done
+  kib=$(
+    local before after ok=1
+    if [ -n "${cg:-}" ]; then echo "$BASHPID" >"$cg/cgroup.procs"; fi
+    before=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
+    for k in 1 2 3 4; do
+      rm -rf "$r/pc$k"
+      if lc_mount "$i" "$LC_LOWER" "$r/pc$k/upper" "$r/pc$k/work" "$r/pc$k/mnt" 2>/dev/null; then
+        timeout "$TMO" tar -C "$r/pc$k/mnt" -cf - node_modules | wc -c >/dev/null || ok=""
+      else ok=""; fi
+    done
+    after=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
+    if [ -z "$ok" ]; then echo FAIL
+    elif [ -n "${cg:-}" ]; then awk -v f="$field" '$1 == f { print int($2 / 1024) }' "$cg/memory.stat"
+    else echo $((after - before)); fi
+    for k in 1 2 3 4; do lc_umount "$r/pc$k/mnt"; rm -rf "$r/pc$k"; done
+  )
+  if [ -n "${cg:-}" ]; then
+    # the subshell is gone; anything left (a daemon that outlived its mount) moves out
+    while read -r p; do echo "$p" >"${cg%/*}/cgroup.procs" 2>/dev/null || true; done <"$cg/cgroup.procs"
+    rmdir "$cg" 2>/dev/null || true
+  fi
+  if [ "$kib" = FAIL ]; then FAIL["pagecache $i"]="mount or read failed: $(lc_mount_error)"
+  else RES["pagecache $i"]+="$kib "; fi
 }
 
 copyup_run() {
