@@ -33,6 +33,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Gc(args) => crate::store::cmd::gc(&cli.global, &args),
         Command::Clear(args) => crate::store::cmd::clear(&cli.global, &args),
         Command::Verify(args) => crate::store::cmd::verify(&cli.global, &args),
+        Command::Serve(args) => crate::serve::cli_serve(&cli.global, &args),
     }
 }
 

@@ -83,6 +83,8 @@ pub enum Command {
     Verify(LsArgs),
     /// List the cache presets.
     Presets,
+    /// Serve the HTTP API and web pages over the store until SIGINT/SIGTERM.
+    Serve(ServeArgs),
 }
 
 /// `layercache overlay`.
@@ -233,4 +235,17 @@ pub struct ClearArgs {
     /// Only this cache of the project (default: every cache).
     #[arg(long)]
     pub cache: Option<String>,
+}
+
+/// `layercache serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (IP:PORT; port 0 picks a free one). Anything but a loopback
+    /// address needs --token-file.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    pub listen: String,
+    /// A file whose first line is the token every request must carry (Authorization: Bearer
+    /// TOKEN, or the cookie the login page sets); at least 16 characters.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }
