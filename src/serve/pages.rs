@@ -28,6 +28,7 @@ body { font: 16px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: 
 header { background: #1d232a; color: #fff; padding: .6rem 1rem; display: flex; gap: 1rem;
   flex-wrap: wrap; align-items: baseline; }
 header a { color: #fff; text-decoration: none; }
+header .muted { color: #aab4be; margin-left: auto; font-size: .85rem; }
 header .brand { font-weight: 700; }
 main { max-width: 72rem; margin: 0 auto; padding: 1rem; }
 h1 { font-size: 1.4rem; margin: .2rem 0 1rem; overflow-wrap: anywhere; }
@@ -52,8 +53,12 @@ button, .button { font: inherit; padding: .35rem .8rem; border-radius: 5px; bord
 button.danger, .button.danger { border-color: var(--bad); color: var(--bad); }
 form.inline { display: inline; }
 textarea { width: 100%; min-height: 18rem; font: .9rem ui-monospace, monospace; padding: .5rem; }
-pre.lines { margin: 0; padding: .5rem; font-size: .85rem; }
-pre.lines .err { background: #fdecea; }
+div.lines { padding: .5rem 0; font: .85rem ui-monospace, SFMono-Regular, Menlo, monospace; }
+div.lines .line { white-space: pre-wrap; overflow-wrap: anywhere; padding: 0 .5rem; }
+div.lines .line .n { display: inline-block; width: 2.5rem; color: var(--muted); user-select: none; }
+div.lines .err { background: #fdecea; }
+div.lines .field-error { margin: 0 0 .2rem 3rem; font-family: system-ui, sans-serif; }
+figure { margin: 0 0 1rem; }
 svg#chart { width: 100%; height: auto; max-width: 48rem; background: #fff; }
 svg#chart .prep { fill: var(--prep); } svg#chart .saved { fill: var(--saved); }
 svg#chart .grid { stroke: #e3e7eb; } svg#chart .base { stroke: #8c959f; }
@@ -61,6 +66,17 @@ svg#chart text { font-size: 12px; fill: var(--muted); }
 .muted { color: var(--muted); }
 label { display: block; font-weight: 600; margin: .5rem 0 .2rem; }
 input[type=password] { font: inherit; padding: .3rem; width: min(100%, 24rem); }
+h2 .button { font-size: .85rem; font-weight: normal; margin-left: .4rem; }
+td.time { white-space: nowrap; }
+/* Phones: each table row becomes a card of labelled lines. */
+@media (max-width: 40rem) {
+  .box { overflow-x: visible; border: 0; background: none; }
+  table, tbody, tr, td { display: block; width: 100%; }
+  thead { display: none; }
+  tr { background: #fff; border: 1px solid var(--line); border-radius: 6px; margin-bottom: .6rem; }
+  td, td.num { text-align: left; border: 0; padding: .2rem .6rem; white-space: normal; }
+  td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); }
+}
 "#;
 
 /// The page frame: title, navigation, inline CSS, a viewport for phones.
@@ -75,7 +91,7 @@ pub fn layout(title: &str, body: Markup) -> Markup {
                 style { (PreEscaped(CSS)) }
             }
             body {
-                header { a.brand href="/" { "layercache" } a href="/" { "projects" } }
+                header { a.brand href="/" { "layercache" } a href="/" { "projects" } span.muted { "times in UTC" } }
                 main { (body) }
             }
         }
@@ -108,6 +124,19 @@ impl IntoResponse for PageError {
 
 type Page = Result<Markup, PageError>;
 
+/// `2026-12-01T07:50:03Z` as `2026-12-01 07:50:03` (pages say the times are UTC).
+fn human_time(iso: &str) -> String {
+    iso.trim_end_matches('Z').replacen('T', " ", 1)
+}
+
+/// The message without the `field: ` it starts with (the page shows the field already).
+fn without_field(e: &FieldError) -> &str {
+    e.message
+        .strip_prefix(&e.field)
+        .and_then(|m| m.strip_prefix(": "))
+        .unwrap_or(&e.message)
+}
+
 fn tabs(project: &str) -> Markup {
     let p = urlencode(project);
     html! {
@@ -132,8 +161,9 @@ pub async fn projects(State(st): State<Arc<AppState>>) -> Page {
                     thead { tr { th { "project" } th.num { "caches" } th.num { "layers" } th.num { "size" } th { "last used" } } }
                     tbody { @for r in &rows { tr {
                         td { a href={"/projects/" (urlencode(r.project.as_str()))} { (r.project) } }
-                        td.num { (r.caches) } td.num { (r.layers) } td.num { (fmt_bytes(r.bytes)) }
-                        td { (r.last_used.as_deref().unwrap_or("never")) }
+                        td.num data-label="caches" { (r.caches) } td.num data-label="layers" { (r.layers) }
+                        td.num data-label="size" { (fmt_bytes(r.bytes)) }
+                        td.time data-label="last used" { (r.last_used.as_deref().map_or("never".into(), human_time)) }
                     } } }
                 } }
             }
@@ -164,9 +194,10 @@ fn caches_table(project: &str, caches: &[CacheView]) -> Markup {
                     tbody { @for l in &c.layers {
                         tr data-key=[l.key.as_ref().map(|k| k.as_str())] {
                             td { span.key { (l.key.as_ref().map_or("(unpublished)", |k| k.as_str())) } br; span.muted { "layer " code { (l.layer) } } }
-                            td.num { (fmt_bytes(l.bytes)) } td.num { (l.files) }
-                            td { (l.created) } td { (l.last_used) } td.num { (l.hits) }
-                            td { @if l.in_use { strong { "mounted" } } @else { "no" } }
+                            td.num data-label="size" { (fmt_bytes(l.bytes)) } td.num data-label="files" { (l.files) }
+                            td.time data-label="created" { (human_time(&l.created)) } td.time data-label="last used" { (human_time(&l.last_used)) }
+                            td.num data-label="hits" { (l.hits) }
+                            td data-label="in use" { @if l.in_use { strong { "mounted" } } @else { "no" } }
                             td { @if let Some(k) = &l.key { (clear_link(project, Some(c.cache.as_str()), Some(k.as_str()), "clear")) } }
                         }
                     } }
@@ -312,12 +343,12 @@ pub async fn runs(
             div.box { table #runs {
                 thead { tr { th { "time" } th { "cache" } th { "result" } th { "key" } th { "matched" } th.num { "preparation" } th.num { "saved" } th.num { "exit" } } }
                 tbody { @for r in shown { tr {
-                    td { (r.time) } td { (r.cache) }
-                    td { span class={"result-" (r.result)} { (r.result) } }
-                    td { span.key { (r.key) } }
-                    td { span.key { (r.matched_key.as_deref().unwrap_or("")) } }
-                    td.num title={"mount " (r.mount_ms) " ms, setup " (r.setup_ms) " ms, maintenance " (r.maintenance_ms) " ms, promote " (r.promote_ms) " ms"} { (fmt_ms(r.prep_ms)) }
-                    td.num { (fmt_ms(r.saved_ms)) } td.num { (r.exit_status) }
+                    td.time { (human_time(&r.time)) } td data-label="cache" { (r.cache) }
+                    td data-label="result" { span class={"result-" (r.result)} { (r.result) } }
+                    td data-label="key" { span.key { (r.key) } }
+                    td data-label="matched" { span.key { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (m) } None => { "—" } } } }
+                    td.num data-label="preparation" title={"mount " (r.mount_ms) " ms, setup " (r.setup_ms) " ms, maintenance " (r.maintenance_ms) " ms, promote " (r.promote_ms) " ms"} { (fmt_ms(r.prep_ms)) }
+                    td.num data-label="saved" { (fmt_ms(r.saved_ms)) } td.num data-label="exit" { (r.exit_status) }
                 } } }
             } }
         },
@@ -341,15 +372,15 @@ fn spec_page(
         @if let Some(n) = notice { (n) }
         p.muted { @match version { Some(v) => { "Stored version " (v) "." } None => { "No stored spec yet." } } " `layercache run --project " (project) "` uses the stored spec." }
         @if !errors.is_empty() {
-            div.box { pre.lines { @for (i, line) in text.lines().enumerate() {
+            div.box { div.lines { @for (i, line) in text.lines().enumerate() {
                 @let n = i + 1;
-                span class=[err_lines.contains(&n).then_some("err")] { (format!("{n:>3}  {line}")) } "\n"
+                div class=(if err_lines.contains(&n) { "line err" } else { "line" }) { span.n { (n) } (line) }
                 @for e in errors.iter().filter(|e| e.line == Some(n)) {
-                    span.field-error data-field=(e.field) { "     ^ " span.field { (e.field) } ": " (e.message) } "\n"
+                    div.field-error data-field=(e.field) { "↑ " span.field { (e.field) } ": " (without_field(e)) }
                 }
             } } }
             @for e in errors.iter().filter(|e| e.line.is_none()) {
-                p.field-error data-field=(e.field) { span.field { (e.field) } ": " (e.message) }
+                p.field-error data-field=(e.field) { span.field { (e.field) } ": " (without_field(e)) }
             }
         }
         form method="post" action={"/projects/" (urlencode(project)) "/spec"} {
