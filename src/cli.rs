@@ -147,8 +147,12 @@ pub struct MountpointArg {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The spec (TOML or JSON); `-` reads standard input.
-    #[arg(long)]
-    pub spec: String,
+    #[arg(long, required_unless_present = "project")]
+    pub spec: Option<String>,
+    /// Use the spec stored for this project in the store (saved by `layercache serve`'s spec
+    /// page or `PUT /api/v1/projects/P/spec`) instead of --spec.
+    #[arg(long, conflicts_with = "spec")]
+    pub project: Option<String>,
     /// The project directory key files are read from (default: the current directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,

@@ -240,6 +240,39 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     );
     assert!(!store.join("v1/projects/other-project").exists());
 
+    // `layercache run --project P` runs the stored spec: both caches hit.
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(&store)
+            .arg("run")
+            .args(args)
+            .arg("--workdir")
+            .arg(sb.work())
+            .arg("--mount-root")
+            .arg(sb.path("cache"))
+            .args(["--", "node", "-e", "console.log(require('ms')('1s'))"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--project", PROJECT]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1000");
+    let after = sb.events();
+    assert_eq!(after.len(), events.len() + 2);
+    assert!(
+        after[events.len()..].iter().all(|e| e["result"] == "hit"),
+        "{after:?}"
+    );
+    let out = run(&["--project", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such project"));
+
     // Unknown names: 404 with what exists; bad ids: 400 naming the id.
     let (s, e) = get_json(a, "/api/v1/projects/nope/caches");
     assert_eq!((s, &e["exists"]), (404, &json!([PROJECT])), "{e}");

@@ -194,6 +194,49 @@ pub fn current(pd: &ProjectDirs) -> crate::Result<Option<Stored>> {
     }))
 }
 
+/// The current stored spec of `project` in the store at `root`, parsed, for
+/// `layercache run --project P`.
+///
+/// Errors: [`Error::Invalid`] (exit 2) for a bad project id, no store, a project the store does
+/// not have, a project without a stored spec, or a stored spec that no longer validates (naming
+/// its version); [`Error::Io`] reading it.
+pub fn load_stored(root: &Path, project: &str) -> crate::Result<Spec> {
+    let p = ProjectId::new(project)?;
+    let store = crate::store::Store::open_existing(root)?.ok_or_else(|| {
+        Error::invalid(format!(
+            "--project {p}: no layercache store at {}",
+            root.display()
+        ))
+    })?;
+    let Some(pd) = store.projects(Some(&p))?.pop() else {
+        let known: Vec<String> = store
+            .projects(None)?
+            .iter()
+            .map(|pd| pd.project.to_string())
+            .collect();
+        return Err(crate::store::no_such_project(root, &p, &known));
+    };
+    let Some(stored) = current(&pd)? else {
+        return Err(Error::invalid(format!(
+            "--project {p}: the project has no stored spec (save one on the spec page of \
+             `layercache serve` or with PUT /api/v1/projects/{p}/spec), or pass --spec FILE"
+        )));
+    };
+    let spec = crate::spec::parse(&stored.text).map_err(|e| {
+        Error::invalid(format!(
+            "stored spec of {p} (version {}): {e}",
+            stored.version
+        ))
+    })?;
+    if spec.project != p {
+        return Err(Error::invalid(format!(
+            "stored spec of {p} (version {}) declares project {}",
+            stored.version, spec.project
+        )));
+    }
+    Ok(spec)
+}
+
 /// Saves `text` (already validated, for `pd`'s project) as the next version and points
 /// `current` at it; returns the new version.
 ///
