@@ -45,6 +45,10 @@ impl CacheResult {
 /// of the published layer (or of the mounted one on a hit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
+    /// The id of the `layercache run` this preparation belongs to (one per invocation, shared
+    /// by its caches; see [`new_run_id`]); absent in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     /// Unix time of the event in milliseconds.
     pub time_ms: u64,
     /// The project.
@@ -93,6 +97,12 @@ impl Event {
 /// The event log path for a store root.
 pub fn events_path(store: &Path) -> PathBuf {
     store.join(EVENTS_FILE)
+}
+
+/// A new run id: the start time in ms as 12 hex digits, `-`, 12 random hex digits (sorts by
+/// time, like the store's run directory names).
+pub fn new_run_id() -> String {
+    format!("{:012x}-{}", now_ms(), crate::sys::random_hex(6))
 }
 
 /// Milliseconds since the Unix epoch.
@@ -277,6 +287,7 @@ mod tests {
 
     fn ev(project: &str, cache: &str, result: CacheResult, prep: u64, status: i32) -> Event {
         Event {
+            run: None,
             time_ms: 1,
             project: project.into(),
             cache: cache.into(),

@@ -86,6 +86,14 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
         .map(|r| r["time_ms"].as_u64().unwrap())
         .collect();
     assert!(times.windows(2).all(|w| w[0] >= w[1]), "{times:?}");
+    // The two caches of one `layercache run` share its run id; runs differ.
+    let ids: Vec<&str> = runs.iter().map(|r| r["run"].as_str().unwrap()).collect();
+    assert_eq!(ids[0], ids[1], "{ids:?}");
+    assert_ne!(ids[1], ids[2], "{ids:?}");
+    assert_eq!(
+        ids.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        4
+    );
     let newest = events.last().unwrap();
     assert_eq!(runs[0]["key"], newest["key"]);
     let results: Vec<&str> = runs.iter().map(|r| r["result"].as_str().unwrap()).collect();

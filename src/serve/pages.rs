@@ -343,7 +343,7 @@ pub async fn runs(
             div.box { table #runs {
                 thead { tr { th { "time" } th { "cache" } th { "result" } th { "key" } th { "matched" } th.num { "preparation" } th.num { "saved" } th.num { "exit" } } }
                 tbody { @for r in shown { tr {
-                    td.time { (human_time(&r.time)) } td data-label="cache" { (r.cache) }
+                    td.time title={"run " (r.run)} { (human_time(&r.time)) } td data-label="cache" { (r.cache) }
                     td data-label="result" { span class={"result-" (r.result)} { (r.result) } }
                     td data-label="key" { span.key { (r.key) } }
                     td data-label="matched" { span.key { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (m) } None => { "—" } } } }

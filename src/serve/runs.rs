@@ -59,7 +59,10 @@ pub fn history(events: &[Event], project: &str, limit: usize) -> Vec<RunRow> {
         .iter()
         .zip(saved)
         .map(|(e, saved_ms)| RunRow {
-            run: format!("t{}-{}", e.time_ms, e.cache),
+            run: e
+                .run
+                .clone()
+                .unwrap_or_else(|| format!("t{}-{}", e.time_ms, e.cache)),
             time: iso_time(e.time_ms),
             time_ms: e.time_ms,
             cache: e.cache.clone(),
@@ -198,6 +201,7 @@ mod tests {
 
     fn ev(t: u64, result: CacheResult, setup: u64) -> Event {
         Event {
+            run: None,
             time_ms: t,
             project: "p".into(),
             cache: "npm".into(),
