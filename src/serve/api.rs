@@ -38,13 +38,7 @@ pub async fn caches(
     State(st): State<Arc<AppState>>,
     Path(project): Path<String>,
 ) -> Result<Json<Value>, AppError> {
-    let p = view::project_id(&project)?;
-    let rows = blocking(move || {
-        let pd = view::require_project(&st.store, &p)?;
-        let events = crate::telemetry::read(st.store.root())?;
-        view::caches(&st.store, &pd, &events)
-    })
-    .await?;
+    let rows = view::project_caches(st, view::project_id(&project)?).await?;
     Ok(Json(json!(rows)))
 }
 
@@ -118,8 +112,7 @@ pub async fn runs(
     let p = view::project_id(&project)?;
     let limit = parse_limit(q.limit.as_deref())?;
     let rows = blocking(move || {
-        let events = crate::telemetry::read(st.store.root())?;
-        view::require_known_project(&st.store, &events, &p)?;
+        let events = view::known_project_events(&st.store, &p)?;
         Ok(super::runs::history(&events, p.as_str(), limit))
     })
     .await?;
@@ -133,8 +126,7 @@ pub async fn stats(
 ) -> Result<Json<Value>, AppError> {
     let p = view::project_id(&project)?;
     let stats = blocking(move || {
-        let events = crate::telemetry::read(st.store.root())?;
-        view::require_known_project(&st.store, &events, &p)?;
+        let events = view::known_project_events(&st.store, &p)?;
         Ok(crate::telemetry::stats(&events, Some(p.as_str())))
     })
     .await?;

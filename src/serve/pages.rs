@@ -208,13 +208,7 @@ fn caches_table(project: &str, caches: &[CacheView]) -> Markup {
 }
 
 async fn project_page(st: Arc<AppState>, project: String, banner: Option<Markup>) -> Page {
-    let p = view::project_id(&project)?;
-    let caches = blocking(move || {
-        let pd = view::require_project(&st.store, &p)?;
-        let events = crate::telemetry::read(st.store.root())?;
-        view::caches(&st.store, &pd, &events)
-    })
-    .await?;
+    let caches = view::project_caches(st, view::project_id(&project)?).await?;
     Ok(layout(
         &project,
         html! {
@@ -325,8 +319,7 @@ pub async fn runs(
     let p = view::project_id(&project)?;
     let limit = super::api::parse_limit(q.limit.as_deref())?;
     let (rows, stats) = blocking(move || {
-        let events = crate::telemetry::read(st.store.root())?;
-        view::require_known_project(&st.store, &events, &p)?;
+        let events = view::known_project_events(&st.store, &p)?;
         let all = super::runs::history(&events, p.as_str(), usize::MAX);
         Ok((all, crate::telemetry::stats(&events, Some(p.as_str()))))
     })
@@ -391,14 +384,21 @@ fn spec_page(
     }
 }
 
-/// `GET /projects/{project}/spec`: the editor with the stored spec (or a template).
-pub async fn spec(State(st): State<Arc<AppState>>, Path(project): Path<String>) -> Page {
-    let p = view::project_id(&project)?;
-    let stored = blocking(move || {
+/// The current stored spec of the existing project `p`.
+async fn stored_spec(
+    st: Arc<AppState>,
+    p: crate::ids::ProjectId,
+) -> Result<Option<super::specs::Stored>, AppError> {
+    blocking(move || {
         let pd = view::require_project(&st.store, &p)?;
         Ok(super::specs::current(&pd)?)
     })
-    .await?;
+    .await
+}
+
+/// `GET /projects/{project}/spec`: the editor with the stored spec (or a template).
+pub async fn spec(State(st): State<Arc<AppState>>, Path(project): Path<String>) -> Page {
+    let stored = stored_spec(st, view::project_id(&project)?).await?;
     let (text, version) = match stored {
         Some(s) => (s.text, Some(s.version)),
         None => (SPEC_TEMPLATE.replace("{project}", &project), None),
@@ -429,15 +429,7 @@ pub async fn spec_post(
     // Browsers send CRLF line ends from a textarea.
     let text = f.spec.replace("\r\n", "\n");
     let save = f.action.as_deref() == Some("save");
-    let pp = p.clone();
-    let current = {
-        let st = st.clone();
-        blocking(move || {
-            let pd = view::require_project(&st.store, &pp)?;
-            Ok(super::specs::current(&pd)?.map(|s| s.version))
-        })
-        .await?
-    };
+    let current = stored_spec(st.clone(), p.clone()).await?.map(|s| s.version);
     let checked = super::specs::validate(&text)
         .and_then(|spec| super::api::same_project(&spec, &text, &p).map(|()| spec));
     let title = format!("Spec of {project}");

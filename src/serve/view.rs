@@ -141,6 +141,31 @@ pub fn require_known_project(
     })
 }
 
+/// The event log, for a project that must be in the store or in the log (see
+/// [`require_known_project`]).
+///
+/// Errors: 404 listing the known projects; the log's read errors (500).
+pub fn known_project_events(store: &Store, p: &ProjectId) -> Result<Vec<Event>, AppError> {
+    let events = crate::telemetry::read(store.root())?;
+    require_known_project(store, &events, p)?;
+    Ok(events)
+}
+
+/// The caches of project `p`, which must exist (see [`caches`]), off the async runtime.
+///
+/// Errors: 404 listing the projects; store errors (500).
+pub async fn project_caches(
+    st: std::sync::Arc<super::AppState>,
+    p: ProjectId,
+) -> Result<Vec<CacheView>, AppError> {
+    blocking(move || {
+        let pd = require_project(&st.store, &p)?;
+        let events = crate::telemetry::read(st.store.root())?;
+        caches(&st.store, &pd, &events)
+    })
+    .await
+}
+
 /// Every project with its usage, by name.
 ///
 /// Errors: store read errors (500).
