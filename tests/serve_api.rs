@@ -391,6 +391,25 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
         keys_of(&get_json(a, "/api/v1/projects/web-demo/caches").1, "npm"),
         vec![key.clone()]
     );
+    // The page's clear button meets the same refusal and shows it (409).
+    let form = format!("cache=npm&key={key}");
+    let r = request(
+        a,
+        "POST",
+        "/projects/web-demo/clear",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", &server.base),
+        ],
+        form.as_bytes(),
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.text().contains("refused to clear 1 layer(s) in use"),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains(&layer), "{}", r.text());
     drop(held);
     assert!(!is_mounted(&mnt));
     let r = request(a, "DELETE", &key_path, &[], b"");
