@@ -38,12 +38,23 @@ pub fn read_token(path: &std::path::Path) -> crate::Result<String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| crate::Error::invalid(format!("--token-file {}: {e}", path.display())))?;
     let token = text.lines().next().unwrap_or("").trim().to_string();
-    if token.len() < MIN_TOKEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+    // The token travels in a cookie too: only characters a cookie value may hold unquoted.
+    let cookie_safe = |b: u8| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b);
+    if token.len() < MIN_TOKEN || !token.bytes().all(cookie_safe) {
         return Err(crate::Error::invalid(format!(
-            "--token-file {}: want a token of at least {MIN_TOKEN} printable ASCII characters \
-             without spaces on its first line (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
+            "--token-file {}: want a token of at least {MIN_TOKEN} characters from A-Z a-z 0-9 \
+             - . _ ~ + / = on its first line (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
             path.display()
         )));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path)
+        && m.permissions().mode() & 0o044 != 0
+    {
+        tracing::warn!(
+            "--token-file {}: readable by other users (chmod 600 it)",
+            path.display()
+        );
     }
     Ok(token)
 }
