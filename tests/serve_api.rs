@@ -37,21 +37,38 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     }
     let sb = filled_store();
     let store = sb.path("store");
+    // Another project in the same store: nothing of it may show under web-demo.
+    let other = sb.write_spec(
+        "other.toml",
+        "project = \"other-demo\"\n\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n",
+    );
+    assert_eq!(sb.run(&other, None).status.code(), Some(0));
     let server = Server::start(&store, &[]);
     let a = server.addr.as_str();
 
     // Projects and caches agree with `layercache ls`.
     let (s, projects) = get_json(a, "/api/v1/projects");
     assert_eq!(s, 200, "{projects}");
-    let ls = lc_json(&store, &["ls"]);
+    let ls = lc_json(&store, &["ls", "--project", PROJECT]);
     let ls = ls.as_array().unwrap();
-    assert_eq!(projects[0]["project"], PROJECT, "{projects}");
-    assert_eq!(projects[0]["caches"], 2);
-    assert_eq!(projects[0]["layers"], ls.len() as u64);
+    let names: Vec<&str> = projects
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["project"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["other-demo", PROJECT], "{projects}");
+    let web = &projects[1];
+    assert_eq!(web["caches"], 2);
+    assert_eq!(web["layers"], ls.len() as u64);
     assert_eq!(ls.len(), 4, "{ls:?}");
     let bytes: u64 = ls.iter().map(|l| l["bytes"].as_u64().unwrap()).sum();
-    assert_eq!(projects[0]["bytes"], bytes);
-    assert!(projects[0]["last_used"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(web["bytes"], bytes);
+    assert!(web["last_used"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        (&projects[0]["caches"], &projects[0]["layers"]),
+        (&json!(1), &json!(1))
+    );
 
     let (s, caches) = get_json(a, "/api/v1/projects/web-demo/caches");
     assert_eq!(s, 200, "{caches}");
@@ -76,7 +93,12 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     }
 
     // Runs: newest first, the saved time adds up to `stats`, which the API returns as is.
-    let events = sb.events();
+    let events: Vec<Value> = sb
+        .events()
+        .into_iter()
+        .filter(|e| e["project"] == PROJECT)
+        .collect();
+    assert_eq!(events.len(), 8);
     let (s, runs) = get_json(a, "/api/v1/projects/web-demo/runs");
     assert_eq!(s, 200, "{runs}");
     let runs = runs.as_array().unwrap().clone();
@@ -271,7 +293,11 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1000");
-    let after = sb.events();
+    let after: Vec<Value> = sb
+        .events()
+        .into_iter()
+        .filter(|e| e["project"] == PROJECT)
+        .collect();
     assert_eq!(after.len(), events.len() + 2);
     assert!(
         after[events.len()..].iter().all(|e| e["result"] == "hit"),
@@ -283,7 +309,11 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
 
     // Unknown names: 404 with what exists; bad ids: 400 naming the id.
     let (s, e) = get_json(a, "/api/v1/projects/nope/caches");
-    assert_eq!((s, &e["exists"]), (404, &json!([PROJECT])), "{e}");
+    assert_eq!(
+        (s, &e["exists"]),
+        (404, &json!(["other-demo", PROJECT])),
+        "{e}"
+    );
     let r = request(
         a,
         "DELETE",
@@ -416,7 +446,13 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["removed"], json!([layer]));
     assert!(keys_of(&get_json(a, "/api/v1/projects/web-demo/caches").1, "npm").is_empty());
-    assert_eq!(lc_json(&store, &["ls"]).as_array().unwrap().len(), 2);
+    assert_eq!(
+        lc_json(&store, &["ls", "--project", PROJECT])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
 
     // gc, as `layercache gc --json`.
     let r = request(
@@ -428,7 +464,8 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["dry_run"], true);
-    assert_eq!(r.json()["after"]["layers"], 2);
+    // Store-wide: web-demo's two layers and other-demo's.
+    assert_eq!(r.json()["after"]["layers"], 3);
     let r = request(a, "POST", "/api/v1/gc", &[], br#"{"max_size": "lots"}"#);
     assert_eq!(
         (r.status, r.json()["errors"][0]["field"].clone()),
@@ -455,7 +492,13 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
         b"",
     );
     assert_eq!(r.status, 403, "{}", r.text());
-    assert_eq!(lc_json(&store, &["ls"]).as_array().unwrap().len(), 2);
+    assert_eq!(
+        lc_json(&store, &["ls", "--project", PROJECT])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     let (s, doc) = get_json(a, "/api/v1/openapi.json");
     assert_eq!(s, 200);
     assert!(
@@ -530,8 +573,31 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     let page = request(a, "GET", "/projects/web-demo", &[("Cookie", &cookie)], b"");
     assert_eq!(page.status, 200);
     assert!(page.text().contains("node_modules"), "{}", page.text());
+
+    // Clearing all of web-demo leaves other-demo's layer, though its key is one web-demo had.
+    let bearer = [("Authorization", "Bearer s3cret-token-0123456789")];
+    let r = request(
+        a,
+        "DELETE",
+        "/api/v1/projects/web-demo/caches",
+        &bearer,
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["removed"].as_array().unwrap().len(), 2);
     drop(server);
-    assert_eq!(lc_json(&store, &["ls"]).as_array().unwrap().len(), 2);
+    assert!(
+        lc_json(&store, &["ls", "--project", PROJECT])
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let theirs = lc_json(&store, &["ls", "--project", "other-demo"]);
+    assert_eq!(theirs.as_array().unwrap().len(), 1, "{theirs}");
+    assert!(
+        nm_keys.contains(&theirs[0]["keys"][0].as_str().unwrap().to_string()),
+        "{theirs}"
+    );
 }
 
 /// Listening off loopback without a token is refused (exit 2, nothing served); a weak token
