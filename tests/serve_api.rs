@@ -585,7 +585,9 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["removed"].as_array().unwrap().len(), 2);
-    drop(server);
+    // SIGINT (Ctrl-C) stops it gracefully too.
+    let status = server.stop_with(libc::SIGINT);
+    assert!(status.success(), "serve exited with {status} on SIGINT");
     assert!(
         lc_json(&store, &["ls", "--project", PROJECT])
             .as_array()

@@ -139,16 +139,21 @@ impl Server {
     }
 
     /// Sends SIGTERM and waits for the exit status.
-    pub fn stop(mut self) -> ExitStatus {
-        self.terminate()
+    pub fn stop(self) -> ExitStatus {
+        self.stop_with(libc::SIGTERM)
     }
 
-    fn terminate(&mut self) -> ExitStatus {
+    /// Sends `signal` and waits for the exit status (SIGKILL after 20 s).
+    pub fn stop_with(mut self, signal: i32) -> ExitStatus {
+        self.terminate(signal)
+    }
+
+    fn terminate(&mut self, signal: i32) -> ExitStatus {
         if let Ok(Some(s)) = self.child.try_wait() {
             return s;
         }
         // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, signal) };
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(s)) = self.child.try_wait() {
@@ -163,7 +168,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.terminate();
+        self.terminate(libc::SIGTERM);
     }
 }
 
