@@ -155,7 +155,7 @@ pub async fn projects(State(st): State<Arc<AppState>>) -> Page {
         "Projects",
         html! {
             h1 { "Projects" }
-            @if rows.is_empty() { p.muted { "The store has no projects yet: `layercache run` makes one." } }
+            @if rows.is_empty() { p.muted { "The store has no projects yet: " code { "layercache run" } " makes one." } }
             @else {
                 div.box { table {
                     thead { tr { th { "project" } th.num { "caches" } th.num { "layers" } th.num { "size" } th { "last used" } } }
@@ -363,7 +363,7 @@ fn spec_page(
         h1 { "Spec of " (project) }
         (tabs(project))
         @if let Some(n) = notice { (n) }
-        p.muted { @match version { Some(v) => { "Stored version " (v) "." } None => { "No stored spec yet." } } " `layercache run --project " (project) "` uses the stored spec." }
+        p.muted { @match version { Some(v) => { "Stored version " (v) "." } None => { "No stored spec yet." } } " " code { "layercache run --project " (project) } " uses the stored spec." }
         @if !errors.is_empty() {
             div.box { div.lines { @for (i, line) in text.lines().enumerate() {
                 @let n = i + 1;

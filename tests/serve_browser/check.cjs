@@ -83,6 +83,13 @@ async function main() {
     const overflow = await p2.evaluate(() => document.documentElement.scrollWidth);
     expect(overflow <= 390, 'the page does not scroll sideways on a phone: ' + overflow);
     await shot(p2, 'runs-phone.png');
+    for (const [url, name] of [['/projects/web-demo', 'project-phone.png'], ['/', 'projects-phone.png'],
+      ['/projects/web-demo/spec', 'spec-phone.png']]) {
+      await p2.goto(base + url);
+      const width = await p2.evaluate(() => document.documentElement.scrollWidth);
+      expect(width <= 390, url + ' does not scroll sideways on a phone: ' + width);
+      await shot(p2, name);
+    }
     console.log('ok runs');
     await browser.close();
   } finally {
