@@ -52,6 +52,15 @@ if [ "$(node -p "try { require('$pw_dir/node_modules/playwright-core/package.jso
   npm install --prefix "$pw_dir" --no-audit --no-fund --silent "playwright-core@$pw_version"
 fi
 export LAYERCACHE_PLAYWRIGHT="$pw_dir/node_modules/playwright-core"
+# openapi-spec-validator from PyPI checks serve's /api/v1/openapi.json (tests/serve_api.rs).
+oas_dir=${LAYERCACHE_OPENAPI_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/layercache-test/openapi}
+oas_version=0.9.0
+if ! "$oas_dir/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('openapi-spec-validator') != '$oas_version')" 2>/dev/null; then
+  echo "test.sh: installing openapi-spec-validator==$oas_version into $oas_dir"
+  python3 -m venv "$oas_dir"
+  "$oas_dir/bin/pip" install -q "openapi-spec-validator==$oas_version"
+fi
+export LAYERCACHE_OPENAPI_PYTHON="$oas_dir/bin/python"
 
 # Mount tests skip (and pass) when something they need is missing, unless CI is set: here every
 # requirement was installed above, so a skip is a failure.

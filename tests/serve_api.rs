@@ -12,7 +12,9 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 use serve_support::mounts::{Mounted, is_mounted};
-use serve_support::{BIN, PROJECT, Server, can_run, filled_store, get_json, lc_json, request};
+use serve_support::{
+    BIN, PROJECT, Server, can_run, filled_store, get_json, lc_json, request, skip_or_fail,
+};
 
 const TOML: (&str, &str) = ("Content-Type", "application/toml");
 
@@ -28,6 +30,29 @@ fn keys_of(caches: &Value, cache: &str) -> Vec<String> {
         .iter()
         .map(|l| l["key"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// Checks `doc` with openapi-spec-validator (`$LAYERCACHE_OPENAPI_PYTHON`, a Python that has it;
+/// scripts/test.sh installs it), writing it to `file` first.
+fn validate_openapi(doc: &Value, file: &Path) {
+    let Some(python) = std::env::var_os("LAYERCACHE_OPENAPI_PYTHON") else {
+        skip_or_fail(
+            "the OpenAPI check needs $LAYERCACHE_OPENAPI_PYTHON (scripts/test.sh sets it)",
+        );
+        return;
+    };
+    std::fs::write(file, doc.to_string()).unwrap();
+    let out = Command::new(python)
+        .args(["-m", "openapi_spec_validator"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -501,6 +526,7 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     );
     let (s, doc) = get_json(a, "/api/v1/openapi.json");
     assert_eq!(s, 200);
+    validate_openapi(&doc, &sb.path("openapi.json"));
     assert!(
         doc["paths"]["/api/v1/projects/{project}/caches/{cache}/keys/{key}"]["delete"].is_object()
     );
@@ -512,6 +538,8 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     // With a token: everything needs it; the login form sets the cookie.
     let token_file = sb.path("token");
     std::fs::write(&token_file, "s3cret-token-0123456789\n").unwrap();
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&token_file, private).unwrap();
     let server = Server::start(&store, &["--token-file", token_file.to_str().unwrap()]);
     let a = server.addr.as_str();
     assert_eq!(request(a, "GET", "/api/v1/projects", &[], b"").status, 401);
