@@ -197,13 +197,17 @@ pub fn serve(store: Store, cfg: Config, json: bool) -> Result<i32> {
     })
 }
 
-/// `layercache serve`: validates the flags, opens the existing store (never creates one), and
-/// serves.
+/// `layercache serve`: validates the flags, then opens the existing store with `open_store`
+/// (the CLI's own: it never creates one), and serves.
 ///
-/// Errors: see [`Config::new`], [`crate::store::cmd::open_existing`] and [`serve`].
-pub fn cli_serve(global: &crate::cli::GlobalArgs, args: &crate::cli::ServeArgs) -> Result<i32> {
+/// Errors: see [`Config::new`], `open_store` and [`serve`].
+pub fn cli_serve(
+    global: &crate::cli::GlobalArgs,
+    args: &crate::cli::ServeArgs,
+    open_store: fn(&crate::cli::GlobalArgs) -> Result<Store>,
+) -> Result<i32> {
     let cfg = Config::new(&args.listen, args.token_file.as_deref())?;
-    let store = crate::store::cmd::open_existing(global)?;
+    let store = open_store(global)?;
     serve(store, cfg, global.json)
 }
 
