@@ -40,14 +40,18 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
 
+# The presets' real tools (tests/presets.rs): installed when missing.
+log=$(mktemp /tmp/layercache-test.XXXXXX)
+source scripts/lib-fixtures.sh
+trap 'rm -f "$log"' EXIT
+lc_fixture_tools || { echo "test.sh: could not install the presets' tools" >&2; exit 1; }
+
 # Mount tests skip (and pass) when something they need is missing, unless CI is set: here every
 # requirement was installed above, so a skip is a failure.
 export CI=${CI:-1}
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo build --quiet
-log=$(mktemp /tmp/layercache-test.XXXXXX)
-trap 'rm -f "$log"' EXIT
 set +e
 cargo test --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}

@@ -1,0 +1,269 @@
+//! Every package-manager preset proven on its real tool (issue 11): `go`, `pnpm`, `yarn`, `uv`,
+//! `maven`, each on its fixture in examples/.
+//!
+//! Each test goes through the CLI only and asserts outcomes: run 1 misses, its setup (the
+//! preset's default) fills the cache and the layer is published; the installed tree in the
+//! workdir is then removed, and run 2 hits (`--json` summary and events.jsonl) and its COMMAND
+//! installs or builds with the tool's offline mode in a fresh network namespace (`unshare
+//! --net`: no network at all), so everything it needs came from the layer. Nothing here looks at
+//! where a run's mounts live on the host.
+//!
+//! Tools: Debian's golang-go (modules from a `file://` GOPROXY that scripts/goproxy.py builds from
+//! Debian's golang-*-dev packages), pnpm and yarn from the npm registry, uv from PyPI, Debian's
+//! maven with Debian's /usr/share/maven-repo as the only repository (the fixture's
+//! .mvn/settings.xml). scripts/test.sh installs them all (scripts/lib-fixtures.sh).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+#[path = "common/run.rs"]
+mod run_common;
+
+use run_common::{
+    Sandbox, can_mount, fixture, have_tool, json_summary, prep_ms, skip_or_fail, stdout,
+};
+
+/// One preset's case: the fixture, the spec's cache lines, what COMMAND checks on the miss, the
+/// workdir entries to remove between the runs, and the hit's offline COMMAND with its expected
+/// output.
+struct Case<'a> {
+    preset: &'a str,
+    fixture: &'a str,
+    /// Extra lines of the `[[cache]]` table (after id and preset).
+    extra: &'a str,
+    /// Environment of both `layercache run`s (and so of setup and COMMAND).
+    env: Vec<(&'a str, String)>,
+    /// COMMAND of run 1 (`sh -c`), with the network.
+    first: &'a str,
+    /// Workdir entries removed after run 1 (the installed tree the preset does not cache).
+    remove: &'a [&'a str],
+    /// COMMAND of run 2 (`sh -c`), run under `unshare --net`.
+    offline: &'a str,
+    /// What both COMMANDs print last.
+    expect: &'a str,
+}
+
+/// Runs `case`: miss (published), then a hit whose offline COMMAND works; prints the times.
+fn prove(case: Case<'_>) {
+    let Some(fx) = fixture(case.fixture) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    sb.copy_into_work(&fx);
+    let project = format!("preset-{}", case.preset);
+    let spec = sb.write_spec(
+        "spec.toml",
+        &format!(
+            "project = \"{project}\"\n[[cache]]\nid = \"{}\"\npreset = \"{}\"\n{}",
+            case.preset, case.preset, case.extra
+        ),
+    );
+    let env: Vec<(&str, &str)> = case.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+
+    let first = sb.run_cmd(&["--json"], &spec, &["sh", "-c", case.first], &env);
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}: run 1 failed",
+        case.preset
+    );
+    assert!(
+        stdout(&first).ends_with(case.expect),
+        "{}: run 1 printed {:?}",
+        case.preset,
+        stdout(&first)
+    );
+    let miss = &json_summary(&first)["caches"][0];
+    assert_eq!(miss["result"], "miss", "{miss}");
+    assert_eq!(miss["published"], true, "{miss}");
+
+    for entry in case.remove {
+        let p = sb.work().join(entry);
+        if p.is_dir() {
+            std::fs::remove_dir_all(&p).unwrap();
+        } else if p.exists() {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+
+    let offline = format!("unshare --net sh -c {}", shell_quote(case.offline));
+    let second = sb.run_cmd(&["--json"], &spec, &["sh", "-c", &offline], &env);
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{}: the offline COMMAND failed on the hit",
+        case.preset
+    );
+    assert!(
+        stdout(&second).ends_with(case.expect),
+        "{}: run 2 printed {:?}",
+        case.preset,
+        stdout(&second)
+    );
+    let hit = &json_summary(&second)["caches"][0];
+    assert_eq!(hit["result"], "hit", "{hit}");
+    assert_eq!(hit["key"], miss["key"], "{hit}");
+
+    let ev = sb.events();
+    assert_eq!(ev.len(), 2, "{ev:?}");
+    assert_eq!(
+        (ev[0]["result"].as_str(), ev[1]["result"].as_str()),
+        (Some("miss"), Some("hit"))
+    );
+    eprintln!(
+        "PRESET {}: miss {} ms (setup {} ms, promote {} ms, {} files, {} bytes), hit {} ms \
+         (mount {} ms, maintenance {} ms)",
+        case.preset,
+        prep_ms(&ev[0]),
+        ev[0]["setup_ms"],
+        ev[0]["promote_ms"],
+        ev[0]["files"],
+        ev[0]["bytes"],
+        prep_ms(&ev[1]),
+        ev[1]["mount_ms"],
+        ev[1]["maintenance_ms"]
+    );
+    assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
+}
+
+/// `'…'` quoting for `sh`.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// True when `cmd` runs and exits 0; otherwise [`skip_or_fail`] naming `what`.
+fn runs(cmd: &mut Command, what: &str) -> bool {
+    let ok = cmd.output().is_ok_and(|o| o.status.success());
+    ok || !skip_or_fail(&format!("needs {what}"))
+}
+
+/// `go`: `go mod download` (the preset's setup) fills GOMODCACHE from a `file://` GOPROXY of
+/// Debian's Go packages; on the hit `go build` with `GOPROXY=off` builds from the layer alone.
+#[test]
+fn go_preset_builds_offline_from_the_layer() {
+    if !can_mount() || !runs(Command::new("go").arg("version"), "go (golang-go)") {
+        return;
+    }
+    let sb_proxy = tempfile::Builder::new()
+        .prefix("layercache-goproxy-")
+        .tempdir()
+        .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/goproxy.py");
+    let built: Output = Command::new("python3")
+        .arg(&script)
+        .arg(sb_proxy.path())
+        .output()
+        .unwrap();
+    if !built.status.success() {
+        skip_or_fail(&format!(
+            "scripts/goproxy.py failed (are the Debian packages of `goproxy.py --packages` \
+             installed?): {}",
+            String::from_utf8_lossy(&built.stderr)
+        ));
+        return;
+    }
+    prove(Case {
+        preset: "go",
+        fixture: "go-app",
+        extra: "",
+        env: vec![
+            ("GOPROXY", format!("file://{}", sb_proxy.path().display())),
+            ("GOSUMDB", "off".into()),
+            ("GOFLAGS", "".into()),
+            ("GOTOOLCHAIN", "local".into()),
+        ],
+        first: "go build -o app . && ./app",
+        remove: &["app"],
+        offline: "GOFLAGS=-mod=mod GOPROXY=off go build -o app . && ./app",
+        expect: "go-app 56333bf6-df14-53eb-a25c-6f9fefafa040 layer: cache\n",
+    });
+}
+
+const NODE_CHECK: &str = "node -e \"const c = require('chalk'); require('lodash'); \
+     console.log(require('is-number')(7), require('semver').valid('1.2.3'), typeof c.green)\"";
+
+/// `pnpm`: the store (npm_config_store_dir) is the cache; on the hit `pnpm install --offline`
+/// builds node_modules from it.
+#[test]
+fn pnpm_preset_installs_offline_from_the_layer() {
+    if !can_mount() || !have_tool("pnpm") || !have_tool("node") {
+        return;
+    }
+    prove(Case {
+        preset: "pnpm",
+        fixture: "pnpm-app",
+        extra: "",
+        env: vec![],
+        first: NODE_CHECK,
+        remove: &["node_modules"],
+        offline: &format!("pnpm install --frozen-lockfile --offline && {NODE_CHECK}"),
+        expect: "true 1.2.3 function\n",
+    });
+}
+
+/// `yarn` (classic): YARN_CACHE_FOLDER is the cache; on the hit `yarn install --offline` builds
+/// node_modules from it.
+#[test]
+fn yarn_preset_installs_offline_from_the_layer() {
+    if !can_mount() || !have_tool("yarn") || !have_tool("node") {
+        return;
+    }
+    prove(Case {
+        preset: "yarn",
+        fixture: "yarn-app",
+        extra: "",
+        env: vec![],
+        first: NODE_CHECK,
+        remove: &["node_modules"],
+        offline: &format!("yarn install --frozen-lockfile --offline && {NODE_CHECK}"),
+        expect: "true 1.2.3 function\n",
+    });
+}
+
+/// `uv`: UV_CACHE_DIR is the cache; on the hit `uv sync --offline` makes a new .venv from it.
+#[test]
+fn uv_preset_syncs_offline_from_the_layer() {
+    if !can_mount() || !have_tool("uv") {
+        return;
+    }
+    let import =
+        ".venv/bin/python -c 'import requests, attrs; print(requests.__name__, attrs.__name__)'";
+    prove(Case {
+        preset: "uv",
+        fixture: "uv-app",
+        extra: "",
+        // No interpreter downloads (not reachable): the machine's python3.
+        env: vec![("UV_PYTHON_DOWNLOADS", "never".into())],
+        first: import,
+        remove: &[".venv"],
+        offline: &format!("uv sync --frozen --offline && {import}"),
+        expect: "requests attrs\n",
+    });
+}
+
+/// `maven`: `mvn dependency:go-offline` (the preset's setup) fills the local repository
+/// (-Dmaven.repo.local on the mount) from Debian's maven-repo; on the hit `mvn -o package`
+/// builds and the app runs on the classpath from the layer.
+#[test]
+fn maven_preset_builds_offline_from_the_layer() {
+    if !can_mount() || !have_tool("mvn") || !have_tool("java") {
+        return;
+    }
+    if !Path::new("/usr/share/maven-repo/org/apache/maven/plugins/maven-dependency-plugin").is_dir()
+    {
+        skip_or_fail("needs Debian's maven plugins in /usr/share/maven-repo");
+        return;
+    }
+    let build = "mvn -o -B -q package dependency:build-classpath -Dmdep.outputFile=cp.txt \
+                 && java -cp \"target/classes:$(cat cp.txt)\" org.example.app.App";
+    prove(Case {
+        preset: "maven",
+        fixture: "maven-app",
+        extra: "",
+        env: vec![],
+        first: build,
+        remove: &["target", "cp.txt"],
+        offline: build,
+        expect: "Maven-app tar\n",
+    });
+}
