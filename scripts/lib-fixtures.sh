@@ -2,9 +2,9 @@
 #
 #   lc_fixture_tools  installs what is missing and puts it on PATH:
 #     * Debian: golang-go, the golang-*-dev packages scripts/goproxy.py serves as a file://
-#       GOPROXY (`goproxy.py --packages`), maven and the Maven plugins and libraries
-#       examples/maven-app resolves from /usr/share/maven-repo (no other Maven repository is
-#       reachable here);
+#       GOPROXY (`goproxy.py --packages`), maven, gradle, and the Maven plugins and libraries
+#       examples/maven-app and gradle-app resolve from /usr/share/maven-repo (no other Maven
+#       repository is reachable here);
 #     * pnpm and yarn (classic) from the npm registry, uv from PyPI, at pinned versions, into
 #       $LC_TEST_CACHE/tools (kept between runs; reinstalled when the pin changes), linked into
 #       $LC_TEST_CACHE/tools/bin, which goes first on PATH.
@@ -14,8 +14,9 @@ LC_TEST_CACHE=${LC_TEST_CACHE:-/var/cache/layercache-test}
 LC_PNPM_VERSION=9.15.9
 LC_YARN_VERSION=1.22.22
 LC_UV_VERSION=0.13.9
-# What examples/maven-app's pom.xml pins (dependency:go-offline resolves every lifecycle plugin).
-LC_MAVEN_PACKAGES="maven libmaven-dependency-plugin-java libmaven-compiler-plugin-java
+# What examples/maven-app's pom.xml pins (dependency:go-offline resolves every lifecycle plugin)
+# and the libraries both JVM fixtures use.
+LC_MAVEN_PACKAGES="maven gradle libmaven-dependency-plugin-java libmaven-compiler-plugin-java
   libmaven-resources-plugin-java libmaven-jar-plugin-java libsurefire-java
   libmaven-clean-plugin-java libmaven-install-plugin-java libmaven-deploy-plugin-java
   libmaven-site-plugin-java libcommons-lang3-java libcommons-io-java"

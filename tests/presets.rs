@@ -1,5 +1,5 @@
 //! Every package-manager preset proven on its real tool (issue 11): `go`, `pnpm`, `yarn`, `uv`,
-//! `maven`, each on its fixture in examples/.
+//! `maven`, `gradle`, each on its fixture in examples/.
 //!
 //! Each test goes through the CLI only and asserts outcomes: run 1 misses, its setup (the
 //! preset's default) fills the cache and the layer is published; the installed tree in the
@@ -11,10 +11,13 @@
 //! Tools: Debian's golang-go (modules from a `file://` GOPROXY that scripts/goproxy.py builds from
 //! Debian's golang-*-dev packages), pnpm and yarn from the npm registry, uv from PyPI, Debian's
 //! maven with Debian's /usr/share/maven-repo as the only repository (the fixture's
-//! .mvn/settings.xml). scripts/test.sh installs them all (scripts/lib-fixtures.sh).
+//! .mvn/settings.xml), Debian's gradle with the same repository served over HTTP on 127.0.0.1
+//! (Gradle reads a `file://` repository in place and caches nothing from it).
+//! scripts/test.sh installs them all (scripts/lib-fixtures.sh).
 
+use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 #[path = "common/run.rs"]
 mod run_common;
@@ -41,6 +44,8 @@ struct Case<'a> {
     offline: &'a str,
     /// What both COMMANDs print last.
     expect: &'a str,
+    /// Runs between the two runs (e.g. stops a repository server).
+    before_hit: Option<Box<dyn FnOnce()>>,
 }
 
 /// Runs `case`: miss (published), then a hit whose offline COMMAND works; prints the times.
@@ -61,6 +66,9 @@ fn prove(case: Case<'_>) {
     let env: Vec<(&str, &str)> = case.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
 
     let first = sb.run_cmd(&["--json"], &spec, &["sh", "-c", case.first], &env);
+    if let Some(f) = case.before_hit {
+        f();
+    }
     assert_eq!(
         first.status.code(),
         Some(0),
@@ -86,7 +94,11 @@ fn prove(case: Case<'_>) {
         }
     }
 
-    let offline = format!("unshare --net sh -c {}", shell_quote(case.offline));
+    // A fresh network namespace with only loopback up (Gradle wants a local address).
+    let offline = format!(
+        "unshare --net sh -c {}",
+        shell_quote(&format!("ip link set lo up && {}", case.offline))
+    );
     let second = sb.run_cmd(&["--json"], &spec, &["sh", "-c", &offline], &env);
     assert_eq!(
         second.status.code(),
@@ -176,6 +188,7 @@ fn go_preset_builds_offline_from_the_layer() {
         remove: &["app"],
         offline: "GOFLAGS=-mod=mod GOPROXY=off go build -o app . && ./app",
         expect: "go-app 56333bf6-df14-53eb-a25c-6f9fefafa040 layer: cache\n",
+        before_hit: None,
     });
 }
 
@@ -198,6 +211,7 @@ fn pnpm_preset_installs_offline_from_the_layer() {
         remove: &["node_modules"],
         offline: &format!("pnpm install --frozen-lockfile --offline && {NODE_CHECK}"),
         expect: "true 1.2.3 function\n",
+        before_hit: None,
     });
 }
 
@@ -217,6 +231,7 @@ fn yarn_preset_installs_offline_from_the_layer() {
         remove: &["node_modules"],
         offline: &format!("yarn install --frozen-lockfile --offline && {NODE_CHECK}"),
         expect: "true 1.2.3 function\n",
+        before_hit: None,
     });
 }
 
@@ -238,6 +253,7 @@ fn uv_preset_syncs_offline_from_the_layer() {
         remove: &[".venv"],
         offline: &format!("uv sync --frozen --offline && {import}"),
         expect: "requests attrs\n",
+        before_hit: None,
     });
 }
 
@@ -265,5 +281,85 @@ fn maven_preset_builds_offline_from_the_layer() {
         remove: &["target", "cp.txt"],
         offline: build,
         expect: "Maven-app tar\n",
+        before_hit: None,
+    });
+}
+
+/// A static HTTP server (`python3 -m http.server`) on 127.0.0.1 over a directory; Drop kills it
+/// (by its pid) and reaps it.
+struct HttpDir {
+    child: Child,
+    url: String,
+}
+
+impl HttpDir {
+    /// Serves `dir` on a free port; ready when the server has printed the port it bound.
+    fn serve(dir: &Path) -> HttpDir {
+        let mut child = Command::new("python3")
+            .args([
+                "-u",
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                "0",
+                "--directory",
+            ])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn python3 -m http.server");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+        let port: u16 = line
+            .split_whitespace()
+            .skip_while(|w| *w != "port")
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("http.server printed {line:?}"));
+        HttpDir {
+            child,
+            url: format!("http://127.0.0.1:{port}/"),
+        }
+    }
+}
+
+impl Drop for HttpDir {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `gradle`: the preset's setup resolves every configuration's files into GRADLE_USER_HOME (the
+/// mount) from Debian's maven-repo served on 127.0.0.1; on the hit `gradle --offline run`
+/// compiles and runs the app from the layer (the server is gone by then).
+#[test]
+fn gradle_preset_builds_offline_from_the_layer() {
+    if !can_mount() || !have_tool("gradle") {
+        return;
+    }
+    let repo = Path::new("/usr/share/maven-repo/org/apache/commons/commons-lang3/3.12.0");
+    if !repo.is_dir() {
+        skip_or_fail("needs Debian's libcommons-lang3-java in /usr/share/maven-repo");
+        return;
+    }
+    let server = HttpDir::serve(Path::new("/usr/share/maven-repo"));
+    let url = server.url.clone();
+    let run = "gradle --no-daemon --offline -q run";
+    prove(Case {
+        preset: "gradle",
+        fixture: "gradle-app",
+        extra: "",
+        env: vec![("LAYERCACHE_MAVEN_REPO", url)],
+        first: run,
+        remove: &["build", ".gradle"],
+        offline: run,
+        expect: "Gradle-app tar\n",
+        before_hit: Some(Box::new(move || drop(server))),
     });
 }
