@@ -94,9 +94,10 @@ lc_docker_stop() {
   fi
   if [ -n "$lc_dockerd_dir" ]; then
     # dockerd leaves its netns bind mount (exec/netns/default) even after a clean stop, and
-    # overlay2 mounts when it was killed: unmount all below its dirs, deepest first.
-    awk -v d="$lc_dockerd_dir/" -v r="$lc_dockerd_data/" \
-      'index($2, d) == 1 || index($2, r) == 1 {print $2}' /proc/mounts | sort -r |
+    # its data root's bind mount onto itself and overlay2 mounts when it was killed: unmount
+    # them all, deepest first.
+    awk -v d="$lc_dockerd_dir/" -v r="$lc_dockerd_data" \
+      'index($2, d) == 1 || $2 == r || index($2, r "/") == 1 {print $2}' /proc/mounts | sort -r |
       while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
     rm -rf "$lc_dockerd_dir" || true
     lc_dockerd_dir=

@@ -30,7 +30,8 @@ lc_deb_installed() {
 lc_fixture_tools() {
   local here need=() p
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-  for p in golang-go $(python3 "$here/goproxy.py" --packages) $LC_MAVEN_PACKAGES; do
+  # iproute2: the offline runs bring loopback up in their fresh network namespace (`ip link`).
+  for p in iproute2 golang-go $(python3 "$here/goproxy.py" --packages) $LC_MAVEN_PACKAGES; do
     lc_deb_installed "$p" || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
