@@ -8,15 +8,17 @@
 #                     another engine holds it); exports DOCKER_HOST. Readiness is `docker info`
 #                     answering, polled until a deadline while dockerd lives.
 #   lc_docker_image   exports LAYERCACHE_TEST_IMAGE=layercache-test:<key>, a Debian bookworm image
-#                     holding nodejs, npm, python3 and python3-venv (no image registry is
+#                     holding nodejs, npm, python3 and python3-venv, and users user1000 and
+#                     user1001 (uid = gid = 1000, 1001) (no image registry is
 #                     reachable here: mmdebstrap builds the rootfs from Debian's packages and
 #                     `docker import` makes the image). <key> hashes the suite, the package list
 #                     and the build function, and the rootfs tarball is kept in
 #                     $LC_TEST_CACHE/rootfs-<key>.tar: only the first run on a machine builds it
 #                     (minutes), a fresh data root imports it (~30 s), and the kept data root
-#                     already has the image.
+#                     already has the image. Images and tarballs of other keys are removed.
 #   lc_docker_stop    stops the dockerd lc_docker_start started (SIGTERM by pid, SIGKILL after
-#                     30 s), unmounts what it left below its temp dir and removes the dir; does
+#                     30 s), unmounts what it left (netns, data root, overlay2), removes its temp
+#                     dir; does
 #                     nothing for an engine it did not start. Safe to call twice (EXIT trap).
 #
 # Needs root (dockerd, apt-get, mmdebstrap). Outside references: dockerd(8) options,
@@ -123,11 +125,13 @@ lc_image_rootfs() {
 
 # The test image from the imported rootfs "$1": the host's extra CA certificates
 # (/usr/local/share/ca-certificates: the registries are reached through a TLS proxy the host
-# trusts) added to the system bundle, and node/pip/requests pointed at that bundle.
+# trusts) added to the system bundle, node/pip/requests pointed at that bundle, and two users
+# for `--user` tests: user1000 (1000:1000) and user1001 (1001:1001), with homes in /home.
 lc_image_finish() {
   local base=$1 name=lc-image-finish-$$ status
   docker run --name "$name" -v /usr/local/share/ca-certificates:/host-ca:ro "$base" \
-    sh -c 'cp /host-ca/*.crt /usr/local/share/ca-certificates/ 2>/dev/null; update-ca-certificates' \
+    sh -c 'cp /host-ca/*.crt /usr/local/share/ca-certificates/ 2>/dev/null; update-ca-certificates &&
+      useradd -m -u 1000 -U -s /bin/sh user1000 && useradd -m -u 1001 -U -s /bin/sh user1001' \
     >/dev/null 2>&1 || { docker rm -f "$name" >/dev/null 2>&1; return 1; }
   local b=/etc/ssl/certs/ca-certificates.crt
   docker commit --change "ENV NODE_EXTRA_CA_CERTS=$b" --change "ENV SSL_CERT_FILE=$b" \
@@ -162,4 +166,13 @@ lc_docker_image() {
   fi
   lc_image_finish "$base" || { lc_log "could not finish $LAYERCACHE_TEST_IMAGE"; return 1; }
   lc_log "imported $LAYERCACHE_TEST_IMAGE in $((SECONDS - t0)) s"
+  # Images and tarballs of older keys only fill the kept data root and the cache dir.
+  local old
+  for old in $(docker images --format '{{.Repository}}:{{.Tag}}' 'layercache-test*'); do
+    [ "$old" = "$LAYERCACHE_TEST_IMAGE" ] || [ "$old" = "$base" ] ||
+      docker rmi "$old" >/dev/null 2>&1 || true
+  done
+  for old in "$LC_TEST_CACHE"/rootfs-*.tar; do
+    [ "$old" = "$tar" ] || rm -f "$old"
+  done
 }
