@@ -18,8 +18,7 @@
 #                     already has the image. Images and tarballs of other keys are removed.
 #   lc_docker_stop    stops the dockerd lc_docker_start started (SIGTERM by pid, SIGKILL after
 #                     30 s), unmounts what it left (netns, data root, overlay2), removes its temp
-#                     dir; does
-#                     nothing for an engine it did not start. Safe to call twice (EXIT trap).
+#                     dir; does nothing for an engine it did not start. Safe to call twice.
 #
 # Needs root (dockerd, apt-get, mmdebstrap). Outside references: dockerd(8) options,
 # mmdebstrap(1), docker-import(1).
