@@ -176,17 +176,20 @@ pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// The `--json` summary `run` prints on stderr (the last line that parses as JSON with
-/// `caches`, from its first `{`: the summary follows setup's output on stderr, and setup may
-/// end without a newline).
+/// The `--json` summary of `run`: the last line of stdout, else of stderr (where it was before
+/// it moved to stdout), that parses as JSON with `caches`, from its first `{` (on stderr it
+/// follows setup's output, which may end without a newline: mvn prints a bare "\e[0m").
 pub fn json_summary(o: &Output) -> serde_json::Value {
-    String::from_utf8_lossy(&o.stderr)
-        .lines()
-        .rev()
-        // setup's own output may leave a line unfinished (mvn prints a bare "\e[0m")
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l[l.find('{')?..]).ok())
-        .find(|v| v.get("caches").is_some())
-        .expect("a --json summary line on stderr")
+    [&o.stdout, &o.stderr]
+        .into_iter()
+        .find_map(|bytes| {
+            String::from_utf8_lossy(bytes)
+                .lines()
+                .rev()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l[l.find('{')?..]).ok())
+                .find(|v| v.get("caches").is_some())
+        })
+        .expect("a --json summary line on stdout or stderr")
 }
 
 /// Preparation time of one event: mount + setup + maintenance + promote, ms.
