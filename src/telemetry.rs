@@ -47,6 +47,9 @@ impl CacheResult {
 pub struct Event {
     /// Unix time of the event in milliseconds.
     pub time_ms: u64,
+    /// The run's id (`layercache run`), empty in events written before run ids.
+    #[serde(default)]
+    pub run: String,
     /// The project.
     pub project: String,
     /// The cache id.
@@ -255,6 +258,7 @@ mod tests {
 
     fn ev(project: &str, cache: &str, result: CacheResult, prep: u64, status: i32) -> Event {
         Event {
+            run: "r".into(),
             time_ms: 1,
             project: project.into(),
             cache: cache.into(),

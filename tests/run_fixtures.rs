@@ -36,15 +36,15 @@ fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// The `--json` summary `run` prints on stderr (the last line that parses as JSON with
+/// The `--json` summary `run` prints on stdout (the last line that parses as JSON with
 /// `caches`).
 fn summary(o: &std::process::Output) -> serde_json::Value {
-    String::from_utf8_lossy(&o.stderr)
+    String::from_utf8_lossy(&o.stdout)
         .lines()
         .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|v| v.get("caches").is_some())
-        .expect("a --json summary line on stderr")
+        .expect("a --json summary line on stdout")
 }
 
 /// The events of one cache, oldest first.
