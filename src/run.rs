@@ -280,12 +280,10 @@ use progress::Progress;
 
 // ---- mounts ----------------------------------------------------------------------------------
 
-/// Every mount of this run (by view path) and the view directories the run created on the
-/// host; Drop unmounts what is left, in reverse order, and removes those directories again.
+/// Every mount of this run (by view path); Drop unmounts what is left, in reverse order.
 struct Mounts<'a> {
     mounter: &'a dyn Mounter,
     points: Vec<PathBuf>,
-    made: Vec<PathBuf>,
 }
 
 impl Mounts<'_> {
@@ -297,10 +295,6 @@ impl Mounts<'_> {
                 first_err.get_or_insert(e);
             }
         }
-        // Deepest first; only directories this run made, and only while empty.
-        while let Some(d) = self.made.pop() {
-            let _ = std::fs::remove_dir(&d);
-        }
         first_err.map_or(Ok(()), Err)
     }
 
@@ -310,9 +304,10 @@ impl Mounts<'_> {
     }
 
     /// Creates on the host what the views need to exist: the mount root, the workdir view
-    /// directory, and each view below the workdir (a tmpfs holds those below the mount root);
-    /// remembers what it created so it is removed again.
-    fn prepare_views(&mut self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
+    /// directory, and each view below the workdir (a tmpfs holds those below the mount root).
+    /// They stay (empty): removing a directory another run's namespace has a mount on would
+    /// detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
+    fn prepare_views(&self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
         let mut need: Vec<PathBuf> = Vec::new();
         let view_wd = cfg.paths.view_workdir();
         for p in preps {
@@ -330,17 +325,7 @@ impl Mounts<'_> {
             need.insert(0, v.clone());
         }
         for dir in need {
-            let mut missing = Vec::new();
-            let mut d = dir.as_path();
-            while !d.exists() {
-                missing.push(d.to_path_buf());
-                match d.parent() {
-                    Some(p) => d = p,
-                    None => break,
-                }
-            }
             std::fs::create_dir_all(&dir).at(&dir)?;
-            self.made.extend(missing.into_iter().rev());
         }
         Ok(())
     }
@@ -397,7 +382,6 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let mut mounts = Mounts {
         mounter,
         points: Vec::new(),
-        made: Vec::new(),
     };
     let mut preps: Vec<Prep> = Vec::new();
     for k in all_keys {

@@ -341,6 +341,24 @@ fn kill_9_of_a_daemon_fails_the_run_naming_the_cache() {
     next_run_works(&sb);
 }
 
+/// A started run that is killed (SIGKILL) if the test panics before it is waited for.
+struct KillOnDrop(Option<Child>);
+
+impl KillOnDrop {
+    fn take(mut self) -> Child {
+        self.0.take().unwrap()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Pids of processes whose command line is exactly `argv`.
 fn pids_with_cmdline(argv: &[&str]) -> Vec<i32> {
     let want: Vec<u8> = argv
@@ -371,12 +389,23 @@ fn sigterm_reaches_setup_grandchildren_and_nothing_is_left() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let child = KillOnDrop(Some(child));
     wait_ready(&sb);
-    let sleepers: Vec<i32> = ["3141", "3142", "3143"]
-        .iter()
-        .flat_map(|n| pids_with_cmdline(&["sleep", n]))
-        .collect();
+    // The subshell's sleep may start a moment after `ready` (a loaded machine): look again for
+    // a bounded time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let sleepers = loop {
+        let found: Vec<i32> = ["3141", "3142", "3143"]
+            .iter()
+            .flat_map(|n| pids_with_cmdline(&["sleep", n]))
+            .collect();
+        if found.len() == 3 || std::time::Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert_eq!(sleepers.len(), 3, "{sleepers:?}");
+    let child = child.take();
     // SAFETY: kill(2) of the run we started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let o = child.wait_with_output().unwrap();
@@ -522,4 +551,62 @@ fn commit_and_umount_take_a_run_id() {
     assert!(run_dirs(&sb).is_empty());
     let bad = lc(&["umount", "no-such-run"]);
     assert_eq!(bad.status.code(), Some(2), "{}", show(&bad));
+}
+
+/// A long run's children hold copies of the host's mounts in their namespace (copied when
+/// they started, including another run's): that must not keep the other run from unmounting.
+#[test]
+fn a_long_run_does_not_hold_a_short_runs_mounts() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let short_go = sb.work().join("go");
+    nix::unistd::mkfifo(&short_go, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let spec = blocking_spec(&sb, "echo ready > ready; cat go; echo done > {mount}/done");
+    let short = run_cmd(&sb, &sb.work(), &spec, &[], &["true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ready(&sb); // the short run's mount exists now
+    // The long run starts while it does: its COMMAND's namespace holds a copy of it.
+    let long_work = sb.path("long");
+    std::fs::create_dir_all(&long_work).unwrap();
+    std::fs::write(long_work.join("deps.lock"), "b=1\n").unwrap();
+    for f in ["started", "release"] {
+        nix::unistd::mkfifo(
+            &long_work.join(f),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+    }
+    let long_spec = sb.write_spec(
+        "long.toml",
+        "project = \"q\"\n[[cache]]\nid = \"l\"\nkey_files = [\"deps.lock\"]\nsetup = \"true\"\n",
+    );
+    let long = run_cmd(
+        &sb,
+        &long_work,
+        &long_spec,
+        &[],
+        &["sh", "-c", "echo up > started; cat release"],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(long_work.join("started")).unwrap(),
+        "up\n"
+    );
+    // The short run commits (unmounts its miss mount) and ends while the long one runs.
+    std::fs::write(&short_go, "go\n").unwrap();
+    let o = short.wait_with_output().unwrap();
+    // Release the long run before judging, so a failure leaves no process behind.
+    std::fs::write(long_work.join("release"), "x\n").unwrap();
+    let lo = long.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "the short run: {}", show(&o));
+    assert_eq!(lo.status.code(), Some(0), "the long run: {}", show(&lo));
+    assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
+    assert!(run_dirs(&sb).is_empty(), "{:?}", run_dirs(&sb));
 }

@@ -357,11 +357,16 @@ pub fn mount_foreground(
 /// lazily unmounts `mountpoint`; the session then sees ENODEV and `run` returns. Without this a
 /// killed daemon leaves a dead mount ("Transport endpoint is not connected").
 ///
+/// [`EXIT_NOW`] (SIGUSR1) is what [`unmount`] sends once the mount is unmounted here but the
+/// daemon keeps serving: copies of the mount in other mount namespaces (a run's children copy
+/// the host's mounts) keep the connection alive. The daemon then exits at once, which ends
+/// those copies (ENOTCONN) too.
+///
 /// Errors: [`Error::Io`] if the signal mask cannot be set.
 fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
     use nix::sys::signal::{SigSet, Signal};
     let mut set = SigSet::empty();
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, EXIT_NOW] {
         set.add(sig);
     }
     set.thread_block()
@@ -373,11 +378,21 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
             if let Ok(sig) = set.wait() {
                 tracing::info!(?sig, mountpoint = %mnt.display(), "signal: unmounting");
                 let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+                if sig == EXIT_NOW {
+                    std::process::exit(0);
+                }
             }
         })
         .map(drop)
         .at(mountpoint)
 }
+
+/// The signal that tells a daemon whose mount is gone here to exit now (see
+/// [`unmount_on_signal`]).
+const EXIT_NOW: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGUSR1;
+
+/// How long [`unmount`] lets a daemon end by itself before it sends [`EXIT_NOW`].
+const EXIT_GRACE: Duration = Duration::from_millis(200);
 
 /// Mounts `cfg` at `mountpoint` by starting this binary again as a daemon
 /// (`layercache overlay-daemon --config-fd N --ready-fd N MOUNTPOINT`, in its own session), and
@@ -585,7 +600,14 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
             }
         }
     }
-    Ok(pidfd.is_none_or(|(pid, fd)| wait_pidfd(&fd, pid, wait)))
+    Ok(pidfd.is_none_or(|(pid, fd)| {
+        // Usually gone within milliseconds; a copy of the mount in another namespace keeps it
+        // serving, and nobody needs that copy any more.
+        wait_pidfd(&fd, pid, EXIT_GRACE.min(wait)) || {
+            let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::USR1);
+            wait_pidfd(&fd, pid, wait)
+        }
+    }))
 }
 
 /// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any:

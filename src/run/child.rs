@@ -116,6 +116,8 @@ impl Views {
             .iter()
             .map(|(s, d)| Ok((c(s)?, c(d)?)))
             .collect::<Result<Vec<_>>>()?;
+        // Read by the child after unshare (no allocation may happen between fork and exec).
+        let mut mountinfo = vec![0u8; MOUNTINFO_MAX];
         // SAFETY: between fork and exec only async-signal-safe system calls run (unshare,
         // mount, mkdir, chdir) on strings prepared above.
         unsafe {
@@ -135,6 +137,8 @@ impl Views {
                     libc::MS_REC | libc::MS_PRIVATE,
                     std::ptr::null(),
                 ))?;
+                let own: Vec<&[u8]> = binds.iter().map(|(src, _)| src.to_bytes()).collect();
+                detach_other_layercache_mounts(&mut mountinfo, &own);
                 if let Some((host, view)) = &workdir {
                     check(libc::mount(
                         host.as_ptr(),
@@ -175,6 +179,94 @@ impl Views {
         }
         Ok(())
     }
+}
+
+/// Bytes of /proc/self/mountinfo a child reads (a machine with more mounts than fit keeps the
+/// copies past this point; see [`detach_other_layercache_mounts`]).
+const MOUNTINFO_MAX: usize = 1 << 20;
+
+/// In a child's fresh mount namespace: lazily unmounts the copies of every `fuse.layercache`
+/// mount except the run's own (`own`, their mount points). unshare(2) copies all mounts, other
+/// runs' included, and with private propagation their later unmounts on the host never reach
+/// the copies, which would keep those FUSE connections (and daemons) alive as long as this
+/// child lives. The daemons end such stray copies too (overlay's `EXIT_NOW`); this avoids the
+/// wait.
+///
+/// Runs between fork and exec: only read(2), umount2(2) and in-place parsing of `buf`.
+fn detach_other_layercache_mounts(buf: &mut [u8], own: &[&[u8]]) {
+    // SAFETY: a NUL-terminated literal path; the descriptor is closed below.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/mountinfo".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    let mut n = 0;
+    while n < buf.len() {
+        // SAFETY: reads into the unused tail of `buf`.
+        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) };
+        if r <= 0 {
+            break;
+        }
+        n += r as usize;
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    let mut start = 0;
+    while start < n {
+        let end = buf[start..n]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(n, |i| start + i);
+        if let Some(mp_len) = layercache_mount_point(&mut buf[start..end], own) {
+            // SAFETY: `layercache_mount_point` NUL-terminated the mount point in place.
+            unsafe { libc::umount2(buf[start..].as_ptr().cast(), libc::MNT_DETACH) };
+            let _ = mp_len;
+        }
+        start = end + 1;
+    }
+}
+
+/// For a mountinfo line of a `fuse.layercache` mount that is not in `own`: moves its decoded,
+/// NUL-terminated mount point to the start of `line` and returns its length.
+fn layercache_mount_point(line: &mut [u8], own: &[&[u8]]) -> Option<usize> {
+    let sep = line.windows(3).position(|w| w == b" - ")?;
+    let fstype = line[sep + 3..].split(|b| *b == b' ').next()?;
+    if fstype != b"fuse.layercache" {
+        return None;
+    }
+    // Field 5 (index 4) is the mount point.
+    let mut field = 0;
+    let mut at = 0;
+    while field < 4 {
+        at += line[at..sep].iter().position(|b| *b == b' ')? + 1;
+        field += 1;
+    }
+    let len = line[at..sep].iter().position(|b| *b == b' ')?;
+    // Decode \ooo escapes, writing to the start of the line.
+    let (mut r, mut w) = (at, 0);
+    while r < at + len {
+        let b = line[r];
+        if b == b'\\'
+            && r + 3 < at + len
+            && line[r + 1..r + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            line[w] = (line[r + 1] - b'0') * 64 + (line[r + 2] - b'0') * 8 + (line[r + 3] - b'0');
+            r += 4;
+        } else {
+            line[w] = b;
+            r += 1;
+        }
+        w += 1;
+    }
+    if own.contains(&&line[..w]) || w >= line.len() {
+        return None;
+    }
+    line[w] = 0;
+    Some(w)
 }
 
 /// Spawns `cmd` as the current child and waits; signals received meanwhile are forwarded.
@@ -253,4 +345,22 @@ pub(super) fn run_child(mut cmd: Command, what: &str, group: bool) -> Result<i32
         unsafe { libc::kill(-pid, libc::SIGKILL) };
     }
     Ok(status_code(status.at(what)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_other_layercache_mounts_in_mountinfo_lines() {
+        let mut line =
+            b"36 35 0:40 / /s/runs/a\\040b/mnt rw - fuse.layercache layercache:/u rw".to_vec();
+        let n = layercache_mount_point(&mut line, &[]).unwrap();
+        assert_eq!(&line[..n], b"/s/runs/a b/mnt");
+        assert_eq!(line[n], 0);
+        let mut own = b"36 35 0:40 / /s/mine rw - fuse.layercache layercache:/u rw".to_vec();
+        assert!(layercache_mount_point(&mut own, &[b"/s/mine"]).is_none());
+        let mut other = b"36 35 0:40 / /x rw - ext4 /dev/sda rw".to_vec();
+        assert!(layercache_mount_point(&mut other, &[]).is_none());
+    }
 }
