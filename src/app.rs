@@ -67,6 +67,13 @@ fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
 fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Result<i32> {
     let spec = crate::spec::load(&args.spec)?;
     let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    if spec.caches.is_empty() {
+        // Not an error (a run of such a spec just runs COMMAND), but worth saying.
+        eprintln!(
+            "layercache: spec {} declares no caches (add a [[cache]]): nothing to key",
+            args.spec
+        );
+    }
     let env = crate::key::Environment::host(args.image.clone());
     let mut all = Vec::new();
     for cache in &spec.caches {
