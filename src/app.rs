@@ -18,9 +18,12 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Overlay(args) => {
             crate::overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)
         }
-        Command::OverlayDaemon(args) => {
-            crate::overlay::cli_daemon(args.config_fd, args.ready_fd, &args.mountpoint)
-        }
+        Command::OverlayDaemon(args) => crate::overlay::cli_daemon(
+            args.config_fd,
+            args.ready_fd,
+            args.owner_pid,
+            &args.mountpoint,
+        ),
         Command::Run(args) => cmd_run(&cli.global, &args),
         Command::Presets => {
             print!("{}", crate::spec::presets_text(cli.global.json));
@@ -66,10 +69,14 @@ fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
 /// `layercache key`: each cache's key, restore keys, key files and mountpoint.
 fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Result<i32> {
     let spec = crate::spec::load(&args.spec)?;
-    let paths = crate::spec::Paths {
-        workdir: workdir(&args.workdir)?,
-        mount_root: absolute(&args.mount_root)?,
-    };
+    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    if spec.caches.is_empty() {
+        // Not an error (a run of such a spec just runs COMMAND), but worth saying.
+        eprintln!(
+            "layercache: spec {} declares no caches (add a [[cache]]): nothing to key",
+            args.spec
+        );
+    }
     let env = crate::key::Environment::host(args.image.clone());
     let mut all = Vec::new();
     for cache in &spec.caches {
@@ -187,10 +194,7 @@ fn cmd_sandbox_args(
 ) -> Result<i32> {
     let driver = crate::sandbox::Driver::parse(&args.driver)?;
     let spec = crate::spec::load(&args.spec)?;
-    let paths = crate::spec::Paths {
-        workdir: workdir(&args.workdir)?,
-        mount_root: absolute(&args.mount_root)?,
-    };
+    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
     let mut binds = crate::sandbox::Binds {
         workdir: paths.workdir.clone(),
         ..Default::default()
@@ -198,7 +202,7 @@ fn cmd_sandbox_args(
     for cache in &spec.caches {
         let mp = cache.mountpoint(&paths)?;
         binds.env.extend(cache.env_for(&paths, &mp));
-        binds.mounts.push(mp);
+        binds.mounts.push((mp.clone(), mp));
     }
     let words = crate::sandbox::args(driver, &binds);
     if global.json {
@@ -220,10 +224,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
             project.as_deref().unwrap_or_default(),
         )?,
     };
-    let paths = crate::spec::Paths {
-        workdir: workdir(&args.workdir)?,
-        mount_root: absolute(&args.mount_root)?,
-    };
+    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
     let store_dir = store_root(global)?;
     let cfg = crate::run::RunConfig {
         spec,
@@ -233,18 +234,48 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         command: args.command.iter().map(std::ffi::OsString::from).collect(),
         store: store_dir.clone(),
         json: global.json,
+        run_id: crate::telemetry::new_run_id(),
     };
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
     }
     let store =
         crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());
-    let mounter = crate::run::StoreMounter::new(store, std::time::Duration::from_secs(300));
+    let mounter =
+        crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait));
+    // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
+    if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
+        let _ = mounter.store().reap_runs(&pd);
+    }
     crate::run::run(&cfg, &mounter)
 }
 
 /// `path` made absolute against the current directory (not resolved).
-fn absolute(path: &std::path::Path) -> Result<std::path::PathBuf> {
-    std::path::absolute(path)
-        .map_err(|e| Error::invalid(format!("--mount-root {}: {e}", path.display())))
+fn absolute(what: &str, path: &std::path::Path) -> Result<std::path::PathBuf> {
+    std::path::absolute(path).map_err(|e| Error::invalid(format!("{what} {}: {e}", path.display())))
+}
+
+/// The validated `--workdir`, `--mount-root` and `--workdir-view`: none may be `/` or a system
+/// directory (see [`crate::spec::check_root`]).
+///
+/// Errors: [`Error::Invalid`] naming the flag.
+fn paths(
+    workdir_arg: &Option<std::path::PathBuf>,
+    mount_root: &std::path::Path,
+    workdir_view: &Option<std::path::PathBuf>,
+) -> Result<crate::spec::Paths> {
+    let paths = crate::spec::Paths {
+        workdir: workdir(workdir_arg)?,
+        mount_root: absolute("--mount-root", mount_root)?,
+        workdir_view: workdir_view
+            .as_deref()
+            .map(|v| absolute("--workdir-view", v))
+            .transpose()?,
+    };
+    crate::spec::check_root("--workdir", &paths.workdir)?;
+    crate::spec::check_root("--mount-root", &paths.mount_root)?;
+    if let Some(v) = &paths.workdir_view {
+        crate::spec::check_root("--workdir-view", v)?;
+    }
+    Ok(paths)
 }

@@ -102,6 +102,9 @@ pub struct OverlayDaemonArgs {
     /// Descriptor to write one byte to once the mount is ready.
     #[arg(long)]
     pub ready_fd: i32,
+    /// End the mount when this process exits.
+    #[arg(long)]
+    pub owner_pid: Option<u32>,
     /// Where to mount.
     pub mountpoint: PathBuf,
 }
@@ -128,10 +131,11 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
 }
 
-/// A single MOUNTPOINT argument.
+/// A single RUN|MOUNTPOINT argument.
 #[derive(Debug, Args)]
 pub struct MountpointArg {
-    /// The mountpoint of a layercache mount.
+    /// The run id (`layercache mount` prints it) or the mountpoint of a layercache mount.
+    #[arg(value_name = "RUN|MOUNTPOINT")]
     pub mountpoint: PathBuf,
 }
 
@@ -151,9 +155,17 @@ pub struct RunArgs {
     /// Where caches are mounted (`<mount-root>/<id>`).
     #[arg(long, default_value = "/cache")]
     pub mount_root: PathBuf,
+    /// Where setup, maintenance and COMMAND see the workdir (bound there in the run's own mount
+    /// namespace; COMMAND starts there). Path-bound caches (venv, cargo-target) key on their
+    /// view path, so per-run workspaces seen at one path share their layers.
+    #[arg(long)]
+    pub workdir_view: Option<PathBuf>,
     /// Run setup, maintenance and COMMAND directly or inside bubblewrap.
     #[arg(long, default_value = "none")]
     pub sandbox: String,
+    /// Seconds to wait for another run that is filling the same key (then hit its layer).
+    #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole_number)]
+    pub fill_wait: u64,
     /// The sandbox image id that enters the key's environment fingerprint.
     #[arg(long, env = "LAYERCACHE_IMAGE")]
     pub image: Option<String>,
@@ -171,9 +183,15 @@ pub struct KeyArgs {
     /// The project directory key files are read from (default: the current directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,
-    /// Where caches are mounted (`<mount-root>/<id>`); enters the key through the mountpoint.
+    /// Where caches are seen (`<mount-root>/<id>`); enters path-bound caches' keys.
     #[arg(long, default_value = "/cache")]
     pub mount_root: PathBuf,
+    /// Where setup, maintenance and COMMAND see the workdir (bound there in the run's own mount
+    /// namespace; COMMAND starts there). Path-bound caches (venv, cargo-target) key on their
+    /// view path, so per-run workspaces seen at one path share their layers.
+    #[arg(long)]
+    pub workdir_view: Option<PathBuf>,
+
     /// The sandbox image id that enters the key's environment fingerprint.
     #[arg(long, env = "LAYERCACHE_IMAGE")]
     pub image: Option<String>,
@@ -194,6 +212,11 @@ pub struct SandboxArgs {
     /// Where caches are mounted (`<mount-root>/<id>`).
     #[arg(long, default_value = "/cache")]
     pub mount_root: PathBuf,
+    /// Where setup, maintenance and COMMAND see the workdir (bound there in the run's own mount
+    /// namespace; COMMAND starts there). Path-bound caches (venv, cargo-target) key on their
+    /// view path, so per-run workspaces seen at one path share their layers.
+    #[arg(long)]
+    pub workdir_view: Option<PathBuf>,
 }
 
 /// `layercache ls`, `stats`, `verify`.

@@ -7,11 +7,13 @@
 //! * `env8` — the environment fingerprint: the first 8 hex digits of blake3 over the sandbox
 //!   image id (`--image` / `LAYERCACHE_IMAGE`, `none` when unset), the versions of the preset's
 //!   tools (`node --version`, `python3 --version`, `rustc --version`, `go version`,
-//!   `java --version`; a missing tool counts as `none`) and the mountpoint. Installed trees with
-//!   native code depend on the tools and embed their absolute path, so a changed image,
-//!   toolchain or mountpoint never restores an old layer;
+//!   `java --version`; a missing tool counts as `none`) and, for a path-bound tree (a venv,
+//!   cargo's target dir: [`crate::spec::Preset::relocatable`] false), its view path. Installed
+//!   trees with native code depend on the tools and embed their absolute path, so a changed
+//!   image, toolchain or view path never restores an old layer; a relocatable tree (a package
+//!   manager's cache, `node_modules`) keys on no path, so per-run workspaces share its layers;
 //! * `hash` — 32 hex digits of blake3 over the cache id, the preset name and version, the setup
-//!   script, the env templates, the mountpoint, the exclude list, the key files' relative paths and
+//!   script, the env templates, the view path (path-bound trees only), the exclude list, the key files' relative paths and
 //!   contents (sorted by path), and the environment fingerprint.
 //!
 //! The default restore key is the key up to its hash (`<id>-<os>-<arch>-<env8>-`), so a changed
@@ -167,12 +169,16 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     let files = find_key_files(cache, &paths.workdir)?;
     let mountpoint = cache.mountpoint(paths)?;
     let fingerprint = env.fingerprint(cache.tools());
-    // The mountpoint joins the environment: an installed tree embeds its absolute path (a
-    // venv's scripts, cargo's fingerprints), so even a restore must not cross mountpoints.
+    // A path-bound tree's view path joins the environment: it embeds its absolute path (a
+    // venv's scripts, cargo's fingerprints), so even a restore must not cross view paths. A
+    // relocatable tree's key holds no path at all: per-run workspaces share its layers.
+    let bound_to = (!cache.relocatable).then_some(&mountpoint);
     let mut env_h = blake3::Hasher::new();
     env_h.update(fingerprint.as_bytes());
-    env_h.update(b"\0mountpoint=");
-    env_h.update(mountpoint.as_os_str().as_encoded_bytes());
+    if let Some(mp) = bound_to {
+        env_h.update(b"\0mountpoint=");
+        env_h.update(mp.as_os_str().as_encoded_bytes());
+    }
     let env8 = &env_h.finalize().to_hex()[..8];
 
     let mut h = blake3::Hasher::new_derive_key("layercache cache key v1");
@@ -191,7 +197,9 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     for (k, v) in &cache.env {
         field("env", format!("{k}={v}").as_bytes());
     }
-    field("mountpoint", mountpoint.as_os_str().as_encoded_bytes());
+    if let Some(mp) = bound_to {
+        field("mountpoint", mp.as_os_str().as_encoded_bytes());
+    }
     for x in &cache.exclude {
         field("exclude", x.as_bytes());
     }
@@ -394,6 +402,7 @@ mod tests {
         Paths {
             workdir: dir.to_path_buf(),
             mount_root: mount_root.into(),
+            workdir_view: None,
         }
     }
 
@@ -463,11 +472,32 @@ mod tests {
         let env = Environment::with_versions(Some("img-a".into()), &[("node", "v22.0.0")]);
         let c = compute(&s.caches[0], &paths(d.path(), "/cache"), &env).unwrap();
         assert_ne!(a.prefix(), c.prefix());
-        // Another mountpoint is another environment: no restore across mount roots either.
+        // npm's cache is relocatable: another mount root or workdir is the same key.
         let env = Environment::with_versions(Some("img-a".into()), &[("node", "v20.0.0")]);
         let m = compute(&s.caches[0], &paths(d.path(), "/elsewhere"), &env).unwrap();
-        assert_ne!(a.prefix(), m.prefix());
-        assert_ne!(a.key, m.key);
+        assert_eq!(a.key, m.key);
+        let other = tempfile::tempdir().unwrap();
+        fs::copy(
+            d.path().join("package-lock.json"),
+            other.path().join("package-lock.json"),
+        )
+        .unwrap();
+        let w = compute(&s.caches[0], &paths(other.path(), "/cache"), &env).unwrap();
+        assert_eq!(a.key, w.key, "a new workspace path hits");
+        // A venv is path-bound: another view path is another environment (no restore across
+        // view paths either), the same view path (`--workdir-view`) the same key.
+        let venv = spec::parse("project = \"p\"\n[[cache]]\nid = \"v\"\npreset = \"venv\"\nkey_files = [\"package-lock.json\"]\n").unwrap();
+        let v1 = compute(&venv.caches[0], &paths(d.path(), "/cache"), &env).unwrap();
+        let v2 = compute(&venv.caches[0], &paths(other.path(), "/cache"), &env).unwrap();
+        assert_ne!(v1.prefix(), v2.prefix());
+        let view = |dir: &Path| Paths {
+            workdir_view: Some("/workspace".into()),
+            ..paths(dir, "/cache")
+        };
+        let v3 = compute(&venv.caches[0], &view(d.path()), &env).unwrap();
+        let v4 = compute(&venv.caches[0], &view(other.path()), &env).unwrap();
+        assert_eq!(v3.key, v4.key);
+        assert_eq!(v3.mountpoint, Path::new("/workspace/.venv"));
     }
 
     #[test]

@@ -33,10 +33,16 @@ fn normalized_args() -> Vec<OsString> {
 
 fn main() {
     let cli = layercache::cli::Cli::parse_from(normalized_args());
+    let json = cli.global.json;
     let code = match layercache::app::dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("layercache: {err}");
+            if json {
+                // With --json the error is also one JSON line on stdout, for machines.
+                let v = serde_json::json!({"error": err.to_string(), "exit": err.exit_code()});
+                println!("{v}");
+            }
             err.exit_code()
         }
     };

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,6 +39,12 @@ pub struct Mounted {
     pub bytes: u64,
     /// Files in the mounted layer, when known.
     pub files: u64,
+    /// Where the mount is on the host (the run's private `runs/<run>/mnt`); the run binds it at
+    /// the view path in its own mount namespace. Equal to the view path when the mount is
+    /// already there.
+    pub source: PathBuf,
+    /// The store's run id of the mount (`runs/<run>`).
+    pub run: String,
 }
 
 /// What a promotion published.
@@ -51,25 +57,34 @@ pub struct Committed {
     pub bytes: u64,
     /// Files in the new layer.
     pub files: u64,
+    /// Where the published layer is now mounted (see [`Mounted::source`]), and its run id.
+    pub remount: Option<(PathBuf, String)>,
 }
 
 /// The store operations the run needs (implemented over [`crate::store`]; a plain-directory
 /// fake in the unit tests).
+///
+/// A mount is named by its cache's view path (where the tools see it) within this run only.
 pub trait Mounter {
-    /// Mounts the layer for `key` (or the newest matching a restore-key prefix, or nothing) at
-    /// `mountpoint` with a private upper layer.
+    /// Mounts the layer for `key` (or the newest matching a restore-key prefix, or nothing)
+    /// with a private upper layer, for the cache seen at `view`.
     fn mount(
         &self,
         project: &ProjectId,
         cache: &CacheId,
         key: &CacheKey,
         restore_keys: &[CacheKey],
-        mountpoint: &Path,
+        view: &Path,
     ) -> Result<Mounted>;
     /// Promotes the mount's lower ⊕ upper under its key and remounts the new layer as a hit.
-    fn commit(&self, mountpoint: &Path) -> Result<Committed>;
+    fn commit(&self, view: &Path) -> Result<Committed>;
     /// Unmounts and discards the private upper.
-    fn umount(&self, mountpoint: &Path) -> Result<()>;
+    fn umount(&self, view: &Path) -> Result<()>;
+    /// `Err` naming the dead daemon when the mount's overlay daemon is gone (killed): the
+    /// mount then only answers ENOTCONN.
+    fn check(&self, _view: &Path) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Whether scripts and COMMAND run directly or inside bubblewrap.
@@ -109,8 +124,10 @@ pub struct RunConfig {
     pub command: Vec<OsString>,
     /// The store root (events go to `<store>/events.jsonl`).
     pub store: PathBuf,
-    /// Summary as JSON.
+    /// Summary as JSON (on stdout).
     pub json: bool,
+    /// This run's id (in the summary and every event).
+    pub run_id: String,
 }
 
 /// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
@@ -131,6 +148,11 @@ impl StoreMounter {
             mounts: parking_lot::Mutex::new(BTreeMap::new()),
         }
     }
+
+    /// The store.
+    pub fn store(&self) -> &crate::store::Store {
+        &self.store
+    }
 }
 
 impl Mounter for StoreMounter {
@@ -140,7 +162,7 @@ impl Mounter for StoreMounter {
         cache: &CacheId,
         key: &CacheKey,
         restore_keys: &[CacheKey],
-        mountpoint: &Path,
+        view: &Path,
     ) -> Result<Mounted> {
         use crate::store::{MountRequest, MountResult};
         let m = self.store.mount(&MountRequest {
@@ -149,11 +171,12 @@ impl Mounter for StoreMounter {
             key: key.clone(),
             restore_keys: restore_keys.to_vec(),
             fill_wait: self.fill_wait,
-            mountpoint: mountpoint.to_path_buf(),
+            mountpoint: None,
+            owner: Some(std::process::id()),
         })?;
         let upper = Some(m.upper(&self.store));
         let out = m.outcome.clone();
-        self.mounts.lock().insert(out.mountpoint.clone(), m);
+        self.mounts.lock().insert(view.to_path_buf(), m);
         Ok(Mounted {
             result: match out.result {
                 MountResult::Hit => CacheResult::Hit,
@@ -164,22 +187,21 @@ impl Mounter for StoreMounter {
             upper,
             bytes: out.bytes,
             files: out.files,
+            source: out.mountpoint,
+            run: out.run,
         })
     }
 
-    fn commit(&self, mountpoint: &Path) -> Result<Committed> {
-        let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-        let held = self.mounts.lock().remove(&canon);
-        let out = match held {
-            Some(m) => {
-                let (out, remount) = self.store.commit_mount(m)?;
-                if let Some(r) = remount {
-                    self.mounts.lock().insert(canon, r);
-                }
-                out
-            }
-            None => self.store.commit(mountpoint)?,
-        };
+    fn commit(&self, view: &Path) -> Result<Committed> {
+        let held = self.mounts.lock().remove(view).ok_or_else(|| {
+            Error::Failed(format!("{}: no mount of this run there", view.display()))
+        })?;
+        let (out, remount) = self.store.commit_mount(held)?;
+        let remount = remount.map(|r| {
+            let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());
+            self.mounts.lock().insert(view.to_path_buf(), r);
+            at
+        });
         if !out.dropped.is_empty() {
             eprintln!(
                 "layercache: kept out of the layer (credentials): {}",
@@ -190,14 +212,37 @@ impl Mounter for StoreMounter {
             published: out.result == crate::store::CommitResult::Published,
             bytes: out.bytes,
             files: out.files,
+            remount,
         })
     }
 
-    fn umount(&self, mountpoint: &Path) -> Result<()> {
-        let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-        let r = self.store.umount(mountpoint);
-        self.mounts.lock().remove(&canon);
-        r
+    fn umount(&self, view: &Path) -> Result<()> {
+        let Some(m) = self.mounts.lock().remove(view) else {
+            return Ok(()); // never mounted, or its commit failed and put nothing back
+        };
+        match self.store.find_run_id(&m.outcome.run)? {
+            Some(sm) => self.store.umount_run(sm),
+            None => Ok(()),
+        }
+    }
+
+    fn check(&self, view: &Path) -> Result<()> {
+        let mounts = self.mounts.lock();
+        let Some(m) = mounts.get(view) else {
+            return Ok(());
+        };
+        let pid = m.outcome.daemon_pid;
+        // Reap it if it is our exited child, so the probe below does not see a zombie.
+        // SAFETY: non-blocking waitpid on one pid; ECHILD when it is not our child.
+        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+        if crate::sys::pid_alive(pid) {
+            return Ok(());
+        }
+        Err(Error::Failed(format!(
+            "cache {}: its overlay mount died (daemon {pid} is gone), so what was written to it \
+             is lost; the mount was cleaned up",
+            m.outcome.cache
+        )))
     }
 }
 
@@ -215,8 +260,11 @@ impl Mounter for NoMounts {
     ) -> Result<Mounted> {
         Err(Error::Failed(format!("cache {c}: no store opened")))
     }
-    fn commit(&self, mp: &Path) -> Result<Committed> {
-        Err(Error::Failed(format!("{}: no store opened", mp.display())))
+    fn commit(&self, view: &Path) -> Result<Committed> {
+        Err(Error::Failed(format!(
+            "{}: no store opened",
+            view.display()
+        )))
     }
     fn umount(&self, mp: &Path) -> Result<()> {
         Err(Error::Failed(format!("{}: no store opened", mp.display())))
@@ -226,12 +274,13 @@ impl Mounter for NoMounts {
 mod child;
 mod progress;
 
+pub use child::Views;
 use child::{SignalGuard, run_child, stopped};
 use progress::Progress;
 
 // ---- mounts ----------------------------------------------------------------------------------
 
-/// Every mount of this run; Drop unmounts what is left, in reverse order.
+/// Every mount of this run (by view path); Drop unmounts what is left, in reverse order.
 struct Mounts<'a> {
     mounter: &'a dyn Mounter,
     points: Vec<PathBuf>,
@@ -247,6 +296,38 @@ impl Mounts<'_> {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// The first mount whose daemon died, as an error naming its cache.
+    fn check_all(&self) -> Result<()> {
+        self.points.iter().try_for_each(|v| self.mounter.check(v))
+    }
+
+    /// Creates on the host what the views need to exist: the mount root, the workdir view
+    /// directory, and each view below the workdir (a tmpfs holds those below the mount root).
+    /// They stay (empty): removing a directory another run's namespace has a mount on would
+    /// detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
+    fn prepare_views(&self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
+        let mut need: Vec<PathBuf> = Vec::new();
+        let view_wd = cfg.paths.view_workdir();
+        for p in preps {
+            let v = &p.keys.mountpoint;
+            if p.mounted.source == *v {
+                continue; // already there (no namespace needed)
+            }
+            if v.starts_with(&cfg.paths.mount_root) {
+                need.push(cfg.paths.mount_root.clone());
+            } else if let Ok(rel) = v.strip_prefix(view_wd) {
+                need.push(cfg.paths.workdir.join(rel));
+            }
+        }
+        if let Some(v) = &cfg.paths.workdir_view {
+            need.insert(0, v.clone());
+        }
+        for dir in need {
+            std::fs::create_dir_all(&dir).at(&dir)?;
+        }
+        Ok(())
     }
 }
 
@@ -267,17 +348,21 @@ struct Prep {
 
 /// Runs the job. Returns COMMAND's exit status (0 without a COMMAND).
 ///
+/// Each cache is mounted at a private place of the run (see [`Mounted::source`]); setup,
+/// maintenance and COMMAND see it at its view path in a mount namespace of their own (native:
+/// [`child::Views`]; bwrap: `--bind`), so concurrent runs never see each other's mounts.
+///
 /// Errors: [`Error::Invalid`] for a bad spec/key file (nothing mounted); [`Error::Child`] with
 /// the script's status when setup or maintenance fails (nothing published, everything
-/// unmounted); [`Error::Child`] with 128 + signal when interrupted; store and I/O errors.
+/// unmounted); [`Error::Child`] with 128 + signal when interrupted; [`Error::Failed`] naming
+/// the cache when a mount's daemon died; store and I/O errors.
 pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let _signals = SignalGuard::install();
     if cfg.spec.caches.is_empty() {
-        return run_command(cfg, &BTreeMap::new(), &[]);
+        return run_command(cfg, &BTreeMap::new(), &Views::default());
     }
 
     let env = Environment::host(cfg.image.clone());
-    let run_id = telemetry::new_run_id();
     let mut all_keys = Vec::new();
     for cache in &cfg.spec.caches {
         all_keys.push(key::compute(cache, &cfg.paths, &env)?);
@@ -303,7 +388,6 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         if let Some(sig) = stopped() {
             return interrupted(&mut mounts, sig);
         }
-        std::fs::create_dir_all(&k.mountpoint).at(&k.mountpoint)?;
         let t = Instant::now();
         let mounted = mounter.mount(
             &cfg.spec.project,
@@ -314,8 +398,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         )?;
         mounts.points.push(k.mountpoint.clone());
         let event = Event {
-            run: Some(run_id.clone()),
             time_ms: telemetry::now_ms(),
+            run: cfg.run_id.clone(),
             project: cfg.spec.project.to_string(),
             cache: k.id.to_string(),
             key: k.key.to_string(),
@@ -336,16 +420,17 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             event,
         });
     }
+    mounts.prepare_views(cfg, &preps)?;
 
     // Every script and COMMAND sees every cache's environment.
     let mut run_env = BTreeMap::new();
     for (cache, p) in cfg.spec.caches.iter().zip(&preps) {
         run_env.extend(cache.env_for(&cfg.paths, &p.keys.mountpoint));
     }
-    let mountpoints: Vec<PathBuf> = preps.iter().map(|p| p.keys.mountpoint.clone()).collect();
 
-    for (cache, p) in cfg.spec.caches.iter().zip(preps.iter_mut()) {
-        let (what, script) = match p.mounted.result {
+    for ci in 0..preps.len() {
+        let cache = &cfg.spec.caches[ci];
+        let (what, script) = match preps[ci].mounted.result {
             CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
             CacheResult::Restore | CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
         };
@@ -354,19 +439,18 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             let progress = Progress::start(
                 cfg.json,
                 &label,
-                p.mounted.upper.clone().filter(|_| what == "setup"),
+                preps[ci].mounted.upper.clone().filter(|_| what == "setup"),
             );
             // The script may name its own mount as `{mount}` (and `{workdir}`, `{mount_root}`,
-            // `{env:NAME}`, as in `env`); it also gets it as $LAYERCACHE_MOUNT.
-            let script = crate::spec::expand(script, &cfg.paths, Some(&p.keys.mountpoint));
+            // `{env:NAME}`, as in `env`), shell-quoted; it also gets it as $LAYERCACHE_MOUNT.
+            let view = preps[ci].keys.mountpoint.clone();
+            let script = crate::spec::expand_script(script, &cfg.paths, Some(&view));
             let mut env = run_env.clone();
-            env.insert(
-                "LAYERCACHE_MOUNT".into(),
-                p.keys.mountpoint.display().to_string(),
-            );
+            env.insert("LAYERCACHE_MOUNT".into(), view.display().to_string());
             let t = Instant::now();
-            let status = run_script(cfg, &env, &mountpoints, &script, &label)?;
+            let status = run_script(cfg, &env, &views(cfg, &preps), &script, &label)?;
             drop(progress);
+            let p = &mut preps[ci];
             let ms = t.elapsed().as_millis() as u64;
             if what == "setup" {
                 p.event.setup_ms = ms;
@@ -378,6 +462,11 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
                 log_event(cfg, &p.event);
                 return interrupted(&mut mounts, sig);
             }
+            if let Err(e) = mounts.check_all() {
+                log_event(cfg, &p.event);
+                mounts.unmount_all()?;
+                return Err(e);
+            }
             if status != 0 {
                 log_event(cfg, &p.event);
                 mounts.unmount_all()?;
@@ -387,20 +476,26 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
                 });
             }
         }
+        let p = &mut preps[ci];
         if p.mounted.result != CacheResult::Hit {
-            remove_excluded(&p.keys.mountpoint, &cache.exclude)?;
+            remove_excluded(&p.mounted.source, &cache.exclude)?;
             let t = Instant::now();
             let committed = mounter.commit(&p.keys.mountpoint)?;
             p.event.promote_ms = t.elapsed().as_millis() as u64;
             p.event.published = committed.published;
             p.event.bytes = committed.bytes;
             p.event.files = committed.files;
+            if let Some((source, run)) = committed.remount {
+                p.mounted.source = source;
+                p.mounted.run = run;
+            }
         }
         log_event(cfg, &p.event);
     }
     print_summary(cfg, &preps);
 
-    let status = run_command(cfg, &run_env, &mountpoints)?;
+    let status = run_command(cfg, &run_env, &views(cfg, &preps))?;
+    let died = mounts.check_all();
     mounts.unmount_all()?;
     if let Some(sig) = stopped() {
         return Err(Error::Child {
@@ -408,6 +503,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             status: 128 + sig,
         });
     }
+    died?;
     Ok(status)
 }
 
@@ -425,19 +521,48 @@ fn log_event(cfg: &RunConfig, event: &Event) {
     }
 }
 
-fn binds(cfg: &RunConfig, env: &BTreeMap<String, String>, mounts: &[PathBuf]) -> Binds {
+/// What the children of the run see: the workdir at its view path, each cache's private mount
+/// at its view path (parents first), and a private tmpfs over the mount root when a view lies
+/// below it.
+fn views(cfg: &RunConfig, preps: &[Prep]) -> Views {
+    let mut binds: Vec<(PathBuf, PathBuf)> = preps
+        .iter()
+        .filter(|p| p.mounted.source != p.keys.mountpoint)
+        .map(|p| (p.mounted.source.clone(), p.keys.mountpoint.clone()))
+        .collect();
+    binds.sort_by_key(|(_, v)| (v.components().count(), v.clone()));
+    let root = &cfg.paths.mount_root;
+    Views {
+        workdir: cfg
+            .paths
+            .workdir_view
+            .clone()
+            .map(|v| (cfg.paths.workdir.clone(), v)),
+        mount_root: binds
+            .iter()
+            .any(|(_, v)| v.starts_with(root))
+            .then(|| root.clone()),
+        binds,
+    }
+}
+
+/// The bubblewrap arguments of [`views`] plus the environment.
+fn binds(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -> Binds {
     Binds {
         workdir: cfg.paths.workdir.clone(),
-        mounts: mounts.to_vec(),
+        workdir_view: cfg.paths.workdir_view.clone(),
+        tmpfs: views.mount_root.clone(),
+        mounts: views.binds.clone(),
         env: env.clone(),
     }
 }
 
-/// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout → stderr).
+/// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout → stderr)
+/// in its own process group and, natively, its own mount namespace.
 fn run_script(
     cfg: &RunConfig,
     env: &BTreeMap<String, String>,
-    mounts: &[PathBuf],
+    views: &Views,
     script: &str,
     label: &str,
 ) -> Result<i32> {
@@ -446,20 +571,24 @@ fn run_script(
         SandboxMode::None => {
             let mut c = Command::new(&argv[0]);
             c.args(&argv[1..]).current_dir(&cfg.paths.workdir).envs(env);
+            if !views.is_empty() {
+                views.apply(&mut c)?;
+            }
             c
         }
-        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, mounts), &argv)?,
+        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &argv)?,
     };
     let stderr = std::io::stderr().as_fd_owned();
     cmd.stdin(Stdio::null());
     if let Some(fd) = stderr {
         cmd.stdout(Stdio::from(fd));
     }
-    run_child(cmd, label)
+    run_child(cmd, label, true)
 }
 
-/// Runs COMMAND with stdio inherited; no COMMAND = status 0.
-fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, mounts: &[PathBuf]) -> Result<i32> {
+/// Runs COMMAND with stdio inherited; no COMMAND = status 0. It leads a process group of its
+/// own unless it reads from a terminal (a job-control shell needs the terminal's group).
+fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -> Result<i32> {
     let Some(program) = cfg.command.first() else {
         return Ok(0);
     };
@@ -470,11 +599,15 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, mounts: &[PathBu
             if !cfg.spec.caches.is_empty() {
                 c.current_dir(&cfg.paths.workdir);
             }
+            if !views.is_empty() {
+                views.apply(&mut c)?;
+            }
             c
         }
-        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, mounts), &cfg.command)?,
+        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &cfg.command)?,
     };
-    run_child(cmd, &program.to_string_lossy())
+    let group = !std::io::stdin().is_terminal();
+    run_child(cmd, &program.to_string_lossy(), group)
 }
 
 trait StderrFd {
@@ -505,16 +638,29 @@ fn remove_excluded(mount: &Path, exclude: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The summary: one line per cache on stderr, or with `--json` one JSON object on stdout
+/// (run id, and per cache its event, view path and mount run id).
 fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
     let mut err = std::io::stderr().lock();
     if cfg.json {
-        let events: Vec<&Event> = preps.iter().map(|p| &p.event).collect();
+        let caches: Vec<serde_json::Value> = preps
+            .iter()
+            .map(|p| {
+                let mut v = serde_json::to_value(&p.event).unwrap_or_default();
+                v["view"] = serde_json::json!(p.keys.mountpoint);
+                v["mount_run"] = serde_json::json!(p.mounted.run);
+                v
+            })
+            .collect();
         let v = serde_json::json!({
+            "run": cfg.run_id,
             "project": cfg.spec.project.as_str(),
-            "caches": events,
+            "caches": caches,
             "prep_ms": preps.iter().map(|p| p.event.prep_ms()).sum::<u64>(),
         });
-        let _ = writeln!(err, "{v}");
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{v}");
+        let _ = out.flush();
         return;
     }
     for p in preps {

@@ -36,14 +36,19 @@ impl Driver {
     }
 }
 
-/// What a sandbox must see: the project directory, every cache mount (read-write) and the
-/// presets' environment.
+/// What a sandbox must see: the project directory (at its view path), every cache mount
+/// (read-write, at its view path) and the presets' environment.
 #[derive(Debug, Clone, Default)]
 pub struct Binds {
-    /// The project directory (bound read-write, the working directory inside).
+    /// The project directory on the host (bound read-write; the working directory inside).
     pub workdir: PathBuf,
-    /// Cache mountpoints (bound read-write at the same path).
-    pub mounts: Vec<PathBuf>,
+    /// Where the workdir is seen inside (`--workdir-view`); `None`: at the same path.
+    pub workdir_view: Option<PathBuf>,
+    /// A directory covered with a private tmpfs before the mounts are bound (the mount root),
+    /// so the host's directory shows nothing of the run.
+    pub tmpfs: Option<PathBuf>,
+    /// Cache mounts: `(where the mount is, where it is seen)`.
+    pub mounts: Vec<(PathBuf, PathBuf)>,
     /// Environment variables set inside.
     pub env: BTreeMap<String, String>,
 }
@@ -55,38 +60,39 @@ fn s(p: &Path) -> String {
 /// The bind and env arguments for `driver` (without the base sandbox a platform already has).
 pub fn args(driver: Driver, binds: &Binds) -> Vec<String> {
     let mut out = Vec::new();
+    let wd_view = binds.workdir_view.as_deref().unwrap_or(&binds.workdir);
     match driver {
         Driver::Bwrap => {
-            out.extend(["--bind".into(), s(&binds.workdir), s(&binds.workdir)]);
-            for m in sorted(&binds.mounts) {
-                out.extend(["--bind".into(), s(&m), s(&m)]);
+            out.extend(["--bind".into(), s(&binds.workdir), s(wd_view)]);
+            if let Some(t) = &binds.tmpfs {
+                out.extend(["--tmpfs".into(), s(t)]);
+            }
+            for (src, dst) in sorted(&binds.mounts) {
+                out.extend(["--bind".into(), s(&src), s(&dst)]);
             }
             for (k, v) in &binds.env {
                 out.extend(["--setenv".into(), k.clone(), v.clone()]);
             }
-            out.extend(["--chdir".into(), s(&binds.workdir)]);
+            out.extend(["--chdir".into(), s(wd_view)]);
         }
         Driver::Docker => {
-            out.extend([
-                "-v".into(),
-                format!("{}:{}", s(&binds.workdir), s(&binds.workdir)),
-            ]);
-            for m in sorted(&binds.mounts) {
-                out.extend(["-v".into(), format!("{}:{}", s(&m), s(&m))]);
+            out.extend(["-v".into(), format!("{}:{}", s(&binds.workdir), s(wd_view))]);
+            for (src, dst) in sorted(&binds.mounts) {
+                out.extend(["-v".into(), format!("{}:{}", s(&src), s(&dst))]);
             }
             for (k, v) in &binds.env {
                 out.extend(["-e".into(), format!("{k}={v}")]);
             }
-            out.extend(["-w".into(), s(&binds.workdir)]);
+            out.extend(["-w".into(), s(wd_view)]);
         }
     }
     out
 }
 
 /// Parents before children, so a mount inside the workdir (node_modules) is bound on top.
-fn sorted(mounts: &[PathBuf]) -> Vec<PathBuf> {
+fn sorted(mounts: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
     let mut m = mounts.to_vec();
-    m.sort_by_key(|p| (p.components().count(), p.clone()));
+    m.sort_by_key(|(_, p)| (p.components().count(), p.clone()));
     m
 }
 
@@ -126,7 +132,12 @@ mod tests {
     fn binds() -> Binds {
         Binds {
             workdir: "/w".into(),
-            mounts: vec!["/w/node_modules".into(), "/cache/npm".into()],
+            workdir_view: None,
+            tmpfs: None,
+            mounts: vec![
+                ("/w/node_modules".into(), "/w/node_modules".into()),
+                ("/cache/npm".into(), "/cache/npm".into()),
+            ],
             env: [("npm_config_cache".to_string(), "/cache/npm".to_string())].into(),
         }
     }

@@ -54,6 +54,11 @@ pub struct Preset {
     pub tools: &'static [&'static str],
     /// Paths (patterns relative to the mount) removed before promotion.
     pub exclude: &'static [&'static str],
+    /// Whether the tree it fills can be used at another path: a package manager's download
+    /// cache or a `node_modules` can (its key leaves the view path out, so per-run workspaces
+    /// share layers); a venv or cargo's target dir embed absolute paths (their key includes
+    /// the view path — see `--workdir-view`).
+    pub relocatable: bool,
 }
 
 const NODE_SETUP: &str = "if [ -f pnpm-lock.yaml ]; then pnpm install --frozen-lockfile; \
@@ -82,6 +87,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: Some("npm ci --prefer-offline --no-audit --no-fund"),
         tools: &["node"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "pnpm",
@@ -94,6 +100,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: Some("pnpm install --frozen-lockfile --prefer-offline"),
         tools: &["node"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "yarn",
@@ -106,6 +113,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: Some("yarn install --frozen-lockfile --prefer-offline"),
         tools: &["node"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "pip",
@@ -118,6 +126,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: Some("pip install -r requirements.txt"),
         tools: &["python3"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "uv",
@@ -130,6 +139,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: Some("uv sync --frozen --offline"),
         tools: &["python3"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "go",
@@ -142,6 +152,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["go"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "cargo",
@@ -154,6 +165,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["rustc"],
         exclude: &["bin", "credentials", "credentials.toml", ".package-cache"],
+        relocatable: true,
     },
     Preset {
         name: "maven",
@@ -166,6 +178,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["java"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "gradle",
@@ -182,6 +195,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["java"],
         exclude: &["gradle.properties"],
+        relocatable: true,
     },
     Preset {
         name: "node_modules",
@@ -199,6 +213,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["node"],
         exclude: &[],
+        relocatable: true,
     },
     Preset {
         name: "venv",
@@ -214,6 +229,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["python3"],
         exclude: &[],
+        relocatable: false,
     },
     Preset {
         name: "cargo-target",
@@ -226,6 +242,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["rustc"],
         exclude: &[],
+        relocatable: false,
     },
 ];
 
@@ -303,6 +320,7 @@ struct RawCache {
     mountpoint: Option<String>,
     #[serde(default)]
     exclude: Vec<String>,
+    relocatable: Option<bool>,
 }
 
 /// A validated spec.
@@ -338,15 +356,53 @@ pub struct Cache {
     pub mountpoint: Option<String>,
     /// Patterns (relative to the mount) removed before promotion.
     pub exclude: Vec<String>,
+    /// Whether the key leaves the view path out (the preset's [`Preset::relocatable`], or the
+    /// spec's `relocatable`; a cache without a preset is not, unless it says so).
+    pub relocatable: bool,
 }
 
 /// Values substituted into templates.
 #[derive(Debug, Clone)]
 pub struct Paths {
-    /// The project directory.
+    /// The project directory on the host (key files are read here).
     pub workdir: PathBuf,
     /// The default mount root (`/cache`).
     pub mount_root: PathBuf,
+    /// Where setup, maintenance and COMMAND see the workdir (`--workdir-view`); `None`: at
+    /// `workdir` itself.
+    pub workdir_view: Option<PathBuf>,
+}
+
+impl Paths {
+    /// The workdir as the tools see it: [`Paths::workdir_view`], else [`Paths::workdir`].
+    pub fn view_workdir(&self) -> &Path {
+        self.workdir_view.as_deref().unwrap_or(&self.workdir)
+    }
+}
+
+/// Directories that can never be a mount root or a workdir (nor hold one, for the first
+/// group): covering them would break or expose the host.
+const SYSTEM_DIRS: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/usr", "/boot"];
+/// Top-level directories refused as a mount root or workdir themselves.
+const TOP_DIRS: &[&str] = &[
+    "/", "/bin", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt", "/root", "/run",
+    "/sbin", "/srv", "/tmp", "/var",
+];
+
+/// Checks that `dir` (absolute, normalised) may be a mount root or workdir: not `/`, not a
+/// top-level system directory, nothing under `/proc`, `/sys`, `/dev`, `/etc`, `/usr`, `/boot`.
+///
+/// Errors: [`Error::Invalid`] naming `what` (`--mount-root`, `--workdir`, `--workdir-view`).
+pub fn check_root(what: &str, dir: &Path) -> Result<()> {
+    let under_system = SYSTEM_DIRS.iter().any(|d| dir.starts_with(d));
+    if under_system || TOP_DIRS.iter().any(|d| dir == Path::new(d)) {
+        return Err(Error::invalid(format!(
+            "{what} {}: refused: a system directory (or /) cannot hold cache mounts; use a \
+             directory of its own such as /cache or /workspace",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 impl Cache {
@@ -355,10 +411,12 @@ impl Cache {
         self.preset.map(|p| p.tools).unwrap_or(&[])
     }
 
-    /// The absolute mountpoint: the spec's or preset's template, else `<mount-root>/<id>`.
+    /// The view path (where the tools see the cache): the spec's or preset's template, else
+    /// `<mount-root>/<id>`. `{workdir}` is the workdir as the tools see it.
     ///
     /// Errors: [`Error::Invalid`] naming `cache "<id>".mountpoint` when it is not absolute after
-    /// substitution or contains `..`.
+    /// substitution, contains `..`, or is not strictly below the mount root or the workdir
+    /// (`/`, `/etc`, anything outside is refused).
     pub fn mountpoint(&self, paths: &Paths) -> Result<PathBuf> {
         let mp = match &self.mountpoint {
             Some(t) => PathBuf::from(expand(t, paths, None)),
@@ -370,6 +428,17 @@ impl Cache {
                  (templates: {{workdir}}, {{mount_root}})",
                 self.id.as_str(),
                 mp.display()
+            )));
+        }
+        let below = |root: &Path| mp.starts_with(root) && mp != root;
+        if !(below(&paths.mount_root) || below(paths.view_workdir())) {
+            return Err(Error::invalid(format!(
+                "cache {:?}: mountpoint {} is refused: a cache mounts only below the mount root \
+                 ({}) or the workdir ({})",
+                self.id.as_str(),
+                mp.display(),
+                paths.mount_root.display(),
+                paths.view_workdir().display()
             )));
         }
         Ok(mp)
@@ -384,34 +453,118 @@ impl Cache {
     }
 }
 
-/// Expands `{mount}`, `{workdir}`, `{mount_root}` and `{env:NAME}` in `template`.
+/// Expands `{mount}`, `{workdir}`, `{mount_root}` and `{env:NAME}` in `template` (for `env`
+/// values and `mountpoint`: no shell is involved). `{workdir}` is the workdir as the tools see
+/// it; `{{` and `}}` stand for a literal brace. Anything else in braces is left as it is
+/// ([`check_templates`] refuses unknown names when the spec is read).
 pub fn expand(template: &str, paths: &Paths, mount: Option<&Path>) -> String {
-    let mut out = String::new();
-    let mut rest = template;
-    while let Some(start) = rest.find('{') {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 1..];
-        let Some(end) = after.find('}') else {
-            out.push_str(&rest[start..]);
-            return out;
-        };
-        let name = &after[..end];
-        let value = match name {
-            "mount" => mount.map(|m| m.display().to_string()),
-            "workdir" => Some(paths.workdir.display().to_string()),
-            "mount_root" => Some(paths.mount_root.display().to_string()),
-            _ => name
-                .strip_prefix("env:")
-                .map(|var| std::env::var(var).unwrap_or_default()),
-        };
-        match value {
-            Some(v) => out.push_str(&v),
-            None => out.push_str(&rest[start..start + end + 2]),
-        }
-        rest = &after[end + 1..];
+    substitute(template, paths, mount, |v| v.to_string())
+}
+
+/// [`expand`] for a setup or maintenance script: every value is shell-quoted (shlex), so a
+/// path with spaces or `$(…)` in it stays one word and never runs.
+pub fn expand_script(template: &str, paths: &Paths, mount: Option<&Path>) -> String {
+    substitute(template, paths, mount, |v| {
+        shlex::try_quote(v)
+            .map(|q| q.into_owned())
+            .unwrap_or_else(|_| "''".to_string())
+    })
+}
+
+/// A template name at `{…}` per [`template_names`]: `Some(name)` for `{name}` made of letters,
+/// digits, `_` and one optional `:` part (`env:NAME`), not preceded by `$` (so the shell's
+/// `${VAR}` is left alone).
+fn template_at(text: &str, start: usize) -> Option<&str> {
+    if start > 0 && text.as_bytes()[start - 1] == b'$' {
+        return None;
     }
-    out.push_str(rest);
+    let after = &text[start + 1..];
+    let end = after.find('}')?;
+    let name = &after[..end];
+    let ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+        && name.bytes().filter(|b| *b == b':').count() <= 1;
+    ok.then_some(name)
+}
+
+fn substitute(
+    template: &str,
+    paths: &Paths,
+    mount: Option<&Path>,
+    quote: impl Fn(&str) -> String,
+) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < template.len() {
+        let rest = &template[i..];
+        if rest.starts_with("{{") || rest.starts_with("}}") {
+            out.push_str(&rest[..1]);
+            i += 2;
+            continue;
+        }
+        if rest.starts_with('{')
+            && let Some(name) = template_at(template, i)
+        {
+            let value = match name {
+                "mount" => mount.map(|m| m.display().to_string()),
+                "workdir" => Some(paths.view_workdir().display().to_string()),
+                "mount_root" => Some(paths.mount_root.display().to_string()),
+                _ => name
+                    .strip_prefix("env:")
+                    .map(|var| std::env::var(var).unwrap_or_default()),
+            };
+            if let Some(v) = value {
+                out.push_str(&quote(&v));
+                i += name.len() + 2;
+                continue;
+            }
+        }
+        let ch = rest.chars().next().unwrap_or_default();
+        out.push(ch);
+        i += ch.len_utf8();
+    }
     out
+}
+
+/// The template names `text` uses (see [`template_at`]).
+fn template_names(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(off) = text[i..].find('{') {
+        let at = i + off;
+        if text[at..].starts_with("{{") {
+            i = at + 2;
+            continue;
+        }
+        if let Some(name) = template_at(text, at) {
+            out.push(name);
+        }
+        i = at + 1;
+    }
+    out
+}
+
+/// Checks every `{…}` template of `text` names a known one: `{mount}`, `{workdir}`,
+/// `{mount_root}` or `{env:NAME}`.
+///
+/// Errors: a message naming the unknown template and the known ones.
+fn check_templates(text: &str) -> std::result::Result<(), String> {
+    for name in template_names(text) {
+        let env_ok = name.strip_prefix("env:").is_some_and(|v| {
+            !v.is_empty()
+                && !v.as_bytes()[0].is_ascii_digit()
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        });
+        if !(matches!(name, "mount" | "workdir" | "mount_root") || env_ok) {
+            return Err(format!(
+                "unknown template {{{name}}} (known: {{mount}}, {{workdir}}, {{mount_root}}, \
+                 {{env:NAME}}; write {{{{ for a literal brace)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads a spec from `FILE`, or standard input when `source` is `-`.
@@ -558,6 +711,19 @@ fn validate(raw: RawSpec) -> Result<Spec> {
             check_relative(&x).map_err(|m| bad("exclude", format!("{x:?}: {m}")))?;
             exclude.push(x);
         }
+        check_templates(&setup).map_err(|m| bad("setup", m))?;
+        if let Some(m) = &maintenance {
+            check_templates(m).map_err(|e| bad("maintenance", e))?;
+        }
+        for (k, v) in &env {
+            check_templates(v).map_err(|m| bad("env", format!("{k}: {m}")))?;
+        }
+        if let Some(mp) = &mountpoint {
+            check_templates(mp).map_err(|m| bad("mountpoint", m))?;
+        }
+        let relocatable = rc
+            .relocatable
+            .unwrap_or_else(|| preset.is_some_and(|p| p.relocatable));
         caches.push(Cache {
             id,
             preset,
@@ -569,6 +735,7 @@ fn validate(raw: RawSpec) -> Result<Spec> {
             env,
             mountpoint,
             exclude,
+            relocatable,
         });
     }
     Ok(Spec { project, caches })
@@ -618,12 +785,46 @@ maintenance = "npm ci --prefer-offline"
         let paths = Paths {
             workdir: "/w".into(),
             mount_root: "/cache".into(),
+            workdir_view: None,
         };
         assert_eq!(
             s.caches[0].mountpoint(&paths).unwrap(),
             Path::new("/w/node_modules")
         );
         assert!(s.caches[0].maintenance.is_none());
+    }
+
+    #[test]
+    fn mountpoints_stay_below_the_mount_root_or_the_workdir() {
+        let paths = Paths {
+            workdir: "/w".into(),
+            mount_root: "/cache".into(),
+            workdir_view: None,
+        };
+        for mp in [
+            "/etc",
+            "/",
+            "/usr/lib",
+            "/proc/x",
+            "/cache",
+            "/w",
+            "/elsewhere/x",
+        ] {
+            let s = parse(&format!(
+                "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"{mp}\"\n"
+            ))
+            .unwrap();
+            let e = s.caches[0].mountpoint(&paths).unwrap_err().to_string();
+            assert!(
+                e.contains("cache \"a\"") && e.contains("mountpoint"),
+                "{mp}: {e}"
+            );
+        }
+        assert!(check_root("--mount-root", Path::new("/etc")).is_err());
+        assert!(check_root("--mount-root", Path::new("/")).is_err());
+        assert!(check_root("--mount-root", Path::new("/proc/1")).is_err());
+        assert!(check_root("--mount-root", Path::new("/cache")).is_ok());
+        assert!(check_root("--workdir", Path::new("/tmp/x y")).is_ok());
     }
 
     #[test]
@@ -668,6 +869,10 @@ maintenance = "npm ci --prefer-offline"
         assert!(e.contains("cache[0].restore_keys"), "{e}");
         let e = err(r#"{"project":"p","cache":[{"id":"a","preset":"npm","bogus":1}]}"#);
         assert!(e.contains("bogus"), "{e}");
+        let e = err(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nsetup = \"cp x {mnt}\"\n",
+        );
+        assert!(e.contains("cache[0].setup") && e.contains("{mnt}"), "{e}");
     }
 
     #[test]
@@ -723,14 +928,30 @@ maintenance = "npm ci --prefer-offline"
 
     #[test]
     fn templates_expand() {
-        let paths = Paths {
+        let mut paths = Paths {
             workdir: "/w".into(),
             mount_root: "/c".into(),
+            workdir_view: None,
         };
         let m = Path::new("/c/x");
         assert_eq!(expand("{mount}/mod", &paths, Some(m)), "/c/x/mod");
         assert_eq!(expand("{workdir}:{mount_root}", &paths, None), "/w:/c");
         assert_eq!(expand("{unknown} {", &paths, None), "{unknown} {");
+        assert_eq!(
+            expand("${HOME} {{mount}}", &paths, Some(m)),
+            "${HOME} {mount}"
+        );
+        paths.workdir_view = Some("/workspace".into());
+        assert_eq!(expand("{workdir}", &paths, None), "/workspace");
+        // In scripts every value is one shell word, whatever it holds.
+        let odd = Path::new("/c/a b/$(touch x)");
+        assert_eq!(
+            expand_script("ls {mount}/f", &paths, Some(odd)),
+            "ls '/c/a b/$(touch x)'/f"
+        );
+        assert!(check_templates("echo {mount} ${X} {{x}} {env:HOME}").is_ok());
+        let e = check_templates("echo {mnt}").unwrap_err();
+        assert!(e.contains("{mnt}") && e.contains("{mount}"), "{e}");
         assert_eq!(
             expand("{env:LAYERCACHE_SURELY_UNSET_VAR}x", &paths, None),
             "x"

@@ -266,14 +266,27 @@ pub fn pidfd_getfd(pid: u32, fd: i32) -> io::Result<OwnedFd> {
     )?)
 }
 
-/// True when process `pid` exists (signal 0 probe; `EPERM` counts as alive).
+/// True when process `pid` exists and has not exited (signal 0 probe, `EPERM` counts as
+/// alive; a zombie — exited, not yet reaped by its parent — counts as gone).
 pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
     }
     // SAFETY: signal 0 performs only the existence/permission check.
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    exists && !is_zombie(pid)
+}
+
+/// Whether `/proc/<pid>/stat` says the process is a zombie (state `Z`) or dead (`X`).
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may hold any byte.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|st| st == "Z" || st == "X")
 }
 
 /// One line of `/proc/self/mountinfo` (proc(5)), the fields layercache reads, with the octal

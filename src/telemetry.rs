@@ -45,12 +45,11 @@ impl CacheResult {
 /// of the published layer (or of the mounted one on a hit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// The id of the `layercache run` this preparation belongs to (one per invocation, shared
-    /// by its caches; see [`new_run_id`]); absent in logs written before it was recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run: Option<String>,
     /// Unix time of the event in milliseconds.
     pub time_ms: u64,
+    /// The run's id (`layercache run`), empty in events written before run ids.
+    #[serde(default)]
+    pub run: String,
     /// The project.
     pub project: String,
     /// The cache id.
@@ -287,7 +286,7 @@ mod tests {
 
     fn ev(project: &str, cache: &str, result: CacheResult, prep: u64, status: i32) -> Event {
         Event {
-            run: None,
+            run: "r".into(),
             time_ms: 1,
             project: project.into(),
             cache: cache.into(),

@@ -82,7 +82,8 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
             })
             .collect::<Result<_>>()?,
         fill_wait: Duration::from_secs(a.fill_wait),
-        mountpoint: a.mountpoint.clone(),
+        mountpoint: Some(a.mountpoint.clone()),
+        owner: None,
     };
     let store = open(global)?;
     let out = store.mount(&req)?.outcome;
@@ -164,7 +165,7 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         None => None,
     };
     let found = match &store {
-        Some(st) => st.store_mount(&a.mountpoint)?,
+        Some(st) => st.resolve(&a.mountpoint)?,
         None => None,
     };
     match (store, found) {

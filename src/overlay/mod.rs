@@ -138,7 +138,7 @@ pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> R
     if foreground {
         mount_foreground(&cfg, mountpoint, None)?;
     } else {
-        mount_daemon(&cfg, mountpoint, Vec::new())?;
+        mount_daemon(&cfg, mountpoint, Vec::new(), None)?;
     }
     Ok(0)
 }
@@ -150,7 +150,12 @@ pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> R
 /// failure) and message without parsing the daemon's stderr.
 ///
 /// Errors: as [`mount_foreground`]; a malformed config is [`Error::Invalid`].
-pub fn cli_daemon(config_fd: i32, ready_fd: i32, mountpoint: &Path) -> Result<i32> {
+pub fn cli_daemon(
+    config_fd: i32,
+    ready_fd: i32,
+    owner: Option<u32>,
+    mountpoint: &Path,
+) -> Result<i32> {
     // Shown by ps/pgrep/pidof as "layercache" rather than "exe" (it runs /proc/self/exe).
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"layercache".as_ptr()) };
@@ -163,6 +168,9 @@ pub fn cli_daemon(config_fd: i32, ready_fd: i32, mountpoint: &Path) -> Result<i3
         )
     };
     let report = ready.try_clone().ok();
+    if let Some(owner) = owner {
+        end_with_owner(owner, mountpoint)?;
+    }
     let res =
         read_daemon_config(config).and_then(|cfg| mount_foreground(&cfg, mountpoint, Some(ready)));
     if let (Err(e), Some(report)) = (&res, report) {
@@ -175,6 +183,29 @@ pub fn cli_daemon(config_fd: i32, ready_fd: i32, mountpoint: &Path) -> Result<i3
         let _ = f.write_all(&[b"E".as_slice(), &body].concat());
     }
     res.map(|()| 0)
+}
+
+/// Ends the mount when process `owner` exits (even by `kill -9`): a thread waits on its pidfd,
+/// then lazily unmounts `mountpoint` and exits the daemon, which closes /dev/fuse and so aborts
+/// the connection for every bind of the mount in other mount namespaces too. An owner that is
+/// already gone ends the daemon at once.
+///
+/// Errors: [`Error::Io`] if the thread cannot be started.
+fn end_with_owner(owner: u32, mountpoint: &Path) -> Result<()> {
+    let mnt = mountpoint.to_path_buf();
+    let pidfd = crate::sys::pidfd_open(owner).ok();
+    std::thread::Builder::new()
+        .name("owner".into())
+        .spawn(move || {
+            if let Some(fd) = &pidfd {
+                while !wait_pidfd(fd, owner, Duration::from_secs(3600)) {}
+            }
+            tracing::info!(owner, mountpoint = %mnt.display(), "owner gone: unmounting");
+            let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+            std::process::exit(0);
+        })
+        .map(drop)
+        .at(mountpoint)
 }
 
 /// What a daemon that could not mount reports to [`mount_daemon`] on its ready pipe (after
@@ -330,11 +361,16 @@ pub fn mount_foreground(
 /// lazily unmounts `mountpoint`; the session then sees ENODEV and `run` returns. Without this a
 /// killed daemon leaves a dead mount ("Transport endpoint is not connected").
 ///
+/// [`EXIT_NOW`] (SIGUSR1) is what [`unmount`] sends once the mount is unmounted here but the
+/// daemon keeps serving: copies of the mount in other mount namespaces (a run's children copy
+/// the host's mounts) keep the connection alive. The daemon then exits at once, which ends
+/// those copies (ENOTCONN) too.
+///
 /// Errors: [`Error::Io`] if the signal mask cannot be set.
 fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
     use nix::sys::signal::{SigSet, Signal};
     let mut set = SigSet::empty();
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, EXIT_NOW] {
         set.add(sig);
     }
     set.thread_block()
@@ -346,11 +382,21 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
             if let Ok(sig) = set.wait() {
                 tracing::info!(?sig, mountpoint = %mnt.display(), "signal: unmounting");
                 let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+                if sig == EXIT_NOW {
+                    std::process::exit(0);
+                }
             }
         })
         .map(drop)
         .at(mountpoint)
 }
+
+/// The signal that tells a daemon whose mount is gone here to exit now (see
+/// [`unmount_on_signal`]).
+const EXIT_NOW: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGUSR1;
+
+/// How long [`unmount`] lets a daemon end by itself before it sends [`EXIT_NOW`].
+const EXIT_GRACE: Duration = Duration::from_millis(200);
 
 /// Mounts `cfg` at `mountpoint` by starting this binary again as a daemon
 /// (`layercache overlay-daemon --config-fd N --ready-fd N MOUNTPOINT`, in its own session), and
@@ -360,12 +406,17 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
 ///
 /// `hold` are descriptors (for example flock'ed lease files) the daemon keeps open for its whole
 /// life, so locks on them last exactly as long as the mount. No other descriptor of the caller
-/// reaches the daemon.
+/// reaches the daemon. With an `owner` pid, the mount ends when that process exits.
 ///
 /// Errors: [`Error::Invalid`] or [`Error::Failed`] (the daemon's own class and message) when
 /// the mount cannot be made (nothing is mounted then); [`Error::Io`] if the daemon cannot be
 /// started.
-pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) -> Result<u32> {
+pub fn mount_daemon(
+    cfg: &OverlayConfig,
+    mountpoint: &Path,
+    hold: Vec<OwnedFd>,
+    owner: Option<u32>,
+) -> Result<u32> {
     use std::os::unix::process::CommandExt;
     // The daemon runs `preflight` itself (in mount_foreground) and reports its error here.
     let (mut ready_rd, ready_wr) = std::io::pipe().at("pipe")?;
@@ -383,8 +434,11 @@ pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) 
         .arg("--config-fd")
         .arg(config_fd.to_string())
         .arg("--ready-fd")
-        .arg(ready_fd.to_string())
-        .arg(mountpoint)
+        .arg(ready_fd.to_string());
+    if let Some(owner) = owner {
+        cmd.arg("--owner-pid").arg(owner.to_string());
+    }
+    cmd.arg(mountpoint)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(err_wr);
@@ -550,7 +604,14 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
             }
         }
     }
-    Ok(pidfd.is_none_or(|(pid, fd)| wait_pidfd(&fd, pid, wait)))
+    Ok(pidfd.is_none_or(|(pid, fd)| {
+        // Usually gone within milliseconds; a copy of the mount in another namespace keeps it
+        // serving, and nobody needs that copy any more.
+        wait_pidfd(&fd, pid, EXIT_GRACE.min(wait)) || {
+            let _ = rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::USR1);
+            wait_pidfd(&fd, pid, wait)
+        }
+    }))
 }
 
 /// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any:

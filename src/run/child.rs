@@ -1,23 +1,30 @@
-//! The processes of a run: setup, maintenance and COMMAND are spawned here, and SIGINT,
-//! SIGTERM and SIGHUP received meanwhile are recorded and forwarded to the running child.
+//! The processes of a run: setup, maintenance and COMMAND are spawned here, each in a process
+//! group of its own (so SIGINT, SIGTERM and SIGHUP received meanwhile reach its whole tree, and
+//! whatever it leaves behind is killed when it exits) and, with `--sandbox none`, in a mount
+//! namespace of its own where the run's private mounts are bound at their view paths
+//! ([`Views`]).
 
-use std::os::unix::process::ExitStatusExt;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use crate::error::{IoContext, Result};
+use crate::error::{Error, IoContext, Result};
 
 /// The signal that asked the run to stop (0 = none).
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-/// The running child, which receives forwarded signals (0 = none).
-static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+/// Where forwarded signals go (0 = nowhere): the running child's pid, or minus its process
+/// group id.
+static CHILD_TARGET: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     STOP_SIGNAL.store(sig, Ordering::SeqCst);
-    let child = CHILD_PID.load(Ordering::SeqCst);
-    if child > 0 {
-        // SAFETY: kill(2) is async-signal-safe; the pid is our own child's.
-        unsafe { libc::kill(child, sig) };
+    let target = CHILD_TARGET.load(Ordering::SeqCst);
+    if target != 0 {
+        // SAFETY: kill(2) is async-signal-safe; the target is our own child or its group.
+        unsafe { libc::kill(target, sig) };
     }
 }
 
@@ -71,8 +78,212 @@ fn status_code(st: ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
+/// What a child's private mount namespace holds (`--sandbox none`): the workdir bound at its
+/// view path, a tmpfs over the mount root (so nothing appears in the host's mount root), and
+/// each cache's private mount bound at its view path.
+#[derive(Debug, Clone, Default)]
+pub struct Views {
+    /// `(host workdir, view path)` when the workdir is seen at another path (`--workdir-view`).
+    pub workdir: Option<(PathBuf, PathBuf)>,
+    /// The mount root to cover with a private tmpfs, when a view lies below it.
+    pub mount_root: Option<PathBuf>,
+    /// `(private mount, view path)`, parents before children.
+    pub binds: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Views {
+    /// True when there is nothing to set up (the child can run in the run's own namespace).
+    pub fn is_empty(&self) -> bool {
+        self.workdir.is_none() && self.mount_root.is_none() && self.binds.is_empty()
+    }
+
+    /// Makes `cmd` enter a new mount namespace (private propagation, so nothing leaks back to
+    /// the host) and set the views up before it execs; with a workdir view it starts there.
+    ///
+    /// Errors: [`Error::Invalid`] for a path with a NUL byte.
+    pub fn apply(&self, cmd: &mut Command) -> Result<()> {
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| Error::invalid(format!("{}: path has a NUL byte", p.display())))
+        };
+        let workdir = match &self.workdir {
+            Some((host, view)) => Some((c(host)?, c(view)?)),
+            None => None,
+        };
+        let root = self.mount_root.as_deref().map(c).transpose()?;
+        let binds = self
+            .binds
+            .iter()
+            .map(|(s, d)| Ok((c(s)?, c(d)?)))
+            .collect::<Result<Vec<_>>>()?;
+        // Read by the child after unshare (no allocation may happen between fork and exec).
+        let mut mountinfo = vec![0u8; MOUNTINFO_MAX];
+        // SAFETY: between fork and exec only async-signal-safe system calls run (unshare,
+        // mount, mkdir, chdir) on strings prepared above.
+        unsafe {
+            cmd.pre_exec(move || {
+                let check = |rc: libc::c_int| {
+                    if rc < 0 {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(())
+                    }
+                };
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                check(libc::mount(
+                    c"none".as_ptr(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ))?;
+                let own: Vec<&[u8]> = binds.iter().map(|(src, _)| src.to_bytes()).collect();
+                detach_other_layercache_mounts(&mut mountinfo, &own);
+                if let Some((host, view)) = &workdir {
+                    check(libc::mount(
+                        host.as_ptr(),
+                        view.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ))?;
+                }
+                if let Some(root) = &root {
+                    check(libc::mount(
+                        c"layercache".as_ptr(),
+                        root.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        c"mode=755".as_ptr().cast(),
+                    ))?;
+                }
+                for (src, dst) in &binds {
+                    if libc::mkdir(dst.as_ptr(), 0o755) < 0
+                        && *libc::__errno_location() != libc::EEXIST
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    check(libc::mount(
+                        src.as_ptr(),
+                        dst.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
+                }
+                if let Some((_, view)) = &workdir {
+                    check(libc::chdir(view.as_ptr()))?;
+                }
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of /proc/self/mountinfo a child reads (a machine with more mounts than fit keeps the
+/// copies past this point; see [`detach_other_layercache_mounts`]).
+const MOUNTINFO_MAX: usize = 1 << 20;
+
+/// In a child's fresh mount namespace: lazily unmounts the copies of every `fuse.layercache`
+/// mount except the run's own (`own`, their mount points). unshare(2) copies all mounts, other
+/// runs' included, and with private propagation their later unmounts on the host never reach
+/// the copies, which would keep those FUSE connections (and daemons) alive as long as this
+/// child lives. The daemons end such stray copies too (overlay's `EXIT_NOW`); this avoids the
+/// wait.
+///
+/// Runs between fork and exec: only read(2), umount2(2) and in-place parsing of `buf`.
+fn detach_other_layercache_mounts(buf: &mut [u8], own: &[&[u8]]) {
+    // SAFETY: a NUL-terminated literal path; the descriptor is closed below.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/mountinfo".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    let mut n = 0;
+    while n < buf.len() {
+        // SAFETY: reads into the unused tail of `buf`.
+        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) };
+        if r <= 0 {
+            break;
+        }
+        n += r as usize;
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    let mut start = 0;
+    while start < n {
+        let end = buf[start..n]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(n, |i| start + i);
+        if let Some(mp_len) = layercache_mount_point(&mut buf[start..end], own) {
+            // SAFETY: `layercache_mount_point` NUL-terminated the mount point in place.
+            unsafe { libc::umount2(buf[start..].as_ptr().cast(), libc::MNT_DETACH) };
+            let _ = mp_len;
+        }
+        start = end + 1;
+    }
+}
+
+/// For a mountinfo line of a `fuse.layercache` mount that is not in `own`: moves its decoded,
+/// NUL-terminated mount point to the start of `line` and returns its length.
+fn layercache_mount_point(line: &mut [u8], own: &[&[u8]]) -> Option<usize> {
+    let sep = line.windows(3).position(|w| w == b" - ")?;
+    let fstype = line[sep + 3..].split(|b| *b == b' ').next()?;
+    if fstype != b"fuse.layercache" {
+        return None;
+    }
+    // Field 5 (index 4) is the mount point.
+    let mut field = 0;
+    let mut at = 0;
+    while field < 4 {
+        at += line[at..sep].iter().position(|b| *b == b' ')? + 1;
+        field += 1;
+    }
+    let len = line[at..sep].iter().position(|b| *b == b' ')?;
+    // Decode \ooo escapes, writing to the start of the line.
+    let (mut r, mut w) = (at, 0);
+    while r < at + len {
+        let b = line[r];
+        if b == b'\\'
+            && r + 3 < at + len
+            && line[r + 1..r + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            line[w] = (line[r + 1] - b'0') * 64 + (line[r + 2] - b'0') * 8 + (line[r + 3] - b'0');
+            r += 4;
+        } else {
+            line[w] = b;
+            r += 1;
+        }
+        w += 1;
+    }
+    if own.contains(&&line[..w]) || w >= line.len() {
+        return None;
+    }
+    line[w] = 0;
+    Some(w)
+}
+
 /// Spawns `cmd` as the current child and waits; signals received meanwhile are forwarded.
-pub(super) fn run_child(mut cmd: Command, what: &str) -> Result<i32> {
+/// With `group`, the child leads a process group of its own: signals go to the whole group and
+/// whatever of it is left when the child exits is killed (SIGKILL), so no process of a script
+/// outlives it. The child is killed if layercache dies (`PR_SET_PDEATHSIG`).
+pub(super) fn run_child(mut cmd: Command, what: &str, group: bool) -> Result<i32> {
+    if group {
+        cmd.process_group(0);
+    }
+    // SAFETY: prctl(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
     // glibc's posix_spawn (used by std, and by whatever started us) sets glibc's internal
     // signals 32 and 33 (SIGCANCEL, SIGSETXID) to SIG_IGN in the child, and SIG_IGN survives
     // exec: COMMAND would start with two real-time signals ignored (a Go or musl program sees
@@ -81,7 +292,6 @@ pub(super) fn run_child(mut cmd: Command, what: &str) -> Result<i32> {
     // SAFETY: rt_sigaction(2) is async-signal-safe; the struct is the kernel's sigaction
     // layout (handler, flags, restorer, 64-bit mask) on x86_64 and aarch64.
     unsafe {
-        use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
             #[repr(C)]
             struct KernelSigaction {
@@ -120,12 +330,37 @@ pub(super) fn run_child(mut cmd: Command, what: &str) -> Result<i32> {
             return Ok(code);
         }
     };
-    CHILD_PID.store(child.id() as i32, Ordering::SeqCst);
+    let pid = child.id() as i32;
+    let target = if group { -pid } else { pid };
+    CHILD_TARGET.store(target, Ordering::SeqCst);
     if let Some(sig) = stopped() {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, sig) };
+        // SAFETY: kill(2) on our own child (or its group).
+        unsafe { libc::kill(target, sig) };
     }
     let status = child.wait();
-    CHILD_PID.store(0, Ordering::SeqCst);
+    CHILD_TARGET.store(0, Ordering::SeqCst);
+    if group {
+        // What the script left running (a daemon it started, `sleep` in the background).
+        // SAFETY: kill(2) on the process group our child led.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
     Ok(status_code(status.at(what)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_other_layercache_mounts_in_mountinfo_lines() {
+        let mut line =
+            b"36 35 0:40 / /s/runs/a\\040b/mnt rw - fuse.layercache layercache:/u rw".to_vec();
+        let n = layercache_mount_point(&mut line, &[]).unwrap();
+        assert_eq!(&line[..n], b"/s/runs/a b/mnt");
+        assert_eq!(line[n], 0);
+        let mut own = b"36 35 0:40 / /s/mine rw - fuse.layercache layercache:/u rw".to_vec();
+        assert!(layercache_mount_point(&mut own, &[b"/s/mine"]).is_none());
+        let mut other = b"36 35 0:40 / /x rw - ext4 /dev/sda rw".to_vec();
+        assert!(layercache_mount_point(&mut other, &[]).is_none());
+    }
 }

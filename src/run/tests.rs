@@ -36,6 +36,7 @@ impl Mounter for Fake {
     ) -> Result<Mounted> {
         let full = format!("{project}/{key}");
         self.log.borrow_mut().push(format!("mount {key}"));
+        std::fs::create_dir_all(mp).unwrap();
         self.mounted
             .borrow_mut()
             .insert(mp.to_path_buf(), full.clone());
@@ -59,6 +60,8 @@ impl Mounter for Fake {
             upper: None,
             bytes: 0,
             files: 0,
+            source: mp.to_path_buf(),
+            run: "fake".into(),
         })
     }
     fn commit(&self, mp: &Path) -> Result<Committed> {
@@ -71,6 +74,7 @@ impl Mounter for Fake {
             published: true,
             bytes: 1,
             files: 1,
+            remount: None,
         })
     }
     fn umount(&self, mp: &Path) -> Result<()> {
@@ -105,12 +109,14 @@ fn env(spec: &str, command: &[&str]) -> Env {
         paths: Paths {
             workdir: work.clone(),
             mount_root: dir.path().join("mnt"),
+            workdir_view: None,
         },
         image: None,
         sandbox: SandboxMode::None,
         command: command.iter().map(OsString::from).collect(),
         store,
         json: false,
+        run_id: "r".into(),
     };
     Env {
         work,

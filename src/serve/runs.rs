@@ -59,10 +59,11 @@ pub fn history(events: &[Event], project: &str, limit: usize) -> Vec<RunRow> {
         .iter()
         .zip(saved)
         .map(|(e, saved_ms)| RunRow {
-            run: e
-                .run
-                .clone()
-                .unwrap_or_else(|| format!("t{}-{}", e.time_ms, e.cache)),
+            run: if e.run.is_empty() {
+                format!("t{}-{}", e.time_ms, e.cache)
+            } else {
+                e.run.clone()
+            },
             time: iso_time(e.time_ms),
             time_ms: e.time_ms,
             cache: e.cache.clone(),
@@ -201,7 +202,7 @@ mod tests {
 
     fn ev(t: u64, result: CacheResult, setup: u64) -> Event {
         Event {
-            run: None,
+            run: String::new(),
             time_ms: t,
             project: "p".into(),
             cache: "npm".into(),

@@ -91,7 +91,7 @@ impl Store {
                 if self.run_is_stale(&dir)? {
                     report.removed_runs += 1;
                     if !dry {
-                        remove_tree(&dir)?;
+                        super::runs::remove_stale_run(&dir)?;
                     }
                 }
             }

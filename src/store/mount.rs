@@ -42,8 +42,8 @@ pub struct Mount {
 pub(super) struct RunMount<'a> {
     pub(super) pd: &'a ProjectDirs,
     pub(super) req: &'a MountRequest,
-    /// Canonical mountpoint.
-    pub(super) mnt: &'a Path,
+    /// Canonical mountpoint; `None`: the run's own `runs/<run>/mnt`.
+    pub(super) mnt: Option<&'a Path>,
     pub(super) result: MountResult,
     pub(super) matched_key: Option<CacheKey>,
     /// The lower layer (none on a miss) and its shared lease.
@@ -80,10 +80,16 @@ impl Store {
             key = %req.key);
         let _e = span.enter();
         let t0 = Instant::now();
-        let mnt = canonical_mountpoint(&req.mountpoint)?;
-        if overlay::is_mountpoint_busy(&mnt)? {
-            return Err(Error::MountpointBusy { mountpoint: mnt });
-        }
+        let mnt = match &req.mountpoint {
+            Some(p) => {
+                let mnt = canonical_mountpoint(p)?;
+                if overlay::is_mountpoint_busy(&mnt)? {
+                    return Err(Error::MountpointBusy { mountpoint: mnt });
+                }
+                Some(mnt)
+            }
+            None => None,
+        };
         let pd = self.project(&req.project)?;
         let fill_path = pd.fill_lock(&req.cache, &req.key);
         if let Some(parent) = fill_path.parent() {
@@ -150,7 +156,7 @@ impl Store {
         let mut m = self.mount_run(RunMount {
             pd: &pd,
             req,
-            mnt: &mnt,
+            mnt: mnt.as_deref(),
             result,
             matched_key,
             layer: layer.zip(lower_lease),
@@ -192,6 +198,14 @@ impl Store {
         };
         let upper = run_dir.join("upper");
         let work = run_dir.join("work");
+        let mnt = match m.mnt {
+            Some(p) => p.to_path_buf(),
+            None => {
+                let p = run_dir.join("mnt");
+                mkdir_mode(&p, 0o755).map_err(cleanup)?;
+                p
+            }
+        };
         mkdir_mode(&upper, 0o755).map_err(cleanup)?;
         mkdir_mode(&work, 0o700).map_err(cleanup)?;
         let run_lease = Lease::acquire(&run_dir.join("lease"), Mode::Exclusive).map_err(cleanup)?;
@@ -208,7 +222,7 @@ impl Store {
             upperdir: Some(upper),
             workdir: Some(work),
         };
-        let cfg = overlay::options::validate(&raw, m.mnt).map_err(cleanup)?;
+        let cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
         let mut hold: Vec<OwnedFd> = Vec::new();
         let mut fill_lock_fd = None;
         if let Some(f) = &m.fill {
@@ -230,18 +244,20 @@ impl Store {
             result: m.result,
             matched_key: m.matched_key.clone(),
             lower: layer.clone(),
-            mountpoint: m.mnt.to_path_buf(),
+            mountpoint: mnt.clone(),
             daemon_pid: 0,
             fill_lock_fd,
             mounted_ms: now_ms(),
+            private: m.mnt.is_none(),
+            owner_pid: m.req.owner,
         };
         write_record(&run_dir, &rec).map_err(cleanup)?;
         let tm = Instant::now();
-        let pid = overlay::mount_daemon(&cfg, m.mnt, hold).map_err(cleanup)?;
+        let pid = overlay::mount_daemon(&cfg, &mnt, hold, m.req.owner).map_err(cleanup)?;
         let mount_ms = ms_since(tm);
         rec.daemon_pid = pid;
         if let Err(e) = write_record(&run_dir, &rec) {
-            let _ = overlay::unmount(m.mnt, Some(pid), UNMOUNT_WAIT);
+            let _ = overlay::unmount(&mnt, Some(pid), UNMOUNT_WAIT);
             return Err(cleanup(e));
         }
         if let Some(id) = &layer
@@ -262,8 +278,9 @@ impl Store {
                 layer,
                 bytes,
                 files,
-                mountpoint: m.mnt.to_path_buf(),
+                mountpoint: mnt,
                 run: run_id,
+                daemon_pid: pid,
                 fill_lock: has_fill,
                 waited_ms: 0,
                 lookup_ms: 0,

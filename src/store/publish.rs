@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::layer::{self, Layer, Manifest, now_ms, write_synced};
 use super::lease::{Lease, Mode};
 use super::mount::{Leases, Mount, RunMount};
-use super::paths::{ProjectDirs, canonical_mountpoint, mkdir_mode, remove_tree};
+use super::paths::{ProjectDirs, mkdir_mode, remove_tree};
 use super::runs::{StoreMount, unmount_and_wait};
 use super::{
     CommitOutcome, CommitResult, GcOptions, GcReport, MountResult, Notice, Published, Store, gc,
@@ -35,11 +35,10 @@ impl Store {
     /// [`Error::Unmount`] when it is busy (nothing changed). If promotion fails (e.g.
     /// `ENOSPC`) nothing is published, the store is unchanged and the previous mount (same
     /// upper) is restored.
-    pub fn commit(&self, mountpoint: &Path) -> Result<CommitOutcome> {
-        let mnt = canonical_mountpoint(mountpoint)?;
-        let sm = self.find_run(&mnt)?.ok_or_else(|| Error::NotAStoreMount {
-            mountpoint: mnt.clone(),
-            detail: " (see `layercache ls`)".into(),
+    pub fn commit(&self, target: &Path) -> Result<CommitOutcome> {
+        let sm = self.resolve(target)?.ok_or_else(|| Error::NotAStoreMount {
+            mountpoint: target.to_path_buf(),
+            detail: " (not a run id or mountpoint of this store; see `layercache ls`)".into(),
         })?;
         let mut held = Leases::default();
         if sm.rec.result != MountResult::Hit
@@ -57,13 +56,9 @@ impl Store {
     ///
     /// Errors: as [`Store::commit`].
     pub fn commit_mount(&self, m: Mount) -> Result<(CommitOutcome, Option<Mount>)> {
-        let mnt = m.outcome.mountpoint.clone();
-        let found = self
-            .find_run(&mnt)?
-            .filter(|sm| sm.rec.run == m.outcome.run);
-        let Some(sm) = found else {
+        let Some(sm) = self.find_run_id(&m.outcome.run)? else {
             return Err(Error::NotAStoreMount {
-                mountpoint: mnt,
+                mountpoint: m.outcome.mountpoint.clone(),
                 detail: format!(" (run {} has no record)", m.outcome.run),
             });
         };
@@ -135,7 +130,7 @@ impl Store {
                     if let Err(e2) = self.mount_run(RunMount {
                         pd: &pd,
                         req: &req,
-                        mnt: &mnt,
+                        mnt: req.mountpoint.as_deref(),
                         result: rec.result,
                         matched_key: rec.matched_key.clone(),
                         layer,
@@ -158,7 +153,7 @@ impl Store {
             Some(lease) => Some(self.mount_run(RunMount {
                 pd: &pd,
                 req: &req,
-                mnt: &mnt,
+                mnt: req.mountpoint.as_deref(),
                 result: MountResult::Hit,
                 matched_key: Some(rec.key.clone()),
                 layer: Some((published.layer.clone(), lease)),

@@ -42,6 +42,12 @@ pub struct RunRecord {
     pub fill_lock_fd: Option<i32>,
     /// Mount time, ms since the epoch.
     pub mounted_ms: u64,
+    /// Mounted at the run's own `runs/<run>/mnt` (see [`MountRequest::mountpoint`]).
+    #[serde(default)]
+    pub private: bool,
+    /// The process the mount belongs to (see [`MountRequest::owner`]).
+    #[serde(default)]
+    pub owner_pid: Option<u32>,
 }
 
 impl RunRecord {
@@ -54,7 +60,8 @@ impl RunRecord {
             key: self.key.clone(),
             restore_keys: self.restore_keys.clone(),
             fill_wait: Duration::ZERO,
-            mountpoint: self.mountpoint.clone(),
+            mountpoint: (!self.private).then(|| self.mountpoint.clone()),
+            owner: self.owner_pid,
         }
     }
 }
@@ -99,6 +106,59 @@ impl Store {
         Ok(best.map(|(_, _, m)| m))
     }
 
+    /// The store mount of run `run` (`runs/<run>/run.json` in any project), if there is one.
+    ///
+    /// Errors: [`Error::Io`] reading the store's projects.
+    pub fn find_run_id(&self, run: &str) -> Result<Option<StoreMount>> {
+        if run.is_empty() || run.starts_with('.') || run.contains('/') {
+            return Ok(None);
+        }
+        for pd in self.projects(None)? {
+            let dir = pd.runs().join(run);
+            if let Some(rec) = read_record(&dir) {
+                return Ok(Some(StoreMount {
+                    mnt: rec.mountpoint.clone(),
+                    rec,
+                    run_dir: dir,
+                    pd,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The store mount a `commit`/`umount` argument names: a run id (`runs/<run>`), or the
+    /// path of a store mount. A path that exists is taken as a path; never is a run picked by
+    /// the name of a path that only exists in another mount namespace.
+    ///
+    /// Errors: [`Error::Io`] reading the store.
+    pub fn resolve(&self, target: &Path) -> Result<Option<StoreMount>> {
+        if !target.exists()
+            && let Some(id) = target.to_str()
+        {
+            return self.find_run_id(id);
+        }
+        self.store_mount(target)
+    }
+
+    /// Run directories of `project` whose owner and daemon are gone (a `layercache run` killed
+    /// with `kill -9`, say), removed: their mounts are unmounted first if still listed.
+    /// Returns how many were removed. Runs without a recorded owner follow [`RUN_GRACE`]
+    /// (see `gc`).
+    ///
+    /// Errors: [`Error::Io`] reading or removing run directories.
+    pub fn reap_runs(&self, pd: &ProjectDirs) -> Result<u64> {
+        let mut n = 0;
+        for name in read_names(&pd.runs())? {
+            let dir = pd.runs().join(&name);
+            if self.run_is_stale(&dir)? {
+                remove_stale_run(&dir)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// The store mount at `mountpoint` (a mount made by `layercache mount`/`run` in this
     /// store), found by one scan of the run records; `None` when `mountpoint` is not one (or
     /// does not resolve to a directory). Unmount it with [`Store::umount_run`].
@@ -111,14 +171,15 @@ impl Store {
         self.find_run(&mnt)
     }
 
-    /// `layercache umount`: unmounts the store mount at `mountpoint` (waiting for its daemon)
-    /// and deletes its run directory (the private upper is discarded).
+    /// `layercache umount`: unmounts the store mount `mountpoint` names (its path or run id,
+    /// see [`Store::resolve`]), waiting for its daemon, and deletes its run directory (the
+    /// private upper is discarded).
     ///
     /// Errors: [`Error::NotAStoreMount`] when it is not a store mount; [`Error::Unmount`] when
     /// busy.
     pub fn umount(&self, mountpoint: &Path) -> Result<()> {
         let m = self
-            .store_mount(mountpoint)?
+            .resolve(mountpoint)?
             .ok_or_else(|| Error::NotAStoreMount {
                 mountpoint: mountpoint.to_path_buf(),
                 detail: String::new(),
@@ -136,10 +197,17 @@ impl Store {
         remove_tree(&m.run_dir)
     }
 
-    /// A run dir is stale when nobody holds its lease, its daemon is gone, nothing is mounted
-    /// at its mountpoint, and it has not changed for [`RUN_GRACE`].
+    /// A run dir is stale when nobody holds its lease and its daemon is gone, and either its
+    /// recorded owner has exited (a dead mount of it is then unmounted by the reaper) or
+    /// nothing is mounted at its mountpoint and it has not changed for [`RUN_GRACE`].
     pub(super) fn run_is_stale(&self, dir: &Path) -> Result<bool> {
         let lease_path = dir.join("lease");
+        if let Some(rec) = read_record(dir)
+            && let Some(owner) = rec.owner_pid
+        {
+            let gone = !sys::pid_alive(owner) && !sys::pid_alive(rec.daemon_pid);
+            return Ok(gone && !lease::is_held(&lease_path, Mode::Exclusive)?);
+        }
         let recent = fs::metadata(&lease_path)
             .or_else(|_| fs::metadata(dir))
             .and_then(|m| m.modified())
@@ -155,6 +223,20 @@ impl Store {
         }
         Ok(true)
     }
+}
+
+/// Removes a stale run directory (see [`Store::run_is_stale`]), unmounting a dead mount of it
+/// first (its daemon is gone, so the mount only answers ENOTCONN).
+///
+/// Errors: [`Error::Io`] removing the directory.
+pub(super) fn remove_stale_run(dir: &Path) -> Result<()> {
+    if let Some(rec) = read_record(dir)
+        && rec.private
+        && overlay::is_mountpoint_busy(&rec.mountpoint)?
+    {
+        let _ = nix::mount::umount2(&rec.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+    }
+    remove_tree(dir)
 }
 
 /// Reads `run.json` of `run_dir`; `None` when it is missing or unreadable (a run being set

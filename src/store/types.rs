@@ -55,8 +55,13 @@ pub struct MountRequest {
     pub restore_keys: Vec<CacheKey>,
     /// How long to wait for another run filling the same key before filling ourselves.
     pub fill_wait: Duration,
-    /// Existing directory to mount on.
-    pub mountpoint: PathBuf,
+    /// Existing directory to mount on (host-visible, `layercache mount`); `None` mounts at the
+    /// run's own `runs/<run>/mnt`, a place no other run uses (`layercache run`: the run binds it
+    /// at the cache's view path in a mount namespace of its own).
+    pub mountpoint: Option<PathBuf>,
+    /// The process the mount belongs to: when it exits (even by `kill -9`) the overlay daemon
+    /// ends the mount; `None` for a mount that lives until `umount`/`commit`.
+    pub owner: Option<u32>,
 }
 
 /// The JSON line `layercache mount` prints; also returned to `layercache run`.
@@ -82,6 +87,9 @@ pub struct MountOutcome {
     pub mountpoint: PathBuf,
     /// Run id (`runs/<run>`).
     pub run: String,
+    /// The overlay daemon's pid.
+    #[serde(default)]
+    pub daemon_pid: u32,
     /// True when this mount holds the key's fill lock (others wait for its commit).
     pub fill_lock: bool,
     /// Milliseconds spent waiting for another run's fill.
