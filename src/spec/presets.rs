@@ -1,0 +1,272 @@
+//! The built-in presets (`layercache presets`): what each package manager's cache needs so a
+//! spec only names it.
+
+use std::collections::BTreeMap;
+
+/// A built-in preset: what a package manager's cache needs so users only name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preset {
+    /// The name used in `preset = "…"`.
+    pub name: &'static str,
+    /// Bumped when the preset's behaviour changes, so old layers are not reused; enters the key.
+    pub version: u32,
+    /// One line for `layercache presets`.
+    pub description: &'static str,
+    /// Key file patterns relative to the workdir (`*` within a name, `**/` any directories);
+    /// at least one file must match.
+    pub key_files: &'static [&'static str],
+    /// Environment the package manager reads its cache location from (templates, module docs).
+    pub env: &'static [(&'static str, &'static str)],
+    /// Where the cache is mounted when the spec names no `mountpoint`; `None` means
+    /// `<mount-root>/<id>`.
+    pub mountpoint: Option<&'static str>,
+    /// Default setup script (run with `sh -c` in the workdir on a miss or restore).
+    pub setup: &'static str,
+    /// Default maintenance script (run on a hit); `None` runs nothing.
+    pub maintenance: Option<&'static str>,
+    /// Tools whose `--version` enters the key's environment fingerprint.
+    pub tools: &'static [&'static str],
+    /// Paths (patterns relative to the mount) removed before promotion.
+    pub exclude: &'static [&'static str],
+    /// Whether the tree it fills can be used at another path: a package manager's download
+    /// cache or a `node_modules` can (its key leaves the view path out, so per-run workspaces
+    /// share layers); a venv or cargo's target dir embed absolute paths (their key includes
+    /// the view path — see `--workdir-view`).
+    pub relocatable: bool,
+}
+
+const NODE_SETUP: &str = "if [ -f pnpm-lock.yaml ]; then pnpm install --frozen-lockfile; \
+elif [ -f yarn.lock ]; then yarn install --frozen-lockfile; \
+else npm ci --no-audit --no-fund; fi";
+
+/// The gradle preset's setup: resolves the files of every resolvable configuration of every
+/// project (an init script adds the task), so `gradle --offline` builds from the cache. The
+/// `dependencies` task it ran before resolves only the graph: the cache held POMs and no jars,
+/// and an offline build failed (found by tests/presets.rs).
+const GRADLE_SETUP: &str = "init=$(mktemp) && printf '%s\\n' 'allprojects { task layercacheResolve \
+{ doLast { configurations.findAll { it.canBeResolved }.each { it.resolve() } } } }' > \"$init\" \
+&& if [ -x ./gradlew ]; then ./gradlew --no-daemon -q -I \"$init\" layercacheResolve; \
+else gradle --no-daemon -q -I \"$init\" layercacheResolve; fi; s=$?; rm -f \"$init\"; exit $s";
+
+/// The built-in presets (issue 5), in the order `layercache presets` lists them.
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "npm",
+        version: 1,
+        description: "npm's download cache (npm_config_cache)",
+        key_files: &["package-lock.json", "npm-shrinkwrap.json"],
+        env: &[("npm_config_cache", "{mount}")],
+        mountpoint: None,
+        setup: "npm ci --no-audit --no-fund",
+        maintenance: Some("npm ci --prefer-offline --no-audit --no-fund"),
+        tools: &["node"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "pnpm",
+        version: 1,
+        description: "pnpm's content-addressed store (npm_config_store_dir)",
+        key_files: &["pnpm-lock.yaml"],
+        env: &[("npm_config_store_dir", "{mount}")],
+        mountpoint: None,
+        setup: "pnpm install --frozen-lockfile",
+        maintenance: Some("pnpm install --frozen-lockfile --prefer-offline"),
+        tools: &["node"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "yarn",
+        version: 1,
+        description: "yarn's download cache (YARN_CACHE_FOLDER)",
+        key_files: &["yarn.lock"],
+        env: &[("YARN_CACHE_FOLDER", "{mount}")],
+        mountpoint: None,
+        setup: "yarn install --frozen-lockfile",
+        maintenance: Some("yarn install --frozen-lockfile --prefer-offline"),
+        tools: &["node"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "pip",
+        version: 1,
+        description: "pip's HTTP and wheel cache (PIP_CACHE_DIR)",
+        key_files: &["requirements*.txt", "constraints*.txt"],
+        env: &[("PIP_CACHE_DIR", "{mount}")],
+        mountpoint: None,
+        setup: "pip install -r requirements.txt",
+        maintenance: Some("pip install -r requirements.txt"),
+        tools: &["python3"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "uv",
+        version: 1,
+        description: "uv's cache (UV_CACHE_DIR)",
+        key_files: &["uv.lock"],
+        env: &[("UV_CACHE_DIR", "{mount}")],
+        mountpoint: None,
+        setup: "uv sync --frozen",
+        maintenance: Some("uv sync --frozen --offline"),
+        tools: &["python3"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "go",
+        version: 1,
+        description: "Go module and build caches (GOMODCACHE={mount}/mod, GOCACHE={mount}/build)",
+        key_files: &["**/go.sum", "**/go.mod"],
+        env: &[("GOMODCACHE", "{mount}/mod"), ("GOCACHE", "{mount}/build")],
+        mountpoint: None,
+        setup: "go mod download",
+        maintenance: None,
+        tools: &["go"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "cargo",
+        version: 1,
+        description: "Cargo's registry and git caches (CARGO_HOME; bin/ and credentials are dropped)",
+        key_files: &["Cargo.lock"],
+        env: &[("CARGO_HOME", "{mount}")],
+        mountpoint: None,
+        setup: "cargo fetch --locked",
+        maintenance: None,
+        tools: &["rustc"],
+        exclude: &["bin", "credentials", "credentials.toml", ".package-cache"],
+        relocatable: true,
+    },
+    Preset {
+        name: "maven",
+        version: 1,
+        description: "Maven's local repository (-Dmaven.repo.local via MAVEN_OPTS)",
+        key_files: &["**/pom.xml"],
+        env: &[("MAVEN_OPTS", "-Dmaven.repo.local={mount} {env:MAVEN_OPTS}")],
+        mountpoint: None,
+        setup: "mvn -B -q dependency:go-offline",
+        maintenance: None,
+        tools: &["java"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "gradle",
+        version: 2,
+        description: "Gradle's user home caches (GRADLE_USER_HOME)",
+        key_files: &[
+            "**/*.gradle*",
+            "**/gradle-wrapper.properties",
+            "**/libs.versions.toml",
+        ],
+        env: &[("GRADLE_USER_HOME", "{mount}")],
+        mountpoint: None,
+        setup: GRADLE_SETUP,
+        maintenance: None,
+        tools: &["java"],
+        exclude: &["gradle.properties"],
+        relocatable: true,
+    },
+    Preset {
+        name: "node_modules",
+        version: 1,
+        description: "the installed node_modules tree, mounted at <workdir>/node_modules",
+        key_files: &[
+            "package-lock.json",
+            "npm-shrinkwrap.json",
+            "pnpm-lock.yaml",
+            "yarn.lock",
+        ],
+        env: &[],
+        mountpoint: Some("{workdir}/node_modules"),
+        setup: NODE_SETUP,
+        maintenance: None,
+        tools: &["node"],
+        exclude: &[],
+        relocatable: true,
+    },
+    Preset {
+        name: "venv",
+        version: 1,
+        description: "a Python virtualenv, mounted at <workdir>/.venv",
+        key_files: &["requirements*.txt", "uv.lock", "poetry.lock"],
+        env: &[
+            ("VIRTUAL_ENV", "{mount}"),
+            ("PATH", "{mount}/bin:{env:PATH}"),
+        ],
+        mountpoint: Some("{workdir}/.venv"),
+        setup: "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt",
+        maintenance: None,
+        tools: &["python3"],
+        exclude: &[],
+        relocatable: false,
+    },
+    Preset {
+        name: "cargo-target",
+        version: 1,
+        description: "Cargo's build output (CARGO_TARGET_DIR), so dependencies are not rebuilt",
+        key_files: &["Cargo.lock"],
+        env: &[("CARGO_TARGET_DIR", "{mount}")],
+        mountpoint: None,
+        setup: "cargo build",
+        maintenance: None,
+        tools: &["rustc"],
+        exclude: &[],
+        relocatable: false,
+    },
+];
+
+/// Looks up a preset by name.
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// `layercache presets`: one line per preset (or a JSON array with `--json`).
+pub fn presets_text(json: bool) -> String {
+    if json {
+        let list: Vec<_> = PRESETS
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "name": p.name,
+                    "version": p.version,
+                    "description": p.description,
+                    "key_files": p.key_files,
+                    "env": p.env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+                    "mountpoint": p.mountpoint.unwrap_or("{mount_root}/{id}"),
+                    "setup": p.setup,
+                    "maintenance": p.maintenance,
+                    "tools": p.tools,
+                })
+            })
+            .collect();
+        return serde_json::Value::Array(list).to_string() + "\n";
+    }
+    let mut out = String::new();
+    for p in PRESETS {
+        out.push_str(&format!("{:<13} {}\n", p.name, p.description));
+        out.push_str(&format!(
+            "{:<13}   key files: {}\n",
+            "",
+            p.key_files.join(", ")
+        ));
+        let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if !env.is_empty() {
+            out.push_str(&format!("{:<13}   env: {}\n", "", env.join(" ")));
+        }
+        out.push_str(&format!(
+            "{:<13}   mountpoint: {}\n",
+            "",
+            p.mountpoint.unwrap_or("{mount_root}/{id}")
+        ));
+        out.push_str(&format!("{:<13}   setup: {}\n", "", p.setup));
+        if let Some(m) = p.maintenance {
+            out.push_str(&format!("{:<13}   maintenance: {m}\n", ""));
+        }
+    }
+    out
+}
