@@ -33,6 +33,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Gc(args) => crate::store::cmd::gc(&cli.global, &args),
         Command::Clear(args) => crate::store::cmd::clear(&cli.global, &args),
         Command::Verify(args) => crate::store::cmd::verify(&cli.global, &args),
+        Command::Remote(c) => crate::remote::cmd::dispatch(&cli.global, &c),
     }
 }
 
@@ -225,9 +226,16 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
     }
-    let store = crate::store::Store::open(Some(&store_dir))?;
+    let mut store = crate::store::Store::open(Some(&store_dir))?;
+    crate::remote::attach(&mut store, global.remote.as_deref())?;
+    let remote = store.remote().cloned();
     let mounter = crate::run::StoreMounter::new(store, std::time::Duration::from_secs(300));
-    crate::run::run(&cfg, &mounter)
+    let status = crate::run::run(&cfg, &mounter);
+    // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
+    if let Some(r) = remote {
+        r.wait_pushes();
+    }
+    status
 }
 
 /// `path` made absolute against the current directory (not resolved).

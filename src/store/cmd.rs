@@ -22,8 +22,11 @@ pub fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
     }
 }
 
+/// Opens (creating) the store, with the remote tier attached when one is configured.
 fn open(global: &GlobalArgs) -> Result<Store> {
-    Store::open(Some(&store_root(global)?))
+    let mut store = Store::open(Some(&store_root(global)?))?;
+    crate::remote::attach(&mut store, global.remote.as_deref())?;
+    Ok(store)
 }
 
 /// Opens the store for a command that only reads or trims it (`ls`, `stats`, `gc`, `clear`,
@@ -99,17 +102,22 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         None => fallback,
     };
     // Committing never creates a store: without one there is no store mount to commit.
-    let Some(store) = Store::open_existing(&root)? else {
+    let Some(mut store) = Store::open_existing(&root)? else {
         return Err(not_ours(Error::invalid(format!(
             "{}: not a layercache store mount (there is no store at {})",
             a.mountpoint.display(),
             root.display()
         ))));
     };
+    crate::remote::attach(&mut store, global.remote.as_deref())?;
     let out = match store.commit(&a.mountpoint) {
         Err(e @ Error::Invalid(_)) => return Err(not_ours(e)),
         r => r?,
     };
+    // Remote tier: commit returns once its push (started by the publish) is done.
+    if let Some(r) = store.remote() {
+        r.wait_pushes();
+    }
     if out.result == super::CommitResult::Exists {
         eprintln!(
             "layercache: key {} was already published (keys are immutable); this mount's changes \

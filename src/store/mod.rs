@@ -90,6 +90,10 @@ pub struct Store {
     root: PathBuf,
     base: PathBuf,
     limits: gc::Limits,
+    /// `[remote]` of config.toml, as written (remote tier, issue 14).
+    remote_file: Option<crate::remote::config::RemoteFile>,
+    /// The remote tier attached with [`Store::set_remote`], if any.
+    remote: Option<std::sync::Arc<crate::remote::Remote>>,
 }
 
 /// The directories of one project inside the store.
@@ -381,9 +385,12 @@ pub struct MountOutcome {
     pub run: String,
     /// True when this mount holds the key's fill lock (others wait for its commit).
     pub fill_lock: bool,
+    /// What the remote tier pulled for this mount (a remote hit or restore), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::pull::PullReport>,
     /// Milliseconds spent waiting for another run's fill.
     pub waited_ms: u64,
-    /// Milliseconds for the lookup (including any wait).
+    /// Milliseconds for the lookup (including any wait, and any remote pull).
     pub lookup_ms: u64,
     /// Milliseconds to mount (overlay ready).
     pub mount_ms: u64,
@@ -508,6 +515,21 @@ pub struct Published {
     pub promote_ms: u64,
     /// Milliseconds to sync and publish.
     pub publish_ms: u64,
+}
+
+/// What [`Store::publish_built`] publishes.
+#[derive(Clone, Debug)]
+pub struct PublishSpec {
+    /// Cache.
+    pub cache: CacheId,
+    /// The key to publish under.
+    pub key: CacheKey,
+    /// The layer id to use (a pulled layer keeps its remote id); `None` = a fresh one.
+    pub layer: Option<LayerId>,
+    /// The parent recorded in the manifest.
+    pub parent: Option<LayerId>,
+    /// Creation time for the manifest, ms since the epoch; `None` = now.
+    pub created_ms: Option<u64>,
 }
 
 /// One row of `layercache ls`.
@@ -753,7 +775,29 @@ impl Store {
             .limits
             .resolve()
             .map_err(|e| Error::invalid(format!("{}: {e}", cfg.display())))?;
-        Ok(Store { root, base, limits })
+        Ok(Store {
+            root,
+            base,
+            limits,
+            remote_file: parsed.remote,
+            remote: None,
+        })
+    }
+
+    /// `[remote]` of config.toml, if present (remote tier, issue 14).
+    pub fn remote_file(&self) -> Option<&crate::remote::config::RemoteFile> {
+        self.remote_file.as_ref()
+    }
+
+    /// Attaches the remote tier: `mount` then looks keys up there on a local miss and
+    /// `commit` pushes what it publishes (see [`crate::remote`]).
+    pub fn set_remote(&mut self, remote: std::sync::Arc<crate::remote::Remote>) {
+        self.remote = Some(remote);
+    }
+
+    /// The attached remote tier, if any.
+    pub fn remote(&self) -> Option<&std::sync::Arc<crate::remote::Remote>> {
+        self.remote.as_ref()
     }
 
     /// The store root as given (`<store>`).
@@ -901,6 +945,7 @@ impl Store {
         let mut fill: Option<Lease> = None;
         let mut gave_up = false;
         let mut waited = Duration::ZERO;
+        let (mut remote_tried, mut pulled) = (false, None);
         let (found, lower_lease) = loop {
             let found = self.lookup(&pd, &req.cache, &req.key, &req.restore_keys)?;
             if let Lookup::Hit { layer } = &found {
@@ -943,6 +988,20 @@ impl Store {
                 waited += w.elapsed();
                 continue;
             }
+            // Remote tier (issue 14): the exact key missed here; ask the remote once (under the
+            // fill lock), and look up again once a pull has published the layer locally. A
+            // local restore match is kept rather than pulling another restore match.
+            if !remote_tried && let Some(r) = &self.remote {
+                remote_tried = true;
+                let restore: &[CacheKey] = match found {
+                    Lookup::Restore { .. } => &[],
+                    _ => &req.restore_keys,
+                };
+                pulled = r.fetch_for_mount(self, &pd, &req.cache, &req.key, restore);
+                if pulled.is_some() {
+                    continue;
+                }
+            }
             match &found {
                 Lookup::Restore { layer, .. } => match self.lease_layer(&pd, layer)? {
                     Some(l) => break (found, Some(l)),
@@ -971,6 +1030,7 @@ impl Store {
             None,
         )?;
         out.waited_ms = waited.as_millis() as u64;
+        out.remote = pulled;
         out.lookup_ms = lookup_ms;
         out.total_ms = ms_since(t0);
         Ok(out)
@@ -1086,6 +1146,7 @@ impl Store {
             mountpoint: mnt.to_path_buf(),
             run: run_id,
             fill_lock: has_fill,
+            remote: None,
             waited_ms: 0,
             lookup_ms: 0,
             mount_ms,
@@ -1235,6 +1296,18 @@ impl Store {
             None => None,
         };
         drop(held.fill);
+        // Remote tier (issue 14): push what this commit published, in the background (a run's
+        // exit or `layercache commit` waits for it: Remote::wait_pushes).
+        if published.result == CommitResult::Published
+            && let Some(r) = &self.remote
+        {
+            r.push_background(
+                pd.clone(),
+                rec.cache.clone(),
+                rec.key.clone(),
+                published.layer.clone(),
+            );
+        }
         let gc = self.auto_gc();
         let m = &published.manifest;
         Ok(CommitOutcome {
@@ -1334,18 +1407,43 @@ impl Store {
         parent: Option<&Layer>,
         upper: Option<&Path>,
     ) -> Result<Published> {
+        let spec = PublishSpec {
+            cache: cache.clone(),
+            key: key.clone(),
+            layer: None,
+            parent: parent.map(|p| p.id.clone()),
+            created_ms: None,
+        };
+        let lower = parent.map(|p| p.tree());
+        self.publish_built(pd, &spec, |objects, tree| {
+            promote::build_tree(objects, lower.as_deref(), upper, tree)
+        })
+    }
+
+    /// Builds a layer tree with `build` (given the project's objects and the tree path to
+    /// create, `staging/<id>/tree`) and publishes it under `spec.key` the way every layer is
+    /// published: manifest, syncfs, rename into `layers/`, key with `renameat2(NOREPLACE)`
+    /// (`exists` when another run won; our copy is then discarded). The project lock is held
+    /// shared throughout, so gc never sweeps objects `build` has created but not linked yet.
+    /// Used by promotion and by the remote tier's pull (issue 14).
+    ///
+    /// Errors: whatever `build` returns (it must remove the objects it created, as
+    /// `promote::build_tree` does) and [`Error::Io`] publishing; nothing is published on error
+    /// and the staging directory is removed.
+    pub fn publish_built(
+        &self,
+        pd: &ProjectDirs,
+        spec: &PublishSpec,
+        build: impl FnOnce(&ObjectStore, &Path) -> Result<promote::TreeStats>,
+    ) -> Result<Published> {
+        let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
-        let id = layer::new_layer_id();
+        let id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
         let stage = Layer::new(&pd.staging(), id.clone());
         mkdir_mode(&stage.dir, 0o755)?;
         let objects = pd.objects();
-        let built = promote::build_tree(
-            &objects,
-            parent.map(|p| p.tree()).as_deref(),
-            upper,
-            &stage.tree(),
-        );
+        let built = build(&objects, &stage.tree());
         let stats = match built {
             Ok(s) => s,
             Err(e) => {
@@ -1367,8 +1465,8 @@ impl Store {
             project: pd.project.clone(),
             cache: cache.clone(),
             key: key.clone(),
-            parent: parent.map(|p| p.id.clone()),
-            created_ms: now_ms(),
+            parent: spec.parent.clone(),
+            created_ms: spec.created_ms.unwrap_or_else(now_ms),
             counts: stats.counts,
             dropped: stats.dropped.clone(),
         };
