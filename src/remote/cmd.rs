@@ -214,3 +214,23 @@ fn gc(global: &GlobalArgs, remote: &Remote, a: &RemoteGcArgs) -> Result<i32> {
     }
     Ok(0)
 }
+
+/// The line `layercache ls` adds when a remote is configured: how many keys the remote has
+/// (of `project`, or all) and how many of them this store lacks; `None` without a remote. A
+/// remote that cannot be read is reported in the line, never as an error of `ls`.
+pub fn ls_note(global: &GlobalArgs, store: &Store, project: Option<ProjectId>) -> Option<String> {
+    let remote = match super::open_for(store, global.remote.as_deref()) {
+        Ok(Some(r)) => r,
+        Ok(None) => return None,
+        Err(e) => return Some(format!("remote: {e}")),
+    };
+    match rows(store, &remote, project.as_ref()) {
+        Ok(rows) => Some(format!(
+            "remote {}: {} key(s), {} not in this store (see `layercache remote ls`)",
+            remote.url(),
+            rows.len(),
+            rows.iter().filter(|r| !r.local).count()
+        )),
+        Err(e) => Some(format!("remote: {e}")),
+    }
+}

@@ -6,7 +6,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use serde::Serialize;
@@ -53,11 +52,11 @@ impl Remote {
     ///
     /// Errors: [`Error::Failed`] naming the remote.
     pub async fn children(&self, dir: &ObjectPath) -> Result<Vec<String>> {
-        let r = self
-            .store
-            .list_with_delimiter(Some(dir))
-            .await
-            .map_err(|e| self.error("listing", e))?;
+        let r = match self.store.list_with_delimiter(Some(dir)).await {
+            Ok(r) => r,
+            Err(e) if super::is_not_found(&e) => return Ok(Vec::new()),
+            Err(e) => return Err(self.error("listing", e)),
+        };
         let mut out: Vec<String> = r
             .common_prefixes
             .iter()
@@ -68,11 +67,7 @@ impl Remote {
     }
 
     async fn list_all(&self, dir: &ObjectPath) -> Result<Vec<ObjectMeta>> {
-        self.store
-            .list(Some(dir))
-            .try_collect()
-            .await
-            .map_err(|e| self.error("listing", e))
+        self.list_dir(dir).await
     }
 
     /// Runs remote gc over every project (see the module docs).

@@ -46,6 +46,9 @@ pub struct Remote {
     layout: Layout,
     rt: tokio::runtime::Runtime,
     warned: AtomicBool,
+    /// False once a lookup failed in this process: pushes are then skipped (the one warning
+    /// said so), so a dead remote costs one line, not one per publish.
+    healthy: AtomicBool,
     pushes: Mutex<Pending>,
 }
 
@@ -92,6 +95,7 @@ impl Remote {
             store,
             rt,
             warned: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
             pushes: Mutex::new(Pending::default()),
         })
     }
@@ -139,6 +143,22 @@ impl Remote {
         }
     }
 
+    /// Every object below `dir`. A prefix that holds nothing is empty, also where the server
+    /// answers 404 for it (SeaweedFS does for a prefix no object was ever written under).
+    ///
+    /// Errors: [`Error::Failed`] naming the remote.
+    pub async fn list_dir(
+        &self,
+        dir: &object_store::path::Path,
+    ) -> Result<Vec<object_store::ObjectMeta>> {
+        use futures::TryStreamExt;
+        match self.store.list(Some(dir)).try_collect().await {
+            Ok(v) => Ok(v),
+            Err(e) if is_not_found(&e) => Ok(Vec::new()),
+            Err(e) => Err(self.error("listing", e)),
+        }
+    }
+
     /// Turns an object_store error into one clear line naming the remote: wrong or missing
     /// credentials say so (and which variables to check) instead of an HTTP dump.
     pub fn error(&self, what: &str, e: object_store::Error) -> Error {
@@ -160,6 +180,13 @@ impl Remote {
                 self.cfg.url
             ));
         }
+        if text.contains("error sending request") || text.contains("Connection refused") {
+            return Error::Failed(format!(
+                "remote {}: cannot connect {what} (is the server at {} up?)",
+                self.cfg.url,
+                self.cfg.endpoint.as_deref().unwrap_or("the AWS endpoint")
+            ));
+        }
         let mut line = text.lines().next().unwrap_or("").to_string();
         if line.len() > 300 {
             line.truncate(300);
@@ -176,8 +203,14 @@ impl Remote {
         }
     }
 
+    /// Marks the remote as failing for the rest of this process (see `healthy`).
+    pub fn mark_unhealthy(&self) {
+        self.healthy.store(false, Ordering::SeqCst);
+    }
+
     /// Starts pushing layer `layer` of `pd` under `cache`/`key` on a thread of its own; the
-    /// result is collected by [`Remote::wait_pushes`].
+    /// result is collected by [`Remote::wait_pushes`]. Nothing happens once a lookup has failed
+    /// in this process ([`Remote::mark_unhealthy`]).
     pub fn push_background(
         self: &Arc<Self>,
         pd: crate::store::ProjectDirs,
@@ -185,6 +218,9 @@ impl Remote {
         key: crate::ids::CacheKey,
         layer: crate::ids::LayerId,
     ) {
+        if !self.healthy.load(Ordering::SeqCst) {
+            return;
+        }
         let tx = {
             let mut p = self.pushes.lock();
             p.running += 1;
@@ -266,6 +302,11 @@ pub fn attach(store: &mut crate::store::Store, flag: Option<&str>) -> Result<()>
         store.set_remote(r);
     }
     Ok(())
+}
+
+/// A 404, typed or (as S3 listings report it) only in the message.
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. }) || e.to_string().contains("404 Not Found")
 }
 
 #[cfg(test)]

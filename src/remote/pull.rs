@@ -93,12 +93,7 @@ impl Remote {
         cache: &CacheId,
     ) -> Result<Vec<(CacheKey, i64)>> {
         let dir = self.layout.keys(project, cache);
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .map_err(|e| self.error("listing keys", e))?;
+        let metas = self.list_dir(&dir).await?;
         Ok(metas
             .into_iter()
             .filter_map(|m| {
@@ -290,10 +285,17 @@ impl Remote {
         // Download into temp files in objects/ (same filesystem: renamed into place below).
         let tmp_dir = objects.dir().to_path_buf();
         let downloads = TempFiles::default();
+        let t = Instant::now();
         let fetched = self.block_on(
             None,
             self.download_all(&pd.project, &missing, &tmp_dir, &downloads),
         )?;
+        tracing::info!(
+            objects = missing.len(),
+            ms = t.elapsed().as_millis() as u64,
+            "pull: downloaded"
+        );
+        let t = Instant::now();
         for (id, _) in &missing {
             report.pulled_objects += 1;
             report.pulled_bytes += sizes[id];
@@ -352,6 +354,11 @@ impl Remote {
             by_content.entry(id).or_insert_with(|| dst.clone());
             exact.insert((id, tag), dst);
         }
+        tracing::info!(
+            ms = t.elapsed().as_millis() as u64,
+            "pull: objects in place"
+        );
+        let t = Instant::now();
         // The tree, parents first; directories get their final metadata last (deepest first),
         // so creating children does not disturb their times or need write permission.
         let mut dirs = Vec::new();
@@ -384,6 +391,7 @@ impl Remote {
         for (dst, e) in dirs.iter().rev() {
             apply_meta(dst, e)?;
         }
+        tracing::info!(ms = t.elapsed().as_millis() as u64, "pull: tree built");
         Ok(())
     }
 
@@ -521,7 +529,10 @@ impl Remote {
         match r {
             Ok(rep) => rep,
             Err(e) => {
-                self.warn_once(&format!("{e}; going on without the remote (a local miss)"));
+                self.mark_unhealthy();
+                self.warn_once(&format!(
+                    "{e}; going on without the remote (a local miss; nothing is pushed this run)"
+                ));
                 None
             }
         }

@@ -155,12 +155,7 @@ impl Remote {
         let lists = futures::stream::iter(fans.into_iter().map(|fan| {
             let dir = self.layout.object_fan(project, &fan);
             async move {
-                let metas: Vec<_> = self
-                    .store
-                    .list(Some(&dir))
-                    .try_collect()
-                    .await
-                    .map_err(|e| self.error("listing objects", e))?;
+                let metas = self.list_dir(&dir).await?;
                 Ok::<_, Error>(
                     metas
                         .into_iter()

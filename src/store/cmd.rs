@@ -232,6 +232,10 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             }
         ));
     }
+    // Remote tier (issue 14): one line on what the remote holds, when one is configured.
+    if let Some(line) = crate::remote::cmd::ls_note(global, &store, project_opt(&a.project)?) {
+        emit(&line);
+    }
     Ok(0)
 }
 
