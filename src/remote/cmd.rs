@@ -202,12 +202,13 @@ fn gc(global: &GlobalArgs, remote: &Remote, a: &RemoteGcArgs) -> Result<i32> {
         emit(&json(&r));
     } else {
         emit(&format!(
-            "{}remote gc: {} key(s), {} broken key(s) removed, {} manifest(s) and {} object(s) ({} bytes) removed, {} recent kept",
+            "{}remote gc: {} key(s), {} broken key(s) removed, {} manifest(s), {} object(s) and {} pack(s) ({} bytes) removed, {} recent kept",
             if r.dry_run { "(dry run) " } else { "" },
             r.keys,
             r.broken_keys.len(),
             r.removed_manifests,
             r.removed_objects,
+            r.removed_packs,
             r.freed_bytes,
             r.kept_recent
         ));

@@ -12,6 +12,7 @@
 //! lookup_timeout = "10s"              # a mount's whole remote lookup
 //! push_wait = "5m"                    # how long a run's exit waits for its background push
 //! concurrency = 32                    # object transfers in flight
+//! pack_size = "16M"                   # small objects travel in packs of about this size
 //! ```
 //! Unset entries fall back to the usual `AWS_*` environment variables (`AWS_ENDPOINT`,
 //! `AWS_REGION`, `AWS_ALLOW_HTTP`, …, read by object_store's `AmazonS3Builder::from_env`), then to
@@ -35,6 +36,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default bound on how long a run's exit waits for its background push.
 pub const DEFAULT_PUSH_WAIT: Duration = Duration::from_secs(300);
+/// Default target size of a pack of small objects (bytes).
+pub const DEFAULT_PACK_SIZE: u64 = 16 << 20;
 /// Default number of object transfers in flight.
 pub const DEFAULT_CONCURRENCY: usize = 32;
 
@@ -60,6 +63,9 @@ pub struct RemoteFile {
     pub push_wait: Option<String>,
     /// Object transfers in flight (1..=256).
     pub concurrency: Option<usize>,
+    /// Target size of a pack of small objects, e.g. "16M"; objects above a quarter of it are
+    /// stored alone.
+    pub pack_size: Option<String>,
 }
 
 /// Where credentials come from.
@@ -115,6 +121,8 @@ pub struct RemoteConfig {
     pub push_wait: Duration,
     /// Transfers in flight.
     pub concurrency: usize,
+    /// Target pack size, bytes.
+    pub pack_size: u64,
 }
 
 fn duration(what: &str, v: &Option<String>, default: Duration) -> Result<Duration> {
@@ -181,6 +189,12 @@ impl RemoteFile {
             )?,
             push_wait: duration("push_wait", &self.push_wait, DEFAULT_PUSH_WAIT)?,
             concurrency,
+            pack_size: match &self.pack_size {
+                None => DEFAULT_PACK_SIZE,
+                Some(v) => crate::store::gc::parse_size(v)
+                    .map_err(|e| Error::invalid(format!("[remote] pack_size: {e}")))?
+                    .unwrap_or(DEFAULT_PACK_SIZE),
+            },
         }))
     }
 }

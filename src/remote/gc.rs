@@ -1,5 +1,6 @@
 //! `layercache remote gc`: removes what interrupted or losing pushes left on the remote —
-//! manifests no key names and objects no kept manifest names — once older than a grace period
+//! manifests no key names, objects and packs no kept manifest names (a pack partly used is kept
+//! whole: there is no repacking) — once older than a grace period
 //! (a push in flight writes objects and manifest before its key), and keys whose manifest or
 //! objects are missing (which a correct push never leaves; such a key would only fail pulls).
 
@@ -13,6 +14,22 @@ use serde::Serialize;
 use super::Remote;
 use crate::error::Result;
 use crate::ids::{LayerId, ObjectId, ProjectId};
+
+/// What live manifests reference.
+#[derive(Default)]
+struct Refs {
+    /// Objects stored alone.
+    objects: HashSet<ObjectId>,
+    /// Packs.
+    packs: HashSet<String>,
+}
+
+impl Refs {
+    fn extend(&mut self, o: Refs) {
+        self.objects.extend(o.objects);
+        self.packs.extend(o.packs);
+    }
+}
 
 /// Default grace period: objects and manifests younger than this are kept.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(24 * 3600);
@@ -30,7 +47,9 @@ pub struct RemoteGcReport {
     pub removed_manifests: u64,
     /// Objects removed.
     pub removed_objects: u64,
-    /// Bytes of the objects removed.
+    /// Packs removed (with their indexes).
+    pub removed_packs: u64,
+    /// Bytes of the objects and packs removed.
     pub freed_bytes: u64,
     /// Unreferenced objects and manifests kept because younger than the grace period.
     pub kept_recent: u64,
@@ -99,6 +118,20 @@ impl Remote {
             .into_iter()
             .filter_map(|m| Some((ObjectId::from_hex(m.location.filename()?).ok()?, m)))
             .collect();
+        // pack id → its files (the .pack, and the .idx once written).
+        let mut packs: HashMap<String, Vec<ObjectMeta>> = HashMap::new();
+        for m in self.list_all(&self.layout.packs(project)).await? {
+            let Some(name) = m.location.filename() else {
+                continue;
+            };
+            let id = name.split('.').next().unwrap_or(name).to_string();
+            packs.entry(id).or_default().push(m);
+        }
+        let has_pack = |p: &str| {
+            packs
+                .get(p)
+                .is_some_and(|v| v.iter().any(|m| m.location.as_ref().ends_with(".pack")))
+        };
         let manifests: HashMap<LayerId, ObjectMeta> = self
             .list_all(&self.layout.manifests(project))
             .await?
@@ -110,7 +143,7 @@ impl Remote {
             .collect();
         let keys = self.list_all(&self.layout.caches(project)).await?;
         let mut live: HashSet<LayerId> = HashSet::new();
-        let mut referenced: HashSet<ObjectId> = HashSet::new();
+        let mut refs = Refs::default();
         for k in keys {
             rep.keys += 1;
             let bytes = self
@@ -124,17 +157,18 @@ impl Remote {
             let layer = serde_json::from_slice::<super::manifest::KeyRecord>(&bytes)
                 .ok()
                 .map(|r| r.layer);
-            let objs = match &layer {
-                Some(l) if manifests.contains_key(l) => self.manifest_objects(project, l).await?,
+            let r = match &layer {
+                Some(l) if manifests.contains_key(l) => self.manifest_refs(project, l).await?,
                 _ => None,
             };
-            let complete = objs
-                .as_ref()
-                .is_some_and(|o| o.iter().all(|id| objects.contains_key(id)));
-            match (layer, objs) {
-                (Some(l), Some(o)) if complete => {
+            let complete = r.as_ref().is_some_and(|r| {
+                r.objects.iter().all(|id| objects.contains_key(id))
+                    && r.packs.iter().all(|p| has_pack(p))
+            });
+            match (layer, r) {
+                (Some(l), Some(r)) if complete => {
                     live.insert(l);
-                    referenced.extend(o);
+                    refs.extend(r);
                 }
                 _ => {
                     rep.broken_keys.push(k.location.to_string());
@@ -151,8 +185,8 @@ impl Remote {
             }
             if m.last_modified.timestamp_millis() > cutoff {
                 rep.kept_recent += 1;
-                if let Some(o) = self.manifest_objects(project, l).await? {
-                    referenced.extend(o);
+                if let Some(r) = self.manifest_refs(project, l).await? {
+                    refs.extend(r);
                 }
             } else {
                 rep.removed_manifests += 1;
@@ -162,7 +196,7 @@ impl Remote {
             }
         }
         for (id, m) in &objects {
-            if referenced.contains(id) {
+            if refs.objects.contains(id) {
                 continue;
             }
             if m.last_modified.timestamp_millis() > cutoff {
@@ -175,15 +209,33 @@ impl Remote {
                 self.delete(&m.location).await?;
             }
         }
+        for (pack, mut files) in packs {
+            if refs.packs.contains(&pack) {
+                continue;
+            }
+            if files
+                .iter()
+                .any(|m| m.last_modified.timestamp_millis() > cutoff)
+            {
+                rep.kept_recent += 1;
+                continue;
+            }
+            rep.removed_packs += 1;
+            // The index goes first: a pack is only used through its index.
+            files.sort_by_key(|m| !m.location.as_ref().ends_with(".idx"));
+            for m in files {
+                rep.freed_bytes += m.size;
+                if !rep.dry_run {
+                    self.delete(&m.location).await?;
+                }
+            }
+        }
         Ok(())
     }
 
-    /// The objects manifest `layer` names; `None` when it cannot be read or parsed.
-    async fn manifest_objects(
-        &self,
-        project: &ProjectId,
-        layer: &LayerId,
-    ) -> Result<Option<HashSet<ObjectId>>> {
+    /// What manifest `layer` needs: objects stored alone and packs; `None` when it cannot be
+    /// read or parsed.
+    async fn manifest_refs(&self, project: &ProjectId, layer: &LayerId) -> Result<Option<Refs>> {
         let path = self.layout.manifest(project, layer);
         let bytes = match self.store.get(&path).await {
             Ok(g) => g
@@ -196,7 +248,16 @@ impl Remote {
         let Ok(m) = serde_json::from_slice::<super::manifest::RemoteManifest>(&bytes) else {
             return Ok(None);
         };
-        Ok(m.objects().ok().map(|o| o.into_keys().collect()))
+        let (Ok(all), Ok(packed)) = (m.objects(), m.pack_locations()) else {
+            return Ok(None);
+        };
+        Ok(Some(Refs {
+            objects: all
+                .into_keys()
+                .filter(|id| !packed.contains_key(id))
+                .collect(),
+            packs: m.packs.into_keys().collect(),
+        }))
     }
 
     async fn delete(&self, p: &ObjectPath) -> Result<()> {

@@ -1,14 +1,20 @@
 //! Where things live in the remote object store (one prefix per project, nothing shared):
 //!
 //! ```text
-//! <prefix>/v1/projects/<project>/objects/<aa>/<blake3-hex>       file bytes, named by content
+//! <prefix>/v1/projects/<project>/objects/<aa>/<blake3-hex>       a large file's bytes, by content
+//! <prefix>/v1/projects/<project>/packs/<pack>.pack               small objects back to back
+//! <prefix>/v1/projects/<project>/packs/<pack>.idx                PackIndex: (object, offset, len)
 //! <prefix>/v1/projects/<project>/manifests/<layer-id>.json       RemoteManifest: every entry
 //! <prefix>/v1/projects/<project>/caches/<cache>/keys/<key>       KeyRecord JSON, create-only
 //! ```
 //! Object ids are the local store's ([`crate::ids::ObjectId`]: blake3 of the bytes); the
-//! metadata the local object name also carries lives in the manifest. A push writes objects,
-//! then the manifest, then the key (conditional create), so a key never exists without its
-//! manifest and objects; a key is never overwritten.
+//! metadata the local object name also carries lives in the manifest. Objects up to a quarter
+//! of `pack_size` travel in packs (a pack is named by the blake3 of its bytes; its index is
+//! written after it), so a layer of 10,000 small files is a few dozen requests, not 10,000; the
+//! manifest names the pack, offset and length of each packed object it uses (packs of earlier
+//! layers included, so a new version uploads only packs of its new objects). A push writes
+//! objects and packs, then the manifest, then the key (conditional create), so a key never
+//! exists without its manifest and objects; a key is never overwritten.
 
 use object_store::path::Path as ObjectPath;
 
@@ -59,6 +65,21 @@ impl Layout {
     pub fn object(&self, p: &ProjectId, id: &ObjectId) -> ObjectPath {
         let hex = id.to_hex();
         self.object_fan(p, &hex[..2]).join(hex.as_str())
+    }
+
+    /// `…/packs`.
+    pub fn packs(&self, p: &ProjectId) -> ObjectPath {
+        self.project(p).join("packs")
+    }
+
+    /// `…/packs/<pack>.pack`.
+    pub fn pack(&self, p: &ProjectId, pack: &str) -> ObjectPath {
+        self.packs(p).join(format!("{pack}.pack"))
+    }
+
+    /// `…/packs/<pack>.idx`.
+    pub fn pack_index(&self, p: &ProjectId, pack: &str) -> ObjectPath {
+        self.packs(p).join(format!("{pack}.idx"))
     }
 
     /// `…/manifests`.

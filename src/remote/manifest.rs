@@ -27,6 +27,10 @@ pub struct RemoteManifest {
     pub layer: Manifest,
     /// Every entry of the tree, parents before children; the root is the entry with path "".
     pub entries: Vec<Entry>,
+    /// Where the packed objects of the layer are: pack id → `(object hex, offset, length)`.
+    /// Objects not listed here are stored alone under `objects/`.
+    #[serde(default)]
+    pub packs: std::collections::BTreeMap<String, Vec<(String, u64, u64)>>,
 }
 
 /// One entry of a layer tree.
@@ -211,6 +215,7 @@ pub fn from_layer(pd: &ProjectDirs, id: &LayerId) -> Result<RemoteManifest> {
         remote_format: REMOTE_MANIFEST_FORMAT,
         layer: manifest,
         entries,
+        packs: Default::default(),
     })
 }
 
@@ -245,6 +250,30 @@ impl RemoteManifest {
         for e in &self.entries {
             if let Some((id, size)) = e.object()? {
                 out.insert(id, size);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where each packed object of the layer is.
+    ///
+    /// Errors: [`Error::Failed`] for a malformed object id.
+    pub fn pack_locations(&self) -> Result<HashMap<ObjectId, super::pack::Location>> {
+        let mut out = HashMap::new();
+        for (pack, objs) in &self.packs {
+            for (hex, offset, len) in objs {
+                let id = ObjectId::from_hex(hex).map_err(|e| {
+                    Error::Failed(format!(
+                        "remote manifest of layer {}: {e}",
+                        self.layer.layer
+                    ))
+                })?;
+                let loc = super::pack::Location {
+                    pack: pack.clone(),
+                    offset: *offset,
+                    len: *len,
+                };
+                out.insert(id, loc);
             }
         }
         Ok(out)

@@ -24,6 +24,7 @@ pub mod config;
 pub mod gc;
 pub mod layout;
 pub mod manifest;
+pub mod pack;
 pub mod pull;
 pub mod push;
 

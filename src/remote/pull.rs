@@ -286,10 +286,21 @@ impl Remote {
         let tmp_dir = objects.dir().to_path_buf();
         let downloads = TempFiles::default();
         let t = Instant::now();
-        let fetched = self.block_on(
+        let packed_at = m.pack_locations()?;
+        let (packed, alone): (Vec<_>, Vec<_>) = missing
+            .iter()
+            .copied()
+            .partition(|(id, _)| packed_at.contains_key(id));
+        let packed: Vec<_> = packed
+            .into_iter()
+            .map(|(id, _)| (id, packed_at[&id].clone()))
+            .collect();
+        let temp = |id: &ObjectId| downloads.path(&tmp_dir, id);
+        let mut fetched = self.block_on(
             None,
-            self.download_all(&pd.project, &missing, &tmp_dir, &downloads),
+            self.download_all(&pd.project, &alone, &tmp_dir, &downloads),
         )?;
+        fetched.extend(self.block_on(None, self.download_packed(&pd.project, &packed, &temp))?);
         tracing::info!(
             objects = missing.len(),
             ms = t.elapsed().as_millis() as u64,

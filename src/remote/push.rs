@@ -80,11 +80,16 @@ impl Remote {
         // One local path per object (the tree's file).
         let tree = pd.layer(layer).tree();
         let mut files: HashMap<ObjectId, (PathBuf, u64)> = HashMap::new();
+        let mut order = Vec::new(); // tree order: a pack then holds neighbouring files
         for e in &m.entries {
             if let (Kind::File { size, .. }, Some((id, _))) = (&e.kind, e.object()?) {
-                files.entry(id).or_insert((tree.join(&e.path), *size));
+                files.entry(id).or_insert_with(|| {
+                    order.push(id);
+                    (tree.join(&e.path), *size)
+                });
             }
         }
+        let small = |size: u64| size <= self.cfg.pack_size / 4;
         report.objects = files.len() as u64;
         let record = KeyRecord {
             layer: layer.clone(),
@@ -93,18 +98,27 @@ impl Remote {
             files: m.layer.counts.files,
             objects: files.len() as u64,
         };
-        let body = serde_json::to_vec(&m).map_err(|e| Error::Failed(e.to_string()))?;
-        report.manifest_bytes = body.len() as u64;
+        let mut m = m;
         self.block_on(None, async {
             if self.key_record(project, cache, key).await?.is_some() {
                 report.result = "exists".into();
                 return Ok(());
             }
-            let have = self.remote_objects(project, files.keys()).await?;
-            let mut todo: Vec<(ObjectId, PathBuf, u64)> = files
+            // Small objects: reuse any pack that holds them, pack the rest.
+            let mut located = self.pack_locations(project).await?;
+            let new_small: Vec<(ObjectId, PathBuf, u64)> = order
                 .iter()
-                .filter(|(id, _)| !have.contains(id))
-                .map(|(id, (p, s))| (*id, p.clone(), *s))
+                .filter(|id| small(files[*id].1) && !located.contains_key(*id))
+                .map(|id| (*id, files[id].0.clone(), files[id].1))
+                .collect();
+            located.extend(self.upload_packs(project, &new_small).await?);
+            // Large objects: alone, uploaded unless the remote has them.
+            let large: Vec<&ObjectId> = order.iter().filter(|id| !small(files[*id].1)).collect();
+            let have = self.remote_objects(project, large.iter().copied()).await?;
+            let mut todo: Vec<(ObjectId, PathBuf, u64)> = large
+                .into_iter()
+                .filter(|id| !have.contains(*id))
+                .map(|id| (*id, files[id].0.clone(), files[id].1))
                 .collect();
             todo.sort_by_key(|t| t.0);
             futures::stream::iter(
@@ -114,8 +128,18 @@ impl Remote {
             .buffer_unordered(self.cfg.concurrency)
             .try_collect::<Vec<()>>()
             .await?;
-            report.uploaded_objects = todo.len() as u64;
-            report.uploaded_bytes = todo.iter().map(|t| t.2).sum();
+            report.uploaded_objects = (todo.len() + new_small.len()) as u64;
+            report.uploaded_bytes = todo.iter().chain(&new_small).map(|t| t.2).sum();
+            for id in order.iter().filter(|id| small(files[*id].1)) {
+                let loc = &located[id];
+                m.packs.entry(loc.pack.clone()).or_default().push((
+                    id.to_hex(),
+                    loc.offset,
+                    loc.len,
+                ));
+            }
+            let body = serde_json::to_vec(&m).map_err(|e| Error::Failed(e.to_string()))?;
+            report.manifest_bytes = body.len() as u64;
             let mpath = self.layout.manifest(project, layer);
             self.store
                 .put(&mpath, PutPayload::from(body))
