@@ -602,20 +602,18 @@ fn killed_push_leaves_no_key_and_killed_pull_publishes_nothing() {
         .unwrap();
     let client = s3(&w);
     let objects = "kill/v1/projects/kill/packs";
-    let mut push = a
-        .command(&[
-            "--remote",
-            &url,
-            "remote",
-            "push",
-            "--project",
-            "kill",
-            "--cache",
-            "c",
-            "k1",
-        ])
-        .spawn()
-        .unwrap();
+    let push_k1 = [
+        "--remote",
+        &url,
+        "remote",
+        "push",
+        "--project",
+        "kill",
+        "--cache",
+        "c",
+        "k1",
+    ];
+    let mut push = a.command(&push_k1).spawn().unwrap();
     kill_when(&mut push, "remote push", || {
         count_under(&rt, &client, objects) >= 20
     });
@@ -648,17 +646,7 @@ fn killed_push_leaves_no_key_and_killed_pull_publishes_nothing() {
         "gc left the killed push's packs"
     );
 
-    let again = a.lc(&[
-        "--remote",
-        &url,
-        "remote",
-        "push",
-        "--project",
-        "kill",
-        "--cache",
-        "c",
-        "k1",
-    ]);
+    let again = a.lc(&push_k1);
     assert!(again.status.success());
     assert_eq!(b.remote_ls().len(), 1);
 

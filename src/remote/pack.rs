@@ -36,7 +36,7 @@ pub struct PackIndex {
 }
 
 /// Packs downloading at once (each holds up to a pack's worth of ranges in memory).
-const PACK_PARALLEL: usize = 4;
+const PACK_PARALLEL: usize = 8;
 
 impl Remote {
     /// Where every packed object of `project` is, from the index of every pack (a pack counts
@@ -193,25 +193,39 @@ impl Remote {
                 .map(|o| o.1.offset..o.1.offset + o.1.len)
                 .collect();
             let what = format!("downloading pack {pack}");
+            let t = std::time::Instant::now();
             let parts = self
                 .store
                 .get_ranges(&self.layout.pack(project, pack), &ranges)
                 .await
                 .map_err(|e| self.error(&what, e))?;
-            let mut out = Vec::with_capacity(objs.len());
-            for (o, bytes) in objs.iter().zip(parts) {
-                let id = o.0;
-                if bytes.len() as u64 != o.1.len || blake3::hash(&bytes).as_bytes() != &id.0 {
-                    return Err(Error::Failed(format!(
-                        "remote {}: object {id} in pack {pack}: the bytes received do not match \
-                         its id (a corrupt pack)",
-                        self.cfg.url
-                    )));
+            tracing::debug!(
+                pack,
+                ranges = ranges.len(),
+                ms = t.elapsed().as_millis() as u64,
+                "pack fetched"
+            );
+            // Verify and write on the blocking pool: file creation waits on the disk, and
+            // several packs' objects are written at once.
+            let jobs: Vec<(ObjectId, u64, PathBuf)> =
+                objs.iter().map(|o| (o.0, o.1.len, temp(&o.0))).collect();
+            let (url, pack) = (self.cfg.url.clone(), pack.to_string());
+            let out = tokio::task::spawn_blocking(move || {
+                let mut out = Vec::with_capacity(jobs.len());
+                for ((id, len, dst), bytes) in jobs.into_iter().zip(parts) {
+                    if bytes.len() as u64 != len || blake3::hash(&bytes).as_bytes() != &id.0 {
+                        return Err(Error::Failed(format!(
+                            "remote {url}: object {id} in pack {pack}: the bytes received do not \
+                             match its id (a corrupt pack)"
+                        )));
+                    }
+                    write_new(&dst, &bytes)?;
+                    out.push((id, dst));
                 }
-                let dst = temp(&id);
-                write_new(&dst, &bytes)?;
-                out.push((id, dst));
-            }
+                Ok(out)
+            })
+            .await
+            .map_err(|e| Error::Failed(format!("writing pulled objects: {e}")))??;
             Ok::<_, Error>(out)
         }))
         .buffer_unordered(PACK_PARALLEL.min(self.cfg.concurrency))

@@ -300,6 +300,11 @@ impl Remote {
             None,
             self.download_all(&pd.project, &alone, &tmp_dir, &downloads),
         )?;
+        tracing::debug!(
+            objects = alone.len(),
+            ms = t.elapsed().as_millis() as u64,
+            "large objects fetched"
+        );
         fetched.extend(self.block_on(None, self.download_packed(&pd.project, &packed, &temp))?);
         tracing::info!(
             objects = missing.len(),
@@ -312,57 +317,68 @@ impl Remote {
             report.pulled_bytes += sizes[id];
         }
         let mut fresh: HashMap<ObjectId, PathBuf> = fetched.into_iter().collect();
-        // Create every (content, tag) object the project lacks.
-        let mut keys: Vec<_> = need.keys().copied().collect();
+        // Create every (content, tag) object the project lacks, on several threads: first one
+        // object per downloaded or locally held content, then the other metadata variants of
+        // downloaded content (copies of the first).
+        let mut keys: Vec<_> = need
+            .keys()
+            .copied()
+            .filter(|k| !exact.contains_key(k))
+            .collect();
         keys.sort();
+        let (mut first, mut later) = (Vec::new(), Vec::new());
         for (id, tag) in keys {
-            if exact.contains_key(&(id, tag)) {
-                continue;
+            match fresh.remove(&id) {
+                Some(t) => first.push((id, tag, Source::Temp(t))),
+                None => match by_content.get(&id) {
+                    Some(p) => first.push((id, tag, Source::Copy(p.clone()))),
+                    None => later.push((id, tag)),
+                },
             }
-            let entry = need[&(id, tag)];
-            let dst = objects.path_for(&id, tag);
-            let tmp = match fresh.remove(&id) {
-                Some(t) => t,
-                None => {
-                    // Same bytes as an object we have (or just made): copy locally.
-                    let src = by_content
-                        .get(&id)
-                        .cloned()
-                        .ok_or_else(|| Error::Failed(format!("object {id}: not fetched")))?;
-                    let t = downloads.path(&tmp_dir, &id);
-                    fs::copy(&src, &t).at(&t)?;
-                    report.copied_objects += 1;
+        }
+        let place = |(id, tag, src): &(ObjectId, u64, Source)| -> Result<(ObjectId, u64, bool)> {
+            let tmp = match src {
+                Source::Temp(t) => t.clone(),
+                Source::Copy(from) => {
+                    let t = downloads.path(&tmp_dir, id);
+                    fs::copy(from, &t).at(&t)?;
                     t
                 }
             };
-            apply_meta(&tmp, entry)?;
-            let got = meta_tag(&tmp, &fs::symlink_metadata(&tmp).at(&tmp)?).at(&tmp)?;
-            if got != tag {
-                return Err(Error::Failed(format!(
-                    "{}: metadata of {:?} could not be reproduced (owner {}:{} mode {:o}; run as \
-                     root?)",
-                    tmp.display(),
-                    entry.path,
-                    entry.uid,
-                    entry.gid,
-                    entry.mode
-                )));
+            let made = make_object(objects, id, *tag, &tmp, need[&(*id, *tag)])?;
+            Ok((*id, *tag, made))
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(2, 8);
+        let mut placed = par_try(&first, threads, place)?;
+        for (id, _, src) in &first {
+            if matches!(src, Source::Copy(_)) {
+                report.copied_objects += 1;
             }
-            if let Some(parent) = dst.parent() {
-                fs::create_dir_all(parent).at(parent)?;
+            by_content
+                .entry(*id)
+                .or_insert_with(|| objects.path_for(id, first_tag(&first, id)));
+        }
+        let later: Vec<_> = later
+            .into_iter()
+            .map(|(id, tag)| {
+                let from = by_content
+                    .get(&id)
+                    .cloned()
+                    .ok_or_else(|| Error::Failed(format!("object {id}: not fetched")))?;
+                Ok((id, tag, Source::Copy(from)))
+            })
+            .collect::<Result<_>>()?;
+        placed.extend(par_try(&later, threads, place)?);
+        report.copied_objects += later.len() as u64;
+        for (id, tag, made) in placed {
+            let dst = objects.path_for(&id, tag);
+            if made {
+                stats.counts.new_objects += 1;
+                stats.counts.new_bytes += sizes[&id];
+                stats.created_objects.push(dst.clone());
             }
-            match sys::rename_noreplace(&tmp, &dst) {
-                Ok(()) => {
-                    stats.counts.new_objects += 1;
-                    stats.counts.new_bytes += sizes[&id];
-                    stats.created_objects.push(dst.clone());
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    let _ = fs::remove_file(&tmp);
-                }
-                Err(e) => return Err(Error::io(&dst, e)),
-            }
-            by_content.entry(id).or_insert_with(|| dst.clone());
             exact.insert((id, tag), dst);
         }
         tracing::info!(
@@ -372,18 +388,27 @@ impl Remote {
         let t = Instant::now();
         // The tree, parents first; directories get their final metadata last (deepest first),
         // so creating children does not disturb their times or need write permission.
-        let mut dirs = Vec::new();
-        for e in &m.entries {
-            let dst = if e.path.is_empty() {
+        let path_of = |e: &Entry| {
+            if e.path.is_empty() {
                 tree.to_path_buf()
             } else {
                 tree.join(&e.path)
-            };
+            }
+        };
+        let mut dirs = Vec::new();
+        let mut rest = Vec::new();
+        for e in &m.entries {
+            if e.kind == Kind::Dir {
+                let dst = path_of(e);
+                fs::create_dir(&dst).at(&dst)?;
+                dirs.push((dst, e));
+            } else {
+                rest.push(e);
+            }
+        }
+        par_try(&rest, threads, |e: &&Entry| -> Result<()> {
+            let dst = path_of(e);
             match &e.kind {
-                Kind::Dir => {
-                    fs::create_dir(&dst).at(&dst)?;
-                    dirs.push((dst, e));
-                }
                 Kind::File { .. } => {
                     let (id, _) = e.object()?.expect("a file has an object");
                     let obj = &exact[&(id, e.meta_tag()?)];
@@ -397,8 +422,10 @@ impl Remote {
                     sys::mkfifo(&dst, e.mode).at(&dst)?;
                     apply_meta(&dst, e)?;
                 }
+                Kind::Dir => {}
             }
-        }
+            Ok(())
+        })?;
         for (dst, e) in dirs.iter().rev() {
             apply_meta(dst, e)?;
         }
@@ -440,6 +467,7 @@ impl Remote {
     ) -> Result<()> {
         let path = self.layout.object(project, id);
         let what = format!("downloading object {id}");
+        let t = Instant::now();
         let mut stream = self
             .store
             .get(&path)
@@ -455,6 +483,7 @@ impl Remote {
             n += chunk.len() as u64;
             f.write_all(&chunk).at(dst)?;
         }
+        tracing::debug!(%id, size, ms = t.elapsed().as_millis() as u64, "object fetched");
         if n != size || h.finalize().as_bytes() != &id.0 {
             let _ = fs::remove_file(dst);
             return Err(Error::Failed(format!(
@@ -548,4 +577,101 @@ impl Remote {
             }
         }
     }
+}
+
+/// Where the bytes of a new local object come from.
+enum Source {
+    /// A verified download (moved into place).
+    Temp(PathBuf),
+    /// A local object with the same bytes (copied).
+    Copy(PathBuf),
+}
+
+/// The tag of the first object made for `id` in `first`.
+fn first_tag(first: &[(ObjectId, u64, Source)], id: &ObjectId) -> u64 {
+    first.iter().find(|f| &f.0 == id).map_or(0, |f| f.1)
+}
+
+/// Gives the file `tmp` (bytes of object `id`) the metadata of `entry`, checks it now has
+/// `tag`, and renames it into place as object (`id`, `tag`) of `objects`. `Ok(false)` when that
+/// object existed already (another pull or promotion made it; `tmp` is removed).
+///
+/// Errors: [`Error::Failed`] when the metadata cannot be reproduced (e.g. another owner when not
+/// root); [`Error::Io`] naming the path.
+fn make_object(
+    objects: &LocalObjects,
+    id: &ObjectId,
+    tag: u64,
+    tmp: &Path,
+    entry: &Entry,
+) -> Result<bool> {
+    apply_meta(tmp, entry)?;
+    let got = meta_tag(tmp, &fs::symlink_metadata(tmp).at(tmp)?).at(tmp)?;
+    if got != tag {
+        return Err(Error::Failed(format!(
+            "{}: metadata of {:?} could not be reproduced (owner {}:{} mode {:o}; run as root?)",
+            tmp.display(),
+            entry.path,
+            entry.uid,
+            entry.gid,
+            entry.mode
+        )));
+    }
+    let dst = objects.path_for(id, tag);
+    if let Some(parent) = dst.parent() {
+        fs::create_dir_all(parent).at(parent)?;
+    }
+    match sys::rename_noreplace(tmp, &dst) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            let _ = fs::remove_file(tmp);
+            Ok(false)
+        }
+        Err(e) => Err(Error::io(&dst, e)),
+    }
+}
+
+/// Runs `f` over `items` on up to `threads` threads (filesystem work that waits on the disk
+/// more than on the CPU); the first error wins and stops the others early.
+fn par_try<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Vec<Result<Vec<R>>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    while !failed.load(Ordering::Relaxed) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        match f(item) {
+                            Ok(r) => out.push(r),
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(Error::Failed("a pull thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut all = Vec::new();
+    for r in results {
+        all.extend(r?);
+    }
+    Ok(all)
 }
