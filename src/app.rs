@@ -1,9 +1,12 @@
 //! Wires parsed CLI arguments to the library: one function per subcommand, returning the
-//! process exit status.
+//! process exit status. The store's subcommands (`mount`, `commit`, `umount`, `ls`, `gc`,
+//! `clear`, `verify`) are in `app/store_cmds.rs`; the store itself knows nothing of the CLI.
 
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
-use crate::store::cmd::store_root;
+pub(crate) mod store_cmds;
+
+use store_cmds::store_root;
 
 /// Runs the parsed command line and returns the exit status (see [`crate::error`]).
 ///
@@ -16,7 +19,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             crate::overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)
         }
         Command::OverlayDaemon(args) => {
-            crate::overlay::cli_daemon(&args.config, args.ready_fd, &args.mountpoint)
+            crate::overlay::cli_daemon(args.config_fd, args.ready_fd, &args.mountpoint)
         }
         Command::Run(args) => cmd_run(&cli.global, &args),
         Command::Presets => {
@@ -26,13 +29,13 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Key(args) => cmd_key(&cli.global, &args),
         Command::Stats(args) => cmd_stats(&cli.global, &args),
         Command::SandboxArgs(args) => cmd_sandbox_args(&cli.global, &args),
-        Command::Mount(args) => crate::store::cmd::mount(&cli.global, &args),
-        Command::Commit(args) => crate::store::cmd::commit(&cli.global, &args),
-        Command::Umount(args) => crate::store::cmd::umount(&cli.global, &args),
-        Command::Ls(args) => crate::store::cmd::ls(&cli.global, &args),
-        Command::Gc(args) => crate::store::cmd::gc(&cli.global, &args),
-        Command::Clear(args) => crate::store::cmd::clear(&cli.global, &args),
-        Command::Verify(args) => crate::store::cmd::verify(&cli.global, &args),
+        Command::Mount(args) => store_cmds::mount(&cli.global, &args),
+        Command::Commit(args) => store_cmds::commit(&cli.global, &args),
+        Command::Umount(args) => store_cmds::umount(&cli.global, &args),
+        Command::Ls(args) => store_cmds::ls(&cli.global, &args),
+        Command::Gc(args) => store_cmds::gc(&cli.global, &args),
+        Command::Clear(args) => store_cmds::clear(&cli.global, &args),
+        Command::Verify(args) => store_cmds::verify(&cli.global, &args),
         Command::Remote(c) => crate::remote::cmd::dispatch(&cli.global, &c),
     }
 }
@@ -142,7 +145,7 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
 /// `layercache stats [--project P]`: like `ls`, exit 2 when there is no store or when `P` is
 /// neither in the event log nor in the store.
 fn cmd_stats(global: &crate::cli::GlobalArgs, args: &crate::cli::LsArgs) -> Result<i32> {
-    let store = crate::store::cmd::open_existing(global)?;
+    let store = store_cmds::open_existing(global)?;
     let events = crate::telemetry::read(store.root())?;
     let project = args
         .project
@@ -199,7 +202,7 @@ fn cmd_sandbox_args(
     if global.json {
         println!("{}", serde_json::Value::from(words));
     } else {
-        println!("{}", crate::sandbox::shell_quote(&words));
+        println!("{}", crate::sandbox::shell_quote(&words)?);
     }
     Ok(0)
 }
@@ -226,7 +229,8 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
     }
-    let mut store = crate::store::Store::open(Some(&store_dir))?;
+    let mut store =
+        crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());
     crate::remote::attach(&mut store, global.remote.as_deref())?;
     let remote = store.remote().cloned();
     let mounter = crate::run::StoreMounter::new(store, std::time::Duration::from_secs(300));

@@ -9,14 +9,6 @@ use clap::{Args, Parser, Subcommand};
 // (allow_negative_numbers / allow_hyphen_values), so `--max-inodes -1` gets the same message
 // naming the value as `--max-inodes=-1` instead of clap's "unexpected argument '-1'".
 
-/// An inode limit: a whole number, or `none` (= 0, no limit) as the other limits take it.
-fn inode_limit(s: &str) -> Result<u64, String> {
-    if crate::store::gc::means_no_limit(s) {
-        return Ok(0);
-    }
-    whole_number(s).map_err(|e| format!("{e} or \"none\""))
-}
-
 /// A count or a number of seconds: a whole number, 0 or more.
 fn whole_number(s: &str) -> Result<u64, String> {
     s.parse()
@@ -50,12 +42,12 @@ pub struct GlobalArgs {
     pub remote: Option<String>,
 }
 
-/// The subcommands (see DESIGN.md "CLI contract").
+/// The subcommands (the CLI contract: README.md; code map: docs/ARCHITECTURE.md).
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Mount a copy-on-write overlay of any directories (fuse-overlayfs compatible options).
     Overlay(OverlayArgs),
-    /// Internal: the daemon started by `overlay`/`mount` (config as JSON, readiness on a pipe).
+    /// Internal: the daemon started by `overlay`/`mount` (config in a memfd, readiness on a pipe).
     #[command(hide = true)]
     OverlayDaemon(OverlayDaemonArgs),
     /// Mount the layer for a key (hit, restore or miss) with a private upper layer.
@@ -147,9 +139,9 @@ pub struct OverlayArgs {
 /// `layercache overlay-daemon` (internal).
 #[derive(Debug, Args)]
 pub struct OverlayDaemonArgs {
-    /// The validated overlay configuration as JSON.
+    /// Descriptor of a memfd holding the validated overlay configuration as JSON.
     #[arg(long)]
-    pub config: String,
+    pub config_fd: i32,
     /// Descriptor to write one byte to once the mount is ready.
     #[arg(long)]
     pub ready_fd: i32,
@@ -259,8 +251,8 @@ pub struct GcArgs {
     pub max_size: Option<String>,
     /// Maximum number of inodes (files, directories, symlinks) the store may hold; `none` or 0:
     /// no limit.
-    #[arg(long, allow_negative_numbers = true, value_parser = inode_limit)]
-    pub max_inodes: Option<u64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_inodes: Option<String>,
     /// Evict layers not mounted for this long, e.g. 30d, 12h, 90m, 3600s; `none` or 0: no limit.
     #[arg(long, allow_hyphen_values = true)]
     pub max_age: Option<String>,

@@ -29,6 +29,30 @@ pub enum Error {
     /// An operation failed for a reason stated in the message. Exit status 1.
     #[error("{0}")]
     Failed(String),
+    /// `mountpoint` is not a mount of this store (nothing changed). Exit status 2.
+    #[error("{}: not a layercache store mount{detail}", mountpoint.display())]
+    NotAStoreMount {
+        /// The path given.
+        mountpoint: PathBuf,
+        /// More context, starting with a space (or empty).
+        detail: String,
+    },
+    /// Something is already mounted at `mountpoint` (nothing changed). Exit status 2.
+    #[error("mountpoint {} is busy: something is already mounted there", mountpoint.display())]
+    MountpointBusy {
+        /// The canonical mountpoint.
+        mountpoint: PathBuf,
+    },
+    /// umount(2) failed, e.g. `EBUSY` while a process still uses the mount (nothing changed).
+    /// Exit status 1.
+    #[error("unmount {}: {source} (is a process still using it?)", mountpoint.display())]
+    Unmount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// The umount(2) error.
+        #[source]
+        source: io::Error,
+    },
     /// A child process (setup, maintenance, COMMAND) exited with this status; passed through.
     #[error("{what} exited with status {status}")]
     Child {
@@ -56,8 +80,8 @@ impl Error {
     /// The process exit status for this error (see the module docs).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Invalid(_) => 2,
-            Error::Io { .. } | Error::Failed(_) => 1,
+            Error::Invalid(_) | Error::NotAStoreMount { .. } | Error::MountpointBusy { .. } => 2,
+            Error::Io { .. } | Error::Failed(_) | Error::Unmount { .. } => 1,
             Error::Child { status, .. } => *status,
         }
     }

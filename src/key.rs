@@ -25,7 +25,7 @@ use std::sync::Mutex;
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey};
-use crate::spec::{Cache, Paths, glob_match};
+use crate::spec::{Cache, Paths};
 
 /// Directories never searched for key files under a `**` pattern (installed trees, VCS data,
 /// build output).
@@ -229,10 +229,10 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
     let mut found: Vec<PathBuf> = Vec::new();
     for pattern in &cache.key_files {
         let before = found.len();
-        let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
-        expand(workdir, Path::new(""), &comps, SKIP_DIRS, &mut found)?;
-        let literal = !pattern.contains(['*', '?']);
-        if cache.key_files_explicit && literal && found.len() == before {
+        let glob = Pattern::new(pattern)
+            .map_err(|e| Error::invalid(format!("cache {id:?}: key_files: {e}")))?;
+        glob.walk(workdir, SKIP_DIRS, true, &mut found)?;
+        if cache.key_files_explicit && glob.is_literal() && found.len() == before {
             return Err(Error::invalid(format!(
                 "cache {id:?}: key_files: {pattern:?} not found in {}",
                 workdir.display()
@@ -253,81 +253,109 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Paths under `root` matching `pattern` (relative, `*`/`?` within a name, `**` any directories;
 /// symlinked directories are not followed under `**`), relative to `root` and sorted. Used for
-/// key files and for `exclude`.
+/// `exclude`.
 ///
-/// Errors: [`Error::Io`] naming a directory that exists but cannot be listed.
+/// Errors: [`Error::Invalid`] for a malformed pattern; [`Error::Io`] naming a directory that
+/// exists but cannot be listed.
 pub fn find_matches(root: &Path, pattern: &str) -> Result<Vec<PathBuf>> {
-    let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
+    let glob =
+        Pattern::new(pattern).map_err(|e| Error::invalid(format!("exclude {pattern:?}: {e}")))?;
     let mut out = Vec::new();
-    expand_any(root, Path::new(""), &comps, &mut out)?;
+    glob.walk(root, &[], false, &mut out)?;
     out.sort();
     out.dedup();
     Ok(out)
 }
 
-/// Like [`expand`] but matches any entry type and skips nothing.
-fn expand_any(root: &Path, rel: &Path, comps: &[&str], out: &mut Vec<PathBuf>) -> Result<()> {
-    let Some((first, rest)) = comps.split_first() else {
-        if fs::symlink_metadata(root.join(rel)).is_ok() {
-            out.push(rel.to_path_buf());
-        }
-        return Ok(());
-    };
-    if *first == "**" {
-        expand_any(root, rel, rest, out)?;
-        for name in list_dir(&root.join(rel))? {
-            let sub = rel.join(&name);
-            if fs::symlink_metadata(root.join(&sub)).is_ok_and(|m| m.is_dir()) {
-                expand_any(root, &sub, comps, out)?;
-            }
-        }
-    } else if first.contains(['*', '?']) {
-        for name in list_dir(&root.join(rel))? {
-            if glob_match(first, &name) {
-                expand_any(root, &rel.join(&name), rest, out)?;
-            }
-        }
-    } else {
-        expand_any(root, &rel.join(first), rest, out)?;
-    }
-    Ok(())
+/// A key-file or exclude pattern compiled with globset: `*` and `?` within one name (they never
+/// match `/`), `**` any number of directories, `[…]` and `{a,b}` as globset reads them.
+#[derive(Debug)]
+pub struct Pattern {
+    text: String,
+    matcher: globset::GlobMatcher,
+    /// How many path components a match has, when the pattern has no `**`.
+    depth: Option<usize>,
 }
 
-fn expand(
-    root: &Path,
-    rel: &Path,
-    comps: &[&str],
-    skip: &[&str],
-    out: &mut Vec<PathBuf>,
-) -> Result<()> {
-    let Some((first, rest)) = comps.split_first() else {
-        if fs::metadata(root.join(rel)).is_ok_and(|m| m.is_file()) {
-            out.push(rel.to_path_buf());
-        }
-        return Ok(());
-    };
-    if *first == "**" {
-        expand(root, rel, rest, skip, out)?;
-        for name in list_dir(&root.join(rel))? {
-            if skip.contains(&name.as_str()) {
-                continue;
-            }
-            let sub = rel.join(&name);
-            let is_dir = fs::symlink_metadata(root.join(&sub)).is_ok_and(|m| m.is_dir());
-            if is_dir {
-                expand(root, &sub, comps, skip, out)?;
-            }
-        }
-    } else if first.contains(['*', '?']) {
-        for name in list_dir(&root.join(rel))? {
-            if glob_match(first, &name) {
-                expand(root, &rel.join(&name), rest, skip, out)?;
-            }
-        }
-    } else {
-        expand(root, &rel.join(first), rest, skip, out)?;
+impl Pattern {
+    /// Compiles `pattern`, a relative `/`-separated glob.
+    ///
+    /// Errors: globset's message naming the pattern (an unclosed `[`, say).
+    pub fn new(pattern: &str) -> std::result::Result<Pattern, String> {
+        let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
+        let text = comps.join("/");
+        let matcher = globset::GlobBuilder::new(&text)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| e.to_string())?
+            .compile_matcher();
+        let depth = (!comps.contains(&"**")).then_some(comps.len());
+        Ok(Pattern {
+            text,
+            matcher,
+            depth,
+        })
     }
-    Ok(())
+
+    /// Whether `rel` (relative, `/`-separated) matches.
+    pub fn is_match(&self, rel: &Path) -> bool {
+        self.matcher.is_match(rel)
+    }
+
+    /// True when the pattern names one path (no glob syntax).
+    pub fn is_literal(&self) -> bool {
+        !self.text.contains(['*', '?', '[', '{'])
+    }
+
+    /// Appends the matches under `root` to `out` (relative paths): regular files only when
+    /// `files_only` (following a final symlink), any entry otherwise. Directories named in
+    /// `skip` are not entered under `**`; nor are symlinked directories.
+    fn walk(
+        &self,
+        root: &Path,
+        skip: &[&str],
+        files_only: bool,
+        out: &mut Vec<PathBuf>,
+    ) -> Result<()> {
+        let wanted = |rel: &Path| {
+            let p = root.join(rel);
+            if files_only {
+                fs::metadata(&p).is_ok_and(|m| m.is_file())
+            } else {
+                fs::symlink_metadata(&p).is_ok()
+            }
+        };
+        if self.is_literal() {
+            let rel = PathBuf::from(&self.text);
+            if wanted(&rel) {
+                out.push(rel);
+            }
+            return Ok(());
+        }
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            let level = rel.components().count();
+            for name in list_dir(&root.join(&rel))? {
+                let sub = rel.join(&name);
+                if self.is_match(&sub) && wanted(&sub) {
+                    out.push(sub.clone());
+                }
+                let enter = match self.depth {
+                    Some(d) => {
+                        level + 1 < d && fs::metadata(root.join(&sub)).is_ok_and(|m| m.is_dir())
+                    }
+                    None => {
+                        !skip.contains(&name.as_str())
+                            && fs::symlink_metadata(root.join(&sub)).is_ok_and(|m| m.is_dir())
+                    }
+                };
+                if enter {
+                    stack.push(sub);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn list_dir(dir: &Path) -> Result<Vec<String>> {
@@ -485,6 +513,20 @@ mod tests {
             k.key_files,
             [PathBuf::from("go.sum"), PathBuf::from("sub/go.sum")]
         );
+    }
+
+    #[test]
+    fn globs() {
+        let m = |p: &str, path: &str| Pattern::new(p).unwrap().is_match(Path::new(path));
+        assert!(m("requirements*.txt", "requirements-dev.txt"));
+        assert!(!m("requirements*.txt", "sub/requirements.txt"));
+        assert!(m("**/go.sum", "go.sum"));
+        assert!(m("**/go.sum", "a/b/go.sum"));
+        assert!(m("**/*.gradle*", "app/build.gradle.kts"));
+        assert!(!m("Cargo.lock", "Cargo.toml"));
+        assert!(m("a?c", "abc"));
+        let e = Pattern::new("a[").unwrap_err();
+        assert!(e.contains("a["), "{e}");
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! layercache: immutable dependency-cache layers, keyed by lockfiles, mounted through a FUSE
 //! copy-on-write overlay and promoted atomically after a successful setup.
 //!
-//! Module map (see DESIGN.md): [`overlay`] is the FUSE filesystem and knows nothing about keys;
-//! [`store`] is the on-disk layer store and knows nothing about FUSE; [`app`] wires the CLI to them.
+//! Module map, data flow of a run, on-disk format and invariants: docs/ARCHITECTURE.md.
+//! [`overlay`] is the FUSE filesystem and knows nothing about keys; [`store`] is the on-disk
+//! layer store, which mounts only through the overlay's daemon API ([`overlay::mount_daemon`],
+//! [`overlay::unmount`]) and knows nothing of FUSE requests or of the CLI; [`app`] wires the
+//! CLI ([`cli`]) to them.
 
 #![warn(missing_docs)]
 

@@ -13,12 +13,9 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
-use std::os::unix::process::ExitStatusExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, IoContext, Result};
@@ -118,17 +115,23 @@ pub struct RunConfig {
     pub json: bool,
 }
 
-/// [`Mounter`] over the layer store ([`crate::store::Store`]).
+/// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
+/// handle of every mount it made (and so its leases) until it commits or unmounts it.
 pub struct StoreMounter {
     store: crate::store::Store,
     fill_wait: Duration,
+    mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
 }
 
 impl StoreMounter {
     /// Wraps an open store; a mount waits up to `fill_wait` for another run filling the same
     /// key.
     pub fn new(store: crate::store::Store, fill_wait: Duration) -> Self {
-        StoreMounter { store, fill_wait }
+        StoreMounter {
+            store,
+            fill_wait,
+            mounts: parking_lot::Mutex::new(BTreeMap::new()),
+        }
     }
 }
 
@@ -142,7 +145,7 @@ impl Mounter for StoreMounter {
         mountpoint: &Path,
     ) -> Result<Mounted> {
         use crate::store::{MountRequest, MountResult};
-        let out = self.store.mount(&MountRequest {
+        let m = self.store.mount(&MountRequest {
             project: project.clone(),
             cache: cache.clone(),
             key: key.clone(),
@@ -150,11 +153,9 @@ impl Mounter for StoreMounter {
             fill_wait: self.fill_wait,
             mountpoint: mountpoint.to_path_buf(),
         })?;
-        let upper = self
-            .store
-            .project(project)
-            .ok()
-            .map(|pd| pd.runs().join(&out.run).join("upper"));
+        let upper = Some(m.upper(&self.store));
+        let out = m.outcome.clone();
+        self.mounts.lock().insert(out.mountpoint.clone(), m);
         Ok(Mounted {
             result: match out.result {
                 MountResult::Hit => CacheResult::Hit,
@@ -170,7 +171,18 @@ impl Mounter for StoreMounter {
     }
 
     fn commit(&self, mountpoint: &Path) -> Result<Committed> {
-        let out = self.store.commit(mountpoint)?;
+        let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+        let held = self.mounts.lock().remove(&canon);
+        let out = match held {
+            Some(m) => {
+                let (out, remount) = self.store.commit_mount(m)?;
+                if let Some(r) = remount {
+                    self.mounts.lock().insert(canon, r);
+                }
+                out
+            }
+            None => self.store.commit(mountpoint)?,
+        };
         if !out.dropped.is_empty() {
             eprintln!(
                 "layercache: kept out of the layer (credentials): {}",
@@ -185,7 +197,10 @@ impl Mounter for StoreMounter {
     }
 
     fn umount(&self, mountpoint: &Path) -> Result<()> {
-        self.store.umount(mountpoint)
+        let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+        let r = self.store.umount(mountpoint);
+        self.mounts.lock().remove(&canon);
+        r
     }
 }
 
@@ -211,130 +226,11 @@ impl Mounter for NoMounts {
     }
 }
 
-// ---- signals ---------------------------------------------------------------------------------
+mod child;
+mod progress;
 
-/// The signal that asked the run to stop (0 = none).
-static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-/// The running child, which receives forwarded signals (0 = none).
-static CHILD_PID: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    STOP_SIGNAL.store(sig, Ordering::SeqCst);
-    let child = CHILD_PID.load(Ordering::SeqCst);
-    if child > 0 {
-        // SAFETY: kill(2) is async-signal-safe; the pid is our own child's.
-        unsafe { libc::kill(child, sig) };
-    }
-}
-
-/// Catches SIGINT/SIGTERM/SIGHUP while alive (they are recorded and forwarded to the running
-/// child, and the run unwinds: unmount, exit 128 + signal); restores the previous handlers on
-/// drop.
-struct SignalGuard {
-    old: Vec<(nix::sys::signal::Signal, nix::sys::signal::SigAction)>,
-}
-
-impl SignalGuard {
-    fn install() -> Self {
-        use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-        STOP_SIGNAL.store(0, Ordering::SeqCst);
-        let action = SigAction::new(
-            SigHandler::Handler(on_signal),
-            SaFlags::SA_RESTART,
-            SigSet::empty(),
-        );
-        let mut old = Vec::new();
-        for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-            // SAFETY: the handler only touches atomics and calls kill(2).
-            if let Ok(prev) = unsafe { sigaction(sig, &action) } {
-                old.push((sig, prev));
-            }
-        }
-        SignalGuard { old }
-    }
-}
-
-impl Drop for SignalGuard {
-    fn drop(&mut self) {
-        for (sig, prev) in self.old.drain(..) {
-            // SAFETY: restoring the handler that was installed before.
-            let _ = unsafe { nix::sys::signal::sigaction(sig, &prev) };
-        }
-    }
-}
-
-fn stopped() -> Option<i32> {
-    match STOP_SIGNAL.load(Ordering::SeqCst) {
-        0 => None,
-        s => Some(s),
-    }
-}
-
-/// Exit status like a shell reports it: the code, or 128 + signal number.
-fn status_code(st: ExitStatus) -> i32 {
-    st.code()
-        .or_else(|| st.signal().map(|s| 128 + s))
-        .unwrap_or(1)
-}
-
-/// Spawns `cmd` as the current child and waits; signals received meanwhile are forwarded.
-fn run_child(mut cmd: Command, what: &str) -> Result<i32> {
-    // glibc's posix_spawn (used by std, and by whatever started us) sets glibc's internal
-    // signals 32 and 33 (SIGCANCEL, SIGSETXID) to SIG_IGN in the child, and SIG_IGN survives
-    // exec: COMMAND would start with two real-time signals ignored (a Go or musl program sees
-    // that). With a pre_exec hook std forks instead, and the hook resets both to SIG_DFL —
-    // through the raw system call, since glibc's sigaction refuses its internal signals.
-    // SAFETY: rt_sigaction(2) is async-signal-safe; the struct is the kernel's sigaction
-    // layout (handler, flags, restorer, 64-bit mask) on x86_64 and aarch64.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            #[repr(C)]
-            struct KernelSigaction {
-                handler: usize,
-                flags: libc::c_ulong,
-                restorer: usize,
-                mask: u64,
-            }
-            let dfl = KernelSigaction {
-                handler: libc::SIG_DFL,
-                flags: 0,
-                restorer: 0,
-                mask: 0,
-            };
-            for sig in [32, 33] {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    &dfl as *const KernelSigaction,
-                    std::ptr::null_mut::<KernelSigaction>(),
-                    8usize,
-                );
-            }
-            Ok(())
-        });
-    }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => 127,
-                std::io::ErrorKind::PermissionDenied => 126,
-                _ => 1,
-            };
-            eprintln!("layercache: {what}: {e}");
-            return Ok(code);
-        }
-    };
-    CHILD_PID.store(child.id() as i32, Ordering::SeqCst);
-    if let Some(sig) = stopped() {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, sig) };
-    }
-    let status = child.wait();
-    CHILD_PID.store(0, Ordering::SeqCst);
-    Ok(status_code(status.at(what)?))
-}
+use child::{SignalGuard, run_child, stopped};
+use progress::Progress;
 
 // ---- mounts ----------------------------------------------------------------------------------
 
@@ -672,337 +568,5 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
-// ---- progress --------------------------------------------------------------------------------
-
-/// A stderr progress line (elapsed time, bytes written to the upper) while a script runs, only
-/// when stderr is a terminal; stops on drop.
-struct Progress {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Progress {
-    fn start(json: bool, label: &str, upper: Option<PathBuf>) -> Progress {
-        if json || !std::io::stderr().is_terminal() {
-            return Progress {
-                stop: None,
-                thread: None,
-            };
-        }
-        let (tx, rx) = mpsc::channel::<()>();
-        let label = label.to_string();
-        let thread = std::thread::spawn(move || {
-            let start = Instant::now();
-            let mut next_size = Instant::now() + Duration::from_secs(3);
-            let mut size = None;
-            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(1))
-            {
-                if let Some(up) = &upper
-                    && Instant::now() >= next_size
-                {
-                    size = Some(dir_bytes(up));
-                    next_size = Instant::now() + Duration::from_secs(3);
-                }
-                let mut line = format!(
-                    "\r\x1b[2Klayercache: {label}: {}",
-                    telemetry::fmt_ms(start.elapsed().as_millis() as u64)
-                );
-                if let Some(b) = size {
-                    line.push_str(&format!(", {} written", fmt_bytes(b)));
-                }
-                let _ = std::io::stderr().write_all(line.as_bytes());
-            }
-            let _ = std::io::stderr().write_all(b"\r\x1b[2K");
-        });
-        Progress {
-            stop: Some(tx),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Apparent size of the regular files under `dir`, bytes (best effort).
-fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(t) if t.is_file() => total += e.metadata().map(|m| m.len()).unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    total
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::cell::RefCell;
-    use std::collections::HashMap;
-
-    /// A fake store over plain directories: a "mount" copies the layer into the mountpoint,
-    /// commit snapshots it, umount empties it.
-    #[derive(Default)]
-    struct Fake {
-        layers: RefCell<HashMap<String, PathBuf>>,
-        mounted: RefCell<HashMap<PathBuf, String>>,
-        root: PathBuf,
-        log: RefCell<Vec<String>>,
-    }
-
-    fn copy_tree(src: &Path, dst: &Path) {
-        std::fs::create_dir_all(dst).unwrap();
-        for e in std::fs::read_dir(src).unwrap().flatten() {
-            let to = dst.join(e.file_name());
-            if e.file_type().unwrap().is_dir() {
-                copy_tree(&e.path(), &to);
-            } else {
-                std::fs::copy(e.path(), to).unwrap();
-            }
-        }
-    }
-
-    impl Mounter for Fake {
-        fn mount(
-            &self,
-            project: &ProjectId,
-            _cache: &CacheId,
-            key: &CacheKey,
-            restore: &[CacheKey],
-            mp: &Path,
-        ) -> Result<Mounted> {
-            let full = format!("{project}/{key}");
-            self.log.borrow_mut().push(format!("mount {key}"));
-            self.mounted
-                .borrow_mut()
-                .insert(mp.to_path_buf(), full.clone());
-            let layers = self.layers.borrow();
-            let (result, matched) = if let Some(l) = layers.get(&full) {
-                copy_tree(l, mp);
-                (CacheResult::Hit, Some(key.to_string()))
-            } else if let Some((k, l)) = restore.iter().find_map(|r| {
-                layers
-                    .iter()
-                    .find(|(k, _)| k.starts_with(&format!("{project}/{r}")))
-            }) {
-                copy_tree(l, mp);
-                (CacheResult::Restore, Some(k.clone()))
-            } else {
-                (CacheResult::Miss, None)
-            };
-            Ok(Mounted {
-                result,
-                matched_key: matched,
-                upper: None,
-                bytes: 0,
-                files: 0,
-                pulled: None,
-            })
-        }
-        fn commit(&self, mp: &Path) -> Result<Committed> {
-            let key = self.mounted.borrow()[mp].clone();
-            let dst = self.root.join(key.replace('/', "_"));
-            copy_tree(mp, &dst);
-            self.layers.borrow_mut().insert(key.clone(), dst);
-            self.log.borrow_mut().push(format!("commit {key}"));
-            Ok(Committed {
-                published: true,
-                bytes: 1,
-                files: 1,
-            })
-        }
-        fn umount(&self, mp: &Path) -> Result<()> {
-            self.mounted.borrow_mut().remove(mp);
-            std::fs::remove_dir_all(mp).ok();
-            std::fs::create_dir_all(mp).ok();
-            self.log
-                .borrow_mut()
-                .push(format!("umount {}", mp.display()));
-            Ok(())
-        }
-    }
-
-    struct Env {
-        _dir: tempfile::TempDir,
-        work: PathBuf,
-        cfg: RunConfig,
-        fake: Fake,
-    }
-
-    fn env(spec: &str, command: &[&str]) -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let work = dir.path().join("work");
-        std::fs::create_dir_all(&work).unwrap();
-        std::fs::write(work.join("deps.lock"), "a=1\n").unwrap();
-        let store = dir.path().join("store");
-        std::fs::create_dir_all(&store).unwrap();
-        let layers = dir.path().join("layers");
-        std::fs::create_dir_all(&layers).unwrap();
-        let cfg = RunConfig {
-            spec: crate::spec::parse(spec).unwrap(),
-            paths: Paths {
-                workdir: work.clone(),
-                mount_root: dir.path().join("mnt"),
-            },
-            image: None,
-            sandbox: SandboxMode::None,
-            command: command.iter().map(OsString::from).collect(),
-            store,
-            json: false,
-        };
-        Env {
-            work,
-            cfg,
-            fake: Fake {
-                root: layers,
-                ..Default::default()
-            },
-            _dir: dir,
-        }
-    }
-
-    const SPEC: &str = r#"project = "p"
-[[cache]]
-id = "deps"
-key_files = ["deps.lock"]
-env = { DEPS_DIR = "{mount}" }
-setup = "echo built > \"$DEPS_DIR/out\" && echo setup-ran >> setup.log"
-maintenance = "echo maint >> setup.log"
-"#;
-
-    /// A custom setup finds its mount through `{mount}` and `$LAYERCACHE_MOUNT`, without an
-    /// `env` entry.
-    #[test]
-    fn scripts_see_their_mount() {
-        let spec = r#"project = "p"
-[[cache]]
-id = "deps"
-key_files = ["deps.lock"]
-setup = "echo a > {mount}/a && test -n \"$LAYERCACHE_MOUNT\" && test -f \"$LAYERCACHE_MOUNT/a\""
-"#;
-        let e = env(spec, &[]);
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
-        let events = telemetry::read(&e.cfg.store).unwrap();
-        assert_eq!(events[0].exit_status, 0, "setup failed");
-        assert!(events[0].published);
-    }
-
-    #[test]
-    fn miss_then_hit_then_restore() {
-        let e = env(
-            SPEC,
-            &["sh", "-c", "test \"$(cat \"$DEPS_DIR/out\")\" = built"],
-        );
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
-        let events = telemetry::read(&e.cfg.store).unwrap();
-        assert_eq!(events.len(), 1);
-        assert_eq!(events[0].result, CacheResult::Miss);
-        assert!(events[0].published);
-
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
-        let events = telemetry::read(&e.cfg.store).unwrap();
-        assert_eq!(events[1].result, CacheResult::Hit);
-        assert!(!events[1].published);
-        let log = std::fs::read_to_string(e.work.join("setup.log")).unwrap();
-        assert_eq!(log, "setup-ran\nmaint\n");
-
-        std::fs::write(e.work.join("deps.lock"), "a=2\n").unwrap();
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
-        let events = telemetry::read(&e.cfg.store).unwrap();
-        assert_eq!(events[2].result, CacheResult::Restore);
-        assert_eq!(
-            events[2].matched_key.as_deref(),
-            Some(format!("p/{}", events[0].key).as_str())
-        );
-        assert_ne!(events[2].key, events[0].key);
-        // everything was unmounted after each run
-        assert!(e.fake.mounted.borrow().is_empty());
-    }
-
-    #[test]
-    fn setup_failure_publishes_nothing_and_passes_status() {
-        let spec = SPEC.replace("echo built > \\\"$DEPS_DIR/out\\\" &&", "exit 7;");
-        let e = env(&spec, &["true"]);
-        let err = run(&e.cfg, &e.fake).unwrap_err();
-        assert_eq!(err.exit_code(), 7, "{err}");
-        assert!(e.fake.layers.borrow().is_empty());
-        assert!(e.fake.mounted.borrow().is_empty());
-        let log = e.fake.log.borrow();
-        assert!(!log.iter().any(|l| l.starts_with("commit")), "{log:?}");
-        let events = telemetry::read(&e.cfg.store).unwrap();
-        assert_eq!(events[0].exit_status, 7);
-        assert!(!events[0].published);
-    }
-
-    #[test]
-    fn command_status_passes_through() {
-        let e = env(SPEC, &["sh", "-c", "exit 3"]);
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 3);
-        let e = env(SPEC, &["layercache-no-such-command"]);
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 127);
-    }
-
-    #[test]
-    fn no_caches_just_runs_the_command() {
-        let e = env("project = \"p\"\n", &["sh", "-c", "exit 5"]);
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 5);
-        assert!(e.fake.log.borrow().is_empty());
-        assert!(telemetry::read(&e.cfg.store).unwrap().is_empty());
-        let e = env("project = \"p\"\n", &[]);
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
-    }
-
-    #[test]
-    fn excluded_paths_are_removed_before_commit() {
-        let spec = SPEC
-            .replace("maintenance =", "exclude = [\"secret*\"]\nmaintenance =")
-            .replace(
-                "echo built >",
-                "touch \\\"$DEPS_DIR/secret.txt\\\" && echo built >",
-            );
-        let e = env(&spec, &[]);
-        assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
-        let layers = e.fake.layers.borrow();
-        let layer = layers.values().next().unwrap();
-        assert!(layer.join("out").exists());
-        assert!(!layer.join("secret.txt").exists());
-    }
-
-    #[test]
-    fn duplicate_mountpoints_are_rejected() {
-        let spec = format!(
-            "{SPEC}[[cache]]\nid = \"b\"\nkey_files = [\"deps.lock\"]\nsetup = \"true\"\nmountpoint = \"{{mount_root}}/deps\"\n"
-        );
-        let e = env(&spec, &[]);
-        let err = run(&e.cfg, &e.fake).unwrap_err().to_string();
-        assert!(err.contains("mountpoint"), "{err}");
-        assert!(e.fake.log.borrow().is_empty());
-    }
-
-    #[test]
-    fn sandbox_mode_parses() {
-        assert_eq!(SandboxMode::parse("bwrap").unwrap(), SandboxMode::Bwrap);
-        assert!(
-            SandboxMode::parse("x")
-                .unwrap_err()
-                .to_string()
-                .contains("--sandbox")
-        );
-        assert_eq!(fmt_bytes(1536), "1.5 KiB");
-    }
-}
+mod tests;

@@ -90,22 +90,12 @@ fn sorted(mounts: &[PathBuf]) -> Vec<PathBuf> {
     m
 }
 
-/// Quotes `words` for a POSIX shell, space-separated.
-pub fn shell_quote(words: &[String]) -> String {
-    words
-        .iter()
-        .map(|w| {
-            let plain = !w.is_empty()
-                && w.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_./:=,@+%".contains(&b));
-            if plain {
-                w.clone()
-            } else {
-                format!("'{}'", w.replace('\'', "'\\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+/// Quotes `words` for a POSIX shell, space-separated (shlex).
+///
+/// Errors: [`Error::Invalid`] when a word holds a NUL byte, which no shell word can.
+pub fn shell_quote(words: &[String]) -> Result<String> {
+    shlex::try_join(words.iter().map(String::as_str))
+        .map_err(|e| Error::invalid(format!("cannot quote for a shell: {e}")))
 }
 
 /// A `bwrap` command running `argv` in a sandbox: the host root read-only, fresh `/dev`,
@@ -169,9 +159,9 @@ mod tests {
 
     #[test]
     fn quoting() {
-        assert_eq!(
-            shell_quote(&["a".into(), "b c".into(), "it's".into()]),
-            "a 'b c' 'it'\\''s'"
-        );
+        let words: Vec<String> = vec!["a".into(), "b c".into(), "it's".into(), "$(x)".into()];
+        let q = shell_quote(&words).unwrap();
+        assert_eq!(q, "a 'b c' \"it's\" '$(x)'");
+        assert_eq!(shlex::split(&q).unwrap(), words);
     }
 }

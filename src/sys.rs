@@ -1,12 +1,13 @@
 //! Thin, safe wrappers over the Linux syscalls layercache needs that `std` does not offer:
 //! `renameat2(RENAME_NOREPLACE)`, `utimensat(AT_SYMLINK_NOFOLLOW)`, `l*xattr`, `syncfs`,
-//! `mknod` of fifos, `getrandom`, and `pidfd_getfd(2)` to adopt a lock held by a mount daemon.
+//! `mknod` of fifos, `getrandom`, and `pidfd_open(2)`/`pidfd_getfd(2)` (through rustix) to
+//! watch a daemon and adopt a lock it holds.
 //! Every function returns the raw `io::Error` (callers add the path with `IoContext`).
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 fn cpath(p: &Path) -> io::Result<CString> {
@@ -48,18 +49,20 @@ fn check_ok(rc: libc::c_int) -> io::Result<()> {
     check(rc).map(drop)
 }
 
-/// A `pidfd_open(2)` descriptor for `pid`: becomes readable when the process exits (even
-/// while it is an unreaped zombie), and is immune to pid reuse.
+/// A `pidfd_open(2)` descriptor for `pid` (through rustix): becomes readable when the process
+/// exits (even while it is an unreaped zombie), and is immune to pid reuse.
 ///
-/// Errors: `ESRCH` if there is no such process; `ENOSYS` before Linux 5.3.
+/// Errors: `ESRCH` if there is no such process (or `pid` is 0 or above `i32::MAX`); `ENOSYS`
+/// before Linux 5.3.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor owned by this process.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
 }
 
 /// `renameat2(src, dst, RENAME_NOREPLACE)`: atomically moves `src` to `dst` unless `dst` exists.
@@ -256,13 +259,11 @@ pub fn flock(fd: &impl AsRawFd, op: libc::c_int) -> io::Result<()> {
 /// such descriptor, `ENOSYS` on kernels older than 5.6.
 pub fn pidfd_getfd(pid: u32, fd: i32) -> io::Result<OwnedFd> {
     let pidfd = pidfd_open(pid)?;
-    // SAFETY: plain syscall with integer arguments.
-    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if got < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor owned by this process.
-    Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
+    Ok(rustix::process::pidfd_getfd(
+        &pidfd,
+        fd,
+        rustix::process::PidfdGetfdFlags::empty(),
+    )?)
 }
 
 /// True when process `pid` exists (signal 0 probe; `EPERM` counts as alive).
@@ -273,4 +274,76 @@ pub fn pid_alive(pid: u32) -> bool {
     // SAFETY: signal 0 performs only the existence/permission check.
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// One line of `/proc/self/mountinfo` (proc(5)), the fields layercache reads, with the octal
+/// escapes (`\040` for a space…) of the paths decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Where it is mounted (field 5).
+    pub mount_point: std::path::PathBuf,
+    /// The filesystem type (`fuse.layercache`, `ext4`…).
+    pub fs_type: String,
+    /// The mount source (the first argument of mount(2)); empty for `none`.
+    pub source: String,
+}
+
+/// The mounts visible to this process, from `/proc/self/mountinfo`.
+///
+/// (Hand-parsed: the procfs crate does not decode the octal escapes of mount points, and a
+/// workdir with a space in its name must still be found.)
+///
+/// Errors: the `io::Error` reading the file.
+pub fn mounts() -> io::Result<Vec<MountEntry>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info.lines().filter_map(parse_mountinfo_line).collect())
+}
+
+fn parse_mountinfo_line(line: &str) -> Option<MountEntry> {
+    let (pre, post) = line.split_once(" - ")?;
+    let mut post = post.split(' ');
+    let fs_type = post.next()?.to_string();
+    let source = unescape_mountinfo(post.next().unwrap_or(""));
+    let mount_point = pre.split(' ').nth(4).map(unescape_mountinfo)?;
+    Some(MountEntry {
+        mount_point: std::path::PathBuf::from(std::ffi::OsString::from_vec(mount_point)),
+        fs_type,
+        source: String::from_utf8_lossy(&source).into_owned(),
+    })
+}
+
+/// Decodes mountinfo's `\ooo` octal escapes.
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_decode_escapes() {
+        let line = "36 35 0:40 / /tmp/a\\040b rw,nosuid shared:1 - fuse.layercache \
+                    layercache:/s/v1/projects/p/runs/r/upper rw,user_id=0";
+        let e = parse_mountinfo_line(line).unwrap();
+        assert_eq!(e.mount_point, std::path::Path::new("/tmp/a b"));
+        assert_eq!(e.fs_type, "fuse.layercache");
+        assert_eq!(e.source, "layercache:/s/v1/projects/p/runs/r/upper");
+        assert!(parse_mountinfo_line("garbage").is_none());
+    }
 }

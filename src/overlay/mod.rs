@@ -13,9 +13,10 @@ pub mod errno;
 mod fs;
 mod handlers;
 mod inode;
-mod layers;
 mod ops;
 pub mod options;
+mod ring;
+pub mod stack;
 pub mod whiteout;
 
 use std::io::{Read, Write};
@@ -69,11 +70,10 @@ fn allow_fuse_uring() {
 
 /// Readahead window of a layercache mount, in KiB (2 MiB): a sequential reader then gets 1 MiB
 /// FUSE READs (the mount's max_pages is 256) instead of 128 KiB ones, an eighth of the round
-/// trips, two of them in flight per window so the daemon's threads overlap the reader. By hand,
-/// first pass over a 512 MiB file: ~390 ms at 128 KiB (pinned threads), 230-310 ms at 1 MiB,
-/// 195-205 ms at 2 MiB, 190-200 ms at 4-8 MiB (spread threads, see vendor/fuser's
-/// `Placement`); a cold read (lower not cached) was no faster beyond 2 MiB and looked slower at
-/// 4 MiB, where more concurrent READs interleave on the lower file.
+/// trips, two of them in flight per window so the daemon's threads overlap the reader (spread
+/// threads, see `ring.rs`). Larger windows gained little for a first pass and looked slower for
+/// a cold read, where more concurrent READs interleave on the lower file; the measurements are
+/// in benches/results/2026-11-29-bench-quick-seqread-bc09e50.md.
 const READ_AHEAD_KB: u64 = 2048;
 
 /// Raises the readahead window of the FUSE mount at `mountpoint` to [`READ_AHEAD_KB`]. The
@@ -142,20 +142,60 @@ pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> R
     Ok(0)
 }
 
-/// The hidden `overlay-daemon` subcommand run by [`mount_daemon`]: mount `cfg` (JSON of an
-/// [`OverlayConfig`]), report readiness on `ready_fd`, then serve until unmounted.
+/// The hidden `overlay-daemon` subcommand run by [`mount_daemon`]: read the [`OverlayConfig`]
+/// (JSON) from descriptor `config_fd` (a memfd), mount it, report readiness on `ready_fd`, then
+/// serve until unmounted. When the mount cannot be made, a [`DaemonFailure`] goes to
+/// `ready_fd` instead of the ready byte, so the caller learns the error's class (bad input or
+/// failure) and message without parsing the daemon's stderr.
 ///
 /// Errors: as [`mount_foreground`]; a malformed config is [`Error::Invalid`].
-pub fn cli_daemon(config_json: &str, ready_fd: i32, mountpoint: &Path) -> Result<i32> {
+pub fn cli_daemon(config_fd: i32, ready_fd: i32, mountpoint: &Path) -> Result<i32> {
     // Shown by ps/pgrep/pidof as "layercache" rather than "exe" (it runs /proc/self/exe).
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"layercache".as_ptr()) };
-    let cfg: OverlayConfig = serde_json::from_str(config_json)
-        .map_err(|e| Error::invalid(format!("overlay-daemon --config: {e}")))?;
-    // SAFETY: the parent passed this descriptor (the write end of a pipe) for us to own.
-    let ready = unsafe { OwnedFd::from_raw_fd(ready_fd) };
-    mount_foreground(&cfg, mountpoint, Some(ready))?;
-    Ok(0)
+    // SAFETY: the parent passed these descriptors (a memfd and the write end of a pipe) for us
+    // to own.
+    let (config, ready) = unsafe {
+        (
+            OwnedFd::from_raw_fd(config_fd),
+            OwnedFd::from_raw_fd(ready_fd),
+        )
+    };
+    let report = ready.try_clone().ok();
+    let res =
+        read_daemon_config(config).and_then(|cfg| mount_foreground(&cfg, mountpoint, Some(ready)));
+    if let (Err(e), Some(report)) = (&res, report) {
+        let failure = DaemonFailure {
+            exit: e.exit_code(),
+            message: e.to_string(),
+        };
+        let mut f = std::fs::File::from(report);
+        let body = serde_json::to_vec(&failure).unwrap_or_default();
+        let _ = f.write_all(&[b"E".as_slice(), &body].concat());
+    }
+    res.map(|()| 0)
+}
+
+/// What a daemon that could not mount reports to [`mount_daemon`] on its ready pipe (after
+/// the byte `E`; `1` alone means ready).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct DaemonFailure {
+    /// The error's exit status: 2 bad input, 1 failure.
+    pub exit: i32,
+    /// The error message.
+    pub message: String,
+}
+
+/// Reads the daemon's configuration from the memfd [`mount_daemon`] wrote it to.
+///
+/// Errors: [`Error::Invalid`] when it cannot be read or is not an [`OverlayConfig`].
+fn read_daemon_config(fd: OwnedFd) -> Result<OverlayConfig> {
+    let mut f = std::fs::File::from(fd);
+    let mut text = Vec::new();
+    f.read_to_end(&mut text)
+        .map_err(|e| Error::invalid(format!("overlay-daemon --config-fd: {e}")))?;
+    serde_json::from_slice(&text)
+        .map_err(|e| Error::invalid(format!("overlay-daemon --config-fd: {e}")))
 }
 
 /// fuser settings: `threads()` /dev/fuse readers with cloned fds, and FUSE over io_uring with
@@ -166,11 +206,15 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
     cfg.n_threads = Some(threads());
     cfg.clone_fd = true;
     cfg.io_uring = uring;
+    cfg.ring_hooks = Some(fuser::RingHooksRef(
+        std::sync::Arc::new(ring::Policy::new()),
+    ));
     cfg
 }
 
 /// Mounts a FUSE filesystem of type `fuse.layercache` at `mountpoint` with mount(2) and returns
-/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`.
+/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`; its
+/// source is `layercache:<upperdir>` (see [`upperdir_of`]).
 ///
 /// The mount is made here rather than by fuser so that nothing unmounts "whatever is at
 /// MOUNTPOINT" when the session ends: after `umount MNT` and a new mount at the same place, a
@@ -178,7 +222,7 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 ///
 /// Errors: [`Error::Invalid`] naming the mountpoint and the mount(2) errno (`EPERM` without
 /// CAP_SYS_ADMIN).
-fn mount_fuse(mountpoint: &Path) -> Result<OwnedFd> {
+fn mount_fuse(mountpoint: &Path, upperdir: &Path) -> Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -191,8 +235,9 @@ fn mount_fuse(mountpoint: &Path) -> Result<OwnedFd> {
         "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
         fd.as_raw_fd()
     );
+    let source = format!("{SOURCE_PREFIX}{}", upperdir.display());
     nix::mount::mount(
-        Some("layercache"),
+        Some(source.as_str()),
         mountpoint,
         Some("fuse.layercache"),
         nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
@@ -221,7 +266,7 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
             mountpoint.display()
         )));
     }
-    layers::probe_upper(&cfg.upperdir, &cfg.workdir)
+    stack::probe_upper(&cfg.upperdir, &cfg.workdir)
 }
 
 /// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted. When
@@ -244,7 +289,7 @@ pub fn mount_foreground(
     if uring.is_some() {
         allow_fuse_uring();
     }
-    let fd = mount_fuse(mountpoint)?;
+    let fd = mount_fuse(mountpoint, &cfg.upperdir)?;
     // from_fd completes the INIT handshake before returning.
     let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config(uring))
     {
@@ -307,15 +352,18 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
 }
 
 /// Mounts `cfg` at `mountpoint` by starting this binary again as a daemon
-/// (`layercache overlay-daemon`, in its own session), and returns the daemon's pid once the
-/// mount answers requests.
+/// (`layercache overlay-daemon --config-fd N --ready-fd N MOUNTPOINT`, in its own session), and
+/// returns the daemon's pid once the mount answers requests. The configuration travels in a
+/// memfd (not on the command line); the daemon reports readiness, or a [`DaemonFailure`], on a
+/// pipe.
 ///
 /// `hold` are descriptors (for example flock'ed lease files) the daemon keeps open for its whole
 /// life, so locks on them last exactly as long as the mount. No other descriptor of the caller
 /// reaches the daemon.
 ///
-/// Errors: [`Error::Invalid`] with the daemon's own message when the mount cannot be made
-/// (nothing is mounted then); [`Error::Io`] if the daemon cannot be started.
+/// Errors: [`Error::Invalid`] or [`Error::Failed`] (the daemon's own class and message) when
+/// the mount cannot be made (nothing is mounted then); [`Error::Io`] if the daemon cannot be
+/// started.
 pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) -> Result<u32> {
     use std::os::unix::process::CommandExt;
     // The daemon runs `preflight` itself (in mount_foreground) and reports its error here.
@@ -324,14 +372,15 @@ pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) 
     // The running binary itself, even when its file was replaced or deleted since (a rebuild or
     // package upgrade while a run is in flight); current_exe() would name the deleted path.
     let exe = std::path::PathBuf::from("/proc/self/exe");
-    let config = serde_json::to_string(cfg).map_err(|e| Error::Failed(e.to_string()))?;
+    let config = config_memfd(cfg)?;
     let ready_fd = ready_wr.as_raw_fd();
+    let config_fd = config.as_raw_fd();
     let mut keep: Vec<i32> = hold.iter().map(|f| f.as_raw_fd()).collect();
-    keep.push(ready_fd);
+    keep.extend([ready_fd, config_fd]);
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("overlay-daemon")
-        .arg("--config")
-        .arg(&config)
+        .arg("--config-fd")
+        .arg(config_fd.to_string())
         .arg("--ready-fd")
         .arg(ready_fd.to_string())
         .arg(mountpoint)
@@ -364,30 +413,48 @@ pub fn mount_daemon(cfg: &OverlayConfig, mountpoint: &Path, hold: Vec<OwnedFd>) 
     let mut child = cmd.spawn().at("layercache overlay-daemon")?;
     drop(cmd);
     drop(ready_wr);
+    drop(config);
     drop(hold);
     let mut byte = [0u8; 1];
-    match ready_rd.read(&mut byte) {
-        Ok(1) => Ok(child.id()),
-        _ => {
+    if let Ok(1) = ready_rd.read(&mut byte)
+        && byte[0] == b'1'
+    {
+        return Ok(child.id());
+    }
+    let mut report = Vec::new();
+    if byte[0] == b'E' {
+        let _ = ready_rd.read_to_end(&mut report);
+    }
+    let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
+    match serde_json::from_slice::<DaemonFailure>(&report) {
+        Ok(f) if f.exit == 2 => Err(Error::invalid(f.message)),
+        Ok(f) => Err(Error::Failed(f.message)),
+        Err(_) => {
+            // Died without a report (a panic, a signal): its stderr is all there is.
             let mut msg = String::new();
             let _ = err_rd.read_to_string(&mut msg);
-            let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
-            let msg = msg.trim().trim_start_matches("layercache: ").to_string();
-            let msg = if msg.is_empty() {
-                format!(
-                    "overlay daemon for {} exited with status {status}",
-                    mountpoint.display()
-                )
-            } else {
-                msg
-            };
-            Err(if status == 2 {
-                Error::invalid(msg)
-            } else {
-                Error::Failed(msg)
-            })
+            let msg = msg.trim();
+            Err(Error::Failed(format!(
+                "overlay daemon for {} exited with status {status}{}{msg}",
+                mountpoint.display(),
+                if msg.is_empty() { "" } else { ": " }
+            )))
         }
     }
+}
+
+/// A memfd holding `cfg` as JSON, positioned at its start, for the daemon to read.
+///
+/// Errors: [`Error::Io`] if the memfd cannot be made or written.
+fn config_memfd(cfg: &OverlayConfig) -> Result<OwnedFd> {
+    use std::io::Seek;
+    let body = serde_json::to_vec(cfg).map_err(|e| Error::Failed(e.to_string()))?;
+    let fd = rustix::fs::memfd_create("layercache-overlay-config", rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| Error::io("memfd", e.into()))?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(&body).at("memfd")?;
+    f.rewind().at("memfd")?;
+    Ok(f.into())
 }
 
 fn redirect_stdio() {
@@ -429,46 +496,23 @@ fn raise_nofile_limit() {
 ///
 /// Errors: [`Error::Io`] if mountinfo cannot be read.
 pub fn is_mountpoint_busy(mountpoint: &Path) -> Result<bool> {
-    let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    Ok(fuse_mounts()?.iter().any(|m| Path::new(m) == canon))
+    Ok(fuse_mount_at(mountpoint)?.is_some())
 }
 
-/// Mount points of FUSE filesystems visible to this process (decoded from mountinfo).
+/// The FUSE mount exactly at `mountpoint` (canonicalised), if any.
 ///
 /// Errors: [`Error::Io`] if /proc/self/mountinfo cannot be read.
-pub fn fuse_mounts() -> Result<Vec<String>> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").at("/proc/self/mountinfo")?;
-    Ok(info
-        .lines()
-        .filter_map(|line| {
-            let (pre, post) = line.split_once(" - ")?;
-            let fstype = post.split(' ').next()?;
-            if !(fstype == "fuse" || fstype.starts_with("fuse.")) {
-                return None;
-            }
-            pre.split(' ').nth(4).map(unescape_mountinfo)
-        })
-        .collect())
+fn fuse_mount_at(mountpoint: &Path) -> Result<Option<crate::sys::MountEntry>> {
+    let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let mounts = crate::sys::mounts().at("/proc/self/mountinfo")?;
+    Ok(mounts.into_iter().find(|m| {
+        (m.fs_type == "fuse" || m.fs_type.starts_with("fuse.")) && m.mount_point == canon
+    }))
 }
 
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+/// The mount source layercache's own mounts carry: `layercache:<upperdir>`, so the upper dir
+/// of a mount (and with it the store of a run) can be read from mountinfo.
+const SOURCE_PREFIX: &str = "layercache:";
 
 /// Unmounts the FUSE filesystem at `mountpoint` and waits (up to `wait`) for its daemon — the
 /// given pid, or the `layercache overlay-daemon` serving that mountpoint — to exit, so the upper
@@ -476,7 +520,7 @@ fn unescape_mountinfo(s: &str) -> String {
 /// as gone even before its parent reaps it. Returns whether the daemon is gone (true when no
 /// daemon was found to wait for).
 ///
-/// Errors: [`Error::Failed`] (`EBUSY`) when files are still open on the mount (nothing is
+/// Errors: [`Error::Unmount`] (`EBUSY`) when files are still open on the mount (nothing is
 /// changed then); [`Error::Invalid`] if no FUSE filesystem is mounted there.
 pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result<bool> {
     if !is_mountpoint_busy(mountpoint)? {
@@ -498,47 +542,40 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
-                return Err(Error::Failed(format!(
-                    "unmount {}: {e} (is a process still using it?)",
-                    mountpoint.display()
-                )));
+                return Err(Error::Unmount {
+                    mountpoint: mountpoint.to_path_buf(),
+                    source: e.into(),
+                });
             }
         }
     }
     Ok(pidfd.is_none_or(|(pid, fd)| wait_pidfd(&fd, pid, wait)))
 }
 
-/// The pid and config of the `layercache overlay-daemon` process serving `mountpoint`
-/// (canonical), if any: its command line is `overlay-daemon --config JSON --ready-fd N MNT`.
-fn daemon_with_config(mountpoint: &Path) -> Option<(u32, Option<OverlayConfig>)> {
+/// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any:
+/// the process whose command line is `… overlay-daemon … MOUNTPOINT`. Only the pid is read this
+/// way (to wait for it after unmounting a mount nobody recorded); configuration never is.
+fn daemon_of(mountpoint: &Path) -> Option<u32> {
     use std::os::unix::ffi::OsStrExt;
     let want = mountpoint.as_os_str().as_bytes();
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
-        if args.get(1) != Some(&&b"overlay-daemon"[..]) || args.last() != Some(&want) {
-            return None;
-        }
-        let config = args
-            .iter()
-            .position(|a| *a == b"--config")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|json| serde_json::from_slice(json).ok());
-        Some((pid, config))
+        (args.get(1) == Some(&&b"overlay-daemon"[..]) && args.last() == Some(&want)).then_some(pid)
     })
 }
 
-/// The pid of the `layercache overlay-daemon` process serving `mountpoint` (canonical), if any.
-fn daemon_of(mountpoint: &Path) -> Option<u32> {
-    daemon_with_config(mountpoint).map(|(pid, _)| pid)
-}
-
-/// The upper directory of the layercache mount at `mountpoint` (canonical), read from the
-/// command line of the daemon serving it; `None` when no daemon of ours serves it (a mount made
-/// by `mount -t fuse.layercache` through mount.fuse3 is served under another command line).
+/// The upper directory of the layercache mount at `mountpoint`, read from its mount source in
+/// mountinfo (`layercache:<upperdir>`, see [`mount_fuse`]); `None` for any other mount (one made
+/// by `mount -t fuse.layercache SOURCE …` through mount.fuse3 carries the user's source).
 pub fn upperdir_of(mountpoint: &Path) -> Option<std::path::PathBuf> {
-    daemon_with_config(mountpoint)?.1.map(|c| c.upperdir)
+    let m = fuse_mount_at(mountpoint).ok()??;
+    (m.fs_type == "fuse.layercache").then(|| {
+        m.source
+            .strip_prefix(SOURCE_PREFIX)
+            .map(std::path::PathBuf::from)
+    })?
 }
 
 /// Waits up to `timeout` for the process behind `pidfd` to exit; reaps it if it is our child.

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::Remote;
+use crate::app::store_cmds::store_root;
 use crate::cli::{GlobalArgs, LsArgs, RemoteCommand, RemoteGcArgs, RemoteKeyArgs};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::store::Store;
-use crate::store::cmd::store_root;
 
 fn emit(line: &str) {
     let mut out = std::io::stdout().lock();

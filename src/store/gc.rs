@@ -73,6 +73,24 @@ pub fn means_no_limit(s: &str) -> bool {
     s.trim().eq_ignore_ascii_case("none")
 }
 
+/// Parses an inode limit as the command line takes it: a whole number, or `none`; `none` or 0
+/// → `None` (unlimited).
+///
+/// Errors: a message naming the input, e.g. `"-1" is not a whole number (want 0, 1, 2, …) or
+/// "none"`.
+pub fn parse_count(s: &str) -> std::result::Result<Option<u64>, String> {
+    if means_no_limit(s) {
+        return Ok(None);
+    }
+    match s.parse::<u64>() {
+        Ok(0) => Ok(None),
+        Ok(n) => Ok(Some(n)),
+        Err(_) => Err(format!(
+            "{s:?} is not a whole number (want 0, 1, 2, …) or \"none\""
+        )),
+    }
+}
+
 /// Reads `max_inodes` as a whole number or the string `"none"` (→ 0, no limit), like the
 /// other limits take `"none"`.
 ///
@@ -137,6 +155,9 @@ impl LimitsFile {
 /// Parses a size: a number with an optional binary unit `K`, `M`, `G`, `T` (optionally followed
 /// by `i`/`B`, e.g. `10G`, `512MiB`, `4096`); `none` or `0` → `None` (unlimited).
 ///
+/// Hand-written rather than bytesize: bytesize reads `20G`/`20GB` as decimal (10^9) units,
+/// while config.toml and `--max-size` have always meant binary ones.
+///
 /// Errors: [`Error::Invalid`] naming the input.
 pub fn parse_size(s: &str) -> Result<Option<u64>> {
     let t = s.trim();
@@ -165,8 +186,8 @@ pub fn parse_size(s: &str) -> Result<Option<u64>> {
     Ok(if v == 0 { None } else { Some(v) })
 }
 
-/// Parses a duration: a number with unit `s`, `m`, `h`, `d` or `w` (e.g. `30d`, `12h`);
-/// `none` or `0` → `None` (unlimited).
+/// Parses a duration: a number of seconds, or humantime's syntax (`30d`, `12h`, `90m`,
+/// `3600s`, `1w`, `1h 30m`); `none` or `0` → `None` (unlimited).
 ///
 /// Errors: [`Error::Invalid`] naming the input.
 pub fn parse_duration(s: &str) -> Result<Option<Duration>> {
@@ -174,28 +195,15 @@ pub fn parse_duration(s: &str) -> Result<Option<Duration>> {
     if means_no_limit(t) {
         return Ok(None);
     }
-    let bad = || {
-        Error::invalid(format!(
-            "invalid duration {s:?}: want e.g. 3600s, 90m, 12h, 30d or none"
-        ))
+    let d = match t.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(t).map_err(|e| {
+            Error::invalid(format!(
+                "invalid duration {s:?} ({e}): want e.g. 3600s, 90m, 12h, 30d or none"
+            ))
+        })?,
     };
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let mult = match unit.trim() {
-        "s" | "" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => return Err(bad()),
-    };
-    let secs = n.checked_mul(mult).ok_or_else(bad)?;
-    Ok(if secs == 0 {
-        None
-    } else {
-        Some(Duration::from_secs(secs))
-    })
+    Ok((!d.is_zero()).then_some(d))
 }
 
 /// One layer as the planner sees it.

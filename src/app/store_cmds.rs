@@ -7,26 +7,34 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{GcOptions, MountRequest, Store, gc};
 use crate::cli::{ClearArgs, GcArgs, GlobalArgs, LsArgs, MountArgs, MountpointArg};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
+use crate::store::{self as st, GcOptions, MountRequest, Store, gc};
 
-/// The store root: `--store`/`LAYERCACHE_STORE`, else [`super::default_root`].
+/// The store root: `--store`/`LAYERCACHE_STORE`, else [`st::default_root`].
 ///
 /// Errors: [`Error::Invalid`] when no default can be derived.
 pub fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
     match &global.store {
         Some(s) => Ok(s.clone()),
-        None => super::default_root(),
+        None => st::default_root(),
     }
 }
 
-/// Opens (creating) the store, with the remote tier attached when one is configured.
-fn open(global: &GlobalArgs) -> Result<Store> {
-    let mut store = Store::open(Some(&store_root(global)?))?;
+/// Opens (creating) the store of `global`; its notices (waiting for another run's fill…) go
+/// to stderr. The remote tier is attached when one is configured.
+///
+/// Errors: as [`Store::open`] and [`crate::remote::attach`].
+pub fn open(global: &GlobalArgs) -> Result<Store> {
+    let mut store = Store::open(Some(&store_root(global)?))?.with_notify(stderr_notices());
     crate::remote::attach(&mut store, global.remote.as_deref())?;
     Ok(store)
+}
+
+/// A [`st::Notify`] printing each notice on stderr as `layercache: <notice>`.
+pub fn stderr_notices() -> st::Notify {
+    std::sync::Arc::new(|n: &st::Notice| eprintln!("layercache: {n}"))
 }
 
 /// Opens the store for a command that only reads or trims it (`ls`, `stats`, `gc`, `clear`,
@@ -35,13 +43,14 @@ fn open(global: &GlobalArgs) -> Result<Store> {
 /// Errors: [`Error::Invalid`] naming the path when no store is there.
 pub fn open_existing(global: &GlobalArgs) -> Result<Store> {
     let root = store_root(global)?;
-    Store::open_existing(&root)?.ok_or_else(|| {
+    let store = Store::open_existing(&root)?.ok_or_else(|| {
         Error::invalid(format!(
             "no layercache store at {} (one is created by the first `mount` or `run`; check \
              --store / LAYERCACHE_STORE)",
             root.display()
         ))
-    })
+    })?;
+    Ok(store.with_notify(stderr_notices()))
 }
 
 /// Prints one line to stdout; a closed stdout (EPIPE) is not an error.
@@ -59,7 +68,7 @@ fn project_opt(p: &Option<String>) -> Result<Option<ProjectId>> {
     p.as_deref().map(ProjectId::new).transpose()
 }
 
-/// `layercache mount`: prints the [`super::MountOutcome`] as one JSON line.
+/// `layercache mount`: prints the [`st::MountOutcome`] as one JSON line.
 ///
 /// Errors: [`Error::Invalid`] (exit 2) for bad ids or mountpoint; store/mount errors.
 pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
@@ -78,12 +87,12 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
         mountpoint: a.mountpoint.clone(),
     };
     let store = open(global)?;
-    let out = store.mount(&req)?;
+    let out = store.mount(&req)?.outcome;
     emit(&json(&out));
     Ok(0)
 }
 
-/// `layercache commit`: prints the [`super::CommitOutcome`] as one JSON line (credential files
+/// `layercache commit`: prints the [`st::CommitOutcome`] as one JSON line (credential files
 /// dropped are also listed on stderr).
 ///
 /// Errors: see [`Store::commit`].
@@ -102,23 +111,23 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         None => fallback,
     };
     // Committing never creates a store: without one there is no store mount to commit.
-    let Some(mut store) = Store::open_existing(&root)? else {
-        return Err(not_ours(Error::invalid(format!(
-            "{}: not a layercache store mount (there is no store at {})",
-            a.mountpoint.display(),
-            root.display()
-        ))));
+    let Some(store) = Store::open_existing(&root)? else {
+        return Err(not_ours(Error::NotAStoreMount {
+            mountpoint: a.mountpoint.clone(),
+            detail: format!(" (there is no store at {})", root.display()),
+        }));
     };
+    let mut store = store.with_notify(stderr_notices());
     crate::remote::attach(&mut store, global.remote.as_deref())?;
     let out = match store.commit(&a.mountpoint) {
-        Err(e @ Error::Invalid(_)) => return Err(not_ours(e)),
+        Err(e @ Error::NotAStoreMount { .. }) => return Err(not_ours(e)),
         r => r?,
     };
     // Remote tier: commit returns once its push (started by the publish) is done.
     if let Some(r) = store.remote() {
         r.wait_pushes();
     }
-    if out.result == super::CommitResult::Exists {
+    if out.result == st::CommitResult::Exists {
         eprintln!(
             "layercache: key {} was already published (keys are immutable); this mount's changes \
              were discarded and the mount now shows the published layer",
@@ -195,7 +204,7 @@ fn other_store_of(mountpoint: &Path, root: Option<&Path>) -> Option<PathBuf> {
     let mnt = std::fs::canonicalize(mountpoint).unwrap_or(mountpoint.to_path_buf());
     let theirs = crate::overlay::upperdir_of(&mnt)
         .as_deref()
-        .and_then(super::store_of_run_upper)?;
+        .and_then(st::store_of_run_upper)?;
     let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let same = root.is_some_and(|r| canon(r) == canon(&theirs));
     (!same).then_some(theirs)
@@ -245,7 +254,11 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
 pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
     let opts = GcOptions {
         max_size: a.max_size.as_deref().map(gc::parse_size).transpose()?,
-        max_inodes: a.max_inodes.map(|n| if n == 0 { None } else { Some(n) }),
+        max_inodes: a
+            .max_inodes
+            .as_deref()
+            .map(|s| gc::parse_count(s).map_err(|e| Error::invalid(format!("--max-inodes: {e}"))))
+            .transpose()?,
         max_age: a.max_age.as_deref().map(gc::parse_duration).transpose()?,
         dry_run: a.dry_run,
     };

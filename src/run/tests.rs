@@ -1,0 +1,255 @@
+//! Unit tests of the run over a plain-directory fake store.
+use super::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// A fake store over plain directories: a "mount" copies the layer into the mountpoint,
+/// commit snapshots it, umount empties it.
+#[derive(Default)]
+struct Fake {
+    layers: RefCell<HashMap<String, PathBuf>>,
+    mounted: RefCell<HashMap<PathBuf, String>>,
+    root: PathBuf,
+    log: RefCell<Vec<String>>,
+}
+
+fn copy_tree(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), to).unwrap();
+        }
+    }
+}
+
+impl Mounter for Fake {
+    fn mount(
+        &self,
+        project: &ProjectId,
+        _cache: &CacheId,
+        key: &CacheKey,
+        restore: &[CacheKey],
+        mp: &Path,
+    ) -> Result<Mounted> {
+        let full = format!("{project}/{key}");
+        self.log.borrow_mut().push(format!("mount {key}"));
+        self.mounted
+            .borrow_mut()
+            .insert(mp.to_path_buf(), full.clone());
+        let layers = self.layers.borrow();
+        let (result, matched) = if let Some(l) = layers.get(&full) {
+            copy_tree(l, mp);
+            (CacheResult::Hit, Some(key.to_string()))
+        } else if let Some((k, l)) = restore.iter().find_map(|r| {
+            layers
+                .iter()
+                .find(|(k, _)| k.starts_with(&format!("{project}/{r}")))
+        }) {
+            copy_tree(l, mp);
+            (CacheResult::Restore, Some(k.clone()))
+        } else {
+            (CacheResult::Miss, None)
+        };
+        Ok(Mounted {
+            result,
+            matched_key: matched,
+            upper: None,
+            bytes: 0,
+            files: 0,
+            pulled: None,
+        })
+    }
+    fn commit(&self, mp: &Path) -> Result<Committed> {
+        let key = self.mounted.borrow()[mp].clone();
+        let dst = self.root.join(key.replace('/', "_"));
+        copy_tree(mp, &dst);
+        self.layers.borrow_mut().insert(key.clone(), dst);
+        self.log.borrow_mut().push(format!("commit {key}"));
+        Ok(Committed {
+            published: true,
+            bytes: 1,
+            files: 1,
+        })
+    }
+    fn umount(&self, mp: &Path) -> Result<()> {
+        self.mounted.borrow_mut().remove(mp);
+        std::fs::remove_dir_all(mp).ok();
+        std::fs::create_dir_all(mp).ok();
+        self.log
+            .borrow_mut()
+            .push(format!("umount {}", mp.display()));
+        Ok(())
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    work: PathBuf,
+    cfg: RunConfig,
+    fake: Fake,
+}
+
+fn env(spec: &str, command: &[&str]) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("deps.lock"), "a=1\n").unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let layers = dir.path().join("layers");
+    std::fs::create_dir_all(&layers).unwrap();
+    let cfg = RunConfig {
+        spec: crate::spec::parse(spec).unwrap(),
+        paths: Paths {
+            workdir: work.clone(),
+            mount_root: dir.path().join("mnt"),
+        },
+        image: None,
+        sandbox: SandboxMode::None,
+        command: command.iter().map(OsString::from).collect(),
+        store,
+        json: false,
+    };
+    Env {
+        work,
+        cfg,
+        fake: Fake {
+            root: layers,
+            ..Default::default()
+        },
+        _dir: dir,
+    }
+}
+
+const SPEC: &str = r#"project = "p"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+env = { DEPS_DIR = "{mount}" }
+setup = "echo built > \"$DEPS_DIR/out\" && echo setup-ran >> setup.log"
+maintenance = "echo maint >> setup.log"
+"#;
+
+/// A custom setup finds its mount through `{mount}` and `$LAYERCACHE_MOUNT`, without an
+/// `env` entry.
+#[test]
+fn scripts_see_their_mount() {
+    let spec = r#"project = "p"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+setup = "echo a > {mount}/a && test -n \"$LAYERCACHE_MOUNT\" && test -f \"$LAYERCACHE_MOUNT/a\""
+"#;
+    let e = env(spec, &[]);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[0].exit_status, 0, "setup failed");
+    assert!(events[0].published);
+}
+
+#[test]
+fn miss_then_hit_then_restore() {
+    let e = env(
+        SPEC,
+        &["sh", "-c", "test \"$(cat \"$DEPS_DIR/out\")\" = built"],
+    );
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].result, CacheResult::Miss);
+    assert!(events[0].published);
+
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[1].result, CacheResult::Hit);
+    assert!(!events[1].published);
+    let log = std::fs::read_to_string(e.work.join("setup.log")).unwrap();
+    assert_eq!(log, "setup-ran\nmaint\n");
+
+    std::fs::write(e.work.join("deps.lock"), "a=2\n").unwrap();
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[2].result, CacheResult::Restore);
+    assert_eq!(
+        events[2].matched_key.as_deref(),
+        Some(format!("p/{}", events[0].key).as_str())
+    );
+    assert_ne!(events[2].key, events[0].key);
+    // everything was unmounted after each run
+    assert!(e.fake.mounted.borrow().is_empty());
+}
+
+#[test]
+fn setup_failure_publishes_nothing_and_passes_status() {
+    let spec = SPEC.replace("echo built > \\\"$DEPS_DIR/out\\\" &&", "exit 7;");
+    let e = env(&spec, &["true"]);
+    let err = run(&e.cfg, &e.fake).unwrap_err();
+    assert_eq!(err.exit_code(), 7, "{err}");
+    assert!(e.fake.layers.borrow().is_empty());
+    assert!(e.fake.mounted.borrow().is_empty());
+    let log = e.fake.log.borrow();
+    assert!(!log.iter().any(|l| l.starts_with("commit")), "{log:?}");
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[0].exit_status, 7);
+    assert!(!events[0].published);
+}
+
+#[test]
+fn command_status_passes_through() {
+    let e = env(SPEC, &["sh", "-c", "exit 3"]);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 3);
+    let e = env(SPEC, &["layercache-no-such-command"]);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 127);
+}
+
+#[test]
+fn no_caches_just_runs_the_command() {
+    let e = env("project = \"p\"\n", &["sh", "-c", "exit 5"]);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 5);
+    assert!(e.fake.log.borrow().is_empty());
+    assert!(telemetry::read(&e.cfg.store).unwrap().is_empty());
+    let e = env("project = \"p\"\n", &[]);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+}
+
+#[test]
+fn excluded_paths_are_removed_before_commit() {
+    let spec = SPEC
+        .replace("maintenance =", "exclude = [\"secret*\"]\nmaintenance =")
+        .replace(
+            "echo built >",
+            "touch \\\"$DEPS_DIR/secret.txt\\\" && echo built >",
+        );
+    let e = env(&spec, &[]);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let layers = e.fake.layers.borrow();
+    let layer = layers.values().next().unwrap();
+    assert!(layer.join("out").exists());
+    assert!(!layer.join("secret.txt").exists());
+}
+
+#[test]
+fn duplicate_mountpoints_are_rejected() {
+    let spec = format!(
+        "{SPEC}[[cache]]\nid = \"b\"\nkey_files = [\"deps.lock\"]\nsetup = \"true\"\nmountpoint = \"{{mount_root}}/deps\"\n"
+    );
+    let e = env(&spec, &[]);
+    let err = run(&e.cfg, &e.fake).unwrap_err().to_string();
+    assert!(err.contains("mountpoint"), "{err}");
+    assert!(e.fake.log.borrow().is_empty());
+}
+
+#[test]
+fn sandbox_mode_parses() {
+    assert_eq!(SandboxMode::parse("bwrap").unwrap(), SandboxMode::Bwrap);
+    assert!(
+        SandboxMode::parse("x")
+            .unwrap_err()
+            .to_string()
+            .contains("--sandbox")
+    );
+    assert_eq!(fmt_bytes(1536), "1.5 KiB");
+}

@@ -1,0 +1,307 @@
+//! `layercache mount`: look a key up (waiting for a concurrent fill of the same key), create a
+//! run directory and mount the overlay over the layer (or an empty lower) with the run's own
+//! upper. A mount returns a [`Mount`]: an RAII handle owning the leases this process holds for
+//! it (the daemon holds duplicates for the mount's whole life).
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::lease::{Lease, Mode};
+use super::paths::{ProjectDirs, canonical_mountpoint, mkdir_mode, remove_tree};
+use super::runs::{RunRecord, write_record};
+use super::{Lookup, MountOutcome, MountRequest, MountResult, Notice, Store, UNMOUNT_WAIT};
+use super::{layer::now_ms, ms_since};
+use crate::error::{Error, Result};
+use crate::ids::{CacheKey, LayerId};
+use crate::{overlay, sys};
+
+/// Leases this process holds for a mount: the fill lock (a miss or restore, until publish) and
+/// the others (the run lease, the shared lease on the lower layer). Dropping them releases
+/// nothing the daemon still holds through its duplicates.
+#[derive(Debug, Default)]
+pub(super) struct Leases {
+    pub(super) fill: Option<Lease>,
+    pub(super) others: Vec<Lease>,
+}
+
+/// A store mount made by this process ([`Store::mount`]): what was mounted, plus the leases
+/// this process holds for it, so an in-process [`Store::commit_mount`] keeps the fill lock from
+/// mount through publish. Dropping it releases this process's leases only; the mount stays
+/// (its daemon holds its own duplicates) until [`Store::umount`] or [`Store::commit`].
+#[derive(Debug)]
+pub struct Mount {
+    /// What the mount found and where it is (the JSON `layercache mount` prints).
+    pub outcome: MountOutcome,
+    pub(super) leases: Leases,
+}
+
+/// One run's mount, as [`Store::mount_run`] makes it.
+pub(super) struct RunMount<'a> {
+    pub(super) pd: &'a ProjectDirs,
+    pub(super) req: &'a MountRequest,
+    /// Canonical mountpoint.
+    pub(super) mnt: &'a Path,
+    pub(super) result: MountResult,
+    pub(super) matched_key: Option<CacheKey>,
+    /// The lower layer (none on a miss) and its shared lease.
+    pub(super) layer: Option<(LayerId, Lease)>,
+    pub(super) fill: Option<Lease>,
+    /// An existing run directory to mount again (its upper kept), instead of a new run.
+    pub(super) reuse: Option<&'a Path>,
+}
+
+impl Store {
+    /// Takes a shared lease on layer `id`; `None` if the layer is gone (evicted meanwhile).
+    pub(super) fn lease_layer(&self, pd: &ProjectDirs, id: &LayerId) -> Result<Option<Lease>> {
+        let l = pd.layer(id);
+        match Lease::acquire(&l.lease_path(), Mode::Shared) {
+            Ok(lease) if l.tree().is_dir() => Ok(Some(lease)),
+            Ok(_) => Ok(None),
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `layercache mount`: looks the key up (see [`Store::lookup`]), waits up to
+    /// `req.fill_wait` for a concurrent fill of the same key (then looks up again, usually a
+    /// hit), and mounts the overlay (lower = the layer or an empty dir, upper = a fresh
+    /// `runs/<run>/upper`). The mount is ready when this returns; its daemon holds the leases
+    /// (shared on the lower layer, exclusive fill lock on a miss/restore) for its whole life.
+    /// Waiting for another fill is reported through the store's notice callback.
+    ///
+    /// Errors: [`Error::MountpointBusy`] or [`Error::Invalid`] for a busy or bad mountpoint;
+    /// [`Error::Io`]/[`Error::Failed`] when the store or the mount fails (the run directory is
+    /// removed then).
+    pub fn mount(&self, req: &MountRequest) -> Result<Mount> {
+        let span = tracing::info_span!("mount", project = %req.project, cache = %req.cache,
+            key = %req.key);
+        let _e = span.enter();
+        let t0 = Instant::now();
+        let mnt = canonical_mountpoint(&req.mountpoint)?;
+        if overlay::is_mountpoint_busy(&mnt)? {
+            return Err(Error::MountpointBusy { mountpoint: mnt });
+        }
+        let pd = self.project(&req.project)?;
+        let fill_path = pd.fill_lock(&req.cache, &req.key);
+        if let Some(parent) = fill_path.parent() {
+            fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        let deadline = t0 + req.fill_wait;
+        let mut fill: Option<Lease> = None;
+        let mut gave_up = false;
+        let mut waited = Duration::ZERO;
+        let (mut remote_tried, mut pulled) = (false, None);
+        let (found, lower_lease) = loop {
+            let found = self.lookup(&pd, &req.cache, &req.key, &req.restore_keys)?;
+            if let Lookup::Hit { layer } = &found {
+                match self.lease_layer(&pd, layer)? {
+                    Some(l) => {
+                        fill = None;
+                        break (found, Some(l));
+                    }
+                    None => continue,
+                }
+            }
+            if fill.is_none() && !gave_up {
+                if let Some(l) = Lease::try_acquire(&fill_path, Mode::Exclusive)? {
+                    fill = Some(l);
+                    continue; // look up again under the lock: the filler may have published
+                }
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                if !remaining.is_zero() {
+                    self.notify(Notice::WaitingForFill {
+                        project: req.project.clone(),
+                        cache: req.cache.clone(),
+                        key: req.key.clone(),
+                        wait: remaining,
+                    });
+                }
+                let w = Instant::now();
+                match Lease::acquire_timeout(&fill_path, Mode::Exclusive, remaining)? {
+                    Some(l) => fill = Some(l),
+                    None => {
+                        self.notify(Notice::FillTimedOut {
+                            key: req.key.clone(),
+                        });
+                        gave_up = true;
+                    }
+                }
+                waited += w.elapsed();
+                continue;
+            }
+            // Remote tier (issue 14): the exact key missed here; ask the remote once (under the
+            // fill lock), and look up again once a pull has published the layer locally. A
+            // local restore match is kept rather than pulling another restore match.
+            if !remote_tried && let Some(r) = &self.remote {
+                remote_tried = true;
+                let restore: &[CacheKey] = match found {
+                    Lookup::Restore { .. } => &[],
+                    _ => &req.restore_keys,
+                };
+                pulled = r.fetch_for_mount(self, &pd, &req.cache, &req.key, restore);
+                if pulled.is_some() {
+                    continue;
+                }
+            }
+            match &found {
+                Lookup::Restore { layer, .. } => match self.lease_layer(&pd, layer)? {
+                    Some(l) => break (found, Some(l)),
+                    None => continue,
+                },
+                _ => break (found, None),
+            }
+        };
+        let lookup_ms = ms_since(t0);
+        let (result, matched_key, layer) = match found {
+            Lookup::Hit { layer } => (MountResult::Hit, Some(req.key.clone()), Some(layer)),
+            Lookup::Restore { matched_key, layer } => {
+                (MountResult::Restore, Some(matched_key), Some(layer))
+            }
+            Lookup::Miss => (MountResult::Miss, None, None),
+        };
+        let mut m = self.mount_run(RunMount {
+            pd: &pd,
+            req,
+            mnt: &mnt,
+            result,
+            matched_key,
+            layer: layer.zip(lower_lease),
+            fill,
+            reuse: None,
+        })?;
+        m.outcome.waited_ms = waited.as_millis() as u64;
+        m.outcome.remote = pulled;
+        m.outcome.lookup_ms = lookup_ms;
+        m.outcome.total_ms = ms_since(t0);
+        tracing::info!(result = ?m.outcome.result, run = %m.outcome.run,
+            ms = m.outcome.total_ms, "mounted");
+        Ok(m)
+    }
+
+    /// Creates (or reuses, when `m.reuse` names an existing run dir) a run and mounts it.
+    ///
+    /// Errors: as [`Store::mount`]; a new run directory is removed on error.
+    pub(super) fn mount_run(&self, m: RunMount<'_>) -> Result<Mount> {
+        let t0 = Instant::now();
+        let (run_id, run_dir) = match m.reuse {
+            Some(d) => (
+                d.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                d.to_path_buf(),
+            ),
+            None => {
+                let id = format!("{:012x}-{}", now_ms(), sys::random_hex(6));
+                let d = m.pd.runs().join(&id);
+                mkdir_mode(&d, 0o700)?;
+                (id, d)
+            }
+        };
+        let cleanup = |e: Error| {
+            if m.reuse.is_none() {
+                let _ = remove_tree(&run_dir);
+            }
+            e
+        };
+        let upper = run_dir.join("upper");
+        let work = run_dir.join("work");
+        mkdir_mode(&upper, 0o755).map_err(cleanup)?;
+        mkdir_mode(&work, 0o700).map_err(cleanup)?;
+        let run_lease = Lease::acquire(&run_dir.join("lease"), Mode::Exclusive).map_err(cleanup)?;
+        let (lower_dir, bytes, files) = match &m.layer {
+            Some((id, _)) => {
+                let l = m.pd.layer(id);
+                let man = l.manifest().map_err(cleanup)?;
+                (l.tree(), man.counts.bytes, man.counts.files)
+            }
+            None => (m.pd.empty(), 0, 0),
+        };
+        let raw = overlay::options::RawOptions {
+            lowerdirs: vec![lower_dir],
+            upperdir: Some(upper),
+            workdir: Some(work),
+        };
+        let cfg = overlay::options::validate(&raw, m.mnt).map_err(cleanup)?;
+        let mut hold: Vec<OwnedFd> = Vec::new();
+        let mut fill_lock_fd = None;
+        if let Some(f) = &m.fill {
+            let d = f.dup_fd().map_err(cleanup)?;
+            fill_lock_fd = Some(d.as_raw_fd());
+            hold.push(d);
+        }
+        if let Some((_, l)) = &m.layer {
+            hold.push(l.dup_fd().map_err(cleanup)?);
+        }
+        hold.push(run_lease.dup_fd().map_err(cleanup)?);
+        let layer = m.layer.as_ref().map(|(id, _)| id.clone());
+        let mut rec = RunRecord {
+            run: run_id.clone(),
+            project: m.pd.project.clone(),
+            cache: m.req.cache.clone(),
+            key: m.req.key.clone(),
+            restore_keys: m.req.restore_keys.clone(),
+            result: m.result,
+            matched_key: m.matched_key.clone(),
+            lower: layer.clone(),
+            mountpoint: m.mnt.to_path_buf(),
+            daemon_pid: 0,
+            fill_lock_fd,
+            mounted_ms: now_ms(),
+        };
+        write_record(&run_dir, &rec).map_err(cleanup)?;
+        let tm = Instant::now();
+        let pid = overlay::mount_daemon(&cfg, m.mnt, hold).map_err(cleanup)?;
+        let mount_ms = ms_since(tm);
+        rec.daemon_pid = pid;
+        if let Err(e) = write_record(&run_dir, &rec) {
+            let _ = overlay::unmount(m.mnt, Some(pid), UNMOUNT_WAIT);
+            return Err(cleanup(e));
+        }
+        if let Some(id) = &layer
+            && let Err(e) = m.pd.layer(id).touch_used()
+        {
+            tracing::warn!(error = %e, "could not record the layer's last use");
+        }
+        let mut others = vec![run_lease];
+        others.extend(m.layer.map(|(_, l)| l));
+        let has_fill = m.fill.is_some();
+        Ok(Mount {
+            outcome: MountOutcome {
+                result: m.result,
+                project: m.pd.project.clone(),
+                cache: m.req.cache.clone(),
+                key: m.req.key.clone(),
+                matched_key: m.matched_key,
+                layer,
+                bytes,
+                files,
+                mountpoint: m.mnt.to_path_buf(),
+                run: run_id,
+                fill_lock: has_fill,
+                remote: None,
+                waited_ms: 0,
+                lookup_ms: 0,
+                mount_ms,
+                total_ms: ms_since(t0),
+            },
+            leases: Leases {
+                fill: m.fill,
+                others,
+            },
+        })
+    }
+}
+
+impl Mount {
+    /// The run's private upper directory (`runs/<run>/upper`) in `store`.
+    pub fn upper(&self, store: &Store) -> PathBuf {
+        store
+            .project_dirs(&self.outcome.project)
+            .runs()
+            .join(&self.outcome.run)
+            .join("upper")
+    }
+}

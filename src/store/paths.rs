@@ -1,0 +1,263 @@
+//! Where things live inside a store: [`ProjectDirs`] names every directory and file of one
+//! project (see the layout in [`super`] and docs/ARCHITECTURE.md), reads its published keys,
+//! and removes layers; plus the small filesystem helpers the store's parts share.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::layer::Layer;
+use super::lease::{Lease, Mode};
+use super::object::ObjectStore;
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+
+/// The directories of one project inside the store.
+#[derive(Clone, Debug)]
+pub struct ProjectDirs {
+    /// The project.
+    pub project: ProjectId,
+    /// `projects/<project>` (mode 0700).
+    pub root: PathBuf,
+}
+
+impl ProjectDirs {
+    fn sub(&self, s: &str) -> PathBuf {
+        self.root.join(s)
+    }
+    /// The project's object store.
+    pub fn objects(&self) -> ObjectStore {
+        ObjectStore::new(self.sub("objects"))
+    }
+    /// `layers/`.
+    pub fn layers(&self) -> PathBuf {
+        self.sub("layers")
+    }
+    /// The layer `id` (may not exist).
+    pub fn layer(&self, id: &LayerId) -> Layer {
+        Layer::new(&self.layers(), id.clone())
+    }
+    /// `caches/<cache>/keys/`.
+    pub fn keys_dir(&self, cache: &CacheId) -> PathBuf {
+        self.sub("caches").join(cache.as_str()).join("keys")
+    }
+    /// `caches/<cache>/fills/<key>.lock`.
+    pub fn fill_lock(&self, cache: &CacheId, key: &CacheKey) -> PathBuf {
+        self.sub("caches")
+            .join(cache.as_str())
+            .join("fills")
+            .join(format!("{key}.lock"))
+    }
+    /// `runs/`.
+    pub fn runs(&self) -> PathBuf {
+        self.sub("runs")
+    }
+    /// `staging/`.
+    pub fn staging(&self) -> PathBuf {
+        self.sub("staging")
+    }
+    /// `empty/`: the lowerdir of a miss.
+    pub fn empty(&self) -> PathBuf {
+        self.sub("empty")
+    }
+    /// `quarantine/`.
+    pub fn quarantine(&self) -> PathBuf {
+        self.sub("quarantine")
+    }
+    /// `lock`.
+    pub fn lock(&self) -> PathBuf {
+        self.sub("lock")
+    }
+
+    /// Reads the layer id published under `key` in `cache`, if any.
+    ///
+    /// Errors: [`Error::Io`] for an unreadable key file; [`Error::Failed`] for a corrupt one.
+    pub fn read_key(&self, cache: &CacheId, key: &CacheKey) -> Result<Option<LayerId>> {
+        let p = self.keys_dir(cache).join(key.as_str());
+        match fs::read_to_string(&p) {
+            Ok(s) => LayerId::new(s.trim())
+                .map(Some)
+                .map_err(|e| Error::Failed(format!("{}: corrupt key file: {e}", p.display()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(&p, e)),
+        }
+    }
+
+    /// All published keys of `cache`: `(key, layer id)`.
+    ///
+    /// Errors: [`Error::Io`] reading the keys directory.
+    pub fn keys(&self, cache: &CacheId) -> Result<Vec<(CacheKey, LayerId)>> {
+        let dir = self.keys_dir(cache);
+        let mut out = Vec::new();
+        for name in read_names(&dir)? {
+            let Ok(key) = CacheKey::new(name) else {
+                continue; // temporary files start with '.'
+            };
+            if let Some(id) = self.read_key(cache, &key)? {
+                out.push((key, id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// All caches that have a directory under `caches/`.
+    ///
+    /// Errors: [`Error::Io`] reading `caches/`.
+    pub fn caches(&self) -> Result<Vec<CacheId>> {
+        Ok(read_names(&self.sub("caches"))?
+            .into_iter()
+            .filter_map(|n| CacheId::new(n).ok())
+            .collect())
+    }
+
+    /// Every `(cache, key, layer)` of the project.
+    ///
+    /// Errors: as [`ProjectDirs::keys`].
+    pub fn all_keys(&self) -> Result<Vec<(CacheId, CacheKey, LayerId)>> {
+        let mut out = Vec::new();
+        for c in self.caches()? {
+            for (k, l) in self.keys(&c)? {
+                out.push((c.clone(), k, l));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ids of the layer directories under `layers/`.
+    ///
+    /// Errors: [`Error::Io`] reading `layers/`.
+    pub fn layer_ids(&self) -> Result<Vec<LayerId>> {
+        Ok(read_names(&self.layers())?
+            .into_iter()
+            .filter_map(|n| LayerId::new(n).ok())
+            .collect())
+    }
+
+    /// Removes every key file that points at `id`; returns the keys removed.
+    pub(super) fn unpublish(&self, id: &LayerId) -> Result<Vec<CacheKey>> {
+        let mut removed = Vec::new();
+        for (c, k, l) in self.all_keys()? {
+            if &l == id {
+                let p = self.keys_dir(&c).join(k.as_str());
+                match fs::remove_file(&p) {
+                    Ok(()) => removed.push(k),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(&p, e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Unpublishes and removes layer `id` under an exclusive lease on it; `false` (nothing
+    /// changed) when the layer is mounted (its lease is held).
+    ///
+    /// Errors: [`Error::Io`] reading the keys or removing the layer.
+    pub(super) fn evict(&self, id: &LayerId) -> Result<bool> {
+        let Some(_x) = Lease::try_acquire(&self.layer(id).lease_path(), Mode::Exclusive)? else {
+            return Ok(false);
+        };
+        self.unpublish(id)?;
+        self.remove_layer(id)?;
+        Ok(true)
+    }
+
+    /// Moves layer `id` out of `layers/` (so no lookup can reach it) and deletes it.
+    pub(super) fn remove_layer(&self, id: &LayerId) -> Result<()> {
+        let from = self.layers().join(id.as_str());
+        let to = self.staging().join(format!("{id}.removing"));
+        match fs::rename(&from, &to) {
+            Ok(()) => remove_tree(&to),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(&from, e)),
+        }
+    }
+}
+
+pub(super) fn read_names(dir: &Path) -> Result<Vec<String>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    let mut out = Vec::new();
+    for ent in rd {
+        let ent = ent.at(dir)?;
+        if let Some(n) = ent.file_name().to_str()
+            && !n.starts_with('.')
+        {
+            out.push(n.to_string());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `rm -rf` that tolerates a missing path and read-only directories inside.
+pub(super) fn remove_tree(p: &Path) -> Result<()> {
+    match fs::remove_dir_all(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            make_writable(p);
+            fs::remove_dir_all(p).at(p)
+        }
+        Err(e) => Err(Error::io(p, e)),
+    }
+}
+
+fn make_writable(p: &Path) {
+    if let Ok(m) = fs::symlink_metadata(p)
+        && m.is_dir()
+    {
+        let _ = fs::set_permissions(p, fs::Permissions::from_mode(m.mode() | 0o700));
+        if let Ok(rd) = fs::read_dir(p) {
+            for e in rd.flatten() {
+                make_writable(&e.path());
+            }
+        }
+    }
+}
+
+pub(super) fn mkdir_mode(p: &Path, mode: u32) -> Result<()> {
+    match fs::DirBuilder::new().mode(mode).create(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::io(p, e)),
+    }
+}
+
+pub(super) fn canonical_mountpoint(p: &Path) -> Result<PathBuf> {
+    let c = fs::canonicalize(p).map_err(|e| {
+        Error::invalid(format!(
+            "mountpoint {}: {e} (want an existing directory)",
+            p.display()
+        ))
+    })?;
+    if !c.is_dir() {
+        return Err(Error::invalid(format!(
+            "mountpoint {}: not a directory",
+            p.display()
+        )));
+    }
+    Ok(c)
+}
+
+/// True when a layercache store (format file included) exists at `root`.
+pub fn exists_at(root: &Path) -> bool {
+    root.join("v1").join("format.json").is_file()
+}
+
+/// The store root of a run's private upper dir, `<root>/v1/projects/<project>/runs/<run>/upper`
+/// (see the layout at the top of this module); `None` for any other path.
+pub fn store_of_run_upper(upper: &Path) -> Option<PathBuf> {
+    let names: Vec<&std::ffi::OsStr> = upper.iter().collect();
+    let n = names.len();
+    let shaped = n >= 7
+        && names[n - 1] == "upper"
+        && names[n - 3] == "runs"
+        && names[n - 5] == "projects"
+        && names[n - 6] == "v1";
+    shaped.then(|| upper.ancestors().nth(6).map(Path::to_path_buf))?
+}

@@ -1,0 +1,447 @@
+//! `layercache commit` and publishing: unmount a store mount, promote its lower ⊕ upper into a
+//! new layer (hardlinks into objects, no byte copies), publish it under the key with
+//! `renameat2(RENAME_NOREPLACE)` (a lost race reports `exists`), and mount the published layer
+//! again as a hit. Publishing is durable before the key appears (syncfs, then fsync of
+//! `layers/` and of the keys directory); a failure publishes nothing.
+
+use std::fs;
+use std::path::Path;
+use std::time::Instant;
+
+use super::layer::{self, Layer, Manifest, now_ms, write_synced};
+use super::lease::{Lease, Mode};
+use super::mount::{Leases, Mount, RunMount};
+use super::object::ObjectStore;
+use super::paths::{ProjectDirs, canonical_mountpoint, mkdir_mode, remove_tree};
+use super::runs::{StoreMount, unmount_and_wait};
+use super::{
+    CommitOutcome, CommitResult, GcOptions, GcReport, MountResult, Notice, PublishSpec, Published,
+    Store, gc, ms_since, promote,
+};
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+use crate::sys;
+
+impl Store {
+    /// `layercache commit`: promotes the merged view of the store mount at `mountpoint`
+    /// (lower ⊕ upper) into a new layer published under the mount's key, then mounts the
+    /// published layer there again as a hit (fresh upper), so the caller keeps a working
+    /// mount. Sequence: syncfs, unmount (waits for the daemon), promote (hardlinks upper files
+    /// into objects; no byte copies), publish (`renameat2(RENAME_NOREPLACE)`; `exists` when
+    /// another run won), release the fill lock, gc if over a limit. After a hit: a no-op.
+    /// The fill lock is kept from the daemon through publish by adopting the daemon's
+    /// descriptor (`pidfd_getfd(2)`).
+    ///
+    /// Errors: [`Error::NotAStoreMount`] when `mountpoint` is not a store mount;
+    /// [`Error::Unmount`] when it is busy (nothing changed). If promotion fails (e.g.
+    /// `ENOSPC`) nothing is published, the store is unchanged and the previous mount (same
+    /// upper) is restored.
+    pub fn commit(&self, mountpoint: &Path) -> Result<CommitOutcome> {
+        let mnt = canonical_mountpoint(mountpoint)?;
+        let sm = self.find_run(&mnt)?.ok_or_else(|| Error::NotAStoreMount {
+            mountpoint: mnt.clone(),
+            detail: " (see `layercache ls`)".into(),
+        })?;
+        let mut held = Leases::default();
+        if sm.rec.result != MountResult::Hit
+            && let Some(fd) = sm.rec.fill_lock_fd
+        {
+            let fill_path = sm.pd.fill_lock(&sm.rec.cache, &sm.rec.key);
+            held.fill = Lease::adopt(sm.rec.daemon_pid, fd, &fill_path);
+        }
+        self.commit_run(sm, held).map(|(out, _)| out)
+    }
+
+    /// [`Store::commit`] of a mount this process made: its own leases (the fill lock above
+    /// all) are kept through publish. Returns the outcome and the new mount (the published
+    /// layer as a hit; the same mount back after a hit).
+    ///
+    /// Errors: as [`Store::commit`].
+    pub fn commit_mount(&self, m: Mount) -> Result<(CommitOutcome, Option<Mount>)> {
+        let mnt = m.outcome.mountpoint.clone();
+        let found = self
+            .find_run(&mnt)?
+            .filter(|sm| sm.rec.run == m.outcome.run);
+        let Some(sm) = found else {
+            return Err(Error::NotAStoreMount {
+                mountpoint: mnt,
+                detail: format!(" (run {} has no record)", m.outcome.run),
+            });
+        };
+        if sm.rec.result == MountResult::Hit {
+            let (out, _) = self.commit_run(sm, Leases::default())?;
+            return Ok((out, Some(m)));
+        }
+        self.commit_run(sm, m.leases)
+    }
+
+    fn commit_run(
+        &self,
+        sm: StoreMount,
+        mut held: Leases,
+    ) -> Result<(CommitOutcome, Option<Mount>)> {
+        let t0 = Instant::now();
+        let StoreMount {
+            mnt,
+            rec,
+            run_dir,
+            pd,
+        } = sm;
+        let _span = tracing::info_span!("commit", run = %rec.run, key = %rec.key).entered();
+        if rec.result == MountResult::Hit {
+            let out = CommitOutcome {
+                result: CommitResult::Noop,
+                key: rec.key.clone(),
+                layer: rec.lower.clone(),
+                parent: None,
+                bytes: 0,
+                files: 0,
+                new_objects: 0,
+                new_bytes: 0,
+                dropped: vec![],
+                skipped: vec![],
+                remount: None,
+                unmount_ms: 0,
+                promote_ms: 0,
+                publish_ms: 0,
+                total_ms: ms_since(t0),
+                gc: None,
+            };
+            return Ok((out, None));
+        }
+        let fill_path = pd.fill_lock(&rec.cache, &rec.key);
+        // Mark the run as recently active (gc's grace period).
+        let _ = fs::File::open(run_dir.join("lease"))
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        let _ = sys::syncfs(&mnt);
+        let tu = Instant::now();
+        unmount_and_wait(&mnt, rec.daemon_pid)?;
+        let unmount_ms = ms_since(tu);
+        if held.fill.is_none() && rec.fill_lock_fd.is_some() {
+            held.fill = Lease::try_acquire(&fill_path, Mode::Exclusive)?;
+        }
+        let parent = rec.lower.as_ref().map(|id| pd.layer(id));
+        let upper = run_dir.join("upper");
+        let published =
+            match self.promote_into(&pd, &rec.cache, &rec.key, parent.as_ref(), Some(&upper)) {
+                Ok(p) => p,
+                Err(e) => {
+                    // Nothing was published: put the previous mount back (same lower and upper).
+                    let req = rec.remount_request();
+                    let layer = match &rec.lower {
+                        Some(id) => self.lease_layer(&pd, id)?.map(|l| (id.clone(), l)),
+                        None => None,
+                    };
+                    drop(held.others);
+                    if let Err(e2) = self.mount_run(RunMount {
+                        pd: &pd,
+                        req: &req,
+                        mnt: &mnt,
+                        result: rec.result,
+                        matched_key: rec.matched_key.clone(),
+                        layer,
+                        fill: held.fill,
+                        reuse: Some(&run_dir),
+                    }) {
+                        self.notify(Notice::RemountFailed {
+                            mountpoint: mnt.clone(),
+                            error: e2.to_string(),
+                        });
+                    }
+                    return Err(e);
+                }
+            };
+        // The old run is done: its upper's files now live in the store.
+        drop(held.others);
+        remove_tree(&run_dir)?;
+        let req = rec.remount_request();
+        let remount = match self.lease_layer(&pd, &published.layer)? {
+            Some(lease) => Some(self.mount_run(RunMount {
+                pd: &pd,
+                req: &req,
+                mnt: &mnt,
+                result: MountResult::Hit,
+                matched_key: Some(rec.key.clone()),
+                layer: Some((published.layer.clone(), lease)),
+                fill: None,
+                reuse: None,
+            })?),
+            None => None,
+        };
+        drop(held.fill);
+        // Remote tier (issue 14): push what this commit published, in the background (a run's
+        // exit or `layercache commit` waits for it: Remote::wait_pushes).
+        if published.result == CommitResult::Published
+            && let Some(r) = &self.remote
+        {
+            r.push_background(
+                pd.clone(),
+                rec.cache.clone(),
+                rec.key.clone(),
+                published.layer.clone(),
+            );
+        }
+        let gc = self.auto_gc();
+        let m = &published.manifest;
+        let out = CommitOutcome {
+            result: published.result,
+            key: rec.key,
+            layer: Some(published.layer.clone()),
+            parent: rec.lower,
+            bytes: m.counts.bytes,
+            files: m.counts.files,
+            new_objects: m.counts.new_objects,
+            new_bytes: m.counts.new_bytes,
+            dropped: m.dropped.clone(),
+            skipped: published.skipped.clone(),
+            remount: remount.as_ref().map(|r| r.outcome.clone()),
+            unmount_ms,
+            promote_ms: published.promote_ms,
+            publish_ms: published.publish_ms,
+            total_ms: ms_since(t0),
+            gc,
+        };
+        tracing::info!(result = ?out.result, ms = out.total_ms, "committed");
+        Ok((out, remount))
+    }
+
+    /// Runs gc when the store is over a byte or inode limit; logs and swallows errors.
+    fn auto_gc(&self) -> Option<GcReport> {
+        match self.quick_usage() {
+            Ok(u) if gc::over_limits(&u, &self.limits) => match self.gc(&GcOptions::default()) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "automatic gc failed");
+                    None
+                }
+            },
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not measure the store");
+                None
+            }
+        }
+    }
+
+    /// Builds lower ⊕ `upper` into a new layer and publishes it under `key` — what `commit`
+    /// does after unmounting, without any mount (for tests, benchmarks and tools). `parent`
+    /// is the lower layer id, if any.
+    ///
+    /// The upper's regular files become objects **by hardlink** (same inode): the caller must
+    /// not modify them afterwards (delete the upper, as `commit` does, or replace files by
+    /// rename, never write in place).
+    ///
+    /// Errors: as [`Store::commit`]'s promotion: nothing is published on error.
+    pub fn promote_dirs(
+        &self,
+        project: &ProjectId,
+        cache: &CacheId,
+        key: &CacheKey,
+        parent: Option<&LayerId>,
+        upper: Option<&Path>,
+    ) -> Result<Published> {
+        let pd = self.project(project)?;
+        let parent = parent.map(|id| pd.layer(id));
+        if let Some(p) = &parent
+            && !p.tree().is_dir()
+        {
+            return Err(Error::invalid(format!(
+                "layer {} does not exist in project {project}",
+                p.id
+            )));
+        }
+        self.promote_into(&pd, cache, key, parent.as_ref(), upper)
+    }
+
+    pub(super) fn promote_into(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        parent: Option<&Layer>,
+        upper: Option<&Path>,
+    ) -> Result<Published> {
+        let _span =
+            tracing::info_span!("promote", project = %pd.project, cache = %cache, key = %key)
+                .entered();
+        let spec = PublishSpec {
+            cache: cache.clone(),
+            key: key.clone(),
+            layer: None,
+            parent: parent.map(|p| p.id.clone()),
+            created_ms: None,
+        };
+        let lower = parent.map(|p| p.tree());
+        self.publish_built(pd, &spec, |objects, tree| {
+            promote::build_tree(objects, lower.as_deref(), upper, tree)
+        })
+    }
+
+    /// Builds a layer tree with `build` (given the project's objects and the tree path to
+    /// create, `staging/<id>/tree`) and publishes it under `spec.key` the way every layer is
+    /// published: manifest, syncfs, rename into `layers/`, key with `renameat2(NOREPLACE)`
+    /// (`exists` when another run won; our copy is then discarded). The project lock is held
+    /// shared throughout, so gc never sweeps objects `build` has created but not linked yet.
+    /// Used by promotion and by the remote tier's pull (issue 14).
+    ///
+    /// Errors: whatever `build` returns (it must remove the objects it created, as
+    /// `promote::build_tree` does) and [`Error::Io`] publishing; nothing is published on error
+    /// and the staging directory is removed.
+    pub fn publish_built(
+        &self,
+        pd: &ProjectDirs,
+        spec: &PublishSpec,
+        build: impl FnOnce(&ObjectStore, &Path) -> Result<promote::TreeStats>,
+    ) -> Result<Published> {
+        let (cache, key) = (&spec.cache, &spec.key);
+        let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
+        let tp = Instant::now();
+        let id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
+        let stage = Layer::new(&pd.staging(), id.clone());
+        mkdir_mode(&stage.dir, 0o755)?;
+        let objects = pd.objects();
+        let built = build(&objects, &stage.tree());
+        let stats = match built {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = remove_tree(&stage.dir);
+                // build_tree removed the objects it created.
+                return Err(e);
+            }
+        };
+        let undo = |e: Error, stats: &promote::TreeStats, dir: &Path| {
+            let _ = remove_tree(dir);
+            promote::undo_created_objects(stats);
+            e
+        };
+        let promote_ms = ms_since(tp);
+        let tpub = Instant::now();
+        let manifest = Manifest {
+            format: layer::MANIFEST_FORMAT,
+            layer: id.clone(),
+            project: pd.project.clone(),
+            cache: cache.clone(),
+            key: key.clone(),
+            parent: spec.parent.clone(),
+            created_ms: spec.created_ms.unwrap_or_else(now_ms),
+            counts: stats.counts,
+            dropped: stats.dropped.clone(),
+        };
+        let prep = (|| -> Result<()> {
+            stage.write_manifest(&manifest)?;
+            fs::File::create(stage.lease_path()).at(stage.lease_path())?;
+            stage.touch_used()?;
+            // One syncfs makes every new object, directory and the manifest durable.
+            sys::syncfs(&stage.dir).at(&stage.dir)
+        })();
+        if let Err(e) = prep {
+            return Err(undo(e, &stats, &stage.dir));
+        }
+        let final_layer = pd.layer(&id);
+        if let Err(e) = fs::rename(&stage.dir, &final_layer.dir) {
+            return Err(undo(Error::io(&final_layer.dir, e), &stats, &stage.dir));
+        }
+        // The rename must be durable before a key names the layer.
+        if let Err(e) = sys::fsync_dir(&pd.layers()) {
+            return Err(undo(Error::io(pd.layers(), e), &stats, &final_layer.dir));
+        }
+        let published = (|| -> Result<Option<LayerId>> {
+            let keys = pd.keys_dir(cache);
+            fs::create_dir_all(&keys).at(&keys)?;
+            let tmp = keys.join(format!(".tmp-{}", sys::random_hex(8)));
+            write_synced(&tmp, format!("{id}\n").as_bytes())?;
+            let dst = keys.join(key.as_str());
+            match sys::rename_noreplace(&tmp, &dst) {
+                Ok(()) => {
+                    sys::fsync_dir(&keys).at(&keys)?;
+                    Ok(None)
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    let _ = fs::remove_file(&tmp);
+                    let winner = pd
+                        .read_key(cache, key)?
+                        .ok_or_else(|| Error::Failed(format!("{}: vanished", dst.display())))?;
+                    Ok(Some(winner))
+                }
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    Err(Error::io(&dst, e))
+                }
+            }
+        })();
+        let (result, layer) = match published {
+            Ok(None) => (CommitResult::Published, id),
+            Ok(Some(winner)) => {
+                // Someone else published the key first: ours is discarded (actions/cache:
+                // keys are immutable). Its new objects become unreferenced; gc sweeps them.
+                remove_tree(&final_layer.dir)?;
+                (CommitResult::Exists, winner)
+            }
+            Err(e) => return Err(undo(e, &stats, &final_layer.dir)),
+        };
+        Ok(Published {
+            result,
+            layer,
+            manifest,
+            skipped: stats.skipped,
+            promote_ms,
+            publish_ms: ms_since(tpub),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Lookup;
+
+    #[test]
+    fn eight_threads_race_to_publish_one_key() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open(Some(&t.path().join("store"))).unwrap();
+        let (p, c, k) = (
+            ProjectId::new("p").unwrap(),
+            CacheId::new("c").unwrap(),
+            CacheKey::new("k").unwrap(),
+        );
+        let results: Vec<Published> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|i| {
+                    let (store, p, c, k) = (&store, &p, &c, &k);
+                    let upper = t.path().join(format!("upper{i}"));
+                    s.spawn(move || {
+                        for f in 0..50 {
+                            let d = upper.join(format!("d{}", f % 5));
+                            fs::create_dir_all(&d).unwrap();
+                            fs::write(d.join(format!("f{f}")), format!("{i}:{f}")).unwrap();
+                        }
+                        store.promote_dirs(p, c, k, None, Some(&upper)).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<_> = results
+            .iter()
+            .filter(|r| r.result == CommitResult::Published)
+            .collect();
+        assert_eq!(winners.len(), 1);
+        assert!(results.iter().all(|r| r.layer == winners[0].layer));
+        let pd = store.project(&p).unwrap();
+        assert_eq!(pd.layer_ids().unwrap(), vec![winners[0].layer.clone()]);
+        assert_eq!(
+            store.lookup(&pd, &c, &k, &[]).unwrap(),
+            Lookup::Hit {
+                layer: winners[0].layer.clone()
+            }
+        );
+        // Once the uppers are gone (commit deletes the run), the losers' objects are
+        // unreferenced garbage for gc; the winner's stay.
+        for i in 0..8 {
+            fs::remove_dir_all(t.path().join(format!("upper{i}"))).unwrap();
+        }
+        let r = store.gc(&GcOptions::default()).unwrap();
+        assert_eq!(r.removed_objects, 7 * 50);
+        assert_eq!(pd.objects().list().unwrap().len(), 50);
+    }
+}

@@ -1,0 +1,202 @@
+//! Run records: `runs/<run>/run.json` says which key and layer a store mount serves, where it
+//! is mounted and which daemon serves it. `commit` and `umount` find a mount by its record;
+//! `gc` removes the directories of runs that are gone.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::lease::{self, Mode};
+use super::paths::{ProjectDirs, canonical_mountpoint, read_names, remove_tree};
+use super::{MountRequest, MountResult, RUN_GRACE, Store, UNMOUNT_WAIT};
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+use crate::{overlay, sys};
+
+/// `runs/<run>/run.json`: how to find and undo a mount.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Run id.
+    pub run: String,
+    /// Project.
+    pub project: ProjectId,
+    /// Cache.
+    pub cache: CacheId,
+    /// Primary key.
+    pub key: CacheKey,
+    /// Restore keys given at mount.
+    pub restore_keys: Vec<CacheKey>,
+    /// hit | restore | miss.
+    pub result: MountResult,
+    /// Key of the mounted layer.
+    pub matched_key: Option<CacheKey>,
+    /// Mounted (lower) layer.
+    pub lower: Option<LayerId>,
+    /// Canonical mountpoint.
+    pub mountpoint: PathBuf,
+    /// Overlay daemon pid (0 until mounted).
+    pub daemon_pid: u32,
+    /// The daemon's descriptor number holding the fill lock, if it holds one.
+    pub fill_lock_fd: Option<i32>,
+    /// Mount time, ms since the epoch.
+    pub mounted_ms: u64,
+}
+
+impl RunRecord {
+    /// The request of this run's mount, to mount again at once (no fill wait) at the same
+    /// mountpoint.
+    pub(super) fn remount_request(&self) -> MountRequest {
+        MountRequest {
+            project: self.project.clone(),
+            cache: self.cache.clone(),
+            key: self.key.clone(),
+            restore_keys: self.restore_keys.clone(),
+            fill_wait: Duration::ZERO,
+            mountpoint: self.mountpoint.clone(),
+        }
+    }
+}
+
+/// A store mount found by [`Store::store_mount`]: its canonical mountpoint, run record and
+/// run directory.
+#[derive(Clone, Debug)]
+pub struct StoreMount {
+    pub(super) mnt: PathBuf,
+    pub(super) rec: RunRecord,
+    pub(super) run_dir: PathBuf,
+    pub(super) pd: ProjectDirs,
+}
+
+impl Store {
+    /// Finds the run mounted at `mnt` (canonical): the newest record naming it, preferring one
+    /// whose daemon is alive.
+    pub(super) fn find_run(&self, mnt: &Path) -> Result<Option<StoreMount>> {
+        let mut best: Option<(bool, u64, StoreMount)> = None;
+        for pd in self.projects(None)? {
+            for name in read_names(&pd.runs())? {
+                let dir = pd.runs().join(&name);
+                let Some(rec) = read_record(&dir) else {
+                    continue;
+                };
+                if rec.mountpoint != mnt {
+                    continue;
+                }
+                let alive = sys::pid_alive(rec.daemon_pid);
+                let rank = (alive, rec.mounted_ms);
+                if best.as_ref().is_none_or(|b| (b.0, b.1) < rank) {
+                    let m = StoreMount {
+                        mnt: mnt.to_path_buf(),
+                        rec,
+                        run_dir: dir,
+                        pd: pd.clone(),
+                    };
+                    best = Some((rank.0, rank.1, m));
+                }
+            }
+        }
+        Ok(best.map(|(_, _, m)| m))
+    }
+
+    /// The store mount at `mountpoint` (a mount made by `layercache mount`/`run` in this
+    /// store), found by one scan of the run records; `None` when `mountpoint` is not one (or
+    /// does not resolve to a directory). Unmount it with [`Store::umount_run`].
+    ///
+    /// Errors: [`Error::Io`] reading the store's run records.
+    pub fn store_mount(&self, mountpoint: &Path) -> Result<Option<StoreMount>> {
+        let Ok(mnt) = canonical_mountpoint(mountpoint) else {
+            return Ok(None);
+        };
+        self.find_run(&mnt)
+    }
+
+    /// `layercache umount`: unmounts the store mount at `mountpoint` (waiting for its daemon)
+    /// and deletes its run directory (the private upper is discarded).
+    ///
+    /// Errors: [`Error::NotAStoreMount`] when it is not a store mount; [`Error::Unmount`] when
+    /// busy.
+    pub fn umount(&self, mountpoint: &Path) -> Result<()> {
+        let m = self
+            .store_mount(mountpoint)?
+            .ok_or_else(|| Error::NotAStoreMount {
+                mountpoint: mountpoint.to_path_buf(),
+                detail: String::new(),
+            })?;
+        self.umount_run(m)
+    }
+
+    /// Unmounts a store mount found by [`Store::store_mount`] (waiting for its daemon) and
+    /// deletes its run directory (the private upper is discarded).
+    ///
+    /// Errors: [`Error::Unmount`] when busy (nothing changed); [`Error::Io`] removing the run.
+    pub fn umount_run(&self, m: StoreMount) -> Result<()> {
+        let _span = tracing::info_span!("umount", run = %m.rec.run).entered();
+        unmount_and_wait(&m.mnt, m.rec.daemon_pid)?;
+        remove_tree(&m.run_dir)
+    }
+
+    /// A run dir is stale when nobody holds its lease, its daemon is gone, nothing is mounted
+    /// at its mountpoint, and it has not changed for [`RUN_GRACE`].
+    pub(super) fn run_is_stale(&self, dir: &Path) -> Result<bool> {
+        let lease_path = dir.join("lease");
+        let recent = fs::metadata(&lease_path)
+            .or_else(|_| fs::metadata(dir))
+            .and_then(|m| m.modified())
+            .map(|t| t.elapsed().unwrap_or_default() < RUN_GRACE)
+            .unwrap_or(false);
+        if recent || lease::is_held(&lease_path, Mode::Exclusive)? {
+            return Ok(false);
+        }
+        if let Some(rec) = read_record(dir)
+            && (sys::pid_alive(rec.daemon_pid) || overlay::is_mountpoint_busy(&rec.mountpoint)?)
+        {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+/// Reads `run.json` of `run_dir`; `None` when it is missing or unreadable (a run being set
+/// up, or garbage).
+fn read_record(run_dir: &Path) -> Option<RunRecord> {
+    let text = fs::read(run_dir.join("run.json")).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Unmounts `mnt` (if mounted) and waits until its daemon `pid` has exited, so the upper dir
+/// is quiescent. Waits on a pidfd: the daemon counts as gone once it exits, even while its
+/// new parent (init) has not reaped it yet.
+///
+/// Errors: as [`overlay::unmount`] ([`Error::Unmount`] for EBUSY, nothing changed);
+/// [`Error::Failed`] when the daemon outlives [`UNMOUNT_WAIT`].
+pub(super) fn unmount_and_wait(mnt: &Path, pid: u32) -> Result<()> {
+    let daemon = (pid != 0).then_some(pid);
+    let gone = if overlay::is_mountpoint_busy(mnt)? {
+        overlay::unmount(mnt, daemon, UNMOUNT_WAIT)?
+    } else {
+        // Already unmounted (by `umount`, say): its daemon may still be finishing.
+        daemon
+            .and_then(|pid| Some((pid, sys::pidfd_open(pid).ok()?)))
+            .is_none_or(|(pid, fd)| overlay::wait_pidfd(&fd, pid, UNMOUNT_WAIT))
+    };
+    if !gone {
+        return Err(Error::Failed(format!(
+            "{}: overlay daemon {pid} did not exit within {}s of unmounting",
+            mnt.display(),
+            UNMOUNT_WAIT.as_secs()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `run.json` atomically (temp file + rename).
+///
+/// Errors: [`Error::Io`] naming the file.
+pub(super) fn write_record(run_dir: &Path, rec: &RunRecord) -> Result<()> {
+    let tmp = run_dir.join(".run.json.tmp");
+    let body = serde_json::to_vec_pretty(rec).map_err(|e| Error::Failed(e.to_string()))?;
+    fs::write(&tmp, body).at(&tmp)?;
+    let dst = run_dir.join("run.json");
+    fs::rename(&tmp, &dst).at(&dst)
+}
