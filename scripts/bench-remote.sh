@@ -84,7 +84,7 @@ for i in $(seq 1 "$RUNS"); do
   R=$(store "r$i")
   sync
   t0=$(now_ms)
-  run_in "$R" sh -c "echo \$(( \${EPOCHREALTIME/./} / 1000 )) > $W/ready$i" 2>"$W/r$i.log"
+  run_in "$R" sh -c "date +%s%3N > $W/ready$i" 2>"$W/r$i.log" || { tail -20 "$W/r$i.log"; exit 1; }
   readies+=($(( $(cat "$W/ready$i") - t0 )))
   log "run $i on an empty store: COMMAND started after ${readies[-1]} ms"
 done
