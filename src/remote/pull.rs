@@ -618,10 +618,17 @@ fn make_object(
         )));
     }
     let dst = objects.path_for(id, tag);
-    if let Some(parent) = dst.parent() {
-        fs::create_dir_all(parent).at(parent)?;
-    }
-    match sys::rename_noreplace(tmp, &dst) {
+    // The fan-out directory is made on the first ENOENT only (not one mkdir per object).
+    let renamed = match sys::rename_noreplace(tmp, &dst) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) && tmp.exists() => {
+            if let Some(parent) = dst.parent() {
+                fs::create_dir_all(parent).at(parent)?;
+            }
+            sys::rename_noreplace(tmp, &dst)
+        }
+        r => r,
+    };
+    match renamed {
         Ok(()) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
             let _ = fs::remove_file(tmp);
