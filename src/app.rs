@@ -4,7 +4,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
-mod store_cmds;
+pub(crate) mod store_cmds;
 
 use store_cmds::store_root;
 
@@ -42,6 +42,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Serve(args) => {
             crate::serve::cli_serve(&cli.global, &args, store_cmds::open_existing)
         }
+        Command::Remote(c) => crate::remote::cmd::dispatch(&cli.global, &c),
     }
 }
 
@@ -239,15 +240,22 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
     }
-    let store =
+    let mut store =
         crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());
+    crate::remote::attach(&mut store, global.remote.as_deref())?;
+    let remote = store.remote().cloned();
     let mounter =
         crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait));
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);
     }
-    crate::run::run(&cfg, &mounter)
+    let status = crate::run::run(&cfg, &mounter);
+    // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
+    if let Some(r) = remote {
+        r.wait_pushes();
+    }
+    status
 }
 
 /// `path` made absolute against the current directory (not resolved).

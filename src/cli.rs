@@ -36,6 +36,10 @@ pub struct GlobalArgs {
     /// Machine-readable JSON output.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Remote tier: s3://bucket/prefix or file:///dir (overrides [remote] url of config.toml;
+    /// credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
+    #[arg(long, global = true, env = "LAYERCACHE_REMOTE", value_name = "URL")]
+    pub remote: Option<String>,
 }
 
 /// The subcommands (the CLI contract: README.md; code map: docs/ARCHITECTURE.md).
@@ -77,6 +81,47 @@ pub enum Command {
     Presets,
     /// Serve the HTTP API and web pages over the store until SIGINT/SIGTERM.
     Serve(ServeArgs),
+    /// Operate on the remote tier (S3-compatible object store): ls, push, pull, gc.
+    #[command(subcommand)]
+    Remote(RemoteCommand),
+}
+
+/// `layercache remote …`.
+#[derive(Debug, Subcommand)]
+pub enum RemoteCommand {
+    /// List the keys on the remote (and whether this store has them).
+    Ls(LsArgs),
+    /// Push a locally published key (its objects, manifest, then the key; create-only).
+    Push(RemoteKeyArgs),
+    /// Pull a key from the remote and publish it in this store.
+    Pull(RemoteKeyArgs),
+    /// Remove unreferenced objects and manifests (older than --grace) and broken keys.
+    Gc(RemoteGcArgs),
+}
+
+/// `layercache remote push|pull`.
+#[derive(Debug, Args)]
+pub struct RemoteKeyArgs {
+    /// Project id.
+    #[arg(long)]
+    pub project: String,
+    /// Cache id within the project.
+    #[arg(long)]
+    pub cache: String,
+    /// The key.
+    pub key: String,
+}
+
+/// `layercache remote gc`.
+#[derive(Debug, Args)]
+pub struct RemoteGcArgs {
+    /// Keep unreferenced objects and manifests younger than this (a push in flight writes them
+    /// before its key), e.g. 24h, 30m, 0.
+    #[arg(long, default_value = "24h", allow_hyphen_values = true)]
+    pub grace: String,
+    /// Print what would be removed without removing anything.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `layercache overlay`.

@@ -15,6 +15,7 @@ pub mod error;
 pub mod ids;
 pub mod key;
 pub mod overlay;
+pub mod remote;
 pub mod run;
 pub mod sandbox;
 pub mod serve;

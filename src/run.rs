@@ -45,6 +45,8 @@ pub struct Mounted {
     pub source: PathBuf,
     /// The store's run id of the mount (`runs/<run>`).
     pub run: String,
+    /// Remote tier: what was pulled for this mount, if it came from the remote.
+    pub pulled: Option<crate::remote::pull::PullReport>,
 }
 
 /// What a promotion published.
@@ -189,6 +191,7 @@ impl Mounter for StoreMounter {
             files: out.files,
             source: out.mountpoint,
             run: out.run,
+            pulled: out.remote,
         })
     }
 
@@ -413,6 +416,9 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             files: mounted.files,
             exit_status: 0,
             published: false,
+            remote_hit: mounted.pulled.is_some(),
+            pulled_bytes: mounted.pulled.as_ref().map_or(0, |p| p.pulled_bytes),
+            pulled_objects: mounted.pulled.as_ref().map_or(0, |p| p.pulled_objects),
         };
         preps.push(Prep {
             keys: k,

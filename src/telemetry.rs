@@ -84,6 +84,15 @@ pub struct Event {
     /// Whether a new layer was published.
     #[serde(default)]
     pub published: bool,
+    /// Remote tier: the mounted layer was pulled from the remote for this run.
+    #[serde(default)]
+    pub remote_hit: bool,
+    /// Remote tier: object bytes downloaded for this run's mount.
+    #[serde(default)]
+    pub pulled_bytes: u64,
+    /// Remote tier: objects downloaded for this run's mount.
+    #[serde(default)]
+    pub pulled_objects: u64,
 }
 
 impl Event {
@@ -171,6 +180,10 @@ pub struct Stats {
     pub failed: u64,
     /// Time saved by hits and restores versus the median miss of the same project and cache, ms.
     pub saved_ms: u64,
+    /// Remote tier: successful preparations whose layer was pulled from the remote.
+    pub remote_hits: u64,
+    /// Remote tier: object bytes pulled by those preparations.
+    pub pulled_bytes: u64,
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -199,6 +212,10 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
             e.exit_status == 0
         })
         .collect();
+    for e in ok.iter().filter(|e| e.remote_hit) {
+        out.remote_hits += 1;
+        out.pulled_bytes += e.pulled_bytes;
+    }
     for r in [CacheResult::Hit, CacheResult::Restore, CacheResult::Miss] {
         let preps: Vec<u64> = ok
             .iter()
@@ -265,6 +282,12 @@ pub fn stats_text(s: &Stats) -> String {
         ));
     }
     out.push_str(&format!("{:<8} {:>6}\n", "failed", s.failed));
+    if s.remote_hits > 0 {
+        out.push_str(&format!(
+            "{:<8} {:>6}   layers pulled from the remote, {} bytes downloaded\n",
+            "remote", s.remote_hits, s.pulled_bytes
+        ));
+    }
     out.push_str(&format!("time saved vs misses: {}\n", fmt_ms(s.saved_ms)));
     out
 }
@@ -301,6 +324,9 @@ mod tests {
             files: 0,
             exit_status: status,
             published: false,
+            remote_hit: false,
+            pulled_bytes: 0,
+            pulled_objects: 0,
         }
     }
 
@@ -357,6 +383,12 @@ mod tests {
         assert_eq!(s.results["hit"].median_prep_ms, 2_000);
         assert_eq!(s.results["restore"].count, 1);
         assert_eq!(s.failed, 1);
+        assert_eq!((s.remote_hits, s.pulled_bytes), (0, 0));
+        let mut pulled = ev("p", "npm", CacheResult::Hit, 10, 0);
+        (pulled.remote_hit, pulled.pulled_bytes) = (true, 4096);
+        let r = stats(&[pulled], None);
+        assert_eq!((r.remote_hits, r.pulled_bytes), (1, 4096));
+        assert!(stats_text(&r).contains("4096 bytes downloaded"));
         assert_eq!(s.saved_ms, 49_000 + 47_000 + 30_000);
         // q has no misses: its hit saves nothing measurable
         assert_eq!(stats(&events, None).saved_ms, s.saved_ms);

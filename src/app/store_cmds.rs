@@ -23,11 +23,13 @@ pub fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
 }
 
 /// Opens (creating) the store of `global`; its notices (waiting for another run's fill…) go
-/// to stderr.
+/// to stderr. The remote tier is attached when one is configured.
 ///
-/// Errors: as [`Store::open`].
+/// Errors: as [`Store::open`] and [`crate::remote::attach`].
 pub fn open(global: &GlobalArgs) -> Result<Store> {
-    Ok(Store::open(Some(&store_root(global)?))?.with_notify(stderr_notices()))
+    let mut store = Store::open(Some(&store_root(global)?))?.with_notify(stderr_notices());
+    crate::remote::attach(&mut store, global.remote.as_deref())?;
+    Ok(store)
 }
 
 /// A [`st::Notify`] printing each notice on stderr as `layercache: <notice>`.
@@ -116,11 +118,16 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
             detail: format!(" (there is no store at {})", root.display()),
         }));
     };
-    let store = store.with_notify(stderr_notices());
+    let mut store = store.with_notify(stderr_notices());
+    crate::remote::attach(&mut store, global.remote.as_deref())?;
     let out = match store.commit(&a.mountpoint) {
         Err(e @ Error::NotAStoreMount { .. }) => return Err(not_ours(e)),
         r => r?,
     };
+    // Remote tier: commit returns once its push (started by the publish) is done.
+    if let Some(r) = store.remote() {
+        r.wait_pushes();
+    }
     if out.result == st::CommitResult::Exists {
         eprintln!(
             "layercache: key {} was already published (keys are immutable); this mount's changes \
@@ -234,6 +241,10 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
                 keys.join(",")
             }
         ));
+    }
+    // Remote tier (issue 14): one line on what the remote holds, when one is configured.
+    if let Some(line) = crate::remote::cmd::ls_note(global, &store, project_opt(&a.project)?) {
+        emit(&line);
     }
     Ok(0)
 }

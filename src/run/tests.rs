@@ -62,6 +62,7 @@ impl Mounter for Fake {
             files: 0,
             source: mp.to_path_buf(),
             run: "fake".into(),
+            pulled: None,
         })
     }
     fn commit(&self, mp: &Path) -> Result<Committed> {

@@ -95,7 +95,13 @@ fn host_is_loopback(host: &str) -> bool {
     } else {
         host.rsplit_once(':').map_or(host, |(h, _)| h)
     };
-    matches!(name, "localhost" | "127.0.0.1" | "::1") || name.starts_with("127.")
+    // An address in 127.0.0.0/8 must parse as one: a prefix test would accept names such as
+    // `127.0.0.1.attacker.example`, which a DNS-rebinding page can own.
+    name == "localhost"
+        || name == "::1"
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| a.is_loopback())
 }
 
 /// The same-origin rule (see the module docs).
@@ -251,6 +257,17 @@ mod tests {
     #[test]
     fn rules() {
         assert!(host_is_loopback("127.0.0.1:7878"));
+        assert!(host_is_loopback("127.1.2.3"));
+        assert!(host_is_loopback("[::1]:80"));
+        for evil in [
+            "127.0.0.1.nip.io",
+            "127.evil.example:1",
+            "127.0.0.1evil",
+            "127.0.0.1@evil.example",
+            "localhost.evil.example",
+        ] {
+            assert!(!host_is_loopback(evil), "{evil}");
+        }
         assert!(host_is_loopback("localhost"));
         assert!(host_is_loopback("[::1]:80"));
         assert!(!host_is_loopback("evil.example:7878"));

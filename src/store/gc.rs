@@ -48,6 +48,9 @@ pub struct ConfigFile {
     /// `[limits]`.
     #[serde(default)]
     pub limits: LimitsFile,
+    /// `[remote]`: the remote tier (issue 14), see [`crate::remote::config`].
+    #[serde(default)]
+    pub remote: Option<crate::remote::config::RemoteFile>,
 }
 
 /// `[limits]` of config.toml: `max_size = "20G"`, `max_inodes = 5000000`, `max_age = "30d"`;

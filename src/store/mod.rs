@@ -164,6 +164,10 @@ pub struct Store {
     root: PathBuf,
     base: PathBuf,
     limits: gc::Limits,
+    /// `[remote]` of config.toml, as written (remote tier, issue 14).
+    remote_file: Option<crate::remote::config::RemoteFile>,
+    /// The remote tier attached with [`Store::set_remote`], if any.
+    remote: Option<std::sync::Arc<crate::remote::Remote>>,
     notify: Option<Notify>,
 }
 
@@ -274,8 +278,26 @@ impl Store {
             root,
             base,
             limits,
+            remote_file: parsed.remote,
+            remote: None,
             notify: None,
         })
+    }
+
+    /// `[remote]` of config.toml, if present (remote tier, issue 14).
+    pub fn remote_file(&self) -> Option<&crate::remote::config::RemoteFile> {
+        self.remote_file.as_ref()
+    }
+
+    /// Attaches the remote tier: `mount` then looks keys up there on a local miss and
+    /// `commit` pushes what it publishes (see [`crate::remote`]).
+    pub fn set_remote(&mut self, remote: std::sync::Arc<crate::remote::Remote>) {
+        self.remote = Some(remote);
+    }
+
+    /// The attached remote tier, if any.
+    pub fn remote(&self) -> Option<&std::sync::Arc<crate::remote::Remote>> {
+        self.remote.as_ref()
     }
 
     /// Sends [`Notice`]s to `notify` (without one they go to the log at info level).

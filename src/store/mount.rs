@@ -99,6 +99,7 @@ impl Store {
         let mut fill: Option<Lease> = None;
         let mut gave_up = false;
         let mut waited = Duration::ZERO;
+        let (mut remote_tried, mut pulled) = (false, None);
         let (found, lower_lease) = loop {
             let found = self.lookup(&pd, &req.cache, &req.key, &req.restore_keys)?;
             if let Lookup::Hit { layer } = &found {
@@ -137,6 +138,20 @@ impl Store {
                 waited += w.elapsed();
                 continue;
             }
+            // Remote tier (issue 14): the exact key missed here; ask the remote once (under the
+            // fill lock), and look up again once a pull has published the layer locally. A
+            // local restore match is kept rather than pulling another restore match.
+            if !remote_tried && let Some(r) = &self.remote {
+                remote_tried = true;
+                let restore: &[CacheKey] = match found {
+                    Lookup::Restore { .. } => &[],
+                    _ => &req.restore_keys,
+                };
+                pulled = r.fetch_for_mount(self, &pd, &req.cache, &req.key, restore);
+                if pulled.is_some() {
+                    continue;
+                }
+            }
             match &found {
                 Lookup::Restore { layer, .. } => match self.lease_layer(&pd, layer)? {
                     Some(l) => break (found, Some(l)),
@@ -164,6 +179,7 @@ impl Store {
             reuse: None,
         })?;
         m.outcome.waited_ms = waited.as_millis() as u64;
+        m.outcome.remote = pulled;
         m.outcome.lookup_ms = lookup_ms;
         m.outcome.total_ms = ms_since(t0);
         tracing::info!(result = ?m.outcome.result, run = %m.outcome.run,
@@ -282,6 +298,7 @@ impl Store {
                 run: run_id,
                 daemon_pid: pid,
                 fill_lock: has_fill,
+                remote: None,
                 waited_ms: 0,
                 lookup_ms: 0,
                 mount_ms,

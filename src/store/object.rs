@@ -154,22 +154,55 @@ pub fn strip_private_xattrs(path: &Path) -> io::Result<()> {
 ///
 /// Errors: reading xattrs.
 pub fn meta_tag(path: &Path, meta: &fs::Metadata) -> io::Result<u64> {
-    let mut h = blake3::Hasher::new();
-    h.update(&meta.mode().to_le_bytes());
-    h.update(&meta.uid().to_le_bytes());
-    h.update(&meta.gid().to_le_bytes());
-    h.update(&meta.mtime().to_le_bytes());
-    h.update(&meta.mtime_nsec().to_le_bytes());
-    for (n, v) in content_xattrs(path)? {
-        h.update(&(n.len() as u64).to_le_bytes());
-        h.update(&n);
-        h.update(&(v.len() as u64).to_le_bytes());
-        h.update(&v);
+    let shared = SharedMeta {
+        mode: meta.mode(),
+        uid: meta.uid(),
+        gid: meta.gid(),
+        mtime: (meta.mtime(), meta.mtime_nsec()),
+    };
+    Ok(shared.tag(&content_xattrs(path)?))
+}
+
+/// The metadata hardlinks of an object share (what [`meta_tag`] hashes besides the xattrs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedMeta {
+    /// `st_mode` (file type and permission bits).
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Owner gid.
+    pub gid: u32,
+    /// mtime: seconds and nanoseconds since the epoch.
+    pub mtime: (i64, i64),
+}
+
+impl SharedMeta {
+    /// The 64-bit tag of this metadata plus `xattrs` (content xattrs, sorted as
+    /// [`content_xattrs`] returns them): the `<meta>` part of an object's name, equal to
+    /// [`meta_tag`] of a file that has them. Lets the remote tier name an object before the
+    /// file exists.
+    pub fn tag(&self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> u64 {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.mode.to_le_bytes());
+        h.update(&self.uid.to_le_bytes());
+        h.update(&self.gid.to_le_bytes());
+        h.update(&self.mtime.0.to_le_bytes());
+        h.update(&self.mtime.1.to_le_bytes());
+        for (n, v) in xattrs {
+            h.update(&(n.len() as u64).to_le_bytes());
+            h.update(n);
+            h.update(&(v.len() as u64).to_le_bytes());
+            h.update(v);
+        }
+        tag_of(h)
     }
+}
+
+fn tag_of(h: blake3::Hasher) -> u64 {
     let b = h.finalize();
     let mut tag = [0u8; 8];
     tag.copy_from_slice(&b.as_bytes()[..8]);
-    Ok(u64::from_le_bytes(tag))
+    u64::from_le_bytes(tag)
 }
 
 /// Parses an object file name `<64 hex>-<16 hex>[.<n>]` into its content id.
@@ -348,7 +381,10 @@ impl ObjectStore {
         }
         if !dry_run && let Ok(rd) = fs::read_dir(&self.dir) {
             for ent in rd.flatten() {
-                if ent.file_name().to_string_lossy().starts_with(".spill-") {
+                let name = ent.file_name();
+                let name = name.to_string_lossy();
+                // .pull-: a remote pull's downloads (crate::remote::pull) cut short by a crash.
+                if name.starts_with(".spill-") || name.starts_with(".pull-") {
                     let _ = fs::remove_file(ent.path());
                 }
             }

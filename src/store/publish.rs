@@ -11,11 +11,12 @@ use std::time::Instant;
 use super::layer::{self, Layer, Manifest, now_ms, write_synced};
 use super::lease::{Lease, Mode};
 use super::mount::{Leases, Mount, RunMount};
+use super::object::ObjectStore;
 use super::paths::{ProjectDirs, mkdir_mode, remove_tree};
 use super::runs::{StoreMount, unmount_and_wait};
 use super::{
-    CommitOutcome, CommitResult, GcOptions, GcReport, MountResult, Notice, Published, Store, gc,
-    ms_since, promote,
+    CommitOutcome, CommitResult, GcOptions, GcReport, MountResult, Notice, PublishSpec, Published,
+    Store, gc, ms_since, promote,
 };
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
@@ -163,6 +164,18 @@ impl Store {
             None => None,
         };
         drop(held.fill);
+        // Remote tier (issue 14): push what this commit published, in the background (a run's
+        // exit or `layercache commit` waits for it: Remote::wait_pushes).
+        if published.result == CommitResult::Published
+            && let Some(r) = &self.remote
+        {
+            r.push_background(
+                pd.clone(),
+                rec.cache.clone(),
+                rec.key.clone(),
+                published.layer.clone(),
+            );
+        }
         let gc = self.auto_gc();
         let m = &published.manifest;
         let out = CommitOutcome {
@@ -246,18 +259,43 @@ impl Store {
         let _span =
             tracing::info_span!("promote", project = %pd.project, cache = %cache, key = %key)
                 .entered();
+        let spec = PublishSpec {
+            cache: cache.clone(),
+            key: key.clone(),
+            layer: None,
+            parent: parent.map(|p| p.id.clone()),
+            created_ms: None,
+        };
+        let lower = parent.map(|p| p.tree());
+        self.publish_built(pd, &spec, |objects, tree| {
+            promote::build_tree(objects, lower.as_deref(), upper, tree)
+        })
+    }
+
+    /// Builds a layer tree with `build` (given the project's objects and the tree path to
+    /// create, `staging/<id>/tree`) and publishes it under `spec.key` the way every layer is
+    /// published: manifest, syncfs, rename into `layers/`, key with `renameat2(NOREPLACE)`
+    /// (`exists` when another run won; our copy is then discarded). The project lock is held
+    /// shared throughout, so gc never sweeps objects `build` has created but not linked yet.
+    /// Used by promotion and by the remote tier's pull (issue 14).
+    ///
+    /// Errors: whatever `build` returns (it must remove the objects it created, as
+    /// `promote::build_tree` does) and [`Error::Io`] publishing; nothing is published on error
+    /// and the staging directory is removed.
+    pub fn publish_built(
+        &self,
+        pd: &ProjectDirs,
+        spec: &PublishSpec,
+        build: impl FnOnce(&ObjectStore, &Path) -> Result<promote::TreeStats>,
+    ) -> Result<Published> {
+        let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
-        let id = layer::new_layer_id();
+        let id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
         let stage = Layer::new(&pd.staging(), id.clone());
         mkdir_mode(&stage.dir, 0o755)?;
         let objects = pd.objects();
-        let built = promote::build_tree(
-            &objects,
-            parent.map(|p| p.tree()).as_deref(),
-            upper,
-            &stage.tree(),
-        );
+        let built = build(&objects, &stage.tree());
         let stats = match built {
             Ok(s) => s,
             Err(e) => {
@@ -279,8 +317,8 @@ impl Store {
             project: pd.project.clone(),
             cache: cache.clone(),
             key: key.clone(),
-            parent: parent.map(|p| p.id.clone()),
-            created_ms: now_ms(),
+            parent: spec.parent.clone(),
+            created_ms: spec.created_ms.unwrap_or_else(now_ms),
             counts: stats.counts,
             dropped: stats.dropped.clone(),
         };

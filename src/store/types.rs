@@ -92,6 +92,9 @@ pub struct MountOutcome {
     pub daemon_pid: u32,
     /// True when this mount holds the key's fill lock (others wait for its commit).
     pub fill_lock: bool,
+    /// What the remote tier pulled for this mount (a remote hit or restore), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::pull::PullReport>,
     /// Milliseconds spent waiting for another run's fill.
     pub waited_ms: u64,
     /// Milliseconds for the lookup (including any wait).
@@ -167,6 +170,21 @@ pub struct Published {
     pub promote_ms: u64,
     /// Milliseconds to sync and publish.
     pub publish_ms: u64,
+}
+
+/// What [`Store::publish_built`] publishes.
+#[derive(Clone, Debug)]
+pub struct PublishSpec {
+    /// Cache.
+    pub cache: CacheId,
+    /// The key to publish under.
+    pub key: CacheKey,
+    /// The layer id to use (a pulled layer keeps its remote id); `None` = a fresh one.
+    pub layer: Option<LayerId>,
+    /// The parent recorded in the manifest.
+    pub parent: Option<LayerId>,
+    /// Creation time for the manifest, ms since the epoch; `None` = now.
+    pub created_ms: Option<u64>,
 }
 
 /// One row of `layercache ls`.

@@ -1,0 +1,273 @@
+//! `layercache remote gc`: removes what interrupted or losing pushes left on the remote —
+//! manifests no key names, objects and packs no kept manifest names (a pack partly used is kept
+//! whole: there is no repacking) — once older than a grace period
+//! (a push in flight writes objects and manifest before its key), and keys whose manifest or
+//! objects are missing (which a correct push never leaves; such a key would only fail pulls).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectMeta, ObjectStoreExt};
+use serde::Serialize;
+
+use super::Remote;
+use crate::error::Result;
+use crate::ids::{LayerId, ObjectId, ProjectId};
+
+/// What live manifests reference.
+#[derive(Default)]
+struct Refs {
+    /// Objects stored alone.
+    objects: HashSet<ObjectId>,
+    /// Packs.
+    packs: HashSet<String>,
+}
+
+impl Refs {
+    fn extend(&mut self, o: Refs) {
+        self.objects.extend(o.objects);
+        self.packs.extend(o.packs);
+    }
+}
+
+/// Default grace period: objects and manifests younger than this are kept.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(24 * 3600);
+
+/// What remote gc did (or would do, with `dry_run`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RemoteGcReport {
+    /// Report only.
+    pub dry_run: bool,
+    /// Keys seen.
+    pub keys: u64,
+    /// Keys removed because their manifest or an object is missing (`project/cache/key`).
+    pub broken_keys: Vec<String>,
+    /// Manifests removed.
+    pub removed_manifests: u64,
+    /// Objects removed.
+    pub removed_objects: u64,
+    /// Packs removed (with their indexes).
+    pub removed_packs: u64,
+    /// Bytes of the objects and packs removed.
+    pub freed_bytes: u64,
+    /// Unreferenced objects and manifests kept because younger than the grace period.
+    pub kept_recent: u64,
+}
+
+impl Remote {
+    /// The projects on the remote (names under `<prefix>/v1/projects/`).
+    ///
+    /// Errors: [`Error::Failed`] naming the remote.
+    pub async fn projects(&self) -> Result<Vec<ProjectId>> {
+        self.children(self.layout.projects()).await.map(|v| {
+            v.into_iter()
+                .filter_map(|n| ProjectId::new(n).ok())
+                .collect()
+        })
+    }
+
+    /// The names of the "directories" right under `dir`.
+    ///
+    /// Errors: [`Error::Failed`] naming the remote.
+    pub async fn children(&self, dir: &ObjectPath) -> Result<Vec<String>> {
+        let r = match self.store.list_with_delimiter(Some(dir)).await {
+            Ok(r) => r,
+            Err(e) if super::is_not_found(&e) => return Ok(Vec::new()),
+            Err(e) => return Err(self.error("listing", e)),
+        };
+        let mut out: Vec<String> = r
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    async fn list_all(&self, dir: &ObjectPath) -> Result<Vec<ObjectMeta>> {
+        self.list_dir(dir).await
+    }
+
+    /// Runs remote gc over every project (see the module docs).
+    ///
+    /// Errors: [`Error::Failed`] naming the remote; nothing further is removed after an error.
+    pub fn gc(&self, grace: Duration, dry_run: bool) -> Result<RemoteGcReport> {
+        self.block_on(None, async {
+            let mut rep = RemoteGcReport {
+                dry_run,
+                ..Default::default()
+            };
+            let cutoff = chrono_ms_now() - grace.as_millis() as i64;
+            for project in self.projects().await? {
+                self.gc_project(&project, cutoff, &mut rep).await?;
+            }
+            Ok(rep)
+        })
+    }
+
+    async fn gc_project(
+        &self,
+        project: &ProjectId,
+        cutoff: i64,
+        rep: &mut RemoteGcReport,
+    ) -> Result<()> {
+        let objects: HashMap<ObjectId, ObjectMeta> = self
+            .list_all(&self.layout.objects(project))
+            .await?
+            .into_iter()
+            .filter_map(|m| Some((ObjectId::from_hex(m.location.filename()?).ok()?, m)))
+            .collect();
+        // pack id → its files (the .pack, and the .idx once written).
+        let mut packs: HashMap<String, Vec<ObjectMeta>> = HashMap::new();
+        for m in self.list_all(&self.layout.packs(project)).await? {
+            let Some(name) = m.location.filename() else {
+                continue;
+            };
+            let id = name.split('.').next().unwrap_or(name).to_string();
+            packs.entry(id).or_default().push(m);
+        }
+        let has_pack = |p: &str| {
+            packs
+                .get(p)
+                .is_some_and(|v| v.iter().any(|m| m.location.as_ref().ends_with(".pack")))
+        };
+        let manifests: HashMap<LayerId, ObjectMeta> = self
+            .list_all(&self.layout.manifests(project))
+            .await?
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.filename()?.strip_suffix(".json")?;
+                Some((LayerId::new(name).ok()?, m))
+            })
+            .collect();
+        let keys = self.list_all(&self.layout.caches(project)).await?;
+        let mut live: HashSet<LayerId> = HashSet::new();
+        let mut refs = Refs::default();
+        for k in keys {
+            rep.keys += 1;
+            let bytes = self
+                .store
+                .get(&k.location)
+                .await
+                .map_err(|e| self.error("reading a key", e))?
+                .bytes()
+                .await
+                .map_err(|e| self.error("reading a key", e))?;
+            let layer = serde_json::from_slice::<super::manifest::KeyRecord>(&bytes)
+                .ok()
+                .map(|r| r.layer);
+            let r = match &layer {
+                Some(l) if manifests.contains_key(l) => self.manifest_refs(project, l).await?,
+                _ => None,
+            };
+            let complete = r.as_ref().is_some_and(|r| {
+                r.objects.iter().all(|id| objects.contains_key(id))
+                    && r.packs.iter().all(|p| has_pack(p))
+            });
+            match (layer, r) {
+                (Some(l), Some(r)) if complete => {
+                    live.insert(l);
+                    refs.extend(r);
+                }
+                _ => {
+                    rep.broken_keys.push(k.location.to_string());
+                    if !rep.dry_run {
+                        self.delete(&k.location).await?;
+                    }
+                }
+            }
+        }
+        // Manifests of pushes in flight (young) keep their objects too.
+        for (l, m) in &manifests {
+            if live.contains(l) {
+                continue;
+            }
+            if m.last_modified.timestamp_millis() > cutoff {
+                rep.kept_recent += 1;
+                if let Some(r) = self.manifest_refs(project, l).await? {
+                    refs.extend(r);
+                }
+            } else {
+                rep.removed_manifests += 1;
+                if !rep.dry_run {
+                    self.delete(&m.location).await?;
+                }
+            }
+        }
+        for (id, m) in &objects {
+            if refs.objects.contains(id) {
+                continue;
+            }
+            if m.last_modified.timestamp_millis() > cutoff {
+                rep.kept_recent += 1;
+                continue;
+            }
+            rep.removed_objects += 1;
+            rep.freed_bytes += m.size;
+            if !rep.dry_run {
+                self.delete(&m.location).await?;
+            }
+        }
+        for (pack, mut files) in packs {
+            if refs.packs.contains(&pack) {
+                continue;
+            }
+            if files
+                .iter()
+                .any(|m| m.last_modified.timestamp_millis() > cutoff)
+            {
+                rep.kept_recent += 1;
+                continue;
+            }
+            rep.removed_packs += 1;
+            // The index goes first: a pack is only used through its index.
+            files.sort_by_key(|m| !m.location.as_ref().ends_with(".idx"));
+            for m in files {
+                rep.freed_bytes += m.size;
+                if !rep.dry_run {
+                    self.delete(&m.location).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What manifest `layer` needs: objects stored alone and packs; `None` when it cannot be
+    /// read or parsed.
+    async fn manifest_refs(&self, project: &ProjectId, layer: &LayerId) -> Result<Option<Refs>> {
+        let path = self.layout.manifest(project, layer);
+        let bytes = match self.store.get(&path).await {
+            Ok(g) => g
+                .bytes()
+                .await
+                .map_err(|e| self.error("reading a manifest", e))?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.error("reading a manifest", e)),
+        };
+        let Ok(m) = serde_json::from_slice::<super::manifest::RemoteManifest>(&bytes) else {
+            return Ok(None);
+        };
+        let (Ok(all), Ok(packed)) = (m.objects(), m.pack_locations()) else {
+            return Ok(None);
+        };
+        Ok(Some(Refs {
+            objects: all
+                .into_keys()
+                .filter(|id| !packed.contains_key(id))
+                .collect(),
+            packs: m.packs.into_keys().collect(),
+        }))
+    }
+
+    async fn delete(&self, p: &ObjectPath) -> Result<()> {
+        match self.store.delete(p).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(&format!("deleting {p}"), e)),
+        }
+    }
+}
+
+fn chrono_ms_now() -> i64 {
+    crate::store::layer::now_ms() as i64
+}

