@@ -51,6 +51,10 @@ pub struct Committed {
     pub bytes: u64,
     /// Files in the new layer.
     pub files: u64,
+    /// Files stored as new objects (the rest reused stored objects).
+    pub new_files: u64,
+    /// Bytes stored as new objects.
+    pub new_bytes: u64,
 }
 
 /// The store operations the run needs (implemented over [`crate::store`]; a plain-directory
@@ -190,13 +194,20 @@ impl Mounter for StoreMounter {
             published: out.result == crate::store::CommitResult::Published,
             bytes: out.bytes,
             files: out.files,
+            new_files: out.new_objects,
+            new_bytes: out.new_bytes,
         })
     }
 
     fn umount(&self, mountpoint: &Path) -> Result<()> {
         let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+        let held = self.mounts.lock().remove(&canon);
         let r = self.store.umount(mountpoint);
-        self.mounts.lock().remove(&canon);
+        // issue 11: once unmounted, a discarded fill's lock file goes.
+        match (held, &r) {
+            (Some(m), Ok(())) => m.end_fill(),
+            (held, _) => drop(held),
+        }
         r
     }
 }
@@ -327,6 +338,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             files: mounted.files,
             exit_status: 0,
             published: false,
+            new_files: 0,
+            new_bytes: 0,
         };
         preps.push(Prep {
             keys: k,
@@ -345,7 +358,12 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     for (cache, p) in cfg.spec.caches.iter().zip(preps.iter_mut()) {
         let (what, script) = match p.mounted.result {
             CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
-            CacheResult::Restore | CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
+            // issue 11 (restore helper): a restore brings the old tree up to date in place.
+            CacheResult::Restore => (
+                "setup",
+                cache.restore_setup.as_deref().or(Some(&cache.setup)),
+            ),
+            CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
         };
         if let Some(script) = script {
             let label = format!("{what} of cache {:?}", cache.id.as_str());
@@ -393,6 +411,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             p.event.published = committed.published;
             p.event.bytes = committed.bytes;
             p.event.files = committed.files;
+            p.event.new_files = committed.new_files;
+            p.event.new_bytes = committed.new_bytes;
         }
         log_event(cfg, &p.event);
     }
@@ -530,11 +550,13 @@ fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
             )),
             CacheResult::Hit => {}
             _ => line.push_str(&format!(
-                " (setup {}, promote {}: {} files, {})",
+                " (setup {}, promote {}: {} files, {}; new {} files, {})",
                 telemetry::fmt_ms(e.setup_ms),
                 telemetry::fmt_ms(e.promote_ms),
                 e.files,
-                fmt_bytes(e.bytes)
+                fmt_bytes(e.bytes),
+                e.new_files,
+                fmt_bytes(e.new_bytes)
             )),
         }
         if e.result == CacheResult::Restore

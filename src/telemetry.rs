@@ -81,6 +81,13 @@ pub struct Event {
     /// Whether a new layer was published.
     #[serde(default)]
     pub published: bool,
+    /// Regular files the promotion stored as new objects (`files - new_files` reused objects
+    /// already in the store: the lower layer's or another version's).
+    #[serde(default)]
+    pub new_files: u64,
+    /// Bytes the promotion added to the store as new objects.
+    #[serde(default)]
+    pub new_bytes: u64,
 }
 
 impl Event {
@@ -269,6 +276,8 @@ mod tests {
             files: 0,
             exit_status: status,
             published: false,
+            new_files: 0,
+            new_bytes: 0,
         }
     }
 

@@ -71,6 +71,7 @@ impl Mounter for Fake {
             published: true,
             bytes: 1,
             files: 1,
+            ..Default::default()
         })
     }
     fn umount(&self, mp: &Path) -> Result<()> {
