@@ -167,7 +167,10 @@ impl Store {
             })?),
             None => None,
         };
-        drop(held.fill);
+        // issue 11: the fill is over; its lock file goes with it.
+        if let Some(f) = held.fill {
+            f.remove();
+        }
         let gc = self.auto_gc();
         let m = &published.manifest;
         let out = CommitOutcome {
