@@ -340,6 +340,17 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             published: false,
             new_files: 0,
             new_bytes: 0,
+            // issue 11: why a miss or restore, against the nearest layer's recorded inputs.
+            why: match mounted.result {
+                CacheResult::Hit => Vec::new(),
+                _ => crate::why::explain(
+                    &cfg.store,
+                    cfg.spec.project.as_str(),
+                    k.id.as_str(),
+                    mounted.matched_key.as_deref(),
+                    &k.inputs,
+                ),
+            },
         };
         preps.push(Prep {
             keys: k,
@@ -413,6 +424,10 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             p.event.files = committed.files;
             p.event.new_files = committed.new_files;
             p.event.new_bytes = committed.new_bytes;
+            if committed.published {
+                let (project, id) = (cfg.spec.project.as_str(), p.keys.id.as_str());
+                crate::why::record(&cfg.store, project, id, p.keys.key.as_str(), &p.keys.inputs);
+            }
         }
         log_event(cfg, &p.event);
     }
@@ -563,6 +578,13 @@ fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
             && let Some(m) = &e.matched_key
         {
             line.push_str(&format!(" from {m}"));
+        }
+        // issue 11: what differs from the nearest layer (its key is in --json and events).
+        let why: Vec<&str> = (e.why.iter().map(String::as_str))
+            .filter(|w| !w.starts_with("nearest layer "))
+            .collect();
+        if !why.is_empty() {
+            line.push_str(&format!("; why: {}", why.join(", ")));
         }
         let _ = writeln!(err, "{line}");
     }

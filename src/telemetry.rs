@@ -88,6 +88,10 @@ pub struct Event {
     /// Bytes the promotion added to the store as new objects.
     #[serde(default)]
     pub new_bytes: u64,
+    /// On a miss or restore: what differs from the nearest layer's key inputs
+    /// ([`crate::why::explain`]); empty on a hit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub why: Vec<String>,
 }
 
 impl Event {
@@ -278,6 +282,7 @@ mod tests {
             published: false,
             new_files: 0,
             new_bytes: 0,
+            why: Vec::new(),
         }
     }
 

@@ -183,6 +183,9 @@ impl Store {
         }
         // 3. Objects no tree links any more (in a dry run: none but doomed trees).
         for (pi, pd) in pds.iter().enumerate() {
+            if !dry {
+                remove_stale_inputs(pd)?;
+            }
             let (n, b) = if dry {
                 would_sweep(pd, &doomed[pi])?
             } else {
@@ -256,6 +259,7 @@ impl Store {
             }
         }
         remove_free_fill_locks(&pd)?;
+        remove_stale_inputs(&pd)?;
         report.removed_objects = pd.objects().sweep_unreferenced(false)?.0;
         // A cleared project leaves nothing behind (and stops being listed in error hints),
         // unless something of it is still mounted or running.
@@ -336,6 +340,23 @@ fn remove_free_fill_locks(pd: &ProjectDirs) -> Result<()> {
                 && let Some(l) = Lease::try_acquire(&fills.join(&name), Mode::Exclusive)?
             {
                 l.remove();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes `caches/*/inputs/<key>.json` ([`crate::why`]) whose key is no longer published.
+fn remove_stale_inputs(pd: &ProjectDirs) -> Result<()> {
+    for c in pd.caches()? {
+        let keys = pd.keys_dir(&c);
+        let inputs = keys.with_file_name("inputs");
+        for name in read_names(&inputs)? {
+            if let Some(key) = name.strip_suffix(".json")
+                && !keys.join(key).exists()
+            {
+                let p = inputs.join(&name);
+                fs::remove_file(&p).at(&p)?;
             }
         }
     }
