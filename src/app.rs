@@ -36,6 +36,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Gc(args) => store_cmds::gc(&cli.global, &args),
         Command::Clear(args) => store_cmds::clear(&cli.global, &args),
         Command::Verify(args) => store_cmds::verify(&cli.global, &args),
+        Command::Serve(args) => {
+            crate::serve::cli_serve(&cli.global, &args, store_cmds::open_existing)
+        }
     }
 }
 
@@ -226,7 +229,13 @@ fn cmd_sandbox_args(
 /// the store.
 fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
     let sandbox = crate::run::SandboxMode::parse(&args.sandbox)?;
-    let spec = crate::spec::load(&args.spec)?;
+    let spec = match (&args.spec, &args.project) {
+        (Some(source), _) => crate::spec::load(source)?,
+        (None, project) => crate::serve::specs::load_stored(
+            &store_root(global)?,
+            project.as_deref().unwrap_or_default(),
+        )?,
+    };
     let paths = crate::spec::Paths {
         workdir: workdir(&args.workdir)?,
         mount_root: absolute(&args.mount_root)?,

@@ -288,6 +288,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     }
 
     let env = Environment::host(cfg.image.clone());
+    let run_id = telemetry::new_run_id();
     let mut all_keys = Vec::new();
     for cache in &cfg.spec.caches {
         all_keys.push(key::compute(cache, &cfg.paths, &env)?);
@@ -324,6 +325,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         )?;
         mounts.points.push(k.mountpoint.clone());
         let event = Event {
+            run: Some(run_id.clone()),
             time_ms: telemetry::now_ms(),
             project: cfg.spec.project.to_string(),
             cache: k.id.to_string(),

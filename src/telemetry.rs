@@ -45,6 +45,10 @@ impl CacheResult {
 /// of the published layer (or of the mounted one on a hit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
+    /// The id of the `layercache run` this preparation belongs to (one per invocation, shared
+    /// by its caches; see [`new_run_id`]); absent in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     /// Unix time of the event in milliseconds.
     pub time_ms: u64,
     /// The project.
@@ -104,6 +108,12 @@ impl Event {
 /// The event log path for a store root.
 pub fn events_path(store: &Path) -> PathBuf {
     store.join(EVENTS_FILE)
+}
+
+/// A new run id: the start time in ms as 12 hex digits, `-`, 12 random hex digits (sorts by
+/// time, like the store's run directory names).
+pub fn new_run_id() -> String {
+    format!("{:012x}-{}", now_ms(), crate::sys::random_hex(6))
 }
 
 /// Milliseconds since the Unix epoch.
@@ -215,8 +225,25 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
             },
         );
     }
+    let mine: Vec<Event> = events
+        .iter()
+        .filter(|e| project.is_none_or(|p| e.project == p))
+        .cloned()
+        .collect();
+    out.saved_ms = saved_ms(&mine).iter().sum();
+    out
+}
+
+/// The time each event saved, ms, in the order of `events`: for a successful hit or restore,
+/// the median preparation time of the successful misses of the same project and cache minus
+/// its own (saturating at 0); 0 for misses, failures and caches that never missed. `stats`
+/// sums these, so the runs page and `layercache stats` never disagree.
+pub fn saved_ms(events: &[Event]) -> Vec<u64> {
     let mut miss_by_cache: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
-    for e in ok.iter().filter(|e| e.result == CacheResult::Miss) {
+    for e in events
+        .iter()
+        .filter(|e| e.exit_status == 0 && e.result == CacheResult::Miss)
+    {
         miss_by_cache
             .entry((&e.project, &e.cache))
             .or_default()
@@ -226,12 +253,17 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
         .into_iter()
         .map(|(k, v)| (k, median(v)))
         .collect();
-    for e in ok.iter().filter(|e| e.result != CacheResult::Miss) {
-        if let Some(m) = miss_median.get(&(e.project.as_str(), e.cache.as_str())) {
-            out.saved_ms += m.saturating_sub(e.prep_ms());
-        }
-    }
-    out
+    events
+        .iter()
+        .map(|e| {
+            if e.exit_status != 0 || e.result == CacheResult::Miss {
+                return 0;
+            }
+            miss_median
+                .get(&(e.project.as_str(), e.cache.as_str()))
+                .map_or(0, |m| m.saturating_sub(e.prep_ms()))
+        })
+        .collect()
 }
 
 /// The human form of [`Stats`].
@@ -266,6 +298,7 @@ mod tests {
 
     fn ev(project: &str, cache: &str, result: CacheResult, prep: u64, status: i32) -> Event {
         Event {
+            run: None,
             time_ms: 1,
             project: project.into(),
             cache: cache.into(),
