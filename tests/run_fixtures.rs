@@ -48,6 +48,29 @@ fn assert_miss_then_fast_hit(sb: &Sandbox, what: &str, cache: &str, factor: u64)
     );
 }
 
+/// Prints the restore (event 2) against the miss (event 0) and asserts that its promotion
+/// stored something, and at most 5 % of the tree's bytes, as new objects (issue 11).
+fn assert_restore_stored_little(ev: &[serde_json::Value], what: &str) {
+    let (bytes, new_bytes) = (
+        ev[2]["bytes"].as_u64().unwrap(),
+        ev[2]["new_bytes"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "PREPARATION {what} restore: {} ms (setup {} ms, promote {} ms; new {} of {} files, \
+         {new_bytes} of {bytes} bytes) = {:.2} of the miss",
+        prep_ms(&ev[2]),
+        ev[2]["setup_ms"],
+        ev[2]["promote_ms"],
+        ev[2]["new_files"],
+        ev[2]["files"],
+        prep_ms(&ev[2]) as f64 / prep_ms(&ev[0]).max(1) as f64
+    );
+    assert!(
+        new_bytes > 0 && new_bytes * 20 <= bytes,
+        "{what}: new objects: {new_bytes} of {bytes} bytes"
+    );
+}
+
 /// `npm` preset: the npm cache is on the mount; a hit's maintenance `npm ci --offline` installs
 /// the whole project from the layer with no network at all (a fresh network namespace).
 #[test]
@@ -181,24 +204,7 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
         assert!(e["setup_ms"].as_u64().unwrap() > 0, "setup ran: {e}");
         assert_eq!(e["published"], true, "{e}");
     }
-    let (bytes, new_bytes) = (
-        ev[2]["bytes"].as_u64().unwrap(),
-        ev[2]["new_bytes"].as_u64().unwrap(),
-    );
-    eprintln!(
-        "PREPARATION node_modules restore: {} ms (setup {} ms, promote {} ms; new {} of {} files, \
-         {new_bytes} of {bytes} bytes) = {:.2} of the miss",
-        prep_ms(&ev[2]),
-        ev[2]["setup_ms"],
-        ev[2]["promote_ms"],
-        ev[2]["new_files"],
-        ev[2]["files"],
-        prep_ms(&ev[2]) as f64 / prep_ms(&ev[0]).max(1) as f64
-    );
-    assert!(
-        new_bytes > 0 && new_bytes * 20 <= bytes,
-        "new objects: {new_bytes} of {bytes} bytes"
-    );
+    assert_restore_stored_little(&ev, "node_modules");
     let layers = sb.ls();
     let keys: Vec<&str> = layers
         .iter()
@@ -298,24 +304,7 @@ maintenance = "pip cache dir"
     );
     let ev = events_of(&sb, "venv");
     assert_eq!(ev[2]["result"], "restore", "{:?}", ev[2]);
-    let (bytes, new_bytes) = (
-        ev[2]["bytes"].as_u64().unwrap(),
-        ev[2]["new_bytes"].as_u64().unwrap(),
-    );
-    eprintln!(
-        "PREPARATION venv restore: {} ms (setup {} ms, promote {} ms; new {} of {} files, \
-         {new_bytes} of {bytes} bytes) = {:.2} of the miss",
-        prep_ms(&ev[2]),
-        ev[2]["setup_ms"],
-        ev[2]["promote_ms"],
-        ev[2]["new_files"],
-        ev[2]["files"],
-        prep_ms(&ev[2]) as f64 / prep_ms(&ev[0]).max(1) as f64
-    );
-    assert!(
-        new_bytes * 20 <= bytes,
-        "new objects: {new_bytes} of {bytes} bytes"
-    );
+    assert_restore_stored_little(&ev, "venv");
     assert!(sb.mounts_below().is_empty());
 }
 
