@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Time-to-ready for the npm, pip and cargo fixtures (../shared/fixtures): how long until a run's
-# command can start, with
+# Time-to-ready for the fixtures in examples/: how long until a run's command can start, with
 #   no cache       the setup run directly in a fresh project (what every run pays today);
 #   layercache miss `layercache run` on an empty store: mount + setup + promote;
-#   layercache hit  `layercache run` again: mount + maintenance (none for these presets);
+#   layercache restore  after one package is added to the lockfile (BUMP below): mount of the
+#                  previous layer + the preset's restore setup (an incremental install over the
+#                  restored tree, issue 11) + promote; one run (each publishes a new key), with
+#                  the share of the tree stored as new objects;
+#   layercache hit  `layercache run` again: mount + maintenance;
 #   tar restore    actions/cache style: extract a tar.zst of the same installed tree (the
 #                  archive is local and in the page cache: the download actions/cache adds is
 #                  not counted).
 #
-#   bash scripts/ready.sh [--quick] [--runs-miss N] [--runs-hit N] [--fixtures npm,pip,cargo]
-#                         [--worktree] [--no-build]
+#   bash scripts/ready.sh [--quick] [--runs-miss N] [--runs-hit N]
+#                         [--fixtures npm,pnpm,yarn,pip,uv,go,cargo] [--worktree] [--no-build]
 #
-# Presets (issue 5): npm → node_modules (npm ci, mounted at <workdir>/node_modules), pip → venv
-# (<workdir>/.venv), cargo → cargo-target (CARGO_TARGET_DIR, setup `cargo build`). "Ready" is the
+# Presets: npm, pnpm, yarn → node_modules (npm ci / pnpm / yarn install, mounted at
+# <workdir>/node_modules), pip → venv (<workdir>/.venv), uv → uv (UV_CACHE_DIR; setup and
+# maintenance `uv sync` make .venv), go → go (GOMODCACHE/GOCACHE, from a file:// GOPROXY that
+# scripts/goproxy.py builds: no restore row, the proxy holds only the fixture's modules), cargo →
+# cargo-target (CARGO_TARGET_DIR, setup `cargo build`). "Ready" is the
 # moment the command given after `--` starts (it writes a timestamp, then checks that the
 # dependencies load from the cache). Package managers' own download caches are warm (npm: the
 # bench's npm cache, pip: ~/.cache/pip, cargo: ~/.cargo), so no cell measures the network.
@@ -21,7 +27,7 @@ set -euo pipefail
 # shellcheck source=scripts/lib-bench.sh
 . "$(dirname "$0")/lib-bench.sh"
 
-RUNS_MISS=3 RUNS_HIT=5 FIXTURES=(npm pip cargo) BUILD=1 BUILD_FROM="" QUICK=""
+RUNS_MISS=3 RUNS_HIT=5 FIXTURES=(npm pnpm yarn pip uv go cargo) BUILD=1 BUILD_FROM="" QUICK=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 RUNS_MISS=1 RUNS_HIT=3 ;;
@@ -30,19 +36,29 @@ while [ $# -gt 0 ]; do
     --fixtures) IFS=, read -r -a FIXTURES <<<"$2"; shift ;;
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
 done
 
 lc_init ready.sh
+# The fixtures are the repository's own (examples/) unless LAYERCACHE_FIXTURES names others.
+[ -n "${LAYERCACHE_FIXTURES:-}" ] || LC_FIXTURES=$LC_REPO/examples
 lc_need fusermount3:fuse3 node:nodejs npm:npm python3:python3 cargo:cargo zstd:zstd
 B=$LC_BENCH_DIR
 RB=$B/ready
 mkdir -p "$RB" "$B/results" "$LC_NPM_CACHE"
 export npm_config_cache=$LC_NPM_CACHE
 unset CARGO_TARGET_DIR VIRTUAL_ENV || true
+# pnpm, yarn and uv as scripts/lib-fixtures.sh installs them for the tests; Go modules from a
+# local file:// proxy (no module proxy is reachable here).
+export PATH=/var/cache/layercache-test/tools/bin:$PATH UV_PYTHON_DOWNLOADS=never
+GOPROXY_DIR=$B/goproxy
+if [[ " ${FIXTURES[*]} " == *" go "* ]]; then
+  [ -d "$GOPROXY_DIR" ] || python3 "$(dirname "$0")/goproxy.py" "$GOPROXY_DIR" >/dev/null
+  export GOPROXY=file://$GOPROXY_DIR GOSUMDB=off GOFLAGS="" GOTOOLCHAIN=local
+fi
 
 LC_STATUS="ok"
 if [ -n "$BUILD" ] && ! lc_build $BUILD_FROM; then
@@ -56,17 +72,40 @@ log "layercache: $LC_STATUS ($LC_COMMIT)"
 declare -A RES=() NOTE=() SIZE=()
 
 # fixture NAME: sets DEP (the installed tree, relative to the workdir), PRESET, SETUP (the native
-# equivalent of the preset's setup) and CHECK (proves the tree works, run from the workdir).
+# equivalent of the preset's setup), CHECK (proves the tree works, run from the workdir) and
+# BUMP (adds one small package to the key files; run in a scratch copy without the installed
+# tree, whose key files are then copied back; empty: no restore row).
 fixture() {
+  local node="node -e \"require('chalk'); require('lodash'); require('semver')\""
   case $1 in
     npm) DEP=node_modules PRESET=node_modules SETUP="npm ci --no-audit --no-fund --loglevel=error"
-      CHECK="node -e \"require('react'); require('express')\"" ;;
+      CHECK="node -e \"require('react'); require('express')\""
+      BUMP="npm install dayjs@1.11.13 --package-lock-only --no-audit --no-fund --loglevel=error" ;;
+    pnpm) DEP=node_modules PRESET=node_modules SETUP="pnpm install --frozen-lockfile --reporter silent"
+      CHECK=$node BUMP="pnpm add ms@2.1.3 --lockfile-only --reporter silent" ;;
+    yarn) DEP=node_modules PRESET=node_modules SETUP="yarn install --frozen-lockfile --silent"
+      CHECK=$node BUMP="yarn add ms@2.1.3 --silent" ;;
     pip) DEP=.venv PRESET=venv SETUP="python3 -m venv .venv && .venv/bin/pip install -q -r requirements.txt"
-      CHECK=".venv/bin/python -c 'import flask, pydantic, requests'" ;;
+      CHECK=".venv/bin/python -c 'import flask, pydantic, requests'"
+      BUMP="echo six==1.16.0 >>requirements.txt" ;;
+    uv) DEP=.venv PRESET=uv SETUP="uv sync --frozen -q"
+      CHECK=".venv/bin/python -c 'import requests, attrs'" BUMP="uv add -q six==1.16.0" ;;
+    go) DEP=gomod PRESET=go SETUP="GOMODCACHE=\$PWD/gomod go mod download"
+      CHECK="GOMODCACHE=\${GOMODCACHE:-\$PWD/gomod} GOFLAGS=-mod=mod GOPROXY=off go build -o /dev/null ." BUMP="" ;;
     cargo) DEP=target PRESET=cargo-target SETUP="CARGO_TARGET_DIR=target cargo build -q"
-      CHECK="cargo build -q --offline" ;;
-    *) die "unknown fixture $1 (npm, pip, cargo)" ;;
+      CHECK="cargo build -q --offline" BUMP="cargo add -q itoa@1.0.11" ;;
+    *) die "unknown fixture $1 (npm, pnpm, yarn, pip, uv, go, cargo)" ;;
   esac
+}
+
+# bump R: applies BUMP to the key files of R/work (in a scratch copy, so the installed tree is
+# not touched).
+bump() {
+  local s=$1/bump
+  rm -rf "$s" && mkdir -p "$s"
+  (cd "$1/work" && find . -maxdepth 1 -type f -exec cp {} "$s/" \;) && cp -r "$1/work/src" "$s/" 2>/dev/null || true
+  (cd "$s" && eval "$BUMP" >/dev/null 2>&1) || return 1
+  (cd "$s" && find . -maxdepth 1 -type f -newer "$1/spec.toml" -exec cp {} "$1/work/" \;)
 }
 
 # time_cmd KEY CMD…: wall time of CMD (µs) into RES[KEY]; returns CMD's status.
@@ -83,7 +122,7 @@ time_cmd() {
 # lc_run_once F KIND: one `layercache run` (KIND is miss or hit); records time-to-ready (the
 # command's start) and the total, checks the reported result.
 lc_run_once() {
-  local f=$1 kind=$2 r=$RB/$1 t0 t1 ready rc=0 result res setup_ms promote_ms mount_ms
+  local f=$1 kind=$2 r=$RB/$1 t0 t1 ready rc=0 result res setup_ms promote_ms mount_ms bytes new_bytes
   rm -f "$r/stamp"
   t0=${EPOCHREALTIME/./}
   # shellcheck disable=SC2016 # $0 and $CHECK belong to the inner sh
@@ -106,15 +145,18 @@ for line in open(sys.argv[1]):
     try: v = json.loads(line)
     except ValueError: continue
     for c in v.get("caches", []):
-        print(c.get("result"), c.get("setup_ms", 0), c.get("promote_ms", 0), c.get("mount_ms", 0))
+        print(c.get("result"), c.get("setup_ms", 0), c.get("promote_ms", 0), c.get("mount_ms", 0),
+              c.get("bytes", 0), c.get("new_bytes", 0))
 ' "$r/run.err" 2>/dev/null | head -1)
   if [ -z "$result" ]; then NOTE["$f $kind json"]="no JSON summary on stderr"
   else
-    read -r res setup_ms promote_ms mount_ms <<<"$result"
+    read -r res setup_ms promote_ms mount_ms bytes new_bytes <<<"$result"
     [ "$res" = "$kind" ] || NOTE["$f $kind result"]="expected $kind, layercache reported $res"
     RES["$f lc-$kind-promote"]+="$((promote_ms * 1000)) "
     RES["$f lc-$kind-mount"]+="$((mount_ms * 1000)) "
-    [ "$kind" != miss ] || RES["$f lc-$kind-setup"]+="$((setup_ms * 1000)) "
+    [ "$kind" = hit ] || RES["$f lc-$kind-setup"]+="$((setup_ms * 1000)) "
+    [ "$kind" != restore ] || [ "$bytes" -eq 0 ] ||
+      SIZE["$f new"]=$(awk -v n="$new_bytes" -v b="$bytes" 'BEGIN { printf "%.1f %%", 100 * n / b }')
   fi
 }
 
@@ -134,7 +176,7 @@ for f in "${FIXTURES[@]}"; do
   [ -d "$src" ] || die "fixture $src is missing"
   log "$f: preparing $r"
   rm -rf "$r" && mkdir -p "$r/mnt"
-  cp -a "$src" "$r/work" && chmod -R u+w "$r/work"
+  cp -a "$src" "$r/work" && chmod -R u+w "$r/work" && rm -f "$r/work/layercache.toml"
   printf 'project = "bench-ready-%s"\n\n[[cache]]\nid = "%s"\npreset = "%s"\n' "$f" "$f" "$PRESET" >"$r/spec.toml"
 
   # no cache: the setup, natively (the last one's tree makes the archive)
@@ -155,7 +197,7 @@ for f in "${FIXTURES[@]}"; do
     done
     (cd "$r/work" && eval "$CHECK" >/dev/null 2>&1) || NOTE["$f tar check"]="restored tree failed: $CHECK"
   fi
-  rm -rf "${r:?}/work/$DEP" "${r:?}/work/target"
+  rm -rf "${r:?}/work/$DEP" "${r:?}/work/target" "${r:?}/work/.venv"
 
   # layercache: misses on an empty store, then hits on the last one's layer
   if [ "$LC_STATUS" = ok ]; then
@@ -169,6 +211,11 @@ for f in "${FIXTURES[@]}"; do
         log "$f: layercache hit $i/$RUNS_HIT"
         lc_run_once "$f" hit || break
       done
+      if [ -n "$BUMP" ]; then
+        log "$f: one package more ($BUMP), layercache restore"
+        if bump "$r"; then lc_run_once "$f" restore || true
+        else NOTE["$f restore"]="the lockfile change failed: $BUMP"; fi
+      fi
     fi
   fi
 done
@@ -180,6 +227,8 @@ med() { if [ -n "${RES[$1]:-}" ]; then
 fmt() { local m; m=$(med "$1"); if [ -n "$m" ]; then lc_fmt_us "$m"; else echo "—"; fi; }
 speedup() { local a b; a=$(med "$1") b=$(med "$2"); if [ -n "$a" ] && [ -n "$b" ]; then
   awk -v a="$a" -v b="$b" 'BEGIN { printf "%.1f×", a / b }'; else echo "—"; fi; }
+ratio() { local a b; a=$(med "$1") b=$(med "$2"); if [ -n "$a" ] && [ -n "$b" ]; then
+  awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", a / b }'; else echo "—"; fi; }
 STAMP=$(date +%Y%m%d-%H%M%S)
 OUT=$B/results/ready-$STAMP${QUICK:+-quick}.md
 {
@@ -190,19 +239,19 @@ OUT=$B/results/ready-$STAMP${QUICK:+-quick}.md
   echo "layercache: $LC_STATUS"
   echo "medians: no cache and miss of $RUNS_MISS runs, hit and tar restore of $RUNS_HIT runs; download caches warm"
   echo
-  echo "| fixture | no cache (setup) | layercache miss (setup + promote) | layercache hit | tar.zst restore | hit vs miss | hit vs no cache | hit vs tar restore | tree/archive |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| fixture | no cache (setup) | layercache miss (setup + promote) | layercache restore (+1 package) | layercache hit | tar.zst restore | restore vs miss | new bytes of restore | hit vs miss | hit vs no cache | hit vs tar restore | tree/archive |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   for f in "${FIXTURES[@]}"; do
-    echo "| $f | $(fmt "$f native") | $(fmt "$f lc-miss") | $(fmt "$f lc-hit") | $(fmt "$f tar") | $(speedup "$f lc-miss" "$f lc-hit") | $(speedup "$f native" "$f lc-hit") | $(speedup "$f tar" "$f lc-hit") | ${SIZE[$f]:-—} |"
+    echo "| $f | $(fmt "$f native") | $(fmt "$f lc-miss") | $(fmt "$f lc-restore") | $(fmt "$f lc-hit") | $(fmt "$f tar") | $(ratio "$f lc-restore" "$f lc-miss") | ${SIZE["$f new"]:-—} | $(speedup "$f lc-miss" "$f lc-hit") | $(speedup "$f native" "$f lc-hit") | $(speedup "$f tar" "$f lc-hit") | ${SIZE[$f]:-—} |"
   done
   if [ -n "$(for k in "${!RES[@]}"; do [[ $k == *lc-miss-setup ]] && echo y; done)" ]; then
     echo
     echo "as reported by layercache (--json): miss = mount + setup + promote; hit = mount"
     echo
-    echo "| fixture | miss: mount | miss: setup | miss: promote | miss: total incl. unmount | hit: mount | hit: total incl. unmount |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "| fixture | miss: mount | miss: setup | miss: promote | miss: total incl. unmount | restore: setup | restore: promote | hit: mount | hit: total incl. unmount |"
+    echo "|---|---|---|---|---|---|---|---|---|"
     for f in "${FIXTURES[@]}"; do
-      echo "| $f | $(fmt "$f lc-miss-mount") | $(fmt "$f lc-miss-setup") | $(fmt "$f lc-miss-promote") | $(fmt "$f lc-miss-total") | $(fmt "$f lc-hit-mount") | $(fmt "$f lc-hit-total") |"
+      echo "| $f | $(fmt "$f lc-miss-mount") | $(fmt "$f lc-miss-setup") | $(fmt "$f lc-miss-promote") | $(fmt "$f lc-miss-total") | $(fmt "$f lc-restore-setup") | $(fmt "$f lc-restore-promote") | $(fmt "$f lc-hit-mount") | $(fmt "$f lc-hit-total") |"
     done
   fi
   if [ ${#NOTE[@]} -gt 0 ]; then

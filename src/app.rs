@@ -103,7 +103,7 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                     Some(pd) => st.lookup(pd, &k.id, &k.key, &k.restore_keys)?,
                     None => crate::store::Lookup::Miss,
                 };
-                match lookup {
+                let mut found = match lookup {
                     crate::store::Lookup::Hit { layer } => {
                         serde_json::json!({"result": "hit", "matched_key": k.key, "layer": layer})
                     }
@@ -111,7 +111,19 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                         serde_json::json!({"result": "restore", "matched_key": matched_key, "layer": layer})
                     }
                     crate::store::Lookup::Miss => serde_json::json!({"result": "miss"}),
+                };
+                // issue 11: why not a hit, against the nearest layer's recorded inputs.
+                if found["result"] != "hit" {
+                    let matched = found["matched_key"].as_str().map(str::to_string);
+                    found["why"] = serde_json::json!(crate::why::explain(
+                        st.root(),
+                        spec.project.as_str(),
+                        k.id.as_str(),
+                        matched.as_deref(),
+                        &k.inputs,
+                    ));
                 }
+                found
             }
             Err(e) => serde_json::json!({"result": "unknown", "error": e.to_string()}),
         };
@@ -147,6 +159,10 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
         match m["matched_key"].as_str() {
             Some(mk) => println!("  would match:  {result} ({mk})"),
             None => println!("  would match:  {result}"),
+        }
+        if let Some(why) = m["why"].as_array() {
+            let why: Vec<&str> = why.iter().filter_map(|w| w.as_str()).collect();
+            println!("  why:          {}", why.join("; "));
         }
     }
     Ok(0)

@@ -150,6 +150,11 @@ pub struct CacheKeys {
     pub mountpoint: PathBuf,
     /// The environment fingerprint text (see the module docs).
     pub fingerprint: String,
+    /// What went into the key, by name ([`crate::why::Inputs`]: `key file <path>` → blake3
+    /// of its content (16 hex), `setup` → blake3 of the script, `env <NAME>`, `mountpoint`,
+    /// `exclude`, `preset`, `tool <t>`, `image`), so a miss can say what differs from the
+    /// nearest layer (issue 11).
+    pub inputs: crate::why::Inputs,
 }
 
 impl CacheKeys {
@@ -211,6 +216,7 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     }
     field("environment", fingerprint.as_bytes());
     let hash = h.finalize().to_hex();
+    let inputs = key_inputs(cache, paths, &files, &mountpoint, &fingerprint)?;
 
     let prefix = format!("{id}-{}-{}-{env8}-", env.os, env.arch);
     let key = CacheKey::new(format!("{prefix}{}", &hash[..HASH_HEX]))?;
@@ -228,7 +234,48 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
         key_files: files,
         mountpoint,
         fingerprint,
+        inputs,
     })
+}
+
+/// The named inputs of a key (see [`CacheKeys::inputs`]); the fingerprint's `name=value` lines
+/// become `tool <name>` (and `os`, `arch`, `image`).
+fn key_inputs(
+    cache: &Cache,
+    paths: &Paths,
+    files: &[PathBuf],
+    mountpoint: &Path,
+    fingerprint: &str,
+) -> Result<crate::why::Inputs> {
+    let digest = |b: &[u8]| blake3::hash(b).to_hex()[..16].to_string();
+    let mut m = crate::why::Inputs::new();
+    if let Some(p) = cache.preset {
+        m.insert("preset".into(), format!("{} v{}", p.name, p.version));
+    }
+    m.insert("setup".into(), digest(cache.setup.as_bytes()));
+    for (k, v) in &cache.env {
+        m.insert(format!("env {k}"), v.clone());
+    }
+    m.insert("mountpoint".into(), mountpoint.display().to_string());
+    if !cache.exclude.is_empty() {
+        m.insert("exclude".into(), cache.exclude.join(" "));
+    }
+    for rel in files {
+        let abs = paths.workdir.join(rel);
+        let content = fs::read(&abs).at(&abs)?;
+        m.insert(format!("key file {}", rel.display()), digest(&content));
+    }
+    for line in fingerprint.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            let name = if matches!(k, "os" | "arch" | "image") {
+                k.to_string()
+            } else {
+                format!("tool {k}")
+            };
+            m.insert(name, v.to_string());
+        }
+    }
+    Ok(m)
 }
 
 /// The key files of `cache` under `workdir`, relative and sorted.

@@ -23,5 +23,6 @@ pub mod spec;
 pub mod store;
 pub mod sys;
 pub mod telemetry;
+pub mod why;
 
 pub use error::{Error, Result};

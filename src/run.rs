@@ -61,6 +61,10 @@ pub struct Committed {
     pub files: u64,
     /// Where the published layer is now mounted (see [`Mounted::source`]), and its run id.
     pub remount: Option<(PathBuf, String)>,
+    /// Files stored as new objects (the rest reused stored objects).
+    pub new_files: u64,
+    /// Bytes stored as new objects.
+    pub new_bytes: u64,
 }
 
 /// The store operations the run needs (implemented over [`crate::store`]; a plain-directory
@@ -216,6 +220,8 @@ impl Mounter for StoreMounter {
             bytes: out.bytes,
             files: out.files,
             remount,
+            new_files: out.new_objects,
+            new_bytes: out.new_bytes,
         })
     }
 
@@ -223,10 +229,15 @@ impl Mounter for StoreMounter {
         let Some(m) = self.mounts.lock().remove(view) else {
             return Ok(()); // never mounted, or its commit failed and put nothing back
         };
-        match self.store.find_run_id(&m.outcome.run)? {
+        let r = match self.store.find_run_id(&m.outcome.run)? {
             Some(sm) => self.store.umount_run(sm),
             None => Ok(()),
+        };
+        // Once unmounted, a discarded fill's lock file goes.
+        if r.is_ok() {
+            m.end_fill();
         }
+        r
     }
 
     fn check(&self, view: &Path) -> Result<()> {
@@ -419,6 +430,19 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             remote_hit: mounted.pulled.is_some(),
             pulled_bytes: mounted.pulled.as_ref().map_or(0, |p| p.pulled_bytes),
             pulled_objects: mounted.pulled.as_ref().map_or(0, |p| p.pulled_objects),
+            new_files: 0,
+            new_bytes: 0,
+            // issue 11: why a miss or restore, against the nearest layer's recorded inputs.
+            why: match mounted.result {
+                CacheResult::Hit => Vec::new(),
+                _ => crate::why::explain(
+                    &cfg.store,
+                    cfg.spec.project.as_str(),
+                    k.id.as_str(),
+                    mounted.matched_key.as_deref(),
+                    &k.inputs,
+                ),
+            },
         };
         preps.push(Prep {
             keys: k,
@@ -438,7 +462,12 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         let cache = &cfg.spec.caches[ci];
         let (what, script) = match preps[ci].mounted.result {
             CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
-            CacheResult::Restore | CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
+            // issue 11 (restore helper): a restore brings the old tree up to date in place.
+            CacheResult::Restore => (
+                "setup",
+                cache.restore_setup.as_deref().or(Some(&cache.setup)),
+            ),
+            CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
         };
         if let Some(script) = script {
             let label = format!("{what} of cache {:?}", cache.id.as_str());
@@ -494,6 +523,12 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             if let Some((source, run)) = committed.remount {
                 p.mounted.source = source;
                 p.mounted.run = run;
+            }
+            p.event.new_files = committed.new_files;
+            p.event.new_bytes = committed.new_bytes;
+            if committed.published {
+                let (project, id) = (cfg.spec.project.as_str(), p.keys.id.as_str());
+                crate::why::record(&cfg.store, project, id, p.keys.key.as_str(), &p.keys.inputs);
             }
         }
         log_event(cfg, &p.event);
@@ -684,17 +719,26 @@ fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
             )),
             CacheResult::Hit => {}
             _ => line.push_str(&format!(
-                " (setup {}, promote {}: {} files, {})",
+                " (setup {}, promote {}: {} files, {}; new {} files, {})",
                 telemetry::fmt_ms(e.setup_ms),
                 telemetry::fmt_ms(e.promote_ms),
                 e.files,
-                fmt_bytes(e.bytes)
+                fmt_bytes(e.bytes),
+                e.new_files,
+                fmt_bytes(e.new_bytes)
             )),
         }
         if e.result == CacheResult::Restore
             && let Some(m) = &e.matched_key
         {
             line.push_str(&format!(" from {m}"));
+        }
+        // issue 11: what differs from the nearest layer (its key is in --json and events).
+        let why: Vec<&str> = (e.why.iter().map(String::as_str))
+            .filter(|w| !w.starts_with("nearest layer "))
+            .collect();
+        if !why.is_empty() {
+            line.push_str(&format!("; why: {}", why.join(", ")));
         }
         let _ = writeln!(err, "{line}");
     }

@@ -7,6 +7,7 @@
 //! id = "npm"                 # mounted at <mount-root>/<id>, default mount root /cache
 //! preset = "npm"             # fills key_files, env, default restore key, default setup/maintenance
 //! setup = "npm ci"
+//! restore_setup = "npm install --prefer-offline"  # optional: on a restore, over the old layer
 //! maintenance = "npm ci --prefer-offline"   # optional
 //! # optional overrides: key_files, restore_keys, env, mountpoint, exclude
 //! ```
@@ -15,7 +16,7 @@
 //! when the exact key has no entry), Codex cloud environments (a *setup* script fills an empty
 //! environment; a cheaper *maintenance* script runs when a cached one is resumed).
 //!
-//! Templates: `env` values, `mountpoint`, `setup` and `maintenance` may use `{mount}` (the cache's
+//! Templates: `env` values, `mountpoint`, `setup`, `restore_setup` and `maintenance` may use `{mount}` (the cache's
 //! mountpoint; scripts also get it as `$LAYERCACHE_MOUNT`),
 //! `{workdir}` (the project directory), `{mount_root}` and `{env:NAME}` (the variable in
 //! layercache's own environment, empty when unset).
@@ -47,6 +48,7 @@ struct RawCache {
     id: String,
     preset: Option<String>,
     setup: Option<String>,
+    restore_setup: Option<String>,
     maintenance: Option<String>,
     key_files: Option<Vec<String>>,
     restore_keys: Option<Vec<String>>,
@@ -74,8 +76,12 @@ pub struct Cache {
     pub id: CacheId,
     /// The preset it builds on, if any.
     pub preset: Option<&'static Preset>,
-    /// The setup script (`sh -c`, cwd = workdir), run on a miss or restore.
+    /// The setup script (`sh -c`, cwd = workdir), run on a miss (and on a restore when
+    /// `restore_setup` is `None`).
     pub setup: String,
+    /// The script run on a restore, over the nearest older layer: the spec's `restore_setup`;
+    /// else the preset's when the spec keeps the preset's `setup`; else `None` (run `setup`).
+    pub restore_setup: Option<String>,
     /// The maintenance script, run on a hit; `None` runs nothing.
     pub maintenance: Option<String>,
     /// Key file patterns relative to the workdir.
@@ -329,7 +335,8 @@ pub fn load(source: &str) -> Result<Spec> {
 ///
 /// Errors: [`Error::Invalid`] whose message names the field: unknown fields, `project`,
 /// `cache[i].id` (invalid or duplicate), `cache[i].preset` (unknown),
-/// `cache[i].setup` (missing without a preset), `cache[i].key_files` (empty),
+/// `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
+/// `cache[i].key_files` (empty),
 /// `cache[i].restore_keys`, `cache[i].env`, `cache[i].mountpoint`, `cache[i].exclude`.
 pub fn parse(text: &str) -> Result<Spec> {
     let raw: RawSpec = if text.trim_start().starts_with('{') {
@@ -376,6 +383,15 @@ fn validate(raw: RawSpec) -> Result<Spec> {
                     "missing: a cache without a preset needs a setup script".into(),
                 ));
             }
+        };
+        let restore_setup = match (rc.restore_setup, preset) {
+            (Some(s), _) if s.trim().is_empty() => {
+                return Err(bad("restore_setup", "must not be empty".into()));
+            }
+            (Some(s), _) => Some(s),
+            // A spec's own setup is also its restore script unless it names one.
+            (None, Some(p)) if setup == p.setup => p.restore_setup.map(str::to_string),
+            (None, _) => None,
         };
         let maintenance = match rc.maintenance {
             Some(m) if m.trim().is_empty() => None,
@@ -463,6 +479,7 @@ fn validate(raw: RawSpec) -> Result<Spec> {
             id,
             preset,
             setup,
+            restore_setup,
             maintenance,
             key_files,
             key_files_explicit,
@@ -659,6 +676,37 @@ maintenance = "npm ci --prefer-offline"
         }
         let v: serde_json::Value = serde_json::from_str(&presets_text(true)).unwrap();
         assert_eq!(v.as_array().unwrap().len(), PRESETS.len());
+    }
+
+    #[test]
+    fn restore_setup_follows_the_setup() {
+        let c = |extra: &str| {
+            parse(&format!(
+                "project = \"p\"\n[[cache]]\nid = \"nm\"\npreset = \"node_modules\"\n{extra}"
+            ))
+            .map(|s| s.caches[0].restore_setup.clone())
+        };
+        // The preset's incremental install on a restore, unless the spec's own setup replaces
+        // the preset's (then that setup runs on a restore too) or the spec names one.
+        assert!(
+            c("")
+                .unwrap()
+                .unwrap()
+                .contains("npm install --prefer-offline")
+        );
+        assert_eq!(c("setup = \"npm ci\"\n").unwrap(), None);
+        assert_eq!(
+            c("restore_setup = \"npm i\"\n").unwrap().as_deref(),
+            Some("npm i")
+        );
+        let e = c("restore_setup = \" \"\n").unwrap_err().to_string();
+        assert!(e.contains("cache[0].restore_setup"), "{e}");
+        // A hit of a download cache never reinstalls a tree that another cache mounts.
+        for name in ["npm", "pnpm", "yarn", "pip", "uv"] {
+            let m = preset(name).unwrap().maintenance.unwrap();
+            assert!(m.starts_with("mountpoint -q "), "{name}: {m}");
+        }
+        assert!(!VENV_RESTORE.contains('{') && !VENV_RESTORE.contains('}'));
     }
 
     #[test]

@@ -93,6 +93,17 @@ pub struct Event {
     /// Remote tier: objects downloaded for this run's mount.
     #[serde(default)]
     pub pulled_objects: u64,
+    /// Regular files the promotion stored as new objects (`files - new_files` reused objects
+    /// already in the store: the lower layer's or another version's).
+    #[serde(default)]
+    pub new_files: u64,
+    /// Bytes the promotion added to the store as new objects.
+    #[serde(default)]
+    pub new_bytes: u64,
+    /// On a miss or restore: what differs from the nearest layer's key inputs
+    /// ([`crate::why::explain`]); empty on a hit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub why: Vec<String>,
 }
 
 impl Event {
@@ -327,6 +338,9 @@ mod tests {
             remote_hit: false,
             pulled_bytes: 0,
             pulled_objects: 0,
+            new_files: 0,
+            new_bytes: 0,
+            why: Vec::new(),
         }
     }
 

@@ -354,3 +354,64 @@ fn bwrap_sandbox_sees_the_mounts_and_nothing_else_writable() {
     assert!(!Path::new("/usr/layercache-probe").exists());
     assert!(sb.mounts_below().is_empty());
 }
+
+/// issue 11: a miss or restore says which input differs from the nearest layer — in the
+/// summary, `--json`, events.jsonl and `layercache key`.
+#[test]
+fn a_restore_says_which_input_differs_from_the_nearest_layer() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec("spec.toml", &deps_spec("why", "echo filled > \"$DEPS/x\""));
+    let first = sb.run(&spec, None);
+    assert_eq!(first.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert!(err.contains("why: no earlier layer of this cache"), "{err}");
+
+    std::fs::write(sb.work().join("deps.lock"), "a=2\n").unwrap();
+    let key = run_ok(
+        Command::new(BIN)
+            .arg("--store")
+            .arg(sb.path("store"))
+            .args(["--json", "key", "--spec"])
+            .arg(&spec)
+            .arg("--workdir")
+            .arg(sb.work())
+            .arg("--mount-root")
+            .arg(sb.path("cache")),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&key.stdout).unwrap();
+    let m = &v["caches"][0]["would_match"];
+    assert_eq!(m["result"], "restore", "{v}");
+    assert_eq!(m["why"][1], "deps.lock changed", "{v}");
+    assert_eq!(
+        v["caches"][0]["inputs"]["key file deps.lock"]
+            .as_str()
+            .unwrap()
+            .len(),
+        16
+    );
+
+    let second = sb.run(&spec, None);
+    assert_eq!(second.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("restore") && err.contains("why: deps.lock changed"),
+        "{err}"
+    );
+    let ev = sb.events();
+    let first_key = ev[0]["key"].as_str().unwrap();
+    assert_eq!(
+        ev[1]["why"][0],
+        format!("nearest layer {first_key}"),
+        "{:?}",
+        ev[1]
+    );
+    assert_eq!(ev[1]["why"][1], "deps.lock changed");
+    // A hit has nothing to explain.
+    let third = sb.run(&spec, None);
+    assert!(!String::from_utf8_lossy(&third.stderr).contains("why"));
+    assert!(sb.events()[2].get("why").is_none());
+}

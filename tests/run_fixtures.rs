@@ -48,6 +48,29 @@ fn assert_miss_then_fast_hit(sb: &Sandbox, what: &str, cache: &str, factor: u64)
     );
 }
 
+/// Prints the restore (event 2) against the miss (event 0) and asserts that its promotion
+/// stored something, and at most 5 % of the tree's bytes, as new objects (issue 11).
+fn assert_restore_stored_little(ev: &[serde_json::Value], what: &str) {
+    let (bytes, new_bytes) = (
+        ev[2]["bytes"].as_u64().unwrap(),
+        ev[2]["new_bytes"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "PREPARATION {what} restore: {} ms (setup {} ms, promote {} ms; new {} of {} files, \
+         {new_bytes} of {bytes} bytes) = {:.2} of the miss",
+        prep_ms(&ev[2]),
+        ev[2]["setup_ms"],
+        ev[2]["promote_ms"],
+        ev[2]["new_files"],
+        ev[2]["files"],
+        prep_ms(&ev[2]) as f64 / prep_ms(&ev[0]).max(1) as f64
+    );
+    assert!(
+        new_bytes > 0 && new_bytes * 20 <= bytes,
+        "{what}: new objects: {new_bytes} of {bytes} bytes"
+    );
+}
+
 /// `npm` preset: the npm cache is on the mount; a hit's maintenance `npm ci --offline` installs
 /// the whole project from the layer with no network at all (a fresh network namespace).
 #[test]
@@ -102,8 +125,10 @@ maintenance = "npm_config_offline=true unshare --net npm ci --offline --no-audit
     assert!(sb.mounts_below().is_empty());
 }
 
-/// `node_modules` preset: miss, hit, then a changed lockfile restores from the old layer, runs
-/// setup on top of it and publishes a second key.
+/// `node_modules` preset: miss, hit, then one package added to the lockfile restores from the
+/// old layer, and the preset's restore setup (`npm install` over the restored tree) brings it to
+/// the new lockfile: the tree equals a clean `npm ci`'s file by file, `npm ls --all` is clean,
+/// and promotion stores at most 5 % of the tree's bytes as new objects (issue 11).
 #[test]
 fn node_modules_changed_lockfile_restores_from_the_old_layer() {
     if !can_mount() || !have_tool("npm") {
@@ -123,14 +148,15 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
     assert_eq!(stdout(&second), "ok\n");
     assert_miss_then_fast_hit(&sb, "node_modules", "node_modules", 20);
 
-    // One more small package, lockfile only (the registry is reachable; its own npm cache).
+    // One more small package that is not in the tree yet, lockfile only (the registry is
+    // reachable; its own npm cache).
     let lock = sb.work().join("package-lock.json");
     let old_lock = std::fs::read(&lock).unwrap();
     run_ok(
         std::process::Command::new("npm")
             .args([
                 "install",
-                "is-number@7.0.0",
+                "dayjs@1.11.13",
                 "--package-lock-only",
                 "--no-audit",
                 "--no-fund",
@@ -144,19 +170,31 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
         "lockfile unchanged"
     );
 
-    let third = sb.run_cmd(
-        &["--json"],
-        &spec,
-        &[
-            "node",
-            "-e",
-            "require('react'); console.log(require('is-number')(7))",
-        ],
-        &[],
+    // What a clean install of the new lockfile produces (npm's default cache is warm from the
+    // miss), to compare the restored and updated tree with.
+    let clean = sb.path("clean");
+    std::fs::create_dir(&clean).unwrap();
+    for f in ["package.json", "package-lock.json"] {
+        std::fs::copy(sb.work().join(f), clean.join(f)).unwrap();
+    }
+    run_ok(
+        std::process::Command::new("npm")
+            .args(["ci", "--prefer-offline", "--no-audit", "--no-fund"])
+            .current_dir(&clean),
     );
-    assert_eq!(third.status.code(), Some(0));
-    // With --json the summary is stdout's first line; COMMAND's output follows it.
-    assert_eq!(stdout(&third).lines().skip(1).collect::<Vec<_>>(), ["true"]);
+    let check = format!(
+        "npm ls --all >/dev/null && diff -r --no-dereference node_modules {} && \
+         node -e \"require('react'); console.log(require('dayjs')('2020-01-02').year())\"",
+        clean.join("node_modules").display()
+    );
+    let third = sb.run_cmd(&["--json"], &spec, &["sh", "-c", &check], &[]);
+    assert_eq!(
+        third.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+    assert_eq!(stdout(&third), "2020\n");
     let ev = events_of(&sb, "node_modules");
     let first_key = ev[0]["key"].as_str().unwrap();
     for e in [&ev[2], &summary(&third)["caches"][0]] {
@@ -166,12 +204,7 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
         assert!(e["setup_ms"].as_u64().unwrap() > 0, "setup ran: {e}");
         assert_eq!(e["published"], true, "{e}");
     }
-    eprintln!(
-        "PREPARATION node_modules restore: {} ms (setup {} ms, promote {} ms)",
-        prep_ms(&ev[2]),
-        ev[2]["setup_ms"],
-        ev[2]["promote_ms"]
-    );
+    assert_restore_stored_little(&ev, "node_modules");
     let layers = sb.ls();
     let keys: Vec<&str> = layers
         .iter()
@@ -234,6 +267,44 @@ maintenance = "pip cache dir"
         "pip cache layer: {} files, {} bytes",
         pip[0]["files"], pip[0]["bytes"]
     );
+
+    // issue 11: drop one requirement and add one; the restore's `pip install -r` + prune brings
+    // the restored venv to exactly what a clean venv of the new requirements holds.
+    let req = sb.work().join("requirements.txt");
+    let text = std::fs::read_to_string(&req).unwrap();
+    let text: String = text
+        .lines()
+        .filter(|l| !l.starts_with("rich=="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&req, text + "six==1.16.0\n").unwrap();
+    let (clean, out) = (sb.path("clean"), sb.path("out"));
+    let check = format!(
+        "set -e; python3 -m venv {clean}; {clean}/bin/pip install -q -r requirements.txt; \
+         mkdir {out}; .venv/bin/pip freeze > {out}/restored; {clean}/bin/pip freeze > {out}/clean; \
+         (cd .venv/lib && find . | sort) > {out}/restored.files; \
+         (cd {clean}/lib && find . | sort) > {out}/clean.files; \
+         diff {out}/restored {out}/clean; diff {out}/restored.files {out}/clean.files; \
+         .venv/bin/python -c 'import six, flask; print(six.__name__)'",
+        clean = clean.display(),
+        out = out.display()
+    );
+    let third = sb.run(&spec, Some(&check));
+    assert_eq!(
+        third.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+    assert_eq!(stdout(&third), "six\n");
+    let restored = std::fs::read_to_string(out.join("restored")).unwrap();
+    assert!(
+        restored.contains("six==1.16.0") && !restored.contains("rich=="),
+        "{restored}"
+    );
+    let ev = events_of(&sb, "venv");
+    assert_eq!(ev[2]["result"], "restore", "{:?}", ev[2]);
+    assert_restore_stored_little(&ev, "venv");
     assert!(sb.mounts_below().is_empty());
 }
 

@@ -847,3 +847,146 @@ fn enospc_while_filling_and_promoting_loses_nothing() {
     env.publish("p", "c", "k3", &m2, &[("x", "x")]);
     env.lc_ok(&["verify", "--project", "p"]);
 }
+
+/// The fill locks (`caches/<c>/fills/<key>.lock`) of the store's project `p`, cache `c`.
+fn fill_locks(env: &Env) -> Vec<String> {
+    names(&env.store().join("v1/projects/p/caches/c/fills"))
+}
+
+/// issue 11: a fill's lock file goes when the fill ends: published, or discarded by umount.
+#[test]
+fn fill_locks_are_removed_when_the_fill_ends() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    env.publish("p", "c", "k1", &mnt, &[("f", "one")]);
+    assert_eq!(fill_locks(&env), Vec::<String>::new(), "after a publish");
+    let (_g, v) = env.mount("p", "c", "k2", &["k"], &mnt);
+    assert_eq!(v["result"], "restore", "{v}");
+    assert_eq!(
+        fill_locks(&env),
+        vec!["k2.lock".to_string()],
+        "while filling"
+    );
+    env.umount(&mnt);
+    assert_eq!(
+        fill_locks(&env),
+        Vec::<String>::new(),
+        "after a discarded fill"
+    );
+    // The key can be filled again at once.
+    env.publish("p", "c", "k2", &mnt, &[("f", "two")]);
+    assert_eq!(fill_locks(&env), Vec::<String>::new());
+}
+
+/// issue 11: `gc --dry-run` reports the objects the real gc then removes (it used to say 0,
+/// since the evicted layers still linked them).
+#[test]
+fn gc_dry_run_reports_what_gc_removes() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    for k in ["a", "b", "c"] {
+        env.publish(
+            "p",
+            "c",
+            k,
+            &mnt,
+            &[("data", &k.repeat(1000)), ("same", "shared")],
+        );
+    }
+    // Two layers go: their `data` and their `same` (equal bytes, but each its own mtime, so
+    // its own object) — 4 objects, 2012 bytes.
+    let dry = env.json(&["--json", "gc", "--max-size", "1500", "--dry-run"]);
+    let real = env.json(&["--json", "gc", "--max-size", "1500"]);
+    for f in [
+        "evicted",
+        "removed_objects",
+        "freed_bytes",
+        "before",
+        "after",
+    ] {
+        assert_eq!(dry[f], real[f], "{f}: dry {dry} vs real {real}");
+    }
+    assert_eq!(
+        (
+            real["removed_objects"].as_u64(),
+            real["freed_bytes"].as_u64()
+        ),
+        (Some(4), Some(2012))
+    );
+}
+
+/// issue 11: quarantined layers and objects count against the limits, and go with gc's age
+/// limit and with `clear`.
+#[test]
+fn quarantine_is_counted_and_purged_by_gc_and_clear() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let quarantine = env.store().join("v1/projects/p/quarantine");
+    let corrupt = |key: &str| {
+        let c = env.publish("p", "c", key, &mnt, &[("f", &format!("good {key}"))]);
+        let layer = c["layer"].as_str().unwrap();
+        let tree = env
+            .store()
+            .join("v1/projects/p/layers")
+            .join(layer)
+            .join("tree");
+        fs::write(tree.join("f"), "evil bytes").unwrap(); // same inode as the object
+        assert_eq!(env.lc(&["verify"]).status.code(), Some(1));
+        assert!(!names(&quarantine).is_empty());
+    };
+    corrupt("k1");
+    assert!(env.layers("p").is_empty());
+    let r = env.json(&["--json", "gc", "--dry-run"]);
+    assert!(
+        r["before"]["bytes"].as_u64().unwrap() >= 10,
+        "the quarantined layer and object count: {r}"
+    );
+    // Over the byte limit, or older than the age limit: it goes.
+    let r = env.json(&["--json", "gc", "--max-age", "1ms"]);
+    assert_eq!(
+        r["evicted"].as_array().unwrap().len(),
+        2,
+        "layer + objects: {r}"
+    );
+    assert_eq!(r["after"]["bytes"], 0, "{r}");
+    assert!(names(&quarantine).is_empty());
+    assert_eq!(
+        env.json(&["--json", "gc", "--dry-run"])["before"]["bytes"],
+        0
+    );
+
+    corrupt("k2");
+    env.lc_ok(&["clear", "--project", "p"]);
+    assert!(!quarantine.exists(), "clear purges the quarantine");
+}
+
+/// issue 11: a cleared project's directory goes, and error hints stop listing it.
+#[test]
+fn a_cleared_project_leaves_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    env.publish("gone", "c", "k", &mnt, &[("f", "x")]);
+    env.publish("kept", "c", "k", &mnt, &[("f", "y")]);
+    env.lc_ok(&["clear", "--project", "gone"]);
+    assert_eq!(
+        names(&env.store().join("v1/projects")),
+        vec!["kept".to_string()]
+    );
+    let o = env.lc(&["ls", "--project", "nope"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("kept") && !err.contains("gone"), "{err}");
+    assert_eq!(env.layers("kept").len(), 1);
+}

@@ -76,6 +76,7 @@ impl Mounter for Fake {
             bytes: 1,
             files: 1,
             remount: None,
+            ..Default::default()
         })
     }
     fn umount(&self, mp: &Path) -> Result<()> {

@@ -217,6 +217,9 @@ mod tests {
             files: 0,
             exit_status: 0,
             published: false,
+            new_files: 0,
+            new_bytes: 0,
+            why: Vec::new(),
         }
     }
 

@@ -20,8 +20,12 @@ pub struct Preset {
     /// Where the cache is mounted when the spec names no `mountpoint`; `None` means
     /// `<mount-root>/<id>`.
     pub mountpoint: Option<&'static str>,
-    /// Default setup script (run with `sh -c` in the workdir on a miss or restore).
+    /// Default setup script (run with `sh -c` in the workdir on a miss, and on a restore when
+    /// `restore_setup` is `None`): a clean install.
     pub setup: &'static str,
+    /// Default script for a restore (the mount holds the nearest older layer): brings that tree
+    /// to the current key files touching only what changed; `None` runs `setup`.
+    pub restore_setup: Option<&'static str>,
     /// Default maintenance script (run on a hit); `None` runs nothing.
     pub maintenance: Option<&'static str>,
     /// Tools whose `--version` enters the key's environment fingerprint.
@@ -38,6 +42,64 @@ pub struct Preset {
 const NODE_SETUP: &str = "if [ -f pnpm-lock.yaml ]; then pnpm install --frozen-lockfile; \
 elif [ -f yarn.lock ]; then yarn install --frozen-lockfile; \
 else npm ci --no-audit --no-fund; fi";
+
+/// The node_modules preset on a restore: each tool's own install diffs the restored tree against
+/// the lockfile and touches only what changed (`npm ci` would delete node_modules first).
+/// `--no-save`: the workdir's package.json and lockfile are never rewritten.
+const NODE_RESTORE: &str = "if [ -f pnpm-lock.yaml ]; then \
+pnpm install --frozen-lockfile --prefer-offline --config.confirmModulesPurge=false; \
+elif [ -f yarn.lock ]; then yarn install --frozen-lockfile --prefer-offline; \
+else npm install --prefer-offline --no-audit --no-fund --no-save; fi";
+
+/// The venv preset on a restore: `pip install -r` upgrades/adds what changed, then every
+/// distribution no longer reachable from requirements.txt (its `-r` includes, extras and
+/// environment markers followed through the installed metadata) is uninstalled, as `pip-sync`
+/// does; `pip` itself (and `setuptools` before Python 3.12, as `python3 -m venv` installs it)
+/// stays. Written without braces, which are template syntax.
+const VENV_RESTORE: &str = r#".venv/bin/pip install -r requirements.txt && .venv/bin/python - requirements.txt <<'LAYERCACHE_PY'
+import os, re, subprocess, sys
+from importlib import metadata
+from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name as canon
+def lines(path):
+    for raw in open(path, encoding='utf-8'):
+        line = re.sub(r'(^|\s)#.*', '', raw).strip()
+        if re.match(r'(-r|--requirement)(\s|=)', line):
+            inc = re.split(r'[\s=]+', line, maxsplit=1)[1]
+            yield from lines(os.path.join(os.path.dirname(path), inc))
+        elif line and not line.startswith('-'):
+            yield line
+def active(req, extras):
+    return req.marker is None or any(req.marker.evaluate(dict(extra=e)) for e in extras)
+dists = dict((canon(d.metadata['Name']), d) for d in metadata.distributions())
+todo = [(Requirement(l), ['']) for l in lines(sys.argv[1])]
+keep, seen = set(['pip']), set()
+if sys.version_info < (3, 12):
+    keep.add('setuptools')
+while todo:
+    req, extras = todo.pop()
+    name, ex = canon(req.name), tuple(sorted(req.extras))
+    if not active(req, extras) or name not in dists or (name, ex) in seen:
+        continue
+    seen.add((name, ex))
+    keep.add(name)
+    for dep in dists[name].requires or []:
+        todo.append((Requirement(dep), [''] + list(ex)))
+gone = sorted(set(dists) - keep)
+if gone:
+    print('layercache: uninstalling what requirements.txt no longer needs:', *gone, file=sys.stderr)
+    subprocess.check_call([sys.executable, '-m', 'pip', 'uninstall', '-y', '-q'] + gone)
+LAYERCACHE_PY"#;
+
+/// Maintenance of a package manager's download cache on a hit: install the project's tree from
+/// the cache, unless that tree is a mount of its own (another cache of the run, e.g. the
+/// node_modules or venv preset), which is already the tree of these key files — reinstalling
+/// it would undo that cache's hit (issue 11).
+macro_rules! unless_mounted {
+    ($dir:literal, $install:literal) => {
+        concat!("mountpoint -q ", $dir, " 2>/dev/null || ", $install)
+    };
+}
 
 /// The gradle preset's setup: resolves the files of every resolvable configuration of every
 /// project (an init script adds the task), so `gradle --offline` builds from the cache. The
@@ -58,7 +120,11 @@ pub const PRESETS: &[Preset] = &[
         env: &[("npm_config_cache", "{mount}")],
         mountpoint: None,
         setup: "npm ci --no-audit --no-fund",
-        maintenance: Some("npm ci --prefer-offline --no-audit --no-fund"),
+        restore_setup: None,
+        maintenance: Some(unless_mounted!(
+            "node_modules",
+            "npm ci --prefer-offline --no-audit --no-fund"
+        )),
         tools: &["node"],
         exclude: &[],
         relocatable: true,
@@ -71,7 +137,11 @@ pub const PRESETS: &[Preset] = &[
         env: &[("npm_config_store_dir", "{mount}")],
         mountpoint: None,
         setup: "pnpm install --frozen-lockfile",
-        maintenance: Some("pnpm install --frozen-lockfile --prefer-offline"),
+        restore_setup: None,
+        maintenance: Some(unless_mounted!(
+            "node_modules",
+            "pnpm install --frozen-lockfile --prefer-offline"
+        )),
         tools: &["node"],
         exclude: &[],
         relocatable: true,
@@ -84,7 +154,11 @@ pub const PRESETS: &[Preset] = &[
         env: &[("YARN_CACHE_FOLDER", "{mount}")],
         mountpoint: None,
         setup: "yarn install --frozen-lockfile",
-        maintenance: Some("yarn install --frozen-lockfile --prefer-offline"),
+        restore_setup: None,
+        maintenance: Some(unless_mounted!(
+            "node_modules",
+            "yarn install --frozen-lockfile --prefer-offline"
+        )),
         tools: &["node"],
         exclude: &[],
         relocatable: true,
@@ -97,7 +171,11 @@ pub const PRESETS: &[Preset] = &[
         env: &[("PIP_CACHE_DIR", "{mount}")],
         mountpoint: None,
         setup: "pip install -r requirements.txt",
-        maintenance: Some("pip install -r requirements.txt"),
+        restore_setup: None,
+        maintenance: Some(unless_mounted!(
+            "\"${VIRTUAL_ENV:-/nonexistent}\"",
+            "pip install -r requirements.txt"
+        )),
         tools: &["python3"],
         exclude: &[],
         relocatable: true,
@@ -110,7 +188,8 @@ pub const PRESETS: &[Preset] = &[
         env: &[("UV_CACHE_DIR", "{mount}")],
         mountpoint: None,
         setup: "uv sync --frozen",
-        maintenance: Some("uv sync --frozen --offline"),
+        restore_setup: None,
+        maintenance: Some(unless_mounted!(".venv", "uv sync --frozen --offline")),
         tools: &["python3"],
         exclude: &[],
         relocatable: true,
@@ -123,6 +202,7 @@ pub const PRESETS: &[Preset] = &[
         env: &[("GOMODCACHE", "{mount}/mod"), ("GOCACHE", "{mount}/build")],
         mountpoint: None,
         setup: "go mod download",
+        restore_setup: None,
         maintenance: None,
         tools: &["go"],
         exclude: &[],
@@ -136,6 +216,7 @@ pub const PRESETS: &[Preset] = &[
         env: &[("CARGO_HOME", "{mount}")],
         mountpoint: None,
         setup: "cargo fetch --locked",
+        restore_setup: None,
         maintenance: None,
         tools: &["rustc"],
         exclude: &["bin", "credentials", "credentials.toml", ".package-cache"],
@@ -149,6 +230,7 @@ pub const PRESETS: &[Preset] = &[
         env: &[("MAVEN_OPTS", "-Dmaven.repo.local={mount} {env:MAVEN_OPTS}")],
         mountpoint: None,
         setup: "mvn -B -q dependency:go-offline",
+        restore_setup: None,
         maintenance: None,
         tools: &["java"],
         exclude: &[],
@@ -166,6 +248,7 @@ pub const PRESETS: &[Preset] = &[
         env: &[("GRADLE_USER_HOME", "{mount}")],
         mountpoint: None,
         setup: GRADLE_SETUP,
+        restore_setup: None,
         maintenance: None,
         tools: &["java"],
         exclude: &["gradle.properties"],
@@ -184,6 +267,7 @@ pub const PRESETS: &[Preset] = &[
         env: &[],
         mountpoint: Some("{workdir}/node_modules"),
         setup: NODE_SETUP,
+        restore_setup: Some(NODE_RESTORE),
         maintenance: None,
         tools: &["node"],
         exclude: &[],
@@ -200,6 +284,7 @@ pub const PRESETS: &[Preset] = &[
         ],
         mountpoint: Some("{workdir}/.venv"),
         setup: "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt",
+        restore_setup: Some(VENV_RESTORE),
         maintenance: None,
         tools: &["python3"],
         exclude: &[],
@@ -213,6 +298,7 @@ pub const PRESETS: &[Preset] = &[
         env: &[("CARGO_TARGET_DIR", "{mount}")],
         mountpoint: None,
         setup: "cargo build",
+        restore_setup: None,
         maintenance: None,
         tools: &["rustc"],
         exclude: &[],
@@ -239,6 +325,7 @@ pub fn presets_text(json: bool) -> String {
                     "env": p.env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
                     "mountpoint": p.mountpoint.unwrap_or("{mount_root}/{id}"),
                     "setup": p.setup,
+                    "restore_setup": p.restore_setup,
                     "maintenance": p.maintenance,
                     "tools": p.tools,
                 })
@@ -264,6 +351,9 @@ pub fn presets_text(json: bool) -> String {
             p.mountpoint.unwrap_or("{mount_root}/{id}")
         ));
         out.push_str(&format!("{:<13}   setup: {}\n", "", p.setup));
+        if let Some(r) = p.restore_setup {
+            out.push_str(&format!("{:<13}   restore setup: {r}\n", ""));
+        }
         if let Some(m) = p.maintenance {
             out.push_str(&format!("{:<13}   maintenance: {m}\n", ""));
         }

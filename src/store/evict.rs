@@ -59,9 +59,12 @@ impl Store {
             .collect()
     }
 
-    /// `layercache gc`: removes stale staging and run directories (daemon dead), unpublished
-    /// layers, then evicts least-recently-mounted layers (never a mounted one) until under the
-    /// limits (config.toml, overridden by `opts`), and removes objects no layer references.
+    /// `layercache gc`: removes stale staging and run directories (daemon dead), fill locks
+    /// nobody holds and unpublished layers, then evicts least-recently-mounted layers (never a
+    /// mounted one) and quarantined entries (aged from when `verify` quarantined them; they
+    /// count against the limits like layers) until under the limits (config.toml, overridden
+    /// by `opts`), and removes objects no layer references. A dry run removes nothing and
+    /// reports the same numbers (objects included: those only doomed trees link).
     ///
     /// Errors: [`Error::Io`] when the store cannot be read or changed.
     pub fn gc(&self, opts: &GcOptions) -> Result<GcReport> {
@@ -95,10 +98,16 @@ impl Store {
                     }
                 }
             }
+            if !dry {
+                remove_free_fill_locks(pd)?;
+            }
         }
+        // Links into objects from trees this gc removes: a dry run counts the objects those
+        // removals would leave unreferenced (per project: inode → links).
+        let mut doomed: Vec<HashMap<u64, u64>> = vec![HashMap::new(); pds.len()];
         // 2. Candidates; unpublished layers are orphans of a crash between rename and publish.
         let mut cands = Vec::new();
-        let mut where_: Vec<(usize, LayerId)> = Vec::new();
+        let mut where_: Vec<(usize, Doomable)> = Vec::new();
         for (pi, pd) in pds.iter().enumerate() {
             let published: HashSet<LayerId> =
                 pd.all_keys()?.into_iter().map(|(_, _, l)| l).collect();
@@ -107,7 +116,11 @@ impl Store {
                 let in_use = lease::is_held(&l.lease_path(), Mode::Exclusive)?;
                 if !published.contains(&id) && !in_use {
                     report.removed_orphans += 1;
-                    if !dry {
+                    if dry {
+                        for (ino, _) in tree_usage(&l.tree())?.0 {
+                            *doomed[pi].entry(ino).or_default() += 1;
+                        }
+                    } else {
                         pd.remove_layer(&id)?;
                     }
                     continue;
@@ -121,7 +134,20 @@ impl Store {
                     own_inodes,
                     project: pi,
                 });
-                where_.push((pi, id));
+                where_.push((pi, Doomable::Layer(id)));
+            }
+            // Quarantined layers and objects (issue 11): garbage that still takes space.
+            for (name, age) in quarantine_entries(pd)? {
+                let (objects, own_inodes) = tree_usage(&pd.quarantine().join(&name))?;
+                cands.push(gc::Candidate {
+                    index: where_.len(),
+                    idle: age,
+                    in_use: false,
+                    objects,
+                    own_inodes,
+                    project: pi,
+                });
+                where_.push((pi, Doomable::Quarantined(name)));
             }
         }
         report.in_use = cands.iter().filter(|c| c.in_use).count() as u64;
@@ -130,16 +156,41 @@ impl Store {
         let (evict, after) = gc::plan(&cands, &limits);
         report.after = after.into();
         for i in evict {
-            let (pi, id) = &where_[i];
+            let (pi, what) = &where_[i];
             let pd = &pds[*pi];
-            // Re-check under an exclusive lease: a mount may have started meanwhile.
-            if dry || pd.evict(id)? {
-                report.evicted.push(format!("{}/{id}", pd.project));
+            let gone = match what {
+                // Re-check under an exclusive lease: a mount may have started meanwhile.
+                Doomable::Layer(id) => dry || pd.evict(id)?,
+                Doomable::Quarantined(name) => {
+                    if !dry {
+                        remove_tree(&pd.quarantine().join(name))?;
+                    }
+                    true
+                }
+            };
+            if !gone {
+                continue;
             }
+            if dry {
+                for &(ino, _) in &cands[i].objects {
+                    *doomed[*pi].entry(ino).or_default() += 1;
+                }
+            }
+            report.evicted.push(match what {
+                Doomable::Layer(id) => format!("{}/{id}", pd.project),
+                Doomable::Quarantined(name) => format!("{}/quarantine/{name}", pd.project),
+            });
         }
-        // 3. Objects no tree links any more.
-        for pd in &pds {
-            let (n, b) = pd.objects().sweep_unreferenced(dry)?;
+        // 3. Objects no tree links any more (in a dry run: none but doomed trees).
+        for (pi, pd) in pds.iter().enumerate() {
+            if !dry {
+                remove_stale_inputs(pd)?;
+            }
+            let (n, b) = if dry {
+                would_sweep(pd, &doomed[pi])?
+            } else {
+                pd.objects().sweep_unreferenced(false)?
+            };
             report.removed_objects += n;
             report.freed_bytes += b;
         }
@@ -191,8 +242,46 @@ impl Store {
                 let _ = fs::remove_file(pd.keys_dir(&c).join(k.as_str()));
             }
         }
+        // issue 11: quarantined layers and objects go with the project's (or cache's) layers
+        // (a quarantined layer whose cache cannot be told is cleared with the project only).
+        for (name, _) in quarantine_entries(&pd)? {
+            let entry = pd.quarantine().join(&name);
+            let cache_of = LayerId::new(name.clone())
+                .ok()
+                .and_then(|id| {
+                    super::layer::Layer::new(&pd.quarantine(), id)
+                        .manifest()
+                        .ok()
+                })
+                .map(|m| m.cache);
+            if cache.is_none() || cache_of.as_ref() == cache {
+                remove_tree(&entry)?;
+            }
+        }
+        remove_free_fill_locks(&pd)?;
+        remove_stale_inputs(&pd)?;
         report.removed_objects = pd.objects().sweep_unreferenced(false)?.0;
+        // A cleared project leaves nothing behind (and stops being listed in error hints),
+        // unless something of it is still mounted or running.
+        if cache.is_none() && report.in_use.is_empty() && self.no_live_runs(&pd)? {
+            // Renamed to a hidden name first, so a crash midway leaves no half project.
+            let hidden = format!(".removing-{}-{}", pd.project, crate::sys::random_hex(6));
+            let gone = pd.root.with_file_name(hidden);
+            fs::rename(&pd.root, &gone).at(&pd.root)?;
+            remove_tree(&gone)?;
+        }
         Ok(report)
+    }
+
+    /// True when no run directory of `pd` belongs to a live run.
+    fn no_live_runs(&self, pd: &ProjectDirs) -> Result<bool> {
+        for name in read_names(&pd.runs())? {
+            let dir = pd.runs().join(&name);
+            if !self.run_is_stale(&dir)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Removes the layer published under `key` in `project`'s `cache` (and every other key
@@ -217,6 +306,7 @@ impl Store {
                 report.in_use.push(id);
             }
         }
+        remove_stale_inputs(&pd)?;
         report.removed_objects = pd.objects().sweep_unreferenced(false)?.0;
         Ok(report)
     }
@@ -243,6 +333,77 @@ impl Store {
     }
 }
 
+/// What a gc candidate stands for.
+enum Doomable {
+    /// A layer of `layers/`.
+    Layer(LayerId),
+    /// An entry of `quarantine/` (a layer directory, or `objects`).
+    Quarantined(String),
+}
+
+/// Entries of `quarantine/` with the time since they were quarantined (their ctime: the
+/// rename into quarantine sets it).
+fn quarantine_entries(pd: &ProjectDirs) -> Result<Vec<(String, std::time::Duration)>> {
+    let q = pd.quarantine();
+    let now = std::time::SystemTime::now();
+    let mut out = Vec::new();
+    for name in read_names(&q)? {
+        let p = q.join(&name);
+        let m = fs::symlink_metadata(&p).at(&p)?;
+        let ctime = std::time::UNIX_EPOCH
+            + std::time::Duration::new(m.ctime().max(0) as u64, m.ctime_nsec().max(0) as u32);
+        out.push((name, now.duration_since(ctime).unwrap_or_default()));
+    }
+    Ok(out)
+}
+
+/// Removes `caches/*/fills/*.lock` files nobody holds (a crashed fill's; a finished fill
+/// removes its own).
+fn remove_free_fill_locks(pd: &ProjectDirs) -> Result<()> {
+    for c in pd.caches()? {
+        let fills = pd.keys_dir(&c).with_file_name("fills");
+        for name in read_names(&fills)? {
+            if name.ends_with(".lock")
+                && let Some(l) = Lease::try_acquire(&fills.join(&name), Mode::Exclusive)?
+            {
+                l.remove();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes `caches/*/inputs/<key>.json` ([`crate::why`]) whose key is no longer published.
+fn remove_stale_inputs(pd: &ProjectDirs) -> Result<()> {
+    for c in pd.caches()? {
+        let keys = pd.keys_dir(&c);
+        let inputs = keys.with_file_name("inputs");
+        for name in read_names(&inputs)? {
+            if let Some(key) = name.strip_suffix(".json")
+                && !keys.join(key).exists()
+            {
+                let p = inputs.join(&name);
+                fs::remove_file(&p).at(&p)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What [`super::object::ObjectStore::sweep_unreferenced`] would remove once the trees
+/// counted in `doomed` (inode → links) are gone: (objects, bytes).
+fn would_sweep(pd: &ProjectDirs, doomed: &HashMap<u64, u64>) -> Result<(u64, u64)> {
+    let (mut n, mut b) = (0, 0);
+    for (_, _, meta) in pd.objects().list()? {
+        if meta.nlink() <= 1 + doomed.get(&meta.ino()).copied().unwrap_or(0) {
+            n += 1;
+            b += meta.len();
+        }
+    }
+    Ok((n, b))
+}
+
+/// Objects (inode, size) a tree links, one entry per link, and the inodes it owns (dirs,
 /// symlinks, fifos).
 fn tree_usage(root: &Path) -> Result<(Vec<(u64, u64)>, u64)> {
     let mut objs = Vec::new();

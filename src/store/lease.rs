@@ -61,17 +61,40 @@ fn open_lock_file(path: &Path) -> Result<File> {
         .at(path)
 }
 
+/// True when `path` still names the open `file` (a lock file may be removed by its last
+/// holder, [`Lease::remove`]: a lock then taken on the unlinked inode guards nothing).
+fn still_named(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 impl Lease {
     /// Takes the lock on `path` (created if missing), blocking until it is granted.
     ///
     /// Errors: [`crate::Error::Io`] naming `path`.
     pub fn acquire(path: &Path, mode: Mode) -> Result<Lease> {
-        let file = open_lock_file(path)?;
-        sys::flock(&file, mode.op()).at(path)?;
-        Ok(Lease {
-            file,
-            path: path.to_path_buf(),
-        })
+        loop {
+            let file = open_lock_file(path)?;
+            sys::flock(&file, mode.op()).at(path)?;
+            if still_named(&file, path) {
+                return Ok(Lease {
+                    file,
+                    path: path.to_path_buf(),
+                });
+            }
+        }
+    }
+
+    /// Removes the lock file while still holding the lock, then releases it (issue 11: a
+    /// finished fill leaves no `fills/<key>.lock` behind). A process blocked on the old file
+    /// gets the lock on an unlinked inode, sees that ([`still_named`]) and takes a fresh file.
+    /// Best effort: a file already gone or replaced is left alone.
+    pub fn remove(self) {
+        if still_named(&self.file, &self.path) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 
     /// Takes the lock on `path` if it is free right now; `Ok(None)` when someone holds a
@@ -79,14 +102,19 @@ impl Lease {
     ///
     /// Errors: [`crate::Error::Io`] naming `path` for anything but `EWOULDBLOCK`.
     pub fn try_acquire(path: &Path, mode: Mode) -> Result<Option<Lease>> {
-        let file = open_lock_file(path)?;
-        match sys::flock(&file, mode.op() | libc::LOCK_NB) {
-            Ok(()) => Ok(Some(Lease {
-                file,
-                path: path.to_path_buf(),
-            })),
-            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(None),
-            Err(e) => Err(crate::Error::io(path, e)),
+        loop {
+            let file = open_lock_file(path)?;
+            match sys::flock(&file, mode.op() | libc::LOCK_NB) {
+                Ok(()) if still_named(&file, path) => {
+                    return Ok(Some(Lease {
+                        file,
+                        path: path.to_path_buf(),
+                    }));
+                }
+                Ok(()) => continue, // removed under us: lock the file now at `path`
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => return Ok(None),
+                Err(e) => return Err(crate::Error::io(path, e)),
+            }
         }
     }
 
@@ -165,6 +193,27 @@ pub fn is_held(path: &Path, mode: Mode) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_lock_file_is_never_locked_by_a_waiter() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("fill.lock");
+        let a = Lease::acquire(&p, Mode::Exclusive).unwrap();
+        // A waiter that opened the file before it was removed (the race acquire handles).
+        let old = open_lock_file(&p).unwrap();
+        a.remove();
+        assert!(!p.exists());
+        sys::flock(&old, libc::LOCK_EX | libc::LOCK_NB).unwrap();
+        assert!(
+            !still_named(&old, &p),
+            "the old inode is no longer the lock"
+        );
+        let b = Lease::acquire(&p, Mode::Exclusive).unwrap();
+        assert!(still_named(&b.file, &p));
+        assert!(Lease::try_acquire(&p, Mode::Exclusive).unwrap().is_none());
+        b.remove();
+        assert!(!p.exists());
+    }
 
     #[test]
     fn shared_excludes_exclusive_and_release_on_drop() {

@@ -38,6 +38,17 @@ pub struct Mount {
     pub(super) leases: Leases,
 }
 
+impl Mount {
+    /// Ends this process's part of a fill after the mount is gone (unmounted, daemon exited):
+    /// removes the fill lock file while holding it, then releases it (issue 11: no
+    /// `fills/<key>.lock` is left behind). Without a fill lock, only drops the leases.
+    pub fn end_fill(self) {
+        if let Some(f) = self.leases.fill {
+            f.remove();
+        }
+    }
+}
+
 /// One run's mount, as [`Store::mount_run`] makes it.
 pub(super) struct RunMount<'a> {
     pub(super) pd: &'a ProjectDirs,

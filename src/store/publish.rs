@@ -163,7 +163,10 @@ impl Store {
             })?),
             None => None,
         };
-        drop(held.fill);
+        // The fill is over; its lock file goes with it.
+        if let Some(f) = held.fill {
+            f.remove();
+        }
         // Remote tier (issue 14): push what this commit published, in the background (a run's
         // exit or `layercache commit` waits for it: Remote::wait_pushes).
         if published.result == CommitResult::Published

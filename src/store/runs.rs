@@ -194,6 +194,16 @@ impl Store {
     pub fn umount_run(&self, m: StoreMount) -> Result<()> {
         let _span = tracing::info_span!("umount", run = %m.rec.run).entered();
         unmount_and_wait(&m.mnt, m.rec.daemon_pid)?;
+        // issue 11: a discarded fill leaves no lock file (unless this process's own Mount
+        // handle still holds it: Mount::end_fill removes it then).
+        if m.rec.fill_lock_fd.is_some()
+            && let Some(l) = lease::Lease::try_acquire(
+                &m.pd.fill_lock(&m.rec.cache, &m.rec.key),
+                Mode::Exclusive,
+            )?
+        {
+            l.remove();
+        }
         remove_tree(&m.run_dir)
     }
 
