@@ -706,7 +706,7 @@ maintenance = "npm ci --prefer-offline"
             let m = preset(name).unwrap().maintenance.unwrap();
             assert!(m.starts_with("mountpoint -q "), "{name}: {m}");
         }
-        assert!(!VENV_RESTORE.contains('{') && !VENV_RESTORE.contains('}'));
+        assert!(!presets::VENV_RESTORE.contains('{') && !presets::VENV_RESTORE.contains('}'));
     }
 
     #[test]

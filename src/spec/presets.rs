@@ -56,7 +56,7 @@ else npm install --prefer-offline --no-audit --no-fund --no-save; fi";
 /// environment markers followed through the installed metadata) is uninstalled, as `pip-sync`
 /// does; `pip` itself (and `setuptools` before Python 3.12, as `python3 -m venv` installs it)
 /// stays. Written without braces, which are template syntax.
-const VENV_RESTORE: &str = r#".venv/bin/pip install -r requirements.txt && .venv/bin/python - requirements.txt <<'LAYERCACHE_PY'
+pub(super) const VENV_RESTORE: &str = r#".venv/bin/pip install -r requirements.txt && .venv/bin/python - requirements.txt <<'LAYERCACHE_PY'
 import os, re, subprocess, sys
 from importlib import metadata
 from pip._vendor.packaging.requirements import Requirement
