@@ -194,7 +194,8 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
         "{}",
         String::from_utf8_lossy(&third.stderr)
     );
-    assert_eq!(stdout(&third), "2020\n");
+    // With --json the summary is stdout's first line; COMMAND's output follows it.
+    assert_eq!(stdout(&third).lines().skip(1).collect::<Vec<_>>(), ["2020"]);
     let ev = events_of(&sb, "node_modules");
     let first_key = ev[0]["key"].as_str().unwrap();
     for e in [&ev[2], &summary(&third)["caches"][0]] {
