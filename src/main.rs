@@ -5,16 +5,28 @@ use std::path::Path;
 
 use clap::Parser;
 
-/// mount(8) canonicalises the source of `mount -t fuse.layercache overlay MNT` when a file
-/// named `overlay` exists in its working directory, so mount.fuse3 may run us as
-/// `layercache /some/dir/overlay MNT -o …`: treat that as the `overlay` subcommand.
+/// `mount -t fuse.layercache SOURCE MNT -o …` (and an fstab line of that type) makes
+/// mount.fuse3 run us as `layercache SOURCE MNT -o …`. SOURCE means nothing to an overlay (as
+/// for fuse-overlayfs): any first argument that is not a subcommand, followed by a mountpoint
+/// and `-o`, is taken as the `overlay` subcommand. (mount(8) also canonicalises a SOURCE such
+/// as `overlay` into `/some/dir/overlay` when such a file exists in its working directory.)
 fn normalized_args() -> Vec<OsString> {
+    use clap::CommandFactory;
     let mut args: Vec<OsString> = std::env::args_os().collect();
-    if let Some(first) = args.get(1) {
-        let p = Path::new(first);
-        if p.is_absolute() && p.file_name().is_some_and(|n| n == "overlay") {
-            args[1] = OsString::from("overlay");
-        }
+    let Some(first) = args.get(1).and_then(|a| a.to_str()) else {
+        return args;
+    };
+    let cmd = layercache::cli::Cli::command();
+    let known = first == "help"
+        || cmd
+            .get_subcommands()
+            .any(|c| c.get_name() == first || c.get_all_aliases().any(|a| a == first));
+    let has_o = args.iter().skip(3).any(|a| a == "-o");
+    let any_source = !known && !first.starts_with('-') && args.len() >= 3 && has_o;
+    let canonical_overlay = Path::new(first).is_absolute()
+        && Path::new(first).file_name().is_some_and(|n| n == "overlay");
+    if any_source || canonical_overlay {
+        args[1] = OsString::from("overlay");
     }
     args
 }

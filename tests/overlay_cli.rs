@@ -229,6 +229,63 @@ fn mount_fuse3_helper_runs_layercache_overlay() {
     mount_through_helper(fixed, "mount.fuse3 overlay MNT -t fuse.layercache");
 }
 
+/// `mount -t fuse.layercache SOURCE …` with any SOURCE (`layercache` here, what
+/// unionmount-testsuite and most fstab lines use): mount.fuse3 passes SOURCE first, and
+/// layercache takes it as the overlay command, ignoring the source as fuse-overlayfs does.
+#[test]
+fn mount_fuse3_helper_accepts_any_source() {
+    require_root!();
+    only_layercache!("mount -t fuse.layercache runs the layercache binary");
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(BIN, bin.path().join("layercache")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+    );
+    let mut fixed = Command::new("sh");
+    fixed
+        .arg("-c")
+        .arg("exec mount.fuse3 layercache \"$1\" -t fuse.layercache -o \"$3\"")
+        .arg("sh")
+        .env("PATH", path);
+    mount_through_helper(fixed, "mount.fuse3 layercache MNT -t fuse.layercache");
+}
+
+/// An fstab-style line (`PROGRAM#SOURCE MNT fuse OPTIONS 0 0`) with a SOURCE that is no
+/// subcommand, mounted by `mount -T FSTAB MNT`.
+#[test]
+fn fstab_line_with_any_source_mounts() {
+    require_root!();
+    only_layercache!("mount -T runs the layercache binary");
+    let mut fx = unmounted_fixture();
+    let tab = tempfile::NamedTempFile::new().unwrap();
+    let line = format!(
+        "{BIN}#layercache {} fuse {},noatime 0 0\n",
+        fx.mnt.display(),
+        fx.options()
+    );
+    fs::write(tab.path(), line).unwrap();
+    let out = Command::new("mount")
+        .arg("-T")
+        .arg(tab.path())
+        .arg(&fx.mnt)
+        .output()
+        .unwrap();
+    if mounts_at(&fx.mnt) > 0 {
+        fx.adopt_mount();
+    }
+    assert!(
+        out.status.success(),
+        "mount -T: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&fx.p("f")), "f");
+    write(&fx.p("g"), "g");
+    fx.unmount();
+    assert_eq!(read(&fx.upper.join("g")), "g");
+}
+
 /// The same path through mount(8) itself, naming the program explicitly (`-t fuse
 /// PROGRAM#SOURCE`), which needs no PATH lookup.
 #[test]

@@ -16,8 +16,8 @@ use std::path::Path;
 use fuser::Errno;
 
 use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Kind, Loc, Located, Place, orphan_name, top_lower};
-use super::layers::Layer;
+use super::inode::{Backing, Loc, orphan_name};
+use super::stack::{Kind, Tree, top_lower};
 use super::whiteout;
 use crate::sys::{child, cstr};
 
@@ -213,7 +213,7 @@ impl OverlayFs {
     /// `[0, min(size, limit))`; directories are created empty.
     pub(super) fn stage_copy(
         &self,
-        sl: Layer,
+        sl: Tree,
         srel: &CStr,
         st: &libc::stat,
         limit: Option<u64>,
@@ -223,9 +223,9 @@ impl OverlayFs {
         let result = (|| -> io::Result<()> {
             match Kind::from_mode(st.st_mode) {
                 Kind::File => {
-                    let src = self.roots.open(sl, srel, libc::O_RDONLY, 0)?;
-                    let dst = self.roots.open(
-                        Layer::Work,
+                    let src = self.stack.open(sl, srel, libc::O_RDONLY, 0)?;
+                    let dst = self.stack.open(
+                        Tree::Work,
                         &tmp,
                         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
                         0o600,
@@ -233,54 +233,50 @@ impl OverlayFs {
                     let len = limit.map_or(st.st_size as u64, |l| l.min(st.st_size as u64));
                     copy_data(&src, &dst, len)?;
                     copy_xattrs(XRef::Fd(src.as_raw_fd()), XRef::Fd(dst.as_raw_fd()))?;
-                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
-                    self.roots.chmod(Layer::Work, &tmp, mode)?;
+                    self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
+                    self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
                 Kind::Dir => {
-                    self.roots.mkdir(Layer::Work, &tmp, 0o700)?;
+                    self.stack.mkdir(Tree::Work, &tmp, 0o700)?;
                     let src = self
-                        .roots
+                        .stack
                         .open(sl, srel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                    let dst = self.roots.open(
-                        Layer::Work,
-                        &tmp,
-                        libc::O_RDONLY | libc::O_DIRECTORY,
-                        0,
-                    )?;
+                    let dst =
+                        self.stack
+                            .open(Tree::Work, &tmp, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
                     copy_xattrs(XRef::Fd(src.as_raw_fd()), XRef::Fd(dst.as_raw_fd()))?;
-                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
-                    self.roots.chmod(Layer::Work, &tmp, mode)?;
+                    self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
+                    self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
                 Kind::Symlink => {
-                    let target = self.roots.readlink(sl, srel)?;
+                    let target = self.stack.readlink(sl, srel)?;
                     let target = CString::new(target)
                         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-                    self.roots.symlink(&target, Layer::Work, &tmp)?;
+                    self.stack.symlink(&target, Tree::Work, &tmp)?;
                     let (sp, dp) = (
-                        self.roots.proc_path(sl, srel),
-                        self.roots.proc_path(Layer::Work, &tmp),
+                        self.stack.proc_path(sl, srel),
+                        self.stack.proc_path(Tree::Work, &tmp),
                     );
                     copy_xattrs(XRef::Path(&sp), XRef::Path(&dp))?;
-                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
+                    self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                 }
-                Kind::Special => {
-                    self.roots
-                        .mknod(Layer::Work, &tmp, st.st_mode, st.st_rdev)?;
+                Kind::Special(_) => {
+                    self.stack.mknod(Tree::Work, &tmp, st.st_mode, st.st_rdev)?;
                     let (sp, dp) = (
-                        self.roots.proc_path(sl, srel),
-                        self.roots.proc_path(Layer::Work, &tmp),
+                        self.stack.proc_path(sl, srel),
+                        self.stack.proc_path(Tree::Work, &tmp),
                     );
                     copy_xattrs(XRef::Path(&sp), XRef::Path(&dp))?;
-                    self.roots.chown(Layer::Work, &tmp, st.st_uid, st.st_gid)?;
-                    self.roots.chmod(Layer::Work, &tmp, mode)?;
+                    self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
+                    self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
             }
             Ok(())
         })();
         if let Err(e) = result {
             let _ = self
-                .roots
-                .unlink(Layer::Work, &tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
+                .stack
+                .unlink(Tree::Work, &tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
             return Err(e);
         }
         Ok(tmp)
@@ -306,16 +302,16 @@ impl OverlayFs {
             })
             .unwrap_or(Path::new("."));
         let cparent = cstr(parent.as_os_str())?;
-        let pst = self.roots.stat(Layer::Upper, &cparent)?;
-        if let Err(e) = self.roots.rename(Layer::Work, tmp, Layer::Upper, dst, 0) {
+        let pst = self.stack.stat(Tree::Upper, &cparent)?;
+        if let Err(e) = self.stack.rename(Tree::Work, tmp, Tree::Upper, dst, 0) {
             let _ = self
-                .roots
-                .unlink(Layer::Work, tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
+                .stack
+                .unlink(Tree::Work, tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
             return Err(e);
         }
-        self.roots.utimens(Layer::Upper, dst, &times_of(st))?;
-        let _ = self.roots.utimens(Layer::Upper, &cparent, &times_of(&pst));
-        Ok(self.roots.stat(Layer::Upper, dst)?.st_ino)
+        self.stack.utimens(Tree::Upper, dst, &times_of(st))?;
+        let _ = self.stack.utimens(Tree::Upper, &cparent, &times_of(&pst));
+        Ok(self.stack.stat(Tree::Upper, dst)?.st_ino)
     }
 
     /// Makes sure directory node `id` and all its ancestors exist in the upper dir (metadata
@@ -342,12 +338,12 @@ impl OverlayFs {
             let dir = self
                 .nodes
                 .locate(d)
-                .filter(|l| l.place == Place::Attached)
+                .filter(|l| l.attached)
                 .ok_or(Errno::ENOENT)?;
             let (l, rel) = (top_lower(dir.lowers).ok_or(Errno::ENOENT)?, &dir.path);
-            let st = self.roots.stat(Layer::Lower(l), rel).map_err(errno)?;
+            let st = self.stack.stat(Tree::Lower(l), rel).map_err(errno)?;
             let tmp = self
-                .stage_copy(Layer::Lower(l), rel, &st, None)
+                .stage_copy(Tree::Lower(l), rel, &st, None)
                 .map_err(errno)?;
             let ino = self.publish_staged(&tmp, rel, &st).map_err(errno)?;
             self.nodes.register_upper(ino, d);
@@ -386,18 +382,19 @@ impl OverlayFs {
         if self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
-        let (sl, src) = self.backing(id)?;
-        let st = self.roots.stat(sl, &src.path).map_err(errno)?;
+        let src = self.backing(id)?;
+        let sl = src.tree;
+        let st = self.stack.stat(sl, &src.path).map_err(errno)?;
         let tmp = self.stage_copy(sl, &src.path, &st, limit).map_err(errno)?;
         let ino = if parent.is_some() {
             self.publish_staged(&tmp, &src.path, &st).map_err(errno)?
         } else {
             let dst = orphan_name(id);
-            self.roots
-                .rename(Layer::Work, &tmp, Layer::Work, &dst, 0)
+            self.stack
+                .rename(Tree::Work, &tmp, Tree::Work, &dst, 0)
                 .map_err(errno)?;
             self.kept_as_orphan(id);
-            self.roots.stat(Layer::Work, &dst).map_err(errno)?.st_ino
+            self.stack.stat(Tree::Work, &dst).map_err(errno)?.st_ino
         };
         self.nodes.register_upper(ino, id);
         self.nodes.update(id, |n| {
@@ -412,8 +409,9 @@ impl OverlayFs {
     /// dir) into the upper dir, recursively — used before renaming a directory that has lower
     /// contents. Every copied entry is registered under the id it had, so `st_ino` values do
     /// not change. Caller holds `ns` for writing.
-    pub(super) fn copy_up_tree(&self, dir: u64, d: &Located) -> OpResult<()> {
+    pub(super) fn copy_up_tree(&self, dir: u64, d: &Backing) -> OpResult<()> {
         let names = self
+            .stack
             .merged_names(d.upper, d.lowers, &d.path)
             .map_err(errno)?;
         for (name, _) in names {
@@ -425,7 +423,7 @@ impl OverlayFs {
                 let l = top_lower(r.lowers).ok_or(Errno::EIO)?;
                 let _c = self.copy_lock.lock();
                 let tmp = self
-                    .stage_copy(Layer::Lower(l), &crel, &r.st, None)
+                    .stage_copy(Tree::Lower(l), &crel, &r.st, None)
                     .map_err(errno)?;
                 let ino = self.publish_staged(&tmp, &crel, &r.st).map_err(errno)?;
                 self.nodes.register_upper(ino, r.id);
@@ -433,7 +431,7 @@ impl OverlayFs {
                 self.nodes.register_upper(r.st.st_ino, r.id);
             }
             if r.kind == Kind::Dir && r.lowers != 0 {
-                self.copy_up_tree(r.id, &Located::dir(true, r.lowers, dir, crel))?;
+                self.copy_up_tree(r.id, &Backing::upper_dir(r.lowers, dir, crel))?;
             }
             self.drop_fd(r.id);
         }

@@ -1,26 +1,20 @@
-//! Merged readdir: the union of the upper dir and the lower dirs merged into a directory,
-//! upper entries first, each name once, whiteouts hidden, lower layers below an opaque
-//! directory ignored (overlayfs.rst, "readdir").
+//! Directory listings for the stateless readdir: a directory's merged names (from
+//! [`Stack::merged_names`](super::stack::Stack::merged_names)) kept while the kernel holds it.
 //!
 //! The kernel is told not to open directories (opendir answers ENOSYS), so readdir is
 //! stateless: offsets index a per-directory listing kept while the kernel holds the directory.
 //! The listing only grows at its end and deleted names become tombstones, so offsets stay
 //! valid and no entry is returned twice or skipped while entries are deleted during iteration.
 
-use std::collections::{HashMap, HashSet};
-use std::ffi::{CStr, OsStr, OsString};
-use std::io;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
 
-use super::fs::OverlayFs;
-use super::inode::{Kind, Located};
-use super::layers::Layer;
-use super::whiteout;
-use crate::sys::child;
+use super::stack::Kind;
 
 /// One slot of a listing: where its name sits in the name buffer, its type, and whether it
 /// is still there. 8 bytes, so a walk of a million-entry tree keeps listings small.
@@ -31,6 +25,8 @@ struct Slot {
     kind: Kind,
     live: bool,
 }
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 8);
 
 /// A directory's listing: names in offset order, packed into one buffer, plus a name index
 /// built on the first change (a read-only walk of a large tree never pays for it).
@@ -144,90 +140,6 @@ impl Listings {
     /// Drops the listing of `dir` (the kernel forgot it).
     pub fn forget(&self, dir: u64) {
         self.map.remove(&dir);
-    }
-}
-
-fn kind_of_dtype(t: u8) -> Option<Kind> {
-    match t {
-        libc::DT_DIR => Some(Kind::Dir),
-        libc::DT_REG => Some(Kind::File),
-        libc::DT_LNK => Some(Kind::Symlink),
-        libc::DT_UNKNOWN | libc::DT_CHR => None,
-        _ => Some(Kind::Special),
-    }
-}
-
-impl OverlayFs {
-    /// The merged names of the directory at `rel`, in the upper dir when `upper` and merged
-    /// from the lower layers `lowers`, with their kinds, upper first.
-    ///
-    /// Errors: the `openat`/`getdents`/`fstatat` errno of a layer.
-    pub(super) fn merged_names(
-        &self,
-        upper: bool,
-        lowers: u64,
-        rel: &CStr,
-    ) -> io::Result<Vec<(OsString, Kind)>> {
-        let mut seen: HashSet<OsString> = HashSet::new();
-        let mut out = Vec::new();
-        let mut layers: Vec<Layer> = Vec::new();
-        if upper {
-            layers.push(Layer::Upper);
-        }
-        let mut mask = lowers;
-        while mask != 0 {
-            layers.push(Layer::Lower(mask.trailing_zeros() as u8));
-            mask &= mask - 1;
-        }
-        let multi = layers.len() > 1;
-        for layer in layers {
-            let names = match self.roots.read_dir(layer, rel) {
-                Ok(n) => n,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            for (name, dtype) in names {
-                if multi && seen.contains(&name) {
-                    continue;
-                }
-                let kind = match kind_of_dtype(dtype) {
-                    Some(k) => k,
-                    None => {
-                        let st = self.roots.stat(layer, &child(rel, &name)?)?;
-                        if whiteout::is_whiteout_stat(&st) {
-                            if multi {
-                                seen.insert(name);
-                            }
-                            continue;
-                        }
-                        Kind::from_mode(st.st_mode)
-                    }
-                };
-                if multi {
-                    seen.insert(name.clone());
-                }
-                out.push((name, kind));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The listing of directory node `dir` (as [`OverlayFs::dir`] found it: `d`), built from
-    /// the layers on first use.
-    pub(super) fn listing(
-        &self,
-        dir: u64,
-        d: &Located,
-    ) -> super::fs::OpResult<Arc<Mutex<Listing>>> {
-        if let Some(l) = self.listings.get(dir) {
-            return Ok(l);
-        }
-        let names = self
-            .merged_names(d.upper, d.lowers, &d.path)
-            .map_err(super::fs::errno)?;
-        Ok(self.listings.insert(dir, names))
     }
 }
 

@@ -14,11 +14,10 @@ use fuser::{Errno, FileAttr, FileType};
 use parking_lot::{Mutex, RwLock};
 
 use super::OverlayConfig;
-use super::dir::Listings;
+use super::dir::{Listing, Listings};
 use super::errno::to_errno;
-use super::inode::{IdKey, Kind, Loc, Located, Nodes, ORPHANS, Place, top_lower};
-use super::layers::{Layer, Roots};
-use super::whiteout;
+use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
+use super::stack::{Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
 use crate::sys::child;
 
@@ -30,24 +29,25 @@ const NAME_MAX: usize = 255;
 /// Result type of the engine's operations: an errno for the kernel on failure.
 pub type OpResult<T> = std::result::Result<T, Errno>;
 
-/// What a name resolves to across the layers.
+/// What a name resolves to: the layer stack's [`Entry`] and the node id it has.
 #[derive(Clone, Debug)]
 pub struct Resolved {
     /// The node id (= st_ino).
     pub id: u64,
-    /// File type.
-    pub kind: Kind,
-    /// Present in the upper dir.
-    pub upper: bool,
-    /// Lower layers holding it (see [`Node::lowers`](super::inode::Node::lowers)).
-    pub lowers: u64,
-    /// `stat` of the layer that provides data and metadata (upper if present, else top lower).
-    pub st: libc::stat,
+    /// What the layers hold at the name.
+    pub entry: Entry,
+}
+
+impl std::ops::Deref for Resolved {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        &self.entry
+    }
 }
 
 /// The overlay filesystem state shared by all worker threads.
 pub struct OverlayFs {
-    pub(super) roots: Roots,
+    pub(super) stack: Stack,
     pub(super) nodes: Nodes,
     pub(super) listings: Listings,
     /// Serialises namespace changes that move existing paths (rename, unlink, rmdir) against
@@ -99,18 +99,6 @@ pub(super) fn read_into(f: &File, offset: u64, buf: &mut [u8]) -> OpResult<usize
     }
 }
 
-/// The layer a located node's data is in (its [`Located::path`] is relative to that layer's
-/// root). Errors: `ENOENT` for a lower-only node with no lower layer.
-pub(super) fn layer_of(l: &Located) -> OpResult<Layer> {
-    Ok(match l.place {
-        Place::Attached if l.upper => Layer::Upper,
-        Place::Attached | Place::OrphanLower => {
-            top_lower(l.lowers).map(Layer::Lower).ok_or(Errno::ENOENT)?
-        }
-        Place::OrphanUpper => Layer::Work,
-    })
-}
-
 /// Converts a `stat` to the FUSE attribute with `ino` as the node id.
 pub fn attr_from_stat(ino: u64, st: &libc::stat, nlink: u32) -> FileAttr {
     let kind = match st.st_mode & libc::S_IFMT {
@@ -146,7 +134,7 @@ impl OverlayFs {
     ///
     /// Errors: [`Error::Invalid`] naming a directory that cannot be opened.
     pub fn new(cfg: &OverlayConfig) -> Result<OverlayFs> {
-        let roots = Roots::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
+        let stack = Stack::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
             .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
         let orphans = cfg.workdir.join(ORPHANS);
         let _ = std::fs::remove_dir_all(&orphans);
@@ -157,14 +145,10 @@ impl OverlayFs {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .map_err(|e| Error::io(&orphans, e))?;
-        let lowers = if cfg.lowerdirs.is_empty() {
-            0
-        } else {
-            (1u64 << cfg.lowerdirs.len()) - 1
-        };
+        let lowers = stack.all_lowers();
         let cap = NonZeroUsize::new(4096).expect("nonzero");
         Ok(OverlayFs {
-            roots,
+            stack,
             nodes: Nodes::new(lowers),
             listings: Listings::default(),
             ns: RwLock::new(()),
@@ -189,11 +173,9 @@ impl OverlayFs {
         self.nodes.path(id).ok_or(Errno::ENOENT)
     }
 
-    /// Where node `id` currently keeps its data: the layer its [`Located::path`] is in, and
-    /// its state. Errors: `ENOENT` for a node that is gone.
-    pub(super) fn backing(&self, id: u64) -> OpResult<(Layer, Located)> {
-        let l = self.nodes.locate(id).ok_or(Errno::ENOENT)?;
-        Ok((layer_of(&l)?, l))
+    /// Where node `id` currently keeps its data. Errors: `ENOENT` for a node that is gone.
+    pub(super) fn backing(&self, id: u64) -> OpResult<Backing> {
+        self.nodes.locate(id).ok_or(Errno::ENOENT)
     }
 
     /// Directory node `id` as one read of the node table finds it: the layers it is merged
@@ -202,10 +184,10 @@ impl OverlayFs {
     ///
     /// Errors: `ENOTDIR` for another kind of node, `ENOENT` for one that is absent, removed or
     /// detached.
-    pub(super) fn dir(&self, id: u64) -> OpResult<Located> {
+    pub(super) fn dir(&self, id: u64) -> OpResult<Backing> {
         match self.nodes.locate(id) {
             Some(l) if l.kind != Kind::Dir => Err(Errno::ENOTDIR),
-            Some(l) if l.place == Place::Attached => Ok(l),
+            Some(l) if l.attached => Ok(l),
             Some(_) => Err(Errno::ENOENT),
             // Removed, or below a detached node: the kind still decides first.
             None if self.nodes.peek(id, |n| n.kind != Kind::Dir) == Some(true) => {
@@ -216,120 +198,39 @@ impl OverlayFs {
     }
 
     /// Resolves `name` in directory node `parent` (as [`Self::dir`] found it: `pdir`) across
-    /// the layers. `Ok(None)` when the name does not exist in the merged view (absent or
-    /// whited out).
+    /// the layers ([`Stack::lookup`]) and gives it its node id (see [`super::inode`]).
+    /// `Ok(None)` when the name does not exist in the merged view (absent or whited out).
+    ///
+    /// Errors: `ENAMETOOLONG`, or the errno of reading a layer.
     pub(super) fn resolve(
         &self,
         parent: u64,
-        pdir: &Located,
+        pdir: &Backing,
         name: &OsStr,
     ) -> OpResult<Option<Resolved>> {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
         let crel = child(&pdir.path, name).map_err(errno)?;
-        let mut upper_st: Option<libc::stat> = None;
-        if pdir.upper
-            && let Some(st) = self.roots.stat_opt(Layer::Upper, &crel).map_err(errno)?
-        {
-            if whiteout::is_whiteout_stat(&st) {
-                return Ok(None);
+        let Some(e) = self
+            .stack
+            .lookup(pdir.upper, pdir.lowers, &crel)
+            .map_err(errno)?
+        else {
+            return Ok(None);
+        };
+        let id = match (e.upper, top_lower(e.lowers), e.lower_ino) {
+            // A merged directory: identity from the top lower dir.
+            (true, Some(l), Some(ino)) => self.nodes.lower_id(l, ino),
+            (true, _, _) => self.nodes.keyed(IdKey::Upper(e.st.st_ino)),
+            (false, Some(l), _) if e.kind == Kind::Dir || e.st.st_nlink <= 1 => {
+                self.nodes.lower_id(l, e.st.st_ino)
             }
-            let kind = Kind::from_mode(st.st_mode);
-            // A non-directory, or a directory with nothing below it to merge (no lower dirs
-            // under the parent, or opaque), hides every lower entry of that name.
-            let upper_only = kind != Kind::Dir
-                || pdir.lowers == 0
-                || whiteout::dir_is_opaque_at(self.roots.fd(Layer::Upper), &crel).map_err(errno)?;
-            if upper_only {
-                let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
-                return Ok(Some(Resolved {
-                    id,
-                    kind,
-                    upper: true,
-                    lowers: 0,
-                    st,
-                }));
-            }
-            upper_st = Some(st);
-        }
-        let mut lowers = 0u64;
-        let mut first: Option<(u8, libc::stat)> = None;
-        let mut mask = pdir.lowers;
-        while mask != 0 {
-            let l = mask.trailing_zeros() as u8;
-            mask &= mask - 1;
-            let Some(st) = self.roots.stat_opt(Layer::Lower(l), &crel).map_err(errno)? else {
-                continue;
-            };
-            if whiteout::is_whiteout_stat(&st) {
-                break;
-            }
-            let kind = Kind::from_mode(st.st_mode);
-            if kind != Kind::Dir {
-                if upper_st.is_none() && first.is_none() {
-                    first = Some((l, st));
-                    lowers = 1 << l;
-                }
-                break;
-            }
-            if first
-                .as_ref()
-                .is_some_and(|(_, f)| Kind::from_mode(f.st_mode) != Kind::Dir)
-            {
-                break;
-            }
-            lowers |= 1 << l;
-            if first.is_none() {
-                first = Some((l, st));
-            }
-            if mask != 0
-                && whiteout::dir_is_opaque_at(self.roots.fd(Layer::Lower(l)), &crel)
-                    .map_err(errno)?
-            {
-                break;
-            }
-        }
-        match (upper_st, first) {
-            (Some(st), Some((l, lst))) => {
-                // A merged directory: identity from the top lower dir.
-                let id = self.nodes.lower_id(l, lst.st_ino);
-                Ok(Some(Resolved {
-                    id,
-                    kind: Kind::Dir,
-                    upper: true,
-                    lowers,
-                    st,
-                }))
-            }
-            (Some(st), None) => {
-                let id = self.nodes.keyed(IdKey::Upper(st.st_ino));
-                Ok(Some(Resolved {
-                    id,
-                    kind: Kind::Dir,
-                    upper: true,
-                    lowers: 0,
-                    st,
-                }))
-            }
-            (None, Some((l, st))) => {
-                let kind = Kind::from_mode(st.st_mode);
-                let id = if kind == Kind::Dir || st.st_nlink <= 1 {
-                    self.nodes.lower_id(l, st.st_ino)
-                } else {
-                    self.nodes
-                        .keyed(IdKey::LowerPath(parent, name.to_os_string()))
-                };
-                Ok(Some(Resolved {
-                    id,
-                    kind,
-                    upper: false,
-                    lowers,
-                    st,
-                }))
-            }
-            (None, None) => Ok(None),
-        }
+            (false, _, _) => self
+                .nodes
+                .keyed(IdKey::LowerPath(parent, name.to_os_string())),
+        };
+        Ok(Some(Resolved { id, entry: e }))
     }
 
     /// Resolves a child of `parent`; returns the parent as [`Self::dir`] found it too.
@@ -337,7 +238,7 @@ impl OverlayFs {
         &self,
         parent: u64,
         name: &OsStr,
-    ) -> OpResult<(Located, Option<Resolved>)> {
+    ) -> OpResult<(Backing, Option<Resolved>)> {
         let pdir = self.dir(parent)?;
         let r = self.resolve(parent, &pdir, name)?;
         Ok((pdir, r))
@@ -385,7 +286,7 @@ impl OverlayFs {
     /// Errors: `ENOENT` for a node that is not (or no longer) known, or the `fstatat` errno.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
         match self.backing(id) {
-            Ok((layer, l)) => self.attr_at(id, layer, &l),
+            Ok(l) => self.attr_at(id, &l),
             Err(e) => self.gone_dir_attr(id).ok_or(e),
         }
     }
@@ -398,24 +299,42 @@ impl OverlayFs {
         self.gone_dirs.lock().get(&id).copied()
     }
 
-    /// The attributes of node `id`, whose data is in `layer` as [`Self::backing`] found.
+    /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`).
     ///
     /// Errors: the `fstatat` errno.
-    pub(super) fn attr_at(&self, id: u64, layer: Layer, l: &Located) -> OpResult<FileAttr> {
-        let st = self.roots.stat(layer, &l.path).map_err(errno)?;
+    pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
+        let st = self.stack.stat(l.tree, &l.path).map_err(errno)?;
         let r = Resolved {
             id,
-            kind: l.kind,
-            upper: l.upper || layer == Layer::Work,
-            lowers: l.lowers,
-            st,
+            entry: Entry {
+                kind: l.kind,
+                upper: l.upper || l.tree == Tree::Work,
+                lowers: l.lowers,
+                lower_ino: None,
+                st,
+            },
         };
         let mut attr = self.attr_of(&r);
         // An unlinked lower-only file has no name left.
-        if l.place == Place::OrphanLower {
+        if l.unlinked_lower() {
             attr.nlink = 0;
         }
         Ok(attr)
+    }
+
+    /// The listing of directory node `dir` (as [`Self::dir`] found it: `d`), built from the
+    /// layers' merged names on first use.
+    ///
+    /// Errors: the errno of reading a layer.
+    pub(super) fn listing(&self, dir: u64, d: &Backing) -> OpResult<Arc<Mutex<Listing>>> {
+        if let Some(l) = self.listings.get(dir) {
+            return Ok(l);
+        }
+        let names = self
+            .stack
+            .merged_names(d.upper, d.lowers, &d.path)
+            .map_err(errno)?;
+        Ok(self.listings.insert(dir, names))
     }
 
     /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
@@ -425,8 +344,8 @@ impl OverlayFs {
         {
             return Ok(fd.file.clone());
         }
-        let (layer, l) = self.backing(id)?;
-        if writable && matches!(layer, Layer::Lower(_)) {
+        let l = self.backing(id)?;
+        if writable && matches!(l.tree, Tree::Lower(_)) {
             return Err(Errno::EIO);
         }
         let flags = if writable {
@@ -434,7 +353,7 @@ impl OverlayFs {
         } else {
             libc::O_RDONLY
         };
-        let file = Arc::new(self.roots.open(layer, &l.path, flags, 0).map_err(errno)?);
+        let file = Arc::new(self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?);
         self.fds.lock().put(
             id,
             CachedFd {

@@ -19,11 +19,31 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno, layer_of};
-use super::inode::{Kind, Located};
+use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
+use super::inode::{Backing, ROOT};
 use super::ops::{AttrChange, NewEntry, XattrReply};
+use super::stack::Kind;
 
 const GEN: Generation = Generation(0);
+
+/// Runs `f`, the work of FUSE operation `op` on node `node`, inside a debug-level span named
+/// `fuse` (fields `op`, `node`) and ends it with an event giving the errno (0 for success) and
+/// the duration in µs. Off by default: `LAYERCACHE_LOG=debug` (or `layercache::fuse=debug`)
+/// turns it on; when off, one check of the level filter is all it costs.
+#[inline]
+fn traced<T>(op: &'static str, node: u64, f: impl FnOnce() -> OpResult<T>) -> OpResult<T> {
+    if !tracing::enabled!(target: "layercache::fuse", tracing::Level::DEBUG) {
+        return f();
+    }
+    let span = tracing::debug_span!(target: "layercache::fuse", "fuse", op, node);
+    let _in = span.enter();
+    let start = std::time::Instant::now();
+    let r = f();
+    let errno = r.as_ref().err().map_or(0, |e| e.code());
+    let us = start.elapsed().as_micros() as u64;
+    tracing::debug!(target: "layercache::fuse", errno, us, "done");
+    r
+}
 
 fn negative_entry() -> FileAttr {
     // SAFETY: an all-zero stat is a valid value.
@@ -50,7 +70,10 @@ fn dtype(k: Kind) -> fuser::FileType {
         Kind::Dir => fuser::FileType::Directory,
         Kind::File => fuser::FileType::RegularFile,
         Kind::Symlink => fuser::FileType::Symlink,
-        Kind::Special => fuser::FileType::NamedPipe,
+        Kind::Special(libc::DT_SOCK) => fuser::FileType::Socket,
+        Kind::Special(libc::DT_CHR) => fuser::FileType::CharDevice,
+        Kind::Special(libc::DT_BLK) => fuser::FileType::BlockDevice,
+        Kind::Special(_) => fuser::FileType::NamedPipe,
     }
 }
 
@@ -58,8 +81,7 @@ impl OverlayFs {
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
         let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
         // SAFETY: valid fd and out pointer.
-        if unsafe { libc::fstatvfs(self.roots.fd(super::layers::Layer::Upper), sv.as_mut_ptr()) }
-            < 0
+        if unsafe { libc::fstatvfs(self.stack.fd(super::stack::Tree::Upper), sv.as_mut_ptr()) } < 0
         {
             return Err(errno(std::io::Error::last_os_error()));
         }
@@ -80,7 +102,7 @@ impl OverlayFs {
         &self,
         dir: u64,
         offset: u64,
-        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Located) -> OpResult<bool>,
+        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Backing) -> OpResult<bool>,
     ) -> OpResult<()> {
         let _g = self.ns.read();
         let d = self.dir(dir)?;
@@ -133,10 +155,10 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = {
+        let r = traced("lookup", parent.0, || {
             let _g = self.ns.read();
             self.lookup_and_remember(parent.0, name)
-        };
+        });
         match r {
             Ok(Some(a)) => reply.entry(&TTL, &a, GEN),
             Ok(None) => reply.entry(&TTL, &negative_entry(), GEN),
@@ -145,14 +167,17 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        OverlayFs::forget(self, ino.0, nlookup);
+        let _ = traced("forget", ino.0, || {
+            OverlayFs::forget(self, ino.0, nlookup);
+            Ok(())
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let r = {
+        let r = traced("getattr", ino.0, || {
             let _g = self.ns.read();
             self.getattr_node(ino.0)
-        };
+        });
         match r {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
@@ -185,14 +210,16 @@ impl fuser::Filesystem for OverlayFs {
             atime,
             mtime,
         };
-        match OverlayFs::setattr(self, ino.0, &change) {
+        match traced("setattr", ino.0, || {
+            OverlayFs::setattr(self, ino.0, &change)
+        }) {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match OverlayFs::readlink(self, ino.0) {
+        match traced("readlink", ino.0, || OverlayFs::readlink(self, ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e),
         }
@@ -213,7 +240,10 @@ impl fuser::Filesystem for OverlayFs {
         } else {
             NewEntry::Special(mode, rdev as u64)
         };
-        entry(reply, self.make(parent.0, name, req.uid(), req.gid(), what));
+        let r = traced("mknod", parent.0, || {
+            self.make(parent.0, name, req.uid(), req.gid(), what)
+        });
+        entry(reply, r);
     }
 
     fn mkdir(
@@ -225,18 +255,26 @@ impl fuser::Filesystem for OverlayFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.make(parent.0, name, req.uid(), req.gid(), NewEntry::Dir(mode)),
-        );
+        let r = traced("mkdir", parent.0, || {
+            self.make(parent.0, name, req.uid(), req.gid(), NewEntry::Dir(mode))
+        });
+        entry(reply, r);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, OverlayFs::unlink(self, parent.0, name));
+        empty(
+            reply,
+            traced("unlink", parent.0, || {
+                OverlayFs::unlink(self, parent.0, name)
+            }),
+        );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, OverlayFs::rmdir(self, parent.0, name));
+        empty(
+            reply,
+            traced("rmdir", parent.0, || OverlayFs::rmdir(self, parent.0, name)),
+        );
     }
 
     fn symlink(
@@ -247,16 +285,11 @@ impl fuser::Filesystem for OverlayFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.make(
-                parent.0,
-                link_name,
-                req.uid(),
-                req.gid(),
-                NewEntry::Symlink(target),
-            ),
-        );
+        let r = traced("symlink", parent.0, || {
+            let what = NewEntry::Symlink(target);
+            self.make(parent.0, link_name, req.uid(), req.gid(), what)
+        });
+        entry(reply, r);
     }
 
     fn rename(
@@ -269,10 +302,10 @@ impl fuser::Filesystem for OverlayFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        empty(
-            reply,
-            OverlayFs::rename(self, parent.0, name, newparent.0, newname, flags.bits()),
-        );
+        let r = traced("rename", parent.0, || {
+            OverlayFs::rename(self, parent.0, name, newparent.0, newname, flags.bits())
+        });
+        empty(reply, r);
     }
 
     fn link(
@@ -283,16 +316,11 @@ impl fuser::Filesystem for OverlayFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.make(
-                newparent.0,
-                newname,
-                req.uid(),
-                req.gid(),
-                NewEntry::Link(ino.0),
-            ),
-        );
+        let r = traced("link", ino.0, || {
+            let what = NewEntry::Link(ino.0);
+            self.make(newparent.0, newname, req.uid(), req.gid(), what)
+        });
+        entry(reply, r);
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -312,11 +340,22 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyData,
     ) {
         // The data is read straight into the reply buffer (the io_uring entry's payload).
-        let f = match self.read_fd(ino.0) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        reply.data_with(size as usize, |buf| super::fs::read_into(&f, offset, buf));
+        let _ = traced("read", ino.0, || {
+            let f = match self.read_fd(ino.0) {
+                Ok(f) => f,
+                Err(e) => {
+                    reply.error(e);
+                    return Err(e);
+                }
+            };
+            let mut res = Ok(());
+            reply.data_with(size as usize, |buf| {
+                let r = super::fs::read_into(&f, offset, buf);
+                res = r.map(drop);
+                r
+            });
+            res
+        });
     }
 
     fn write(
@@ -331,7 +370,9 @@ impl fuser::Filesystem for OverlayFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match OverlayFs::write(self, ino.0, offset, data) {
+        match traced("write", ino.0, || {
+            OverlayFs::write(self, ino.0, offset, data)
+        }) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }
@@ -358,7 +399,10 @@ impl fuser::Filesystem for OverlayFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fsync_node(ino.0, datasync));
+        empty(
+            reply,
+            traced("fsync", ino.0, || self.fsync_node(ino.0, datasync)),
+        );
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -375,16 +419,18 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectory,
     ) {
         let dir = ino.0;
-        let r = self.readdir_walk(dir, offset, |id, name, kind, cookie, d| {
-            let id = if id != 0 {
-                id
-            } else {
-                match self.resolve(dir, d, name)? {
-                    Some(r) => r.id,
-                    None => return Ok(false),
-                }
-            };
-            Ok(reply.add(INodeNo(id), cookie, dtype(kind), name))
+        let r = traced("readdir", dir, || {
+            self.readdir_walk(dir, offset, |id, name, kind, cookie, d| {
+                let id = if id != 0 {
+                    id
+                } else {
+                    match self.resolve(dir, d, name)? {
+                        Some(r) => r.id,
+                        None => return Ok(false),
+                    }
+                };
+                Ok(reply.add(INodeNo(id), cookie, dtype(kind), name))
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -401,25 +447,27 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let dir = ino.0;
-        let r = self.readdir_walk(dir, offset, |id, name, _kind, cookie, d| {
-            if id != 0 {
-                // "." and "..": not counted by the kernel. "." is the snapshot itself.
-                let a = if id == dir {
-                    self.attr_at(dir, layer_of(d)?, d)?
-                } else {
-                    self.getattr_node(id)?
+        let r = traced("readdirplus", dir, || {
+            self.readdir_walk(dir, offset, |id, name, _kind, cookie, d| {
+                if id != 0 {
+                    // "." and "..": not counted by the kernel. "." is the snapshot itself.
+                    let a = if id == dir {
+                        self.attr_at(dir, d)?
+                    } else {
+                        self.getattr_node(id)?
+                    };
+                    return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
+                }
+                let a = match self.resolve(dir, d, name)? {
+                    Some(r) => self.remember(dir, name, &r),
+                    None => return Ok(false),
                 };
-                return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
-            }
-            let a = match self.resolve(dir, d, name)? {
-                Some(r) => self.remember(dir, name, &r),
-                None => return Ok(false),
-            };
-            let full = reply.add(a.ino, cookie, name, &TTL, &a, GEN);
-            if full {
-                self.nodes.unremember(a.ino.0);
-            }
-            Ok(full)
+                let full = reply.add(a.ino, cookie, name, &TTL, &a, GEN);
+                if full {
+                    self.nodes.unremember(a.ino.0);
+                }
+                Ok(full)
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -439,7 +487,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.statfs_op() {
+        match traced("statfs", ROOT, || self.statfs_op()) {
             Ok(s) => reply.statfs(
                 s.f_blocks,
                 s.f_bfree,
@@ -464,11 +512,16 @@ impl fuser::Filesystem for OverlayFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        empty(reply, OverlayFs::setxattr(self, ino.0, name, value, flags));
+        let r = traced("setxattr", ino.0, || {
+            OverlayFs::setxattr(self, ino.0, name, value, flags)
+        });
+        empty(reply, r);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match OverlayFs::getxattr(self, ino.0, name, size) {
+        match traced("getxattr", ino.0, || {
+            OverlayFs::getxattr(self, ino.0, name, size)
+        }) {
             Ok(XattrReply::Size(n)) => reply.size(n),
             Ok(XattrReply::Data(d)) => reply.data(&d),
             Err(e) => reply.error(e),
@@ -476,7 +529,9 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match OverlayFs::listxattr(self, ino.0, size) {
+        match traced("listxattr", ino.0, || {
+            OverlayFs::listxattr(self, ino.0, size)
+        }) {
             Ok(XattrReply::Size(n)) => reply.size(n),
             Ok(XattrReply::Data(d)) => reply.data(&d),
             Err(e) => reply.error(e),
@@ -484,7 +539,10 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, OverlayFs::removexattr(self, ino.0, name));
+        let r = traced("removexattr", ino.0, || {
+            OverlayFs::removexattr(self, ino.0, name)
+        });
+        empty(reply, r);
     }
 
     fn create(
@@ -497,7 +555,10 @@ impl fuser::Filesystem for OverlayFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.make(parent.0, name, req.uid(), req.gid(), NewEntry::File(mode)) {
+        let r = traced("create", parent.0, || {
+            self.make(parent.0, name, req.uid(), req.gid(), NewEntry::File(mode))
+        });
+        match r {
             Ok(a) => reply.created(&TTL, &a, GEN, FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
@@ -513,7 +574,10 @@ impl fuser::Filesystem for OverlayFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fallocate_node(ino.0, offset, length, mode));
+        let r = traced("fallocate", ino.0, || {
+            self.fallocate_node(ino.0, offset, length, mode)
+        });
+        empty(reply, r);
     }
 
     fn lseek(
@@ -525,7 +589,7 @@ impl fuser::Filesystem for OverlayFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        match self.lseek_node(ino.0, offset, whence) {
+        match traced("lseek", ino.0, || self.lseek_node(ino.0, offset, whence)) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e),
         }
@@ -544,7 +608,10 @@ impl fuser::Filesystem for OverlayFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        match self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len) {
+        let r = traced("copy_file_range", ino_out.0, || {
+            self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len)
+        });
+        match r {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }
@@ -617,5 +684,23 @@ impl OverlayFs {
             return Err(errno(std::io::Error::last_os_error()));
         }
         Ok(n as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_readdir_types_follow_the_file_type() {
+        use fuser::FileType as T;
+        let of = |mode| dtype(Kind::from_mode(mode));
+        assert_eq!(of(libc::S_IFIFO), T::NamedPipe);
+        assert_eq!(of(libc::S_IFSOCK), T::Socket);
+        assert_eq!(of(libc::S_IFCHR), T::CharDevice);
+        assert_eq!(of(libc::S_IFBLK), T::BlockDevice);
+        assert_eq!(of(libc::S_IFDIR), T::Directory);
+        assert_eq!(of(libc::S_IFLNK), T::Symlink);
+        assert_eq!(of(libc::S_IFREG), T::RegularFile);
     }
 }

@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
+use super::stack::{Kind, Tree, top_lower};
+
 /// The root's node id (FUSE_ROOT_ID).
 pub const ROOT: u64 = 1;
 const LOWER_SHIFT: u32 = 56;
@@ -30,31 +32,6 @@ const PATH_CAPACITY: usize = 256;
 /// Where the upper data of unlinked node `id` is kept, relative to the workdir.
 pub fn orphan_name(id: u64) -> CString {
     CString::new(format!("{ORPHANS}/{id:x}")).expect("no NUL")
-}
-
-/// The file type of a node, from `st_mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// `S_IFDIR`.
-    Dir,
-    /// `S_IFREG`.
-    File,
-    /// `S_IFLNK`.
-    Symlink,
-    /// Fifos, sockets and device nodes.
-    Special,
-}
-
-impl Kind {
-    /// The kind for an `st_mode`.
-    pub fn from_mode(mode: u32) -> Kind {
-        match mode & libc::S_IFMT {
-            libc::S_IFDIR => Kind::Dir,
-            libc::S_IFREG => Kind::File,
-            libc::S_IFLNK => Kind::Symlink,
-            _ => Kind::Special,
-        }
-    }
 }
 
 /// Where a node's name is.
@@ -103,53 +80,47 @@ pub struct Node {
     pub lookups: u64,
 }
 
-/// The topmost (lowest-numbered) layer in a lower mask.
-pub fn top_lower(mask: u64) -> Option<u8> {
-    (mask != 0).then(|| mask.trailing_zeros() as u8)
-}
-
-/// Where a node's data is, as [`Nodes::locate`] found it.
+/// Where a node's data is, as [`Nodes::locate`] found it (a snapshot taken under the table's
+/// lock).
 #[derive(Clone, Debug)]
-pub struct Located {
+pub struct Backing {
     /// File type.
     pub kind: Kind,
-    /// Present in the upper dir (or, for an orphan, in the workdir).
+    /// Present in the upper dir (or, for an unlinked file, in the workdir).
     pub upper: bool,
     /// Lower layers holding it (see [`Node::lowers`]).
     pub lowers: u64,
-    /// Its place.
-    pub place: Place,
-    /// The path of its data relative to the root of the layer that holds it (see [`Place`]).
+    /// The tree [`Self::path`] is relative to: the upper dir, the top lower layer, or the
+    /// workdir for the kept upper data of an unlinked file ([`orphan_name`]).
+    pub tree: Tree,
+    /// The path of its data relative to the root of `tree`.
     pub path: CString,
     /// The parent node id while attached (0 for the root and for unlinked nodes).
     pub parent: u64,
+    /// True while the node has a name in the merged view (false once unlinked).
+    pub attached: bool,
 }
 
-impl Located {
-    /// A directory attached at `path` below `parent`, in the upper dir when `upper` and merged
-    /// from the lower layers `lowers`: what resolving its names needs (see
+impl Backing {
+    /// A directory present in the upper dir at `path` below `parent` and merged from the
+    /// lower layers `lowers`: what resolving its names needs (see
     /// [`OverlayFs::resolve`](super::fs::OverlayFs::resolve)) for one that is not in the table.
-    pub fn dir(upper: bool, lowers: u64, parent: u64, path: CString) -> Located {
-        Located {
+    pub fn upper_dir(lowers: u64, parent: u64, path: CString) -> Backing {
+        Backing {
             kind: Kind::Dir,
-            upper,
+            upper: true,
             lowers,
-            place: Place::Attached,
+            tree: Tree::Upper,
             path,
             parent,
+            attached: true,
         }
     }
-}
 
-/// The place of a node's data, which says what [`Located::path`] is relative to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Place {
-    /// Attached; the path is relative to the layer roots.
-    Attached,
-    /// Unlinked; its upper data is kept in the workdir at [`orphan_name`].
-    OrphanUpper,
-    /// Unlinked lower-only file, still at the path in its lower layer.
-    OrphanLower,
+    /// True for an unlinked file whose data is still in a lower layer (it has no upper copy).
+    pub fn unlinked_lower(&self) -> bool {
+        !self.attached && !self.upper
+    }
 }
 
 /// The path of `id` relative to the layer roots (`.` for the root), or `None` when the node is
@@ -302,24 +273,27 @@ impl Nodes {
 
     /// Everything needed to reach node `id`'s data, read in one pass under the table lock (no
     /// copy of the node, no second lookup for its path): the hot path of GETATTR/READ/WRITE.
-    pub fn locate(&self, id: u64) -> Option<Located> {
+    pub fn locate(&self, id: u64) -> Option<Backing> {
         let map = self.map.read();
         let n = map.get(&id)?;
-        let (place, path) = match &n.loc {
-            Loc::Attached { .. } => (Place::Attached, path_in(&map, id)?),
-            Loc::Orphan { lower_path: None } => (Place::OrphanUpper, orphan_name(id)),
+        let top = || top_lower(n.lowers).map(Tree::Lower);
+        let (tree, path, attached) = match &n.loc {
+            Loc::Attached { .. } if n.upper => (Tree::Upper, path_in(&map, id)?, true),
+            Loc::Attached { .. } => (top()?, path_in(&map, id)?, true),
+            Loc::Orphan { lower_path: None } => (Tree::Work, orphan_name(id), false),
             Loc::Orphan {
                 lower_path: Some(p),
-            } => (Place::OrphanLower, p.clone()),
+            } => (top()?, p.clone(), false),
             Loc::Gone => return None,
         };
-        Some(Located {
+        Some(Backing {
             kind: n.kind,
             upper: n.upper,
             lowers: n.lowers,
-            place,
+            tree,
             path,
             parent: n.loc.parent().unwrap_or(0),
+            attached,
         })
     }
 
@@ -395,19 +369,21 @@ mod tests {
         t.remember(12, 10, OsStr::new("sub dir"), Kind::Dir, false, 1);
         t.remember(13, 12, OsStr::new("file.txt"), Kind::File, false, 1);
         let located = t.locate(13).unwrap();
-        assert_eq!(located.place, Place::Attached);
+        assert!(located.attached);
+        assert_eq!(located.tree, Tree::Lower(0));
         assert_eq!(located.path.as_c_str(), c"z/sub dir/file.txt");
         assert_eq!(located.parent, 12);
         assert_eq!(t.locate(ROOT).unwrap().parent, 0);
         t.update(13, |n| n.loc = Loc::Orphan { lower_path: None });
         assert!(t.path(13).is_none());
         assert_eq!(t.locate(13).unwrap().path, orphan_name(13));
+        assert_eq!(t.locate(13).unwrap().tree, Tree::Work);
         t.update(13, |n| {
             n.loc = Loc::Orphan {
                 lower_path: Some(c"z/sub dir/file.txt".into()),
             }
         });
-        assert_eq!(t.locate(13).unwrap().place, Place::OrphanLower);
+        assert!(t.locate(13).unwrap().unlinked_lower());
         t.remember(11, 10, OsStr::new("b"), Kind::File, false, 1);
         assert!(t.forget(11, 1).is_none());
         assert!(t.forget(11, 1).is_some());

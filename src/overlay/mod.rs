@@ -13,9 +13,10 @@ pub mod errno;
 mod fs;
 mod handlers;
 mod inode;
-mod layers;
 mod ops;
 pub mod options;
+mod ring;
+pub mod stack;
 pub mod whiteout;
 
 use std::io::{Read, Write};
@@ -69,11 +70,10 @@ fn allow_fuse_uring() {
 
 /// Readahead window of a layercache mount, in KiB (2 MiB): a sequential reader then gets 1 MiB
 /// FUSE READs (the mount's max_pages is 256) instead of 128 KiB ones, an eighth of the round
-/// trips, two of them in flight per window so the daemon's threads overlap the reader. By hand,
-/// first pass over a 512 MiB file: ~390 ms at 128 KiB (pinned threads), 230-310 ms at 1 MiB,
-/// 195-205 ms at 2 MiB, 190-200 ms at 4-8 MiB (spread threads, see vendor/fuser's
-/// `Placement`); a cold read (lower not cached) was no faster beyond 2 MiB and looked slower at
-/// 4 MiB, where more concurrent READs interleave on the lower file.
+/// trips, two of them in flight per window so the daemon's threads overlap the reader (spread
+/// threads, see `ring.rs`). Larger windows gained little for a first pass and looked slower for
+/// a cold read, where more concurrent READs interleave on the lower file; the measurements are
+/// in benches/results/2026-11-29-bench-quick-seqread-bc09e50.md.
 const READ_AHEAD_KB: u64 = 2048;
 
 /// Raises the readahead window of the FUSE mount at `mountpoint` to [`READ_AHEAD_KB`]. The
@@ -237,6 +237,9 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
     cfg.n_threads = Some(threads());
     cfg.clone_fd = true;
     cfg.io_uring = uring;
+    cfg.ring_hooks = Some(fuser::RingHooksRef(
+        std::sync::Arc::new(ring::Policy::new()),
+    ));
     cfg
 }
 
@@ -294,7 +297,7 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
             mountpoint.display()
         )));
     }
-    layers::probe_upper(&cfg.upperdir, &cfg.workdir)
+    stack::probe_upper(&cfg.upperdir, &cfg.workdir)
 }
 
 /// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted. When

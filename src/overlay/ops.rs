@@ -1,18 +1,17 @@
 //! Namespace and metadata operations of the overlay engine (create, unlink, rmdir, rename,
 //! link, setattr, xattrs), each returning `Result<_, Errno>`.
 
-use std::ffi::{CString, OsStr};
-use std::os::fd::AsFd;
+use std::ffi::{CStr, CString, OsStr};
 use std::path::Path;
 use std::time::SystemTime;
 
 use fuser::{Errno, FileAttr, TimeOrNow};
 
 use super::fs::{OpResult, OverlayFs, Resolved, errno};
-use super::inode::{Kind, Loc, Located, orphan_name};
-use super::layers::Layer;
+use super::inode::{Backing, Loc, orphan_name};
+use super::stack::{Kind, Tree};
 use super::whiteout;
-use crate::sys::{as_path, child, cstr};
+use crate::sys::{child, cstr};
 
 /// What becomes of the upper entry of a file whose name leaves the merged view (see
 /// [`OverlayFs::detach`]).
@@ -37,10 +36,6 @@ pub enum NewEntry<'a> {
     Special(u32, u64),
     /// A new name for existing node id.
     Link(u64),
-}
-
-fn c(p: &Path) -> OpResult<CString> {
-    cstr(p.as_os_str()).map_err(errno)
 }
 
 fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
@@ -77,25 +72,23 @@ fn timespec(t: Option<TimeOrNow>) -> libc::timespec {
 
 impl OverlayFs {
     /// True when a lower layer merged into directory `pdir` has a visible entry `name`.
-    fn lower_has(&self, pdir: &Located, name: &OsStr) -> OpResult<bool> {
+    fn lower_has(&self, pdir: &Backing, name: &OsStr) -> OpResult<bool> {
         let rel = child(&pdir.path, name).map_err(errno)?;
-        let mut mask = pdir.lowers;
-        while mask != 0 {
-            let l = mask.trailing_zeros() as u8;
-            mask &= mask - 1;
-            if let Some(st) = self.roots.stat_opt(Layer::Lower(l), &rel).map_err(errno)? {
-                return Ok(!whiteout::is_whiteout_stat(&st));
-            }
-        }
-        Ok(false)
+        self.stack.lower_has(pdir.lowers, &rel).map_err(errno)
     }
 
     fn upper_whiteout_at(&self, rel: &CString) -> OpResult<bool> {
-        Ok(self
-            .roots
-            .stat_opt(Layer::Upper, rel)
-            .map_err(errno)?
-            .is_some_and(|st| whiteout::is_whiteout_stat(&st)))
+        self.stack.is_whiteout(Tree::Upper, rel).map_err(errno)
+    }
+
+    /// Marks upper directory `rel` opaque. Errors: the errno of opening it or of the xattr.
+    fn set_opaque(&self, rel: &CStr) -> OpResult<()> {
+        self.stack.set_opaque(Tree::Upper, rel).map_err(errno)
+    }
+
+    /// Puts a whiteout at upper path `rel`. Errors: the `mknodat` errno.
+    fn whiteout(&self, rel: &CStr) -> OpResult<()> {
+        self.stack.create_whiteout(rel).map_err(errno)
     }
 
     /// Creates `name` in `parent` owned by `uid`/`gid` (the parent's gid when it is setgid),
@@ -121,7 +114,6 @@ impl OverlayFs {
         }
         let _g = self.ns.read();
         let (pdir, existing) = self.resolve_in(parent, name)?;
-        let ppath = as_path(&pdir.path);
         if existing.is_some() {
             return Err(Errno::EEXIST);
         }
@@ -129,21 +121,21 @@ impl OverlayFs {
             self.copy_up(src, None)?;
         }
         self.ensure_upper_dir(parent)?;
-        let rel = c(&ppath.join(name))?;
-        let pst = self.roots.stat(Layer::Upper, &pdir.path).map_err(errno)?;
+        let rel = child(&pdir.path, name).map_err(errno)?;
+        let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
         let setgid = pst.st_mode & libc::S_ISGID != 0;
         let gid = if setgid { pst.st_gid } else { gid };
         let wh = self.upper_whiteout_at(&rel)?;
         let (layer, at) = if wh {
-            (Layer::Work, self.tmp_name())
+            (Tree::Work, self.tmp_name())
         } else {
-            (Layer::Upper, rel.clone())
+            (Tree::Upper, rel.clone())
         };
         let is_dir = matches!(what, NewEntry::Dir(_));
         let made = (|| -> std::io::Result<()> {
             match what {
                 NewEntry::File(mode) => {
-                    self.roots.open(
+                    self.stack.open(
                         layer,
                         &at,
                         libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
@@ -152,51 +144,43 @@ impl OverlayFs {
                 }
                 NewEntry::Dir(mode) => {
                     let mode = (mode & 0o7777) | if setgid { libc::S_ISGID } else { 0 };
-                    self.roots.mkdir(layer, &at, mode)?;
+                    self.stack.mkdir(layer, &at, mode)?;
                 }
                 NewEntry::Symlink(target) => {
-                    self.roots.symlink(&cstr(target.as_os_str())?, layer, &at)?;
+                    self.stack.symlink(&cstr(target.as_os_str())?, layer, &at)?;
                 }
-                NewEntry::Special(mode, rdev) => self.roots.mknod(layer, &at, mode, rdev)?,
+                NewEntry::Special(mode, rdev) => self.stack.mknod(layer, &at, mode, rdev)?,
                 NewEntry::Link(src) => {
-                    let (sl, s) = self
+                    let s = self
                         .backing(src)
                         .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
-                    self.roots.link(sl, &s.path, layer, &at)?;
+                    self.stack.link(s.tree, &s.path, layer, &at)?;
                 }
             }
             if !matches!(what, NewEntry::Link(_)) {
-                self.roots.chown(layer, &at, uid, gid)?;
+                self.stack.chown(layer, &at, uid, gid)?;
                 if let NewEntry::Dir(mode) | NewEntry::File(mode) = what {
                     // chown may clear set-id bits; put the requested mode back.
                     let m = (mode & 0o7777) | if setgid && is_dir { libc::S_ISGID } else { 0 };
-                    self.roots.chmod(layer, &at, m)?;
+                    self.stack.chmod(layer, &at, m)?;
                 }
             }
             if wh {
                 if is_dir {
-                    let d = self
-                        .roots
-                        .open(layer, &at, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                    whiteout::set_opaque(d.as_fd())?;
+                    self.stack.set_opaque(layer, &at)?;
                     // Swap the new directory with the whiteout, then drop the whiteout.
-                    self.roots.rename(
-                        Layer::Work,
-                        &at,
-                        Layer::Upper,
-                        &rel,
-                        libc::RENAME_EXCHANGE,
-                    )?;
-                    self.roots.unlink(Layer::Work, &at, false)?;
+                    self.stack
+                        .rename(Tree::Work, &at, Tree::Upper, &rel, libc::RENAME_EXCHANGE)?;
+                    self.stack.unlink(Tree::Work, &at, false)?;
                 } else {
-                    self.roots.rename(Layer::Work, &at, Layer::Upper, &rel, 0)?;
+                    self.stack.rename(Tree::Work, &at, Tree::Upper, &rel, 0)?;
                 }
             }
             Ok(())
         })();
         if let Err(e) = made {
             if wh {
-                let _ = self.roots.unlink(Layer::Work, &at, is_dir);
+                let _ = self.stack.unlink(Tree::Work, &at, is_dir);
             }
             return Err(errno(e));
         }
@@ -248,17 +232,17 @@ impl OverlayFs {
             Leaving::Unlinked if !held || self.orphans.lock().contains(&r.id) => {
                 // Held: another name of this inode is already kept there, and rename(2)
                 // between two links of one inode would do nothing, so just drop this name.
-                self.roots.unlink(Layer::Upper, rel, false).map_err(errno)?;
+                self.stack.unlink(Tree::Upper, rel, false).map_err(errno)?;
             }
             Leaving::Unlinked => self
-                .roots
-                .rename(Layer::Upper, rel, Layer::Work, &orphan_name(r.id), 0)
+                .stack
+                .rename(Tree::Upper, rel, Tree::Work, &orphan_name(r.id), 0)
                 .map_err(errno)?,
             Leaving::Replaced if held => {
                 let o = orphan_name(r.id);
-                let _ = self.roots.unlink(Layer::Work, &o, false);
-                self.roots
-                    .link(Layer::Upper, rel, Layer::Work, &o)
+                let _ = self.stack.unlink(Tree::Work, &o, false);
+                self.stack
+                    .link(Tree::Upper, rel, Tree::Work, &o)
                     .map_err(errno)?;
             }
             Leaving::Replaced => {}
@@ -285,7 +269,6 @@ impl OverlayFs {
     pub fn unlink(&self, parent: u64, name: &OsStr) -> OpResult<()> {
         let _g = self.ns.write();
         let (pdir, r) = self.resolve_in(parent, name)?;
-        let ppath = as_path(&pdir.path);
         let r = r.ok_or(Errno::ENOENT)?;
         if r.kind == Kind::Dir {
             return Err(Errno::EISDIR);
@@ -295,28 +278,20 @@ impl OverlayFs {
         let rel = child(&pdir.path, name).map_err(errno)?;
         self.detach(&r, &rel, Leaving::Unlinked)?;
         if lower_has {
-            whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name).map_err(errno)?;
+            self.whiteout(&rel)?;
         }
         self.listings.removed(parent, name);
         Ok(())
-    }
-
-    fn upper_dir_fd(&self, ppath: &Path) -> OpResult<std::fs::File> {
-        self.roots
-            .open(
-                Layer::Upper,
-                &c(ppath)?,
-                libc::O_RDONLY | libc::O_DIRECTORY,
-                0,
-            )
-            .map_err(errno)
     }
 
     /// Checks that directory `r` at `rel` has no entry in the merged view (whiteouts aside).
     ///
     /// Errors: `ENOTEMPTY`, or the errno of reading a layer.
     fn check_empty(&self, r: &Resolved, rel: &CString) -> OpResult<()> {
-        let names = self.merged_names(r.upper, r.lowers, rel).map_err(errno)?;
+        let names = self
+            .stack
+            .merged_names(r.upper, r.lowers, rel)
+            .map_err(errno)?;
         if names.is_empty() {
             Ok(())
         } else {
@@ -325,17 +300,8 @@ impl OverlayFs {
     }
 
     /// Removes whiteouts left inside upper directory `rel` so it can be removed or replaced.
-    fn purge_whiteouts(&self, rel: &Path) -> OpResult<()> {
-        let crel = c(rel)?;
-        for (name, _) in self.roots.read_dir(Layer::Upper, &crel).map_err(errno)? {
-            let p = c(&rel.join(&name))?;
-            let st = self.roots.stat(Layer::Upper, &p).map_err(errno)?;
-            if !whiteout::is_whiteout_stat(&st) {
-                return Err(Errno::ENOTEMPTY);
-            }
-            self.roots.unlink(Layer::Upper, &p, false).map_err(errno)?;
-        }
-        Ok(())
+    fn purge_whiteouts(&self, rel: &CStr) -> OpResult<()> {
+        self.stack.purge_whiteouts(rel).map_err(errno)
     }
 
     /// Removes the empty (in the merged view) directory `name` from `parent`.
@@ -344,22 +310,20 @@ impl OverlayFs {
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> OpResult<()> {
         let _g = self.ns.write();
         let (pdir, r) = self.resolve_in(parent, name)?;
-        let ppath = as_path(&pdir.path);
         let r = r.ok_or(Errno::ENOENT)?;
         if r.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
-        let rel_path = ppath.join(name);
-        let rel = c(&rel_path)?;
+        let rel = child(&pdir.path, name).map_err(errno)?;
         self.check_empty(&r, &rel)?;
         self.ensure_upper_dir(parent)?;
         let lower_has = self.lower_has(&pdir, name)?;
         if r.upper {
-            self.purge_whiteouts(&rel_path)?;
-            self.roots.unlink(Layer::Upper, &rel, true).map_err(errno)?;
+            self.purge_whiteouts(&rel)?;
+            self.stack.unlink(Tree::Upper, &rel, true).map_err(errno)?;
         }
         if lower_has {
-            whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name).map_err(errno)?;
+            self.whiteout(&rel)?;
         }
         self.detach(&r, &rel, Leaving::Unlinked)?;
         self.listings.removed(parent, name);
@@ -387,10 +351,8 @@ impl OverlayFs {
         }
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let (pdir, src) = self.resolve_in(parent, name)?;
-        let ppath = as_path(&pdir.path);
         let src = src.ok_or(Errno::ENOENT)?;
         let (npdir, dst) = self.resolve_in(newparent, newname)?;
-        let nppath = as_path(&npdir.path);
         if dst.is_some() && flags & libc::RENAME_NOREPLACE != 0 {
             return Err(Errno::EEXIST);
         }
@@ -402,8 +364,8 @@ impl OverlayFs {
         }
         self.ensure_upper_dir(parent)?;
         self.ensure_upper_dir(newparent)?;
-        let (src_path, dst_path) = (ppath.join(name), nppath.join(newname));
-        let (srel, drel) = (c(&src_path)?, c(&dst_path)?);
+        let srel = child(&pdir.path, name).map_err(errno)?;
+        let drel = child(&npdir.path, newname).map_err(errno)?;
         // Bring the source (and for an exchange the target) wholly into the upper dir.
         self.bring_up(parent, name, &src)?;
         if exchange {
@@ -411,18 +373,14 @@ impl OverlayFs {
             self.bring_up(newparent, newname, d)?;
             for (r, p) in [(&src, &srel), (d, &drel)] {
                 if r.kind == Kind::Dir {
-                    let f = self
-                        .roots
-                        .open(Layer::Upper, p, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                        .map_err(errno)?;
-                    whiteout::set_opaque(f.as_fd()).map_err(errno)?;
+                    self.set_opaque(p)?;
                 }
             }
-            self.roots
+            self.stack
                 .rename(
-                    Layer::Upper,
+                    Tree::Upper,
                     &srel,
-                    Layer::Upper,
+                    Tree::Upper,
                     &drel,
                     libc::RENAME_EXCHANGE,
                 )
@@ -436,49 +394,44 @@ impl OverlayFs {
         let src_lower = self.lower_has(&pdir, name)?;
         let dst_lower = self.lower_has(&npdir, newname)?;
         if src.kind == Kind::Dir && dst_lower {
-            let f = self
-                .roots
-                .open(Layer::Upper, &srel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                .map_err(errno)?;
-            whiteout::set_opaque(f.as_fd()).map_err(errno)?;
+            self.set_opaque(&srel)?;
         }
         // Clear the target: an emptied directory or whiteout in the upper dir, detach its node.
         if let Some(d) = &dst {
             if d.kind == Kind::Dir {
                 self.check_empty(d, &drel)?;
                 if d.upper {
-                    self.purge_whiteouts(&dst_path)?;
+                    self.purge_whiteouts(&drel)?;
                 }
                 self.listings.forget(d.id);
             }
             self.detach(d, &drel, Leaving::Replaced)?;
         }
         if src.kind == Kind::Dir && self.upper_whiteout_at(&drel)? {
-            self.roots
-                .unlink(Layer::Upper, &drel, false)
+            self.stack
+                .unlink(Tree::Upper, &drel, false)
                 .map_err(errno)?;
         }
         if src_lower {
-            match self.roots.rename(
-                Layer::Upper,
+            match self.stack.rename(
+                Tree::Upper,
                 &srel,
-                Layer::Upper,
+                Tree::Upper,
                 &drel,
                 libc::RENAME_WHITEOUT,
             ) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.roots
-                        .rename(Layer::Upper, &srel, Layer::Upper, &drel, 0)
+                    self.stack
+                        .rename(Tree::Upper, &srel, Tree::Upper, &drel, 0)
                         .map_err(errno)?;
-                    whiteout::create_whiteout(self.upper_dir_fd(ppath)?.as_fd(), name)
-                        .map_err(errno)?;
+                    self.whiteout(&srel)?;
                 }
                 Err(e) => return Err(errno(e)),
             }
         } else {
-            self.roots
-                .rename(Layer::Upper, &srel, Layer::Upper, &drel, 0)
+            self.stack
+                .rename(Tree::Upper, &srel, Tree::Upper, &drel, 0)
                 .map_err(errno)?;
         }
         self.moved(src.id, src.kind, newparent, newname);
@@ -499,13 +452,9 @@ impl OverlayFs {
         let res = (|| {
             self.copy_up(r.id, None)?;
             if r.kind == Kind::Dir {
-                let d = Located::dir(true, r.lowers, parent, self.path_of(r.id)?);
+                let d = Backing::upper_dir(r.lowers, parent, self.path_of(r.id)?);
                 self.copy_up_tree(r.id, &d)?;
-                let f = self
-                    .roots
-                    .open(Layer::Upper, &d.path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                    .map_err(errno)?;
-                whiteout::set_opaque(f.as_fd()).map_err(errno)?;
+                self.set_opaque(&d.path)?;
             }
             Ok(())
         })();
@@ -557,15 +506,15 @@ impl OverlayFs {
         {
             let _g = self.ns.read();
             self.copy_up(id, change.size)?;
-            let (layer, n) = self.backing(id)?;
-            let p = &n.path;
+            let n = self.backing(id)?;
+            let (layer, p) = (n.tree, &n.path);
             if let Some(m) = change.mode
                 && n.kind != Kind::Symlink
             {
-                self.roots.chmod(layer, p, m & 0o7777).map_err(errno)?;
+                self.stack.chmod(layer, p, m & 0o7777).map_err(errno)?;
             }
             if change.uid.is_some() || change.gid.is_some() {
-                self.roots
+                self.stack
                     .chown(
                         layer,
                         p,
@@ -582,11 +531,11 @@ impl OverlayFs {
                 f.set_len(sz).map_err(errno)?;
             }
             if change.atime.is_some() || change.mtime.is_some() {
-                self.roots
+                self.stack
                     .utimens(layer, p, &[timespec(change.atime), timespec(change.mtime)])
                     .map_err(errno)?;
             }
-            self.attr_at(id, layer, &n)
+            self.attr_at(id, &n)
         }
     }
 
@@ -628,8 +577,8 @@ impl OverlayFs {
     /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
     pub fn readlink(&self, id: u64) -> OpResult<Vec<u8>> {
         let _g = self.ns.read();
-        let (layer, l) = self.backing(id)?;
-        self.roots.readlink(layer, &l.path).map_err(errno)
+        let l = self.backing(id)?;
+        self.stack.readlink(l.tree, &l.path).map_err(errno)
     }
 
     /// The xattr path to read xattrs of node `id`, or `None` for a removed directory held open,
@@ -647,8 +596,8 @@ impl OverlayFs {
         if write {
             self.copy_up(id, None)?;
         }
-        let (layer, l) = self.backing(id)?;
-        Ok(self.roots.proc_path(layer, &l.path))
+        let l = self.backing(id)?;
+        Ok(self.stack.proc_path(l.tree, &l.path))
     }
 
     /// getxattr: the value of `name` (`size` 0 asks only the length). Overlay-private names
@@ -777,12 +726,12 @@ impl OverlayFs {
                     return;
                 }
                 let o = orphan_name(id);
-                if let Ok(st) = self.roots.stat(Layer::Work, &o)
+                if let Ok(st) = self.stack.stat(Tree::Work, &o)
                     && st.st_nlink <= 1
                 {
                     self.nodes.drop_upper(st.st_ino);
                 }
-                let _ = self.roots.unlink(Layer::Work, &o, false);
+                let _ = self.stack.unlink(Tree::Work, &o, false);
             }
         }
     }

@@ -43,9 +43,15 @@ pub fn is_whiteout_meta(meta: &std::fs::Metadata) -> bool {
 ///
 /// Errors: the `mknodat(2)` errno — `EEXIST` if `name` exists, `EPERM` without `CAP_MKNOD`.
 pub fn create_whiteout(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
-    let c = cstr(name)?;
-    // SAFETY: valid dirfd and NUL-terminated name; mknodat does not retain pointers.
-    let rc = unsafe { libc::mknodat(dir.as_raw_fd(), c.as_ptr(), libc::S_IFCHR, 0) };
+    create_whiteout_at(dir.as_raw_fd(), &cstr(name)?)
+}
+
+/// Creates a whiteout at `rel` below the directory fd `dir`.
+///
+/// Errors: as [`create_whiteout`]; `ENOENT`/`ENOTDIR` for a missing parent.
+pub fn create_whiteout_at(dir: RawFd, rel: &CStr) -> io::Result<()> {
+    // SAFETY: `rel` is NUL-terminated; mknodat does not retain pointers; a bad fd is EBADF.
+    let rc = unsafe { libc::mknodat(dir, rel.as_ptr(), libc::S_IFCHR, 0) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }

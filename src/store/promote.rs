@@ -1,7 +1,7 @@
 //! Promotion: lower ⊕ upper → a new immutable layer tree (published by [`super::Store`]).
 //!
-//! Merge rules are kernel overlayfs's (Documentation/filesystems/overlayfs.rst), with the
-//! whiteout/opaque encoding read only through [`crate::overlay::whiteout`]:
+//! Merge rules are kernel overlayfs's (Documentation/filesystems/overlayfs.rst), applied by the
+//! overlay's layer stack ([`crate::overlay::stack`], the same code the mounted overlay uses):
 //! * an upper **whiteout** (char device 0/0) deletes the lower entry of that name;
 //! * an **opaque** upper directory hides all lower children of that directory;
 //! * an upper directory over a lower directory merges; any other upper entry replaces the lower;
@@ -19,18 +19,16 @@
 //! regular files are opened with `O_NOFOLLOW`, so nothing written by a run — symlinks included
 //! — can make promotion read or write outside the run's upper dir and its project's store.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsString;
+use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::layer::TreeCounts;
 use super::object::{ObjectStore, copy_metadata};
 use crate::error::{IoContext, Result};
 use crate::ids::ObjectId;
-use crate::overlay::whiteout;
+use crate::overlay::stack::{Kind, Stack, Tree};
 use crate::sys;
 
 /// A pattern naming a credential file that must never enter a shared layer.
@@ -160,12 +158,23 @@ pub fn build_tree(
         }
         None => HashMap::new(),
     };
+    let lowers: Vec<&Path> = lower.into_iter().collect();
+    let stack = Stack::open_merge(upper, &lowers).at(upper.or(lower).unwrap_or(dst))?;
+    // An opaque upper root hides the lower entirely.
+    let opaque = match upper {
+        Some(u) => stack.is_opaque(Tree::Upper, c".").at(u)?,
+        None => false,
+    };
+    let in_lowers = if opaque { 0 } else { stack.all_lowers() };
     let mut b = Builder {
         objects,
         stats: TreeStats::default(),
         hashes,
+        stack,
+        upper,
+        lower,
     };
-    match b.merge_dir(lower, upper, dst, Path::new("")) {
+    match b.merge_dir(upper.is_some(), in_lowers, dst, Path::new("")) {
         Ok(()) => Ok(b.stats),
         Err(e) => {
             undo_created_objects(&b.stats);
@@ -179,6 +188,10 @@ struct Builder<'a> {
     stats: TreeStats,
     /// Content hashes of the upper's regular files, computed in parallel before the walk.
     hashes: HashMap<PathBuf, ObjectId>,
+    /// The upper over the lower: it applies the merge rules.
+    stack: Stack,
+    upper: Option<&'a Path>,
+    lower: Option<&'a Path>,
 }
 
 /// Regular files below `dir` (not following symlinks); unreadable parts are skipped (the
@@ -194,75 +207,40 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn read_entries(dir: &Path) -> Result<Vec<(OsString, fs::Metadata)>> {
-    let mut out = Vec::new();
-    for ent in fs::read_dir(dir).at(dir)? {
-        let ent = ent.at(dir)?;
-        let meta = ent.metadata().at(ent.path())?;
-        out.push((ent.file_name(), meta));
-    }
-    Ok(out)
-}
-
-type Pair = (Option<fs::Metadata>, Option<fs::Metadata>);
-
 impl Builder<'_> {
-    fn merge_dir(
-        &mut self,
-        lower: Option<&Path>,
-        upper: Option<&Path>,
-        dst: &Path,
-        rel: &Path,
-    ) -> Result<()> {
+    /// The path of `rel` in the upper dir when `in_upper`, else in the lower when `in_lower`.
+    fn source(&self, in_upper: bool, in_lower: bool, rel: &Path) -> Option<PathBuf> {
+        let root = if in_upper { self.upper } else { None };
+        root.or(self.lower.filter(|_| in_lower))
+            .map(|r| r.join(rel))
+    }
+
+    /// Builds directory `rel` at `dst` from the merged names of the upper dir (when `upper`)
+    /// and the lower (when `lowers` is not 0), each entry taken from the layer that the stack
+    /// finds it in ([`Stack::lookup`]).
+    fn merge_dir(&mut self, upper: bool, lowers: u64, dst: &Path, rel: &Path) -> Result<()> {
         fs::create_dir(dst).at(dst)?;
         self.stats.counts.dirs += 1;
-        let hide_lower = match upper {
-            Some(u) => whiteout::dir_is_opaque(u).at(u)?,
-            None => false,
-        };
-        let mut names: BTreeMap<OsString, Pair> = BTreeMap::new();
-        if let Some(u) = upper {
-            for (n, m) in read_entries(u)? {
-                names.entry(n).or_default().0 = Some(m);
-            }
-        }
-        if let Some(l) = lower.filter(|_| !hide_lower) {
-            for (n, m) in read_entries(l)? {
-                names.entry(n).or_default().1 = Some(m);
-            }
-        }
-        for (name, (um, lm)) in names {
-            let d = dst.join(&name);
+        let src = self.source(upper, lowers != 0, rel);
+        let at = || src.clone().unwrap_or_else(|| dst.to_path_buf());
+        let crel = sys::cstr(Path::new(".").join(rel).as_os_str()).at(at())?;
+        let mut names = self.stack.merged_names(upper, lowers, &crel).at(at())?;
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, _) in names {
             let r = rel.join(&name);
-            match (um, lm, upper, lower) {
-                (Some(um), lm, Some(upper), _) => {
-                    if whiteout::is_whiteout_meta(&um) {
-                        continue;
-                    }
-                    let src = upper.join(&name);
-                    if um.is_dir() {
-                        let lower_sub = match (lower, lm) {
-                            (Some(l), Some(lm)) if lm.is_dir() => Some(l.join(&name)),
-                            _ => None,
-                        };
-                        self.merge_dir(lower_sub.as_deref(), Some(&src), &d, &r)?;
-                    } else {
-                        self.entry(&src, &um, &d, &r, true)?;
-                    }
-                }
-                (None, Some(lm), _, Some(lower)) => {
-                    let src = lower.join(&name);
-                    if lm.is_dir() {
-                        self.merge_dir(Some(&src), None, &d, &r)?;
-                    } else {
-                        self.entry(&src, &lm, &d, &r, false)?;
-                    }
-                }
-                _ => {}
+            let d = dst.join(&name);
+            let cr = sys::child(&crel, &name).at(at())?;
+            let Some(e) = self.stack.lookup(upper, lowers, &cr).at(at())? else {
+                continue;
+            };
+            if e.kind == Kind::Dir {
+                self.merge_dir(e.upper, e.lowers, &d, &r)?;
+            } else if let Some(src) = self.source(e.upper, e.lowers != 0, &r) {
+                self.entry(&src, &e.st, &d, &r, e.upper)?;
             }
         }
-        if let Some(src) = upper.or(lower) {
-            copy_metadata(src, dst)?;
+        if let Some(src) = src {
+            copy_metadata(&src, dst)?;
         }
         Ok(())
     }
@@ -271,7 +249,7 @@ impl Builder<'_> {
     fn entry(
         &mut self,
         src: &Path,
-        meta: &fs::Metadata,
+        st: &libc::stat,
         dst: &Path,
         rel: &Path,
         from_upper: bool,
@@ -280,10 +258,10 @@ impl Builder<'_> {
             self.stats.dropped.push(rel.to_string_lossy().into_owned());
             return Ok(());
         }
-        let ft = meta.file_type();
-        if ft.is_file() {
+        let ft = st.st_mode & libc::S_IFMT;
+        if ft == libc::S_IFREG {
             // A lower file that is already an object link is linked as is (no rehash).
-            let linked = if !from_upper && meta.nlink() > 1 {
+            let linked = if !from_upper && st.st_nlink > 1 {
                 match fs::hard_link(src, dst) {
                     Ok(()) => true,
                     Err(e) if e.raw_os_error() == Some(libc::EMLINK) => false,
@@ -297,20 +275,20 @@ impl Builder<'_> {
                 let stored = self.objects.store_by_link_hashed(src, hash)?;
                 if stored.new {
                     self.stats.counts.new_objects += 1;
-                    self.stats.counts.new_bytes += meta.len();
+                    self.stats.counts.new_bytes += st.st_size as u64;
                     self.stats.created_objects.push(stored.path.clone());
                 }
                 self.objects.link_object(&stored.path, dst)?;
             }
             self.stats.counts.files += 1;
-            self.stats.counts.bytes += meta.len();
-        } else if ft.is_symlink() {
+            self.stats.counts.bytes += st.st_size as u64;
+        } else if ft == libc::S_IFLNK {
             let target = fs::read_link(src).at(src)?;
             std::os::unix::fs::symlink(&target, dst).at(dst)?;
             copy_metadata(src, dst)?;
             self.stats.counts.symlinks += 1;
-        } else if ft.is_fifo() {
-            sys::mkfifo(dst, meta.mode()).at(dst)?;
+        } else if ft == libc::S_IFIFO {
+            sys::mkfifo(dst, st.st_mode).at(dst)?;
             copy_metadata(src, dst)?;
             self.stats.counts.other += 1;
         } else {
@@ -337,9 +315,11 @@ pub fn undo_created_objects(stats: &TreeStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::overlay::whiteout;
     use std::ffi::OsStr;
     use std::os::fd::AsFd;
     use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
     fn write(p: &Path, s: &str) {
         fs::create_dir_all(p.parent().unwrap()).unwrap();

@@ -55,6 +55,7 @@ pub use crate::notify::PollNotifier;
 pub use crate::open_flags::OpenAccMode;
 pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
+pub use crate::uring::{RingHooks, RingHooksRef, RingThread};
 pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
 pub use crate::reply::ReplyAttr;

@@ -307,15 +307,21 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut threads = Vec::with_capacity(n_threads);
 
-        if let (Some(per_queue), Some(crate::uring::Setup { payload, rings })) =
-            (config.io_uring, uring)
+        if let Some(crate::uring::Setup {
+            payload,
+            rings,
+            queues,
+        }) = uring
         {
             let ring_ch = channels[0].clone();
             let (registered_tx, registered) = std::sync::mpsc::channel();
-            let per_queue = per_queue.max(1);
+            let startup = crate::uring::Startup::new();
             let entries = rings.len();
-            for (i, ring) in rings.into_iter().enumerate() {
-                let (qid, t) = (i / per_queue, i % per_queue);
+            let mut ring_threads = Vec::with_capacity(entries);
+            let mut spawned = Ok(());
+            for (i, (ring, qid)) in rings.into_iter().zip(queues.iter().copied()).enumerate() {
+                // The entry's number within its queue.
+                let t = queues[..i].iter().filter(|&&q| q == qid).count();
                 let thread_name = format!("fuser-uring-{qid}.{t}");
                 let event_loop = SessionEventLoop {
                     thread_name: thread_name.clone(),
@@ -324,24 +330,45 @@ impl<FS: Filesystem> Session<FS> {
                     allowed,
                     session_owner,
                 };
-                let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
                 let tx = registered_tx.clone();
-                threads.push(thread::Builder::new().name(thread_name).spawn(move || {
-                    crate::uring::serve_entry(&event_loop, ring, qid, payload, tx)
-                })?);
-            }
-            // The kernel granted io_uring in INIT, so it holds every request until each queue
-            // has an entry: if one cannot be registered, end the session (the connection is
-            // aborted when its fds close) rather than leave every caller hanging.
-            for _ in 0..entries {
-                match registered.recv_timeout(std::time::Duration::from_secs(10)) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => {
-                        return Err(io::Error::other("io_uring entries not registered in 10 s"));
+                let (startup, hooks) = (startup.clone(), config.ring_hooks.clone());
+                let spawn = thread::Builder::new().name(thread_name).spawn(move || {
+                    crate::uring::serve_entry(&event_loop, ring, qid, payload, tx, startup, hooks)
+                });
+                match spawn {
+                    Ok(h) => ring_threads.push(h),
+                    Err(e) => {
+                        spawned = Err(e);
+                        break;
                     }
                 }
             }
+            // The kernel granted io_uring in INIT, so it holds every request until each queue
+            // has an entry: if one cannot be registered, end the session (the connection is
+            // aborted when its fds close) rather than leave every caller hanging. The entry
+            // threads already started are told to end and joined first.
+            let mut failed = spawned.err();
+            for _ in 0..ring_threads.len() {
+                if failed.is_some() {
+                    break;
+                }
+                match registered.recv_timeout(std::time::Duration::from_secs(10)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => failed = Some(e),
+                    Err(_) => {
+                        failed = Some(io::Error::other("io_uring entries not registered in 10 s"));
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                startup.abort();
+                for h in ring_threads {
+                    let _ = h.join();
+                }
+                return Err(e);
+            }
+            startup.running();
+            threads.extend(ring_threads);
         }
         ready();
 
@@ -489,8 +516,8 @@ impl<FS: Filesystem> Session<FS> {
             if let Some(per_queue) = self.config.io_uring
                 && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
             {
-                let n = crate::uring::possible_cpus() * per_queue.max(1);
-                match crate::uring::new_rings(n) {
+                let queues = crate::uring::queues(per_queue);
+                match crate::uring::new_rings(queues.len()) {
                     Ok(rings) => {
                         if config
                             .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
@@ -500,7 +527,11 @@ impl<FS: Filesystem> Session<FS> {
                             let payload = (config.max_write as usize)
                                 .max(usize::from(config.max_pages()) * page)
                                 .max(8192);
-                            self.uring = Some(crate::uring::Setup { payload, rings });
+                            self.uring = Some(crate::uring::Setup {
+                                payload,
+                                rings,
+                                queues,
+                            });
                         }
                     }
                     Err(e) => warn!("FUSE over io_uring not used: io_uring: {e}"),

@@ -10,26 +10,28 @@
 //! has been copied into the entry; the reply is written into the same buffers and handed back
 //! with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also waits for the next request.
 //!
-//! Each entry here has its own thread and its own ring, pinned to the entry's CPU (except while
-//! it serves a streamed read, see `Placement`): the thread that serves a request runs where the
-//! requester runs, so a round trip costs two context
-//! switches on one CPU instead of two cross-CPU wake-ups (on the 2-vCPU VMs we measured, a
-//! GETATTR round trip went from ~25-50 us to ~4 us). The kernel uses the rings only once every
-//! queue has an entry; until then, and always for FORGET and INTERRUPT, requests still arrive
-//! through /dev/fuse.
+//! Each entry here has its own thread and its own ring. Where and how that thread runs is the
+//! filesystem's choice, through [`RingHooks`] in `Config::ring_hooks` (a thread pinned to its
+//! queue's CPU serves requests where the requester runs; layercache's policy is in its
+//! `overlay/ring.rs`); without hooks the threads run wherever the scheduler puts them. Online
+//! CPUs get `Config::io_uring` entries each, possible-but-offline CPUs one (the kernel needs
+//! one on every queue, and an offline CPU issues no requests). The kernel uses the rings only
+//! once every queue has an entry; until then, and always for FORGET and INTERRUPT, requests
+//! still arrive through /dev/fuse.
 
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::Ordering;
 
 use io_uring::IoUring;
 use io_uring::cqueue;
 use io_uring::opcode;
 use io_uring::squeue;
 use io_uring::types;
-use log::debug;
 use log::error;
 use parking_lot::Condvar;
 use parking_lot::Mutex;
@@ -47,14 +49,57 @@ use crate::session::SessionEventLoop;
 const IN_OUT_SZ: usize = 128;
 /// `FUSE_URING_OP_IN_OUT_SZ`: bytes of `op_in` (the opcode's first in-argument).
 const OP_IN_SZ: usize = 128;
-/// `sizeof(struct fuse_uring_req_header)`: `in_out`, `op_in`, then the 32-byte
-/// `struct fuse_uring_ent_in_out { u64 flags; u64 commit_id; u32 payload_sz; u32 pad; u64 rsvd }`.
-const HEADER_SZ: usize = IN_OUT_SZ + OP_IN_SZ + 32;
-const ENT_COMMIT_ID: usize = IN_OUT_SZ + OP_IN_SZ + 8;
-const ENT_PAYLOAD_SZ: usize = IN_OUT_SZ + OP_IN_SZ + 16;
+
+/// `struct fuse_uring_ent_in_out` (include/uapi/linux/fuse.h).
+#[repr(C)]
+struct EntInOut {
+    flags: u64,
+    commit_id: u64,
+    payload_sz: u32,
+    padding: u32,
+    reserved: u64,
+}
+
+/// `struct fuse_uring_req_header`: the header buffer of an entry.
+#[repr(C)]
+struct ReqHeader {
+    in_out: [u8; IN_OUT_SZ],
+    op_in: [u8; OP_IN_SZ],
+    ring_ent_in_out: EntInOut,
+}
+
+/// `struct fuse_uring_cmd_req`: the start of a `FUSE_IO_URING_CMD_*` SQE's command area.
+#[repr(C)]
+struct CmdReq {
+    flags: u64,
+    commit_id: u64,
+    qid: u16,
+    padding: [u8; 6],
+}
+
+/// `sizeof(struct fuse_uring_req_header)`.
+const HEADER_SZ: usize = size_of::<ReqHeader>();
+const ENT_COMMIT_ID: usize =
+    std::mem::offset_of!(ReqHeader, ring_ent_in_out) + std::mem::offset_of!(EntInOut, commit_id);
+const ENT_PAYLOAD_SZ: usize =
+    std::mem::offset_of!(ReqHeader, ring_ent_in_out) + std::mem::offset_of!(EntInOut, payload_sz);
 /// `sizeof(struct fuse_in_header)` and `sizeof(struct fuse_out_header)`.
-const IN_HEADER_SZ: usize = 40;
-const OUT_HEADER_SZ: usize = 16;
+const IN_HEADER_SZ: usize = size_of::<crate::ll::fuse_abi::fuse_in_header>();
+const OUT_HEADER_SZ: usize = size_of::<crate::ll::fuse_abi::fuse_out_header>();
+
+// The kernel ABI these hand-written layouts follow (include/uapi/linux/fuse.h, Linux 6.14+).
+const _: () = assert!(size_of::<EntInOut>() == 32);
+const _: () = assert!(HEADER_SZ == 288);
+const _: () = assert!(ENT_COMMIT_ID == 264 && ENT_PAYLOAD_SZ == 272);
+const _: () = assert!(size_of::<CmdReq>() == 24);
+const _: () = assert!(std::mem::offset_of!(CmdReq, commit_id) == 8);
+const _: () = assert!(std::mem::offset_of!(CmdReq, qid) == 16);
+const _: () = assert!(IN_HEADER_SZ == 40 && OUT_HEADER_SZ == 16);
+const _: () = assert!(OUT_HEADER_SZ <= IN_OUT_SZ && IN_HEADER_SZ <= IN_OUT_SZ);
+// An SQE128: `struct io_uring_sqe` (64 bytes, `len` at offset 24) and 64 command bytes.
+const _: () = assert!(size_of::<squeue::Entry128>() == 128);
+/// Offset of `len` in `struct io_uring_sqe`.
+const SQE_LEN: usize = 24;
 /// `enum fuse_uring_cmd`.
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -143,9 +188,13 @@ impl RingReply {
         let max = max.min(self.payload_sz);
         // SAFETY: see the impl's SAFETY note; max <= payload_sz.
         let buf = unsafe { std::slice::from_raw_parts_mut(self.payload, max) };
-        let (body, error) = match fill(buf) {
-            Ok(n) => (n.min(max), 0i32),
-            Err(e) => (0, -e.code()),
+        // A panic in `fill` must still answer the request (the entry would wait for its reply
+        // forever): EIO goes out, then the panic goes on.
+        let filled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fill(buf)));
+        let (body, error) = match &filled {
+            Ok(Ok(n)) => ((*n).min(max), 0i32),
+            Ok(Err(e)) => (0, -e.code()),
+            Err(_) => (0, -libc::EIO),
         };
         // struct fuse_out_header { u32 len; i32 error; u64 unique; }
         let mut h = [0u8; OUT_HEADER_SZ];
@@ -156,6 +205,10 @@ impl RingReply {
         unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.out_header, OUT_HEADER_SZ) };
         *written = Some(Ok(body));
         self.ready.notify_one();
+        drop(written);
+        if let Err(panic) = filled {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     pub(crate) fn channel(&self) -> &ChannelSender {
@@ -178,6 +231,83 @@ impl RingReply {
 #[repr(C, align(64))]
 struct Header([u8; HEADER_SZ]);
 
+/// The scheduling policy of FUSE-over-io_uring entry threads (layercache addition, see
+/// PATCHES.md): given in `Config::ring_hooks`, asked once per entry thread for that thread's
+/// [`RingThread`].
+pub trait RingHooks: Send + Sync + 'static {
+    /// Called on the new thread of an entry of CPU queue `qid`, before it registers.
+    fn thread(&self, qid: u16) -> Box<dyn RingThread>;
+}
+
+/// Per-thread hooks of one ring entry (see [`RingHooks`]); called on the entry's thread.
+pub trait RingThread {
+    /// Called before a request is served: its FUSE opcode (`enum fuse_opcode`) and, for a
+    /// READ, the bytes asked for.
+    fn request(&mut self, opcode: u32, read_size: Option<u32>) {
+        let _ = (opcode, read_size);
+    }
+
+    /// Called when a reply has been queued for commit, before the thread waits for its next
+    /// request. `submit` submits the commit at once (`io_uring_enter` without waiting); a hook
+    /// that does not call it leaves the commit to be submitted with that wait (one syscall).
+    ///
+    /// Errors: those of `submit` (`EINTR` is not an error: the wait submits it again).
+    fn commit(&mut self, submit: &mut dyn FnMut() -> io::Result<()>) -> io::Result<()> {
+        let _ = submit;
+        Ok(())
+    }
+}
+
+/// The hooks of `Config::ring_hooks`: compared by identity.
+#[derive(Clone)]
+pub struct RingHooksRef(pub Arc<dyn RingHooks>);
+
+impl std::fmt::Debug for RingHooksRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RingHooksRef(..)")
+    }
+}
+
+impl PartialEq for RingHooksRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for RingHooksRef {}
+
+/// Hooks that change nothing (no `Config::ring_hooks`).
+struct NoHooks;
+
+impl RingThread for NoHooks {}
+
+/// Where the session is in starting its ring entries (shared with the entry threads).
+pub(crate) struct Startup(AtomicU8);
+
+impl Startup {
+    const REGISTERING: u8 = 0;
+    const RUNNING: u8 = 1;
+    const ABORTED: u8 = 2;
+
+    pub(crate) fn new() -> Arc<Startup> {
+        Arc::new(Startup(AtomicU8::new(Self::REGISTERING)))
+    }
+    /// Every entry is registered: threads wait for requests without a timeout from now on.
+    pub(crate) fn running(&self) {
+        self.0.store(Self::RUNNING, Ordering::Release);
+    }
+    /// An entry could not be registered: the others end (within [`STARTUP_POLL`]).
+    pub(crate) fn abort(&self) {
+        self.0.store(Self::ABORTED, Ordering::Release);
+    }
+    fn state(&self) -> u8 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// How often an entry thread looks at [`Startup`] while the session is starting (50 ms).
+const STARTUP_POLL: types::Timespec = types::Timespec::new().nsec(50_000_000);
+
 /// Builds a `FUSE_IO_URING_CMD_*` SQE for queue `qid`; `iov` is set for REGISTER only.
 fn uring_cmd(
     fd: i32,
@@ -189,8 +319,10 @@ fn uring_cmd(
     // struct fuse_uring_cmd_req { u64 flags; u64 commit_id; u16 qid; u8 padding[6]; } at the
     // start of the 80-byte command area; the rest stays zero.
     let mut cmd = [0u8; 80];
-    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
-    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let at = std::mem::offset_of!(CmdReq, commit_id);
+    cmd[at..at + 8].copy_from_slice(&commit_id.to_ne_bytes());
+    let at = std::mem::offset_of!(CmdReq, qid);
+    cmd[at..at + 2].copy_from_slice(&qid.to_ne_bytes());
     let mut b = opcode::UringCmd80::new(types::Fd(fd), op).cmd(cmd);
     if let Some(iov) = iov {
         b = b.addr(Some(iov.as_ptr() as u64));
@@ -198,137 +330,42 @@ fn uring_cmd(
     let sqe = b.build();
     let Some(_) = iov else { return sqe };
     // The io-uring crate has no setter for `sqe->len`, which REGISTER uses for the iovec count.
-    // SAFETY: Entry128 is #[repr(C)] over struct io_uring_sqe (64 bytes) + 64 command bytes;
-    // `len` is the u32 at byte offset 24 of io_uring_sqe.
+    // SAFETY: Entry128 is #[repr(C)] over struct io_uring_sqe (64 bytes) + 64 command bytes
+    // (size checked above); `len` is the u32 at byte offset SQE_LEN of io_uring_sqe.
     let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
-    raw[24..28].copy_from_slice(&IOV_SEGS.to_ne_bytes());
+    raw[SQE_LEN..SQE_LEN + 4].copy_from_slice(&IOV_SEGS.to_ne_bytes());
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
 /// `IORING_ENTER_GETEVENTS` (include/uapi/linux/io_uring.h).
 const IORING_ENTER_GETEVENTS: u32 = 1;
 
-/// Sets the calling thread's scheduling policy (`SCHED_OTHER` keeps the thread's nice value).
-/// Best effort: without CAP_SYS_NICE leaving SCHED_IDLE may fail, so it is never entered then.
-fn set_policy(policy: i32) {
-    let p = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; `p` is a valid sched_param.
-    unsafe { libc::sched_setscheduler(0, policy, &p) };
-}
-
-/// The calling thread's CPU affinity mask.
-fn affinity() -> libc::cpu_set_t {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size. On failure
-    // the zeroed set is returned and set_affinity then fails harmlessly (EINVAL).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set);
-        set
-    }
-}
-
-/// Sets the calling thread's CPU affinity mask. Errors: `EINVAL` if no CPU of `set` is allowed
-/// (a cpuset that excludes them).
-fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
-    // SAFETY: sched_setaffinity only reads `set`.
-    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// The set holding only `cpu`.
-fn only_cpu(cpu: usize) -> libc::cpu_set_t {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes one bit of it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        set
-    }
-}
-
 /// `FUSE_READ` (include/uapi/linux/fuse.h `enum fuse_opcode`).
 const FUSE_READ: u32 = 15;
 
-/// READs of at least this many bytes (512 KiB) are readahead of a file being streamed (the
-/// kernel grows a sequential reader's readahead window up to the mount's `read_ahead_kb`, and
-/// small files never get a window this large).
-const STREAM_READ_MIN: u32 = 512 << 10;
-
-/// Whether `req` (a request in /dev/fuse layout: `fuse_in_header`, then `fuse_read_in` with
-/// `size` at bytes 16..20) is a READ of at least [`STREAM_READ_MIN`] bytes.
-fn is_stream_read(req: &[u8]) -> bool {
+/// The opcode of `req` (a request in /dev/fuse layout: `fuse_in_header`, then for a READ
+/// `fuse_read_in` with `size` at bytes 16..20) and, for a READ, its size.
+fn opcode_and_read_size(req: &[u8]) -> (u32, Option<u32>) {
     let u32_at = |i: usize| {
         req.get(i..i + 4)
             .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
     };
-    u32_at(4) == Some(FUSE_READ)
-        && u32_at(IN_HEADER_SZ + 16).is_some_and(|size| size >= STREAM_READ_MIN)
-}
-
-/// Where an entry thread may run: pinned to its queue's CPU, where the requester runs, so a
-/// round trip costs two context switches on one CPU; spread over the thread's original CPUs
-/// while it serves a streamed read (see [`Placement::serve`]).
-struct Placement {
-    /// The affinity the thread started with (the daemon's; a cpuset or taskset may narrow it).
-    home: libc::cpu_set_t,
-    /// Only the queue's CPU.
-    own: libc::cpu_set_t,
-    /// Whether pinning worked at all (if not, the thread stays where it was allowed to run).
-    pinned: bool,
-    /// Whether the thread is currently spread over `home`.
-    spread: bool,
-}
-
-impl Placement {
-    /// Pins the calling thread to CPU `qid` when the thread may run there. A thread may widen
-    /// its own affinity beyond what `taskset` gave the process (only a cpuset is a hard
-    /// limit), so a queue whose CPU is outside the inherited mask is served from that mask
-    /// instead: the daemon never runs where it was told not to.
-    fn pin(qid: u16) -> Self {
-        let home = affinity();
-        let own = only_cpu(usize::from(qid));
-        // SAFETY: CPU_ISSET reads one bit of a plain-data set.
-        let allowed = usize::from(qid) < libc::CPU_SETSIZE as usize
-            && unsafe { libc::CPU_ISSET(usize::from(qid), &home) };
-        let pinned = allowed
-            && match set_affinity(&own) {
-                Ok(()) => true,
-                Err(e) => {
-                    debug!("io_uring queue {qid}: not pinned: {e}");
-                    false
-                }
-            };
-        Placement {
-            home,
-            own,
-            pinned,
-            spread: false,
-        }
-    }
-
-    /// Places the thread for the request it is about to serve. A streamed read served on the
-    /// requester's CPU serializes all its work (reading the backing file, the kernel's copy
-    /// into the page cache, the reader's own copy) on that CPU while the others idle; spread,
-    /// the scheduler runs this thread beside the reader and readahead overlaps consumption
-    /// (first pass over a 512 MiB file on 2 vCPUs: ~310 ms pinned, ~210 ms spread). Any other
-    /// request pins the thread back. One `sched_setaffinity` per change, none otherwise.
-    fn serve(&mut self, stream: bool) {
-        if self.pinned && stream != self.spread {
-            let _ = set_affinity(if stream { &self.home } else { &self.own });
-            self.spread = stream;
-        }
-    }
+    let op = u32_at(4).unwrap_or(0);
+    let size = (op == FUSE_READ)
+        .then(|| u32_at(IN_HEADER_SZ + 16))
+        .flatten();
+    (op, size)
 }
 
 /// One entry's ring: 128-byte SQEs, single issuer, deferred task work (Linux 6.1+).
 pub(crate) type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 
-/// What INIT set up for FUSE over io_uring: the entries' payload buffer size (bytes) and one
-/// disabled ring per entry, queue-major (`possible_cpus() * per_queue`).
+/// What INIT set up for FUSE over io_uring: the entries' payload buffer size (bytes), one
+/// disabled ring per entry and the CPU queue of each (see [`queues`]).
 pub(crate) struct Setup {
     pub(crate) payload: usize,
     pub(crate) rings: Vec<Ring>,
+    pub(crate) queues: Vec<u16>,
 }
 
 impl std::fmt::Debug for Setup {
@@ -359,15 +396,37 @@ pub(crate) fn new_rings(n: usize) -> io::Result<Vec<Ring>> {
         .collect()
 }
 
-/// Number of FUSE io_uring queues the kernel expects: one per possible CPU
-/// (`num_possible_cpus()`, read from /sys/devices/system/cpu/possible, e.g. "0-1").
-pub(crate) fn possible_cpus() -> usize {
-    // An ascending list of CPUs and ranges: the last number is the highest CPU.
-    std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|s| s.trim().rsplit([',', '-']).next()?.parse::<usize>().ok())
-        .map(|last| last + 1)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+/// The CPUs of a sysfs CPU list such as "0-3,6" (`None` if it cannot be parsed).
+fn cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        out.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?);
+    }
+    Some(out)
+}
+
+/// The CPU queue of each ring entry to start: the kernel keeps one queue per possible CPU
+/// (`num_possible_cpus()`, /sys/devices/system/cpu/possible) and serves requests only once
+/// every queue has an entry, so each possible CPU gets one, and each online CPU
+/// (/sys/devices/system/cpu/online) `per_queue`. Queue-major order.
+pub(crate) fn queues(per_queue: usize) -> Vec<u16> {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/{f}"))
+            .ok()
+            .and_then(|s| cpu_list(&s))
+    };
+    let possible = read("possible").and_then(|v| v.last().map(|&l| l + 1));
+    let possible =
+        possible.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let online = read("online");
+    (0..possible)
+        .flat_map(|cpu| {
+            let on = online.as_ref().is_none_or(|o| o.contains(&cpu));
+            let n = if on { per_queue.max(1) } else { 1 };
+            std::iter::repeat_n(cpu as u16, n)
+        })
+        .collect()
 }
 
 /// Serves one ring entry of queue `qid` until the connection ends (`ENOTCONN`/`ENODEV` on the
@@ -382,6 +441,8 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     qid: u16,
     payload_sz: usize,
     registered: std::sync::mpsc::Sender<io::Result<()>>,
+    startup: Arc<Startup>,
+    hooks: Option<RingHooksRef>,
 ) -> io::Result<()> {
     // The buffers are shared with the kernel, so they are only ever reached through these raw
     // pointers (no Rust reference to them is held while the kernel may write them).
@@ -389,7 +450,17 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     let payload = Box::into_raw(vec![0u8; payload_sz].into_boxed_slice());
     // SAFETY: both pointers come from Box::into_raw just above.
     let (hdr, pl) = unsafe { ((*header).0.as_mut_ptr(), (*payload).as_mut_ptr()) };
-    let res = serve(se, ring, qid, hdr, pl, payload_sz, registered);
+    let mut hooks: Box<dyn RingThread> = match hooks {
+        Some(h) => h.0.thread(qid),
+        None => Box::new(NoHooks),
+    };
+    let entry = Entry {
+        qid,
+        hdr,
+        pl,
+        payload_sz,
+    };
+    let res = serve(se, ring, &entry, registered, &startup, hooks.as_mut());
     if res.is_ok() {
         // The connection ended and released the entry: the buffers are ours again.
         // SAFETY: from Box::into_raw above, not freed elsewhere.
@@ -399,19 +470,58 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     res
 }
 
-/// The loop of [`serve_entry`] over the entry buffers `hdr` (`HEADER_SZ` bytes) and `pl`
+/// One ring entry: its CPU queue and its buffers, `hdr` (`HEADER_SZ` bytes) and `pl`
 /// (`payload_sz` bytes).
-fn serve<FS: Filesystem>(
-    se: &SessionEventLoop<FS>,
-    mut ring: Ring,
+struct Entry {
     qid: u16,
     hdr: *mut u8,
     pl: *mut u8,
     payload_sz: usize,
+}
+
+/// Waits for one completion on `ring`, submitting what is queued. While the session is
+/// starting it wakes every [`STARTUP_POLL`] to see whether the start was aborted (then
+/// `Ok(None)`: the thread ends).
+fn wait_one(ring: &mut Ring, startup: &Startup) -> io::Result<Option<cqueue::Entry>> {
+    loop {
+        let starting = startup.state() != Startup::RUNNING;
+        let r = if starting {
+            let args = types::SubmitArgs::new().timespec(&STARTUP_POLL);
+            ring.submitter().submit_with_args(1, &args)
+        } else {
+            ring.submit_and_wait(1)
+        };
+        match r {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) if starting && e.raw_os_error() == Some(libc::ETIME) => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(cqe) = ring.completion().next() {
+            return Ok(Some(cqe));
+        }
+        if startup.state() == Startup::ABORTED {
+            return Ok(None);
+        }
+    }
+}
+
+/// The loop of [`serve_entry`].
+fn serve<FS: Filesystem>(
+    se: &SessionEventLoop<FS>,
+    mut ring: Ring,
+    entry: &Entry,
     registered: std::sync::mpsc::Sender<io::Result<()>>,
+    startup: &Startup,
+    hooks: &mut dyn RingThread,
 ) -> io::Result<()> {
+    let Entry {
+        qid,
+        hdr,
+        pl,
+        payload_sz,
+    } = *entry;
     let fd = se.ch.as_fd().as_raw_fd();
-    let mut placement = Placement::pin(qid);
     if let Err(e) = ring.submitter().register_enable_rings() {
         let _ = registered.send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
         return Err(e);
@@ -443,8 +553,6 @@ fn serve<FS: Filesystem>(
     let mut committing = false;
     let mut registered = Some(registered);
     let mut pending: Option<cqueue::Entry> = None;
-    // Only a privileged thread can come back from SCHED_IDLE (the daemon runs as root).
-    let can_yield = nix::unistd::geteuid().is_root();
     loop {
         // SAFETY: the SQE points at `iov` and the entry buffers. `iov` lives until this function
         // returns, after the REGISTER was consumed; the buffers outlive the ring (serve_entry
@@ -454,21 +562,13 @@ fn serve<FS: Filesystem>(
                 .push(&next)
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
-        if committing && can_yield {
-            // Hand the reply over as a SCHED_IDLE thread: the wake-up of the requester then
-            // sees this CPU as idle (select_idle_sibling's sched_idle_cpu test) and keeps the
-            // requester here, where it preempts us at once, instead of migrating it to the
-            // other, halted CPU, which costs an IPI and a VM exit per request. Back to normal
-            // priority before sleeping, so a wake-up for the next request is never starved.
-            set_policy(libc::SCHED_IDLE);
-            let r = ring.submit();
-            set_policy(libc::SCHED_OTHER);
+        if committing {
             // On EINTR the SQE stays queued and the wait below submits it.
-            if let Err(e) = r
-                && e.raw_os_error() != Some(libc::EINTR)
-            {
-                return Err(e);
-            }
+            let mut submit = || match ring.submit() {
+                Err(e) if e.raw_os_error() != Some(libc::EINTR) => Err(e),
+                _ => Ok(()),
+            };
+            hooks.commit(&mut submit)?;
         }
         if let Some(registered) = registered.take() {
             // REGISTER is checked synchronously: it is submitted here, an error completes it at
@@ -495,19 +595,14 @@ fn serve<FS: Filesystem>(
                 pending = Some(cqe);
             }
         }
-        let cqe = if let Some(cqe) = pending.take() {
-            cqe
-        } else {
-            loop {
-                match ring.submit_and_wait(1) {
-                    Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                    Err(e) => return Err(e),
-                }
-                if let Some(cqe) = ring.completion().next() {
-                    break cqe;
-                }
-            }
+        let cqe = match pending.take() {
+            Some(cqe) => cqe,
+            None => match wait_one(&mut ring, startup)? {
+                Some(cqe) => cqe,
+                // The session's start was aborted: the ring is dropped on return, which
+                // cancels the registered command; the buffers are leaked (Err).
+                None => return Err(io::Error::other("io_uring start aborted")),
+            },
         };
         let res = cqe.result();
         if res < 0 {
@@ -550,15 +645,22 @@ fn serve<FS: Filesystem>(
         buf[IN_HEADER_SZ..IN_HEADER_SZ + op_sz].copy_from_slice(&h[IN_OUT_SZ..IN_OUT_SZ + op_sz]);
         buf[IN_HEADER_SZ + op_sz..].copy_from_slice(&payload[..in_payload]);
 
-        // Pinned, or spread while streaming a large file.
-        placement.serve(is_stream_read(buf));
+        let (opcode, read_size) = opcode_and_read_size(buf);
+        hooks.request(opcode, read_size);
 
         match RequestWithSender::new(ReplyTo::Ring(slot.clone()), buf) {
             Some(req) => {
                 if let Ok(Operation::Destroy(_)) = req.request.operation() {
                     req.reply::<ReplyEmpty>().ok();
                 } else {
-                    req.dispatch(se);
+                    // A panicking handler has replied EIO (its reply was dropped, or `fill`
+                    // answered): keep serving rather than leave the entry to hang.
+                    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        req.dispatch(se);
+                    }));
+                    if served.is_err() {
+                        error!("io_uring queue {qid}: request handler panicked");
+                    }
                 }
             }
             None => {

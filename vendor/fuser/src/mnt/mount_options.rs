@@ -19,11 +19,14 @@ pub struct Config {
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
     /// FUSE over io_uring (Linux 6.14+, needs the `fuse` module parameter `enable_uring=Y`):
-    /// `Some(n)` asks the kernel for it during INIT and, when granted, serves each CPU's
-    /// request queue with `n` threads pinned to that CPU, so a request is handled on the CPU
-    /// that issued it. `None` (the default) or a refused INIT keeps the /dev/fuse read loop.
-    /// FORGET and INTERRUPT always arrive through /dev/fuse, so `n_threads` still matters.
+    /// `Some(n)` asks the kernel for it during INIT and, when granted, serves each online
+    /// CPU's request queue with `n` threads (each offline CPU's with one). `None` (the
+    /// default) or a refused INIT keeps the /dev/fuse read loop. FORGET and INTERRUPT always
+    /// arrive through /dev/fuse, so `n_threads` still matters (layercache addition).
     pub io_uring: Option<usize>,
+    /// Where and how the io_uring entry threads run (pinning, scheduling policy): see
+    /// [`crate::RingHooks`]. `None`: wherever the scheduler puts them (layercache addition).
+    pub ring_hooks: Option<crate::RingHooksRef>,
 }
 
 /// Mount options accepted by the FUSE filesystem type

@@ -1,0 +1,218 @@
+//! Where the FUSE-over-io_uring entry threads run: layercache's policy behind vendor/fuser's
+//! [`fuser::RingHooks`] (the transport itself is vendor/fuser/src/uring.rs).
+//!
+//! * **Pinned** to the entry's CPU queue: the kernel hands a request to an entry of the
+//!   requester's CPU, so a thread pinned there serves it where the requester runs and a round
+//!   trip costs two context switches on one CPU instead of two cross-CPU wake-ups (a GETATTR
+//!   round trip ~25-50 µs → ~4 µs on the 2-vCPU VMs we run on). A queue whose CPU is outside
+//!   the affinity the daemon inherited (`taskset`) is served from that affinity instead.
+//! * **Spread** while serving a streamed read (a READ of at least [`STREAM_READ_MIN`] bytes):
+//!   on the requester's CPU all its work (reading the backing file, the kernel's copy into the
+//!   page cache, the reader's own copy) is serialized while the other CPUs idle; spread over
+//!   the thread's original CPUs, readahead overlaps consumption. Pinned again at the next
+//!   other request. One `sched_setaffinity` per change, none otherwise.
+//! * **SCHED_IDLE hand-off**: the commit of a reply is submitted while the thread is briefly
+//!   `SCHED_IDLE`, so the wake-up of the requester sees this CPU as idle (the scheduler's
+//!   `sched_idle_cpu` test) and keeps the requester here, where it preempts us at once,
+//!   instead of migrating it to another, halted CPU (an IPI and a VM exit per request). Used
+//!   only with `CAP_SYS_NICE`: per sched(7) a thread without it (root in a default Docker
+//!   container) may enter SCHED_IDLE but not leave it. Every `sched_setscheduler` result is
+//!   checked; a thread that cannot switch stops trying.
+//!
+//! The effect of each is in the committed bench reports (benches/results/, e.g.
+//! 2026-11-29-bench-quick-seqread-bc09e50.md for the streamed read).
+
+use std::io;
+
+use fuser::{RingHooks, RingThread};
+
+/// READs of at least this many bytes (512 KiB, a quarter of the mount's readahead window
+/// [`super::READ_AHEAD_KB`]) are readahead of a file being streamed: the kernel grows a
+/// sequential reader's window up to `read_ahead_kb`, and small files never get one this large.
+pub const STREAM_READ_MIN: u32 = (super::READ_AHEAD_KB as u32) * 1024 / 4;
+
+/// `FUSE_READ` (include/uapi/linux/fuse.h `enum fuse_opcode`).
+const FUSE_READ: u32 = 15;
+/// `CAP_SYS_NICE` (include/uapi/linux/capability.h).
+const CAP_SYS_NICE: u32 = 23;
+
+/// The policy given to fuser in `Config::ring_hooks`.
+pub struct Policy {
+    /// Whether the SCHED_IDLE hand-off may be used (the daemon has CAP_SYS_NICE).
+    hand_off: bool,
+}
+
+impl Policy {
+    /// The policy for this process: the hand-off only with CAP_SYS_NICE in the effective set.
+    pub fn new() -> Policy {
+        let hand_off = has_effective_cap(CAP_SYS_NICE);
+        if !hand_off {
+            tracing::debug!("no CAP_SYS_NICE: io_uring replies are committed without SCHED_IDLE");
+        }
+        Policy { hand_off }
+    }
+}
+
+impl RingHooks for Policy {
+    fn thread(&self, qid: u16) -> Box<dyn RingThread> {
+        Box::new(EntryThread {
+            placement: Placement::pin(qid),
+            hand_off: self.hand_off,
+        })
+    }
+}
+
+/// Whether capability `cap` is in this thread's effective set (`CapEff` of
+/// /proc/thread-self/status; false when it cannot be read).
+fn has_effective_cap(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/thread-self/status").is_ok_and(|s| cap_in_status(&s, cap))
+}
+
+/// Whether `cap` is in the `CapEff` line of a /proc status text.
+fn cap_in_status(status: &str, cap: u32) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|set| set & (1 << cap) != 0)
+}
+
+/// Sets the calling thread's scheduling policy (`SCHED_OTHER` keeps its nice value).
+///
+/// Errors: the `sched_setscheduler` errno (`EPERM`).
+fn set_policy(policy: i32) -> io::Result<()> {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `p` is a valid sched_param.
+    if unsafe { libc::sched_setscheduler(0, policy, &p) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The hooks of one entry thread.
+struct EntryThread {
+    placement: Placement,
+    hand_off: bool,
+}
+
+impl RingThread for EntryThread {
+    fn request(&mut self, opcode: u32, read_size: Option<u32>) {
+        let stream = opcode == FUSE_READ && read_size.is_some_and(|n| n >= STREAM_READ_MIN);
+        self.placement.serve(stream);
+    }
+
+    fn commit(&mut self, submit: &mut dyn FnMut() -> io::Result<()>) -> io::Result<()> {
+        if !self.hand_off {
+            return Ok(());
+        }
+        if let Err(e) = set_policy(libc::SCHED_IDLE) {
+            tracing::debug!("SCHED_IDLE refused ({e}): hand-off off for this thread");
+            self.hand_off = false;
+            return Ok(());
+        }
+        let r = submit();
+        // Back to normal priority before sleeping, so a wake-up for the next request is never
+        // starved.
+        if let Err(e) = set_policy(libc::SCHED_OTHER) {
+            tracing::error!("cannot leave SCHED_IDLE ({e}): this io_uring thread stays idle-class");
+            self.hand_off = false;
+        }
+        r
+    }
+}
+
+/// The calling thread's CPU affinity mask.
+fn affinity() -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size. On failure
+    // the zeroed set is returned and set_affinity then fails harmlessly (EINVAL).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set);
+        set
+    }
+}
+
+/// Sets the calling thread's CPU affinity mask. Errors: `EINVAL` if no CPU of `set` is allowed
+/// (a cpuset that excludes them).
+fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: sched_setaffinity only reads `set`.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The set holding only `cpu`.
+fn only_cpu(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes one bit of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        set
+    }
+}
+
+/// Where an entry thread may run (see the module docs).
+struct Placement {
+    /// The affinity the thread started with (the daemon's; a cpuset or taskset may narrow it).
+    home: libc::cpu_set_t,
+    /// Only the queue's CPU.
+    own: libc::cpu_set_t,
+    /// Whether pinning worked at all (if not, the thread stays where it was allowed to run).
+    pinned: bool,
+    /// Whether the thread is currently spread over `home`.
+    spread: bool,
+}
+
+impl Placement {
+    /// Pins the calling thread to CPU `qid` when the thread may run there. A thread may widen
+    /// its own affinity beyond what `taskset` gave the process (only a cpuset is a hard
+    /// limit), so a queue whose CPU is outside the inherited mask is served from that mask
+    /// instead: the daemon never runs where it was told not to.
+    fn pin(qid: u16) -> Self {
+        let home = affinity();
+        let cpu = usize::from(qid);
+        // SAFETY: CPU_ISSET reads one bit of a plain-data set.
+        let allowed = cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &home) };
+        let own = only_cpu(cpu.min(libc::CPU_SETSIZE as usize - 1));
+        let pinned = allowed
+            && match set_affinity(&own) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!("io_uring queue {qid}: not pinned: {e}");
+                    false
+                }
+            };
+        Placement {
+            home,
+            own,
+            pinned,
+            spread: false,
+        }
+    }
+
+    /// Places the thread for the request it is about to serve: spread for a streamed read,
+    /// pinned otherwise.
+    fn serve(&mut self, stream: bool) {
+        if self.pinned && stream != self.spread {
+            let _ = set_affinity(if stream { &self.home } else { &self.own });
+            self.spread = stream;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_are_read_from_the_status_text() {
+        let docker_root = "Name:\tx\nCapEff:\t00000000a80425fb\n";
+        assert!(!cap_in_status(docker_root, CAP_SYS_NICE));
+        assert!(cap_in_status(docker_root, 0));
+        let full = "CapEff:\t000001ffffffffff\n";
+        assert!(cap_in_status(full, CAP_SYS_NICE));
+        assert!(!cap_in_status("no such line", CAP_SYS_NICE));
+        assert_eq!(STREAM_READ_MIN, 512 << 10);
+    }
+}

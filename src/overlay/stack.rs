@@ -1,0 +1,797 @@
+//! The layer stack: one upper dir over lower dirs, and the one place that applies the merge
+//! rules of kernel overlayfs (Documentation/filesystems/overlayfs.rst, "Directories",
+//! "whiteouts and opaque directories", "readdir"):
+//! * an entry of a higher layer hides the entries of that name below it, unless both are
+//!   directories, which merge;
+//! * a whiteout (see [`whiteout`]) hides the name in every layer below it;
+//! * an opaque directory hides everything below it in lower layers;
+//! * a directory's merged names are the union over the layers merged into it, upper first,
+//!   each name once, whiteouts left out.
+//!
+//! [`Stack::lookup`] answers "what is at this name, in which layers", [`Stack::merged_names`]
+//! "what does this directory hold", [`Stack::lower_has`] "does a lower layer still show this
+//! name" (so removing it needs a whiteout). The FUSE engine (`fs.rs`, `ops.rs`) and promotion
+//! (`store/promote.rs`) both go through them; nothing here knows about node ids or FUSE.
+//! Layers are addressed by [`Tree`] and paths relative to their roots (`.` for the root), read
+//! with `*at` syscalls on directory fds opened once.
+//!
+//! Also here: the probe of the upper filesystem's features ([`probe_upper`]).
+
+use std::collections::HashSet;
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::whiteout;
+use crate::error::{Error, Result};
+use crate::sys::{check, child};
+
+/// Checks that the upper/work filesystem supports what the overlay needs: d_type, xattrs
+/// (`trusted.*` as root), whiteouts (mknod of a 0/0 character device) and rename.
+///
+/// Errors: [`Error::Invalid`] naming the upperdir and the missing feature.
+pub fn probe_upper(upper: &Path, work: &Path) -> Result<()> {
+    let _ = upper;
+    let probe = work.join(".layercache-probe");
+    let _ = std::fs::remove_dir_all(&probe);
+    std::fs::create_dir(&probe)
+        .map_err(|e| Error::invalid(format!("workdir {}: not writable: {e}", work.display())))?;
+    let result = (|| -> std::result::Result<(), String> {
+        let dir = std::fs::File::open(&probe).map_err(|e| e.to_string())?;
+        use std::os::fd::AsFd;
+        crate::overlay::whiteout::set_opaque(dir.as_fd())
+            .map_err(|e| format!("no xattr support ({e})"))?;
+        crate::overlay::whiteout::create_whiteout(dir.as_fd(), std::ffi::OsStr::new("wh"))
+            .map_err(|e| format!("cannot create whiteouts ({e}); run as root"))?;
+        let mut saw_dtype = false;
+        for ent in std::fs::read_dir(&probe).map_err(|e| e.to_string())? {
+            let ent = ent.map_err(|e| e.to_string())?;
+            saw_dtype |= ent
+                .file_type()
+                .map(|t| {
+                    use std::os::unix::fs::FileTypeExt;
+                    t.is_char_device()
+                })
+                .unwrap_or(false);
+        }
+        if !saw_dtype {
+            return Err("no d_type support".into());
+        }
+        std::fs::rename(probe.join("wh"), probe.join("wh2"))
+            .map_err(|e| format!("rename fails ({e})"))?;
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&probe);
+    result.map_err(|why| {
+        Error::invalid(format!(
+            "upperdir {}: its filesystem cannot hold an overlay upper layer: {why}",
+            upper.display()
+        ))
+    })
+}
+
+/// The file type of a node, from `st_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `S_IFDIR`.
+    Dir,
+    /// `S_IFREG`.
+    File,
+    /// `S_IFLNK`.
+    Symlink,
+    /// Fifos, sockets and device nodes, with their `d_type` (`DT_FIFO`, `DT_SOCK`, `DT_CHR`,
+    /// `DT_BLK`), which is `(st_mode & S_IFMT) >> 12`.
+    Special(u8),
+}
+
+impl Kind {
+    /// The kind for an `st_mode`.
+    pub fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFREG => Kind::File,
+            libc::S_IFLNK => Kind::Symlink,
+            t => Kind::Special((t >> 12) as u8),
+        }
+    }
+}
+
+/// Which directory tree a relative path is resolved in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tree {
+    /// The writable upper dir.
+    Upper,
+    /// Lower dir number `i` (0 = topmost).
+    Lower(u8),
+    /// The workdir (copy-up staging, orphans).
+    Work,
+}
+
+/// The layer stack: directory fds of the upper dir, the workdir and every lower dir, opened
+/// before mounting so the daemon never resolves paths through its own mountpoint, with the
+/// `*at` syscalls the engine needs and the merge rules (see the module docs).
+pub struct Stack {
+    upper: Option<OwnedFd>,
+    work: Option<OwnedFd>,
+    lowers: Vec<OwnedFd>,
+}
+
+fn open_dir(p: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C string; the returned fd is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Stack {
+    /// Opens the layers of a mount: `lowers` top first, the upper dir and the workdir.
+    ///
+    /// Errors: the `open(2)` errno of the first directory that fails.
+    pub fn new(lowers: &[PathBuf], upper: &Path, work: &Path) -> io::Result<Stack> {
+        Ok(Stack {
+            upper: Some(open_dir(upper)?),
+            work: Some(open_dir(work)?),
+            lowers: lowers
+                .iter()
+                .map(|p| open_dir(p))
+                .collect::<io::Result<_>>()?,
+        })
+    }
+
+    /// Opens a stack for reading merged trees only (promotion): an optional upper dir over
+    /// `lowers` (top first, at most 64), no workdir. Operations on [`Tree::Work`] (or on a
+    /// missing upper) fail with `EBADF`.
+    ///
+    /// Errors: the `open(2)` errno of the first directory that fails; `EINVAL` for more than
+    /// 64 lowers.
+    pub fn open_merge(upper: Option<&Path>, lowers: &[&Path]) -> io::Result<Stack> {
+        if lowers.len() > 64 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(Stack {
+            upper: upper.map(open_dir).transpose()?,
+            work: None,
+            lowers: lowers
+                .iter()
+                .map(|p| open_dir(p))
+                .collect::<io::Result<_>>()?,
+        })
+    }
+
+    /// The mask of every lower layer (bit i = lower i).
+    pub fn all_lowers(&self) -> u64 {
+        match self.lowers.len() {
+            0 => 0,
+            64.. => u64::MAX,
+            n => (1u64 << n) - 1,
+        }
+    }
+
+    /// True when the stack has an upper dir.
+    pub fn has_upper(&self) -> bool {
+        self.upper.is_some()
+    }
+
+    /// The directory fd of `tree` (-1, which every syscall refuses with `EBADF`, for a tree
+    /// this stack does not have).
+    pub fn fd(&self, tree: Tree) -> RawFd {
+        let fd = match tree {
+            Tree::Upper => self.upper.as_ref(),
+            Tree::Work => self.work.as_ref(),
+            Tree::Lower(i) => self.lowers.get(i as usize),
+        };
+        fd.map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// `fstatat(layer, rel, AT_SYMLINK_NOFOLLOW)`. Errors: its errno (`ENOENT`, `ENOTDIR`…).
+    pub fn stat(&self, layer: Tree, rel: &CStr) -> io::Result<libc::stat> {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: valid dirfd, C string and out pointer.
+        check(unsafe {
+            libc::fstatat(
+                self.fd(layer),
+                rel.as_ptr(),
+                st.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        // SAFETY: fstatat succeeded and filled the struct.
+        Ok(unsafe { st.assume_init() })
+    }
+
+    /// Like [`Stack::stat`] but `Ok(None)` for `ENOENT`/`ENOTDIR`.
+    pub fn stat_opt(&self, layer: Tree, rel: &CStr) -> io::Result<Option<libc::stat>> {
+        match self.stat(layer, rel) {
+            Ok(st) => Ok(Some(st)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `openat(layer, rel, flags | O_CLOEXEC | O_NOFOLLOW, mode)` as a `File`.
+    pub fn open(
+        &self,
+        layer: Tree,
+        rel: &CStr,
+        flags: libc::c_int,
+        mode: libc::mode_t,
+    ) -> io::Result<File> {
+        // SAFETY: valid dirfd and C string.
+        let fd = check(unsafe {
+            libc::openat(
+                self.fd(layer),
+                rel.as_ptr(),
+                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                mode as libc::c_uint,
+            )
+        })?;
+        // SAFETY: fd is fresh and owned by the File.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// `/proc/self/fd/<root>/<rel>`: a path for the xattr syscalls that have no *at form.
+    pub fn proc_path(&self, layer: Tree, rel: &CStr) -> CString {
+        let mut s = format!("/proc/self/fd/{}/", self.fd(layer)).into_bytes();
+        s.extend_from_slice(rel.to_bytes());
+        CString::new(s).expect("no interior NUL")
+    }
+
+    /// `mkdirat`. Errors: its errno.
+    pub fn mkdir(&self, layer: Tree, rel: &CStr, mode: u32) -> io::Result<()> {
+        // SAFETY: valid dirfd and C string.
+        check(unsafe { libc::mkdirat(self.fd(layer), rel.as_ptr(), mode as libc::mode_t) })
+            .map(drop)
+    }
+
+    /// `mknodat`. Errors: its errno.
+    pub fn mknod(&self, layer: Tree, rel: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+        // SAFETY: valid dirfd and C string.
+        check(unsafe {
+            libc::mknodat(
+                self.fd(layer),
+                rel.as_ptr(),
+                mode as libc::mode_t,
+                rdev as libc::dev_t,
+            )
+        })
+        .map(drop)
+    }
+
+    /// `symlinkat(target, layer, rel)`. Errors: its errno.
+    pub fn symlink(&self, target: &CStr, layer: Tree, rel: &CStr) -> io::Result<()> {
+        // SAFETY: valid C strings and dirfd.
+        check(unsafe { libc::symlinkat(target.as_ptr(), self.fd(layer), rel.as_ptr()) }).map(drop)
+    }
+
+    /// `readlinkat`. Errors: its errno.
+    pub fn readlink(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        // SAFETY: buffer valid for its length.
+        let n = unsafe {
+            libc::readlinkat(
+                self.fd(layer),
+                rel.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    /// `unlinkat` (with `AT_REMOVEDIR` when `dir`). Errors: its errno.
+    pub fn unlink(&self, layer: Tree, rel: &CStr, dir: bool) -> io::Result<()> {
+        let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+        // SAFETY: valid dirfd and C string.
+        check(unsafe { libc::unlinkat(self.fd(layer), rel.as_ptr(), flags) }).map(drop)
+    }
+
+    /// `renameat2(from_layer/from, to_layer/to, flags)`. Errors: its errno.
+    pub fn rename(&self, fl: Tree, from: &CStr, tl: Tree, to: &CStr, flags: u32) -> io::Result<()> {
+        // SAFETY: valid dirfds and C strings.
+        check(unsafe {
+            libc::renameat2(self.fd(fl), from.as_ptr(), self.fd(tl), to.as_ptr(), flags)
+        })
+        .map(drop)
+    }
+
+    /// `linkat(from_layer/from, to_layer/to, 0)`. Errors: its errno (`EMLINK`…).
+    pub fn link(&self, fl: Tree, from: &CStr, tl: Tree, to: &CStr) -> io::Result<()> {
+        // SAFETY: valid dirfds and C strings.
+        check(unsafe { libc::linkat(self.fd(fl), from.as_ptr(), self.fd(tl), to.as_ptr(), 0) })
+            .map(drop)
+    }
+
+    /// `fchownat(…, AT_SYMLINK_NOFOLLOW)`; `u32::MAX` leaves an id unchanged. Errors: its errno.
+    pub fn chown(&self, layer: Tree, rel: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+        // SAFETY: valid dirfd and C string.
+        check(unsafe {
+            libc::fchownat(
+                self.fd(layer),
+                rel.as_ptr(),
+                uid,
+                gid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })
+        .map(drop)
+    }
+
+    /// `fchmodat` (never on a symlink). Errors: its errno.
+    pub fn chmod(&self, layer: Tree, rel: &CStr, mode: u32) -> io::Result<()> {
+        // SAFETY: valid dirfd and C string.
+        check(unsafe { libc::fchmodat(self.fd(layer), rel.as_ptr(), mode as libc::mode_t, 0) })
+            .map(drop)
+    }
+
+    /// `utimensat(…, AT_SYMLINK_NOFOLLOW)` with [atime, mtime]. Errors: its errno.
+    pub fn utimens(&self, layer: Tree, rel: &CStr, times: &[libc::timespec; 2]) -> io::Result<()> {
+        // SAFETY: valid dirfd, C string and 2-element array.
+        check(unsafe {
+            libc::utimensat(
+                self.fd(layer),
+                rel.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })
+        .map(drop)
+    }
+
+    /// Names in the directory `rel` of `layer` with their `d_type` (`DT_UNKNOWN` possible),
+    /// without `.` and `..`. Errors: the `openat`/`getdents` errno.
+    pub fn read_dir(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<(OsString, u8)>> {
+        let dir = self.open(layer, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let fd: OwnedFd = dir.into();
+        let mut d = nix::dir::Dir::from_fd(fd).map_err(io::Error::from)?;
+        let mut out = Vec::new();
+        for ent in d.iter() {
+            let ent = ent.map_err(io::Error::from)?;
+            let name = ent.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let dtype = match ent.file_type() {
+                Some(nix::dir::Type::Directory) => libc::DT_DIR,
+                Some(nix::dir::Type::File) => libc::DT_REG,
+                Some(nix::dir::Type::Symlink) => libc::DT_LNK,
+                Some(nix::dir::Type::CharacterDevice) => libc::DT_CHR,
+                Some(nix::dir::Type::BlockDevice) => libc::DT_BLK,
+                Some(nix::dir::Type::Fifo) => libc::DT_FIFO,
+                Some(nix::dir::Type::Socket) => libc::DT_SOCK,
+                None => libc::DT_UNKNOWN,
+            };
+            out.push((OsStr::from_bytes(name).to_os_string(), dtype));
+        }
+        Ok(out)
+    }
+}
+
+/// The topmost (lowest-numbered) layer in a lower mask.
+pub fn top_lower(mask: u64) -> Option<u8> {
+    (mask != 0).then(|| mask.trailing_zeros() as u8)
+}
+
+/// The lower layers of `mask`, top first.
+fn lowers_of(mut mask: u64) -> impl Iterator<Item = u8> {
+    std::iter::from_fn(move || {
+        let l = top_lower(mask)?;
+        mask &= mask - 1;
+        Some(l)
+    })
+}
+
+/// What a name holds in the merged view, as [`Stack::lookup`] found it.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// File type.
+    pub kind: Kind,
+    /// Present in the upper dir (data and metadata come from there).
+    pub upper: bool,
+    /// Bit i set: lower layer i holds it — for a directory every lower directory merged into
+    /// it, for anything else the one lower that provides it (0 when the upper does).
+    pub lowers: u64,
+    /// Inode number of the entry in the top layer of `lowers` (its identity when it is a
+    /// merged directory); `None` when `lowers` is 0.
+    pub lower_ino: Option<u64>,
+    /// `stat` of the layer that provides data and metadata: the upper if present, else the
+    /// top lower.
+    pub st: libc::stat,
+}
+
+impl Stack {
+    /// True when `rel` in `tree` is a whiteout.
+    ///
+    /// Errors: the `fstatat` errno other than `ENOENT`/`ENOTDIR` (which mean no).
+    pub fn is_whiteout(&self, tree: Tree, rel: &CStr) -> io::Result<bool> {
+        Ok(self
+            .stat_opt(tree, rel)?
+            .is_some_and(|st| whiteout::is_whiteout_stat(&st)))
+    }
+
+    /// True when the directory `rel` of `tree` is opaque (a symlink is never followed).
+    ///
+    /// Errors: as [`whiteout::dir_is_opaque_at`].
+    pub fn is_opaque(&self, tree: Tree, rel: &CStr) -> io::Result<bool> {
+        whiteout::dir_is_opaque_at(self.fd(tree), rel)
+    }
+
+    /// Marks the directory `rel` of `tree` opaque.
+    ///
+    /// Errors: the `openat` errno (`ENOTDIR`…) or as [`whiteout::set_opaque`].
+    pub fn set_opaque(&self, tree: Tree, rel: &CStr) -> io::Result<()> {
+        let d = self.open(tree, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        whiteout::set_opaque(d.as_fd())
+    }
+
+    /// Creates a whiteout at `rel` in the upper dir.
+    ///
+    /// Errors: as [`whiteout::create_whiteout_at`] (`EEXIST` if `rel` exists).
+    pub fn create_whiteout(&self, rel: &CStr) -> io::Result<()> {
+        whiteout::create_whiteout_at(self.fd(Tree::Upper), rel)
+    }
+
+    /// What is at `rel` (a child of a directory in the upper dir when `upper`, merged from the
+    /// lower layers `lowers`) in the merged view; `None` when nothing is, or a whiteout hides it.
+    ///
+    /// The rules: an upper whiteout hides the name; an upper non-directory, or an upper
+    /// directory that is opaque or has no lower to merge, stands alone; otherwise the lowers
+    /// are searched top down — a whiteout ends the search, the first non-directory is the entry
+    /// (when nothing is above it) and ends it, directories merge until an opaque one or a
+    /// non-directory below them.
+    ///
+    /// Errors: the errno of an `fstatat` or of reading an opaque marker (not `ENOENT`/`ENOTDIR`).
+    pub fn lookup(&self, upper: bool, lowers: u64, rel: &CStr) -> io::Result<Option<Entry>> {
+        let mut upper_st: Option<libc::stat> = None;
+        if upper && let Some(st) = self.stat_opt(Tree::Upper, rel)? {
+            if whiteout::is_whiteout_stat(&st) {
+                return Ok(None);
+            }
+            let kind = Kind::from_mode(st.st_mode);
+            if kind != Kind::Dir || lowers == 0 || self.is_opaque(Tree::Upper, rel)? {
+                return Ok(Some(Entry {
+                    kind,
+                    upper: true,
+                    lowers: 0,
+                    lower_ino: None,
+                    st,
+                }));
+            }
+            upper_st = Some(st);
+        }
+        let mut found = 0u64;
+        let mut first: Option<libc::stat> = None;
+        let mut layers = lowers_of(lowers).peekable();
+        while let Some(l) = layers.next() {
+            let Some(st) = self.stat_opt(Tree::Lower(l), rel)? else {
+                continue;
+            };
+            if whiteout::is_whiteout_stat(&st) {
+                break;
+            }
+            if Kind::from_mode(st.st_mode) != Kind::Dir {
+                if upper_st.is_none() && first.is_none() {
+                    first = Some(st);
+                    found = 1 << l;
+                }
+                break;
+            }
+            found |= 1 << l;
+            first.get_or_insert(st);
+            if layers.peek().is_some() && self.is_opaque(Tree::Lower(l), rel)? {
+                break;
+            }
+        }
+        Ok(match (upper_st, first) {
+            (Some(st), first) => Some(Entry {
+                kind: Kind::Dir,
+                upper: true,
+                lowers: found,
+                lower_ino: first.map(|f| f.st_ino),
+                st,
+            }),
+            (None, Some(st)) => Some(Entry {
+                kind: Kind::from_mode(st.st_mode),
+                upper: false,
+                lowers: found,
+                lower_ino: Some(st.st_ino),
+                st,
+            }),
+            (None, None) => None,
+        })
+    }
+
+    /// True when a lower layer of `lowers` shows an entry at `rel` (the topmost that has the
+    /// name decides: a whiteout there means no) — removing the name then needs a whiteout.
+    ///
+    /// Errors: the `fstatat` errno other than `ENOENT`/`ENOTDIR`.
+    pub fn lower_has(&self, lowers: u64, rel: &CStr) -> io::Result<bool> {
+        for l in lowers_of(lowers) {
+            if let Some(st) = self.stat_opt(Tree::Lower(l), rel)? {
+                return Ok(!whiteout::is_whiteout_stat(&st));
+            }
+        }
+        Ok(false)
+    }
+
+    /// The merged names of the directory at `rel`, in the upper dir when `upper` and merged
+    /// from the lower layers `lowers`, with their kinds: upper first, then each lower top
+    /// down, each name once, whiteouts left out. A layer where `rel` is missing or not a
+    /// directory adds nothing.
+    ///
+    /// Errors: the `openat`/`getdents`/`fstatat` errno of a layer.
+    pub fn merged_names(
+        &self,
+        upper: bool,
+        lowers: u64,
+        rel: &CStr,
+    ) -> io::Result<Vec<(OsString, Kind)>> {
+        let trees: Vec<Tree> = upper
+            .then_some(Tree::Upper)
+            .into_iter()
+            .chain(lowers_of(lowers).map(Tree::Lower))
+            .collect();
+        let multi = trees.len() > 1;
+        let mut seen: HashSet<OsString> = HashSet::new();
+        let mut out = Vec::new();
+        for tree in trees {
+            let names = match self.read_dir(tree, rel) {
+                Ok(n) => n,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for (name, dtype) in names {
+                if multi && seen.contains(&name) {
+                    continue;
+                }
+                let kind = match kind_of_dtype(dtype) {
+                    Some(k) => k,
+                    None => {
+                        let st = self.stat(tree, &child(rel, &name)?)?;
+                        if whiteout::is_whiteout_stat(&st) {
+                            if multi {
+                                seen.insert(name);
+                            }
+                            continue;
+                        }
+                        Kind::from_mode(st.st_mode)
+                    }
+                };
+                if multi {
+                    seen.insert(name.clone());
+                }
+                out.push((name, kind));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes the whiteouts inside the upper directory `rel`, so that it can be removed or
+    /// replaced (it must hold nothing else).
+    ///
+    /// Errors: `ENOTEMPTY` for any other entry, or the errno of reading or unlinking.
+    pub fn purge_whiteouts(&self, rel: &CStr) -> io::Result<()> {
+        for (name, _) in self.read_dir(Tree::Upper, rel)? {
+            let p = child(rel, &name)?;
+            if !self.is_whiteout(Tree::Upper, &p)? {
+                return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
+            }
+            self.unlink(Tree::Upper, &p, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// The kind for a `d_type`, `None` when a `stat` must tell (unknown, or a character device,
+/// which may be a whiteout).
+fn kind_of_dtype(t: u8) -> Option<Kind> {
+    match t {
+        libc::DT_DIR => Some(Kind::Dir),
+        libc::DT_REG => Some(Kind::File),
+        libc::DT_LNK => Some(Kind::Symlink),
+        libc::DT_UNKNOWN | libc::DT_CHR => None,
+        t => Some(Kind::Special(t)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// Three layers under one temp dir: `upper`, `l0` (top lower) and `l1`.
+    struct Fx {
+        _dir: tempfile::TempDir,
+        root: PathBuf,
+    }
+
+    impl Fx {
+        fn new() -> Fx {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().to_path_buf();
+            for d in ["upper", "l0", "l1"] {
+                fs::create_dir(root.join(d)).unwrap();
+            }
+            Fx { _dir: dir, root }
+        }
+        fn file(&self, rel: &str) {
+            let p = self.root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, rel).unwrap();
+        }
+        fn dir(&self, rel: &str) {
+            fs::create_dir_all(self.root.join(rel)).unwrap();
+        }
+        fn whiteout(&self, rel: &str) {
+            let p = self.root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            whiteout::create_whiteout_at(libc::AT_FDCWD, &crate::sys::cstr(p.as_os_str()).unwrap())
+                .unwrap();
+        }
+        fn opaque(&self, rel: &str) {
+            let d = File::open(self.root.join(rel)).unwrap();
+            whiteout::set_opaque(d.as_fd()).unwrap();
+        }
+        fn stack(&self) -> Stack {
+            let (l0, l1) = (self.root.join("l0"), self.root.join("l1"));
+            Stack::open_merge(Some(&self.root.join("upper")), &[&l0, &l1]).unwrap()
+        }
+    }
+
+    fn names(s: &Stack, rel: &CStr) -> Vec<String> {
+        let mut v: Vec<String> = s
+            .merged_names(true, s.all_lowers(), rel)
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n.to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn root() -> bool {
+        // Whiteouts (mknod) and trusted.* xattrs need root, as the overlay does.
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn upper_hides_lower_and_directories_merge() {
+        let fx = Fx::new();
+        fx.file("upper/f");
+        fx.file("l0/f");
+        fx.dir("upper/d");
+        fx.file("l0/d/a");
+        fx.file("l1/d/b");
+        fx.file("l1/only");
+        let s = fx.stack();
+        let all = s.all_lowers();
+        let f = s.lookup(true, all, c"./f").unwrap().unwrap();
+        assert!(f.upper && f.lowers == 0 && f.kind == Kind::File);
+        let d = s.lookup(true, all, c"./d").unwrap().unwrap();
+        assert!(d.upper && d.kind == Kind::Dir);
+        assert_eq!(d.lowers, 0b11, "both lower dirs merge under the upper one");
+        assert!(d.lower_ino.is_some());
+        let only = s.lookup(true, all, c"./only").unwrap().unwrap();
+        assert!(!only.upper && only.lowers == 0b10);
+        assert!(s.lookup(true, all, c"./missing").unwrap().is_none());
+        assert_eq!(names(&s, c"./d"), ["a", "b"]);
+        assert_eq!(names(&s, c"."), ["d", "f", "only"]);
+    }
+
+    #[test]
+    fn a_non_directory_stops_the_merge() {
+        let fx = Fx::new();
+        fx.file("l0/x");
+        fx.file("l1/x/inside");
+        fx.dir("l0/y");
+        fx.file("l1/y");
+        crate::sys::mkfifo(&fx.root.join("l1/fifo"), 0o644).unwrap();
+        let s = fx.stack();
+        let x = s.lookup(true, 0b11, c"./x").unwrap().unwrap();
+        assert_eq!((x.kind, x.lowers), (Kind::File, 0b01));
+        let y = s.lookup(true, 0b11, c"./y").unwrap().unwrap();
+        assert_eq!((y.kind, y.lowers), (Kind::Dir, 0b01));
+        // Only the layers the parent merges are searched.
+        let x1 = s.lookup(false, 0b10, c"./x").unwrap().unwrap();
+        assert_eq!((x1.kind, x1.lowers), (Kind::Dir, 0b10));
+        let fifo = s.lookup(true, 0b11, c"./fifo").unwrap().unwrap();
+        assert_eq!(fifo.kind, Kind::Special(libc::DT_FIFO));
+        let listed = s.merged_names(false, 0b10, c".").unwrap();
+        assert!(listed.contains(&("fifo".into(), Kind::Special(libc::DT_FIFO))));
+    }
+
+    #[test]
+    fn whiteouts_and_opaque_directories_hide_lower_entries() {
+        if !root() {
+            return;
+        }
+        let fx = Fx::new();
+        fx.file("l0/gone");
+        fx.whiteout("upper/gone");
+        fx.file("l1/deep");
+        fx.whiteout("l0/deep");
+        fx.dir("upper/o");
+        fx.opaque("upper/o");
+        fx.file("upper/o/mine");
+        fx.file("l0/o/theirs");
+        fx.dir("l0/p");
+        fx.opaque("l0/p");
+        fx.file("l0/p/top");
+        fx.file("l1/p/below");
+        let s = fx.stack();
+        let all = s.all_lowers();
+        assert!(s.lookup(true, all, c"./gone").unwrap().is_none());
+        assert!(s.lookup(true, all, c"./deep").unwrap().is_none());
+        assert!(s.is_whiteout(Tree::Upper, c"./gone").unwrap());
+        assert!(
+            !s.lower_has(all, c"./deep").unwrap(),
+            "a lower whiteout decides"
+        );
+        assert!(s.lower_has(all, c"./gone").unwrap());
+        let o = s.lookup(true, all, c"./o").unwrap().unwrap();
+        assert_eq!(
+            (o.upper, o.lowers),
+            (true, 0),
+            "opaque: nothing below merges"
+        );
+        assert_eq!(names(&s, c"."), ["o", "p"]);
+        let p = s.lookup(true, all, c"./p").unwrap().unwrap();
+        assert_eq!(
+            p.lowers, 0b01,
+            "an opaque lower dir hides the lowers below it"
+        );
+        let merged: Vec<_> = s
+            .merged_names(false, p.lowers, c"./p")
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(merged, ["top"]);
+        // purge_whiteouts empties a directory of whiteouts only.
+        fx.dir("upper/w");
+        fx.whiteout("upper/w/x");
+        s.purge_whiteouts(c"./w").unwrap();
+        assert_eq!(fs::read_dir(fx.root.join("upper/w")).unwrap().count(), 0);
+        fx.file("upper/w/real");
+        fx.whiteout("upper/w/y");
+        let e = s.purge_whiteouts(c"./w").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+        s.create_whiteout(c"./made").unwrap();
+        assert!(s.is_whiteout(Tree::Upper, c"./made").unwrap());
+        s.set_opaque(Tree::Upper, c"./w").unwrap();
+        assert!(s.is_opaque(Tree::Upper, c"./w").unwrap());
+    }
+
+    #[test]
+    fn a_stack_without_upper_or_workdir_reads_lowers_and_refuses_the_rest() {
+        let fx = Fx::new();
+        fx.file("l0/a");
+        let l0 = fx.root.join("l0");
+        let s = Stack::open_merge(None, &[&l0]).unwrap();
+        assert!(!s.has_upper());
+        assert!(s.lookup(false, 1, c"./a").unwrap().is_some());
+        let e = s.stat(Tree::Work, c".").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    }
+}
