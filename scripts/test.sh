@@ -40,14 +40,22 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
 
+# The presets' real tools (tests/presets.rs) and a Docker engine with a test image
+# (tests/docker_engine.rs): installed/started when missing, the engine stopped at exit.
+log=$(mktemp /tmp/layercache-test.XXXXXX)
+source scripts/lib-fixtures.sh
+source scripts/lib-docker.sh
+trap 'rm -f "$log"; lc_docker_stop' EXIT
+lc_fixture_tools || { echo "test.sh: could not install the presets' tools" >&2; exit 1; }
+lc_docker_start || { echo "test.sh: no Docker engine" >&2; exit 1; }
+lc_docker_image || { echo "test.sh: could not build the Docker test image" >&2; exit 1; }
+
 # Mount tests skip (and pass) when something they need is missing, unless CI is set: here every
 # requirement was installed above, so a skip is a failure.
 export CI=${CI:-1}
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo build --quiet
-log=$(mktemp /tmp/layercache-test.XXXXXX)
-trap 'rm -f "$log"' EXIT
 set +e
 cargo test --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}

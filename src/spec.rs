@@ -65,6 +65,15 @@ const NODE_SETUP: &str = "if [ -f pnpm-lock.yaml ]; then pnpm install --frozen-l
 elif [ -f yarn.lock ]; then yarn install --frozen-lockfile; \
 else npm ci --no-audit --no-fund; fi";
 
+/// The gradle preset's setup: resolves the files of every resolvable configuration of every
+/// project (an init script adds the task), so `gradle --offline` builds from the cache. The
+/// `dependencies` task it ran before resolves only the graph: the cache held POMs and no jars,
+/// and an offline build failed (found by tests/presets.rs).
+const GRADLE_SETUP: &str = "init=$(mktemp) && printf '%s\\n' 'allprojects { task layercacheResolve \
+{ doLast { configurations.findAll { it.canBeResolved }.each { it.resolve() } } } }' > \"$init\" \
+&& if [ -x ./gradlew ]; then ./gradlew --no-daemon -q -I \"$init\" layercacheResolve; \
+else gradle --no-daemon -q -I \"$init\" layercacheResolve; fi; s=$?; rm -f \"$init\"; exit $s";
+
 /// The built-in presets (issue 5), in the order `layercache presets` lists them.
 pub const PRESETS: &[Preset] = &[
     Preset {
@@ -173,7 +182,7 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "gradle",
-        version: 1,
+        version: 2,
         description: "Gradle's user home caches (GRADLE_USER_HOME)",
         key_files: &[
             "**/*.gradle*",
@@ -182,8 +191,7 @@ pub const PRESETS: &[Preset] = &[
         ],
         env: &[("GRADLE_USER_HOME", "{mount}")],
         mountpoint: None,
-        setup: "if [ -x ./gradlew ]; then ./gradlew --no-daemon dependencies; \
-else gradle --no-daemon dependencies; fi",
+        setup: GRADLE_SETUP,
         maintenance: None,
         tools: &["java"],
         exclude: &["gradle.properties"],

@@ -10,42 +10,12 @@
 //! times (mount + setup/maintenance + promote, from events.jsonl) are printed with
 //! `--nocapture`.
 
-use std::path::{Path, PathBuf};
-
 #[path = "common/run.rs"]
 mod run_common;
 
-use run_common::{Sandbox, can_mount, have_tool, prep_ms, run_ok, skip_or_fail};
-
-/// A fixture project: the copies bundled in the repo's `examples/` (npm-app, pip-app,
-/// cargo-app), or `$LAYERCACHE_FIXTURES/<name>`; `None` (a skip; a failure when `CI` is
-/// set) when it is not there.
-fn fixture(name: &str) -> Option<PathBuf> {
-    let root = std::env::var_os("LAYERCACHE_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"));
-    let dir = root.join(name);
-    if !dir.is_dir() {
-        skip_or_fail(&format!("fixture {} not found", dir.display()));
-        return None;
-    }
-    Some(dir)
-}
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// The `--json` summary `run` prints on stdout (the last line that parses as JSON with
-/// `caches`).
-fn summary(o: &std::process::Output) -> serde_json::Value {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v.get("caches").is_some())
-        .expect("a --json summary line on stdout")
-}
+use run_common::{
+    Sandbox, can_mount, fixture, have_tool, json_summary as summary, prep_ms, run_ok, stdout,
+};
 
 /// The events of one cache, oldest first.
 fn events_of(sb: &Sandbox, cache: &str) -> Vec<serde_json::Value> {

@@ -156,6 +156,42 @@ impl Drop for Sandbox {
     }
 }
 
+/// A fixture project: the copies bundled in the repo's `examples/` (npm-app, pip-app,
+/// cargo-app, go-app, pnpm-app, yarn-app, uv-app, maven-app), or `$LAYERCACHE_FIXTURES/<name>`;
+/// `None` (a skip; a failure when `CI` is set) when it is not there.
+pub fn fixture(name: &str) -> Option<PathBuf> {
+    let root = std::env::var_os("LAYERCACHE_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"));
+    let dir = root.join(name);
+    if !dir.is_dir() {
+        skip_or_fail(&format!("fixture {} not found", dir.display()));
+        return None;
+    }
+    Some(dir)
+}
+
+/// A process's stdout as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The `--json` summary of `run`: the last line of stdout, else of stderr (where it was before
+/// it moved to stdout), that parses as JSON with `caches`, from its first `{` (on stderr it
+/// follows setup's output, which may end without a newline: mvn prints a bare "\e[0m").
+pub fn json_summary(o: &Output) -> serde_json::Value {
+    [&o.stdout, &o.stderr]
+        .into_iter()
+        .find_map(|bytes| {
+            String::from_utf8_lossy(bytes)
+                .lines()
+                .rev()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l[l.find('{')?..]).ok())
+                .find(|v| v.get("caches").is_some())
+        })
+        .expect("a --json summary line on stdout or stderr")
+}
+
 /// Preparation time of one event: mount + setup + maintenance + promote, ms.
 pub fn prep_ms(e: &serde_json::Value) -> u64 {
     ["mount_ms", "setup_ms", "maintenance_ms", "promote_ms"]
