@@ -98,7 +98,8 @@ lc_daemon_pid() {
 
 # lc_mount IMPL LOWER UPPER WORK MOUNTPOINT: mounts one implementation; returns when the mount
 # command returned. IMPL is native (a bind mount of LOWER: same code path as the plain directory),
-# kernel (overlayfs), fuse-overlayfs or layercache. Errors go to $LC_BENCH_DIR/mount.err.
+# kernel (overlayfs), fuse-overlayfs, layercache or layercache-pt (layercache with FUSE
+# passthrough, LAYERCACHE_PASSTHROUGH=1). Errors go to $LC_BENCH_DIR/mount.err.
 lc_mount() {
   local impl=$1 lower=$2 upper=$3 work=$4 mnt=$5 rc=0
   mkdir -p "$mnt"
@@ -118,6 +119,7 @@ lc_mount_cmd() {
     kernel) timeout 60 mount -t overlay overlay -o "$opts" "$mnt" 2>"$LC_BENCH_DIR/mount.err" ;;
     fuse-overlayfs) timeout 60 fuse-overlayfs -o "$opts" "$mnt" 2>"$LC_BENCH_DIR/mount.err" ;;
     layercache) timeout 60 "$LC_BIN" overlay -o "$opts" "$mnt" >/dev/null 2>"$LC_BENCH_DIR/mount.err" ;;
+    layercache-pt) LAYERCACHE_PASSTHROUGH=1 timeout 60 "$LC_BIN" overlay -o "$opts" "$mnt" >/dev/null 2>"$LC_BENCH_DIR/mount.err" ;;
     *) die "unknown implementation $impl" ;;
   esac
 }
@@ -127,7 +129,7 @@ lc_register() {
   lc_is_mounted "$2" || return 0
   LC_MOUNTS+=("$2")
   case $1 in
-    fuse-overlayfs | layercache) LC_DAEMON[$2]=$(lc_daemon_pid "$2" || true) ;;
+    fuse-overlayfs | layercache | layercache-pt) LC_DAEMON[$2]=$(lc_daemon_pid "$2" || true) ;;
   esac
 }
 

@@ -24,6 +24,8 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+# The serve browser tests drive Debian's chromium (tests/serve_browser.rs).
+[ -x /usr/bin/chromium ] || need+=(chromium)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-venv)
 # Debian's python3 needs python3-venv for `python3 -m venv` (the venv preset's setup).
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -40,6 +42,25 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
 
+# playwright-core (the browser driver of tests/serve_browser.rs) from the npm registry, into a
+# cache outside the repository; the tests find it through LAYERCACHE_PLAYWRIGHT.
+pw_dir=${LAYERCACHE_PLAYWRIGHT_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/layercache-test/playwright}
+pw_version=1.65.1
+if [ "$(node -p "try { require('$pw_dir/node_modules/playwright-core/package.json').version } catch (e) { '' }" 2>/dev/null)" != "$pw_version" ]; then
+  echo "test.sh: installing playwright-core@$pw_version into $pw_dir"
+  mkdir -p "$pw_dir"
+  npm install --prefix "$pw_dir" --no-audit --no-fund --silent "playwright-core@$pw_version"
+fi
+export LAYERCACHE_PLAYWRIGHT="$pw_dir/node_modules/playwright-core"
+# openapi-spec-validator from PyPI checks serve's /api/v1/openapi.json (tests/serve_api.rs).
+oas_dir=${LAYERCACHE_OPENAPI_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/layercache-test/openapi}
+oas_version=0.9.0
+if ! "$oas_dir/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('openapi-spec-validator') != '$oas_version')" 2>/dev/null; then
+  echo "test.sh: installing openapi-spec-validator==$oas_version into $oas_dir"
+  python3 -m venv "$oas_dir"
+  "$oas_dir/bin/pip" install -q "openapi-spec-validator==$oas_version"
+fi
+export LAYERCACHE_OPENAPI_PYTHON="$oas_dir/bin/python"
 # The presets' real tools (tests/presets.rs) and a Docker engine with a test image
 # (tests/docker_engine.rs): installed/started when missing, the engine stopped at exit.
 log=$(mktemp /tmp/layercache-test.XXXXXX)

@@ -39,6 +39,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Gc(args) => store_cmds::gc(&cli.global, &args),
         Command::Clear(args) => store_cmds::clear(&cli.global, &args),
         Command::Verify(args) => store_cmds::verify(&cli.global, &args),
+        Command::Serve(args) => {
+            crate::serve::cli_serve(&cli.global, &args, store_cmds::open_existing)
+        }
     }
 }
 
@@ -207,7 +210,13 @@ fn cmd_sandbox_args(
 /// the store.
 fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
     let sandbox = crate::run::SandboxMode::parse(&args.sandbox)?;
-    let spec = crate::spec::load(&args.spec)?;
+    let spec = match (&args.spec, &args.project) {
+        (Some(source), _) => crate::spec::load(source)?,
+        (None, project) => crate::serve::specs::load_stored(
+            &store_root(global)?,
+            project.as_deref().unwrap_or_default(),
+        )?,
+    };
     let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
     let store_dir = store_root(global)?;
     let cfg = crate::run::RunConfig {
@@ -218,11 +227,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         command: args.command.iter().map(std::ffi::OsString::from).collect(),
         store: store_dir.clone(),
         json: global.json,
-        run_id: format!(
-            "{:012x}-{}",
-            crate::telemetry::now_ms(),
-            crate::sys::random_hex(6)
-        ),
+        run_id: crate::telemetry::new_run_id(),
     };
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);

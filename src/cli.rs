@@ -75,6 +75,8 @@ pub enum Command {
     Verify(LsArgs),
     /// List the cache presets.
     Presets,
+    /// Serve the HTTP API and web pages over the store until SIGINT/SIGTERM.
+    Serve(ServeArgs),
 }
 
 /// `layercache overlay`.
@@ -141,8 +143,12 @@ pub struct MountpointArg {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The spec (TOML or JSON); `-` reads standard input.
-    #[arg(long)]
-    pub spec: String,
+    #[arg(long, required_unless_present = "project")]
+    pub spec: Option<String>,
+    /// Use the spec stored for this project in the store (saved by `layercache serve`'s spec
+    /// page or `PUT /api/v1/projects/P/spec`) instead of --spec.
+    #[arg(long, conflicts_with = "spec")]
+    pub project: Option<String>,
     /// The project directory key files are read from (default: the current directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,
@@ -248,4 +254,17 @@ pub struct ClearArgs {
     /// Only this cache of the project (default: every cache).
     #[arg(long)]
     pub cache: Option<String>,
+}
+
+/// `layercache serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (IP:PORT; port 0 picks a free one). Anything but a loopback
+    /// address needs --token-file.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    pub listen: String,
+    /// A file whose first line is the token every request must carry (Authorization: Bearer
+    /// TOKEN, or the cookie the login page sets); at least 16 characters.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }

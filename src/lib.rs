@@ -17,6 +17,7 @@ pub mod key;
 pub mod overlay;
 pub mod run;
 pub mod sandbox;
+pub mod serve;
 pub mod spec;
 pub mod store;
 pub mod sys;

@@ -98,6 +98,12 @@ pub fn events_path(store: &Path) -> PathBuf {
     store.join(EVENTS_FILE)
 }
 
+/// A new run id: the start time in ms as 12 hex digits, `-`, 12 random hex digits (sorts by
+/// time, like the store's run directory names).
+pub fn new_run_id() -> String {
+    format!("{:012x}-{}", now_ms(), crate::sys::random_hex(6))
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -207,8 +213,25 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
             },
         );
     }
+    let mine: Vec<Event> = events
+        .iter()
+        .filter(|e| project.is_none_or(|p| e.project == p))
+        .cloned()
+        .collect();
+    out.saved_ms = saved_ms(&mine).iter().sum();
+    out
+}
+
+/// The time each event saved, ms, in the order of `events`: for a successful hit or restore,
+/// the median preparation time of the successful misses of the same project and cache minus
+/// its own (saturating at 0); 0 for misses, failures and caches that never missed. `stats`
+/// sums these, so the runs page and `layercache stats` never disagree.
+pub fn saved_ms(events: &[Event]) -> Vec<u64> {
     let mut miss_by_cache: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
-    for e in ok.iter().filter(|e| e.result == CacheResult::Miss) {
+    for e in events
+        .iter()
+        .filter(|e| e.exit_status == 0 && e.result == CacheResult::Miss)
+    {
         miss_by_cache
             .entry((&e.project, &e.cache))
             .or_default()
@@ -218,12 +241,17 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
         .into_iter()
         .map(|(k, v)| (k, median(v)))
         .collect();
-    for e in ok.iter().filter(|e| e.result != CacheResult::Miss) {
-        if let Some(m) = miss_median.get(&(e.project.as_str(), e.cache.as_str())) {
-            out.saved_ms += m.saturating_sub(e.prep_ms());
-        }
-    }
-    out
+    events
+        .iter()
+        .map(|e| {
+            if e.exit_status != 0 || e.result == CacheResult::Miss {
+                return 0;
+            }
+            miss_median
+                .get(&(e.project.as_str(), e.cache.as_str()))
+                .map_or(0, |m| m.saturating_sub(e.prep_ms()))
+        })
+        .collect()
 }
 
 /// The human form of [`Stats`].

@@ -1270,3 +1270,36 @@ fn upper_dir_is_readable_by_kernel_overlayfs() {
     fx.with_kernel_view(|fx| check(fx, "kernel overlayfs over the same upper"));
     check(&fx, "implementation under test, remounted");
 }
+
+/// Lower files that are hardlinks of each other (every file of a store layer is a hardlink of
+/// an object shared by identical files) stay files of their own: distinct st_ino, nlink 1,
+/// a write to one leaves the other, and the numbers hold after the kernel forgot the inodes.
+/// (Kernel overlayfs shows one inode with nlink 2 instead.)
+#[test]
+fn lower_hardlinks_stay_separate_files() {
+    require_root!();
+    only_layercache!("kernel overlayfs shows lower hardlinks as one inode");
+    let fx = Fixture::new(|l| {
+        write(&l.join("x"), "dup");
+        fs::hard_link(l.join("x"), l.join("y")).unwrap();
+    });
+    let (x, y) = (
+        fs::metadata(fx.p("x")).unwrap(),
+        fs::metadata(fx.p("y")).unwrap(),
+    );
+    assert_ne!(x.ino(), y.ino(), "each path is its own file");
+    assert_eq!((x.nlink(), y.nlink()), (1, 1));
+    drop_caches();
+    assert_eq!(
+        fs::metadata(fx.p("y")).unwrap().ino(),
+        y.ino(),
+        "stable after forget"
+    );
+    write(&fx.p("x"), "changed");
+    assert_eq!(read(&fx.p("y")), "dup");
+    assert_eq!(
+        fs::metadata(fx.p("x")).unwrap().ino(),
+        x.ino(),
+        "stable across copy-up"
+    );
+}

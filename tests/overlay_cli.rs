@@ -211,6 +211,15 @@ fn mount_through_helper(mut cmd: Command, what: &str) {
 fn mount_fuse3_helper_runs_layercache_overlay() {
     require_root!();
     only_layercache!("mount -t fuse.layercache runs the layercache binary");
+    let (cmd, _bin) = mount_fuse3("overlay");
+    mount_through_helper(cmd, "mount.fuse3 overlay MNT -t fuse.layercache");
+}
+
+/// `sh -c 'exec mount.fuse3 SOURCE MNT -t fuse.layercache -o OPTS'` with a PATH that finds the
+/// built binary as `layercache` (in the returned temp dir, to keep while the command runs).
+/// mount.fuse3 SOURCE MOUNTPOINT [-t TYPE] [-o OPTS] is how mount(8) calls it; sh reorders the
+/// arguments mount_through_helper appends (MNT -o OPTS).
+fn mount_fuse3(source: &str) -> (Command, tempfile::TempDir) {
     let bin = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(BIN, bin.path().join("layercache")).unwrap();
     let path = format!(
@@ -218,15 +227,14 @@ fn mount_fuse3_helper_runs_layercache_overlay() {
         bin.path().display(),
         std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
     );
-    // mount.fuse3 SOURCE MOUNTPOINT [-t TYPE] [-o OPTS], as mount(8) calls it; sh reorders
-    // the arguments mount_through_helper appends (MNT -o OPTS).
-    let mut fixed = Command::new("sh");
-    fixed
-        .arg("-c")
-        .arg("exec mount.fuse3 overlay \"$1\" -t fuse.layercache -o \"$3\"")
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "exec mount.fuse3 {source} \"$1\" -t fuse.layercache -o \"$3\""
+        ))
         .arg("sh")
         .env("PATH", path);
-    mount_through_helper(fixed, "mount.fuse3 overlay MNT -t fuse.layercache");
+    (cmd, bin)
 }
 
 /// `mount -t fuse.layercache SOURCE …` with any SOURCE (`layercache` here, what
@@ -236,20 +244,8 @@ fn mount_fuse3_helper_runs_layercache_overlay() {
 fn mount_fuse3_helper_accepts_any_source() {
     require_root!();
     only_layercache!("mount -t fuse.layercache runs the layercache binary");
-    let bin = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(BIN, bin.path().join("layercache")).unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.path().display(),
-        std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
-    );
-    let mut fixed = Command::new("sh");
-    fixed
-        .arg("-c")
-        .arg("exec mount.fuse3 layercache \"$1\" -t fuse.layercache -o \"$3\"")
-        .arg("sh")
-        .env("PATH", path);
-    mount_through_helper(fixed, "mount.fuse3 layercache MNT -t fuse.layercache");
+    let (cmd, _bin) = mount_fuse3("layercache");
+    mount_through_helper(cmd, "mount.fuse3 layercache MNT -t fuse.layercache");
 }
 
 /// An fstab-style line (`PROGRAM#SOURCE MNT fuse OPTIONS 0 0`) with a SOURCE that is no

@@ -13,7 +13,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use std::collections::HashSet;
+
 use fuser::Errno;
+use parking_lot::{Condvar, Mutex};
 
 use super::fs::{OpResult, OverlayFs, errno};
 use super::inode::{Backing, Loc, orphan_name};
@@ -194,6 +197,38 @@ fn copy_range(src: &File, dst: &File, start: i64, end: i64) -> io::Result<()> {
     Ok(())
 }
 
+/// Per-node copy-up locks: a copy-up holds its node's lock, so two writers never copy the same
+/// file twice while copy-ups of different files run side by side.
+#[derive(Default)]
+pub struct CopyLocks {
+    busy: Mutex<HashSet<u64>>,
+    freed: Condvar,
+}
+
+/// A held [`CopyLocks`] entry; released on drop.
+pub struct CopyGuard<'a> {
+    locks: &'a CopyLocks,
+    id: u64,
+}
+
+impl CopyLocks {
+    /// Waits until no other copy-up of node `id` runs, then holds its lock.
+    pub fn lock(&self, id: u64) -> CopyGuard<'_> {
+        let mut busy = self.busy.lock();
+        while !busy.insert(id) {
+            self.freed.wait(&mut busy);
+        }
+        CopyGuard { locks: self, id }
+    }
+}
+
+impl Drop for CopyGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.busy.lock().remove(&self.id);
+        self.locks.freed.notify_all();
+    }
+}
+
 fn times_of(st: &libc::stat) -> [libc::timespec; 2] {
     [
         libc::timespec {
@@ -282,15 +317,17 @@ impl OverlayFs {
         Ok(tmp)
     }
 
-    /// Moves a staged entry from the workdir to `dst` in the upper dir, then sets its
-    /// timestamps from `st` and restores the upper parent's timestamps. Returns the new
-    /// upper inode number.
+    /// Moves a staged entry from the workdir to `dst` in the upper dir as node `id`, then sets
+    /// its timestamps from `st` and restores the upper parent's timestamps. The staged inode is
+    /// registered under `id` before it appears in the upper dir, so a concurrent lookup of
+    /// `dst` never gives it another node id (`st_ino`).
     pub(super) fn publish_staged(
         &self,
         tmp: &CStr,
         dst: &CStr,
         st: &libc::stat,
-    ) -> io::Result<u64> {
+        id: u64,
+    ) -> io::Result<()> {
         let parent = Path::new(std::ffi::OsStr::from_bytes(dst.to_bytes()))
             .parent()
             .map(|p| {
@@ -302,8 +339,14 @@ impl OverlayFs {
             })
             .unwrap_or(Path::new("."));
         let cparent = cstr(parent.as_os_str())?;
+        // Copy-ups into one parent must not interleave here: each restores the parent's
+        // timestamps as it saw them before its rename.
+        let _p = self.publish_lock.lock();
+        let ino = self.stack.stat(Tree::Work, tmp)?.st_ino;
+        self.nodes.register_upper(ino, id);
         let pst = self.stack.stat(Tree::Upper, &cparent)?;
         if let Err(e) = self.stack.rename(Tree::Work, tmp, Tree::Upper, dst, 0) {
+            self.nodes.drop_upper(ino);
             let _ = self
                 .stack
                 .unlink(Tree::Work, tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
@@ -311,7 +354,7 @@ impl OverlayFs {
         }
         self.stack.utimens(Tree::Upper, dst, &times_of(st))?;
         let _ = self.stack.utimens(Tree::Upper, &cparent, &times_of(&pst));
-        Ok(self.stack.stat(Tree::Upper, dst)?.st_ino)
+        Ok(())
     }
 
     /// Makes sure directory node `id` and all its ancestors exist in the upper dir (metadata
@@ -330,8 +373,8 @@ impl OverlayFs {
             chain.push(cur);
             cur = parent.ok_or(Errno::ENOENT)?;
         }
-        let _c = self.copy_lock.lock();
         for &d in chain.iter().rev() {
+            let _c = self.copy_locks.lock(d);
             if self.nodes.peek(d, |n| n.upper).ok_or(Errno::ENOENT)? {
                 continue;
             }
@@ -345,8 +388,7 @@ impl OverlayFs {
             let tmp = self
                 .stage_copy(Tree::Lower(l), rel, &st, None)
                 .map_err(errno)?;
-            let ino = self.publish_staged(&tmp, rel, &st).map_err(errno)?;
-            self.nodes.register_upper(ino, d);
+            self.publish_staged(&tmp, rel, &st, d).map_err(errno)?;
             self.nodes.update(d, |n| n.upper = true);
         }
         Ok(())
@@ -378,7 +420,7 @@ impl OverlayFs {
         if let Some(p) = parent {
             self.ensure_upper_dir(p)?;
         }
-        let _c = self.copy_lock.lock();
+        let _c = self.copy_locks.lock(id);
         if self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
@@ -386,17 +428,18 @@ impl OverlayFs {
         let sl = src.tree;
         let st = self.stack.stat(sl, &src.path).map_err(errno)?;
         let tmp = self.stage_copy(sl, &src.path, &st, limit).map_err(errno)?;
-        let ino = if parent.is_some() {
-            self.publish_staged(&tmp, &src.path, &st).map_err(errno)?
+        if parent.is_some() {
+            self.publish_staged(&tmp, &src.path, &st, id)
+                .map_err(errno)?;
         } else {
             let dst = orphan_name(id);
             self.stack
                 .rename(Tree::Work, &tmp, Tree::Work, &dst, 0)
                 .map_err(errno)?;
             self.kept_as_orphan(id);
-            self.stack.stat(Tree::Work, &dst).map_err(errno)?.st_ino
-        };
-        self.nodes.register_upper(ino, id);
+            let ino = self.stack.stat(Tree::Work, &dst).map_err(errno)?.st_ino;
+            self.nodes.register_upper(ino, id);
+        }
         self.nodes.update(id, |n| {
             n.upper = true;
             n.lowers = 0;
@@ -408,7 +451,8 @@ impl OverlayFs {
     /// Copies the merged contents of directory `dir` (as `d`, already present in the upper
     /// dir) into the upper dir, recursively — used before renaming a directory that has lower
     /// contents. Every copied entry is registered under the id it had, so `st_ino` values do
-    /// not change. Caller holds `ns` for writing.
+    /// not change. Caller holds `ns` (for reading is enough: each entry is copied under its
+    /// copy-up lock, and no name can leave the merged view meanwhile).
     pub(super) fn copy_up_tree(&self, dir: u64, d: &Backing) -> OpResult<()> {
         let names = self
             .stack
@@ -419,15 +463,26 @@ impl OverlayFs {
                 continue;
             };
             let crel = child(&d.path, &name).map_err(errno)?;
-            if !r.upper {
-                let l = top_lower(r.lowers).ok_or(Errno::EIO)?;
-                let _c = self.copy_lock.lock();
-                let tmp = self
-                    .stage_copy(Tree::Lower(l), &crel, &r.st, None)
-                    .map_err(errno)?;
-                let ino = self.publish_staged(&tmp, &crel, &r.st).map_err(errno)?;
-                self.nodes.register_upper(ino, r.id);
+            let r = if r.upper {
+                r
             } else {
+                let _c = self.copy_locks.lock(r.id);
+                // Another copy-up (a writer of this file) may have run meanwhile.
+                match self.resolve(dir, d, &name)? {
+                    Some(r) if !r.upper => {
+                        let l = top_lower(r.lowers).ok_or(Errno::EIO)?;
+                        let tmp = self
+                            .stage_copy(Tree::Lower(l), &crel, &r.st, None)
+                            .map_err(errno)?;
+                        self.publish_staged(&tmp, &crel, &r.st, r.id)
+                            .map_err(errno)?;
+                        r
+                    }
+                    Some(r) => r,
+                    None => continue,
+                }
+            };
+            if r.upper {
                 self.nodes.register_upper(r.st.st_ino, r.id);
             }
             if r.kind == Kind::Dir && r.lowers != 0 {

@@ -14,9 +14,11 @@ use fuser::{Errno, FileAttr, FileType};
 use parking_lot::{Mutex, RwLock};
 
 use super::OverlayConfig;
+use super::copy_up::CopyLocks;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
 use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
+use super::passthrough::{FileKey, OpenMode, Passthrough};
 use super::stack::{Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
 use crate::sys::child;
@@ -53,8 +55,12 @@ pub struct OverlayFs {
     /// Serialises namespace changes that move existing paths (rename, unlink, rmdir) against
     /// path-based operations. Taken once per operation at its top; never nested.
     pub(super) ns: RwLock<()>,
-    /// Serialises copy-ups (so two writers do not copy the same file twice).
-    pub(super) copy_lock: Mutex<()>,
+    /// Per-node copy-up locks (two writers never copy the same file twice; unrelated files
+    /// copy in parallel).
+    pub(super) copy_locks: CopyLocks,
+    /// Serialises the short publish step of copy-ups (rename into the upper dir and restoring
+    /// the parent's timestamps).
+    pub(super) publish_lock: Mutex<()>,
     fds: Mutex<lru::LruCache<u64, CachedFd>>,
     /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
     pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
@@ -64,6 +70,8 @@ pub struct OverlayFs {
     /// directory. Dropped when the kernel forgets the node.
     pub(super) gone_dirs: Mutex<std::collections::HashMap<u64, FileAttr>>,
     tmp_seq: std::sync::atomic::AtomicU64,
+    /// FUSE passthrough state (see `passthrough.rs`).
+    pub(super) pt: Passthrough,
 }
 
 #[derive(Clone)]
@@ -129,6 +137,14 @@ pub fn attr_from_stat(ino: u64, st: &libc::stat, nlink: u32) -> FileAttr {
     }
 }
 
+/// Whether FUSE passthrough is asked for: `LAYERCACHE_PASSTHROUGH=1` (see `passthrough.rs`).
+fn passthrough_wanted() -> bool {
+    matches!(
+        std::env::var("LAYERCACHE_PASSTHROUGH").as_deref(),
+        Ok("1") | Ok("on") | Ok("yes")
+    )
+}
+
 impl OverlayFs {
     /// Opens the layers of `cfg` and prepares the workdir (orphans of an earlier run are removed).
     ///
@@ -152,11 +168,13 @@ impl OverlayFs {
             nodes: Nodes::new(lowers),
             listings: Listings::default(),
             ns: RwLock::new(()),
-            copy_lock: Mutex::new(()),
+            copy_locks: CopyLocks::default(),
+            publish_lock: Mutex::new(()),
             fds: Mutex::new(lru::LruCache::new(cap)),
             orphans: Mutex::default(),
             gone_dirs: Default::default(),
             tmp_seq: Default::default(),
+            pt: Passthrough::new(passthrough_wanted()),
         })
     }
 
@@ -226,9 +244,7 @@ impl OverlayFs {
             (false, Some(l), _) if e.kind == Kind::Dir || e.st.st_nlink <= 1 => {
                 self.nodes.lower_id(l, e.st.st_ino)
             }
-            (false, _, _) => self
-                .nodes
-                .keyed(IdKey::LowerPath(parent, name.to_os_string())),
+            (false, _, _) => self.nodes.path_id(parent, name),
         };
         Ok(Some(Resolved { id, entry: e }))
     }
@@ -362,6 +378,35 @@ impl OverlayFs {
             },
         );
         Ok(file)
+    }
+
+    /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
+    /// when it is opened for writing (`write`), then decides passthrough, DIRECT_IO or cached
+    /// (see `passthrough.rs`); `register` registers an fd as a backing file.
+    ///
+    /// Errors: `ENOENT` for a node that is gone, or the errno of the copy-up or of opening the
+    /// data file.
+    pub(super) fn open_node(
+        &self,
+        id: u64,
+        write: bool,
+        register: impl FnOnce(&File) -> io::Result<fuser::BackingId>,
+    ) -> OpResult<OpenMode> {
+        let _g = self.ns.read();
+        if write {
+            self.copy_up(id, None)?;
+        }
+        let f = self.data_fd(id, false)?;
+        // SAFETY: fstat of an owned fd into a zeroed stat.
+        let st = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&*f), &mut st) != 0 {
+                return Err(errno(io::Error::last_os_error()));
+            }
+            st
+        };
+        let key: FileKey = (st.st_dev, st.st_ino);
+        Ok(self.pt.open(id, key, write, || register(&f)))
     }
 
     /// Drops the cached fd of `id` (after copy-up, so the next access opens the upper copy).

@@ -22,6 +22,7 @@ use fuser::{
 use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
 use super::inode::{Backing, ROOT};
 use super::ops::{AttrChange, NewEntry, XattrReply};
+use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
 use super::stack::Kind;
 
 const GEN: Generation = Generation(0);
@@ -146,6 +147,15 @@ impl fuser::Filesystem for OverlayFs {
             | InitFlags::FUSE_EXPORT_SUPPORT;
         if let Err(unsupported) = config.add_capabilities(want) {
             let _ = config.add_capabilities(want & !unsupported);
+        }
+        if self.pt.on() {
+            // Backing files must sit on a filesystem that is not itself stacked (ext4, xfs,
+            // tmpfs…); a lower on overlayfs makes registering fail, which turns passthrough off.
+            let pt = InitFlags::FUSE_PASSTHROUGH | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+            if config.add_capabilities(pt).is_err() || config.set_max_stack_depth(1).is_err() {
+                let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+                self.pt.turn_off();
+            }
         }
         let _ = config.set_max_write(1 << 20);
         let _ = config
@@ -323,9 +333,41 @@ impl fuser::Filesystem for OverlayFs {
         entry(reply, r);
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
-        reply.error(Errno::ENOSYS);
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if !self.pt.on() {
+            // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
+            return reply.error(Errno::ENOSYS);
+        }
+        let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+        let r = traced("open", ino.0, || {
+            self.open_node(ino.0, write, |f| reply.open_backing(f))
+        });
+        match r {
+            Ok(OpenMode::Passthrough(b)) => {
+                reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::empty(), &b)
+            }
+            Ok(OpenMode::Busy) => reply.error(Errno::ETXTBSY),
+            Ok(OpenMode::Cached) => {
+                reply.opened(FileHandle(FH_CACHED), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if fh.0 == FH_PASSTHROUGH {
+            self.pt.released(ino.0);
+        }
+        reply.ok();
     }
 
     fn read(
@@ -556,10 +598,40 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyCreate,
     ) {
         let r = traced("create", parent.0, || {
-            self.make(parent.0, name, req.uid(), req.gid(), NewEntry::File(mode))
+            let a = self.make(parent.0, name, req.uid(), req.gid(), NewEntry::File(mode))?;
+            if !self.pt.on() {
+                return Ok((a, OpenMode::Cached));
+            }
+            let m = self.open_node(a.ino.0, true, |f| reply.open_backing(f));
+            match m {
+                Ok(m) => Ok((a, m)),
+                Err(e) => {
+                    self.nodes.unremember(a.ino.0);
+                    Err(e)
+                }
+            }
         });
         match r {
-            Ok(a) => reply.created(&TTL, &a, GEN, FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok((a, OpenMode::Passthrough(b))) => reply.created_passthrough(
+                &TTL,
+                &a,
+                GEN,
+                FileHandle(FH_PASSTHROUGH),
+                FopenFlags::empty(),
+                &b,
+            ),
+            Ok((a, OpenMode::Busy)) => {
+                // A new file has no readers: cannot happen; undo the lookup the reply carried.
+                self.nodes.unremember(a.ino.0);
+                reply.error(Errno::ETXTBSY)
+            }
+            Ok((a, OpenMode::Cached)) => reply.created(
+                &TTL,
+                &a,
+                GEN,
+                FileHandle(FH_CACHED),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(e),
         }
     }

@@ -6,7 +6,10 @@
 //! * a lower directory, or a lower non-directory with one link: `(lower layer + 1) << 56 | ino`
 //!   (deterministic, no memory needed; the same after the kernel forgets the node);
 //! * a lower non-directory with several links (the store deduplicates identical files by
-//!   hardlink, so distinct paths must stay distinct files): a counter id kept per (parent, name);
+//!   hardlink, so distinct paths must stay distinct files): a hash of (parent, name) with the
+//!   top bit set ([`Nodes::path_id`]), so nothing is kept for it once the kernel forgets the
+//!   node; a hash that clashes with a live node of another path gets a counter id kept per
+//!   path instead;
 //! * anything that lives only in the upper dir: a counter id kept per upper inode number.
 //!
 //! Copy-up registers the new upper inode under the node's existing id, so `st_ino` does not
@@ -157,6 +160,9 @@ fn path_in(map: &HashMap<u64, Box<Node>>, id: u64) -> Option<CString> {
     CString::new(buf).ok()
 }
 
+/// Set in the ids of multiply-linked store-layer files ([`Nodes::path_id`]).
+const PATH_ID_BIT: u64 = 1 << 63;
+
 /// The identity a counter id is kept for (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum IdKey {
@@ -175,6 +181,8 @@ pub struct Nodes {
     map: RwLock<HashMap<u64, Box<Node>>>,
     ids: Mutex<HashMap<IdKey, u64>>,
     next: AtomicU64,
+    /// Whether [`Nodes::path_id`] ever fell back to a counter id (then it looks those up).
+    clashes: std::sync::atomic::AtomicBool,
 }
 
 impl Nodes {
@@ -198,6 +206,7 @@ impl Nodes {
             map: RwLock::new(map),
             ids: Mutex::new(HashMap::new()),
             next: AtomicU64::new(2),
+            clashes: Default::default(),
         }
     }
 
@@ -265,6 +274,25 @@ impl Nodes {
         }
     }
 
+    /// Gives memory back after the kernel forgot most nodes (a walk of a large tree ends): when
+    /// the table holds less than an eighth of its capacity (and more than 16k slots), the
+    /// table is rebuilt at twice its size. Returns whether it was. Cheap otherwise (a read lock).
+    pub fn shrink_if_sparse(&self) -> bool {
+        let sparse =
+            |m: &HashMap<u64, Box<Node>>| m.capacity() > 16384 && m.len() * 8 < m.capacity();
+        if !sparse(&self.map.read()) {
+            return false;
+        }
+        let mut map = self.map.write();
+        if !sparse(&map) {
+            return false;
+        }
+        let keep = map.len() * 2;
+        map.shrink_to(keep);
+        tracing::debug!(nodes = map.len(), "node table shrunk");
+        true
+    }
+
     /// The path of `id` relative to the layer roots (`.` for the root), or `None` when the
     /// node is not attached to the tree.
     pub fn path(&self, id: u64) -> Option<CString> {
@@ -327,6 +355,37 @@ impl Nodes {
         } else {
             self.keyed(IdKey::LowerBig(layer, ino))
         }
+    }
+
+    /// The id of the multiply-linked store-layer file `name` in directory `parent`: a hash of
+    /// both, unless a live node of another path has it (then a counter id kept per path).
+    pub fn path_id(&self, parent: u64, name: &OsStr) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let key = || IdKey::LowerPath(parent, name.to_os_string());
+        {
+            let ids = self.ids.lock();
+            if self.clashes.load(Ordering::Relaxed)
+                && let Some(&id) = ids.get(&key())
+            {
+                return id;
+            }
+        }
+        // DefaultHasher::new() has fixed keys: the same id for the same path every time.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (parent, name.as_bytes()).hash(&mut h);
+        let id = h.finish() | PATH_ID_BIT;
+        let clash = self.peek(id, |n| match &n.loc {
+            Loc::Attached {
+                parent: p,
+                name: nm,
+            } => *p != parent || **nm != *name,
+            _ => true,
+        });
+        if clash == Some(true) {
+            self.clashes.store(true, Ordering::Relaxed);
+            return self.keyed(key());
+        }
+        id
     }
 
     /// The counter id kept for `key`, allocated on first use.
@@ -400,6 +459,22 @@ mod tests {
         let p = t.keyed(IdKey::LowerPath(1, "x".into()));
         assert_eq!(p, t.keyed(IdKey::LowerPath(1, "x".into())));
         assert_ne!(p, t.keyed(IdKey::LowerPath(1, "y".into())));
+        // Path ids: stable, distinct, and a clash with a live node of another path falls back.
+        let x = t.path_id(ROOT, OsStr::new("x"));
+        assert_eq!(x, t.path_id(ROOT, OsStr::new("x")));
+        assert_ne!(x, t.path_id(ROOT, OsStr::new("y")));
+        assert!(x >= PATH_ID_BIT);
+        t.remember(x, ROOT, OsStr::new("x"), Kind::File, false, 1);
+        assert_eq!(x, t.path_id(ROOT, OsStr::new("x")), "its own live node");
+        t.update(x, |n| {
+            n.loc = Loc::Attached {
+                parent: ROOT,
+                name: OsStr::new("other").into(),
+            }
+        });
+        let fallback = t.path_id(ROOT, OsStr::new("x"));
+        assert!(fallback < (1 << 56), "a clash gets a counter id");
+        assert_eq!(fallback, t.path_id(ROOT, OsStr::new("x")));
         t.register_upper(7, a);
         assert_eq!(t.keyed(IdKey::Upper(7)), a);
         t.drop_upper(7);

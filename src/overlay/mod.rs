@@ -15,6 +15,7 @@ mod handlers;
 mod inode;
 mod ops;
 pub mod options;
+mod passthrough;
 mod ring;
 pub mod stack;
 pub mod whiteout;

@@ -345,10 +345,22 @@ impl OverlayFs {
         newname: &OsStr,
         flags: u32,
     ) -> OpResult<()> {
-        let _g = self.ns.write();
         if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
             return Err(Errno::EINVAL);
         }
+        // Copy a directory source with lower contents up while other requests go on (the
+        // namespace lock shared); the rename proper below, which holds it exclusively, then
+        // finds the tree already up and only moves it.
+        {
+            let _g = self.ns.read();
+            if let (_, Some(src)) = self.resolve_in(parent, name)?
+                && src.kind == Kind::Dir
+                && src.lowers != 0
+            {
+                self.bring_up(parent, name, &src)?;
+            }
+        }
+        let _g = self.ns.write();
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let (pdir, src) = self.resolve_in(parent, name)?;
         let src = src.ok_or(Errno::ENOENT)?;
@@ -712,6 +724,10 @@ impl OverlayFs {
     /// and listing, and the orphaned data of an unlinked file.
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(node) = self.nodes.forget(id, n) {
+            self.pt.forget(id);
+            if self.nodes.shrink_if_sparse() {
+                trim_heap();
+            }
             if node.loc == Loc::Gone {
                 self.gone_dirs.lock().remove(&id);
             }
@@ -734,6 +750,17 @@ impl OverlayFs {
                 let _ = self.stack.unlink(Tree::Work, &o, false);
             }
         }
+    }
+}
+
+/// Returns freed heap memory to the system (glibc keeps the freed blocks of a million small
+/// node allocations otherwise, and the daemon's RSS would not fall after a walk of a large
+/// tree).
+fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -17,7 +17,14 @@
 //!   instead of migrating it to another, halted CPU (an IPI and a VM exit per request). Used
 //!   only with `CAP_SYS_NICE`: per sched(7) a thread without it (root in a default Docker
 //!   container) may enter SCHED_IDLE but not leave it. Every `sched_setscheduler` result is
-//!   checked; a thread that cannot switch stops trying.
+//!   checked; a thread that cannot switch stops trying. A SCHED_IDLE thread runs only when
+//!   nothing else wants its CPU, so when another task keeps that CPU busy the commit itself
+//!   can wait for hundreds of ms (measured: a lookup stalled 250-730 ms while a `mv` of a
+//!   lower tree kept the daemon busy, 48 ms without the hand-off): a commit that took longer
+//!   than [`STARVED`] turns the hand-off off for that thread for [`BACK_OFF`], doubled after
+//!   each further starved commit (up to [`MAX_BACK_OFF`]) and reset by a quick one; and no
+//!   hand-off is tried while the machine has more runnable tasks than CPUs (the running count
+//!   of /proc/loadavg, read at most every [`LOAD_PROBE`] per thread).
 //!
 //! The effect of each is in the committed bench reports (benches/results/, e.g.
 //! 2026-11-29-bench-quick-seqread-bc09e50.md for the streamed read).
@@ -30,6 +37,34 @@ use fuser::{RingHooks, RingThread};
 /// [`super::READ_AHEAD_KB`]) are readahead of a file being streamed: the kernel grows a
 /// sequential reader's window up to `read_ahead_kb`, and small files never get one this large.
 pub const STREAM_READ_MIN: u32 = (super::READ_AHEAD_KB as u32) * 1024 / 4;
+
+/// A commit submitted as SCHED_IDLE that took longer than this (200 µs; a free CPU does it in
+/// a few µs) waited for a busy CPU.
+const STARVED: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long a thread whose commit was starved first commits without the hand-off (2 s).
+const BACK_OFF: std::time::Duration = std::time::Duration::from_secs(2);
+/// The longest pause of the hand-off after starved commits in a row (2 min).
+const MAX_BACK_OFF: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// How often an entry thread reads the machine's runnable-task count (100 ms).
+const LOAD_PROBE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether more tasks are runnable than there are CPUs (the 4th field of /proc/loadavg,
+/// "running/total"; false when it cannot be read).
+fn cpus_busy() -> bool {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(3)?
+                .split('/')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .is_some_and(|running| running > cpus)
+}
 
 /// `FUSE_READ` (include/uapi/linux/fuse.h `enum fuse_opcode`).
 const FUSE_READ: u32 = 15;
@@ -58,6 +93,10 @@ impl RingHooks for Policy {
         Box::new(EntryThread {
             placement: Placement::pin(qid),
             hand_off: self.hand_off,
+            backed_off_until: None,
+            back_off: BACK_OFF,
+            probed: None,
+            busy: false,
         })
     }
 }
@@ -93,6 +132,13 @@ fn set_policy(policy: i32) -> io::Result<()> {
 struct EntryThread {
     placement: Placement,
     hand_off: bool,
+    /// Set after a starved commit: no hand-off until then.
+    backed_off_until: Option<std::time::Instant>,
+    /// The pause after the next starved commit.
+    back_off: std::time::Duration,
+    /// When [`cpus_busy`] was last read, and what it said.
+    probed: Option<std::time::Instant>,
+    busy: bool,
 }
 
 impl RingThread for EntryThread {
@@ -103,6 +149,20 @@ impl RingThread for EntryThread {
 
     fn commit(&mut self, submit: &mut dyn FnMut() -> io::Result<()>) -> io::Result<()> {
         if !self.hand_off {
+            return Ok(());
+        }
+        if let Some(until) = self.backed_off_until {
+            if std::time::Instant::now() < until {
+                return Ok(());
+            }
+            self.backed_off_until = None;
+        }
+        let start = std::time::Instant::now();
+        if self.probed.is_none_or(|t| start - t > LOAD_PROBE) {
+            self.busy = cpus_busy();
+            self.probed = Some(start);
+        }
+        if self.busy {
             return Ok(());
         }
         if let Err(e) = set_policy(libc::SCHED_IDLE) {
@@ -116,6 +176,15 @@ impl RingThread for EntryThread {
         if let Err(e) = set_policy(libc::SCHED_OTHER) {
             tracing::error!("cannot leave SCHED_IDLE ({e}): this io_uring thread stays idle-class");
             self.hand_off = false;
+        }
+        let took = start.elapsed();
+        if took > STARVED {
+            self.backed_off_until = Some(std::time::Instant::now() + self.back_off);
+            let pause = self.back_off;
+            tracing::debug!(?took, ?pause, "SCHED_IDLE commit waited for a busy CPU");
+            self.back_off = (self.back_off * 2).min(MAX_BACK_OFF);
+        } else {
+            self.back_off = BACK_OFF;
         }
         r
     }

@@ -195,6 +195,32 @@ impl Store {
         Ok(report)
     }
 
+    /// Removes the layer published under `key` in `project`'s `cache` (and every other key
+    /// publishing it) and the objects only it used, as [`Store::clear`] does for a cache. A
+    /// mounted layer is refused and listed in the report's `in_use`; a key with no layer
+    /// removes nothing.
+    ///
+    /// Errors: [`Error::Invalid`] for an unknown project; [`Error::Io`] on store errors.
+    pub fn clear_key(
+        &self,
+        project: &ProjectId,
+        cache: &CacheId,
+        key: &CacheKey,
+    ) -> Result<ClearReport> {
+        let pd = self.selected_projects(Some(project))?.remove(0);
+        let _lock = Lease::acquire(&pd.lock(), Mode::Exclusive)?;
+        let mut report = ClearReport::default();
+        if let Some(id) = pd.read_key(cache, key)? {
+            if pd.evict(&id)? {
+                report.removed.push(id);
+            } else {
+                report.in_use.push(id);
+            }
+        }
+        report.removed_objects = pd.objects().sweep_unreferenced(false)?.0;
+        Ok(report)
+    }
+
     /// Cheap usage estimate: object bytes and count (each once) plus the directories,
     /// symlinks and fifos recorded in the manifests.
     ///

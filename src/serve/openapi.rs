@@ -1,0 +1,220 @@
+//! The OpenAPI 3.1 document served at `/api/v1/openapi.json`, written by hand from
+//! [`ROUTES`]; a unit test sends every listed operation through the router and checks that it
+//! reaches a handler.
+
+use serde_json::{Value, json};
+
+/// One documented operation: path (OpenAPI template syntax), method, summary, success
+/// response schema name, whether it takes a body.
+pub struct Operation {
+    /// e.g. `/api/v1/projects/{project}/caches`.
+    pub path: &'static str,
+    /// `get`, `put`, `post` or `delete`.
+    pub method: &'static str,
+    /// One line for humans.
+    pub summary: &'static str,
+    /// Schema of the 200 answer (a key of `components.schemas`).
+    pub schema: &'static str,
+    /// The request body's media types, if it takes one.
+    pub body: &'static [&'static str],
+}
+
+const SPEC_TYPES: &[&str] = &["application/toml", "text/plain", "application/json"];
+
+/// Every operation of the API.
+pub const ROUTES: &[Operation] = &[
+    Operation {
+        path: "/api/v1/openapi.json",
+        method: "get",
+        summary: "This document.",
+        schema: "Any",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects",
+        method: "get",
+        summary: "Usage per project.",
+        schema: "Projects",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/caches",
+        method: "get",
+        summary: "The project's caches and their layers, one row per key.",
+        schema: "Caches",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/caches",
+        method: "delete",
+        summary: "Clear every cache of the project (409 lists layers in use).",
+        schema: "ClearReport",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/caches/{cache}",
+        method: "delete",
+        summary: "Clear one cache (409 lists layers in use).",
+        schema: "ClearReport",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/caches/{cache}/keys/{key}",
+        method: "delete",
+        summary: "Clear the layer of one key (409 when it is in use).",
+        schema: "ClearReport",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/runs",
+        method: "get",
+        summary: "Preparations newest first (?limit=N, default 100), with time saved against the median miss.",
+        schema: "Runs",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/stats",
+        method: "get",
+        summary: "What `layercache stats --project P --json` prints.",
+        schema: "Stats",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/spec",
+        method: "get",
+        summary: "The project's stored spec (current version).",
+        schema: "StoredSpec",
+        body: &[],
+    },
+    Operation {
+        path: "/api/v1/projects/{project}/spec",
+        method: "put",
+        summary: "Validate and store a new version of the project's spec (422 with field errors).",
+        schema: "Saved",
+        body: SPEC_TYPES,
+    },
+    Operation {
+        path: "/api/v1/specs/validate",
+        method: "post",
+        summary: "Validate a spec like `layercache run` does (422 with field errors).",
+        schema: "Valid",
+        body: SPEC_TYPES,
+    },
+    Operation {
+        path: "/api/v1/gc",
+        method: "post",
+        summary: "What `layercache gc --json` prints; body {\"dry_run\": true, \"max_size\", \"max_inodes\", \"max_age\"}, all optional.",
+        schema: "GcReport",
+        body: &["application/json"],
+    },
+];
+
+fn error_response(desc: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+fn params(path: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for name in ["project", "cache", "key"] {
+        if path.contains(&format!("{{{name}}}")) {
+            out.push(json!({"name": name, "in": "path", "required": true,
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9_+=@,][A-Za-z0-9._+=@,:-]*$"},
+                "description": format!("A {name} id as the CLI takes it (no '..', '/', control characters); 400 otherwise.")}));
+        }
+    }
+    if path.ends_with("/runs") {
+        out.push(json!({"name": "limit", "in": "query", "required": false,
+            "schema": {"type": "integer", "minimum": 1, "maximum": super::api::RUNS_MAX}}));
+    }
+    out
+}
+
+/// The document (OpenAPI 3.1).
+pub fn document() -> Value {
+    let mut paths = serde_json::Map::new();
+    for op in ROUTES {
+        let mut responses = serde_json::Map::new();
+        responses.insert("200".into(), json!({"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{}", op.schema)}}}}));
+        if op.path.contains('{') {
+            responses.insert("400".into(), error_response("A bad id, named."));
+            responses.insert(
+                "404".into(),
+                error_response("Unknown project/cache/key; `exists` lists what there is."),
+            );
+        }
+        if op.method == "delete" {
+            responses.insert(
+                "409".into(),
+                error_response("Layers in use (mounted) were refused; `in_use` lists them."),
+            );
+        }
+        if !op.body.is_empty() {
+            responses.insert(
+                "422".into(),
+                error_response("Invalid body; `errors` = [{field, message, line}]."),
+            );
+        }
+        responses.insert(
+            "401".into(),
+            error_response("A token is required (Bearer header or login cookie)."),
+        );
+        let mut o =
+            json!({"summary": op.summary, "parameters": params(op.path), "responses": responses});
+        if !op.body.is_empty() {
+            let content: serde_json::Map<String, Value> = op.body.iter()
+                .map(|t| (t.to_string(), json!({"schema": {"type": if *t == "application/json" && op.schema == "GcReport" { "object" } else { "string" }}})))
+                .collect();
+            o["requestBody"] = json!({"required": op.schema != "GcReport", "content": content});
+        }
+        paths
+            .entry(op.path.to_string())
+            .or_insert_with(|| json!({}))[op.method] = o;
+    }
+    let s = |props: Value| json!({"type": "object", "properties": props});
+    let ts = json!({"type": "string", "format": "date-time"});
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "layercache", "version": env!("CARGO_PKG_VERSION"),
+            "description": "The store of `layercache`: projects, caches, layers, runs and stored specs."},
+        "servers": [{"url": "/"}],
+        "security": [{}, {"bearer": []}, {"cookie": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "cookie": {"type": "apiKey", "in": "cookie", "name": super::auth::COOKIE}
+            },
+            "schemas": {
+                "Any": {},
+                "Error": s(json!({"error": {"type": "string"}, "exists": {"type": "array", "items": {"type": "string"}},
+                    "in_use": {"type": "array", "items": {"type": "string"}}, "removed": {"type": "array", "items": {"type": "string"}},
+                    "ok": {"type": "boolean"}, "errors": {"type": "array", "items": {"$ref": "#/components/schemas/FieldError"}}})),
+                "FieldError": s(json!({"field": {"type": "string"}, "message": {"type": "string"}, "line": {"type": "integer"}})),
+                "Projects": {"type": "array", "items": s(json!({"project": {"type": "string"}, "caches": {"type": "integer"},
+                    "layers": {"type": "integer"}, "bytes": {"type": "integer"}, "last_used": {"type": ["string", "null"], "format": "date-time"}}))},
+                "Caches": {"type": "array", "items": s(json!({"cache": {"type": "string"}, "layers": {"type": "array", "items": s(json!({
+                    "key": {"type": ["string", "null"]}, "layer": {"type": "string"}, "bytes": {"type": "integer"}, "files": {"type": "integer"},
+                    "created": ts, "last_used": ts, "hits": {"type": "integer"}, "in_use": {"type": "boolean"}}))}}))},
+                "ClearReport": s(json!({"removed": {"type": "array", "items": {"type": "string"}}, "in_use": {"type": "array", "items": {"type": "string"}}, "removed_objects": {"type": "integer"}})),
+                "Runs": {"type": "array", "items": s(json!({"run": {"type": "string"}, "time": ts, "time_ms": {"type": "integer"},
+                    "cache": {"type": "string"}, "result": {"enum": ["hit", "restore", "miss"]}, "key": {"type": "string"},
+                    "matched_key": {"type": ["string", "null"]}, "mount_ms": {"type": "integer"}, "setup_ms": {"type": "integer"},
+                    "maintenance_ms": {"type": "integer"}, "promote_ms": {"type": "integer"}, "prep_ms": {"type": "integer"},
+                    "bytes": {"type": "integer"}, "files": {"type": "integer"}, "exit_status": {"type": "integer"},
+                    "published": {"type": "boolean"}, "saved_ms": {"type": "integer"}}))},
+                "Stats": s(json!({"results": {"type": "object"}, "failed": {"type": "integer"}, "saved_ms": {"type": "integer"}})),
+                "CacheSummary": s(json!({"id": {"type": "string"}, "key": {"type": ["string", "null"], "description": "The key of the project's last run for this cache."},
+                    "restore_keys": {"type": "array", "items": {"type": "string"}}, "mountpoint": {"type": "string"}})),
+                "Valid": s(json!({"ok": {"const": true}, "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
+                "StoredSpec": s(json!({"project": {"type": "string"}, "version": {"type": "integer"}, "format": {"enum": ["toml", "json"]},
+                    "spec": {"type": "string"}, "versions": {"type": "array", "items": {"type": "integer"}},
+                    "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
+                "Saved": s(json!({"ok": {"const": true}, "project": {"type": "string"}, "version": {"type": "integer"}, "format": {"type": "string"},
+                    "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
+                "GcReport": s(json!({"dry_run": {"type": "boolean"}, "before": {"type": "object"}, "after": {"type": "object"},
+                    "evicted": {"type": "array", "items": {"type": "string"}}, "in_use": {"type": "integer"}, "removed_objects": {"type": "integer"},
+                    "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "removed_orphans": {"type": "integer"}}))
+            }
+        }
+    })
+}

@@ -1,0 +1,668 @@
+//! `layercache serve`'s API over real HTTP on 127.0.0.1, against a store filled by real runs of
+//! the npm fixture (tests/serve_fixture): listings agree with `layercache ls`/`stats`, the run
+//! history, spec validation and the stored spec, 404s and 400s, clearing a layer that is
+//! mounted (409, then cleared once unmounted), gc, the body limit, the same-origin check, the
+//! token, and a graceful stop on SIGTERM. Needs root, /dev/fuse and npm (a skip otherwise; a
+//! failure with `CI`). Every mount sits in a guard; the server is stopped by its pid.
+
+mod serve_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+use serve_support::mounts::{Mounted, is_mounted};
+use serve_support::{
+    BIN, PROJECT, Server, can_run, filled_store, get_json, lc_json, request, skip_or_fail,
+};
+
+const TOML: (&str, &str) = ("Content-Type", "application/toml");
+
+fn keys_of(caches: &Value, cache: &str) -> Vec<String> {
+    caches
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cache"] == cache)
+        .unwrap_or_else(|| panic!("no cache {cache} in {caches}"))["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["key"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Checks `doc` with openapi-spec-validator (`$LAYERCACHE_OPENAPI_PYTHON`, a Python that has it;
+/// scripts/test.sh installs it), writing it to `file` first.
+fn validate_openapi(doc: &Value, file: &Path) {
+    let Some(python) = std::env::var_os("LAYERCACHE_OPENAPI_PYTHON") else {
+        skip_or_fail(
+            "the OpenAPI check needs $LAYERCACHE_OPENAPI_PYTHON (scripts/test.sh sets it)",
+        );
+        return;
+    };
+    std::fs::write(file, doc.to_string()).unwrap();
+    let out = Command::new(python)
+        .args(["-m", "openapi_spec_validator"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
+    if !can_run() {
+        return;
+    }
+    let sb = filled_store();
+    let store = sb.path("store");
+    // Another project in the same store: nothing of it may show under web-demo.
+    let other = sb.write_spec(
+        "other.toml",
+        "project = \"other-demo\"\n\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n",
+    );
+    assert_eq!(sb.run(&other, None).status.code(), Some(0));
+    let server = Server::start(&store, &[]);
+    let a = server.addr.as_str();
+
+    // Projects and caches agree with `layercache ls`.
+    let (s, projects) = get_json(a, "/api/v1/projects");
+    assert_eq!(s, 200, "{projects}");
+    let ls = lc_json(&store, &["ls", "--project", PROJECT]);
+    let ls = ls.as_array().unwrap();
+    let names: Vec<&str> = projects
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["project"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["other-demo", PROJECT], "{projects}");
+    let web = &projects[1];
+    assert_eq!(web["caches"], 2);
+    assert_eq!(web["layers"], ls.len() as u64);
+    assert_eq!(ls.len(), 4, "{ls:?}");
+    let bytes: u64 = ls.iter().map(|l| l["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(web["bytes"], bytes);
+    assert!(web["last_used"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        (&projects[0]["caches"], &projects[0]["layers"]),
+        (&json!(1), &json!(1))
+    );
+
+    let (s, caches) = get_json(a, "/api/v1/projects/web-demo/caches");
+    assert_eq!(s, 200, "{caches}");
+    for row in ls {
+        let c = caches
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["cache"] == row["cache"])
+            .unwrap();
+        let l = c["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["layer"] == row["layer"])
+            .unwrap_or_else(|| panic!("layer {} not listed: {c}", row["layer"]));
+        assert_eq!(l["key"], row["keys"][0]);
+        assert_eq!((&l["bytes"], &l["files"]), (&row["bytes"], &row["files"]));
+        assert_eq!(l["in_use"], false);
+        // Each key was hit once by the run after the one that filled it.
+        assert_eq!(l["hits"], 1, "{l}");
+    }
+
+    // Runs: newest first, the saved time adds up to `stats`, which the API returns as is.
+    let events: Vec<Value> = sb
+        .events()
+        .into_iter()
+        .filter(|e| e["project"] == PROJECT)
+        .collect();
+    assert_eq!(events.len(), 8);
+    let (s, runs) = get_json(a, "/api/v1/projects/web-demo/runs");
+    assert_eq!(s, 200, "{runs}");
+    let runs = runs.as_array().unwrap().clone();
+    assert_eq!(runs.len(), events.len());
+    let times: Vec<u64> = runs
+        .iter()
+        .map(|r| r["time_ms"].as_u64().unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] >= w[1]), "{times:?}");
+    // The two caches of one `layercache run` share its run id; runs differ.
+    let ids: Vec<&str> = runs.iter().map(|r| r["run"].as_str().unwrap()).collect();
+    assert_eq!(ids[0], ids[1], "{ids:?}");
+    assert_ne!(ids[1], ids[2], "{ids:?}");
+    assert_eq!(
+        ids.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        4
+    );
+    let newest = events.last().unwrap();
+    assert_eq!(runs[0]["key"], newest["key"]);
+    let results: Vec<&str> = runs.iter().map(|r| r["result"].as_str().unwrap()).collect();
+    assert_eq!(
+        results.iter().filter(|r| **r == "miss").count(),
+        2,
+        "{results:?}"
+    );
+    assert!(results.contains(&"restore"), "{results:?}");
+    let restore = runs.iter().find(|r| r["result"] == "restore").unwrap();
+    assert_ne!(restore["matched_key"], restore["key"]);
+    let stats = lc_json(&store, &["stats", "--project", PROJECT]);
+    let saved: u64 = runs.iter().map(|r| r["saved_ms"].as_u64().unwrap()).sum();
+    assert_eq!(saved, stats["saved_ms"].as_u64().unwrap());
+    assert_eq!(get_json(a, "/api/v1/projects/web-demo/stats"), (200, stats));
+    let (s, three) = get_json(a, "/api/v1/projects/web-demo/runs?limit=3");
+    assert_eq!((s, three.as_array().unwrap().len()), (200, 3));
+    assert_eq!(three[0], runs[0]);
+    let (s, e) = get_json(a, "/api/v1/projects/web-demo/runs?limit=lots");
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("limit \"lots\""),
+        "{e}"
+    );
+
+    // Validation: the CLI's messages, by field; TOML or JSON by Content-Type.
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/specs/validate",
+        &[TOML],
+        serve_support::SPEC.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["ok"], true);
+    let nm_keys = keys_of(&caches, "node_modules");
+    let last_nm = events
+        .iter()
+        .rev()
+        .find(|e| e["cache"] == "node_modules")
+        .unwrap();
+    assert_eq!(v["caches"][0]["id"], "node_modules");
+    assert_eq!(v["caches"][0]["key"], last_nm["key"]);
+    assert!(nm_keys.contains(&v["caches"][0]["key"].as_str().unwrap().to_string()));
+    assert_eq!(v["caches"][0]["mountpoint"], "{workdir}/node_modules");
+    assert_eq!(v["caches"][1]["mountpoint"], "/cache/npm");
+    let prefix = v["caches"][1]["restore_keys"][0].as_str().unwrap();
+    assert!(v["caches"][1]["key"].as_str().unwrap().starts_with(prefix) && prefix.ends_with('-'));
+    let bad = "project = \"web-demo\"\n\n[[cache]]\nid = \"npm\"\npreset = \"nope\"\n";
+    let r = request(a, "POST", "/api/v1/specs/validate", &[TOML], bad.as_bytes());
+    assert_eq!(r.status, 422, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["errors"][0]["field"], "cache[0].preset");
+    assert_eq!(v["errors"][0]["line"], 5);
+    let bad_file = sb.write_spec("bad.toml", bad);
+    let cli = Command::new(BIN)
+        .args(["key", "--spec"])
+        .arg(&bad_file)
+        .output()
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(2));
+    let msg = v["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        String::from_utf8_lossy(&cli.stderr).contains(msg),
+        "CLI said {:?}, the API {msg:?}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/specs/validate",
+        &[("Content-Type", "application/json")],
+        br#"{"project": "web-demo", "cache": [{"id": "x/y", "setup": "true", "key_files": ["a"]}]}"#,
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["errors"][0]["field"], "cache[0].id");
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/specs/validate",
+        &[("Content-Type", "application/json")],
+        b"project = 1",
+    );
+    assert_eq!(
+        (r.status, r.json()["errors"][0]["field"].clone()),
+        (422, json!("body"))
+    );
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/specs/validate",
+        &[("Content-Type", "image/png")],
+        b"x",
+    );
+    assert_eq!(r.status, 415, "{}", r.text());
+
+    // The stored spec: versioned in the project's directory, validated, never another project's.
+    let (s, e) = get_json(a, "/api/v1/projects/web-demo/spec");
+    assert_eq!(s, 404, "{e}");
+    let r = request(
+        a,
+        "PUT",
+        "/api/v1/projects/web-demo/spec",
+        &[TOML],
+        serve_support::SPEC.as_bytes(),
+    );
+    assert_eq!(
+        (r.status, r.json()["version"].clone()),
+        (200, json!(1)),
+        "{}",
+        r.text()
+    );
+    let r = request(
+        a,
+        "PUT",
+        "/api/v1/projects/web-demo/spec",
+        &[TOML],
+        bad.as_bytes(),
+    );
+    assert_eq!(
+        (r.status, r.json()["errors"][0]["field"].clone()),
+        (422, json!("cache[0].preset"))
+    );
+    let other = serve_support::SPEC.replace("web-demo", "other-project");
+    let r = request(
+        a,
+        "PUT",
+        "/api/v1/projects/web-demo/spec",
+        &[TOML],
+        other.as_bytes(),
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["errors"][0]["field"], "project");
+    assert_eq!(r.json()["errors"][0]["line"], 1);
+    let (s, cur) = get_json(a, "/api/v1/projects/web-demo/spec");
+    assert_eq!(s, 200, "{cur}");
+    assert_eq!(
+        (&cur["version"], &cur["versions"]),
+        (&json!(1), &json!([1]))
+    );
+    assert_eq!(cur["spec"], serve_support::SPEC);
+    let specs = store.join("v1/projects/web-demo/specs");
+    assert_eq!(
+        std::fs::read_to_string(specs.join("current")).unwrap(),
+        "1.toml\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(specs.join("1.toml")).unwrap(),
+        serve_support::SPEC
+    );
+    assert!(!store.join("v1/projects/other-project").exists());
+
+    // `layercache run --project P` runs the stored spec: both caches hit.
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(&store)
+            .arg("run")
+            .args(args)
+            .arg("--workdir")
+            .arg(sb.work())
+            .arg("--mount-root")
+            .arg(sb.path("cache"))
+            .args(["--", "node", "-e", "console.log(require('ms')('1s'))"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--project", PROJECT]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1000");
+    let after: Vec<Value> = sb
+        .events()
+        .into_iter()
+        .filter(|e| e["project"] == PROJECT)
+        .collect();
+    assert_eq!(after.len(), events.len() + 2);
+    assert!(
+        after[events.len()..].iter().all(|e| e["result"] == "hit"),
+        "{after:?}"
+    );
+    let out = run(&["--project", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such project"));
+
+    // Unknown names: 404 with what exists; bad ids: 400 naming the id.
+    let (s, e) = get_json(a, "/api/v1/projects/nope/caches");
+    assert_eq!(
+        (s, &e["exists"]),
+        (404, &json!(["other-demo", PROJECT])),
+        "{e}"
+    );
+    let r = request(
+        a,
+        "DELETE",
+        "/api/v1/projects/web-demo/caches/pip",
+        &[],
+        b"",
+    );
+    assert_eq!(
+        (r.status, r.json()["exists"].clone()),
+        (404, json!(["node_modules", "npm"]))
+    );
+    let r = request(
+        a,
+        "DELETE",
+        "/api/v1/projects/web-demo/caches/npm/keys/npm-nope",
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.json()["exists"].as_array().unwrap().len(), 2);
+    for (path, what) in [
+        ("/api/v1/projects/..%2Fother/caches", "project id"),
+        ("/api/v1/projects/a%2Fb/runs", "project id"),
+        ("/api/v1/projects/.hidden/stats", "project id"),
+        ("/api/v1/projects/web-demo/caches/np%0Am", "cache id"),
+    ] {
+        let r = request(
+            a,
+            if path.contains("np%0A") {
+                "DELETE"
+            } else {
+                "GET"
+            },
+            path,
+            &[],
+            b"",
+        );
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert!(
+            r.json()["error"].as_str().unwrap().contains(what),
+            "{path}: {}",
+            r.text()
+        );
+    }
+
+    // Clear of a layer in use: 409 naming it, nothing of it removed; cleared once unmounted.
+    let npm_keys = keys_of(&caches, "npm");
+    let key = npm_keys[0].clone();
+    let mnt = sb.path("held");
+    std::fs::create_dir(&mnt).unwrap();
+    let held = Mounted {
+        store: store.clone(),
+        mnt: mnt.clone(),
+    };
+    let m = lc_json(
+        &store,
+        &[
+            "mount",
+            "--project",
+            PROJECT,
+            "--cache",
+            "npm",
+            "--key",
+            &key,
+            mnt.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(m["result"], "hit", "{m}");
+    assert!(is_mounted(&mnt));
+    let layer = m["layer"].as_str().unwrap().to_string();
+    let (_, c) = get_json(a, "/api/v1/projects/web-demo/caches");
+    let in_use = c
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["layers"].as_array().unwrap().clone())
+        .any(|l| l["key"] == key.as_str() && l["in_use"] == true);
+    assert!(in_use, "{c}");
+    let key_path = format!("/api/v1/projects/web-demo/caches/npm/keys/{key}");
+    let r = request(a, "DELETE", &key_path, &[], b"");
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["in_use"], json!([layer]));
+    assert!(
+        store
+            .join("v1/projects/web-demo/layers")
+            .join(&layer)
+            .is_dir()
+    );
+    let r = request(
+        a,
+        "DELETE",
+        "/api/v1/projects/web-demo/caches/npm",
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["in_use"], json!([layer]));
+    assert_eq!(
+        r.json()["removed"].as_array().unwrap().len(),
+        1,
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        keys_of(&get_json(a, "/api/v1/projects/web-demo/caches").1, "npm"),
+        vec![key.clone()]
+    );
+    // The page's clear button meets the same refusal and shows it (409).
+    let form = format!("cache=npm&key={key}");
+    let r = request(
+        a,
+        "POST",
+        "/projects/web-demo/clear",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", &server.base),
+        ],
+        form.as_bytes(),
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.text().contains("refused to clear 1 layer(s) in use"),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains(&layer), "{}", r.text());
+    drop(held);
+    assert!(!is_mounted(&mnt));
+    let r = request(a, "DELETE", &key_path, &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["removed"], json!([layer]));
+    assert!(keys_of(&get_json(a, "/api/v1/projects/web-demo/caches").1, "npm").is_empty());
+    assert_eq!(
+        lc_json(&store, &["ls", "--project", PROJECT])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // gc, as `layercache gc --json`.
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/gc",
+        &[("Content-Type", "application/json")],
+        br#"{"dry_run": true}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["dry_run"], true);
+    // Store-wide: web-demo's two layers and other-demo's.
+    assert_eq!(r.json()["after"]["layers"], 3);
+    let r = request(a, "POST", "/api/v1/gc", &[], br#"{"max_size": "lots"}"#);
+    assert_eq!(
+        (r.status, r.json()["errors"][0]["field"].clone()),
+        (422, json!("max_size"))
+    );
+
+    // Limits and origins.
+    let big = vec![b'#'; 2 * 1024 * 1024];
+    let r = request(a, "POST", "/api/v1/specs/validate", &[TOML], &big);
+    assert_eq!(r.status, 413);
+    let r = request(
+        a,
+        "DELETE",
+        "/api/v1/projects/web-demo/caches",
+        &[("Origin", "http://evil.example")],
+        b"",
+    );
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = request(
+        a,
+        "DELETE",
+        "/api/v1/projects/web-demo/caches",
+        &[("Sec-Fetch-Site", "cross-site")],
+        b"",
+    );
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(
+        lc_json(&store, &["ls", "--project", PROJECT])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let (s, doc) = get_json(a, "/api/v1/openapi.json");
+    assert_eq!(s, 200);
+    validate_openapi(&doc, &sb.path("openapi.json"));
+    assert!(
+        doc["paths"]["/api/v1/projects/{project}/caches/{cache}/keys/{key}"]["delete"].is_object()
+    );
+
+    // SIGTERM: a graceful stop, exit 0.
+    let status = server.stop();
+    assert!(status.success(), "serve exited with {status}");
+
+    // With a token: everything needs it; the login form sets the cookie.
+    let token_file = sb.path("token");
+    std::fs::write(&token_file, "s3cret-token-0123456789\n").unwrap();
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&token_file, private).unwrap();
+    let server = Server::start(&store, &["--token-file", token_file.to_str().unwrap()]);
+    let a = server.addr.as_str();
+    assert_eq!(request(a, "GET", "/api/v1/projects", &[], b"").status, 401);
+    let wrong = request(
+        a,
+        "GET",
+        "/api/v1/projects",
+        &[("Authorization", "Bearer s3cret-token-0123456780")],
+        b"",
+    );
+    assert_eq!(wrong.status, 401);
+    assert!(
+        wrong
+            .header("www-authenticate")
+            .unwrap()
+            .starts_with("Bearer")
+    );
+    let ok = request(
+        a,
+        "GET",
+        "/api/v1/projects",
+        &[("Authorization", "Bearer s3cret-token-0123456789")],
+        b"",
+    );
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let r = request(a, "DELETE", "/api/v1/projects/web-demo/caches", &[], b"");
+    assert_eq!(r.status, 401);
+    let page = request(a, "GET", "/projects/web-demo", &[], b"");
+    assert_eq!(page.status, 303);
+    assert_eq!(
+        page.header("location"),
+        Some("/login?next=%2Fprojects%2Fweb-demo")
+    );
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let r = request(
+        a,
+        "POST",
+        "/login",
+        &form,
+        b"token=nope&next=%2Fprojects%2Fweb-demo",
+    );
+    assert_eq!(r.status, 401);
+    let r = request(
+        a,
+        "POST",
+        "/login",
+        &form,
+        b"token=s3cret-token-0123456789&next=%2Fprojects%2Fweb-demo",
+    );
+    assert_eq!(r.status, 303, "{}", r.text());
+    let cookie = r
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(r.header("set-cookie").unwrap().contains("HttpOnly"));
+    let page = request(a, "GET", "/projects/web-demo", &[("Cookie", &cookie)], b"");
+    assert_eq!(page.status, 200);
+    assert!(page.text().contains("node_modules"), "{}", page.text());
+
+    // Clearing all of web-demo leaves other-demo's layer, though its key is one web-demo had.
+    let bearer = [("Authorization", "Bearer s3cret-token-0123456789")];
+    let r = request(
+        a,
+        "DELETE",
+        "/api/v1/projects/web-demo/caches",
+        &bearer,
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["removed"].as_array().unwrap().len(), 2);
+    // SIGINT (Ctrl-C) stops it gracefully too.
+    let status = server.stop_with(libc::SIGINT);
+    assert!(status.success(), "serve exited with {status} on SIGINT");
+    assert!(
+        lc_json(&store, &["ls", "--project", PROJECT])
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let theirs = lc_json(&store, &["ls", "--project", "other-demo"]);
+    assert_eq!(theirs.as_array().unwrap().len(), 1, "{theirs}");
+    assert!(
+        nm_keys.contains(&theirs[0]["keys"][0].as_str().unwrap().to_string()),
+        "{theirs}"
+    );
+}
+
+/// Listening off loopback without a token is refused (exit 2, nothing served); a weak token
+/// file too.
+#[test]
+fn serve_refuses_a_non_loopback_address_without_a_token() {
+    let t = tempfile::tempdir().unwrap();
+    let lc = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(t.path())
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = lc(&["--listen", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--token-file") && err.contains("0.0.0.0:0"),
+        "{err}"
+    );
+    let weak = t.path().join("weak");
+    std::fs::write(&weak, "short\n").unwrap();
+    let out = lc(&[
+        "--listen",
+        "0.0.0.0:0",
+        "--token-file",
+        weak.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
+    // No store there: refused without creating one.
+    let out = lc(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!Path::new(t.path()).join("v1").exists());
+}

@@ -1,0 +1,107 @@
+// The browser half of tests/serve_browser.rs: drives Debian's headless chromium with
+// playwright-core (from $LAYERCACHE_PLAYWRIGHT, installed by scripts/test.sh) through the pages
+// of a running `layercache serve`, and saves a screenshot of each step.
+//
+// usage: node check.cjs BASE_URL OUTDIR
+// stdout: `CHROMIUM_PID <pid>` first (the Rust side kills that pid if this script dies), then
+// `ok <step>` lines and `RESULT <json>`; exit 0 when every check passed.
+'use strict';
+const path = require('path');
+const { chromium } = require(process.env.LAYERCACHE_PLAYWRIGHT || 'playwright-core');
+
+const [base, outdir] = process.argv.slice(2);
+const shot = (page, name) => page.screenshot({ path: path.join(outdir, name), fullPage: true });
+const expect = (cond, what) => {
+  if (!cond) throw new Error('check failed: ' + what);
+};
+
+const BAD_SPEC = 'project = "web-demo"\n\n[[cache]]\nid = "npm"\npreset = "nope"\n';
+
+async function main() {
+  // A fresh temporary profile (--user-data-dir) is made by playwright for every launch and
+  // removed on close.
+  const server = await chromium.launchServer({
+    executablePath: process.env.LAYERCACHE_CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+  console.log('CHROMIUM_PID ' + server.process().pid);
+  const result = {};
+  try {
+    const browser = await chromium.connect(server.wsEndpoint());
+    const ctx = await browser.newContext({ viewport: { width: 1100, height: 800 } });
+    const page = await ctx.newPage();
+
+    // The project page: clear one key of node_modules, confirm, see it gone.
+    await page.goto(base + '/projects/web-demo');
+    const rows = page.locator('section[data-cache="node_modules"] tr[data-key]');
+    expect((await rows.count()) === 2, 'two node_modules keys listed');
+    await shot(page, 'project.png');
+    const key = await rows.first().getAttribute('data-key');
+    result.cleared_key = key;
+    await rows.first().locator('a', { hasText: 'clear' }).click();
+    await page.waitForURL(/\/clear\?/);
+    expect((await page.locator('h1').innerText()).includes(key), 'confirmation names the key');
+    await shot(page, 'confirm.png');
+    await page.locator('button', { hasText: 'Clear' }).click();
+    await page.locator('.notice').waitFor();
+    expect((await page.locator('.notice').innerText()).includes('removed 1 layer'), 'notice');
+    expect((await page.locator(`tr[data-key="${key}"]`).count()) === 0, 'the key is gone');
+    expect((await rows.count()) === 1, 'one node_modules key left');
+    await shot(page, 'cleared.png');
+    console.log('ok clear');
+
+    // The spec editor: a bad preset is shown next to its line; a good spec is saved.
+    await page.goto(base + '/projects/web-demo/spec');
+    await page.locator('textarea#spec').fill(BAD_SPEC);
+    await page.locator('button[value="validate"]').click();
+    const err = page.locator('.field-error[data-field="cache[0].preset"]');
+    await err.waitFor();
+    result.field_error = await err.innerText();
+    expect(result.field_error.includes('unknown preset "nope"'), 'field error text');
+    expect((await page.locator('div.lines .err').innerText()).includes('preset = "nope"'),
+      'the erroneous line is marked');
+    await shot(page, 'spec-error.png');
+    await page.locator('textarea#spec').fill(BAD_SPEC.replace('nope', 'npm'));
+    await page.locator('button[value="save"]').click();
+    await page.locator('.notice').waitFor();
+    expect((await page.locator('.notice').innerText()).includes('Saved as version 1'), 'saved');
+    console.log('ok spec');
+
+    // The runs page and its chart, on a desktop and on a phone.
+    await page.goto(base + '/projects/web-demo/runs');
+    expect((await page.locator('svg#chart rect.prep').count()) >= 1, 'chart has bars');
+    expect((await page.locator('svg#chart rect.saved').count()) >= 1, 'chart has saved bars');
+    result.run_rows = await page.locator('table#runs tbody tr').count();
+    await shot(page, 'runs.png');
+    const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true });
+    const p2 = await phone.newPage();
+    await p2.goto(base + '/projects/web-demo/runs');
+    const box = await p2.locator('svg#chart').boundingBox();
+    expect(box && box.width <= 390, 'the chart fits a phone');
+    const overflow = await p2.evaluate(() => document.documentElement.scrollWidth);
+    expect(overflow <= 390, 'the page does not scroll sideways on a phone: ' + overflow);
+    await shot(p2, 'runs-phone.png');
+    for (const [url, name] of [['/projects/web-demo', 'project-phone.png'], ['/', 'projects-phone.png'],
+      ['/projects/web-demo/spec', 'spec-phone.png']]) {
+      await p2.goto(base + url);
+      const width = await p2.evaluate(() => document.documentElement.scrollWidth);
+      expect(width <= 390, url + ' does not scroll sideways on a phone: ' + width);
+      await shot(p2, name);
+    }
+    console.log('ok runs');
+    await browser.close();
+  } finally {
+    await server.close();
+  }
+  console.log('RESULT ' + JSON.stringify(result));
+}
+
+main().then(
+  () => process.exit(0),
+  (e) => {
+    console.error(e && e.stack ? e.stack : e);
+    process.exit(1);
+  },
+);
