@@ -217,7 +217,34 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
             project.as_deref().unwrap_or_default(),
         )?,
     };
-    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    // --sandbox docker (issue 12): the workdir is seen at a stable path by default, and the
+    // engine, image and user are checked before anything is mounted.
+    let docker =
+        (sandbox == crate::run::SandboxMode::Docker).then(|| crate::sandbox::docker::Docker {
+            image: args.image.clone().unwrap_or_default(),
+            args: args.docker_args.clone(),
+            user: args.user.clone(),
+        });
+    let workdir_view = match &docker {
+        Some(_) => Some(
+            args.workdir_view
+                .clone()
+                .unwrap_or_else(|| "/workspace".into()),
+        ),
+        None => args.workdir_view.clone(),
+    };
+    if docker.is_none() && !args.docker_args.is_empty() {
+        return Err(Error::invalid("--docker-arg needs --sandbox docker"));
+    }
+    if docker.is_none() && args.user.is_some() {
+        return Err(Error::invalid(
+            "--user is only implemented for --sandbox docker so far",
+        ));
+    }
+    if let Some(d) = &docker {
+        d.preflight()?;
+    }
+    let paths = paths(&args.workdir, &args.mount_root, &workdir_view)?;
     let store_dir = store_root(global)?;
     let cfg = crate::run::RunConfig {
         spec,
@@ -228,6 +255,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         store: store_dir.clone(),
         json: global.json,
         run_id: crate::telemetry::new_run_id(),
+        docker,
     };
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);

@@ -160,9 +160,19 @@ pub struct RunArgs {
     /// view path, so per-run workspaces seen at one path share their layers.
     #[arg(long)]
     pub workdir_view: Option<PathBuf>,
-    /// Run setup, maintenance and COMMAND directly or inside bubblewrap.
+    /// Run setup, maintenance and COMMAND directly, inside bubblewrap, or each in a Docker
+    /// container of --image (`none`, `bwrap`, `docker`; docker: the workdir is seen at
+    /// --workdir-view, default /workspace).
     #[arg(long, default_value = "none")]
     pub sandbox: String,
+    /// An extra `docker run` argument for --sandbox docker's containers, one word each
+    /// (repeatable), e.g. `--docker-arg=--network=host` so setup reaches the registries.
+    #[arg(long = "docker-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub docker_args: Vec<String>,
+    /// The user setup, maintenance and COMMAND run as (--sandbox docker: docker's `--user`,
+    /// `UID[:GID]` or a user of the image).
+    #[arg(long)]
+    pub user: Option<String>,
     /// Seconds to wait for another run that is filling the same key (then hit its layer).
     #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole_number)]
     pub fill_wait: u64,
