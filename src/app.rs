@@ -186,16 +186,43 @@ fn cmd_sandbox_args(
     args: &crate::cli::SandboxArgs,
 ) -> Result<i32> {
     let driver = crate::sandbox::Driver::parse(&args.driver)?;
-    let spec = crate::spec::load(&args.spec)?;
+    let spec = args.spec.as_deref().map(crate::spec::load).transpose()?;
     let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
     let mut binds = crate::sandbox::Binds {
         workdir: paths.workdir.clone(),
+        workdir_view: paths.workdir_view.clone(),
         ..Default::default()
     };
-    for cache in &spec.caches {
-        let mp = cache.mountpoint(&paths)?;
-        binds.env.extend(cache.env_for(&paths, &mp));
-        binds.mounts.push((mp.clone(), mp));
+    if args.run.is_empty() {
+        for cache in spec.iter().flat_map(|s| &s.caches) {
+            let mp = cache.mountpoint(&paths)?;
+            binds.env.extend(cache.env_for(&paths, &mp));
+            binds.mounts.push((mp.clone(), mp));
+        }
+    } else {
+        // Issue 12: the mounts of existing `layercache mount` runs, seen where the spec's
+        // cache of the same id is seen (and with its environment), else at their mountpoint.
+        let store = store_cmds::open_existing(global)?;
+        for id in &args.run {
+            let sm = store.find_run_id(id)?.ok_or_else(|| {
+                Error::invalid(format!(
+                    "--run {id}: no such run in the store (layercache mount prints its id)"
+                ))
+            })?;
+            let rec = sm.record();
+            let cache = spec.iter().flat_map(|s| &s.caches).find(|c| {
+                c.id == rec.cache && spec.as_ref().is_some_and(|s| s.project == rec.project)
+            });
+            let view = match cache {
+                Some(c) => {
+                    let v = c.mountpoint(&paths)?;
+                    binds.env.extend(c.env_for(&paths, &v));
+                    v
+                }
+                None => sm.mountpoint().to_path_buf(),
+            };
+            binds.mounts.push((sm.mountpoint().to_path_buf(), view));
+        }
     }
     let words = crate::sandbox::args(driver, &binds);
     if global.json {

@@ -213,9 +213,14 @@ pub struct SandboxArgs {
     /// bwrap or docker.
     #[arg(long)]
     pub driver: String,
-    /// The spec (TOML or JSON); `-` reads standard input.
-    #[arg(long)]
-    pub spec: String,
+    /// The spec (TOML or JSON); `-` reads standard input. With --run: where each run's cache
+    /// is seen and its environment (without: at its host mountpoint, no environment).
+    #[arg(long, required_unless_present = "run")]
+    pub spec: Option<String>,
+    /// The id of an existing `layercache mount` run (repeatable): bind that run's mount
+    /// instead of the spec's caches at /cache/<id>.
+    #[arg(long = "run", value_name = "RUN_ID")]
+    pub run: Vec<String>,
     /// The project directory key files are read from (default: the current directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,

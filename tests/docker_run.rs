@@ -276,3 +276,79 @@ fn sigterm_of_the_run_removes_its_container() {
             .to_string();
     assert_nothing_left(&sb, &[run]);
 }
+
+#[test]
+fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = image() else { return };
+    let sb = Sandbox::new();
+    let mp = sb.path("cache/npm");
+    std::fs::create_dir_all(&mp).unwrap();
+    let store = sb.path("store");
+    let lc = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", show(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let out = lc(&[
+        "--json",
+        "mount",
+        "--project",
+        "p",
+        "--cache",
+        "npm",
+        "--key",
+        "k1",
+        mp.to_str().unwrap(),
+    ]);
+    let run = serde_json::from_str::<serde_json::Value>(&out).unwrap()["run"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let words: Vec<String> = serde_json::from_str(&lc(&[
+        "--json",
+        "sandbox-args",
+        "--driver",
+        "docker",
+        "--run",
+        &run,
+        "--workdir",
+        sb.work().to_str().unwrap(),
+    ]))
+    .unwrap();
+    let bind = format!("{0}:{0}", mp.display());
+    assert!(words.contains(&bind), "{words:?}");
+    let o = Command::new("docker")
+        .args(["run", "--rm"])
+        .args(&words)
+        .arg(&image)
+        .args([
+            "sh",
+            "-c",
+            &format!("echo from-docker > {}/x", mp.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(
+        std::fs::read_to_string(mp.join("x")).unwrap(),
+        "from-docker\n"
+    );
+    lc(&["umount", &run]);
+    assert!(sb.mounts_below().is_empty());
+    let o = Command::new(BIN)
+        .arg("--store")
+        .arg(&store)
+        .args(["sandbox-args", "--driver", "docker", "--run", "no-such-run"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--run no-such-run"));
+}

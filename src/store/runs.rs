@@ -76,6 +76,19 @@ pub struct StoreMount {
     pub(super) pd: ProjectDirs,
 }
 
+// (docker helper, issue 12: read access for `sandbox-args --run`.)
+impl StoreMount {
+    /// The run's record (project, cache, key, daemon pid).
+    pub fn record(&self) -> &RunRecord {
+        &self.rec
+    }
+
+    /// Where the run is mounted on the host (canonical).
+    pub fn mountpoint(&self) -> &Path {
+        &self.mnt
+    }
+}
+
 impl Store {
     /// Finds the run mounted at `mnt` (canonical): the newest record naming it, preferring one
     /// whose daemon is alive.
