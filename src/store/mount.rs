@@ -221,6 +221,7 @@ impl Store {
             lowerdirs: vec![lower_dir],
             upperdir: Some(upper),
             workdir: Some(work),
+            ..Default::default()
         };
         let cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
         let mut hold: Vec<OwnedFd> = Vec::new();
