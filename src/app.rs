@@ -268,9 +268,15 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
             "--user is only implemented for --sandbox docker so far",
         ));
     }
-    if let Some(d) = &docker {
-        d.preflight()?;
+    let squash = match &docker {
+        Some(d) => d.preflight()?,
+        None => None,
     }
+    .map(|(uid, gid)| crate::overlay::options::Squash {
+        uid: Some(uid),
+        gid: Some(gid),
+    })
+    .unwrap_or_default();
     let paths = paths(&args.workdir, &args.mount_root, &workdir_view)?;
     let store_dir = store_root(global)?;
     let cfg = crate::run::RunConfig {
@@ -290,7 +296,8 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     let store =
         crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());
     let mounter =
-        crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait));
+        crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait))
+            .with_squash(squash);
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);

@@ -141,6 +141,8 @@ pub struct StoreMounter {
     store: crate::store::Store,
     fill_wait: Duration,
     mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
+    /// Ownership mapping of every mount (issue 12, `--user`).
+    squash: crate::overlay::options::Squash,
 }
 
 impl StoreMounter {
@@ -151,7 +153,14 @@ impl StoreMounter {
             store,
             fill_wait,
             mounts: parking_lot::Mutex::new(BTreeMap::new()),
+            squash: Default::default(),
         }
+    }
+
+    /// Mounts every cache with this ownership mapping (`--user UID:GID`, issue 12).
+    pub fn with_squash(mut self, squash: crate::overlay::options::Squash) -> Self {
+        self.squash = squash;
+        self
     }
 
     /// The store.
@@ -178,6 +187,7 @@ impl Mounter for StoreMounter {
             fill_wait: self.fill_wait,
             mountpoint: None,
             owner: Some(std::process::id()),
+            squash: self.squash,
         })?;
         let upper = Some(m.upper(&self.store));
         let out = m.outcome.clone();

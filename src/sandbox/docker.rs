@@ -43,10 +43,11 @@ fn first_line(out: &std::process::Output) -> String {
 impl Docker {
     /// Checks, before anything is mounted, that a Docker engine answers, that it holds the
     /// image, and that `--user` names a user of the image (a numeric `UID[:GID]` always does).
+    /// Returns the `(uid, gid)` `--user` runs as in the image (`id -u`, `id -g` there).
     ///
     /// Errors: [`Error::Invalid`] (exit 2) naming `--sandbox docker` (no client or no engine,
     /// with `DOCKER_HOST`), `--image` or `--user`.
-    pub fn preflight(&self) -> Result<()> {
+    pub fn preflight(&self) -> Result<Option<(u32, u32)>> {
         if self.image.is_empty() {
             return Err(Error::invalid(
                 "--sandbox docker needs --image IMAGE (an image the Docker engine holds)",
@@ -84,8 +85,10 @@ impl Docker {
                 "--user",
                 user,
                 "--entrypoint",
-                "id",
+                "sh",
                 &self.image,
+                "-c",
+                "id -u && id -g",
             ])?;
             if !out.status.success() {
                 return Err(Error::invalid(format!(
@@ -94,8 +97,17 @@ impl Docker {
                     first_line(&out)
                 )));
             }
+            let text = String::from_utf8_lossy(&out.stdout);
+            let ids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            if let [uid, gid] = ids[..] {
+                return Ok(Some((uid, gid)));
+            }
+            return Err(Error::Failed(format!(
+                "--user {user}: `id -u; id -g` in image {} printed {text:?}",
+                self.image
+            )));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// A `docker run` command for `argv` in a new container `name` (see [`Container`]) of this

@@ -48,6 +48,9 @@ pub struct RunRecord {
     /// The process the mount belongs to (see [`MountRequest::owner`]).
     #[serde(default)]
     pub owner_pid: Option<u32>,
+    /// The ownership mapping (see [`MountRequest::squash`]), kept for the remount.
+    #[serde(default)]
+    pub squash: crate::overlay::options::Squash,
 }
 
 impl RunRecord {
@@ -62,6 +65,7 @@ impl RunRecord {
             fill_wait: Duration::ZERO,
             mountpoint: (!self.private).then(|| self.mountpoint.clone()),
             owner: self.owner_pid,
+            squash: self.squash,
         }
     }
 }
