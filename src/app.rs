@@ -210,16 +210,43 @@ fn cmd_sandbox_args(
     args: &crate::cli::SandboxArgs,
 ) -> Result<i32> {
     let driver = crate::sandbox::Driver::parse(&args.driver)?;
-    let spec = crate::spec::load(&args.spec)?;
+    let spec = args.spec.as_deref().map(crate::spec::load).transpose()?;
     let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
     let mut binds = crate::sandbox::Binds {
         workdir: paths.workdir.clone(),
+        workdir_view: paths.workdir_view.clone(),
         ..Default::default()
     };
-    for cache in &spec.caches {
-        let mp = cache.mountpoint(&paths)?;
-        binds.env.extend(cache.env_for(&paths, &mp));
-        binds.mounts.push((mp.clone(), mp));
+    if args.run.is_empty() {
+        for cache in spec.iter().flat_map(|s| &s.caches) {
+            let mp = cache.mountpoint(&paths)?;
+            binds.env.extend(cache.env_for(&paths, &mp));
+            binds.mounts.push((mp.clone(), mp));
+        }
+    } else {
+        // Issue 12: the mounts of existing `layercache mount` runs, seen where the spec's
+        // cache of the same id is seen (and with its environment), else at their mountpoint.
+        let store = store_cmds::open_existing(global)?;
+        for id in &args.run {
+            let sm = store.find_run_id(id)?.ok_or_else(|| {
+                Error::invalid(format!(
+                    "--run {id}: no such run in the store (layercache mount prints its id)"
+                ))
+            })?;
+            let rec = sm.record();
+            let cache = spec.iter().flat_map(|s| &s.caches).find(|c| {
+                c.id == rec.cache && spec.as_ref().is_some_and(|s| s.project == rec.project)
+            });
+            let view = match cache {
+                Some(c) => {
+                    let v = c.mountpoint(&paths)?;
+                    binds.env.extend(c.env_for(&paths, &v));
+                    v
+                }
+                None => sm.mountpoint().to_path_buf(),
+            };
+            binds.mounts.push((sm.mountpoint().to_path_buf(), view));
+        }
     }
     let words = crate::sandbox::args(driver, &binds);
     if global.json {
@@ -241,7 +268,40 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
             project.as_deref().unwrap_or_default(),
         )?,
     };
-    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    // --sandbox docker (issue 12): the workdir is seen at a stable path by default, and the
+    // engine, image and user are checked before anything is mounted.
+    let docker =
+        (sandbox == crate::run::SandboxMode::Docker).then(|| crate::sandbox::docker::Docker {
+            image: args.image.clone().unwrap_or_default(),
+            args: args.docker_args.clone(),
+            user: args.user.clone(),
+        });
+    let workdir_view = match &docker {
+        Some(_) => Some(
+            args.workdir_view
+                .clone()
+                .unwrap_or_else(|| "/workspace".into()),
+        ),
+        None => args.workdir_view.clone(),
+    };
+    if docker.is_none() && !args.docker_args.is_empty() {
+        return Err(Error::invalid("--docker-arg needs --sandbox docker"));
+    }
+    if docker.is_none() && args.user.is_some() {
+        return Err(Error::invalid(
+            "--user is only implemented for --sandbox docker so far",
+        ));
+    }
+    let squash = match &docker {
+        Some(d) => d.preflight()?,
+        None => None,
+    }
+    .map(|(uid, gid)| crate::overlay::options::Squash {
+        uid: Some(uid),
+        gid: Some(gid),
+    })
+    .unwrap_or_default();
+    let paths = paths(&args.workdir, &args.mount_root, &workdir_view)?;
     let store_dir = store_root(global)?;
     let cfg = crate::run::RunConfig {
         spec,
@@ -252,6 +312,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         store: store_dir.clone(),
         json: global.json,
         run_id: crate::telemetry::new_run_id(),
+        docker,
     };
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
@@ -261,7 +322,8 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     crate::remote::attach(&mut store, global.remote.as_deref())?;
     let remote = store.remote().cloned();
     let mounter =
-        crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait));
+        crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait))
+            .with_squash(squash);
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);

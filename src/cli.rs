@@ -205,9 +205,19 @@ pub struct RunArgs {
     /// view path, so per-run workspaces seen at one path share their layers.
     #[arg(long)]
     pub workdir_view: Option<PathBuf>,
-    /// Run setup, maintenance and COMMAND directly or inside bubblewrap.
+    /// Run setup, maintenance and COMMAND directly, inside bubblewrap, or each in a Docker
+    /// container of --image (`none`, `bwrap`, `docker`; docker: the workdir is seen at
+    /// --workdir-view, default /workspace).
     #[arg(long, default_value = "none")]
     pub sandbox: String,
+    /// An extra `docker run` argument for --sandbox docker's containers, one word each
+    /// (repeatable), e.g. `--docker-arg=--network=host` so setup reaches the registries.
+    #[arg(long = "docker-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub docker_args: Vec<String>,
+    /// The user setup, maintenance and COMMAND run as (--sandbox docker: docker's `--user`,
+    /// `UID[:GID]` or a user of the image).
+    #[arg(long)]
+    pub user: Option<String>,
     /// Seconds to wait for another run that is filling the same key (then hit its layer).
     #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole_number)]
     pub fill_wait: u64,
@@ -248,9 +258,14 @@ pub struct SandboxArgs {
     /// bwrap or docker.
     #[arg(long)]
     pub driver: String,
-    /// The spec (TOML or JSON); `-` reads standard input.
-    #[arg(long)]
-    pub spec: String,
+    /// The spec (TOML or JSON); `-` reads standard input. With --run: where each run's cache
+    /// is seen and its environment (without: at its host mountpoint, no environment).
+    #[arg(long, required_unless_present = "run")]
+    pub spec: Option<String>,
+    /// The id of an existing `layercache mount` run (repeatable): bind that run's mount
+    /// instead of the spec's caches at /cache/<id>.
+    #[arg(long = "run", value_name = "RUN_ID")]
+    pub run: Vec<String>,
     /// The project directory key files are read from (default: the current directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,

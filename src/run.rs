@@ -100,6 +100,8 @@ pub enum SandboxMode {
     None,
     /// Run inside `bwrap` (see [`sandbox::bwrap_command`]).
     Bwrap,
+    /// Run each in a container (`docker run`, see [`sandbox::docker`]; issue 12).
+    Docker,
 }
 
 impl SandboxMode {
@@ -108,8 +110,9 @@ impl SandboxMode {
         match s {
             "none" => Ok(SandboxMode::None),
             "bwrap" | "bubblewrap" => Ok(SandboxMode::Bwrap),
+            "docker" => Ok(SandboxMode::Docker),
             _ => Err(Error::invalid(format!(
-                "--sandbox: unknown sandbox {s:?} (use none or bwrap)"
+                "--sandbox: unknown sandbox {s:?} (use none, bwrap or docker)"
             ))),
         }
     }
@@ -134,6 +137,8 @@ pub struct RunConfig {
     pub json: bool,
     /// This run's id (in the summary and every event).
     pub run_id: String,
+    /// The image, `--docker-arg`s and `--user` of `--sandbox docker` (issue 12).
+    pub docker: Option<sandbox::docker::Docker>,
 }
 
 /// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
@@ -142,6 +147,8 @@ pub struct StoreMounter {
     store: crate::store::Store,
     fill_wait: Duration,
     mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
+    /// Ownership mapping of every mount (issue 12, `--user`).
+    squash: crate::overlay::options::Squash,
 }
 
 impl StoreMounter {
@@ -152,7 +159,14 @@ impl StoreMounter {
             store,
             fill_wait,
             mounts: parking_lot::Mutex::new(BTreeMap::new()),
+            squash: Default::default(),
         }
+    }
+
+    /// Mounts every cache with this ownership mapping (`--user UID:GID`, issue 12).
+    pub fn with_squash(mut self, squash: crate::overlay::options::Squash) -> Self {
+        self.squash = squash;
+        self
     }
 
     /// The store.
@@ -179,6 +193,7 @@ impl Mounter for StoreMounter {
             fill_wait: self.fill_wait,
             mountpoint: None,
             owner: Some(std::process::id()),
+            squash: self.squash,
         })?;
         let upper = Some(m.upper(&self.store));
         let out = m.outcome.clone();
@@ -330,12 +345,16 @@ impl Mounts<'_> {
                 continue; // already there (no namespace needed)
             }
             if v.starts_with(&cfg.paths.mount_root) {
+                if docker(cfg) {
+                    continue;
+                }
                 need.push(cfg.paths.mount_root.clone());
             } else if let Ok(rel) = v.strip_prefix(view_wd) {
                 need.push(cfg.paths.workdir.join(rel));
             }
         }
-        if let Some(v) = &cfg.paths.workdir_view {
+        // Docker (issue 12): the container has its own root; the host needs no view dirs there.
+        if let Some(v) = cfg.paths.workdir_view.as_ref().filter(|_| !docker(cfg)) {
             need.insert(0, v.clone());
         }
         for dir in need {
@@ -568,7 +587,7 @@ fn log_event(cfg: &RunConfig, event: &Event) {
 fn views(cfg: &RunConfig, preps: &[Prep]) -> Views {
     let mut binds: Vec<(PathBuf, PathBuf)> = preps
         .iter()
-        .filter(|p| p.mounted.source != p.keys.mountpoint)
+        .filter(|p| docker(cfg) || p.mounted.source != p.keys.mountpoint)
         .map(|p| (p.mounted.source.clone(), p.keys.mountpoint.clone()))
         .collect();
     binds.sort_by_key(|(_, v)| (v.components().count(), v.clone()));
@@ -618,6 +637,7 @@ fn run_script(
             c
         }
         SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &argv)?,
+        SandboxMode::Docker => return run_docker(cfg, env, views, &argv, label, true),
     };
     let stderr = std::io::stderr().as_fd_owned();
     cmd.stdin(Stdio::null());
@@ -646,9 +666,51 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -
             c
         }
         SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &cfg.command)?,
+        SandboxMode::Docker => {
+            let what = program.to_string_lossy().into_owned();
+            return run_docker(cfg, env, views, &cfg.command, &what, false);
+        }
     };
     let group = !std::io::stdin().is_terminal();
     run_child(cmd, &program.to_string_lossy(), group)
+}
+
+/// Whether this run's children run in Docker containers.
+fn docker(cfg: &RunConfig) -> bool {
+    cfg.sandbox == SandboxMode::Docker
+}
+
+/// Runs `argv` in a new container of the run (issue 12, [`sandbox::docker`]); `script`: stdin
+/// closed and stdout → stderr, as for [`run_script`]. The container is removed by name when
+/// this returns, whatever happened.
+fn run_docker(
+    cfg: &RunConfig,
+    env: &BTreeMap<String, String>,
+    views: &Views,
+    argv: &[OsString],
+    what: &str,
+    script: bool,
+) -> Result<i32> {
+    let d = cfg
+        .docker
+        .as_ref()
+        .ok_or_else(|| Error::invalid("--sandbox docker needs --image IMAGE"))?;
+    let container = sandbox::docker::Container::new(&cfg.run_id);
+    let mut cmd = d.command(
+        &binds(cfg, env, views),
+        argv,
+        &container,
+        &cfg.run_id,
+        !script,
+    );
+    if script {
+        cmd.stdin(Stdio::null());
+        if let Some(fd) = std::io::stderr().as_fd_owned() {
+            cmd.stdout(Stdio::from(fd));
+        }
+    }
+    let group = script || !std::io::stdin().is_terminal();
+    run_child(cmd, what, group)
 }
 
 trait StderrFd {

@@ -14,6 +14,8 @@ use std::process::Command;
 
 use crate::error::{Error, Result};
 
+pub mod docker;
+
 /// A sandbox driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Driver {

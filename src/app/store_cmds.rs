@@ -85,6 +85,7 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
             .collect::<Result<_>>()?,
         fill_wait: Duration::from_secs(a.fill_wait),
         mountpoint: Some(a.mountpoint.clone()),
+        squash: Default::default(),
         owner: None,
     };
     let store = open(global)?;

@@ -72,6 +72,8 @@ pub struct OverlayFs {
     tmp_seq: std::sync::atomic::AtomicU64,
     /// FUSE passthrough state (see `passthrough.rs`).
     pub(super) pt: Passthrough,
+    /// Ownership mapping (`squash_to_uid`/`squash_to_gid`, issue 12).
+    pub(super) squash: super::options::Squash,
 }
 
 #[derive(Clone)]
@@ -175,6 +177,7 @@ impl OverlayFs {
             gone_dirs: Default::default(),
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough_wanted()),
+            squash: cfg.squash,
         })
     }
 
@@ -274,6 +277,17 @@ impl OverlayFs {
         // The orphan link in the workdir (kept for open fds) is not a name the user can see.
         if r.upper && self.orphans.lock().contains(&r.id) {
             attr.nlink = attr.nlink.saturating_sub(1);
+        }
+        self.squashed(attr)
+    }
+
+    /// `attr` with the owner the mount reports (`squash_to_uid`/`squash_to_gid`).
+    pub(super) fn squashed(&self, mut attr: FileAttr) -> FileAttr {
+        if let Some(u) = self.squash.uid {
+            attr.uid = u;
+        }
+        if let Some(g) = self.squash.gid {
+            attr.gid = g;
         }
         attr
     }

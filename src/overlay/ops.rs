@@ -123,6 +123,12 @@ impl OverlayFs {
         self.ensure_upper_dir(parent)?;
         let rel = child(&pdir.path, name).map_err(errno)?;
         let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
+        // squash_to_uid/gid (issue 12): the upper keeps the canonical owner 0:0.
+        let (uid, gid) = if self.squash.is_set() {
+            (0, 0)
+        } else {
+            (uid, gid)
+        };
         let setgid = pst.st_mode & libc::S_ISGID != 0;
         let gid = if setgid { pst.st_gid } else { gid };
         let wh = self.upper_whiteout_at(&rel)?;
@@ -525,7 +531,8 @@ impl OverlayFs {
             {
                 self.stack.chmod(layer, p, m & 0o7777).map_err(errno)?;
             }
-            if change.uid.is_some() || change.gid.is_some() {
+            // With squash_to_uid/gid every entry is the mapped owner's: no chown reaches disk.
+            if (change.uid.is_some() || change.gid.is_some()) && !self.squash.is_set() {
                 self.stack
                     .chown(
                         layer,

@@ -15,6 +15,28 @@ pub struct OverlayConfig {
     pub upperdir: PathBuf,
     /// Scratch directory on the same filesystem as `upperdir` (copy-up staging, orphans).
     pub workdir: PathBuf,
+    /// Ownership mapping (issue 12; fuse-overlayfs's `squash_to_uid`/`squash_to_gid`,
+    /// `squash_to_root` = 0/0): every entry is reported as owned by this uid/gid, and new
+    /// entries are stored with the canonical owner 0:0 in the upper. The kernel still checks
+    /// modes against the reported owner (`default_permissions`).
+    #[serde(default)]
+    pub squash: Squash,
+}
+
+/// The `squash_to_uid`/`squash_to_gid` of a mount; `None` = real owners.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Squash {
+    /// Reported owner uid of every entry.
+    pub uid: Option<u32>,
+    /// Reported owner gid of every entry.
+    pub gid: Option<u32>,
+}
+
+impl Squash {
+    /// Whether any mapping is set.
+    pub fn is_set(&self) -> bool {
+        self.uid.is_some() || self.gid.is_some()
+    }
 }
 
 /// Generic mount options that are accepted and need no action here (the mount is always
@@ -79,9 +101,6 @@ const OVERLAY_NOOP: &[&str] = &[
     "nfs_export",
     "volatile",
     "userxattr",
-    "squash_to_root",
-    "squash_to_uid",
-    "squash_to_gid",
     "threaded",
     "fsync",
     "noacl",
@@ -118,6 +137,14 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
             }
             ("upperdir", Some(v)) => raw.upperdir = Some(PathBuf::from(v)),
             ("workdir", Some(v)) => raw.workdir = Some(PathBuf::from(v)),
+            ("squash_to_root", None) => {
+                raw.squash = Squash {
+                    uid: Some(0),
+                    gid: Some(0),
+                }
+            }
+            ("squash_to_uid", Some(v)) => raw.squash.uid = Some(id_value(name, v)?),
+            ("squash_to_gid", Some(v)) => raw.squash.gid = Some(id_value(name, v)?),
             ("ro", None) => {
                 return Err(Error::invalid(
                     "option 'ro' is not supported: layercache overlays are always writable (give an upperdir)",
@@ -149,6 +176,14 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
     Ok(raw)
 }
 
+/// A numeric uid/gid option value. Errors: [`Error::Invalid`] naming the option.
+fn id_value(name: &str, v: &str) -> Result<u32> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| *n != u32::MAX)
+        .ok_or_else(|| Error::invalid(format!("option {name}={v:?}: want a numeric id")))
+}
+
 /// Options as given, before the directories are checked.
 #[derive(Clone, Debug, Default)]
 pub struct RawOptions {
@@ -158,6 +193,8 @@ pub struct RawOptions {
     pub upperdir: Option<PathBuf>,
     /// `workdir=`; when absent a sibling `.<upper-name>.layercache-work` directory is used.
     pub workdir: Option<PathBuf>,
+    /// `squash_to_uid=`, `squash_to_gid=`, `squash_to_root` (see [`OverlayConfig::squash`]).
+    pub squash: Squash,
 }
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
@@ -277,6 +314,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         lowerdirs,
         upperdir,
         workdir,
+        squash: raw.squash,
     })
 }
 
@@ -322,6 +360,7 @@ mod tests {
             lowerdirs: vec![lower.clone()],
             upperdir: Some(lower.join("up")),
             workdir: Some(t.path().join("work")),
+            ..Default::default()
         };
         assert!(
             validate(&raw, &mnt)
@@ -333,6 +372,7 @@ mod tests {
             lowerdirs: vec![t.path().join("nope")],
             upperdir: Some(lower.join("up")),
             workdir: None,
+            ..Default::default()
         };
         assert!(
             validate(&raw, &mnt)

@@ -119,6 +119,7 @@ fn env(spec: &str, command: &[&str]) -> Env {
         store,
         json: false,
         run_id: "r".into(),
+        docker: None,
     };
     Env {
         work,

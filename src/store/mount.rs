@@ -248,6 +248,7 @@ impl Store {
             lowerdirs: vec![lower_dir],
             upperdir: Some(upper),
             workdir: Some(work),
+            squash: m.req.squash,
         };
         let cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
         let mut hold: Vec<OwnedFd> = Vec::new();
@@ -277,6 +278,7 @@ impl Store {
             mounted_ms: now_ms(),
             private: m.mnt.is_none(),
             owner_pid: m.req.owner,
+            squash: m.req.squash,
         };
         write_record(&run_dir, &rec).map_err(cleanup)?;
         let tm = Instant::now();

@@ -48,6 +48,9 @@ pub struct RunRecord {
     /// The process the mount belongs to (see [`MountRequest::owner`]).
     #[serde(default)]
     pub owner_pid: Option<u32>,
+    /// The ownership mapping (see [`MountRequest::squash`]), kept for the remount.
+    #[serde(default)]
+    pub squash: crate::overlay::options::Squash,
 }
 
 impl RunRecord {
@@ -62,6 +65,7 @@ impl RunRecord {
             fill_wait: Duration::ZERO,
             mountpoint: (!self.private).then(|| self.mountpoint.clone()),
             owner: self.owner_pid,
+            squash: self.squash,
         }
     }
 }
@@ -74,6 +78,19 @@ pub struct StoreMount {
     pub(super) rec: RunRecord,
     pub(super) run_dir: PathBuf,
     pub(super) pd: ProjectDirs,
+}
+
+// (docker helper, issue 12: read access for `sandbox-args --run`.)
+impl StoreMount {
+    /// The run's record (project, cache, key, daemon pid).
+    pub fn record(&self) -> &RunRecord {
+        &self.rec
+    }
+
+    /// Where the run is mounted on the host (canonical).
+    pub fn mountpoint(&self) -> &Path {
+        &self.mnt
+    }
 }
 
 impl Store {

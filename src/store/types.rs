@@ -62,6 +62,9 @@ pub struct MountRequest {
     /// The process the mount belongs to: when it exits (even by `kill -9`) the overlay daemon
     /// ends the mount; `None` for a mount that lives until `umount`/`commit`.
     pub owner: Option<u32>,
+    /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`; issue 12: a run as
+    /// another user sees the layer as its own; new files stay 0:0 in the upper).
+    pub squash: crate::overlay::options::Squash,
 }
 
 /// The JSON line `layercache mount` prints; also returned to `layercache run`.

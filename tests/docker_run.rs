@@ -1,0 +1,488 @@
+//! `layercache run --sandbox docker` against a real Docker engine (issue 12): the npm fixture
+//! misses in a first container (`npm ci` into /workspace/node_modules with
+//! `--docker-arg=--network=host`), hits in a new one where `require('react')` works, and four
+//! containers at once share the layer while each sees only its own writes; bad input (no
+//! image, unknown image, unknown --user, no engine) is one line, exit 2, nothing published.
+//!
+//! The engine and image come from scripts/lib-docker.sh (`DOCKER_HOST`,
+//! `LAYERCACHE_TEST_IMAGE`); without them these tests skip (fail when `CI` is set). After each
+//! test no container labelled with one of its run ids, no mount and no run directory is left;
+//! the [`Sandbox`] unmounts whatever is left even on panic.
+
+#[path = "common/run.rs"]
+mod run_common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use run_common::{BIN, Sandbox, can_mount, json_summary, skip_or_fail};
+
+/// The test image, when an engine answers and holds it; otherwise [`skip_or_fail`].
+fn image() -> Option<String> {
+    let Ok(image) = std::env::var("LAYERCACHE_TEST_IMAGE") else {
+        skip_or_fail("LAYERCACHE_TEST_IMAGE is not set (scripts/lib-docker.sh sets it)");
+        return None;
+    };
+    let ok = Command::new("docker")
+        .args(["image", "inspect", &image])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip_or_fail(&format!("no Docker engine with image {image}"));
+        return None;
+    }
+    Some(image)
+}
+
+const SPEC: &str = r#"project = "docker-npm"
+[[cache]]
+id = "node_modules"
+preset = "node_modules"
+"#;
+
+fn show(o: &Output) -> String {
+    format!(
+        "{}\n--stdout--\n{}\n--stderr--\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A workdir `name` below the sandbox holding the npm fixture.
+fn npm_workdir(sb: &Sandbox, name: &str) -> PathBuf {
+    let w = sb.path(name);
+    std::fs::create_dir_all(&w).unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/npm-app");
+    for f in ["package.json", "package-lock.json"] {
+        std::fs::copy(example.join(f), w.join(f)).unwrap();
+    }
+    w
+}
+
+/// `layercache --store S --json run --spec SPEC --workdir W --sandbox docker --image I
+/// --docker-arg=--network=host [EXTRA…] -- sh -c SCRIPT` (no `--image` when `image` is empty).
+fn docker_run(sb: &Sandbox, work: &Path, image: &str, extra: &[&str], script: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--store")
+        .arg(sb.path("store"))
+        .arg("--json")
+        .arg("run")
+        .arg("--spec")
+        .arg(sb.path("spec.toml"))
+        .arg("--workdir")
+        .arg(work)
+        .arg("--mount-root")
+        .arg(sb.path("cache"))
+        .args(["--sandbox", "docker"]);
+    if !image.is_empty() {
+        cmd.args(["--image", image]);
+    }
+    cmd.arg("--docker-arg=--network=host")
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
+    cmd
+}
+
+fn result(o: &Output) -> (String, String) {
+    let s = json_summary(o);
+    let c = &s["caches"][0];
+    (
+        s["run"].as_str().unwrap().to_string(),
+        c["result"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Containers carrying the label of run `run` (listed, never removed by this filter).
+fn containers_of(run: &str) -> Vec<String> {
+    let o = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=layercache.run={run}"),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn assert_nothing_left(sb: &Sandbox, runs: &[String]) {
+    for r in runs {
+        assert!(containers_of(r).is_empty(), "run {r} left containers");
+    }
+    assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
+}
+
+#[test]
+fn npm_fixture_misses_then_hits_in_new_containers_and_four_share_the_layer() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = image() else { return };
+    let sb = Sandbox::new();
+    sb.write_spec("spec.toml", SPEC);
+    let mut runs = Vec::new();
+
+    // Run 1: miss, `npm ci` inside the container into /workspace/node_modules.
+    let w1 = npm_workdir(&sb, "ws-1");
+    let o = docker_run(&sb, &w1, &image, &[], "pwd && ls node_modules | wc -l")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let (run, res) = result(&o);
+    assert_eq!(res, "miss", "{}", show(&o));
+    runs.push(run);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("/workspace\n"),
+        "COMMAND starts in /workspace: {}",
+        show(&o)
+    );
+    assert_eq!(sb.ls().len(), 1, "one layer published");
+
+    // Run 2, a new container and a new workdir: hit, react loads.
+    let w2 = npm_workdir(&sb, "ws-2");
+    let o = docker_run(
+        &sb,
+        &w2,
+        &image,
+        &[],
+        "node -e \"require('react'); console.log('react ok')\"",
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let (run, res) = result(&o);
+    assert_eq!(res, "hit", "{}", show(&o));
+    runs.push(run);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("react ok\n"));
+
+    // Four containers at once: each writes its own file into node_modules and sees only it.
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            let w = npm_workdir(&sb, &format!("ws-c{i}"));
+            let script = format!(
+                "echo {i} > node_modules/.mine-{i} && ls -a node_modules | grep '^\\.mine-' && \
+                 node -e \"require('react')\""
+            );
+            docker_run(&sb, &w, &image, &[], &script)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (i, c) in children.into_iter().enumerate() {
+        let o = c.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "container {i}: {}", show(&o));
+        let (run, res) = result(&o);
+        assert_eq!(res, "hit", "{}", show(&o));
+        runs.push(run);
+        let lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .skip(1)
+            .map(str::to_string)
+            .collect();
+        assert_eq!(lines, [format!(".mine-{i}")], "{}", show(&o));
+    }
+    assert_eq!(sb.ls().len(), 1, "still one layer");
+    assert_nothing_left(&sb, &runs);
+}
+
+#[test]
+fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = image() else { return };
+    let sb = Sandbox::new();
+    sb.write_spec("spec.toml", SPEC);
+    let w = npm_workdir(&sb, "ws");
+    let bad_image = "layercache-no-such-image:1";
+    let cases: [(&str, &[&str], &str, Option<&str>); 4] = [
+        ("", &[], "--image", None),
+        (bad_image, &[], "--image", None),
+        (
+            &image,
+            &["--user", "no-such-user"],
+            "--user no-such-user",
+            None,
+        ),
+        (
+            &image,
+            &[],
+            "no Docker engine",
+            Some("unix:///nonexistent/docker.sock"),
+        ),
+    ];
+    for (img, extra, names, host) in cases {
+        let mut cmd = docker_run(&sb, &w, img, extra, "true");
+        if let Some(h) = host {
+            cmd.env("DOCKER_HOST", h);
+        }
+        let o = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{img} {extra:?}: {}", show(&o));
+        assert_eq!(err.lines().count(), 1, "{img} {extra:?}: one line: {err}");
+        assert!(err.contains(names), "{img} {extra:?}: names {names}: {err}");
+    }
+    // Checked before the store is touched: no event, no project in the store.
+    assert!(sb.events().is_empty(), "nothing mounted or published");
+    assert!(!sb.path("store/v1/projects/docker-npm").exists());
+    assert!(sb.mounts_below().is_empty());
+    assert!(!w.join("node_modules").exists());
+}
+
+#[test]
+fn sigterm_of_the_run_removes_its_container() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = image() else { return };
+    let sb = Sandbox::new();
+    sb.write_spec(
+        "spec.toml",
+        "project = \"docker-sig\"\n[[cache]]\nid = \"s\"\nkey_files = [\"k\"]\n\
+         relocatable = true\nsetup = \"echo filled > {mount}/f\"\n",
+    );
+    let w = sb.path("ws");
+    std::fs::create_dir_all(&w).unwrap();
+    std::fs::write(w.join("k"), "1").unwrap();
+    let fifo = sb.path("ready");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // COMMAND signals readiness through a fifo in the workdir, then sleeps.
+    std::fs::rename(&fifo, w.join("ready")).unwrap();
+    let mut child = docker_run(&sb, &w, &image, &[], "echo up > ready; exec sleep 600")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Blocks until the container opened the fifo for writing.
+    let up = std::fs::read_to_string(w.join("ready")).unwrap();
+    assert_eq!(up, "up\n");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{out}");
+    let run =
+        serde_json::from_str::<serde_json::Value>(out.lines().next().unwrap()).unwrap()["run"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    assert_nothing_left(&sb, &[run]);
+}
+
+#[test]
+fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = image() else { return };
+    let sb = Sandbox::new();
+    let mp = sb.path("cache/npm");
+    std::fs::create_dir_all(&mp).unwrap();
+    let store = sb.path("store");
+    let lc = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", show(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let out = lc(&[
+        "--json",
+        "mount",
+        "--project",
+        "p",
+        "--cache",
+        "npm",
+        "--key",
+        "k1",
+        mp.to_str().unwrap(),
+    ]);
+    let run = serde_json::from_str::<serde_json::Value>(&out).unwrap()["run"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let words: Vec<String> = serde_json::from_str(&lc(&[
+        "--json",
+        "sandbox-args",
+        "--driver",
+        "docker",
+        "--run",
+        &run,
+        "--workdir",
+        sb.work().to_str().unwrap(),
+    ]))
+    .unwrap();
+    let bind = format!("{0}:{0}", mp.display());
+    assert!(words.contains(&bind), "{words:?}");
+    let o = Command::new("docker")
+        .args(["run", "--rm"])
+        .args(&words)
+        .arg(&image)
+        .args([
+            "sh",
+            "-c",
+            &format!("echo from-docker > {}/x", mp.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(
+        std::fs::read_to_string(mp.join("x")).unwrap(),
+        "from-docker\n"
+    );
+    lc(&["umount", &run]);
+    assert!(sb.mounts_below().is_empty());
+    let o = Command::new(BIN)
+        .arg("--store")
+        .arg(&store)
+        .args(["sandbox-args", "--driver", "docker", "--run", "no-such-run"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--run no-such-run"));
+}
+
+/// Owners `(uid, gid)` of every entry below the published layers' trees of the sandbox.
+fn layer_owners(sb: &Sandbox) -> Vec<(u32, u32, PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![sb.path("store/v1/projects")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if p.components().any(|c| c.as_os_str() == "tree") {
+                out.push((m.uid(), m.gid(), p.clone()));
+            }
+            if m.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn user_1000_changes_a_root_filled_node_modules_and_1001_reuses_a_layer_1000_filled() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = image() else { return };
+    let sb = Sandbox::new();
+    sb.write_spec(
+        "spec.toml",
+        "project = \"docker-user\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n\
+         [[cache]]\nid = \"npm\"\nkey_files = [\"package-lock.json\"]\nrelocatable = true\n\
+         setup = \"id -u > {mount}/filled-by && mkdir -p {mount}/d && echo a > {mount}/d/f\"\n",
+    );
+    // The npm cache's view path (below the sandbox's mount root), as $C in the scripts.
+    let c = sb.path("cache/npm").display().to_string();
+    let with_c = |script: &str| format!("C={c}; {script}");
+    let mut runs = Vec::new();
+    // Run 1 as root: node_modules filled by root (npm ci); the npm cache too.
+    let w1 = npm_workdir(&sb, "ws-1");
+    let o = docker_run(&sb, &w1, &image, &[], "id -u").output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    runs.push(result(&o).0);
+    // Run 2 as 1000:1000: creates, edits and removes files in both, and npm install works.
+    let w2 = npm_workdir(&sb, "ws-2");
+    // The workspace is the user's (a platform gives the agent its own checkout).
+    for p in [
+        w2.clone(),
+        w2.join("package.json"),
+        w2.join("package-lock.json"),
+    ] {
+        std::os::unix::fs::chown(&p, Some(1000), Some(1000)).unwrap();
+    }
+    let script = "set -e; id -u; echo new > $C/new; echo more >> $C/d/f; \
+                  rm $C/filled-by; echo x > node_modules/react/x; \
+                  echo '//' >> node_modules/react/index.js; rm -r node_modules/express; \
+                  npm install --no-audit --no-fund is-number@7.0.0 >&2; \
+                  node -e \"require('react'); console.log(require('is-number')(7))\"; \
+                  cat $C/d/f";
+    let o = docker_run(&sb, &w2, &image, &["--user", "1000:1000"], &with_c(script))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    runs.push(result(&o).0);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("\n1000\ntrue\na\nmore\n"), "{}", show(&o));
+    assert!(
+        !w2.join("node_modules").exists()
+            || std::fs::read_dir(w2.join("node_modules"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+
+    // A layer filled by uid 1000 (a new key) is used read-write by uid 1001.
+    let w3 = npm_workdir(&sb, "ws-3");
+    std::fs::write(
+        w3.join("package-lock.json"),
+        "{\"lockfileVersion\":3,\"x\":1}",
+    )
+    .unwrap();
+    std::fs::write(
+        w3.join("package.json"),
+        "{\"name\":\"u\",\"version\":\"1.0.0\"}",
+    )
+    .unwrap();
+    let o = docker_run(
+        &sb,
+        &w3,
+        &image,
+        &["--user", "1000:1000"],
+        &with_c("cat $C/filled-by"),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    runs.push(result(&o).0);
+    assert!(String::from_utf8_lossy(&o.stdout).ends_with("1000\n"));
+    let o = docker_run(
+        &sb,
+        &w3,
+        &image,
+        &["--user", "1001:1001"],
+        &with_c("set -e; echo b >> $C/d/f; rm $C/filled-by; touch $C/mine; ls $C"),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let s = json_summary(&o);
+    assert!(
+        s["caches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["result"] == "hit"),
+        "{}",
+        show(&o)
+    );
+    runs.push(s["run"].as_str().unwrap().to_string());
+    // The npm cache's layers (filled by uid 0, then uid 1000 through the mapped overlay) hold
+    // the canonical owner 0:0 only. (node_modules layers filled by a root `npm ci` keep the
+    // tarballs' owners, e.g. 501:20; canonicalising at promote is not built yet.)
+    let owners: Vec<_> = layer_owners(&sb)
+        .into_iter()
+        .filter(|o| {
+            let tree = o.2.ancestors().find(|a| a.ends_with("tree")).unwrap();
+            tree.join("d/f").exists()
+        })
+        .collect();
+    assert!(owners.len() >= 6, "{owners:?}");
+    let odd: Vec<_> = owners.iter().filter(|o| (o.0, o.1) != (0, 0)).collect();
+    assert!(odd.is_empty(), "{odd:?}");
+    assert_nothing_left(&sb, &runs);
+}
