@@ -481,7 +481,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         let cache = &cfg.spec.caches[ci];
         let (what, script) = match preps[ci].mounted.result {
             CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
-            // issue 11 (restore helper): a restore brings the old tree up to date in place.
+            // issue 11: a restore brings the old tree up to date in place.
             CacheResult::Restore => (
                 "setup",
                 cache.restore_setup.as_deref().or(Some(&cache.setup)),

@@ -80,7 +80,7 @@ pub struct StoreMount {
     pub(super) pd: ProjectDirs,
 }
 
-// (docker helper, issue 12: read access for `sandbox-args --run`.)
+// (Read access for `sandbox-args --run`, issue 12.)
 impl StoreMount {
     /// The run's record (project, cache, key, daemon pid).
     pub fn record(&self) -> &RunRecord {
