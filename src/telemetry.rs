@@ -314,6 +314,34 @@ pub fn fmt_ms(ms: u64) -> String {
     }
 }
 
+/// A test event: project `p`, cache `npm`, key `k`, time 1 ms, everything else zero or empty.
+#[cfg(test)]
+pub(crate) fn sample_event(result: CacheResult) -> Event {
+    Event {
+        run: String::new(),
+        time_ms: 1,
+        project: "p".into(),
+        cache: "npm".into(),
+        key: "k".into(),
+        result,
+        matched_key: None,
+        mount_ms: 0,
+        setup_ms: 0,
+        maintenance_ms: 0,
+        promote_ms: 0,
+        bytes: 0,
+        files: 0,
+        exit_status: 0,
+        published: false,
+        remote_hit: false,
+        pulled_bytes: 0,
+        pulled_objects: 0,
+        new_files: 0,
+        new_bytes: 0,
+        why: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,26 +349,11 @@ mod tests {
     fn ev(project: &str, cache: &str, result: CacheResult, prep: u64, status: i32) -> Event {
         Event {
             run: "r".into(),
-            time_ms: 1,
             project: project.into(),
             cache: cache.into(),
-            key: "k".into(),
-            result,
-            matched_key: None,
-            mount_ms: 0,
             setup_ms: prep,
-            maintenance_ms: 0,
-            promote_ms: 0,
-            bytes: 0,
-            files: 0,
             exit_status: status,
-            published: false,
-            remote_hit: false,
-            pulled_bytes: 0,
-            pulled_objects: 0,
-            new_files: 0,
-            new_bytes: 0,
-            why: Vec::new(),
+            ..sample_event(result)
         }
     }
 

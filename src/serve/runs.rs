@@ -202,27 +202,10 @@ mod tests {
 
     fn ev(t: u64, result: CacheResult, setup: u64) -> Event {
         Event {
-            run: String::new(),
             time_ms: t,
-            project: "p".into(),
-            cache: "npm".into(),
-            key: "k".into(),
-            result,
-            matched_key: None,
             mount_ms: 10,
             setup_ms: setup,
-            maintenance_ms: 0,
-            promote_ms: 0,
-            bytes: 0,
-            files: 0,
-            exit_status: 0,
-            published: false,
-            remote_hit: false,
-            pulled_bytes: 0,
-            pulled_objects: 0,
-            new_files: 0,
-            new_bytes: 0,
-            why: Vec::new(),
+            ..crate::telemetry::sample_event(result)
         }
     }
 
