@@ -76,15 +76,16 @@ declare -A RES=() NOTE=() SIZE=()
 # BUMP (adds one small package to the key files; run in a scratch copy without the installed
 # tree, whose key files are then copied back; empty: no restore row).
 fixture() {
-  local node="node -e \"require('chalk'); require('lodash'); require('semver')\""
+  local node="node -e \"require('react'); require('express'); require('chalk')\""
   case $1 in
     npm) DEP=node_modules PRESET=node_modules SETUP="npm ci --no-audit --no-fund --loglevel=error"
       CHECK="node -e \"require('react'); require('express')\""
       BUMP="npm install dayjs@1.11.13 --package-lock-only --no-audit --no-fund --loglevel=error" ;;
     pnpm) DEP=node_modules PRESET=node_modules SETUP="pnpm install --frozen-lockfile --reporter silent"
-      CHECK=$node BUMP="pnpm add ms@2.1.3 --lockfile-only --reporter silent" ;;
+      CHECK=$node
+      BUMP="pnpm add dayjs@1.11.13 --lockfile-only --reporter silent" ;;
     yarn) DEP=node_modules PRESET=node_modules SETUP="yarn install --frozen-lockfile --silent"
-      CHECK=$node BUMP="yarn add ms@2.1.3 --silent" ;;
+      CHECK=$node BUMP="yarn add dayjs@1.11.13 --silent" ;;
     pip) DEP=.venv PRESET=venv SETUP="python3 -m venv .venv && .venv/bin/pip install -q -r requirements.txt"
       CHECK=".venv/bin/python -c 'import flask, pydantic, requests'"
       BUMP="echo six==1.16.0 >>requirements.txt" ;;
@@ -141,14 +142,15 @@ lc_run_once() {
   [ "$rc" -eq 0 ] || NOTE["$f $kind check"]="the command's dependency check failed through the mount (exit $rc): $CHECK"
   result=$(python3 -c '
 import json, sys
-for line in open(sys.argv[1]):
+# the --json summary is on stdout, first; older builds wrote it to stderr
+for line in (l for f in sys.argv[1:] for l in open(f)):
     try: v = json.loads(line)
     except ValueError: continue
     for c in v.get("caches", []):
         print(c.get("result"), c.get("setup_ms", 0), c.get("promote_ms", 0), c.get("mount_ms", 0),
               c.get("bytes", 0), c.get("new_bytes", 0))
-' "$r/run.err" 2>/dev/null | head -1)
-  if [ -z "$result" ]; then NOTE["$f $kind json"]="no JSON summary on stderr"
+' "$r/run.out" "$r/run.err" 2>/dev/null | head -1)
+  if [ -z "$result" ]; then NOTE["$f $kind json"]="no JSON summary on stdout or stderr"
   else
     read -r res setup_ms promote_ms mount_ms bytes new_bytes <<<"$result"
     [ "$res" = "$kind" ] || NOTE["$f $kind result"]="expected $kind, layercache reported $res"
