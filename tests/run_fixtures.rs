@@ -1,6 +1,7 @@
 //! `layercache run` on the real fixtures (examples/, or `LAYERCACHE_FIXTURES`) with the
 //! real package managers: the acceptance items of issue 5 for the npm, node_modules, venv, pip,
-//! cargo-target and cargo presets.
+//! cargo-target and cargo presets, and issue 11's restore after a lockfile change (node_modules
+//! with npm, pnpm and yarn; venv).
 //!
 //! Each test copies its fixture into a fresh [`Sandbox`] (own store via `--store`, own
 //! `--mount-root`, own workdir) whose Drop unmounts whatever is left, even on a panic. Readiness
@@ -125,66 +126,86 @@ maintenance = "npm_config_offline=true unshare --net npm ci --offline --no-audit
     assert!(sb.mounts_below().is_empty());
 }
 
+/// One package manager's case of [`changed_lockfile_restores_from_the_old_layer`].
+struct NodeCase<'a> {
+    /// The fixture (examples/<name>); it depends on react and express.
+    fixture: &'a str,
+    /// The tool, skipped (or failed under CI) when missing.
+    tool: &'a str,
+    /// The key files the bump changes (package.json and the lockfile).
+    files: &'a [&'a str],
+    /// Adds one package that is not in the tree yet (dayjs@1.11.13) to `files`, run in a
+    /// scratch copy of them (the registry is reachable).
+    bump: &'a [&'a str],
+    /// A clean install of `files` in that scratch copy (the tool's own cache is warm).
+    clean: &'a [&'a str],
+    /// Checks the installed tree against package.json and the lockfile (`sh -c`, workdir).
+    ls: &'a str,
+    /// `diff -I` patterns: lines that legitimately differ between two installs at two paths
+    /// (pnpm's `.bin` shims hold their absolute NODE_PATH, `.modules.yaml` the time it pruned).
+    ignore: &'a [&'a str],
+}
+
 /// `node_modules` preset: miss, hit, then one package added to the lockfile restores from the
-/// old layer, and the preset's restore setup (`npm install` over the restored tree) brings it to
-/// the new lockfile: the tree equals a clean `npm ci`'s file by file, `npm ls --all` is clean,
-/// and promotion stores at most 5 % of the tree's bytes as new objects (issue 11).
-#[test]
-fn node_modules_changed_lockfile_restores_from_the_old_layer() {
-    if !can_mount() || !have_tool("npm") {
+/// old layer, and the preset's restore setup (the tool's own install over the restored tree)
+/// brings it to the new lockfile: the tree equals a clean install's file by file, the tool's
+/// tree check is clean, and promotion stores at most 5 % of the tree's bytes as new objects
+/// (issue 11).
+fn changed_lockfile_restores_from_the_old_layer(case: NodeCase<'_>) {
+    if !can_mount() || !have_tool("node") || !have_tool(case.tool) {
         return;
     }
-    let Some(fx) = fixture("npm-app") else { return };
+    let Some(fx) = fixture(case.fixture) else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.copy_into_work(&fx);
     let spec = sb.write_spec(
         "spec.toml",
-        "project = \"npm-fixture-nm\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n",
+        &format!(
+            "project = \"{}-nm\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n",
+            case.fixture
+        ),
     );
     let require = "node -e \"require('react'); require('express'); console.log('ok')\"";
     assert_eq!(sb.run(&spec, Some(require)).status.code(), Some(0));
     let second = sb.run(&spec, Some(require));
     assert_eq!(second.status.code(), Some(0));
     assert_eq!(stdout(&second), "ok\n");
-    assert_miss_then_fast_hit(&sb, "node_modules", "node_modules", 20);
+    assert_miss_then_fast_hit(&sb, case.fixture, "node_modules", 20);
 
-    // One more small package that is not in the tree yet, lockfile only (the registry is
-    // reachable; its own npm cache).
-    let lock = sb.work().join("package-lock.json");
-    let old_lock = std::fs::read(&lock).unwrap();
-    run_ok(
-        std::process::Command::new("npm")
-            .args([
-                "install",
-                "dayjs@1.11.13",
-                "--package-lock-only",
-                "--no-audit",
-                "--no-fund",
-            ])
-            .current_dir(sb.work())
-            .env("npm_config_cache", sb.path("npm-cache")),
-    );
-    assert_ne!(
-        std::fs::read(&lock).unwrap(),
-        old_lock,
-        "lockfile unchanged"
-    );
-
-    // What a clean install of the new lockfile produces (npm's default cache is warm from the
-    // miss), to compare the restored and updated tree with.
+    // The bump and the clean install of the new key files happen in a scratch copy; the key
+    // files then go back into the workdir.
     let clean = sb.path("clean");
     std::fs::create_dir(&clean).unwrap();
-    for f in ["package.json", "package-lock.json"] {
+    for f in case.files {
         std::fs::copy(sb.work().join(f), clean.join(f)).unwrap();
     }
-    run_ok(
-        std::process::Command::new("npm")
-            .args(["ci", "--prefer-offline", "--no-audit", "--no-fund"])
-            .current_dir(&clean),
-    );
+    let tool = |args: &[&str]| {
+        run_ok(
+            std::process::Command::new(case.tool)
+                .args(args)
+                .current_dir(&clean),
+        );
+    };
+    tool(case.bump);
+    for f in case.files {
+        let new = std::fs::read(clean.join(f)).unwrap();
+        assert_ne!(
+            new,
+            std::fs::read(sb.work().join(f)).unwrap(),
+            "{f} unchanged"
+        );
+        std::fs::write(sb.work().join(f), new).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(clean.join("node_modules"));
+    tool(case.clean);
+
+    let ignore: String = case.ignore.iter().map(|i| format!("-I '{i}' ")).collect();
     let check = format!(
-        "npm ls --all >/dev/null && diff -r --no-dereference node_modules {} && \
+        "{} >/dev/null && diff -r --no-dereference {ignore}node_modules {} && \
          node -e \"require('react'); console.log(require('dayjs')('2020-01-02').year())\"",
+        case.ls,
         clean.join("node_modules").display()
     );
     let third = sb.run_cmd(&["--json"], &spec, &["sh", "-c", &check], &[]);
@@ -205,7 +226,7 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
         assert!(e["setup_ms"].as_u64().unwrap() > 0, "setup ran: {e}");
         assert_eq!(e["published"], true, "{e}");
     }
-    assert_restore_stored_little(&ev, "node_modules");
+    assert_restore_stored_little(&ev, case.fixture);
     let layers = sb.ls();
     let keys: Vec<&str> = layers
         .iter()
@@ -217,6 +238,73 @@ fn node_modules_changed_lockfile_restores_from_the_old_layer() {
     assert!(keys.contains(&first_key), "{keys:?}");
     assert!(keys.contains(&ev[2]["key"].as_str().unwrap()), "{keys:?}");
     assert!(sb.mounts_below().is_empty());
+}
+
+/// npm: the restore setup is `npm install` over the restored tree (`npm ci` would delete it).
+#[test]
+fn node_modules_changed_lockfile_restores_from_the_old_layer() {
+    changed_lockfile_restores_from_the_old_layer(NodeCase {
+        fixture: "npm-app",
+        tool: "npm",
+        files: &["package.json", "package-lock.json"],
+        bump: &[
+            "install",
+            "dayjs@1.11.13",
+            "--package-lock-only",
+            "--no-audit",
+            "--no-fund",
+        ],
+        clean: &["ci", "--prefer-offline", "--no-audit", "--no-fund"],
+        ls: "npm ls --all",
+        ignore: &[],
+    });
+}
+
+/// pnpm: the restore setup is `pnpm install` over the restored tree, which installs only what
+/// the lockfile has and `node_modules/.pnpm/lock.yaml` (the installed one) lacks.
+#[test]
+fn pnpm_changed_lockfile_restores_from_the_old_layer() {
+    changed_lockfile_restores_from_the_old_layer(NodeCase {
+        fixture: "pnpm-app",
+        tool: "pnpm",
+        files: &["package.json", "pnpm-lock.yaml"],
+        bump: &[
+            "add",
+            "dayjs@1.11.13",
+            "--lockfile-only",
+            "--reporter",
+            "silent",
+        ],
+        clean: &[
+            "install",
+            "--frozen-lockfile",
+            "--prefer-offline",
+            "--reporter",
+            "silent",
+        ],
+        ls: "pnpm ls --depth Infinity",
+        ignore: &["NODE_PATH=", "^prunedAt: "],
+    });
+}
+
+/// yarn (classic): the restore setup is `yarn install` over the restored tree, which links
+/// only what differs from the lockfile.
+#[test]
+fn yarn_changed_lockfile_restores_from_the_old_layer() {
+    changed_lockfile_restores_from_the_old_layer(NodeCase {
+        fixture: "yarn-app",
+        tool: "yarn",
+        files: &["package.json", "yarn.lock"],
+        bump: &["add", "dayjs@1.11.13", "--silent", "--ignore-scripts"],
+        clean: &[
+            "install",
+            "--frozen-lockfile",
+            "--prefer-offline",
+            "--silent",
+        ],
+        ls: "yarn check --verify-tree",
+        ignore: &[],
+    });
 }
 
 /// `venv` preset (+ `pip`): the second run hits ≥ 5× faster, the hit's `.venv/bin/python`
