@@ -333,6 +333,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if let Some(r) = remote {
         r.wait_pushes();
     }
+    mounter.store().wait_background();
     status
 }
 

@@ -129,6 +129,7 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     if let Some(r) = store.remote() {
         r.wait_pushes();
     }
+    store.wait_background();
     if out.result == st::CommitResult::Exists {
         eprintln!(
             "layercache: key {} was already published (keys are immutable); this mount's changes \

@@ -311,6 +311,27 @@ impl Store {
         Ok(report)
     }
 
+    /// An upper bound of [`Store::quick_usage`] from the layer manifests alone (nothing in
+    /// `objects/` is read): each layer's file bytes and entries counted as if it shared no
+    /// object with another layer. Objects that no layer links (a crashed build's, a lost
+    /// race's) and the quarantine are not in it; gc counts and removes them.
+    ///
+    /// Errors: [`Error::Io`] listing the projects or their layers.
+    pub fn usage_bound(&self) -> Result<gc::Usage> {
+        let mut u = gc::Usage::default();
+        for pd in self.projects(None)? {
+            for id in pd.layer_ids()? {
+                if let Ok(m) = pd.layer(&id).manifest() {
+                    let c = &m.counts;
+                    u.layers += 1;
+                    u.bytes += c.bytes;
+                    u.inodes += c.files + c.dirs + c.symlinks + c.other;
+                }
+            }
+        }
+        Ok(u)
+    }
+
     /// Cheap usage estimate: object bytes and count (each once) plus the directories,
     /// symlinks and fifos recorded in the manifests.
     ///

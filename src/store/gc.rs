@@ -288,6 +288,14 @@ pub fn plan(cands: &[Candidate], limits: &Limits) -> (Vec<usize>, Usage) {
     (evicted, u)
 }
 
+/// True when `u` is at most half of every byte and inode limit: with `u` an upper bound of the
+/// usage ([`super::Store::usage_bound`]), the store is surely under its limits, with room for
+/// what the bound leaves out (objects no layer links).
+pub fn well_below_limits(u: &Usage, limits: &Limits) -> bool {
+    limits.max_size.is_none_or(|m| u.bytes <= m / 2)
+        && limits.max_inodes.is_none_or(|m| u.inodes <= m / 2)
+}
+
 /// True when `u` exceeds a byte or inode limit (age is checked per layer by [`plan`]).
 pub fn over_limits(u: &Usage, limits: &Limits) -> bool {
     limits.max_size.is_some_and(|m| u.bytes > m) || limits.max_inodes.is_some_and(|m| u.inodes > m)

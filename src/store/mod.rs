@@ -169,6 +169,9 @@ pub struct Store {
     /// The remote tier attached with [`Store::set_remote`], if any.
     remote: Option<std::sync::Arc<crate::remote::Remote>>,
     notify: Option<Notify>,
+    /// Removals of finished runs' directories still going on in the background (shared by
+    /// clones; [`Store::wait_background`] joins them).
+    background: Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -281,7 +284,19 @@ impl Store {
             remote_file: parsed.remote,
             remote: None,
             notify: None,
+            background: Arc::default(),
         })
+    }
+
+    /// Waits for the removals of finished runs' directories that commits left to background
+    /// threads (see [`Store::commit`]); a process calls it before it exits, so it leaves no
+    /// garbage in `staging/`.
+    pub fn wait_background(&self) {
+        let handles =
+            std::mem::take(&mut *self.background.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
     }
 
     /// `[remote]` of config.toml, if present (remote tier, issue 14).

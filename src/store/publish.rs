@@ -148,7 +148,7 @@ impl Store {
             };
         // The old run is done: its upper's files now live in the store.
         drop(held.others);
-        remove_tree(&run_dir)?;
+        self.remove_run_dir(&pd, &run_dir)?;
         let req = rec.remount_request();
         let remount = match self.lease_layer(&pd, &published.layer)? {
             Some(lease) => Some(self.mount_run(RunMount {
@@ -203,8 +203,48 @@ impl Store {
         Ok((out, remount))
     }
 
-    /// Runs gc when the store is over a byte or inode limit; logs and swallows errors.
+    /// Removes a finished run's directory off the commit's path: it is renamed into
+    /// `staging/` (where no lookup reaches it) and deleted by a background thread that holds
+    /// the project lock shared, so gc (exclusive) never removes it at the same time. Deleting
+    /// even a restore's small upper can wait on the filesystem's journal right after the
+    /// publish's syncfs (measured: 1.4 s for 440 files on a busy ext4), and the commit's
+    /// caller need not wait for it. [`Store::wait_background`] joins the thread; what a killed
+    /// process leaves in `staging/` is garbage gc removes.
+    ///
+    /// Errors: [`Error::Io`] removing the directory in place when the rename fails.
+    fn remove_run_dir(&self, pd: &ProjectDirs, run_dir: &Path) -> Result<()> {
+        let name = run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let gone = pd.staging().join(format!("{name}.done"));
+        if fs::rename(run_dir, &gone).is_err() {
+            return remove_tree(run_dir);
+        }
+        let lock = pd.lock();
+        let h = std::thread::spawn(move || {
+            let _shared = Lease::acquire(&lock, Mode::Shared);
+            if let Err(e) = remove_tree(&gone) {
+                tracing::warn!(error = %e, "could not remove a finished run's directory");
+            }
+        });
+        self.background
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(h);
+        Ok(())
+    }
+
+    /// Runs gc when the store is over a byte or inode limit; logs and swallows errors. The
+    /// layer manifests' bound ([`Store::usage_bound`]) decides first: when it is at most half
+    /// of every limit, no object is stat'ed (the exact count stats them all — the largest part
+    /// of a small restore's commit).
     fn auto_gc(&self) -> Option<GcReport> {
+        if let Ok(b) = self.usage_bound()
+            && gc::well_below_limits(&b, &self.limits)
+        {
+            return None;
+        }
         match self.quick_usage() {
             Ok(u) if gc::over_limits(&u, &self.limits) => match self.gc(&GcOptions::default()) {
                 Ok(r) => Some(r),
@@ -392,6 +432,36 @@ impl Store {
 mod tests {
     use super::*;
     use crate::store::Lookup;
+
+    #[test]
+    fn automatic_gc_runs_only_over_a_limit() {
+        let t = tempfile::tempdir().unwrap();
+        let mut store = Store::open(Some(&t.path().join("store"))).unwrap();
+        let (p, c) = (ProjectId::new("p").unwrap(), CacheId::new("c").unwrap());
+        for (i, k) in ["k1", "k2"].into_iter().enumerate() {
+            let upper = t.path().join(k);
+            fs::create_dir_all(&upper).unwrap();
+            fs::write(upper.join("f"), vec![i as u8; 1000]).unwrap();
+            let key = CacheKey::new(k).unwrap();
+            store
+                .promote_dirs(&p, &c, &key, None, Some(&upper))
+                .unwrap();
+            fs::remove_dir_all(&upper).unwrap();
+        }
+        let exact = store.quick_usage().unwrap();
+        let bound = store.usage_bound().unwrap();
+        assert_eq!((exact.bytes, bound.bytes, bound.layers), (2000, 2000, 2));
+        assert!(bound.inodes >= exact.inodes, "{bound:?} {exact:?}");
+        // Far below the default limits: the manifests' bound answers.
+        assert!(store.auto_gc().is_none());
+        // The bound is over half of the limit, the exact usage is under it: no gc.
+        store.limits.max_size = Some(3000);
+        assert!(store.auto_gc().is_none());
+        // Over the limit: gc evicts the least recently used layer.
+        store.limits.max_size = Some(1500);
+        let r = store.auto_gc().expect("gc ran");
+        assert_eq!((r.evicted.len(), r.after.bytes), (1, 1000), "{r:?}");
+    }
 
     #[test]
     fn eight_threads_race_to_publish_one_key() {
