@@ -18,7 +18,7 @@ only a module line and no zip: MVS needs every required version's go.mod to read
 then selects the packaged (higher) version; a required version above the packaged one is reported
 on stderr, since the go command would select a version that has no zip.
 
-Usage: goproxy.py OUT [PACKAGE...]      (default packages: those of examples/go-app)
+Usage: goproxy.py OUT [PACKAGE...]      (default packages: those of examples/go-app, and go-cmp)
        goproxy.py --packages            prints the default packages (for apt-get install)
 Exit status: 0 ok, 2 bad input (a package that is not installed or holds no Go module).
 """
@@ -42,6 +42,8 @@ DEFAULT_PACKAGES = [
     "golang-github-mattn-go-colorable-dev",
     "golang-github-mattn-go-isatty-dev",
     "golang-golang-x-sys-dev",
+    # not used by go-app: the module scripts/ready.sh's restore row adds (`go get`)
+    "golang-github-google-go-cmp-dev",
 ]
 
 # golang.org/x/mod/zip limits.

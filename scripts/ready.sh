@@ -17,7 +17,7 @@
 # Presets: npm, pnpm, yarn → node_modules (npm ci / pnpm / yarn install, mounted at
 # <workdir>/node_modules), pip → venv (<workdir>/.venv), uv → uv (UV_CACHE_DIR; setup and
 # maintenance `uv sync` make .venv), go → go (GOMODCACHE/GOCACHE, from a file:// GOPROXY that
-# scripts/goproxy.py builds: no restore row, the proxy holds only the fixture's modules), cargo →
+# scripts/goproxy.py builds; the restore adds go-cmp, which the proxy holds too), cargo →
 # cargo-target (CARGO_TARGET_DIR, setup `cargo build`). "Ready" is the
 # moment the command given after `--` starts (it writes a timestamp, then checks that the
 # dependencies load from the cache). Package managers' own download caches are warm (npm: the
@@ -56,7 +56,7 @@ unset CARGO_TARGET_DIR VIRTUAL_ENV || true
 export PATH=/var/cache/layercache-test/tools/bin:$PATH UV_PYTHON_DOWNLOADS=never
 GOPROXY_DIR=$B/goproxy
 if [[ " ${FIXTURES[*]} " == *" go "* ]]; then
-  [ -d "$GOPROXY_DIR" ] || python3 "$(dirname "$0")/goproxy.py" "$GOPROXY_DIR" >/dev/null
+  rm -rf "$GOPROXY_DIR" && python3 "$(dirname "$0")/goproxy.py" "$GOPROXY_DIR" >/dev/null
   export GOPROXY=file://$GOPROXY_DIR GOSUMDB=off GOFLAGS="" GOTOOLCHAIN=local
 fi
 
@@ -92,7 +92,8 @@ fixture() {
     uv) DEP=.venv PRESET=uv SETUP="uv sync --frozen -q"
       CHECK=".venv/bin/python -c 'import requests, attrs'" BUMP="uv add -q six==1.16.0" ;;
     go) DEP=gomod PRESET=go SETUP="GOMODCACHE=\$PWD/gomod go mod download"
-      CHECK="GOMODCACHE=\${GOMODCACHE:-\$PWD/gomod} GOFLAGS=-mod=mod GOPROXY=off go build -o /dev/null ." BUMP="" ;;
+      CHECK="GOMODCACHE=\${GOMODCACHE:-\$PWD/gomod} GOFLAGS=-mod=mod GOPROXY=off go build -o /dev/null ."
+      BUMP="go get github.com/google/go-cmp@v0.5.9" ;;
     cargo) DEP=target PRESET=cargo-target SETUP="CARGO_TARGET_DIR=target cargo build -q"
       CHECK="cargo build -q --offline" BUMP="cargo add -q itoa@1.0.11" ;;
     *) die "unknown fixture $1 (npm, pnpm, yarn, pip, uv, go, cargo)" ;;
