@@ -4,8 +4,9 @@
 #   layercache miss `layercache run` on an empty store: mount + setup + promote;
 #   layercache restore  after one package is added to the lockfile (BUMP below): mount of the
 #                  previous layer + the preset's restore setup (an incremental install over the
-#                  restored tree, issue 11) + promote; one run (each publishes a new key), with
-#                  the share of the tree stored as new objects;
+#                  restored tree, issue 11) + promote, with the share of the tree stored as
+#                  new objects; after each run its key is unpublished and gc removes its layer
+#                  and objects, so every run restores from the same store;
 #   layercache hit  `layercache run` again: mount + maintenance;
 #   tar restore    actions/cache style: extract a tar.zst of the same installed tree (the
 #                  archive is local and in the page cache: the download actions/cache adds is
@@ -70,6 +71,7 @@ fi
 log "layercache: $LC_STATUS ($LC_COMMIT)"
 
 declare -A RES=() NOTE=() SIZE=()
+LAST_KEY=-
 
 # fixture NAME: sets DEP (the installed tree, relative to the workdir), PRESET, SETUP (the native
 # equivalent of the preset's setup), CHECK (proves the tree works, run from the workdir) and
@@ -108,6 +110,14 @@ bump() {
   (cd "$1/work" && find . -maxdepth 1 -type f -exec cp {} "$s/" \;) && cp -r "$1/work/src" "$s/" 2>/dev/null || true
   (cd "$s" && eval "$BUMP" >/dev/null 2>&1) || return 1
   (cd "$s" && find . -maxdepth 1 -type f -newer "$1/spec.toml" -exec cp {} "$1/work/" \;)
+}
+
+# unpublish F R KEY: takes the restore's key back (its key file; keys are immutable for users,
+# this is the bench resetting its own store) and lets gc remove the now unpublished layer and
+# its objects, so the next restore run starts from the same store.
+unpublish() {
+  rm -f "$2/store/v1/projects/bench-ready-$1/caches/$1/keys/$3" "$2/store/v1/projects/bench-ready-$1/caches/$1/inputs/$3.json"
+  "$LC_BIN" --store "$2/store" gc >/dev/null 2>&1 || NOTE["$1 restore gc"]="gc after unpublishing $3 failed"
 }
 
 # time_cmd KEY CMD…: wall time of CMD (µs) into RES[KEY]; returns CMD's status.
@@ -149,11 +159,11 @@ for line in (l for f in sys.argv[1:] for l in open(f)):
     except ValueError: continue
     for c in v.get("caches", []):
         print(c.get("result"), c.get("setup_ms", 0), c.get("promote_ms", 0), c.get("mount_ms", 0),
-              c.get("bytes", 0), c.get("new_bytes", 0))
+              c.get("bytes", 0), c.get("new_bytes", 0), c.get("key", "-"))
 ' "$r/run.out" "$r/run.err" 2>/dev/null | head -1)
   if [ -z "$result" ]; then NOTE["$f $kind json"]="no JSON summary on stdout or stderr"
   else
-    read -r res setup_ms promote_ms mount_ms bytes new_bytes <<<"$result"
+    read -r res setup_ms promote_ms mount_ms bytes new_bytes LAST_KEY <<<"$result"
     [ "$res" = "$kind" ] || NOTE["$f $kind result"]="expected $kind, layercache reported $res"
     RES["$f lc-$kind-promote"]+="$((promote_ms * 1000)) "
     RES["$f lc-$kind-mount"]+="$((mount_ms * 1000)) "
@@ -216,7 +226,12 @@ for f in "${FIXTURES[@]}"; do
       done
       if [ -n "$BUMP" ]; then
         log "$f: one package more ($BUMP), layercache restore"
-        if bump "$r"; then lc_run_once "$f" restore || true
+        if bump "$r"; then
+          for i in $(seq "$RUNS_HIT"); do
+            log "$f: layercache restore $i/$RUNS_HIT"
+            lc_run_once "$f" restore || break
+            [ "$i" -eq "$RUNS_HIT" ] || unpublish "$f" "$r" "$LAST_KEY"
+          done
         else NOTE["$f restore"]="the lockfile change failed: $BUMP"; fi
       fi
     fi
@@ -240,7 +255,7 @@ OUT=$B/results/ready-$STAMP${QUICK:+-quick}.md
   lc_machine
   echo "       python $(python3 --version 2>&1 | cut -d' ' -f2), $(cargo --version)"
   echo "layercache: $LC_STATUS"
-  echo "medians: no cache and miss of $RUNS_MISS runs, hit and tar restore of $RUNS_HIT runs; download caches warm"
+  echo "medians: no cache and miss of $RUNS_MISS runs, hit, layercache restore and tar restore of $RUNS_HIT runs; download caches warm"
   echo
   echo "| fixture | no cache (setup) | layercache miss (setup + promote) | layercache restore (+1 package) | layercache hit | tar.zst restore | restore vs miss | new bytes of restore | hit vs miss | hit vs no cache | hit vs tar restore | tree/archive |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
