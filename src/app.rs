@@ -46,8 +46,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     }
 }
 
+/// Logging to stderr, filtered by `LAYERCACHE_LOG`, else `RUST_LOG` (tracing-subscriber's
+/// `EnvFilter` syntax, e.g. `debug` or `layercache::fuse=debug`), else `warn`.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LAYERCACHE_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -7,8 +7,9 @@
 //! immutable once published) and Codex cloud environments (setup script for a fresh environment,
 //! maintenance script for a resumed cached one).
 //!
-//! Output: setup and maintenance write to stderr (their stdout too), the summary goes to stderr
-//! (`--json`: one JSON object on a line), so standard output belongs to COMMAND alone. With no
+//! Output: setup and maintenance write to stderr (their stdout too) and the summary goes to
+//! stderr, so standard output belongs to COMMAND alone — except with `--json`, where the summary
+//! is one JSON object on the first line of stdout, before COMMAND's output. With no
 //! caches declared, `run` only runs COMMAND: same stdio, same exit status, no output of its own.
 
 use std::collections::BTreeMap;

@@ -29,8 +29,9 @@ const GEN: Generation = Generation(0);
 
 /// Runs `f`, the work of FUSE operation `op` on node `node`, inside a debug-level span named
 /// `fuse` (fields `op`, `node`) and ends it with an event giving the errno (0 for success) and
-/// the duration in µs. Off by default: `LAYERCACHE_LOG=debug` (or `layercache::fuse=debug`)
-/// turns it on; when off, one check of the level filter is all it costs.
+/// the duration in µs. Off by default: `LAYERCACHE_LOG=debug` or `RUST_LOG=debug` (or just the
+/// target, `layercache::fuse=debug`) turns it on; when off, one check of the level filter is all
+/// it costs.
 #[inline]
 fn traced<T>(op: &'static str, node: u64, f: impl FnOnce() -> OpResult<T>) -> OpResult<T> {
     if !tracing::enabled!(target: "layercache::fuse", tracing::Level::DEBUG) {
