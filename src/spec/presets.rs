@@ -126,7 +126,8 @@ pub const PRESETS: &[Preset] = &[
             "npm ci --prefer-offline --no-audit --no-fund"
         )),
         tools: &["node"],
-        exclude: &[],
+        // npm's debug logs of the setup run (`_logs/<time>-debug-0.log`): not cache content.
+        exclude: &["_logs"],
         relocatable: true,
     },
     Preset {
