@@ -9,7 +9,7 @@
 //! setup = "npm ci"
 //! restore_setup = "npm install --prefer-offline"  # optional: on a restore, over the old layer
 //! maintenance = "npm ci --prefer-offline"   # optional
-//! # optional overrides: key_files, restore_keys, env, mountpoint, exclude
+//! # optional overrides: key_files, restore_keys, env, mountpoint, exclude, relocatable
 //! ```
 //!
 //! Outside references: GitHub `actions/cache` (`key`, `restore-keys`: prefixes tried in order
