@@ -28,8 +28,8 @@ pub const MAX_SPEC_BYTES: usize = 256 * 1024;
 
 /// Parses and validates `text` like `layercache run --spec` does.
 ///
-/// Errors: [`AppError::Invalid`] with one [`FieldError`] naming the field (`spec` for a syntax
-/// error, with its line).
+/// Errors: [`AppError::Invalid`] with a [`FieldError`] per bad field (see
+/// [`crate::spec::parse_all`]; `spec` for a syntax error, with its line).
 pub fn validate(text: &str) -> Result<Spec, AppError> {
     if text.len() > MAX_SPEC_BYTES {
         return Err(AppError::Invalid(vec![FieldError {
@@ -41,12 +41,16 @@ pub fn validate(text: &str) -> Result<Spec, AppError> {
             line: None,
         }]));
     }
-    crate::spec::parse(text).map_err(|e| AppError::Invalid(vec![field_error(text, &e)]))
+    crate::spec::parse_all(text).map_err(|errors| {
+        let errors = errors.into_iter().map(|m| field_error(text, &m)).collect();
+        AppError::Invalid(errors)
+    })
 }
 
-/// Splits a spec error into the field it names and its message, and finds the field's line.
-pub fn field_error(text: &str, e: &Error) -> FieldError {
-    let msg = e.to_string();
+/// Splits a spec error message (one of [`crate::spec::parse_all`]'s) into the field it names
+/// and its message, and finds the field's line in `text`.
+pub fn field_error(text: &str, msg: &str) -> FieldError {
+    let msg = msg.to_string();
     // The validator's messages read `project: …` or `cache[i].field: …`.
     if let Some((head, _)) = msg.split_once(": ")
         && is_field_path(head)
@@ -311,6 +315,18 @@ mod tests {
         assert_eq!(errs[0].field, "cache[1].preset");
         assert_eq!(errs[0].line, Some(9));
         assert!(errs[0].message.contains("unknown preset"), "{errs:?}");
+        // Two bad caches: both are reported, each on its own line.
+        let two =
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"x\"\n\n[[cache]]\nid = \"b\"\n";
+        let AppError::Invalid(errs) = validate(two).unwrap_err() else {
+            panic!()
+        };
+        let fields: Vec<_> = errs.iter().map(|e| (e.field.as_str(), e.line)).collect();
+        assert_eq!(
+            fields,
+            [("cache[0].preset", Some(4)), ("cache[1].setup", Some(6))],
+            "{errs:?}"
+        );
         let AppError::Invalid(errs) = validate("project = \"a/b\"\n").unwrap_err() else {
             panic!()
         };
