@@ -15,7 +15,6 @@ use crate::sys::cstr;
 use std::ffi::{CStr, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
 
 /// xattr marking an opaque directory when the daemon is privileged (kernel overlayfs default).
 pub const OPAQUE_XATTR_TRUSTED: &CStr = c"trusted.overlay.opaque";
@@ -31,12 +30,6 @@ pub fn is_private_xattr(name: &[u8]) -> bool {
 /// True when `st` (from `fstatat`/`lstat`) describes a whiteout: a character device 0/0.
 pub fn is_whiteout_stat(st: &libc::stat) -> bool {
     (st.st_mode & libc::S_IFMT) == libc::S_IFCHR && st.st_rdev == 0
-}
-
-/// True when `meta` (std metadata, not following symlinks) describes a whiteout.
-pub fn is_whiteout_meta(meta: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    meta.file_type().is_char_device() && meta.rdev() == 0
 }
 
 /// Creates a whiteout named `name` in the directory `dir`.
@@ -96,14 +89,6 @@ pub fn is_opaque(dir: BorrowedFd<'_>) -> io::Result<bool> {
 /// included), or as [`is_opaque`].
 pub fn dir_is_opaque_at(dir: RawFd, rel: &CStr) -> io::Result<bool> {
     opaque_at(dir, rel, libc::O_NOFOLLOW)
-}
-
-/// True when the directory at `path` (a symlink to one is followed) is opaque. Promotion's
-/// check, on the directories of an upper tree.
-///
-/// Errors: `EINVAL` for a path with a NUL byte, the `open(2)` errno, or as [`is_opaque`].
-pub fn dir_is_opaque(path: &Path) -> io::Result<bool> {
-    opaque_at(libc::AT_FDCWD, &cstr(path.as_os_str())?, 0)
 }
 
 fn opaque_at(dir: RawFd, rel: &CStr, flags: libc::c_int) -> io::Result<bool> {
@@ -166,29 +151,24 @@ mod tests {
         match create_whiteout(d.as_fd(), OsStr::new("gone")) {
             Ok(()) => {
                 let m = std::fs::symlink_metadata(dir.path().join("gone")).unwrap();
-                assert!(is_whiteout_meta(&m));
+                use std::os::unix::fs::{FileTypeExt, MetadataExt};
+                assert!(m.file_type().is_char_device() && m.rdev() == 0);
             }
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM)),
         }
-        let plain = std::fs::symlink_metadata(dir.path()).unwrap();
-        assert!(!is_whiteout_meta(&plain));
     }
 
     #[test]
-    fn opaque_by_name_and_by_path() {
+    fn opaque_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let root = std::fs::File::open(dir.path()).unwrap();
         std::fs::create_dir(dir.path().join("d")).unwrap();
         std::os::unix::fs::symlink("d", dir.path().join("l")).unwrap();
         let at = |name: &CStr| dir_is_opaque_at(root.as_raw_fd(), name);
         assert!(!at(c"d").unwrap());
-        assert!(!dir_is_opaque(&dir.path().join("d")).unwrap());
         let d = std::fs::File::open(dir.path().join("d")).unwrap();
         if set_opaque(d.as_fd()).is_ok() {
             assert!(at(c"d").unwrap());
-            assert!(dir_is_opaque(&dir.path().join("d")).unwrap());
-            // The path form follows a symlink; the daemon's form does not.
-            assert!(dir_is_opaque(&dir.path().join("l")).unwrap());
         }
         assert_eq!(at(c"l").unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
         assert_eq!(

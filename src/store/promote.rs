@@ -423,7 +423,8 @@ mod tests {
             ]
         );
         // The opaque marker does not leak into the layer.
-        assert!(!whiteout::dir_is_opaque(&out.join("hidden")).unwrap());
+        let hidden = crate::sys::cstr(out.join("hidden").as_os_str()).unwrap();
+        assert!(!whiteout::dir_is_opaque_at(libc::AT_FDCWD, &hidden).unwrap());
         // Lower files are re-linked to the same inode (no copy, no new object).
         let (a, b) = (
             fs::metadata(lower.join("keep.txt")).unwrap(),

@@ -350,10 +350,19 @@ impl Store {
             write_synced(&tmp, format!("{id}\n").as_bytes())?;
             let dst = keys.join(key.as_str());
             match sys::rename_noreplace(&tmp, &dst) {
-                Ok(()) => {
-                    sys::fsync_dir(&keys).at(&keys)?;
-                    Ok(None)
-                }
+                Ok(()) => match sys::fsync_dir(&keys) {
+                    Ok(()) => Ok(None),
+                    // The key is visible but maybe not durable. Take it back before the layer
+                    // is undone, so no key ever names a missing layer; if it cannot be taken
+                    // back, it stays published and so does its layer.
+                    Err(e) => match fs::remove_file(&dst) {
+                        Ok(()) => Err(Error::io(&keys, e)),
+                        Err(_) => {
+                            tracing::warn!(key = %dst.display(), "published, but fsync of its directory failed: {e}");
+                            Ok(None)
+                        }
+                    },
+                },
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                     let _ = fs::remove_file(&tmp);
                     let winner = pd
