@@ -705,6 +705,10 @@ maintenance = "npm ci --prefer-offline"
         }
         let v: serde_json::Value = serde_json::from_str(&presets_text(true)).unwrap();
         assert_eq!(v.as_array().unwrap().len(), PRESETS.len());
+        let venv = v.as_array().unwrap().iter().find(|p| p["name"] == "venv");
+        assert_eq!(venv.unwrap()["relocatable"], false);
+        let cargo = v.as_array().unwrap().iter().find(|p| p["name"] == "cargo");
+        assert!(cargo.unwrap()["exclude"].as_array().unwrap().len() > 1);
     }
 
     #[test]

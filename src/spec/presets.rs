@@ -329,6 +329,8 @@ pub fn presets_text(json: bool) -> String {
                     "restore_setup": p.restore_setup,
                     "maintenance": p.maintenance,
                     "tools": p.tools,
+                    "exclude": p.exclude,
+                    "relocatable": p.relocatable,
                 })
             })
             .collect();
@@ -357,6 +359,15 @@ pub fn presets_text(json: bool) -> String {
         }
         if let Some(m) = p.maintenance {
             out.push_str(&format!("{:<13}   maintenance: {m}\n", ""));
+        }
+        if !p.exclude.is_empty() {
+            out.push_str(&format!("{:<13}   exclude: {}\n", "", p.exclude.join(", ")));
+        }
+        if !p.relocatable {
+            out.push_str(&format!(
+                "{:<13}   path-bound: the view path enters the key\n",
+                ""
+            ));
         }
     }
     out
