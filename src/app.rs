@@ -120,8 +120,8 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                     let matched = found["matched_key"].as_str().map(str::to_string);
                     found["why"] = serde_json::json!(crate::why::explain(
                         st.root(),
-                        spec.project.as_str(),
-                        k.id.as_str(),
+                        &spec.project,
+                        &k.id,
                         matched.as_deref(),
                         &k.inputs,
                     ));

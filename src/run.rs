@@ -457,8 +457,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
                 CacheResult::Hit => Vec::new(),
                 _ => crate::why::explain(
                     &cfg.store,
-                    cfg.spec.project.as_str(),
-                    k.id.as_str(),
+                    &cfg.spec.project,
+                    &k.id,
                     mounted.matched_key.as_deref(),
                     &k.inputs,
                 ),
@@ -547,7 +547,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             p.event.new_files = committed.new_files;
             p.event.new_bytes = committed.new_bytes;
             if committed.published {
-                let (project, id) = (cfg.spec.project.as_str(), p.keys.id.as_str());
+                let (project, id) = (&cfg.spec.project, &p.keys.id);
                 crate::why::record(&cfg.store, project, id, p.keys.key.as_str(), &p.keys.inputs);
             }
         }

@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -140,10 +140,6 @@ pub struct Stored {
     pub text: String,
 }
 
-fn specs_dir(pd: &ProjectDirs) -> PathBuf {
-    pd.root.join("specs")
-}
-
 fn version_of(name: &str) -> Option<(u64, &'static str)> {
     let (n, ext) = name.split_once('.')?;
     let format = match ext {
@@ -158,7 +154,7 @@ fn version_of(name: &str) -> Option<(u64, &'static str)> {
 ///
 /// Errors: [`Error::Io`] reading `specs/`.
 pub fn versions(pd: &ProjectDirs) -> crate::Result<Vec<u64>> {
-    let dir = specs_dir(pd);
+    let dir = pd.specs_dir();
     let rd = match fs::read_dir(&dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -179,7 +175,7 @@ pub fn versions(pd: &ProjectDirs) -> crate::Result<Vec<u64>> {
 ///
 /// Errors: [`Error::Io`] reading it; [`Error::Failed`] when `current` names no version.
 pub fn current(pd: &ProjectDirs) -> crate::Result<Option<Stored>> {
-    let dir = specs_dir(pd);
+    let dir = pd.specs_dir();
     let ptr = dir.join("current");
     let name = match fs::read_to_string(&ptr) {
         Ok(s) => s.trim().to_string(),
@@ -246,7 +242,7 @@ pub fn load_stored(root: &Path, project: &str) -> crate::Result<Spec> {
 ///
 /// Errors: [`Error::Io`] when `specs/` cannot be written.
 pub fn save(pd: &ProjectDirs, text: &str) -> crate::Result<Stored> {
-    let dir = specs_dir(pd);
+    let dir = pd.specs_dir();
     match fs::DirBuilder::new().create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

@@ -345,10 +345,7 @@ impl Store {
     }
 
     pub(crate) fn project_dirs(&self, project: &ProjectId) -> ProjectDirs {
-        ProjectDirs {
-            project: project.clone(),
-            root: self.projects_dir().join(project.as_str()),
-        }
+        ProjectDirs::at(&self.root, project)
     }
 
     /// Existing projects (or just `only`, if it exists).
