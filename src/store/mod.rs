@@ -19,7 +19,7 @@
 //!     layers/<layer-id>/{tree,manifest.json,lease,used}
 //!     caches/<cache>/keys/<key>          "<layer-id>\n", published with renameat2(NOREPLACE)
 //!     caches/<cache>/fills/<key>.lock    fill lock of a key being filled
-//!     runs/<run-id>/{upper,work,lease,run.json}   one mount's private state
+//!     runs/<run-id>/{upper,work,mnt,lease,run.json}   one mount's private state
 //!     staging/                           layers being built; garbage after a crash
 //!     quarantine/                        layers/objects `verify` found corrupt
 //!     empty/                             the lowerdir of a miss
