@@ -163,7 +163,7 @@ impl OverlayFs {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .map_err(|e| Error::io(&orphans, e))?;
-        let lowers = stack.all_lowers();
+        let lowers = stack.root_lowers();
         let cap = NonZeroUsize::new(4096).expect("nonzero");
         Ok(OverlayFs {
             stack,

@@ -28,7 +28,7 @@ use super::layer::TreeCounts;
 use super::object::{ObjectStore, copy_metadata};
 use crate::error::{IoContext, Result};
 use crate::ids::ObjectId;
-use crate::overlay::stack::{Kind, Stack, Tree};
+use crate::overlay::stack::{Kind, Stack};
 use crate::sys;
 
 /// A pattern naming a credential file that must never enter a shared layer.
@@ -160,12 +160,7 @@ pub fn build_tree(
     };
     let lowers: Vec<&Path> = lower.into_iter().collect();
     let stack = Stack::open_merge(upper, &lowers).at(upper.or(lower).unwrap_or(dst))?;
-    // An opaque upper root hides the lower entirely.
-    let opaque = match upper {
-        Some(u) => stack.is_opaque(Tree::Upper, c".").at(u)?,
-        None => false,
-    };
-    let in_lowers = if opaque { 0 } else { stack.all_lowers() };
+    let in_lowers = stack.root_lowers();
     let mut b = Builder {
         objects,
         stats: TreeStats::default(),
@@ -379,6 +374,23 @@ mod tests {
         let dst = fx.t.path().join(name);
         build_tree(&fx.objects, None, Some(src), &dst).unwrap();
         dst
+    }
+
+    /// An opaque mark on the upper root hides nothing, as on the mounted root and in kernel
+    /// overlayfs: promotion builds the tree a mount showed.
+    #[test]
+    fn an_opaque_upper_root_still_merges_the_lower() {
+        let fx = fixture();
+        let base = fx.t.path().join("base");
+        write(&base.join("old.txt"), "lower");
+        let lower = layer_from(&fx, &base, "lower");
+        let upper = fx.t.path().join("upper");
+        write(&upper.join("new.txt"), "upper");
+        let root = fs::File::open(&upper).unwrap();
+        whiteout::set_opaque(root.as_fd()).unwrap();
+        let out = fx.t.path().join("out");
+        build_tree(&fx.objects, Some(&lower), Some(&upper), &out).unwrap();
+        assert_eq!(listing(&out), vec!["new.txt = upper", "old.txt = lower"]);
     }
 
     #[test]
