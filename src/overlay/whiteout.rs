@@ -11,7 +11,7 @@
 //! Overlay-private xattrs (`trusted.overlay.*`, `user.overlay.*`) are hidden from the merged view
 //! and never copied up.
 
-use crate::sys::cstr;
+use crate::sys::{Xattrs, cstr};
 use std::ffi::{CStr, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -57,25 +57,13 @@ pub fn create_whiteout_at(dir: RawFd, rel: &CStr) -> io::Result<()> {
 pub fn is_opaque(dir: BorrowedFd<'_>) -> io::Result<bool> {
     for name in [OPAQUE_XATTR_TRUSTED, OPAQUE_XATTR_USER] {
         let mut buf = [0u8; 4];
-        // SAFETY: buffer pointer/len are valid for the call.
-        let n = unsafe {
-            libc::fgetxattr(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if n >= 0 {
-            if n == 1 && buf[0] == b'y' {
-                return Ok(true);
-            }
-            continue;
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::ERANGE) => continue,
-            _ => return Err(err),
+        match Xattrs::Fd(dir).get_into(name, &mut buf) {
+            Ok(1) if buf[0] == b'y' => return Ok(true),
+            Ok(_) => continue,
+            Err(e) => match e.raw_os_error() {
+                Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::ERANGE) => continue,
+                _ => return Err(e),
+            },
         }
     }
     Ok(false)
@@ -120,12 +108,7 @@ pub fn set_opaque(dir: BorrowedFd<'_>) -> io::Result<()> {
     } else {
         OPAQUE_XATTR_USER
     };
-    // SAFETY: name is NUL-terminated, value pointer/len valid.
-    let rc = unsafe { libc::fsetxattr(dir.as_raw_fd(), name.as_ptr(), b"y".as_ptr().cast(), 1, 0) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Xattrs::Fd(dir).set(name, b"y", 0)
 }
 
 #[cfg(test)]
