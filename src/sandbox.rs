@@ -15,6 +15,7 @@ use std::process::Command;
 use crate::error::{Error, Result};
 
 pub mod docker;
+pub mod user;
 
 /// A sandbox driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,14 +111,28 @@ pub fn shell_quote(words: &[String]) -> Result<String> {
 /// `/proc` and `/tmp`, `$HOME` writable (package managers keep logs and config there), the
 /// workdir and each mount bound read-write, the env set, and the child killed with its parent.
 ///
+/// With `user` (`--user`, issue 12), bwrap runs in a user namespace of its own
+/// (`--unshare-user --uid UID --gid GID`) with the same ids inside as outside: the caller makes
+/// the bwrap process itself run as that user ([`user::RunUser::drop_privileges`]), so the
+/// sandbox's processes really are that user (unprivileged user namespaces must be allowed).
+///
 /// Errors: [`Error::Invalid`] when `argv` is empty.
-pub fn bwrap_command(binds: &Binds, argv: &[OsString]) -> Result<Command> {
+pub fn bwrap_command(
+    binds: &Binds,
+    argv: &[OsString],
+    user: Option<user::RunUser>,
+) -> Result<Command> {
     if argv.is_empty() {
         return Err(Error::invalid("sandbox: nothing to run"));
     }
     let mut cmd = Command::new("bwrap");
     cmd.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
     cmd.args(["--tmpfs", "/tmp"]);
+    if let Some(u) = user {
+        cmd.arg("--unshare-user");
+        cmd.arg("--uid").arg(u.uid.to_string());
+        cmd.arg("--gid").arg(u.gid.to_string());
+    }
     if let Some(home) = std::env::var_os("HOME").filter(|h| Path::new(h).is_dir()) {
         cmd.arg("--bind").arg(&home).arg(&home);
     }

@@ -38,6 +38,7 @@ pub use presets::{PRESETS, Preset, preset, presets_text};
 #[serde(deny_unknown_fields)]
 struct RawSpec {
     project: String,
+    user: Option<String>,
     #[serde(default, alias = "caches")]
     cache: Vec<RawCache>,
 }
@@ -67,6 +68,9 @@ pub struct Spec {
     pub project: ProjectId,
     /// The caches in declaration order; ids are unique.
     pub caches: Vec<Cache>,
+    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; issue 12),
+    /// checked for syntax here and resolved by the run; `--user` overrides it.
+    pub user: Option<String>,
 }
 
 /// One validated cache declaration, with its preset's defaults filled in.
@@ -333,7 +337,7 @@ pub fn load(source: &str) -> Result<Spec> {
 
 /// Parses and validates a spec: JSON when the text starts with `{`, TOML otherwise.
 ///
-/// Errors: [`Error::Invalid`] whose message names the field: unknown fields, `project`,
+/// Errors: [`Error::Invalid`] whose message names the field: unknown fields, `project`, `user`,
 /// `cache[i].id` (invalid or duplicate), `cache[i].preset` (unknown),
 /// `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
 /// `cache[i].key_files` (empty),
@@ -350,6 +354,10 @@ pub fn parse(text: &str) -> Result<Spec> {
 fn validate(raw: RawSpec) -> Result<Spec> {
     let project =
         ProjectId::new(raw.project).map_err(|e| Error::invalid(format!("project: {e}")))?;
+    if let Some(u) = &raw.user {
+        crate::sandbox::docker::check_user_syntax(u)
+            .map_err(|e| Error::invalid(format!("user: {e}")))?;
+    }
     let mut caches: Vec<Cache> = Vec::new();
     for (i, rc) in raw.cache.into_iter().enumerate() {
         let field = |f: &str| format!("cache[{i}].{f}");
@@ -490,7 +498,11 @@ fn validate(raw: RawSpec) -> Result<Spec> {
             relocatable,
         });
     }
-    Ok(Spec { project, caches })
+    Ok(Spec {
+        project,
+        caches,
+        user: raw.user,
+    })
 }
 
 /// A key-file or exclude pattern must be relative, without `..`, and a valid glob.
