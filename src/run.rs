@@ -676,8 +676,8 @@ fn host_command(
     cwd: bool,
 ) -> Result<Command> {
     let mut cmd = match (cfg.sandbox, cfg.user) {
-        (SandboxMode::Bwrap, None) => sandbox::bwrap_command(&binds(cfg, env, views), argv, None)?,
-        (SandboxMode::Bwrap, Some(user)) => {
+        // uid 0 stays root: bwrap as root, without a user namespace of its own.
+        (SandboxMode::Bwrap, Some(user)) if user.uid != 0 => {
             let view_wd = cfg.paths.view_workdir().to_path_buf();
             let seen = Binds {
                 workdir: view_wd,
@@ -694,6 +694,7 @@ fn host_command(
             }
             c
         }
+        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, None)?,
         _ => {
             let mut c = Command::new(&argv[0]);
             c.args(&argv[1..]).envs(env);
