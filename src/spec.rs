@@ -592,6 +592,15 @@ maintenance = "npm ci --prefer-offline"
     }
 
     #[test]
+    fn user_is_checked_for_syntax_and_kept() {
+        let s = parse("user = \"1000:1000\"\nproject = \"p\"\n").unwrap();
+        assert_eq!(s.user.as_deref(), Some("1000:1000"));
+        assert_eq!(parse("project = \"p\"\n").unwrap().user, None);
+        let e = parse("user = \"a;b\"\nproject = \"p\"\n").unwrap_err();
+        assert!(e.to_string().starts_with("user: "), "{e}");
+    }
+
+    #[test]
     fn no_caches_is_valid() {
         assert!(parse("project = \"p\"\n").unwrap().caches.is_empty());
     }
