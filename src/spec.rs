@@ -355,8 +355,7 @@ fn validate(raw: RawSpec) -> Result<Spec> {
     let project =
         ProjectId::new(raw.project).map_err(|e| Error::invalid(format!("project: {e}")))?;
     if let Some(u) = &raw.user {
-        crate::sandbox::docker::check_user_syntax(u)
-            .map_err(|e| Error::invalid(format!("user: {e}")))?;
+        crate::sandbox::user::check_syntax(u).map_err(|e| Error::invalid(format!("user: {e}")))?;
     }
     let mut caches: Vec<Cache> = Vec::new();
     for (i, rc) in raw.cache.into_iter().enumerate() {

@@ -85,7 +85,7 @@ impl Docker {
             )));
         }
         if let Some(user) = &self.user {
-            check_user_syntax(user)?;
+            super::user::check_syntax(user)?;
             let out = docker_output(&[
                 "run",
                 "--rm",
@@ -237,27 +237,6 @@ fn docker_output(a: &[&str]) -> Result<std::process::Output> {
         .map_err(|e| Error::Failed(format!("docker {}: {e}", a.join(" "))))
 }
 
-/// `--user`: `UID`, `UID:GID`, `NAME` or `NAME:GROUP` (docker-run(1)'s forms).
-///
-/// Errors: [`Error::Invalid`] naming `--user` for an empty part or characters no user name has.
-pub fn check_user_syntax(user: &str) -> Result<()> {
-    let ok_part = |p: &str| {
-        !p.is_empty()
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-    };
-    let mut parts = user.splitn(2, ':');
-    let u = parts.next().unwrap_or_default();
-    let g = parts.next();
-    if ok_part(u) && g.is_none_or(ok_part) {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!(
-            "--user {user:?}: use UID, UID:GID, NAME or NAME:GROUP"
-        )))
-    }
-}
-
 /// The name of one container this run creates; Drop removes it (`docker rm -f NAME`, by this
 /// exact name, never by pattern) in case `--rm` did not (interrupted, client killed).
 #[derive(Debug)]
@@ -292,21 +271,6 @@ impl Drop for Container {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn user_syntax() {
-        for ok in ["1000", "1000:1000", "user1000", "user1000:user1000"] {
-            check_user_syntax(ok).unwrap();
-        }
-        for bad in ["", ":", "1000:", "a b", "x;y"] {
-            assert!(
-                check_user_syntax(bad)
-                    .unwrap_err()
-                    .to_string()
-                    .contains("--user")
-            );
-        }
-    }
 
     #[test]
     fn command_words() {

@@ -1,6 +1,6 @@
-//! `--user` (and the spec's `user`) for `--sandbox none` and `--sandbox bwrap` (issue 12): the
-//! user setup, maintenance and COMMAND run as, resolved on the host, and the drop to it in the
-//! child before exec.
+//! `--user` (and the spec's `user`) for every driver (issue 12): its syntax ([`check_syntax`]);
+//! for `--sandbox none` and `--sandbox bwrap`, the user setup, maintenance and COMMAND run as,
+//! resolved on the host ([`RunUser::resolve`]), and the drop to it in the child before exec.
 //!
 //! Forms (docker-run(1)'s): `UID:GID` (taken as given, like docker: the ids need no passwd
 //! entry), `UID` (its primary group from the passwd database), `NAME` (uid and primary group
@@ -13,6 +13,27 @@
 use std::process::Command;
 
 use crate::error::{Error, Result};
+
+/// `--user`: `UID`, `UID:GID`, `NAME` or `NAME:GROUP` (docker-run(1)'s forms).
+///
+/// Errors: [`Error::Invalid`] naming `--user` for an empty part or characters no user name has.
+pub fn check_syntax(user: &str) -> Result<()> {
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    };
+    let mut parts = user.splitn(2, ':');
+    let u = parts.next().unwrap_or_default();
+    let g = parts.next();
+    if ok_part(u) && g.is_none_or(ok_part) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "--user {user:?}: use UID, UID:GID, NAME or NAME:GROUP"
+        )))
+    }
+}
 
 /// A resolved `--user`: the ids the children run as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +51,7 @@ impl RunUser {
     /// bare UID with no passwd entry, a group name with no group entry, or a lookup error.
     pub fn resolve(input: &str) -> Result<RunUser> {
         use nix::unistd::{Group, User};
-        super::docker::check_user_syntax(input)?;
+        check_syntax(input)?;
         let bad = |what: String| Error::invalid(format!("--user {input}: {what}"));
         let lookup = |e: nix::Error| bad(format!("looking it up failed: {e}"));
         let (u, g) = match input.split_once(':') {
@@ -112,6 +133,21 @@ impl RunUser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_syntax() {
+        for ok in ["1000", "1000:1000", "user1000", "user1000:user1000"] {
+            check_syntax(ok).unwrap();
+        }
+        for bad in ["", ":", "1000:", "a b", "x;y"] {
+            assert!(
+                check_syntax(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("--user")
+            );
+        }
+    }
 
     #[test]
     fn numeric_pairs_need_no_passwd_entry() {
