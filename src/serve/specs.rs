@@ -316,6 +316,11 @@ mod tests {
             panic!()
         };
         assert_eq!((errs[0].field.as_str(), errs[0].line), ("spec", Some(1)));
+        let AppError::Invalid(errs) = validate("project = \"p\"\nuser = \"a b\"\n").unwrap_err()
+        else {
+            panic!()
+        };
+        assert_eq!((errs[0].field.as_str(), errs[0].line), ("user", Some(2)));
     }
 
     #[test]
