@@ -294,6 +294,9 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u)?),
         _ => None,
     };
+    if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
+        crate::sandbox::bwrap_user_preflight(u)?;
+    }
     let squash = match &docker {
         Some(d) => d.preflight()?,
         None => run_user.map(|u| (u.uid, u.gid)),

@@ -142,6 +142,47 @@ pub fn bwrap_command(
     Ok(cmd)
 }
 
+/// Checks, before anything is mounted, that bubblewrap can run as `user` here: one
+/// `bwrap --unshare-user --uid U --gid G --ro-bind / / true` as that user (an unprivileged user
+/// namespace; see [`bwrap_command`]).
+///
+/// Errors: [`Error::Invalid`] (exit 2) naming `--user` and bubblewrap's first line (e.g. user
+/// namespaces disabled by `kernel.unprivileged_userns_clone` or AppArmor), or a missing `bwrap`.
+pub fn bwrap_user_preflight(user: user::RunUser) -> Result<()> {
+    let mut cmd = Command::new("bwrap");
+    cmd.args(["--unshare-user", "--uid", &user.uid.to_string()]);
+    cmd.args([
+        "--gid",
+        &user.gid.to_string(),
+        "--ro-bind",
+        "/",
+        "/",
+        "true",
+    ]);
+    user.drop_privileges(&mut cmd);
+    let what = format!("--user {}:{} with --sandbox bwrap", user.uid, user.gid);
+    let out = cmd
+        .output()
+        .map_err(|e| Error::invalid(format!("{what}: cannot run bwrap: {e}")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    Err(Error::invalid(format!(
+        "{what}: bubblewrap cannot run as that user here ({}): it needs unprivileged user \
+         namespaces (or use --sandbox none)",
+        if line.is_empty() {
+            out.status.to_string()
+        } else {
+            line.trim().to_string()
+        }
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
