@@ -273,11 +273,13 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     };
     // --sandbox docker (issue 12): the workdir is seen at a stable path by default, and the
     // engine, image and user are checked before anything is mounted.
+    // --user, else the spec's `user` (issue 12).
+    let user = args.user.clone().or_else(|| spec.user.clone());
     let docker =
         (sandbox == crate::run::SandboxMode::Docker).then(|| crate::sandbox::docker::Docker {
             image: args.image.clone().unwrap_or_default(),
             args: args.docker_args.clone(),
-            user: args.user.clone(),
+            user: user.clone(),
         });
     let workdir_view = match &docker {
         Some(_) => Some(
@@ -290,14 +292,17 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if docker.is_none() && !args.docker_args.is_empty() {
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
-    if docker.is_none() && args.user.is_some() {
-        return Err(Error::invalid(
-            "--user is only implemented for --sandbox docker so far",
-        ));
+    // --sandbox none|bwrap: resolved on the host before anything is mounted.
+    let run_user = match (&docker, &user) {
+        (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u)?),
+        _ => None,
+    };
+    if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
+        crate::sandbox::bwrap_user_preflight(u)?;
     }
     let squash = match &docker {
         Some(d) => d.preflight()?,
-        None => None,
+        None => run_user.map(|u| (u.uid, u.gid)),
     }
     .map(|(uid, gid)| crate::overlay::options::Squash {
         uid: Some(uid),
@@ -316,6 +321,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         json: global.json,
         run_id: crate::telemetry::new_run_id(),
         docker,
+        user: run_user,
     };
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);

@@ -214,8 +214,10 @@ pub struct RunArgs {
     /// (repeatable), e.g. `--docker-arg=--network=host` so setup reaches the registries.
     #[arg(long = "docker-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub docker_args: Vec<String>,
-    /// The user setup, maintenance and COMMAND run as (--sandbox docker: docker's `--user`,
-    /// `UID[:GID]` or a user of the image).
+    /// The user setup, maintenance and COMMAND run as: `UID:GID`, `UID`, `NAME` or
+    /// `NAME:GROUP` (overrides the spec's `user`). none/bwrap: resolved from this host's
+    /// passwd/group, the caches are mounted owned by that user (squash_to_uid/gid) and the
+    /// children drop to it; docker: passed to `docker run --user` (a user of the image).
     #[arg(long)]
     pub user: Option<String>,
     /// Seconds to wait for another run that is filling the same key (then hit its layer).

@@ -140,6 +140,9 @@ pub struct RunConfig {
     pub run_id: String,
     /// The image, `--docker-arg`s and `--user` of `--sandbox docker` (issue 12).
     pub docker: Option<sandbox::docker::Docker>,
+    /// `--sandbox none|bwrap`: the user setup, maintenance and COMMAND run as (`--user` or the
+    /// spec's `user`, resolved on the host; issue 12). `None`: layercache's own user.
+    pub user: Option<sandbox::user::RunUser>,
 }
 
 /// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
@@ -628,18 +631,10 @@ fn run_script(
     label: &str,
 ) -> Result<i32> {
     let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
-    let mut cmd = match cfg.sandbox {
-        SandboxMode::None => {
-            let mut c = Command::new(&argv[0]);
-            c.args(&argv[1..]).current_dir(&cfg.paths.workdir).envs(env);
-            if !views.is_empty() {
-                views.apply(&mut c)?;
-            }
-            c
-        }
-        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &argv)?,
-        SandboxMode::Docker => return run_docker(cfg, env, views, &argv, label, true),
-    };
+    if docker(cfg) {
+        return run_docker(cfg, env, views, &argv, label, true);
+    }
+    let mut cmd = host_command(cfg, env, views, &argv, true)?;
     let stderr = std::io::stderr().as_fd_owned();
     cmd.stdin(Stdio::null());
     if let Some(fd) = stderr {
@@ -654,11 +649,57 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -
     let Some(program) = cfg.command.first() else {
         return Ok(0);
     };
-    let cmd = match cfg.sandbox {
-        SandboxMode::None => {
-            let mut c = Command::new(program);
-            c.args(&cfg.command[1..]).envs(env);
-            if !cfg.spec.caches.is_empty() {
+    if docker(cfg) {
+        let what = program.to_string_lossy().into_owned();
+        return run_docker(cfg, env, views, &cfg.command, &what, false);
+    }
+    let cwd = !cfg.spec.caches.is_empty();
+    let cmd = host_command(cfg, env, views, &cfg.command, cwd)?;
+    let group = !std::io::stdin().is_terminal();
+    run_child(cmd, &program.to_string_lossy(), group)
+}
+
+/// `argv` (not empty) run directly (`--sandbox none`: in its own mount namespace holding
+/// `views`; in the workdir when `cwd`) or inside bubblewrap, as the run's `--user` when it has
+/// one (issue 12).
+///
+/// bwrap with `--user`: the views are set up first, as root, in a private mount namespace of
+/// the bwrap process ([`Views::apply`]), which then drops to the user and runs bubblewrap
+/// unprivileged, binding each view from its view path (its source, below the store's 0700
+/// project directory, is out of that user's reach).
+///
+/// Errors: [`Error::Invalid`] for a path with a NUL byte or an empty `argv`.
+fn host_command(
+    cfg: &RunConfig,
+    env: &BTreeMap<String, String>,
+    views: &Views,
+    argv: &[OsString],
+    cwd: bool,
+) -> Result<Command> {
+    let mut cmd = match (cfg.sandbox, cfg.user) {
+        // uid 0 stays root: bwrap as root, without a user namespace of its own.
+        (SandboxMode::Bwrap, Some(user)) if user.uid != 0 => {
+            let view_wd = cfg.paths.view_workdir().to_path_buf();
+            let seen = Binds {
+                workdir: view_wd,
+                workdir_view: None,
+                tmpfs: views.mount_root.clone(),
+                mounts: (views.binds.iter())
+                    .map(|(_, v)| (v.clone(), v.clone()))
+                    .collect(),
+                env: env.clone(),
+            };
+            let mut c = sandbox::bwrap_command(&seen, argv, Some(user))?;
+            if !views.is_empty() {
+                views.apply(&mut c)?;
+            }
+            c
+        }
+        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, None)?,
+        _ => {
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]).envs(env);
+            if cwd {
                 c.current_dir(&cfg.paths.workdir);
             }
             if !views.is_empty() {
@@ -666,14 +707,11 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -
             }
             c
         }
-        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &cfg.command)?,
-        SandboxMode::Docker => {
-            let what = program.to_string_lossy().into_owned();
-            return run_docker(cfg, env, views, &cfg.command, &what, false);
-        }
     };
-    let group = !std::io::stdin().is_terminal();
-    run_child(cmd, &program.to_string_lossy(), group)
+    if let Some(user) = cfg.user {
+        user.drop_privileges(&mut cmd);
+    }
+    Ok(cmd)
 }
 
 /// Whether this run's children run in Docker containers.
@@ -711,7 +749,24 @@ fn run_docker(
         }
     }
     let group = script || !std::io::stdin().is_terminal();
-    run_child(cmd, what, group)
+    let status = run_child(cmd, what, group)?;
+    if status == sandbox::docker::UNSEEN_STATUS
+        && stopped().is_none()
+        && let Some(view) = d.unseen(
+            &binds(cfg, env, views),
+            &sandbox::docker::Container::new(&cfg.run_id),
+            &cfg.run_id,
+        )?
+    {
+        let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
+        return Err(Error::invalid(format!(
+            "--sandbox docker: the Docker engine at {host} cannot see the cache mount bound at \
+             {view} (the container got an empty directory): dockerd must run in layercache's \
+             mount namespace or one its mounts propagate to (shared bind propagation), not \
+             rootless or remote; nothing was published"
+        )));
+    }
+    Ok(status)
 }
 
 trait StderrFd {

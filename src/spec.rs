@@ -38,6 +38,7 @@ pub use presets::{PRESETS, Preset, preset, presets_text};
 #[serde(deny_unknown_fields)]
 struct RawSpec {
     project: String,
+    user: Option<String>,
     #[serde(default, alias = "caches")]
     cache: Vec<RawCache>,
 }
@@ -67,6 +68,9 @@ pub struct Spec {
     pub project: ProjectId,
     /// The caches in declaration order; ids are unique.
     pub caches: Vec<Cache>,
+    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; issue 12),
+    /// checked for syntax here and resolved by the run; `--user` overrides it.
+    pub user: Option<String>,
 }
 
 /// One validated cache declaration, with its preset's defaults filled in.
@@ -350,7 +354,7 @@ pub fn parse(text: &str) -> Result<Spec> {
 /// the first bad field of each cache), or a single message for a syntax error or an unknown
 /// field (serde's text, which may span lines).
 ///
-/// The fields checked: `project`, `cache[i].id` (invalid or duplicate), `cache[i].preset`
+/// The fields checked: `project`, `user`, `cache[i].id` (invalid or duplicate), `cache[i].preset`
 /// (unknown), `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
 /// `cache[i].key_files` (empty), `cache[i].restore_keys`, `cache[i].env`,
 /// `cache[i].mountpoint`, `cache[i].exclude`.
@@ -364,6 +368,11 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     let project = ProjectId::new(raw.project)
         .map_err(|e| errors.push(format!("project: {e}")))
         .ok();
+    if let Some(u) = &raw.user
+        && let Err(e) = crate::sandbox::user::check_syntax(u)
+    {
+        errors.push(format!("user: {e}"));
+    }
     let mut caches: Vec<(usize, Cache)> = Vec::new();
     for (i, rc) in raw.cache.into_iter().enumerate() {
         match validate_cache(i, rc, &caches) {
@@ -375,6 +384,7 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
         Some(project) if errors.is_empty() => Ok(Spec {
             project,
             caches: caches.into_iter().map(|(_, c)| c).collect(),
+            user: raw.user,
         }),
         _ => Err(errors),
     }
@@ -606,6 +616,15 @@ maintenance = "npm ci --prefer-offline"
         assert!(check_root("--mount-root", Path::new("/proc/1")).is_err());
         assert!(check_root("--mount-root", Path::new("/cache")).is_ok());
         assert!(check_root("--workdir", Path::new("/tmp/x y")).is_ok());
+    }
+
+    #[test]
+    fn user_is_checked_for_syntax_and_kept() {
+        let s = parse("user = \"1000:1000\"\nproject = \"p\"\n").unwrap();
+        assert_eq!(s.user.as_deref(), Some("1000:1000"));
+        assert_eq!(parse("project = \"p\"\n").unwrap().user, None);
+        let e = parse("user = \"a;b\"\nproject = \"p\"\n").unwrap_err();
+        assert!(e.to_string().starts_with("user: "), "{e}");
     }
 
     #[test]

@@ -12,10 +12,12 @@
 #[path = "common/run.rs"]
 mod run_common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use run_common::{BIN, Sandbox, can_mount, json_summary, skip_or_fail};
+use run_common::{
+    BIN, Sandbox, can_mount, json_summary, layer_owners, npm_workdir, show, skip_or_fail,
+};
 
 /// The test image, when an engine answers and holds it; otherwise [`skip_or_fail`].
 fn image() -> Option<String> {
@@ -39,26 +41,6 @@ const SPEC: &str = r#"project = "docker-npm"
 id = "node_modules"
 preset = "node_modules"
 "#;
-
-fn show(o: &Output) -> String {
-    format!(
-        "{}\n--stdout--\n{}\n--stderr--\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A workdir `name` below the sandbox holding the npm fixture.
-fn npm_workdir(sb: &Sandbox, name: &str) -> PathBuf {
-    let w = sb.path(name);
-    std::fs::create_dir_all(&w).unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/npm-app");
-    for f in ["package.json", "package-lock.json"] {
-        std::fs::copy(example.join(f), w.join(f)).unwrap();
-    }
-    w
-}
 
 /// `layercache --store S --json run --spec SPEC --workdir W --sandbox docker --image I
 /// --docker-arg=--network=host [EXTRA…] -- sh -c SCRIPT` (no `--image` when `image` is empty).
@@ -353,26 +335,6 @@ fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--run no-such-run"));
 }
 
-/// Owners `(uid, gid)` of every entry below the published layers' trees of the sandbox.
-fn layer_owners(sb: &Sandbox) -> Vec<(u32, u32, PathBuf)> {
-    use std::os::unix::fs::MetadataExt;
-    let mut out = Vec::new();
-    let mut stack = vec![sb.path("store/v1/projects")];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            if p.components().any(|c| c.as_os_str() == "tree") {
-                out.push((m.uid(), m.gid(), p.clone()));
-            }
-            if m.is_dir() {
-                stack.push(p);
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn user_1000_changes_a_root_filled_node_modules_and_1001_reuses_a_layer_1000_filled() {
     if !can_mount() {
@@ -471,18 +433,73 @@ fn user_1000_changes_a_root_filled_node_modules_and_1001_reuses_a_layer_1000_fil
         show(&o)
     );
     runs.push(s["run"].as_str().unwrap().to_string());
-    // The npm cache's layers (filled by uid 0, then uid 1000 through the mapped overlay) hold
-    // the canonical owner 0:0 only. (node_modules layers filled by a root `npm ci` keep the
-    // tarballs' owners, e.g. 501:20; canonicalising at promote is not built yet.)
-    let owners: Vec<_> = layer_owners(&sb)
-        .into_iter()
-        .filter(|o| {
-            let tree = o.2.ancestors().find(|a| a.ends_with("tree")).unwrap();
-            tree.join("d/f").exists()
-        })
-        .collect();
+    // Every published layer — node_modules filled by a root `npm ci` (the tarballs' owners,
+    // e.g. 501:20, in the upper), the npm cache filled by uid 0 and then by uid 1000 through
+    // the mapped overlay — holds the canonical owner 0:0 only.
+    let owners = layer_owners(&sb);
     assert!(owners.len() >= 6, "{owners:?}");
     let odd: Vec<_> = owners.iter().filter(|o| (o.0, o.1) != (0, 0)).collect();
     assert!(odd.is_empty(), "{odd:?}");
     assert_nothing_left(&sb, &runs);
+}
+
+/// An engine that cannot see the run's mounts: layercache runs in a private mount namespace
+/// (`unshare -m --propagation private`), so its overlay mounts never reach dockerd's namespace
+/// and `-v` binds the empty directory below them — what a dockerd in another mount namespace
+/// without shared propagation, or a remote engine, does. The setup container's prologue finds
+/// no layercache mount at the view path: one line naming it, exit 2, nothing published, no run
+/// left.
+#[test]
+fn an_engine_that_cannot_see_the_mount_is_one_line_exit_2_and_nothing_is_published() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = image() else { return };
+    if !run_common::have_tool("unshare") {
+        return;
+    }
+    let sb = Sandbox::new();
+    sb.write_spec(
+        "spec.toml",
+        "project = \"docker-unseen\"\n[[cache]]\nid = \"s\"\nkey_files = [\"k\"]\n\
+         relocatable = true\nsetup = \"echo filled > {mount}/f\"\n",
+    );
+    let w = sb.path("ws");
+    std::fs::create_dir_all(&w).unwrap();
+    std::fs::write(w.join("k"), "1").unwrap();
+    let inner = docker_run(&sb, &w, &image, &[], "true");
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private"])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let view = sb.path("cache/s");
+    assert!(
+        err.contains("cannot see the cache mount") && err.contains(&*view.to_string_lossy()),
+        "{err}"
+    );
+    let project = sb.path("store/v1/projects/docker-unseen");
+    let keys = std::fs::read_dir(project.join("caches/s/keys")).map_or(0, |d| d.count());
+    assert_eq!(keys, 0, "nothing published");
+    assert!(sb.ls().is_empty(), "no layer");
+    let runs = std::fs::read_dir(project.join("runs")).map_or(0, |d| d.count());
+    assert_eq!(runs, 0, "no run left");
+    let fills = std::fs::read_dir(project.join("caches/s/fills")).map_or(0, |d| d.count());
+    assert_eq!(fills, 0, "no fill lock left");
+    assert!(sb.mounts_below().is_empty());
+    // The same spec with the engine seeing the mount fills and publishes it.
+    let script = format!("cat {}/f", view.display());
+    let o = docker_run(&sb, &w, &image, &[], &script).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).ends_with("filled\n"),
+        "{}",
+        show(&o)
+    );
+    assert_eq!(result(&o).1, "miss");
+    assert_nothing_left(&sb, &[result(&o).0]);
 }

@@ -71,7 +71,7 @@ pub fn field_error(text: &str, msg: &str) -> FieldError {
 }
 
 fn is_field_path(s: &str) -> bool {
-    if s == "project" {
+    if s == "project" || s == "user" {
         return true;
     }
     let Some(rest) = s.strip_prefix("cache[") else {
@@ -94,11 +94,8 @@ fn field_line(text: &str, field: &str) -> Option<usize> {
             .is_some_and(|r| r.trim_start().starts_with('='))
     };
     let lines: Vec<&str> = text.lines().collect();
-    if field == "project" {
-        return lines
-            .iter()
-            .position(|l| key_at(l, "project"))
-            .map(|i| i + 1);
+    if field == "project" || field == "user" {
+        return lines.iter().position(|l| key_at(l, field)).map(|i| i + 1);
     }
     let rest = field.strip_prefix("cache[")?;
     let (n, key) = rest.split_once("].")?;
@@ -331,6 +328,11 @@ mod tests {
             panic!()
         };
         assert_eq!((errs[0].field.as_str(), errs[0].line), ("spec", Some(1)));
+        let AppError::Invalid(errs) = validate("project = \"p\"\nuser = \"a b\"\n").unwrap_err()
+        else {
+            panic!()
+        };
+        assert_eq!((errs[0].field.as_str(), errs[0].line), ("user", Some(2)));
     }
 
     #[test]

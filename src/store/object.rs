@@ -398,8 +398,17 @@ impl ObjectStore {
 ///
 /// Errors: [`crate::Error::Io`] naming `dst`.
 pub fn copy_metadata(src: &Path, dst: &Path) -> Result<()> {
+    copy_metadata_owned(src, dst, None)
+}
+
+/// [`copy_metadata`], with `owner` `(uid, gid)` instead of `src`'s when given (promotion's
+/// canonical owner, [`super::promote::canonical_owner`]).
+///
+/// Errors: [`crate::Error::Io`] naming `dst` (`EPERM` when the owner cannot be set).
+pub fn copy_metadata_owned(src: &Path, dst: &Path, owner: Option<(u32, u32)>) -> Result<()> {
     let meta = fs::symlink_metadata(src).at(src)?;
-    std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid())).at(dst)?;
+    let (uid, gid) = owner.unwrap_or((meta.uid(), meta.gid()));
+    std::os::unix::fs::lchown(dst, Some(uid), Some(gid)).at(dst)?;
     if !meta.file_type().is_symlink() {
         for (n, v) in content_xattrs(src).at(src)? {
             sys::set_xattr(dst, &n, &v).at(dst)?;

@@ -8,8 +8,14 @@
 //! * lower regular files (already object hardlinks) are **re-linked**, not re-hashed (re-hashed
 //!   only to find a spill copy on `EMLINK`); upper regular files are hashed and hardlinked into
 //!   `objects/` — bytes already in the store are never copied;
-//! * symlinks are recreated as symlinks (never followed); modes, owners, ns timestamps and
-//!   xattrs are kept (overlay-private xattrs are dropped);
+//! * symlinks are recreated as symlinks (never followed); modes, ns timestamps and xattrs are
+//!   kept (overlay-private xattrs are dropped);
+//! * every entry from the upper dir gets the **canonical owner** ([`canonical_owner`], 0:0 for
+//!   a root store) whatever uid filled it, so a layer filled by uid 1000 serves uid 1001 in a
+//!   later run through the overlay's `squash_to_uid`/`squash_to_gid` (issue 12; as
+//!   fuse-overlayfs's squash options, chown(2) clears set-user/group-ID bits of files); so do
+//!   the directories, symlinks and fifos built from the lower, while lower regular files are
+//!   linked as they are (a lower tree is never changed);
 //! * credential files ([`CREDENTIAL_FILES`]) are dropped and listed;
 //! * fifos are kept; sockets and device nodes are dropped and listed (a socket is meaningless
 //!   once its process is gone, and a device node has no business in a dependency cache — the
@@ -25,7 +31,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::layer::TreeCounts;
-use super::object::{ObjectStore, copy_metadata};
+use super::object::{ObjectStore, copy_metadata_owned};
 use crate::error::{IoContext, Result};
 use crate::ids::ObjectId;
 use crate::overlay::stack::{Kind, Stack};
@@ -123,6 +129,15 @@ pub fn is_credential(rel: &Path, src: &Path) -> bool {
     })
 }
 
+/// The owner `(uid, gid)` every promoted entry gets: 0:0 when promoting as root, else the
+/// promoting user's own ids (the only ones it may give).
+pub fn canonical_owner() -> (u32, u32) {
+    match rustix::process::geteuid().as_raw() {
+        0 => (0, 0),
+        uid => (uid, rustix::process::getegid().as_raw()),
+    }
+}
+
 /// What a tree build produced.
 #[derive(Clone, Debug, Default)]
 pub struct TreeStats {
@@ -163,6 +178,7 @@ pub fn build_tree(
     let in_lowers = stack.root_lowers();
     let mut b = Builder {
         objects,
+        owner: canonical_owner(),
         stats: TreeStats::default(),
         hashes,
         stack,
@@ -180,6 +196,8 @@ pub fn build_tree(
 
 struct Builder<'a> {
     objects: &'a ObjectStore,
+    /// [`canonical_owner`].
+    owner: (u32, u32),
     stats: TreeStats,
     /// Content hashes of the upper's regular files, computed in parallel before the walk.
     hashes: HashMap<PathBuf, ObjectId>,
@@ -235,7 +253,7 @@ impl Builder<'_> {
             }
         }
         if let Some(src) = src {
-            copy_metadata(&src, dst)?;
+            copy_metadata_owned(&src, dst, Some(self.owner))?;
         }
         Ok(())
     }
@@ -266,6 +284,12 @@ impl Builder<'_> {
                 false
             };
             if !linked {
+                // The upper file becomes the object: it gets the canonical owner first (the
+                // owner is part of the object's metadata tag). Lower files are never changed.
+                if from_upper && (st.st_uid, st.st_gid) != self.owner {
+                    let (uid, gid) = self.owner;
+                    std::os::unix::fs::lchown(src, Some(uid), Some(gid)).at(src)?;
+                }
                 let hash = self.hashes.get(src).copied();
                 let stored = self.objects.store_by_link_hashed(src, hash)?;
                 if stored.new {
@@ -280,11 +304,11 @@ impl Builder<'_> {
         } else if ft == libc::S_IFLNK {
             let target = fs::read_link(src).at(src)?;
             std::os::unix::fs::symlink(&target, dst).at(dst)?;
-            copy_metadata(src, dst)?;
+            copy_metadata_owned(src, dst, Some(self.owner))?;
             self.stats.counts.symlinks += 1;
         } else if ft == libc::S_IFIFO {
             sys::mkfifo(dst, st.st_mode).at(dst)?;
-            copy_metadata(src, dst)?;
+            copy_metadata_owned(src, dst, Some(self.owner))?;
             self.stats.counts.other += 1;
         } else {
             // Sockets and device nodes (whiteouts were handled by the caller).
@@ -448,13 +472,20 @@ mod tests {
     }
 
     #[test]
-    fn metadata_is_kept() {
+    fn metadata_is_kept_and_upper_owners_become_canonical() {
         let fx = fixture();
         let upper = fx.t.path().join("upper");
         write(&upper.join("d/exe"), "#!/bin/sh\n");
         let exe = upper.join("d/exe");
         std::os::unix::fs::symlink("exe", upper.join("d/ln")).unwrap();
-        std::os::unix::fs::lchown(upper.join("d/ln"), Some(1234), Some(4321)).unwrap();
+        // Filled by other users (needs root to set up; as another user only its own ids).
+        let other = match canonical_owner() {
+            (0, 0) => (1234, 4321),
+            own => own,
+        };
+        for p in [upper.join("d/ln"), exe.clone(), upper.join("d")] {
+            std::os::unix::fs::lchown(p, Some(other.0), Some(other.1)).unwrap();
+        }
         fs::set_permissions(&exe, fs::Permissions::from_mode(0o751)).unwrap();
         fs::set_permissions(upper.join("d"), fs::Permissions::from_mode(0o750)).unwrap();
         sys::set_times_nofollow(&exe, (1, 2), (499_162_800, 123_456_789)).unwrap();
@@ -477,7 +508,9 @@ mod tests {
             (0o750, 1_000_000, 5)
         );
         let l = fs::symlink_metadata(out.join("d/ln")).unwrap();
-        assert_eq!((l.uid(), l.gid()), (1234, 4321));
+        for m in [&m, &d, &l] {
+            assert_eq!((m.uid(), m.gid()), canonical_owner());
+        }
     }
 
     #[test]
