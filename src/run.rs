@@ -14,10 +14,10 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
@@ -145,171 +145,17 @@ pub struct RunConfig {
     pub user: Option<sandbox::user::RunUser>,
 }
 
-/// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
-/// handle of every mount it made (and so its leases) until it commits or unmounts it.
-pub struct StoreMounter {
-    store: crate::store::Store,
-    fill_wait: Duration,
-    mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
-    /// Ownership mapping of every mount (issue 12, `--user`).
-    squash: crate::overlay::options::Squash,
-}
-
-impl StoreMounter {
-    /// Wraps an open store; a mount waits up to `fill_wait` for another run filling the same
-    /// key.
-    pub fn new(store: crate::store::Store, fill_wait: Duration) -> Self {
-        StoreMounter {
-            store,
-            fill_wait,
-            mounts: parking_lot::Mutex::new(BTreeMap::new()),
-            squash: Default::default(),
-        }
-    }
-
-    /// Mounts every cache with this ownership mapping (`--user UID:GID`, issue 12).
-    pub fn with_squash(mut self, squash: crate::overlay::options::Squash) -> Self {
-        self.squash = squash;
-        self
-    }
-
-    /// The store.
-    pub fn store(&self) -> &crate::store::Store {
-        &self.store
-    }
-}
-
-impl Mounter for StoreMounter {
-    fn mount(
-        &self,
-        project: &ProjectId,
-        cache: &CacheId,
-        key: &CacheKey,
-        restore_keys: &[CacheKey],
-        view: &Path,
-    ) -> Result<Mounted> {
-        use crate::store::{MountRequest, MountResult};
-        let m = self.store.mount(&MountRequest {
-            project: project.clone(),
-            cache: cache.clone(),
-            key: key.clone(),
-            restore_keys: restore_keys.to_vec(),
-            fill_wait: self.fill_wait,
-            mountpoint: None,
-            owner: Some(std::process::id()),
-            squash: self.squash,
-        })?;
-        let upper = Some(m.upper(&self.store));
-        let out = m.outcome.clone();
-        self.mounts.lock().insert(view.to_path_buf(), m);
-        Ok(Mounted {
-            result: match out.result {
-                MountResult::Hit => CacheResult::Hit,
-                MountResult::Restore => CacheResult::Restore,
-                MountResult::Miss => CacheResult::Miss,
-            },
-            matched_key: out.matched_key.map(|k| k.to_string()),
-            upper,
-            bytes: out.bytes,
-            files: out.files,
-            source: out.mountpoint,
-            run: out.run,
-            pulled: out.remote,
-        })
-    }
-
-    fn commit(&self, view: &Path) -> Result<Committed> {
-        let held = self.mounts.lock().remove(view).ok_or_else(|| {
-            Error::Failed(format!("{}: no mount of this run there", view.display()))
-        })?;
-        let (out, remount) = self.store.commit_mount(held)?;
-        let remount = remount.map(|r| {
-            let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());
-            self.mounts.lock().insert(view.to_path_buf(), r);
-            at
-        });
-        if !out.dropped.is_empty() {
-            eprintln!(
-                "layercache: kept out of the layer (credentials): {}",
-                out.dropped.join(", ")
-            );
-        }
-        Ok(Committed {
-            published: out.result == crate::store::CommitResult::Published,
-            bytes: out.bytes,
-            files: out.files,
-            remount,
-            new_files: out.new_objects,
-            new_bytes: out.new_bytes,
-        })
-    }
-
-    fn umount(&self, view: &Path) -> Result<()> {
-        let Some(m) = self.mounts.lock().remove(view) else {
-            return Ok(()); // never mounted, or its commit failed and put nothing back
-        };
-        let r = match self.store.find_run_id(&m.outcome.run)? {
-            Some(sm) => self.store.umount_run(sm),
-            None => Ok(()),
-        };
-        // Once unmounted, a discarded fill's lock file goes.
-        if r.is_ok() {
-            m.end_fill();
-        }
-        r
-    }
-
-    fn check(&self, view: &Path) -> Result<()> {
-        let mounts = self.mounts.lock();
-        let Some(m) = mounts.get(view) else {
-            return Ok(());
-        };
-        let pid = m.outcome.daemon_pid;
-        // Reap it if it is our exited child, so the probe below does not see a zombie.
-        // SAFETY: non-blocking waitpid on one pid; ECHILD when it is not our child.
-        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
-        if crate::sys::pid_alive(pid) {
-            return Ok(());
-        }
-        Err(Error::Failed(format!(
-            "cache {}: its overlay mount died (daemon {pid} is gone), so what was written to it \
-             is lost; the mount was cleaned up",
-            m.outcome.cache
-        )))
-    }
-}
-
-/// A [`Mounter`] for runs that declare no caches: every operation fails.
-pub struct NoMounts;
-
-impl Mounter for NoMounts {
-    fn mount(
-        &self,
-        _: &ProjectId,
-        c: &CacheId,
-        _: &CacheKey,
-        _: &[CacheKey],
-        _: &Path,
-    ) -> Result<Mounted> {
-        Err(Error::Failed(format!("cache {c}: no store opened")))
-    }
-    fn commit(&self, view: &Path) -> Result<Committed> {
-        Err(Error::Failed(format!(
-            "{}: no store opened",
-            view.display()
-        )))
-    }
-    fn umount(&self, mp: &Path) -> Result<()> {
-        Err(Error::Failed(format!("{}: no store opened", mp.display())))
-    }
-}
-
 mod child;
+mod mounter;
 mod progress;
+mod summary;
 
 pub use child::Views;
 use child::{SignalGuard, run_child, stopped};
+pub use mounter::{NoMounts, StoreMounter};
 use progress::Progress;
+pub use summary::fmt_bytes;
+use summary::print_summary;
 
 // ---- mounts ----------------------------------------------------------------------------------
 
@@ -795,87 +641,6 @@ fn remove_excluded(mount: &Path, exclude: &[String]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The summary: one line per cache on stderr, or with `--json` one JSON object on stdout
-/// (run id, and per cache its event, view path and mount run id).
-fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
-    let mut err = std::io::stderr().lock();
-    if cfg.json {
-        let caches: Vec<serde_json::Value> = preps
-            .iter()
-            .map(|p| {
-                let mut v = serde_json::to_value(&p.event).unwrap_or_default();
-                v["view"] = serde_json::json!(p.keys.mountpoint);
-                v["mount_run"] = serde_json::json!(p.mounted.run);
-                v
-            })
-            .collect();
-        let v = serde_json::json!({
-            "run": cfg.run_id,
-            "project": cfg.spec.project.as_str(),
-            "caches": caches,
-            "prep_ms": preps.iter().map(|p| p.event.prep_ms()).sum::<u64>(),
-        });
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{v}");
-        let _ = out.flush();
-        return;
-    }
-    for p in preps {
-        let e = &p.event;
-        let mut line = format!(
-            "layercache: {} {} in {}",
-            e.cache,
-            e.result.as_str(),
-            telemetry::fmt_ms(e.prep_ms())
-        );
-        match e.result {
-            CacheResult::Hit if e.maintenance_ms > 0 => line.push_str(&format!(
-                " (maintenance {})",
-                telemetry::fmt_ms(e.maintenance_ms)
-            )),
-            CacheResult::Hit => {}
-            _ => line.push_str(&format!(
-                " (setup {}, promote {}: {} files, {}; new {} files, {})",
-                telemetry::fmt_ms(e.setup_ms),
-                telemetry::fmt_ms(e.promote_ms),
-                e.files,
-                fmt_bytes(e.bytes),
-                e.new_files,
-                fmt_bytes(e.new_bytes)
-            )),
-        }
-        if e.result == CacheResult::Restore
-            && let Some(m) = &e.matched_key
-        {
-            line.push_str(&format!(" from {m}"));
-        }
-        // issue 11: what differs from the nearest layer (its key is in --json and events).
-        let why: Vec<&str> = (e.why.iter().map(String::as_str))
-            .filter(|w| !w.starts_with("nearest layer "))
-            .collect();
-        if !why.is_empty() {
-            line.push_str(&format!("; why: {}", why.join(", ")));
-        }
-        let _ = writeln!(err, "{line}");
-    }
-}
-
-/// Formats bytes in binary units (`12.3 MiB`).
-pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
 }
 
 #[cfg(test)]
