@@ -73,7 +73,7 @@ fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
 /// `layercache key`: each cache's key, restore keys, key files and mountpoint.
 fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Result<i32> {
     let spec = crate::spec::load(&args.spec)?;
-    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    let paths = paths(&args.paths, None)?;
     if spec.caches.is_empty() {
         // Not an error (a run of such a spec just runs COMMAND), but worth saying.
         eprintln!(
@@ -214,7 +214,7 @@ fn cmd_sandbox_args(
 ) -> Result<i32> {
     let driver = crate::sandbox::Driver::parse(&args.driver)?;
     let spec = args.spec.as_deref().map(crate::spec::load).transpose()?;
-    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    let paths = paths(&args.paths, None)?;
     let mut binds = crate::sandbox::Binds {
         workdir: paths.workdir.clone(),
         workdir_view: paths.workdir_view.clone(),
@@ -281,14 +281,8 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
             args: args.docker_args.clone(),
             user: user.clone(),
         });
-    let workdir_view = match &docker {
-        Some(_) => Some(
-            args.workdir_view
-                .clone()
-                .unwrap_or_else(|| "/workspace".into()),
-        ),
-        None => args.workdir_view.clone(),
-    };
+    // Docker: the workdir is seen at a stable path by default, so path-bound trees hit.
+    let default_view = docker.as_ref().map(|_| std::path::Path::new("/workspace"));
     if docker.is_none() && !args.docker_args.is_empty() {
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
@@ -309,7 +303,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         gid: Some(gid),
     })
     .unwrap_or_default();
-    let paths = paths(&args.workdir, &args.mount_root, &workdir_view)?;
+    let paths = paths(&args.paths, default_view)?;
     let store_dir = store_root(global)?;
     let cfg = crate::run::RunConfig {
         spec,
@@ -354,16 +348,16 @@ fn absolute(what: &str, path: &std::path::Path) -> Result<std::path::PathBuf> {
 /// directory (see [`crate::spec::check_root`]).
 ///
 /// Errors: [`Error::Invalid`] naming the flag.
+/// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
+/// `default_view`), made absolute and checked ([`crate::spec::check_root`]).
 fn paths(
-    workdir_arg: &Option<std::path::PathBuf>,
-    mount_root: &std::path::Path,
-    workdir_view: &Option<std::path::PathBuf>,
+    args: &crate::cli::PathArgs,
+    default_view: Option<&std::path::Path>,
 ) -> Result<crate::spec::Paths> {
     let paths = crate::spec::Paths {
-        workdir: workdir(workdir_arg)?,
-        mount_root: absolute("--mount-root", mount_root)?,
-        workdir_view: workdir_view
-            .as_deref()
+        workdir: workdir(&args.workdir)?,
+        mount_root: absolute("--mount-root", &args.mount_root)?,
+        workdir_view: (args.workdir_view.as_deref().or(default_view))
             .map(|v| absolute("--workdir-view", v))
             .transpose()?,
     };
