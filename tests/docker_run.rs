@@ -16,25 +16,8 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use run_common::{
-    BIN, Sandbox, can_mount, json_summary, layer_owners, npm_workdir, show, skip_or_fail,
+    BIN, Sandbox, can_mount, docker_test_image, json_summary, layer_owners, npm_workdir, show,
 };
-
-/// The test image, when an engine answers and holds it; otherwise [`skip_or_fail`].
-fn image() -> Option<String> {
-    let Ok(image) = std::env::var("LAYERCACHE_TEST_IMAGE") else {
-        skip_or_fail("LAYERCACHE_TEST_IMAGE is not set (scripts/lib-docker.sh sets it)");
-        return None;
-    };
-    let ok = Command::new("docker")
-        .args(["image", "inspect", &image])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        skip_or_fail(&format!("no Docker engine with image {image}"));
-        return None;
-    }
-    Some(image)
-}
 
 const SPEC: &str = r#"project = "docker-npm"
 [[cache]]
@@ -104,7 +87,9 @@ fn npm_fixture_misses_then_hits_in_new_containers_and_four_share_the_layer() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec("spec.toml", SPEC);
     let mut runs = Vec::new();
@@ -179,7 +164,9 @@ fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec("spec.toml", SPEC);
     let w = npm_workdir(&sb, "ws");
@@ -223,7 +210,9 @@ fn sigterm_of_the_run_removes_its_container() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec(
         "spec.toml",
@@ -264,7 +253,9 @@ fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     let mp = sb.path("cache/npm");
     std::fs::create_dir_all(&mp).unwrap();
@@ -340,7 +331,9 @@ fn user_1000_changes_a_root_filled_node_modules_and_1001_reuses_a_layer_1000_fil
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec(
         "spec.toml",
@@ -454,7 +447,9 @@ fn an_engine_that_cannot_see_the_mount_is_one_line_exit_2_and_nothing_is_publish
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     if !run_common::have_tool("unshare") {
         return;
     }

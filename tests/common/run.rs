@@ -15,7 +15,9 @@ use std::process::{Command, Output};
 #[path = "mounts.rs"]
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use mounts::{BIN, assert_not_in_tree, can_mount, have_tool, run_ok, skip_or_fail};
+pub use mounts::{
+    BIN, assert_not_in_tree, can_mount, docker_test_image, have_tool, run_ok, skip_or_fail,
+};
 
 /// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
 /// it (deepest first; lazy as a last resort) before the directory is removed.
