@@ -40,7 +40,13 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Clear(args) => store_cmds::clear(&cli.global, &args),
         Command::Verify(args) => store_cmds::verify(&cli.global, &args),
         Command::Serve(args) => {
-            crate::serve::cli_serve(&cli.global, &args, store_cmds::open_existing)
+            // The flags first, then the existing store (serve never creates one).
+            let cfg = crate::serve::Config::new(&args.listen, args.token_file.as_deref())?;
+            crate::serve::serve(
+                store_cmds::open_existing(&cli.global)?,
+                cfg,
+                cli.global.json,
+            )
         }
         Command::Remote(c) => crate::remote::cmd::dispatch(&cli.global, &c),
     }

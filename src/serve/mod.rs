@@ -222,20 +222,6 @@ pub fn serve(store: Store, cfg: Config, json: bool) -> Result<i32> {
     })
 }
 
-/// `layercache serve`: validates the flags, then opens the existing store with `open_store`
-/// (the CLI's own: it never creates one), and serves.
-///
-/// Errors: see [`Config::new`], `open_store` and [`serve`].
-pub fn cli_serve(
-    global: &crate::cli::GlobalArgs,
-    args: &crate::cli::ServeArgs,
-    open_store: fn(&crate::cli::GlobalArgs) -> Result<Store>,
-) -> Result<i32> {
-    let cfg = Config::new(&args.listen, args.token_file.as_deref())?;
-    let store = open_store(global)?;
-    serve(store, cfg, global.json)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
