@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::{Committed, Mounted, Mounter};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
-use crate::telemetry::CacheResult;
 
 /// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
 /// handle of every mount it made (and so its leases) until it commits or unmounts it.
@@ -53,7 +52,7 @@ impl Mounter for StoreMounter {
         restore_keys: &[CacheKey],
         view: &Path,
     ) -> Result<Mounted> {
-        use crate::store::{MountRequest, MountResult};
+        use crate::store::MountRequest;
         let m = self.store.mount(&MountRequest {
             project: project.clone(),
             cache: cache.clone(),
@@ -68,11 +67,7 @@ impl Mounter for StoreMounter {
         let out = m.outcome.clone();
         self.mounts.lock().insert(view.to_path_buf(), m);
         Ok(Mounted {
-            result: match out.result {
-                MountResult::Hit => CacheResult::Hit,
-                MountResult::Restore => CacheResult::Restore,
-                MountResult::Miss => CacheResult::Miss,
-            },
+            result: out.result,
             matched_key: out.matched_key.map(|k| k.to_string()),
             upper,
             bytes: out.bytes,
