@@ -1,13 +1,14 @@
 //! The node table: FUSE node ids, their lookup counts and where each node lives in the layers.
 //!
-//! Node ids double as `st_ino` (fuser sends `attr.ino` as the node id), so they must be stable
-//! for the life of the mount and survive copy-up. They are derived from the identity of what a
-//! name refers to ([`IdKey`]):
+//! Node ids are the `st_ino` a name shows except for lower files with several links (which show
+//! the lower inode's identity or their recorded link group's, `OverlayFs::shown`), so they must
+//! be stable for the life of the mount and survive copy-up. They are derived from the identity
+//! of what a name refers to ([`IdKey`]):
 //! * a lower directory, or a lower non-directory with one link: `(lower layer + 1) << 56 | ino`
 //!   (deterministic, no memory needed; the same after the kernel forgets the node);
-//! * a lower non-directory with several links (the store deduplicates identical files by
-//!   hardlink, so distinct paths must stay distinct files): a hash of (parent, name) with the
-//!   top bit set ([`Nodes::path_id`]), so nothing is kept for it once the kernel forgets the
+//! * a lower non-directory with several links (each name a node of its own, as each dentry
+//!   is an inode of its own in kernel overlayfs without `index=on`, so copying one name up
+//!   breaks it from the others): a hash of (parent, name) with the top bit set ([`Nodes::path_id`]), so nothing is kept for it once the kernel forgets the
 //!   node; a hash that clashes with a live node of another path gets a counter id kept per
 //!   path instead;
 //! * anything that lives only in the upper dir: a counter id kept per upper inode number.
@@ -160,7 +161,7 @@ fn path_in(map: &HashMap<u64, Box<Node>>, id: u64) -> Option<CString> {
     CString::new(buf).ok()
 }
 
-/// Set in the ids of multiply-linked store-layer files ([`Nodes::path_id`]).
+/// Set in the ids of multiply-linked lower files ([`Nodes::path_id`]).
 const PATH_ID_BIT: u64 = 1 << 63;
 
 /// The identity a counter id is kept for (see the module docs).
@@ -357,7 +358,7 @@ impl Nodes {
         }
     }
 
-    /// The id of the multiply-linked store-layer file `name` in directory `parent`: a hash of
+    /// The id of the multiply-linked lower file `name` in directory `parent`: a hash of
     /// both, unless a live node of another path has it (then a counter id kept per path).
     pub fn path_id(&self, parent: u64, name: &OsStr) -> u64 {
         use std::hash::{Hash, Hasher};

@@ -13,6 +13,7 @@ pub mod errno;
 mod fs;
 mod handlers;
 mod inode;
+pub mod links;
 mod ops;
 pub mod options;
 mod passthrough;

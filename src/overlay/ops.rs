@@ -190,11 +190,8 @@ impl OverlayFs {
             }
             return Err(errno(e));
         }
-        let attr = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
-        let kind = self
-            .nodes
-            .peek(attr.ino.0, |n| n.kind)
-            .unwrap_or(Kind::File);
+        let (id, attr) = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
+        let kind = self.nodes.peek(id, |n| n.kind).unwrap_or(Kind::File);
         self.listings.added(parent, name, kind);
         Ok(attr)
     }
