@@ -729,9 +729,7 @@ impl OverlayFs {
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(node) = self.nodes.forget(id, n) {
             self.pt.forget(id);
-            if self.nodes.shrink_if_sparse() {
-                trim_heap();
-            }
+            self.nodes.shrink_if_sparse();
             if node.loc == Loc::Gone {
                 self.gone_dirs.lock().remove(&id);
             }
@@ -754,17 +752,6 @@ impl OverlayFs {
                 let _ = self.stack.unlink(Tree::Work, &o, false);
             }
         }
-    }
-}
-
-/// Returns freed heap memory to the system (glibc keeps the freed blocks of a million small
-/// node allocations otherwise, and the daemon's RSS would not fall after a walk of a large
-/// tree).
-fn trim_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free memory of the allocator.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
