@@ -1279,6 +1279,10 @@ fn upper_dir_is_readable_by_kernel_overlayfs() {
 #[test]
 fn lower_hardlinks_show_one_inode_until_copied_up() {
     require_root!();
+    skip_for!(
+        Impl::FuseOverlayfs,
+        "fuse-overlayfs counts a lower inode's names it has looked up as nlink (2 of 3 here)"
+    );
     let mut fx = Fixture::new(|l| {
         write(&l.join("x"), "dup");
         fs::hard_link(l.join("x"), l.join("y")).unwrap();
