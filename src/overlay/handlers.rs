@@ -171,7 +171,7 @@ impl fuser::Filesystem for OverlayFs {
             self.lookup_and_remember(parent.0, name)
         });
         match r {
-            Ok(Some(a)) => reply.entry(&TTL, &a, GEN),
+            Ok(Some((id, a))) => reply.entry_of(INodeNo(id), &TTL, &a, GEN),
             Ok(None) => reply.entry(&TTL, &negative_entry(), GEN),
             Err(e) => reply.error(e),
         }
@@ -464,15 +464,16 @@ impl fuser::Filesystem for OverlayFs {
         let dir = ino.0;
         let r = traced("readdir", dir, || {
             self.readdir_walk(dir, offset, |id, name, kind, cookie, d| {
-                let id = if id != 0 {
+                // d_ino: the inode number the entry shows (its st_ino).
+                let ino = if id != 0 {
                     id
                 } else {
                     match self.resolve(dir, d, name)? {
-                        Some(r) => r.id,
+                        Some(r) => r.shown.0,
                         None => return Ok(false),
                     }
                 };
-                Ok(reply.add(INodeNo(id), cookie, dtype(kind), name))
+                Ok(reply.add(INodeNo(ino), cookie, dtype(kind), name))
             })
         });
         match r {
@@ -501,13 +502,13 @@ impl fuser::Filesystem for OverlayFs {
                     };
                     return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
                 }
-                let a = match self.resolve(dir, d, name)? {
-                    Some(r) => self.remember(dir, name, &r),
+                let (id, a) = match self.resolve(dir, d, name)? {
+                    Some(r) => (r.id, self.remember(dir, name, &r)),
                     None => return Ok(false),
                 };
-                let full = reply.add(a.ino, cookie, name, &TTL, &a, GEN);
+                let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN);
                 if full {
-                    self.nodes.unremember(a.ino.0);
+                    self.nodes.unremember(id);
                 }
                 Ok(full)
             })

@@ -190,11 +190,8 @@ impl OverlayFs {
             }
             return Err(errno(e));
         }
-        let attr = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
-        let kind = self
-            .nodes
-            .peek(attr.ino.0, |n| n.kind)
-            .unwrap_or(Kind::File);
+        let (id, attr) = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
+        let kind = self.nodes.peek(id, |n| n.kind).unwrap_or(Kind::File);
         self.listings.added(parent, name, kind);
         Ok(attr)
     }
@@ -694,9 +691,7 @@ impl OverlayFs {
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(node) = self.nodes.forget(id, n) {
             self.pt.forget(id);
-            if self.nodes.shrink_if_sparse() {
-                trim_heap();
-            }
+            self.nodes.shrink_if_sparse();
             if node.loc == Loc::Gone {
                 self.gone_dirs.lock().remove(&id);
             }
@@ -719,17 +714,6 @@ impl OverlayFs {
                 let _ = self.stack.unlink(Tree::Work, &o, false);
             }
         }
-    }
-}
-
-/// Returns freed heap memory to the system (glibc keeps the freed blocks of a million small
-/// node allocations otherwise, and the daemon's RSS would not fall after a walk of a large
-/// tree).
-fn trim_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free memory of the allocator.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

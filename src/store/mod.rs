@@ -16,7 +16,7 @@
 //! <store>/v1/projects/<project>/         0700; nothing is shared across projects
 //!     lock                               flock: shared while publishing, exclusive for gc/clear
 //!     objects/<aa>/<blake3>-<meta>       immutable files (see object.rs)
-//!     layers/<layer-id>/{tree,manifest.json,lease,used}
+//!     layers/<layer-id>/{tree,manifest.json,links,lease,used}
 //!     caches/<cache>/keys/<key>          "<layer-id>\n", published with renameat2(NOREPLACE)
 //!     caches/<cache>/fills/<key>.lock    fill lock of a key being filled
 //!     runs/<run-id>/{upper,work,mnt,lease,run.json}   one mount's private state

@@ -8,6 +8,10 @@
 //! * lower regular files (already object hardlinks) are **re-linked**, not re-hashed (re-hashed
 //!   only to find a spill copy on `EMLINK`); upper regular files are hashed and hardlinked into
 //!   `objects/` — bytes already in the store are never copied;
+//! * files that were one inode in the merged tree (upper files linked to each other; lower
+//!   files in one of the lower layer's recorded link groups, [`super::layer::links_of_tree`])
+//!   are recorded as link groups ([`TreeStats::links`]), since in the built tree every file
+//!   is an object link and identical files share an inode whether they were links or not;
 //! * symlinks are recreated as symlinks (never followed); modes, ns timestamps and xattrs are
 //!   kept (overlay-private xattrs are dropped);
 //! * every entry from the upper dir gets the **canonical owner** ([`canonical_owner`], 0:0 for
@@ -34,6 +38,7 @@ use super::layer::TreeCounts;
 use super::object::{ObjectStore, copy_metadata_owned};
 use crate::error::{IoContext, Result};
 use crate::ids::ObjectId;
+use crate::overlay::links::LinkGroups;
 use crate::overlay::stack::{Kind, Stack};
 use crate::sys;
 
@@ -149,6 +154,18 @@ pub struct TreeStats {
     pub skipped: Vec<String>,
     /// Object paths this build created (undone if the build is abandoned).
     pub created_objects: Vec<PathBuf>,
+    /// Link groups of the built tree: regular files (relative paths) that were one inode in
+    /// the merged tree, two or more per group (see the module docs).
+    pub links: Vec<Vec<PathBuf>>,
+}
+
+/// What makes regular files of the merged tree one inode (see [`TreeStats::links`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum LinkKey {
+    /// An upper file with several links: its (st_dev, st_ino).
+    Upper(u64, u64),
+    /// A lower file in group `n` of the lower layer's recorded link groups.
+    Lower(u32),
 }
 
 /// Builds the merged tree of `lower` ⊕ `upper` at `dst` (which must not exist), storing regular
@@ -176,7 +193,16 @@ pub fn build_tree(
     let lowers: Vec<&Path> = lower.into_iter().collect();
     let stack = Stack::open_merge(upper, &lowers).at(upper.or(lower).unwrap_or(dst))?;
     let in_lowers = stack.root_lowers();
+    let lower_links = match lower {
+        Some(l) => {
+            let p = super::layer::links_of_tree(l);
+            LinkGroups::read(&p).at(&p)?
+        }
+        None => LinkGroups::default(),
+    };
     let mut b = Builder {
+        lower_links,
+        groups: HashMap::new(),
         objects,
         owner: canonical_owner(),
         stats: TreeStats::default(),
@@ -186,7 +212,13 @@ pub fn build_tree(
         lower,
     };
     match b.merge_dir(upper.is_some(), in_lowers, dst, Path::new("")) {
-        Ok(()) => Ok(b.stats),
+        Ok(()) => {
+            let mut links: Vec<Vec<PathBuf>> =
+                b.groups.into_values().filter(|g| g.len() > 1).collect();
+            links.sort();
+            b.stats.links = links;
+            Ok(b.stats)
+        }
         Err(e) => {
             undo_created_objects(&b.stats);
             Err(e)
@@ -205,6 +237,10 @@ struct Builder<'a> {
     stack: Stack,
     upper: Option<&'a Path>,
     lower: Option<&'a Path>,
+    /// The lower layer's recorded link groups.
+    lower_links: LinkGroups,
+    /// Paths of the regular files built so far, by what makes them one inode.
+    groups: HashMap<LinkKey, Vec<PathBuf>>,
 }
 
 /// Regular files below `dir` (not following symlinks); unreadable parts are skipped (the
@@ -301,6 +337,15 @@ impl Builder<'_> {
             }
             self.stats.counts.files += 1;
             self.stats.counts.bytes += st.st_size as u64;
+            let key = if from_upper {
+                (st.st_nlink > 1).then_some(LinkKey::Upper(st.st_dev, st.st_ino))
+            } else {
+                let c = sys::cstr(rel.as_os_str()).at(src)?;
+                self.lower_links.group(&c).map(|(g, _)| LinkKey::Lower(g))
+            };
+            if let Some(k) = key {
+                self.groups.entry(k).or_default().push(rel.to_path_buf());
+            }
         } else if ft == libc::S_IFLNK {
             let target = fs::read_link(src).at(src)?;
             std::os::unix::fs::symlink(&target, dst).at(dst)?;
@@ -627,5 +672,47 @@ mod tests {
             (51, 1, 9)
         );
         assert_eq!(fx.objects.list().unwrap().len(), 51);
+    }
+
+    /// Links of the merged tree are recorded (identical files that were not links are not),
+    /// and a promotion on top keeps the lower's groups minus the names copied up or removed.
+    #[test]
+    fn link_groups_are_recorded_and_carried_on() {
+        let fx = fixture();
+        let base = fx.t.path().join("base");
+        write(&base.join("a"), "same");
+        fs::hard_link(base.join("a"), base.join("b")).unwrap();
+        write(&base.join("d/c"), "same");
+        fs::hard_link(base.join("a"), base.join("d/e")).unwrap();
+        write(&base.join("f"), "other");
+        fs::hard_link(base.join("f"), base.join("g")).unwrap();
+        let v1 = fx.t.path().join("l1").join("tree");
+        fs::create_dir_all(v1.parent().unwrap()).unwrap();
+        let st = build_tree(&fx.objects, None, Some(&base), &v1).unwrap();
+        let p = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
+        assert_eq!(st.links, vec![p(&["a", "b", "d/e"]), p(&["f", "g"])]);
+        // Identical content shares the object inode either way: only the record tells.
+        assert_eq!(
+            fs::metadata(v1.join("a")).unwrap().ino(),
+            fs::metadata(v1.join("d/c")).unwrap().ino()
+        );
+        let groups: Vec<Vec<&[u8]>> = st
+            .links
+            .iter()
+            .map(|g| g.iter().map(|x| x.as_os_str().as_encoded_bytes()).collect())
+            .collect();
+        let links = super::super::layer::links_of_tree(&v1);
+        assert!(LinkGroups::write(&links, &groups).unwrap());
+        // On top: `b` was copied up (broke from its group), `g` removed, `h` linked to `f`
+        // in the merged view (both in the upper then).
+        let upper = fx.t.path().join("upper");
+        write(&upper.join("b"), "changed");
+        whiteout_at(&upper, "g");
+        write(&upper.join("f"), "other");
+        fs::hard_link(upper.join("f"), upper.join("h")).unwrap();
+        let v2 = fx.t.path().join("l2").join("tree");
+        fs::create_dir_all(v2.parent().unwrap()).unwrap();
+        let st = build_tree(&fx.objects, Some(&v1), Some(&upper), &v2).unwrap();
+        assert_eq!(st.links, vec![p(&["a", "d/e"]), p(&["f", "h"])]);
     }
 }

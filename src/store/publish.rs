@@ -5,6 +5,7 @@
 //! `layers/` and of the keys directory); a failure publishes nothing.
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -20,6 +21,7 @@ use super::{
 };
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+use crate::overlay::links::LinkGroups;
 use crate::sys;
 
 impl Store {
@@ -327,6 +329,12 @@ impl Store {
         };
         let prep = (|| -> Result<()> {
             stage.write_manifest(&manifest)?;
+            let groups: Vec<Vec<&[u8]>> = stats
+                .links
+                .iter()
+                .map(|g| g.iter().map(|p| p.as_os_str().as_bytes()).collect())
+                .collect();
+            LinkGroups::write(&stage.links_path(), &groups).at(stage.links_path())?;
             fs::File::create(stage.lease_path()).at(stage.lease_path())?;
             stage.touch_used()?;
             // One syncfs makes every new object, directory and the manifest durable.
