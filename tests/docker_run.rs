@@ -207,6 +207,20 @@ fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
 
 #[test]
 fn sigterm_of_the_run_removes_its_container() {
+    signal_of_the_run_removes_its_container("docker-sig", libc::SIGTERM);
+}
+
+/// `kill -9` of layercache itself: nothing of the run can clean up, so the container's
+/// watchdog removes it (the docker client alone would leave it running).
+#[test]
+fn kill_9_of_the_run_removes_its_container() {
+    signal_of_the_run_removes_its_container("docker-kill", libc::SIGKILL);
+}
+
+/// Runs a docker COMMAND that signals readiness and sleeps, sends the run `sig`, and checks
+/// its container goes (at once for SIGTERM; within seconds, by the watchdog, for SIGKILL) and
+/// no mount is left.
+fn signal_of_the_run_removes_its_container(project: &str, sig: i32) {
     if !can_mount() {
         return;
     }
@@ -216,8 +230,10 @@ fn sigterm_of_the_run_removes_its_container() {
     let sb = Sandbox::new();
     sb.write_spec(
         "spec.toml",
-        "project = \"docker-sig\"\n[[cache]]\nid = \"s\"\nkey_files = [\"k\"]\n\
-         relocatable = true\nsetup = \"echo filled > {mount}/f\"\n",
+        &format!(
+            "project = \"{project}\"\n[[cache]]\nid = \"s\"\nkey_files = [\"k\"]\n\
+             relocatable = true\nsetup = \"echo filled > {{mount}}/f\"\n"
+        ),
     );
     let w = sb.path("ws");
     std::fs::create_dir_all(&w).unwrap();
@@ -235,16 +251,30 @@ fn sigterm_of_the_run_removes_its_container() {
     let up = std::fs::read_to_string(w.join("ready")).unwrap();
     assert_eq!(up, "up\n");
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.id() as i32, sig) };
     let status = child.wait().unwrap();
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{out}");
     let run =
         serde_json::from_str::<serde_json::Value>(out.lines().next().unwrap()).unwrap()["run"]
             .as_str()
             .unwrap()
             .to_string();
+    if sig == libc::SIGKILL {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{out}");
+        // The watchdog polls once a second; docker rm -f then takes its time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !containers_of(&run).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        // The run's daemon ends its mount when the run dies; wait for that too.
+        while !sb.mounts_below().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    } else {
+        assert_eq!(status.code(), Some(128 + sig), "{out}");
+    }
     assert_nothing_left(&sb, &[run]);
 }
 

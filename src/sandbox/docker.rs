@@ -238,17 +238,37 @@ fn docker_output(a: &[&str]) -> Result<std::process::Output> {
 }
 
 /// The name of one container this run creates; Drop removes it (`docker rm -f NAME`, by this
-/// exact name, never by pattern) in case `--rm` did not (interrupted, client killed).
+/// exact name, never by pattern) in case `--rm` did not (interrupted, client killed). While it
+/// lives, a watchdog — a `sh` of its own process group that checks once a second that this
+/// process is alive — removes the container if this process dies without dropping the guard
+/// (`kill -9`): the docker client would keep the container running otherwise.
 #[derive(Debug)]
-pub struct Container(String);
+pub struct Container(String, Option<std::process::Child>);
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// The watchdog's script: `$1` is the pid to watch, `$2` the container.
+const WATCHDOG: &str = "while kill -0 \"$1\" 2>/dev/null; do sleep 1; done; \
+exec docker rm -f \"$2\" >/dev/null 2>&1";
+
 impl Container {
-    /// `layercache-<run_id>-<n>`, n counting this process's containers.
+    /// `layercache-<run_id>-<n>`, n counting this process's containers, with its watchdog
+    /// (none if `sh` cannot be started; then only Drop removes the container).
     pub fn new(run_id: &str) -> Container {
+        use std::os::unix::process::CommandExt;
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
-        Container(format!("layercache-{run_id}-{n}"))
+        let name = format!("layercache-{run_id}-{n}");
+        let watchdog = Command::new("sh")
+            .args(["-c", WATCHDOG, "layercache-watchdog"])
+            .arg(std::process::id().to_string())
+            .arg(&name)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .ok();
+        Container(name, watchdog)
     }
 
     /// The container's name.
@@ -259,6 +279,11 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
+        // This process removes it itself: the watchdog (ours, by its pid) is not needed.
+        if let Some(mut w) = self.1.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
         // "No such container" once --rm has removed it; nothing to report then.
         let _ = Command::new("docker")
             .args(["rm", "-f", &self.0])
@@ -285,7 +310,7 @@ mod tests {
             mounts: vec![("/s/runs/r/mnt".into(), "/cache/npm".into())],
             ..Default::default()
         };
-        let c = Container::new("r1");
+        let c = Container("layercache-r1-0".into(), None);
         let cmd = d.command(&binds, &["true".into()], &c, "r1", false);
         let w: Vec<String> = cmd
             .get_args()
@@ -303,6 +328,6 @@ mod tests {
             mountinfo_escaped(std::path::Path::new("/a b\\c")),
             "/a\\040b\\134c"
         );
-        std::mem::forget(c); // no engine in unit tests
+        std::mem::forget(c); // no engine in unit tests: nothing to remove
     }
 }
