@@ -19,7 +19,9 @@
 //!   later run through the overlay's `squash_to_uid`/`squash_to_gid` (issue 12; as
 //!   fuse-overlayfs's squash options, chown(2) clears set-user/group-ID bits of files); so do
 //!   the directories, symlinks and fifos built from the lower, while lower regular files are
-//!   linked as they are (a lower tree is never changed);
+//!   linked as they are (a lower tree is never changed); regular files from the upper lose
+//!   their set-user/group-ID bits in any case (a run as uid 1000 cannot plant a root setuid
+//!   file in a layer);
 //! * credential files ([`CREDENTIAL_FILES`]) are dropped and listed;
 //! * fifos are kept; sockets and device nodes are dropped and listed (a socket is meaningless
 //!   once its process is gone, and a device node has no business in a dependency cache — the
@@ -326,6 +328,14 @@ impl Builder<'_> {
                     let (uid, gid) = self.owner;
                     std::os::unix::fs::lchown(src, Some(uid), Some(gid)).at(src)?;
                 }
+                // No set-user/group-ID file enters a layer: with the canonical owner it would
+                // be a root setuid file that any run's user could have planted.
+                let setid = st.st_mode & (libc::S_ISUID | libc::S_ISGID);
+                if from_upper && setid != 0 {
+                    let mode = st.st_mode & 0o7777 & !setid;
+                    use std::os::unix::fs::PermissionsExt;
+                    fs::set_permissions(src, fs::Permissions::from_mode(mode)).at(src)?;
+                }
                 let hash = self.hashes.get(src).copied();
                 let stored = self.objects.store_by_link_hashed(src, hash)?;
                 if stored.new {
@@ -556,6 +566,25 @@ mod tests {
         for m in [&m, &d, &l] {
             assert_eq!((m.uid(), m.gid()), canonical_owner());
         }
+    }
+
+    /// A set-user/group-ID file from the upper, even one that already has the canonical
+    /// owner (a squashed run's files do), enters the layer without those bits.
+    #[test]
+    fn upper_files_lose_setuid_and_setgid() {
+        let fx = fixture();
+        let upper = fx.t.path().join("upper");
+        for (name, mode) in [("suid", 0o4755), ("sgid", 0o2711), ("both", 0o6750)] {
+            write(&upper.join(name), name);
+            fs::set_permissions(upper.join(name), fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let out = fx.t.path().join("out");
+        build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
+        let mode = |n: &str| fs::metadata(out.join(n)).unwrap().mode() & 0o7777;
+        assert_eq!(
+            (mode("suid"), mode("sgid"), mode("both")),
+            (0o755, 0o711, 0o750)
+        );
     }
 
     #[test]
