@@ -300,21 +300,26 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
         crate::sandbox::bwrap_user_preflight(u)?;
     }
-    let squash = match &docker {
-        Some(d) => d.preflight()?,
-        None => run_user.map(|u| (u.uid, u.gid)),
-    }
-    .map(|(uid, gid)| crate::overlay::options::Squash {
-        uid: Some(uid),
-        gid: Some(gid),
-    })
-    .unwrap_or_default();
+    // Docker: the image's id, not its name, enters the keys (with the tools in it).
+    let (image, squash) = match &docker {
+        Some(d) => {
+            let (id, ids) = d.preflight()?;
+            (Some(id), ids)
+        }
+        None => (args.image.clone(), run_user.map(|u| (u.uid, u.gid))),
+    };
+    let squash = squash
+        .map(|(uid, gid)| crate::overlay::options::Squash {
+            uid: Some(uid),
+            gid: Some(gid),
+        })
+        .unwrap_or_default();
     let paths = paths(&args.paths, default_view)?;
     let store_dir = store_root(global)?;
     let cfg = crate::run::RunConfig {
         spec,
         paths,
-        image: args.image.clone(),
+        image,
         sandbox,
         command: args.command.iter().map(std::ffi::OsString::from).collect(),
         store: store_dir.clone(),

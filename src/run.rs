@@ -126,7 +126,8 @@ pub struct RunConfig {
     pub spec: Spec,
     /// Workdir and mount root.
     pub paths: Paths,
-    /// The sandbox image id (environment fingerprint).
+    /// The sandbox image id (environment fingerprint): `--image`, or with `--sandbox docker`
+    /// the image's id from the engine (`sha256:…`), which then stands for the tools' versions.
     pub image: Option<String>,
     /// Sandbox for setup, maintenance and COMMAND.
     pub sandbox: SandboxMode,
@@ -245,7 +246,10 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         return run_command(cfg, &BTreeMap::new(), &Views::default());
     }
 
-    let env = Environment::host(cfg.image.clone());
+    let env = match (&cfg.docker, &cfg.image) {
+        (Some(_), Some(id)) => Environment::in_image(id.clone()),
+        _ => Environment::host(cfg.image.clone()),
+    };
     let mut all_keys = Vec::new();
     for cache in &cfg.spec.caches {
         all_keys.push(key::compute(cache, &cfg.paths, &env)?);

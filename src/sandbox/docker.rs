@@ -51,11 +51,12 @@ fn first_line(out: &std::process::Output) -> String {
 impl Docker {
     /// Checks, before anything is mounted, that a Docker engine answers, that it holds the
     /// image, and that `--user` names a user of the image (a numeric `UID[:GID]` always does).
-    /// Returns the `(uid, gid)` `--user` runs as in the image (`id -u`, `id -g` there).
+    /// Returns the image's id (`sha256:…`, what the keys fingerprint: a rebuilt tag is another
+    /// environment) and the `(uid, gid)` `--user` runs as in the image (`id -u`, `id -g` there).
     ///
     /// Errors: [`Error::Invalid`] (exit 2) naming `--sandbox docker` (no client or no engine,
     /// with `DOCKER_HOST`), `--image` or `--user`.
-    pub fn preflight(&self) -> Result<Option<(u32, u32)>> {
+    pub fn preflight(&self) -> Result<(String, Option<(u32, u32)>)> {
         if self.image.is_empty() {
             return Err(Error::invalid(
                 "--sandbox docker needs --image IMAGE (an image the Docker engine holds)",
@@ -84,6 +85,7 @@ impl Docker {
                 self.image
             )));
         }
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if let Some(user) = &self.user {
             super::user::check_syntax(user)?;
             let out = docker_output(&[
@@ -108,14 +110,14 @@ impl Docker {
             let text = String::from_utf8_lossy(&out.stdout);
             let ids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
             if let [uid, gid] = ids[..] {
-                return Ok(Some((uid, gid)));
+                return Ok((id, Some((uid, gid))));
             }
             return Err(Error::Failed(format!(
                 "--user {user}: `id -u; id -g` in image {} printed {text:?}",
                 self.image
             )));
         }
-        Ok(None)
+        Ok((id, None))
     }
 
     /// A `docker run` command for `argv` in a new container `name` (see [`Container`]) of this
