@@ -316,6 +316,25 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         .unwrap_or_default();
     let paths = paths(&args.paths, default_view)?;
     let store_dir = store_root(global)?;
+    if docker.is_some() {
+        // `docker run -v SRC:DST` splits at ':': such a path would fail only at the first step.
+        let named = [
+            ("--workdir", paths.workdir.as_path()),
+            ("--mount-root", paths.mount_root.as_path()),
+            ("--workdir-view", paths.view_workdir()),
+            ("--store", store_dir.as_path()),
+        ];
+        if let Some((flag, p)) = named
+            .iter()
+            .find(|(_, p)| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&b':'))
+        {
+            return Err(Error::invalid(format!(
+                "{flag} {}: --sandbox docker cannot bind a path with ':' (docker run -v splits \
+                 at it); use a path without one",
+                p.display()
+            )));
+        }
+    }
     let cfg = crate::run::RunConfig {
         spec,
         paths,

@@ -171,8 +171,14 @@ fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
     sb.write_spec("spec.toml", SPEC);
     let w = npm_workdir(&sb, "ws");
     let bad_image = "layercache-no-such-image:1";
-    let cases: [(&str, &[&str], &str, Option<&str>); 4] = [
+    let cases: [(&str, &[&str], &str, Option<&str>); 5] = [
         ("", &[], "--image", None),
+        (
+            &image,
+            &["--workdir-view", "/work:space"],
+            "--workdir-view /work:space",
+            None,
+        ),
         (bad_image, &[], "--image", None),
         (
             &image,
