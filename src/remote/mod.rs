@@ -39,6 +39,7 @@ use object_store::ObjectStore;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::store::{Notice, Store};
 use config::RemoteConfig;
 pub use error::RemoteError;
 use layout::Layout;
@@ -172,11 +173,13 @@ impl Remote {
         RemoteError::from_store(&self.cfg, what, e).into()
     }
 
-    /// Prints `layercache: <msg>` on stderr the first time only (a run with a broken remote gets
-    /// one warning, not one per cache or object).
-    pub fn warn_once(&self, msg: &str) {
+    /// Sends `msg` as a [`Notice::Remote`] of `store` the first time only (a run with a broken
+    /// remote gets one warning, not one per cache or object).
+    pub fn warn_once(&self, store: &Store, msg: &str) {
         if !self.warned.swap(true, Ordering::SeqCst) {
-            eprintln!("layercache: {msg}");
+            store.notify(Notice::Remote {
+                message: msg.to_string(),
+            });
         }
     }
 
@@ -211,10 +214,11 @@ impl Remote {
         });
     }
 
-    /// Waits for the background pushes, at most `push_wait` in all; reports each on stderr
-    /// (one line) and returns how many did not finish in time (they are abandoned: the remote
-    /// then lacks those keys, never has a key without its objects).
-    pub fn wait_pushes(&self) -> usize {
+    /// Waits for the background pushes, at most `push_wait` in all; reports each as one
+    /// [`Notice::Remote`] of `store` and returns how many did not finish in time (they are
+    /// abandoned: the remote then lacks those keys, never has a key without its objects).
+    pub fn wait_pushes(&self, store: &Store) -> usize {
+        let say = |message: String| store.notify(Notice::Remote { message });
         let deadline = Instant::now() + self.cfg.push_wait;
         loop {
             let rx_ready = {
@@ -237,21 +241,21 @@ impl Remote {
                 Ok((what, r)) => {
                     self.pushes.lock().running -= 1;
                     match r {
-                        Ok(rep) => eprintln!("layercache: {}", rep.summary(&self.cfg.url)),
-                        Err(e) => eprintln!(
-                            "layercache: push of {what} to the remote failed: {e} (the run is \
-                             unaffected; `layercache remote push` retries)"
-                        ),
+                        Ok(rep) => say(rep.summary(&self.cfg.url)),
+                        Err(e) => say(format!(
+                            "push of {what} to the remote failed: {e} (the run is unaffected; \
+                             `layercache remote push` retries)"
+                        )),
                     }
                 }
                 Err(_) => {
                     let n = self.pushes.lock().running;
-                    eprintln!(
-                        "layercache: {n} push(es) to remote {} still running after {} s \
-                         (push_wait); abandoned — the remote gets no key for them",
+                    say(format!(
+                        "{n} push(es) to remote {} still running after {} s (push_wait); \
+                         abandoned — the remote gets no key for them",
                         self.cfg.url,
                         self.cfg.push_wait.as_secs()
-                    );
+                    ));
                     return n;
                 }
             }

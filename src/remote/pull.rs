@@ -466,7 +466,7 @@ impl Remote {
                 if e.is_transient() || matches!(*e, RemoteError::Denied { .. }) =>
             {
                 self.mark_unhealthy();
-                self.warn_once(&format!(
+                self.warn_once(store, &format!(
                     "{e}; going on without the remote (a local miss; nothing is pushed this run)"
                 ));
                 None
@@ -474,10 +474,12 @@ impl Remote {
             // A broken key or layer (corrupt, missing objects) or a local failure: this
             // layer is skipped, the remote stays in use (the new layer is pushed).
             Err(e) => {
-                eprintln!(
-                    "layercache: pulling {cache} key {key} from the remote failed: {e}; going \
-                     on as a local miss"
-                );
+                store.notify(crate::store::Notice::Remote {
+                    message: format!(
+                        "pulling {cache} key {key} from the remote failed: {e}; going on as a \
+                         local miss"
+                    ),
+                });
                 None
             }
         }
