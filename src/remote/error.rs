@@ -336,6 +336,16 @@ mod tests {
             "remote s3://b/p: cannot reach the server reading key k (is http://127.0.0.1:9 up?)"
         );
         assert!(e.source().is_some());
+        let slow = RemoteError::from_store(
+            &cfg("http://127.0.0.1:9"),
+            "listing",
+            http(HttpErrorKind::Timeout),
+        );
+        assert!(slow.is_transient());
+        assert_eq!(
+            slow.to_string(),
+            "remote s3://b/p: no answer within 30 s listing"
+        );
         let denied = RemoteError::from_store(
             &cfg("http://x"),
             "listing",

@@ -279,10 +279,10 @@ impl Remote {
         report.objects = plan.sizes.len() as u64;
         report.pulled_objects = plan.missing.len() as u64;
         report.pulled_bytes = plan.missing.iter().map(|(_, s)| s).sum();
-        // The tree's directories first (parents come first in the manifest), so the writers
-        // can link each file as soon as its object is in place; directories get their final
-        // metadata last (deepest first), so creating children does not disturb their times or
-        // need write permission.
+        // The tree's directories first (parents come first in the manifest; made while the
+        // downloads start), so the writers can link each file as soon as its object is in
+        // place; directories get their final metadata last (deepest first), so creating
+        // children does not disturb their times or need write permission.
         let path_of = |e: &Entry| {
             if e.path.is_empty() {
                 tree.to_path_buf()
@@ -290,12 +290,18 @@ impl Remote {
                 tree.join(&e.path)
             }
         };
-        let mut dirs = Vec::new();
-        for e in m.entries.iter().filter(|e| e.kind == Kind::Dir) {
-            let dst = path_of(e);
-            fs::create_dir(&dst).at(&dst)?;
-            dirs.push((dst, e));
-        }
+        let dirs: Vec<_> = m
+            .entries
+            .iter()
+            .filter(|e| e.kind == Kind::Dir)
+            .map(|e| (path_of(e), e))
+            .collect();
+        let make_dirs = || -> Result<()> {
+            for (d, _) in &dirs {
+                fs::create_dir(d).at(d)?;
+            }
+            Ok(())
+        };
         let packed_at = m.pack_locations()?;
         let (packed, alone): (Vec<_>, Vec<_>) = plan
             .missing
@@ -314,7 +320,7 @@ impl Remote {
         let threads = std::thread::available_parallelism()
             .map_or(2, |n| n.get() * 2)
             .clamp(2, 8);
-        let r = unpack.run(threads, |tx| {
+        let r = unpack.run(threads, make_dirs, |tx| {
             self.block_on(None, async {
                 futures::try_join!(
                     self.download_all(&pd.project, &alone, objects, &temps, tx.clone()),

@@ -210,16 +210,21 @@ impl<'a> Unpack<'a> {
         })
     }
 
-    /// Runs `threads` writers over the locally held content and then over what `download`
-    /// sends (it gets the channel's sender and returns when every download is done or one
-    /// failed). A writer's error closes the channel, which ends the downloads.
+    /// Runs `prepare` (creating the tree's directories) on a thread of its own while the
+    /// downloads start, then `threads` writers over the locally held content and over what
+    /// `download` sends (it gets the channel's sender and returns when every download is done
+    /// or one failed). A writer's or `prepare`'s error closes the channel, which ends the
+    /// downloads.
     ///
-    /// Errors: the first writer error, else the download's.
+    /// Errors: the first writer or `prepare` error, else the download's.
     pub(super) fn run(
         &self,
         threads: usize,
+        prepare: impl FnOnce() -> Result<()> + Send,
         download: impl FnOnce(tokio::sync::mpsc::Sender<Arrived>) -> Result<()>,
     ) -> Result<()> {
+        let threads = threads.max(1);
+        let ready = std::sync::Barrier::new(threads + 1);
         let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL);
         let rx = Mutex::new(rx);
         let next = AtomicUsize::new(0);
@@ -229,8 +234,15 @@ impl<'a> Unpack<'a> {
             rx.lock().close();
         };
         let downloaded = std::thread::scope(|s| {
-            for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                if let Err(e) = prepare() {
+                    fail(e);
+                }
+                ready.wait();
+            });
+            for _ in 0..threads {
                 s.spawn(|| {
+                    ready.wait(); // the tree's directories exist
                     while failed.lock().is_none() {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some((id, from)) = self.plan.local.get(i) else {
