@@ -136,9 +136,12 @@ mkdir -p benches/results
   echo "| \`run\` on an empty store until COMMAND starts (median of $RUNS: ${readies[*]} ms) | $(median "${readies[@]}") ms | |"
   echo "| version sharing 95 % of files: bytes pulled / layer bytes | $PCT % ($V2_PULLED of $LAYER_BYTES bytes, $V2_OBJECTS of $V2_TOTAL objects) | <= 10 % |"
   echo
-  echo "Phases of pull $RUNS (from its log):"
+  echo "Phases of each pull (ms, from its log: manifest fetched, planned, downloaded + objects"
+  echo "in place + files linked, tree finished, published = manifest + syncfs + rename + key):"
   echo
-  sed -n 's/.*remote::pull: /    /p' "$W/pull$RUNS.log"
+  for i in $(seq 1 "$RUNS"); do
+    echo "    pull $i: $(sed -n 's/.*remote::pull: pull: \([a-z]*\).* ms=\([0-9]*\).*/\1 \2/p' "$W/pull$i.log" | tr '\n' ' ')"
+  done
   echo
   echo "Push of version 1: $PUSH"
   echo
