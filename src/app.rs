@@ -364,7 +364,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     let status = crate::run::run(&cfg, &mounter);
     // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
     if let Some(r) = remote {
-        r.wait_pushes();
+        r.wait_pushes(mounter.store());
     }
     status
 }

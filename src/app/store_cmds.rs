@@ -127,7 +127,7 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     };
     // Remote tier: commit returns once its push (started by the publish) is done.
     if let Some(r) = store.remote() {
-        r.wait_pushes();
+        r.wait_pushes(&store);
     }
     if out.result == st::CommitResult::Exists {
         eprintln!(

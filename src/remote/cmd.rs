@@ -38,7 +38,7 @@ pub fn require(store: &Store, global: &GlobalArgs) -> Result<Arc<Remote>> {
 
 /// Runs one `remote` subcommand.
 ///
-/// Errors: [`Error::Invalid`] for bad ids or no remote; [`Error::Failed`] naming the remote.
+/// Errors: [`Error::Invalid`] for bad ids or no remote; [`crate::remote::RemoteError`] naming the remote.
 pub fn dispatch(global: &GlobalArgs, c: &RemoteCommand) -> Result<i32> {
     let root = store_root(global)?;
     let store = Store::open(Some(&root))?;
@@ -69,7 +69,7 @@ pub struct RemoteRow {
 
 /// Every key on the remote (of `project`, or all), newest first.
 ///
-/// Errors: [`Error::Failed`] naming the remote.
+/// Errors: [`crate::remote::RemoteError`] naming the remote.
 pub fn rows(store: &Store, remote: &Remote, project: Option<&ProjectId>) -> Result<Vec<RemoteRow>> {
     let mut out = remote.block_on(None, async {
         let projects = match project {

@@ -117,6 +117,12 @@ pub enum Notice {
         /// The key.
         key: CacheKey,
     },
+    /// The remote tier's news: it is skipped for this run (unreachable, slow, refusing), a
+    /// pull failed, or how a background push went. `message` is one line naming the remote.
+    Remote {
+        /// The line.
+        message: String,
+    },
     /// A commit failed and the previous mount could not be put back.
     RemountFailed {
         /// The mountpoint.
@@ -145,6 +151,7 @@ impl std::fmt::Display for Notice {
                 "the other fill of key {key} did not finish in time; filling it here too (only \
                  one of the two is published)"
             ),
+            Notice::Remote { message } => f.write_str(message),
             Notice::RemountFailed { mountpoint, error } => write!(
                 f,
                 "the commit failed and {} could not be mounted again ({error}); its files stay \
@@ -306,7 +313,8 @@ impl Store {
         self
     }
 
-    fn notify(&self, n: Notice) {
+    /// Sends `n` to the notice callback (or the log).
+    pub(crate) fn notify(&self, n: Notice) {
         match &self.notify {
             Some(f) => f(&n),
             None => tracing::info!("{n}"),

@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -296,9 +297,19 @@ impl Store {
         let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
-        let id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
-        let stage = Layer::new(&pd.staging(), id.clone());
-        mkdir_mode(&stage.dir, 0o755)?;
+        let mut id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
+        let mut stage = Layer::new(&pd.staging(), id.clone());
+        // The staging directory is ours alone: one of the asked-for id already there is a
+        // crashed or concurrent build of that layer (a pull); this build takes a fresh id.
+        match fs::DirBuilder::new().mode(0o755).create(&stage.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && spec.layer.is_some() => {
+                id = layer::new_layer_id();
+                stage = Layer::new(&pd.staging(), id.clone());
+                mkdir_mode(&stage.dir, 0o755)?;
+            }
+            Err(e) => return Err(Error::io(&stage.dir, e)),
+        }
         let objects = pd.objects();
         let built = build(&objects, &stage.tree());
         let stats = match built {
