@@ -715,6 +715,10 @@ mod tests {
         fs::hard_link(base.join("a"), base.join("d/e")).unwrap();
         write(&base.join("f"), "other");
         fs::hard_link(base.join("f"), base.join("g")).unwrap();
+        // Same bytes and same metadata (times included): one object for `a` and `d/c`.
+        for f in ["a", "d/c"] {
+            sys::set_times_nofollow(&base.join(f), (1, 0), (1_000_000, 0)).unwrap();
+        }
         let v1 = fx.t.path().join("l1").join("tree");
         fs::create_dir_all(v1.parent().unwrap()).unwrap();
         let st = build_tree(&fx.objects, None, Some(&base), &v1).unwrap();
