@@ -4,6 +4,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
+mod remote_cmds;
 pub(crate) mod store_cmds;
 
 use store_cmds::store_root;
@@ -48,7 +49,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                 cli.global.json,
             )
         }
-        Command::Remote(c) => crate::remote::cmd::dispatch(&cli.global, &c),
+        Command::Remote(c) => remote_cmds::dispatch(&cli.global, &c),
     }
 }
 

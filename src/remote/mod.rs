@@ -19,7 +19,6 @@
 //!   the mount proceeds as a local miss and one warning line says why. `remote gc` ([`gc`])
 //!   removes what an interrupted or losing push left behind.
 
-pub mod cmd;
 pub mod config;
 pub mod error;
 pub mod gc;
