@@ -3,7 +3,9 @@
 # over loopback through a real S3 server (SeaweedFS, scripts/seaweedfs.sh):
 #   1. store A fills it (`layercache run`, a miss: npm ci) and pushes it;
 #   2. pull into an empty store, RUNS times: wall time of `layercache remote pull` (targets: <= 3 s)
-#      and of a `layercache run` on an empty store until its COMMAND starts (time to ready);
+#      next to a tar restore of the same tree (`tar -xf` of the layer tree, the baseline the issue
+#      names) in the same iteration, and a `layercache run` on an empty store until its COMMAND
+#      starts (time to ready); the pull's phases (LAYERCACHE_LOG=info) of the last iteration;
 #   3. a second version sharing 95 % of the objects (every 20th file changed, committed on top of
 #      the first as a restore) pulled into a store that has the first: bytes pulled / layer bytes
 #      (target: <= 10 %).
@@ -71,16 +73,28 @@ KEY=$(ls "$A/v1/projects/bench/caches/node_modules/keys/")
 LAYER_BYTES=$(grep -o '"bytes":[0-9]*' "$A/events.jsonl" | head -1 | cut -d: -f2)
 FILES=$(grep -o '"files":[0-9]*' "$A/events.jsonl" | head -1 | cut -d: -f2)
 
-pulls=() readies=()
+# The tar baseline: the same tree as one archive on local disk, extracted without fsync.
+LAYER_DIR=$(ls -d "$A"/v1/projects/bench/layers/*/ | head -1)
+tar -C "$LAYER_DIR/tree" -cf "$W/layer.tar" .
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+pulls=() readies=() tars=()
 for i in $(seq 1 "$RUNS"); do
   B=$(store "b$i")
   sync
   t0=$(now_ms)
-  out=$(lc "$B" --json remote pull --project bench --cache node_modules "$KEY")
+  out=$(LAYERCACHE_LOG=layercache::remote::pull=info lc "$B" --json remote pull --project bench \
+    --cache node_modules "$KEY" 2>"$W/pull$i.log")
   t1=$(now_ms)
   pulls+=($((t1 - t0)))
   PULLED_BYTES=$(echo "$out" | grep -o '"pulled_bytes":[0-9]*' | cut -d: -f2)
   log "pull $i into an empty store: $((t1 - t0)) ms, $PULLED_BYTES bytes"
+  mkdir "$W/tar$i"
+  sync
+  t0=$(now_ms)
+  tar -C "$W/tar$i" -xf "$W/layer.tar"
+  t1=$(now_ms)
+  tars+=($((t1 - t0)))
+  log "tar restore $i: $((t1 - t0)) ms"
   R=$(store "r$i")
   sync
   t0=$(now_ms)
@@ -111,14 +125,23 @@ mkdir -p benches/results
 {
   echo "# Remote tier over loopback SeaweedFS ($(date -u +%Y-%m-%dT%H:%MZ), commit $COMMIT)"
   echo
-  echo "Machine: $(nproc) cores, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Machine: $(nproc) cores, load average before the pulls: $LOAD_START, at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo "Layer: npm fixture node_modules, $LAYER_BYTES bytes in $FILES files."
   echo
   echo "| what | result | target |"
   echo "|---|---|---|"
   echo "| \`remote pull\` into an empty store (median of $RUNS: ${pulls[*]} ms) | $(median "${pulls[@]}") ms | <= 3000 ms |"
+  echo "| tar restore of the same tree, same iterations (median of $RUNS: ${tars[*]} ms) | $(median "${tars[@]}") ms | |"
+  echo "| pull / tar restore (medians) | $(awk -v a="$(median "${pulls[@]}")" -v b="$(median "${tars[@]}")" 'BEGIN {printf "%.2f", a / b}') | |"
   echo "| \`run\` on an empty store until COMMAND starts (median of $RUNS: ${readies[*]} ms) | $(median "${readies[@]}") ms | |"
   echo "| version sharing 95 % of files: bytes pulled / layer bytes | $PCT % ($V2_PULLED of $LAYER_BYTES bytes, $V2_OBJECTS of $V2_TOTAL objects) | <= 10 % |"
+  echo
+  echo "Phases of each pull (ms, from its log: manifest fetched, planned, downloaded + objects"
+  echo "in place + files linked, tree finished, published = manifest + syncfs + rename + key):"
+  echo
+  for i in $(seq 1 "$RUNS"); do
+    echo "    pull $i: $(sed -n 's/.*remote::pull: pull: \([a-z]*\).* ms=\([0-9]*\).*/\1 \2/p' "$W/pull$i.log" | tr '\n' ' ')"
+  done
   echo
   echo "Push of version 1: $PUSH"
   echo

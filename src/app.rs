@@ -4,6 +4,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
+mod remote_cmds;
 pub(crate) mod store_cmds;
 
 use store_cmds::store_root;
@@ -40,14 +41,23 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Clear(args) => store_cmds::clear(&cli.global, &args),
         Command::Verify(args) => store_cmds::verify(&cli.global, &args),
         Command::Serve(args) => {
-            crate::serve::cli_serve(&cli.global, &args, store_cmds::open_existing)
+            // The flags first, then the existing store (serve never creates one).
+            let cfg = crate::serve::Config::new(&args.listen, args.token_file.as_deref())?;
+            crate::serve::serve(
+                store_cmds::open_existing(&cli.global)?,
+                cfg,
+                cli.global.json,
+            )
         }
-        Command::Remote(c) => crate::remote::cmd::dispatch(&cli.global, &c),
+        Command::Remote(c) => remote_cmds::dispatch(&cli.global, &c),
     }
 }
 
+/// Logging to stderr, filtered by `LAYERCACHE_LOG`, else `RUST_LOG` (tracing-subscriber's
+/// `EnvFilter` syntax, e.g. `debug` or `layercache::fuse=debug`), else `warn`.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LAYERCACHE_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -70,7 +80,7 @@ fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
 /// `layercache key`: each cache's key, restore keys, key files and mountpoint.
 fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Result<i32> {
     let spec = crate::spec::load(&args.spec)?;
-    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    let paths = paths(&args.paths, None)?;
     if spec.caches.is_empty() {
         // Not an error (a run of such a spec just runs COMMAND), but worth saying.
         eprintln!(
@@ -117,8 +127,8 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                     let matched = found["matched_key"].as_str().map(str::to_string);
                     found["why"] = serde_json::json!(crate::why::explain(
                         st.root(),
-                        spec.project.as_str(),
-                        k.id.as_str(),
+                        &spec.project,
+                        &k.id,
                         matched.as_deref(),
                         &k.inputs,
                     ));
@@ -211,7 +221,7 @@ fn cmd_sandbox_args(
 ) -> Result<i32> {
     let driver = crate::sandbox::Driver::parse(&args.driver)?;
     let spec = args.spec.as_deref().map(crate::spec::load).transpose()?;
-    let paths = paths(&args.workdir, &args.mount_root, &args.workdir_view)?;
+    let paths = paths(&args.paths, None)?;
     let mut binds = crate::sandbox::Binds {
         workdir: paths.workdir.clone(),
         workdir_view: paths.workdir_view.clone(),
@@ -270,49 +280,73 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     };
     // --sandbox docker (issue 12): the workdir is seen at a stable path by default, and the
     // engine, image and user are checked before anything is mounted.
+    // --user, else the spec's `user` (issue 12).
+    let user = args.user.clone().or_else(|| spec.user.clone());
     let docker =
         (sandbox == crate::run::SandboxMode::Docker).then(|| crate::sandbox::docker::Docker {
             image: args.image.clone().unwrap_or_default(),
             args: args.docker_args.clone(),
-            user: args.user.clone(),
+            user: user.clone(),
         });
-    let workdir_view = match &docker {
-        Some(_) => Some(
-            args.workdir_view
-                .clone()
-                .unwrap_or_else(|| "/workspace".into()),
-        ),
-        None => args.workdir_view.clone(),
-    };
+    // Docker: the workdir is seen at a stable path by default, so path-bound trees hit.
+    let default_view = docker.as_ref().map(|_| std::path::Path::new("/workspace"));
     if docker.is_none() && !args.docker_args.is_empty() {
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
-    if docker.is_none() && args.user.is_some() {
-        return Err(Error::invalid(
-            "--user is only implemented for --sandbox docker so far",
-        ));
+    // --sandbox none|bwrap: resolved on the host before anything is mounted.
+    let run_user = match (&docker, &user) {
+        (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u)?),
+        _ => None,
+    };
+    if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
+        crate::sandbox::bwrap_user_preflight(u)?;
     }
-    let squash = match &docker {
-        Some(d) => d.preflight()?,
-        None => None,
-    }
-    .map(|(uid, gid)| crate::overlay::options::Squash {
-        uid: Some(uid),
-        gid: Some(gid),
-    })
-    .unwrap_or_default();
-    let paths = paths(&args.workdir, &args.mount_root, &workdir_view)?;
+    // Docker: the image's id, not its name, enters the keys (with the tools in it).
+    let (image, squash) = match &docker {
+        Some(d) => {
+            let (id, ids) = d.preflight()?;
+            (Some(id), ids)
+        }
+        None => (args.image.clone(), run_user.map(|u| (u.uid, u.gid))),
+    };
+    let squash = squash
+        .map(|(uid, gid)| crate::overlay::options::Squash {
+            uid: Some(uid),
+            gid: Some(gid),
+        })
+        .unwrap_or_default();
+    let paths = paths(&args.paths, default_view)?;
     let store_dir = store_root(global)?;
+    if docker.is_some() {
+        // `docker run -v SRC:DST` splits at ':': such a path would fail only at the first step.
+        let named = [
+            ("--workdir", paths.workdir.as_path()),
+            ("--mount-root", paths.mount_root.as_path()),
+            ("--workdir-view", paths.view_workdir()),
+            ("--store", store_dir.as_path()),
+        ];
+        if let Some((flag, p)) = named
+            .iter()
+            .find(|(_, p)| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&b':'))
+        {
+            return Err(Error::invalid(format!(
+                "{flag} {}: --sandbox docker cannot bind a path with ':' (docker run -v splits \
+                 at it); use a path without one",
+                p.display()
+            )));
+        }
+    }
     let cfg = crate::run::RunConfig {
         spec,
         paths,
-        image: args.image.clone(),
+        image,
         sandbox,
         command: args.command.iter().map(std::ffi::OsString::from).collect(),
         store: store_dir.clone(),
         json: global.json,
         run_id: crate::telemetry::new_run_id(),
         docker,
+        user: run_user,
     };
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
@@ -331,7 +365,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     let status = crate::run::run(&cfg, &mounter);
     // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
     if let Some(r) = remote {
-        r.wait_pushes();
+        r.wait_pushes(mounter.store());
     }
     mounter.store().wait_background();
     status
@@ -346,16 +380,16 @@ fn absolute(what: &str, path: &std::path::Path) -> Result<std::path::PathBuf> {
 /// directory (see [`crate::spec::check_root`]).
 ///
 /// Errors: [`Error::Invalid`] naming the flag.
+/// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
+/// `default_view`), made absolute and checked ([`crate::spec::check_root`]).
 fn paths(
-    workdir_arg: &Option<std::path::PathBuf>,
-    mount_root: &std::path::Path,
-    workdir_view: &Option<std::path::PathBuf>,
+    args: &crate::cli::PathArgs,
+    default_view: Option<&std::path::Path>,
 ) -> Result<crate::spec::Paths> {
     let paths = crate::spec::Paths {
-        workdir: workdir(workdir_arg)?,
-        mount_root: absolute("--mount-root", mount_root)?,
-        workdir_view: workdir_view
-            .as_deref()
+        workdir: workdir(&args.workdir)?,
+        mount_root: absolute("--mount-root", &args.mount_root)?,
+        workdir_view: (args.workdir_view.as_deref().or(default_view))
             .map(|v| absolute("--workdir-view", v))
             .transpose()?,
     };

@@ -184,6 +184,22 @@ pub struct MountpointArg {
     pub mountpoint: PathBuf,
 }
 
+/// Where a run's paths are: the flags `run`, `key` and `sandbox-args` share.
+#[derive(Debug, Args)]
+pub struct PathArgs {
+    /// The project directory key files are read from (default: the current directory).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Where caches are mounted (`<mount-root>/<id>`); enters path-bound caches' keys.
+    #[arg(long, default_value = "/cache")]
+    pub mount_root: PathBuf,
+    /// Where setup, maintenance and COMMAND see the workdir (bound there in the run's own mount
+    /// namespace; COMMAND starts there). Path-bound caches (venv, cargo-target) key on their
+    /// view path, so per-run workspaces seen at one path share their layers.
+    #[arg(long)]
+    pub workdir_view: Option<PathBuf>,
+}
+
 /// `layercache run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -194,17 +210,9 @@ pub struct RunArgs {
     /// page or `PUT /api/v1/projects/P/spec`) instead of --spec.
     #[arg(long, conflicts_with = "spec")]
     pub project: Option<String>,
-    /// The project directory key files are read from (default: the current directory).
-    #[arg(long)]
-    pub workdir: Option<PathBuf>,
-    /// Where caches are mounted (`<mount-root>/<id>`).
-    #[arg(long, default_value = "/cache")]
-    pub mount_root: PathBuf,
-    /// Where setup, maintenance and COMMAND see the workdir (bound there in the run's own mount
-    /// namespace; COMMAND starts there). Path-bound caches (venv, cargo-target) key on their
-    /// view path, so per-run workspaces seen at one path share their layers.
-    #[arg(long)]
-    pub workdir_view: Option<PathBuf>,
+    /// Where the workdir and the caches are.
+    #[command(flatten)]
+    pub paths: PathArgs,
     /// Run setup, maintenance and COMMAND directly, inside bubblewrap, or each in a Docker
     /// container of --image (`none`, `bwrap`, `docker`; docker: the workdir is seen at
     /// --workdir-view, default /workspace).
@@ -214,8 +222,10 @@ pub struct RunArgs {
     /// (repeatable), e.g. `--docker-arg=--network=host` so setup reaches the registries.
     #[arg(long = "docker-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub docker_args: Vec<String>,
-    /// The user setup, maintenance and COMMAND run as (--sandbox docker: docker's `--user`,
-    /// `UID[:GID]` or a user of the image).
+    /// The user setup, maintenance and COMMAND run as: `UID:GID`, `UID`, `NAME` or
+    /// `NAME:GROUP` (overrides the spec's `user`). none/bwrap: resolved from this host's
+    /// passwd/group, the caches are mounted owned by that user (squash_to_uid/gid) and the
+    /// children drop to it; docker: passed to `docker run --user` (a user of the image).
     #[arg(long)]
     pub user: Option<String>,
     /// Seconds to wait for another run that is filling the same key (then hit its layer).
@@ -235,18 +245,9 @@ pub struct KeyArgs {
     /// The spec (TOML or JSON); `-` reads standard input.
     #[arg(long)]
     pub spec: String,
-    /// The project directory key files are read from (default: the current directory).
-    #[arg(long)]
-    pub workdir: Option<PathBuf>,
-    /// Where caches are seen (`<mount-root>/<id>`); enters path-bound caches' keys.
-    #[arg(long, default_value = "/cache")]
-    pub mount_root: PathBuf,
-    /// Where setup, maintenance and COMMAND see the workdir (bound there in the run's own mount
-    /// namespace; COMMAND starts there). Path-bound caches (venv, cargo-target) key on their
-    /// view path, so per-run workspaces seen at one path share their layers.
-    #[arg(long)]
-    pub workdir_view: Option<PathBuf>,
-
+    /// Where the workdir and the caches are.
+    #[command(flatten)]
+    pub paths: PathArgs,
     /// The sandbox image id that enters the key's environment fingerprint.
     #[arg(long, env = "LAYERCACHE_IMAGE")]
     pub image: Option<String>,
@@ -266,17 +267,9 @@ pub struct SandboxArgs {
     /// instead of the spec's caches at /cache/<id>.
     #[arg(long = "run", value_name = "RUN_ID")]
     pub run: Vec<String>,
-    /// The project directory key files are read from (default: the current directory).
-    #[arg(long)]
-    pub workdir: Option<PathBuf>,
-    /// Where caches are mounted (`<mount-root>/<id>`).
-    #[arg(long, default_value = "/cache")]
-    pub mount_root: PathBuf,
-    /// Where setup, maintenance and COMMAND see the workdir (bound there in the run's own mount
-    /// namespace; COMMAND starts there). Path-bound caches (venv, cargo-target) key on their
-    /// view path, so per-run workspaces seen at one path share their layers.
-    #[arg(long)]
-    pub workdir_view: Option<PathBuf>,
+    /// Where the workdir and the caches are.
+    #[command(flatten)]
+    pub paths: PathArgs,
 }
 
 /// `layercache ls`, `stats`, `verify`.

@@ -53,6 +53,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The remote tier failed (unreachable, denied, corrupt, bad configuration…); exit status 2
+    /// for bad configuration, else 1.
+    #[error(transparent)]
+    Remote(Box<crate::remote::RemoteError>),
     /// A child process (setup, maintenance, COMMAND) exited with this status; passed through.
     #[error("{what} exited with status {status}")]
     Child {
@@ -82,8 +86,15 @@ impl Error {
         match self {
             Error::Invalid(_) | Error::NotAStoreMount { .. } | Error::MountpointBusy { .. } => 2,
             Error::Io { .. } | Error::Failed(_) | Error::Unmount { .. } => 1,
+            Error::Remote(r) => r.exit_code(),
             Error::Child { status, .. } => *status,
         }
+    }
+}
+
+impl From<crate::remote::RemoteError> for Error {
+    fn from(e: crate::remote::RemoteError) -> Self {
+        Error::Remote(Box::new(e))
     }
 }
 

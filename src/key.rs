@@ -52,6 +52,9 @@ pub struct Environment {
     pub arch: String,
     /// The sandbox image id, if any.
     pub image: Option<String>,
+    /// The tools run inside `image` (`--sandbox docker`): their host versions mean nothing, the
+    /// image id stands for them.
+    tools_in_image: bool,
     versions: Mutex<BTreeMap<String, String>>,
 }
 
@@ -63,7 +66,17 @@ impl Environment {
             os: std::env::consts::OS.to_string(),
             arch: std::env::consts::ARCH.to_string(),
             image: image.filter(|i| !i.is_empty()),
+            tools_in_image: false,
             versions: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The environment of steps that run in a container of image `image_id` (`sha256:…`):
+    /// every tool's version is `in image`, and the image id fingerprints them all.
+    pub fn in_image(image_id: String) -> Self {
+        Environment {
+            tools_in_image: true,
+            ..Self::host(Some(image_id))
         }
     }
 
@@ -79,8 +92,11 @@ impl Environment {
     }
 
     /// The first line `tool --version` prints (`go version` for Go), or `none` when the tool is
-    /// missing or fails.
+    /// missing or fails; `in image` for an [`Environment::in_image`].
     pub fn tool_version(&self, tool: &str) -> String {
+        if self.tools_in_image {
+            return "in image".into();
+        }
         if let Some(v) = self.versions.lock().ok().and_then(|v| v.get(tool).cloned()) {
             return v;
         }
@@ -506,6 +522,17 @@ mod tests {
         // maintenance does not change what the layer holds
         let c = keys(&format!("{NPM}maintenance = \"true\"\n"), d.path(), None).unwrap();
         assert_eq!(a.key, c.key);
+    }
+
+    #[test]
+    fn in_an_image_the_image_id_stands_for_the_tools() {
+        let a = Environment::in_image("sha256:aa".into()).fingerprint(&["node"]);
+        assert!(a.contains("image=sha256:aa\nnode=in image\n"), "{a}");
+        let b = Environment::in_image("sha256:bb".into()).fingerprint(&["node"]);
+        assert_ne!(a, b);
+        // No host probe: a tool the host lacks is still `in image`.
+        let c = Environment::in_image("sha256:aa".into()).fingerprint(&["no-such-tool-xyz"]);
+        assert!(c.ends_with("no-such-tool-xyz=in image\n"), "{c}");
     }
 
     #[test]

@@ -7,16 +7,17 @@
 //! immutable once published) and Codex cloud environments (setup script for a fresh environment,
 //! maintenance script for a resumed cached one).
 //!
-//! Output: setup and maintenance write to stderr (their stdout too), the summary goes to stderr
-//! (`--json`: one JSON object on a line), so standard output belongs to COMMAND alone. With no
+//! Output: setup and maintenance write to stderr (their stdout too) and the summary goes to
+//! stderr, so standard output belongs to COMMAND alone — except with `--json`, where the summary
+//! is one JSON object on the first line of stdout, before COMMAND's output. With no
 //! caches declared, `run` only runs COMMAND: same stdio, same exit status, no output of its own.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
@@ -125,7 +126,8 @@ pub struct RunConfig {
     pub spec: Spec,
     /// Workdir and mount root.
     pub paths: Paths,
-    /// The sandbox image id (environment fingerprint).
+    /// The sandbox image id (environment fingerprint): `--image`, or with `--sandbox docker`
+    /// the image's id from the engine (`sha256:…`), which then stands for the tools' versions.
     pub image: Option<String>,
     /// Sandbox for setup, maintenance and COMMAND.
     pub sandbox: SandboxMode,
@@ -139,173 +141,22 @@ pub struct RunConfig {
     pub run_id: String,
     /// The image, `--docker-arg`s and `--user` of `--sandbox docker` (issue 12).
     pub docker: Option<sandbox::docker::Docker>,
-}
-
-/// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
-/// handle of every mount it made (and so its leases) until it commits or unmounts it.
-pub struct StoreMounter {
-    store: crate::store::Store,
-    fill_wait: Duration,
-    mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
-    /// Ownership mapping of every mount (issue 12, `--user`).
-    squash: crate::overlay::options::Squash,
-}
-
-impl StoreMounter {
-    /// Wraps an open store; a mount waits up to `fill_wait` for another run filling the same
-    /// key.
-    pub fn new(store: crate::store::Store, fill_wait: Duration) -> Self {
-        StoreMounter {
-            store,
-            fill_wait,
-            mounts: parking_lot::Mutex::new(BTreeMap::new()),
-            squash: Default::default(),
-        }
-    }
-
-    /// Mounts every cache with this ownership mapping (`--user UID:GID`, issue 12).
-    pub fn with_squash(mut self, squash: crate::overlay::options::Squash) -> Self {
-        self.squash = squash;
-        self
-    }
-
-    /// The store.
-    pub fn store(&self) -> &crate::store::Store {
-        &self.store
-    }
-}
-
-impl Mounter for StoreMounter {
-    fn mount(
-        &self,
-        project: &ProjectId,
-        cache: &CacheId,
-        key: &CacheKey,
-        restore_keys: &[CacheKey],
-        view: &Path,
-    ) -> Result<Mounted> {
-        use crate::store::{MountRequest, MountResult};
-        let m = self.store.mount(&MountRequest {
-            project: project.clone(),
-            cache: cache.clone(),
-            key: key.clone(),
-            restore_keys: restore_keys.to_vec(),
-            fill_wait: self.fill_wait,
-            mountpoint: None,
-            owner: Some(std::process::id()),
-            squash: self.squash,
-        })?;
-        let upper = Some(m.upper(&self.store));
-        let out = m.outcome.clone();
-        self.mounts.lock().insert(view.to_path_buf(), m);
-        Ok(Mounted {
-            result: match out.result {
-                MountResult::Hit => CacheResult::Hit,
-                MountResult::Restore => CacheResult::Restore,
-                MountResult::Miss => CacheResult::Miss,
-            },
-            matched_key: out.matched_key.map(|k| k.to_string()),
-            upper,
-            bytes: out.bytes,
-            files: out.files,
-            source: out.mountpoint,
-            run: out.run,
-            pulled: out.remote,
-        })
-    }
-
-    fn commit(&self, view: &Path) -> Result<Committed> {
-        let held = self.mounts.lock().remove(view).ok_or_else(|| {
-            Error::Failed(format!("{}: no mount of this run there", view.display()))
-        })?;
-        let (out, remount) = self.store.commit_mount(held)?;
-        let remount = remount.map(|r| {
-            let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());
-            self.mounts.lock().insert(view.to_path_buf(), r);
-            at
-        });
-        if !out.dropped.is_empty() {
-            eprintln!(
-                "layercache: kept out of the layer (credentials): {}",
-                out.dropped.join(", ")
-            );
-        }
-        Ok(Committed {
-            published: out.result == crate::store::CommitResult::Published,
-            bytes: out.bytes,
-            files: out.files,
-            remount,
-            new_files: out.new_objects,
-            new_bytes: out.new_bytes,
-        })
-    }
-
-    fn umount(&self, view: &Path) -> Result<()> {
-        let Some(m) = self.mounts.lock().remove(view) else {
-            return Ok(()); // never mounted, or its commit failed and put nothing back
-        };
-        let r = match self.store.find_run_id(&m.outcome.run)? {
-            Some(sm) => self.store.umount_run(sm),
-            None => Ok(()),
-        };
-        // Once unmounted, a discarded fill's lock file goes.
-        if r.is_ok() {
-            m.end_fill();
-        }
-        r
-    }
-
-    fn check(&self, view: &Path) -> Result<()> {
-        let mounts = self.mounts.lock();
-        let Some(m) = mounts.get(view) else {
-            return Ok(());
-        };
-        let pid = m.outcome.daemon_pid;
-        // Reap it if it is our exited child, so the probe below does not see a zombie.
-        // SAFETY: non-blocking waitpid on one pid; ECHILD when it is not our child.
-        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
-        if crate::sys::pid_alive(pid) {
-            return Ok(());
-        }
-        Err(Error::Failed(format!(
-            "cache {}: its overlay mount died (daemon {pid} is gone), so what was written to it \
-             is lost; the mount was cleaned up",
-            m.outcome.cache
-        )))
-    }
-}
-
-/// A [`Mounter`] for runs that declare no caches: every operation fails.
-pub struct NoMounts;
-
-impl Mounter for NoMounts {
-    fn mount(
-        &self,
-        _: &ProjectId,
-        c: &CacheId,
-        _: &CacheKey,
-        _: &[CacheKey],
-        _: &Path,
-    ) -> Result<Mounted> {
-        Err(Error::Failed(format!("cache {c}: no store opened")))
-    }
-    fn commit(&self, view: &Path) -> Result<Committed> {
-        Err(Error::Failed(format!(
-            "{}: no store opened",
-            view.display()
-        )))
-    }
-    fn umount(&self, mp: &Path) -> Result<()> {
-        Err(Error::Failed(format!("{}: no store opened", mp.display())))
-    }
+    /// `--sandbox none|bwrap`: the user setup, maintenance and COMMAND run as (`--user` or the
+    /// spec's `user`, resolved on the host; issue 12). `None`: layercache's own user.
+    pub user: Option<sandbox::user::RunUser>,
 }
 
 mod child;
+mod mounter;
 mod progress;
+mod summary;
 
 pub use child::Views;
 use child::{SignalGuard, run_child, stopped};
+pub use mounter::{NoMounts, StoreMounter};
 use progress::Progress;
+pub use summary::fmt_bytes;
+use summary::print_summary;
 
 // ---- mounts ----------------------------------------------------------------------------------
 
@@ -395,7 +246,10 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         return run_command(cfg, &BTreeMap::new(), &Views::default());
     }
 
-    let env = Environment::host(cfg.image.clone());
+    let env = match (&cfg.docker, &cfg.image) {
+        (Some(_), Some(id)) => Environment::in_image(id.clone()),
+        _ => Environment::host(cfg.image.clone()),
+    };
     let mut all_keys = Vec::new();
     for cache in &cfg.spec.caches {
         all_keys.push(key::compute(cache, &cfg.paths, &env)?);
@@ -456,8 +310,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
                 CacheResult::Hit => Vec::new(),
                 _ => crate::why::explain(
                     &cfg.store,
-                    cfg.spec.project.as_str(),
-                    k.id.as_str(),
+                    &cfg.spec.project,
+                    &k.id,
                     mounted.matched_key.as_deref(),
                     &k.inputs,
                 ),
@@ -546,7 +400,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             p.event.new_files = committed.new_files;
             p.event.new_bytes = committed.new_bytes;
             if committed.published {
-                let (project, id) = (cfg.spec.project.as_str(), p.keys.id.as_str());
+                let (project, id) = (&cfg.spec.project, &p.keys.id);
                 crate::why::record(&cfg.store, project, id, p.keys.key.as_str(), &p.keys.inputs);
             }
         }
@@ -627,18 +481,10 @@ fn run_script(
     label: &str,
 ) -> Result<i32> {
     let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
-    let mut cmd = match cfg.sandbox {
-        SandboxMode::None => {
-            let mut c = Command::new(&argv[0]);
-            c.args(&argv[1..]).current_dir(&cfg.paths.workdir).envs(env);
-            if !views.is_empty() {
-                views.apply(&mut c)?;
-            }
-            c
-        }
-        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &argv)?,
-        SandboxMode::Docker => return run_docker(cfg, env, views, &argv, label, true),
-    };
+    if docker(cfg) {
+        return run_docker(cfg, env, views, &argv, label, true);
+    }
+    let mut cmd = host_command(cfg, env, views, &argv, true)?;
     let stderr = std::io::stderr().as_fd_owned();
     cmd.stdin(Stdio::null());
     if let Some(fd) = stderr {
@@ -653,11 +499,57 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -
     let Some(program) = cfg.command.first() else {
         return Ok(0);
     };
-    let cmd = match cfg.sandbox {
-        SandboxMode::None => {
-            let mut c = Command::new(program);
-            c.args(&cfg.command[1..]).envs(env);
-            if !cfg.spec.caches.is_empty() {
+    if docker(cfg) {
+        let what = program.to_string_lossy().into_owned();
+        return run_docker(cfg, env, views, &cfg.command, &what, false);
+    }
+    let cwd = !cfg.spec.caches.is_empty();
+    let cmd = host_command(cfg, env, views, &cfg.command, cwd)?;
+    let group = !std::io::stdin().is_terminal();
+    run_child(cmd, &program.to_string_lossy(), group)
+}
+
+/// `argv` (not empty) run directly (`--sandbox none`: in its own mount namespace holding
+/// `views`; in the workdir when `cwd`) or inside bubblewrap, as the run's `--user` when it has
+/// one (issue 12).
+///
+/// bwrap with `--user`: the views are set up first, as root, in a private mount namespace of
+/// the bwrap process ([`Views::apply`]), which then drops to the user and runs bubblewrap
+/// unprivileged, binding each view from its view path (its source, below the store's 0700
+/// project directory, is out of that user's reach).
+///
+/// Errors: [`Error::Invalid`] for a path with a NUL byte or an empty `argv`.
+fn host_command(
+    cfg: &RunConfig,
+    env: &BTreeMap<String, String>,
+    views: &Views,
+    argv: &[OsString],
+    cwd: bool,
+) -> Result<Command> {
+    let mut cmd = match (cfg.sandbox, cfg.user) {
+        // uid 0 stays root: bwrap as root, without a user namespace of its own.
+        (SandboxMode::Bwrap, Some(user)) if user.uid != 0 => {
+            let view_wd = cfg.paths.view_workdir().to_path_buf();
+            let seen = Binds {
+                workdir: view_wd,
+                workdir_view: None,
+                tmpfs: views.mount_root.clone(),
+                mounts: (views.binds.iter())
+                    .map(|(_, v)| (v.clone(), v.clone()))
+                    .collect(),
+                env: env.clone(),
+            };
+            let mut c = sandbox::bwrap_command(&seen, argv, Some(user))?;
+            if !views.is_empty() {
+                views.apply(&mut c)?;
+            }
+            c
+        }
+        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, None)?,
+        _ => {
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]).envs(env);
+            if cwd {
                 c.current_dir(&cfg.paths.workdir);
             }
             if !views.is_empty() {
@@ -665,14 +557,11 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -
             }
             c
         }
-        SandboxMode::Bwrap => sandbox::bwrap_command(&binds(cfg, env, views), &cfg.command)?,
-        SandboxMode::Docker => {
-            let what = program.to_string_lossy().into_owned();
-            return run_docker(cfg, env, views, &cfg.command, &what, false);
-        }
     };
-    let group = !std::io::stdin().is_terminal();
-    run_child(cmd, &program.to_string_lossy(), group)
+    if let Some(user) = cfg.user {
+        user.drop_privileges(&mut cmd);
+    }
+    Ok(cmd)
 }
 
 /// Whether this run's children run in Docker containers.
@@ -710,7 +599,24 @@ fn run_docker(
         }
     }
     let group = script || !std::io::stdin().is_terminal();
-    run_child(cmd, what, group)
+    let status = run_child(cmd, what, group)?;
+    if status == sandbox::docker::UNSEEN_STATUS
+        && stopped().is_none()
+        && let Some(view) = d.unseen(
+            &binds(cfg, env, views),
+            &sandbox::docker::Container::new(&cfg.run_id),
+            &cfg.run_id,
+        )?
+    {
+        let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
+        return Err(Error::invalid(format!(
+            "--sandbox docker: the Docker engine at {host} cannot see the cache mount bound at \
+             {view} (the container got an empty directory): dockerd must run in layercache's \
+             mount namespace or one its mounts propagate to (shared bind propagation), not \
+             rootless or remote; nothing was published"
+        )));
+    }
+    Ok(status)
 }
 
 trait StderrFd {
@@ -739,87 +645,6 @@ fn remove_excluded(mount: &Path, exclude: &[String]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The summary: one line per cache on stderr, or with `--json` one JSON object on stdout
-/// (run id, and per cache its event, view path and mount run id).
-fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
-    let mut err = std::io::stderr().lock();
-    if cfg.json {
-        let caches: Vec<serde_json::Value> = preps
-            .iter()
-            .map(|p| {
-                let mut v = serde_json::to_value(&p.event).unwrap_or_default();
-                v["view"] = serde_json::json!(p.keys.mountpoint);
-                v["mount_run"] = serde_json::json!(p.mounted.run);
-                v
-            })
-            .collect();
-        let v = serde_json::json!({
-            "run": cfg.run_id,
-            "project": cfg.spec.project.as_str(),
-            "caches": caches,
-            "prep_ms": preps.iter().map(|p| p.event.prep_ms()).sum::<u64>(),
-        });
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{v}");
-        let _ = out.flush();
-        return;
-    }
-    for p in preps {
-        let e = &p.event;
-        let mut line = format!(
-            "layercache: {} {} in {}",
-            e.cache,
-            e.result.as_str(),
-            telemetry::fmt_ms(e.prep_ms())
-        );
-        match e.result {
-            CacheResult::Hit if e.maintenance_ms > 0 => line.push_str(&format!(
-                " (maintenance {})",
-                telemetry::fmt_ms(e.maintenance_ms)
-            )),
-            CacheResult::Hit => {}
-            _ => line.push_str(&format!(
-                " (setup {}, promote {}: {} files, {}; new {} files, {})",
-                telemetry::fmt_ms(e.setup_ms),
-                telemetry::fmt_ms(e.promote_ms),
-                e.files,
-                fmt_bytes(e.bytes),
-                e.new_files,
-                fmt_bytes(e.new_bytes)
-            )),
-        }
-        if e.result == CacheResult::Restore
-            && let Some(m) = &e.matched_key
-        {
-            line.push_str(&format!(" from {m}"));
-        }
-        // issue 11: what differs from the nearest layer (its key is in --json and events).
-        let why: Vec<&str> = (e.why.iter().map(String::as_str))
-            .filter(|w| !w.starts_with("nearest layer "))
-            .collect();
-        if !why.is_empty() {
-            line.push_str(&format!("; why: {}", why.join(", ")));
-        }
-        let _ = writeln!(err, "{line}");
-    }
-}
-
-/// Formats bytes in binary units (`12.3 MiB`).
-pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::process::Command;
 use crate::error::{Error, Result};
 
 pub mod docker;
+pub mod user;
 
 /// A sandbox driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,14 +111,28 @@ pub fn shell_quote(words: &[String]) -> Result<String> {
 /// `/proc` and `/tmp`, `$HOME` writable (package managers keep logs and config there), the
 /// workdir and each mount bound read-write, the env set, and the child killed with its parent.
 ///
+/// With `user` (`--user`, issue 12), bwrap runs in a user namespace of its own
+/// (`--unshare-user --uid UID --gid GID`) with the same ids inside as outside: the caller makes
+/// the bwrap process itself run as that user ([`user::RunUser::drop_privileges`]), so the
+/// sandbox's processes really are that user (unprivileged user namespaces must be allowed).
+///
 /// Errors: [`Error::Invalid`] when `argv` is empty.
-pub fn bwrap_command(binds: &Binds, argv: &[OsString]) -> Result<Command> {
+pub fn bwrap_command(
+    binds: &Binds,
+    argv: &[OsString],
+    user: Option<user::RunUser>,
+) -> Result<Command> {
     if argv.is_empty() {
         return Err(Error::invalid("sandbox: nothing to run"));
     }
     let mut cmd = Command::new("bwrap");
     cmd.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
     cmd.args(["--tmpfs", "/tmp"]);
+    if let Some(u) = user {
+        cmd.arg("--unshare-user");
+        cmd.arg("--uid").arg(u.uid.to_string());
+        cmd.arg("--gid").arg(u.gid.to_string());
+    }
     if let Some(home) = std::env::var_os("HOME").filter(|h| Path::new(h).is_dir()) {
         cmd.arg("--bind").arg(&home).arg(&home);
     }
@@ -125,6 +140,47 @@ pub fn bwrap_command(binds: &Binds, argv: &[OsString]) -> Result<Command> {
     cmd.args(["--die-with-parent", "--"]);
     cmd.args(argv);
     Ok(cmd)
+}
+
+/// Checks, before anything is mounted, that bubblewrap can run as `user` here: one
+/// `bwrap --unshare-user --uid U --gid G --ro-bind / / true` as that user (an unprivileged user
+/// namespace; see [`bwrap_command`]).
+///
+/// Errors: [`Error::Invalid`] (exit 2) naming `--user` and bubblewrap's first line (e.g. user
+/// namespaces disabled by `kernel.unprivileged_userns_clone` or AppArmor), or a missing `bwrap`.
+pub fn bwrap_user_preflight(user: user::RunUser) -> Result<()> {
+    let mut cmd = Command::new("bwrap");
+    cmd.args(["--unshare-user", "--uid", &user.uid.to_string()]);
+    cmd.args([
+        "--gid",
+        &user.gid.to_string(),
+        "--ro-bind",
+        "/",
+        "/",
+        "true",
+    ]);
+    user.drop_privileges(&mut cmd);
+    let what = format!("--user {}:{} with --sandbox bwrap", user.uid, user.gid);
+    let out = cmd
+        .output()
+        .map_err(|e| Error::invalid(format!("{what}: cannot run bwrap: {e}")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    Err(Error::invalid(format!(
+        "{what}: bubblewrap cannot run as that user here ({}): it needs unprivileged user \
+         namespaces (or use --sandbox none)",
+        if line.is_empty() {
+            out.status.to_string()
+        } else {
+            line.trim().to_string()
+        }
+    )))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! setup = "npm ci"
 //! restore_setup = "npm install --prefer-offline"  # optional: on a restore, over the old layer
 //! maintenance = "npm ci --prefer-offline"   # optional
-//! # optional overrides: key_files, restore_keys, env, mountpoint, exclude
+//! # optional overrides: key_files, restore_keys, env, mountpoint, exclude, relocatable
 //! ```
 //!
 //! Outside references: GitHub `actions/cache` (`key`, `restore-keys`: prefixes tried in order
@@ -38,6 +38,7 @@ pub use presets::{PRESETS, Preset, preset, presets_text};
 #[serde(deny_unknown_fields)]
 struct RawSpec {
     project: String,
+    user: Option<String>,
     #[serde(default, alias = "caches")]
     cache: Vec<RawCache>,
 }
@@ -67,6 +68,9 @@ pub struct Spec {
     pub project: ProjectId,
     /// The caches in declaration order; ids are unique.
     pub caches: Vec<Cache>,
+    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; issue 12),
+    /// checked for syntax here and resolved by the run; `--user` overrides it.
+    pub user: Option<String>,
 }
 
 /// One validated cache declaration, with its preset's defaults filled in.
@@ -328,169 +332,204 @@ pub fn load(source: &str) -> Result<Spec> {
         })?;
         (text, source.to_string())
     };
-    parse(&text).map_err(|e| Error::invalid(format!("spec {name}: {e}")))
+    parse_all(&text).map_err(|errors| match errors.as_slice() {
+        [one] => Error::invalid(format!("spec {name}: {one}")),
+        many => Error::invalid(format!(
+            "spec {name}: {} errors:\n  {}",
+            many.len(),
+            many.join("\n  ")
+        )),
+    })
 }
 
 /// Parses and validates a spec: JSON when the text starts with `{`, TOML otherwise.
 ///
-/// Errors: [`Error::Invalid`] whose message names the field: unknown fields, `project`,
-/// `cache[i].id` (invalid or duplicate), `cache[i].preset` (unknown),
-/// `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
-/// `cache[i].key_files` (empty),
-/// `cache[i].restore_keys`, `cache[i].env`, `cache[i].mountpoint`, `cache[i].exclude`.
+/// Errors: [`Error::Invalid`] whose message is [`parse_all`]'s messages, one per line.
 pub fn parse(text: &str) -> Result<Spec> {
-    let raw: RawSpec = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| Error::invalid(e.to_string()))?
-    } else {
-        toml::from_str(text).map_err(|e| Error::invalid(e.to_string().trim_end().to_string()))?
-    };
-    validate(raw)
+    parse_all(text).map_err(|errors| Error::invalid(errors.join("\n")))
 }
 
-fn validate(raw: RawSpec) -> Result<Spec> {
-    let project =
-        ProjectId::new(raw.project).map_err(|e| Error::invalid(format!("project: {e}")))?;
-    let mut caches: Vec<Cache> = Vec::new();
-    for (i, rc) in raw.cache.into_iter().enumerate() {
-        let field = |f: &str| format!("cache[{i}].{f}");
-        let bad = |f: &str, msg: String| Error::invalid(format!("{}: {msg}", field(f)));
-        let id = CacheId::new(rc.id).map_err(|e| bad("id", e.to_string()))?;
-        if let Some(j) = caches.iter().position(|c| c.id == id) {
-            return Err(bad(
-                "id",
-                format!("duplicate id {:?} (also cache[{j}].id)", id.as_str()),
-            ));
-        }
-        let preset = match &rc.preset {
-            None => None,
-            Some(name) => Some(preset(name).ok_or_else(|| {
-                let known: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-                bad(
-                    "preset",
-                    format!("unknown preset {name:?} (known: {})", known.join(", ")),
-                )
-            })?),
-        };
-        let setup = match (rc.setup, preset) {
-            (Some(s), _) if s.trim().is_empty() => {
-                return Err(bad("setup", "must not be empty".into()));
-            }
-            (Some(s), _) => s,
-            (None, Some(p)) => p.setup.to_string(),
-            (None, None) => {
-                return Err(bad(
-                    "setup",
-                    "missing: a cache without a preset needs a setup script".into(),
-                ));
-            }
-        };
-        let restore_setup = match (rc.restore_setup, preset) {
-            (Some(s), _) if s.trim().is_empty() => {
-                return Err(bad("restore_setup", "must not be empty".into()));
-            }
-            (Some(s), _) => Some(s),
-            // A spec's own setup is also its restore script unless it names one.
-            (None, Some(p)) if setup == p.setup => p.restore_setup.map(str::to_string),
-            (None, _) => None,
-        };
-        let maintenance = match rc.maintenance {
-            Some(m) if m.trim().is_empty() => None,
-            Some(m) => Some(m),
-            None => preset.and_then(|p| p.maintenance.map(str::to_string)),
-        };
-        let key_files_explicit = rc.key_files.is_some();
-        let key_files: Vec<String> = match rc.key_files {
-            Some(k) => k,
-            None => preset
-                .map(|p| p.key_files.iter().map(|s| s.to_string()).collect())
-                .unwrap_or_default(),
-        };
-        if key_files.is_empty() {
-            return Err(bad(
-                "key_files",
-                "missing: name at least one lockfile (or use a preset)".into(),
-            ));
-        }
-        for k in &key_files {
-            check_relative(k).map_err(|m| bad("key_files", format!("{k:?}: {m}")))?;
-        }
-        if let Some(rks) = &rc.restore_keys {
-            for rk in rks {
-                CacheKey::new(rk.clone()).map_err(|e| bad("restore_keys", e.to_string()))?;
-            }
-        }
-        let mut env: BTreeMap<String, String> = preset
-            .map(|p| {
-                p.env
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (k, v) in rc.env {
-            let valid = !k.is_empty()
-                && !k.as_bytes()[0].is_ascii_digit()
-                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !valid {
-                return Err(bad(
-                    "env",
-                    format!("{k:?} is not a valid variable name (letters, digits, _)"),
-                ));
-            }
-            env.insert(k, v);
-        }
-        let mountpoint = rc
-            .mountpoint
-            .or_else(|| preset.and_then(|p| p.mountpoint.map(str::to_string)));
-        if let Some(mp) = &mountpoint
-            && (!(mp.starts_with('/')
-                || mp.starts_with("{workdir}")
-                || mp.starts_with("{mount_root}"))
-                || mp.split('/').any(|c| c == ".."))
-        {
-            return Err(bad(
-                "mountpoint",
-                format!(
-                    "{mp:?} must be absolute or start with {{workdir}} or {{mount_root}}, without '..'"
-                ),
-            ));
-        }
-        let mut exclude: Vec<String> = preset
-            .map(|p| p.exclude.iter().map(|s| s.to_string()).collect())
-            .unwrap_or_default();
-        for x in rc.exclude {
-            check_relative(&x).map_err(|m| bad("exclude", format!("{x:?}: {m}")))?;
-            exclude.push(x);
-        }
-        check_templates(&setup).map_err(|m| bad("setup", m))?;
-        if let Some(m) = &maintenance {
-            check_templates(m).map_err(|e| bad("maintenance", e))?;
-        }
-        for (k, v) in &env {
-            check_templates(v).map_err(|m| bad("env", format!("{k}: {m}")))?;
-        }
-        if let Some(mp) = &mountpoint {
-            check_templates(mp).map_err(|m| bad("mountpoint", m))?;
-        }
-        let relocatable = rc
-            .relocatable
-            .unwrap_or_else(|| preset.is_some_and(|p| p.relocatable));
-        caches.push(Cache {
-            id,
-            preset,
-            setup,
-            restore_setup,
-            maintenance,
-            key_files,
-            key_files_explicit,
-            restore_keys: rc.restore_keys,
-            env,
-            mountpoint,
-            exclude,
-            relocatable,
-        });
+/// Parses and validates a spec like [`parse`], reporting every bad field: on error one message
+/// per problem, in spec order, each naming its field (`project: …`, `cache[i].<field>: …`; only
+/// the first bad field of each cache), or a single message for a syntax error or an unknown
+/// field (serde's text, which may span lines).
+///
+/// The fields checked: `project`, `user`, `cache[i].id` (invalid or duplicate), `cache[i].preset`
+/// (unknown), `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
+/// `cache[i].key_files` (empty), `cache[i].restore_keys`, `cache[i].env`,
+/// `cache[i].mountpoint`, `cache[i].exclude`.
+pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
+    let raw: RawSpec = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| vec![e.to_string()])?
+    } else {
+        toml::from_str(text).map_err(|e| vec![e.to_string().trim_end().to_string()])?
+    };
+    let mut errors: Vec<String> = Vec::new();
+    let project = ProjectId::new(raw.project)
+        .map_err(|e| errors.push(format!("project: {e}")))
+        .ok();
+    if let Some(u) = &raw.user
+        && let Err(e) = crate::sandbox::user::check_syntax(u)
+    {
+        errors.push(format!("user: {e}"));
     }
-    Ok(Spec { project, caches })
+    let mut caches: Vec<(usize, Cache)> = Vec::new();
+    for (i, rc) in raw.cache.into_iter().enumerate() {
+        match validate_cache(i, rc, &caches) {
+            Ok(c) => caches.push((i, c)),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    match project {
+        Some(project) if errors.is_empty() => Ok(Spec {
+            project,
+            caches: caches.into_iter().map(|(_, c)| c).collect(),
+            user: raw.user,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// Validates `cache[i]`; `before` are the valid caches declared before it with their indices
+/// (for duplicate ids).
+///
+/// Errors: [`Error::Invalid`] `cache[i].<field>: …` for its first bad field.
+fn validate_cache(i: usize, rc: RawCache, before: &[(usize, Cache)]) -> Result<Cache> {
+    let field = |f: &str| format!("cache[{i}].{f}");
+    let bad = |f: &str, msg: String| Error::invalid(format!("{}: {msg}", field(f)));
+    let id = CacheId::new(rc.id).map_err(|e| bad("id", e.to_string()))?;
+    if let Some((j, _)) = before.iter().find(|(_, c)| c.id == id) {
+        return Err(bad(
+            "id",
+            format!("duplicate id {:?} (also cache[{j}].id)", id.as_str()),
+        ));
+    }
+    let preset = match &rc.preset {
+        None => None,
+        Some(name) => Some(preset(name).ok_or_else(|| {
+            let known: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+            bad(
+                "preset",
+                format!("unknown preset {name:?} (known: {})", known.join(", ")),
+            )
+        })?),
+    };
+    let setup = match (rc.setup, preset) {
+        (Some(s), _) if s.trim().is_empty() => {
+            return Err(bad("setup", "must not be empty".into()));
+        }
+        (Some(s), _) => s,
+        (None, Some(p)) => p.setup.to_string(),
+        (None, None) => {
+            return Err(bad(
+                "setup",
+                "missing: a cache without a preset needs a setup script".into(),
+            ));
+        }
+    };
+    let restore_setup = match (rc.restore_setup, preset) {
+        (Some(s), _) if s.trim().is_empty() => {
+            return Err(bad("restore_setup", "must not be empty".into()));
+        }
+        (Some(s), _) => Some(s),
+        // A spec's own setup is also its restore script unless it names one.
+        (None, Some(p)) if setup == p.setup => p.restore_setup.map(str::to_string),
+        (None, _) => None,
+    };
+    let maintenance = match rc.maintenance {
+        Some(m) if m.trim().is_empty() => None,
+        Some(m) => Some(m),
+        None => preset.and_then(|p| p.maintenance.map(str::to_string)),
+    };
+    let key_files_explicit = rc.key_files.is_some();
+    let key_files: Vec<String> = match rc.key_files {
+        Some(k) => k,
+        None => preset
+            .map(|p| p.key_files.iter().map(|s| s.to_string()).collect())
+            .unwrap_or_default(),
+    };
+    if key_files.is_empty() {
+        return Err(bad(
+            "key_files",
+            "missing: name at least one lockfile (or use a preset)".into(),
+        ));
+    }
+    for k in &key_files {
+        check_relative(k).map_err(|m| bad("key_files", format!("{k:?}: {m}")))?;
+    }
+    if let Some(rks) = &rc.restore_keys {
+        for rk in rks {
+            CacheKey::new(rk.clone()).map_err(|e| bad("restore_keys", e.to_string()))?;
+        }
+    }
+    let mut env: BTreeMap<String, String> = preset
+        .map(|p| {
+            p.env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (k, v) in rc.env {
+        let valid = !k.is_empty()
+            && !k.as_bytes()[0].is_ascii_digit()
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid {
+            return Err(bad(
+                "env",
+                format!("{k:?} is not a valid variable name (letters, digits, _)"),
+            ));
+        }
+        env.insert(k, v);
+    }
+    let mountpoint = rc
+        .mountpoint
+        .or_else(|| preset.and_then(|p| p.mountpoint.map(str::to_string)));
+    if let Some(mp) = &mountpoint
+        && (!(mp.starts_with('/') || mp.starts_with("{workdir}") || mp.starts_with("{mount_root}"))
+            || mp.split('/').any(|c| c == ".."))
+    {
+        return Err(bad(
+            "mountpoint",
+            format!(
+                "{mp:?} must be absolute or start with {{workdir}} or {{mount_root}}, without '..'"
+            ),
+        ));
+    }
+    let mut exclude: Vec<String> = preset
+        .map(|p| p.exclude.iter().map(|s| s.to_string()).collect())
+        .unwrap_or_default();
+    for x in rc.exclude {
+        check_relative(&x).map_err(|m| bad("exclude", format!("{x:?}: {m}")))?;
+        exclude.push(x);
+    }
+    check_templates(&setup).map_err(|m| bad("setup", m))?;
+    if let Some(m) = &maintenance {
+        check_templates(m).map_err(|e| bad("maintenance", e))?;
+    }
+    for (k, v) in &env {
+        check_templates(v).map_err(|m| bad("env", format!("{k}: {m}")))?;
+    }
+    if let Some(mp) = &mountpoint {
+        check_templates(mp).map_err(|m| bad("mountpoint", m))?;
+    }
+    let relocatable = rc
+        .relocatable
+        .unwrap_or_else(|| preset.is_some_and(|p| p.relocatable));
+    Ok(Cache {
+        id,
+        preset,
+        setup,
+        restore_setup,
+        maintenance,
+        key_files,
+        key_files_explicit,
+        restore_keys: rc.restore_keys,
+        env,
+        mountpoint,
+        exclude,
+        relocatable,
+    })
 }
 
 /// A key-file or exclude pattern must be relative, without `..`, and a valid glob.
@@ -577,6 +616,15 @@ maintenance = "npm ci --prefer-offline"
         assert!(check_root("--mount-root", Path::new("/proc/1")).is_err());
         assert!(check_root("--mount-root", Path::new("/cache")).is_ok());
         assert!(check_root("--workdir", Path::new("/tmp/x y")).is_ok());
+    }
+
+    #[test]
+    fn user_is_checked_for_syntax_and_kept() {
+        let s = parse("user = \"1000:1000\"\nproject = \"p\"\n").unwrap();
+        assert_eq!(s.user.as_deref(), Some("1000:1000"));
+        assert_eq!(parse("project = \"p\"\n").unwrap().user, None);
+        let e = parse("user = \"a;b\"\nproject = \"p\"\n").unwrap_err();
+        assert!(e.to_string().starts_with("user: "), "{e}");
     }
 
     #[test]
@@ -676,6 +724,10 @@ maintenance = "npm ci --prefer-offline"
         }
         let v: serde_json::Value = serde_json::from_str(&presets_text(true)).unwrap();
         assert_eq!(v.as_array().unwrap().len(), PRESETS.len());
+        let venv = v.as_array().unwrap().iter().find(|p| p["name"] == "venv");
+        assert_eq!(venv.unwrap()["relocatable"], false);
+        let cargo = v.as_array().unwrap().iter().find(|p| p["name"] == "cargo");
+        assert!(cargo.unwrap()["exclude"].as_array().unwrap().len() > 1);
     }
 
     #[test]
@@ -707,6 +759,26 @@ maintenance = "npm ci --prefer-offline"
             assert!(m.starts_with("mountpoint -q "), "{name}: {m}");
         }
         assert!(!presets::VENV_RESTORE.contains('{') && !presets::VENV_RESTORE.contains('}'));
+    }
+
+    #[test]
+    fn every_bad_field_is_reported_in_spec_order() {
+        let text = "project = \"a/b\"\n[[cache]]\nid = \"x\"\npreset = \"nope\"\n\
+                    [[cache]]\nid = \"ok\"\npreset = \"npm\"\n\
+                    [[cache]]\nid = \"y\"\nkey_files = [\"a.lock\"]\n\
+                    [[cache]]\nid = \"ok\"\npreset = \"pip\"\n";
+        let errors = parse_all(text).unwrap_err();
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        assert!(errors[0].starts_with("project: "), "{errors:#?}");
+        assert!(errors[1].starts_with("cache[0].preset: unknown preset"));
+        assert!(errors[2].starts_with("cache[2].setup: missing"));
+        // The duplicate names the index in the spec, though an invalid cache came before it.
+        assert!(errors[3].contains("also cache[1].id"), "{errors:#?}");
+        assert_eq!(parse(text).unwrap_err().to_string(), errors.join("\n"));
+        // A syntax error is one message, however many lines serde gives it.
+        let syntax = parse_all("project = \n").unwrap_err();
+        assert_eq!(syntax.len(), 1, "{syntax:?}");
+        assert!(syntax[0].contains('\n'), "{syntax:?}");
     }
 
     #[test]

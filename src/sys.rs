@@ -6,7 +6,7 @@
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
@@ -108,82 +108,143 @@ pub fn set_times_nofollow(path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> 
     })
 }
 
+/// Where an xattr call goes: an open file, or a path whose final symlink is not followed
+/// (the `l*xattr(2)` calls). The one home of xattr syscalls (rustix underneath); callers keep
+/// their own policy (which names are private, which failures are fatal).
+#[derive(Clone, Copy, Debug)]
+pub enum Xattrs<'a> {
+    /// `f*xattr(2)` on this descriptor.
+    Fd(BorrowedFd<'a>),
+    /// `l*xattr(2)` on this path.
+    Path(&'a CStr),
+}
+
+/// The largest xattr value or name list the VFS hands out (`XATTR_SIZE_MAX`, `XATTR_LIST_MAX`),
+/// bytes.
+const XATTR_MAX: usize = 64 * 1024;
+
+impl Xattrs<'_> {
+    /// Reads the value of `name` into `buf` and returns its length; an empty `buf` only asks
+    /// the length.
+    ///
+    /// Errors: the `fgetxattr`/`lgetxattr` errno (`ENODATA` when absent, `ERANGE` when `buf`
+    /// is too small, `ENOTSUP` without xattr support).
+    pub fn get_into(self, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+        Ok(match self {
+            Xattrs::Fd(fd) => rustix::fs::fgetxattr(fd, name, buf)?,
+            Xattrs::Path(p) => rustix::fs::lgetxattr(p, name, buf)?,
+        })
+    }
+
+    /// Reads the NUL-separated name list into `buf` and returns its length; an empty `buf` only
+    /// asks the length.
+    ///
+    /// Errors: the `flistxattr`/`llistxattr` errno (`ERANGE` when `buf` is too small).
+    pub fn list_into(self, buf: &mut [u8]) -> io::Result<usize> {
+        Ok(match self {
+            Xattrs::Fd(fd) => rustix::fs::flistxattr(fd, buf)?,
+            Xattrs::Path(p) => rustix::fs::llistxattr(p, buf)?,
+        })
+    }
+
+    /// Sets `name` = `value`; `flags` are setxattr(2)'s (`XATTR_CREATE`, `XATTR_REPLACE`, or 0).
+    ///
+    /// Errors: the `fsetxattr`/`lsetxattr` errno.
+    pub fn set(self, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+        let flags = rustix::fs::XattrFlags::from_bits_retain(flags as u32);
+        match self {
+            Xattrs::Fd(fd) => rustix::fs::fsetxattr(fd, name, value, flags)?,
+            Xattrs::Path(p) => rustix::fs::lsetxattr(p, name, value, flags)?,
+        }
+        Ok(())
+    }
+
+    /// Removes `name`.
+    ///
+    /// Errors: the `fremovexattr`/`lremovexattr` errno (`ENODATA` when absent).
+    pub fn remove(self, name: &CStr) -> io::Result<()> {
+        match self {
+            Xattrs::Fd(fd) => rustix::fs::fremovexattr(fd, name)?,
+            Xattrs::Path(p) => rustix::fs::lremovexattr(p, name)?,
+        }
+        Ok(())
+    }
+
+    /// Every name, in the order the filesystem lists them; a filesystem without xattr support
+    /// (`ENOTSUP`) has none.
+    ///
+    /// Errors: as [`Xattrs::list_into`] (never `ERANGE`: the buffer grows).
+    pub fn names(self) -> io::Result<Vec<Vec<u8>>> {
+        let mut buf = vec![0u8; 1024];
+        loop {
+            match self.list_into(&mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(buf
+                        .split(|b| *b == 0)
+                        .filter(|s| !s.is_empty())
+                        .map(<[u8]>::to_vec)
+                        .collect());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ERANGE) && buf.len() < XATTR_MAX => {
+                    buf.resize(XATTR_MAX, 0)
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The whole value of `name`.
+    ///
+    /// Errors: as [`Xattrs::get_into`] (never `ERANGE`: the buffer grows).
+    pub fn value(self, name: &CStr) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; 256];
+        loop {
+            match self.get_into(name, &mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(buf);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ERANGE) && buf.len() < XATTR_MAX => {
+                    buf.resize(XATTR_MAX, 0)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// Lists the extended attribute names of `path` (not following a final symlink).
 ///
 /// Errors: the `llistxattr(2)` errno; `ENOTSUP` is reported as an empty list.
 pub fn list_xattrs(path: &Path) -> io::Result<Vec<Vec<u8>>> {
-    let c = cpath(path)?;
-    let mut buf = vec![0u8; 1024];
-    loop {
-        // SAFETY: buffer pointer/len are valid.
-        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            buf.truncate(n as usize);
-            return Ok(buf
-                .split(|b| *b == 0)
-                .filter(|s| !s.is_empty())
-                .map(<[u8]>::to_vec)
-                .collect());
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::ERANGE) => buf.resize(buf.len() * 4, 0),
-            Some(libc::ENOTSUP) => return Ok(Vec::new()),
-            _ => return Err(err),
-        }
-    }
+    Xattrs::Path(&cpath(path)?).names()
 }
 
 /// Reads the value of xattr `name` of `path` (not following a final symlink).
 ///
 /// Errors: the `lgetxattr(2)` errno (`ENODATA` when absent).
 pub fn get_xattr(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
-    let c = cpath(path)?;
-    let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let mut buf = vec![0u8; 256];
-    loop {
-        // SAFETY: valid strings and buffer.
-        let r =
-            unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if r >= 0 {
-            buf.truncate(r as usize);
-            return Ok(buf);
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::ERANGE) && buf.len() < 1 << 20 {
-            buf.resize(buf.len() * 8, 0);
-            continue;
-        }
-        return Err(err);
-    }
+    Xattrs::Path(&cpath(path)?).value(&cbytes(name)?)
 }
 
 /// Sets xattr `name` = `value` on `path` (not following a final symlink).
 ///
 /// Errors: the `lsetxattr(2)` errno.
 pub fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
-    let c = cpath(path)?;
-    let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid strings and buffer.
-    check_ok(unsafe {
-        libc::lsetxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    })
+    Xattrs::Path(&cpath(path)?).set(&cbytes(name)?, value, 0)
 }
 
 /// Removes xattr `name` from `path` (not following a final symlink).
 ///
 /// Errors: the `lremovexattr(2)` errno.
 pub fn remove_xattr(path: &Path, name: &[u8]) -> io::Result<()> {
-    let c = cpath(path)?;
-    let n = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid strings.
-    check_ok(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) })
+    Xattrs::Path(&cpath(path)?).remove(&cbytes(name)?)
+}
+
+fn cbytes(b: &[u8]) -> io::Result<CString> {
+    CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// `syncfs(2)` on the filesystem holding `path` (a directory or file).

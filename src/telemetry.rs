@@ -18,28 +18,9 @@ use crate::error::{Error, IoContext, Result};
 /// The event log's file name inside the store root.
 pub const EVENTS_FILE: &str = "events.jsonl";
 
-/// What the mount found for the key (GitHub `actions/cache`: exact hit, restore-key hit, miss).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CacheResult {
-    /// The exact key had a layer: maintenance ran (or nothing), nothing was promoted.
-    Hit,
-    /// A restore key matched an older layer: setup ran on top of it.
-    Restore,
-    /// Nothing matched: setup ran into an empty overlay.
-    Miss,
-}
-
-impl CacheResult {
-    /// `hit`, `restore` or `miss`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheResult::Hit => "hit",
-            CacheResult::Restore => "restore",
-            CacheResult::Miss => "miss",
-        }
-    }
-}
+/// What the mount found for the key (GitHub `actions/cache`: exact hit, restore-key hit, miss):
+/// the store's [`crate::store::MountResult`], under the name the events and the run use.
+pub type CacheResult = crate::store::MountResult;
 
 /// One cache's preparation in one run. Durations in milliseconds; `bytes`/`files` are the size
 /// of the published layer (or of the mounted one on a hit).

@@ -11,23 +11,21 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::ids::{CacheId, ProjectId};
+use crate::store::ProjectDirs;
+
 /// A key's inputs: input name (`key file <path>`, `setup`, `env <NAME>`, `tool <t>`, …) →
 /// value or digest.
 pub type Inputs = BTreeMap<String, String>;
 
 /// `caches/<cache>/inputs/` of `project` in the store at `store_root`.
-pub fn inputs_dir(store_root: &Path, project: &str, cache: &str) -> PathBuf {
-    store_root
-        .join("v1/projects")
-        .join(project)
-        .join("caches")
-        .join(cache)
-        .join("inputs")
+fn inputs_dir(store_root: &Path, project: &ProjectId, cache: &CacheId) -> PathBuf {
+    ProjectDirs::at(store_root, project).inputs_dir(cache)
 }
 
 /// Records the inputs of `key` (atomically: temp file + rename). Best effort: a failure is
 /// logged, since the layer itself is published already.
-pub fn record(store_root: &Path, project: &str, cache: &str, key: &str, inputs: &Inputs) {
+pub fn record(store_root: &Path, project: &ProjectId, cache: &CacheId, key: &str, inputs: &Inputs) {
     let dir = inputs_dir(store_root, project, cache);
     let write = || -> std::io::Result<()> {
         fs::create_dir_all(&dir)?;
@@ -44,8 +42,8 @@ pub fn record(store_root: &Path, project: &str, cache: &str, key: &str, inputs: 
 /// of the most recently recorded key of the cache. `None` when nothing was recorded.
 pub fn nearest(
     store_root: &Path,
-    project: &str,
-    cache: &str,
+    project: &ProjectId,
+    cache: &CacheId,
     matched: Option<&str>,
 ) -> Option<(String, Inputs)> {
     let dir = inputs_dir(store_root, project, cache);
@@ -70,8 +68,8 @@ pub fn nearest(
 /// (see [`nearest`]), prefixed by which key that is; or that there is no earlier layer.
 pub fn explain(
     store_root: &Path,
-    project: &str,
-    cache: &str,
+    project: &ProjectId,
+    cache: &CacheId,
     matched: Option<&str>,
     inputs: &Inputs,
 ) -> Vec<String> {
@@ -155,11 +153,12 @@ mod tests {
     #[test]
     fn record_then_nearest() {
         let t = tempfile::tempdir().unwrap();
-        assert!(nearest(t.path(), "p", "c", None).is_none());
-        record(t.path(), "p", "c", "k1", &inputs(&[("setup", "a")]));
-        let (k, i) = nearest(t.path(), "p", "c", None).unwrap();
+        let (p, c) = (&ProjectId::new("p").unwrap(), &CacheId::new("c").unwrap());
+        assert!(nearest(t.path(), p, c, None).is_none());
+        record(t.path(), p, c, "k1", &inputs(&[("setup", "a")]));
+        let (k, i) = nearest(t.path(), p, c, None).unwrap();
         assert_eq!((k.as_str(), i["setup"].as_str()), ("k1", "a"));
-        assert!(nearest(t.path(), "p", "c", Some("k2")).is_none());
-        assert_eq!(nearest(t.path(), "p", "c", Some("k1")).unwrap().0, "k1");
+        assert!(nearest(t.path(), p, c, Some("k2")).is_none());
+        assert_eq!(nearest(t.path(), p, c, Some("k1")).unwrap().0, "k1");
     }
 }

@@ -17,26 +17,6 @@ use std::process::{Command, Output};
 
 use common::*;
 
-/// The test image, when an engine answers and holds it; otherwise [`skip_or_fail`].
-fn image() -> Option<String> {
-    let Ok(image) = std::env::var("LAYERCACHE_TEST_IMAGE") else {
-        skip_or_fail("LAYERCACHE_TEST_IMAGE is not set (scripts/lib-docker.sh sets it)");
-        return None;
-    };
-    let ok = Command::new("docker")
-        .args(["image", "inspect", &image])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        skip_or_fail(&format!(
-            "no Docker engine with image {image} (DOCKER_HOST={:?})",
-            std::env::var("DOCKER_HOST").unwrap_or_default()
-        ));
-        return None;
-    }
-    Some(image)
-}
-
 /// A container name; Drop removes the container (`docker rm -f`) if `--rm` has not already.
 struct Container(String);
 
@@ -71,7 +51,9 @@ impl Drop for Container {
 #[test]
 fn container_reads_and_writes_a_layercache_mount_bound_with_v() {
     require_root!();
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let fx = Fixture::new(|l| {
         write(&l.join("pkg/index.js"), "module.exports = 42;\n");
         write(&l.join("pkg/README"), "lower\n");
@@ -105,7 +87,9 @@ fn container_reads_and_writes_a_layercache_mount_bound_with_v() {
 #[test]
 fn container_with_network_host_installs_from_the_npm_registry_into_a_mount() {
     require_root!();
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let fx = Fixture::new(|l| {
         write(
             &l.join("package.json"),

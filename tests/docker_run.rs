@@ -12,53 +12,18 @@
 #[path = "common/run.rs"]
 mod run_common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use run_common::{BIN, Sandbox, can_mount, json_summary, skip_or_fail};
-
-/// The test image, when an engine answers and holds it; otherwise [`skip_or_fail`].
-fn image() -> Option<String> {
-    let Ok(image) = std::env::var("LAYERCACHE_TEST_IMAGE") else {
-        skip_or_fail("LAYERCACHE_TEST_IMAGE is not set (scripts/lib-docker.sh sets it)");
-        return None;
-    };
-    let ok = Command::new("docker")
-        .args(["image", "inspect", &image])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        skip_or_fail(&format!("no Docker engine with image {image}"));
-        return None;
-    }
-    Some(image)
-}
+use run_common::{
+    BIN, Sandbox, can_mount, docker_test_image, json_summary, layer_owners, npm_workdir, show,
+};
 
 const SPEC: &str = r#"project = "docker-npm"
 [[cache]]
 id = "node_modules"
 preset = "node_modules"
 "#;
-
-fn show(o: &Output) -> String {
-    format!(
-        "{}\n--stdout--\n{}\n--stderr--\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A workdir `name` below the sandbox holding the npm fixture.
-fn npm_workdir(sb: &Sandbox, name: &str) -> PathBuf {
-    let w = sb.path(name);
-    std::fs::create_dir_all(&w).unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/npm-app");
-    for f in ["package.json", "package-lock.json"] {
-        std::fs::copy(example.join(f), w.join(f)).unwrap();
-    }
-    w
-}
 
 /// `layercache --store S --json run --spec SPEC --workdir W --sandbox docker --image I
 /// --docker-arg=--network=host [EXTRA…] -- sh -c SCRIPT` (no `--image` when `image` is empty).
@@ -122,7 +87,9 @@ fn npm_fixture_misses_then_hits_in_new_containers_and_four_share_the_layer() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec("spec.toml", SPEC);
     let mut runs = Vec::new();
@@ -197,13 +164,21 @@ fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec("spec.toml", SPEC);
     let w = npm_workdir(&sb, "ws");
     let bad_image = "layercache-no-such-image:1";
-    let cases: [(&str, &[&str], &str, Option<&str>); 4] = [
+    let cases: [(&str, &[&str], &str, Option<&str>); 5] = [
         ("", &[], "--image", None),
+        (
+            &image,
+            &["--workdir-view", "/work:space"],
+            "--workdir-view /work:space",
+            None,
+        ),
         (bad_image, &[], "--image", None),
         (
             &image,
@@ -238,15 +213,33 @@ fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
 
 #[test]
 fn sigterm_of_the_run_removes_its_container() {
+    signal_of_the_run_removes_its_container("docker-sig", libc::SIGTERM);
+}
+
+/// `kill -9` of layercache itself: nothing of the run can clean up, so the container's
+/// watchdog removes it (the docker client alone would leave it running).
+#[test]
+fn kill_9_of_the_run_removes_its_container() {
+    signal_of_the_run_removes_its_container("docker-kill", libc::SIGKILL);
+}
+
+/// Runs a docker COMMAND that signals readiness and sleeps, sends the run `sig`, and checks
+/// its container goes (at once for SIGTERM; within seconds, by the watchdog, for SIGKILL) and
+/// no mount is left.
+fn signal_of_the_run_removes_its_container(project: &str, sig: i32) {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec(
         "spec.toml",
-        "project = \"docker-sig\"\n[[cache]]\nid = \"s\"\nkey_files = [\"k\"]\n\
-         relocatable = true\nsetup = \"echo filled > {mount}/f\"\n",
+        &format!(
+            "project = \"{project}\"\n[[cache]]\nid = \"s\"\nkey_files = [\"k\"]\n\
+             relocatable = true\nsetup = \"echo filled > {{mount}}/f\"\n"
+        ),
     );
     let w = sb.path("ws");
     std::fs::create_dir_all(&w).unwrap();
@@ -264,16 +257,30 @@ fn sigterm_of_the_run_removes_its_container() {
     let up = std::fs::read_to_string(w.join("ready")).unwrap();
     assert_eq!(up, "up\n");
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.id() as i32, sig) };
     let status = child.wait().unwrap();
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{out}");
     let run =
         serde_json::from_str::<serde_json::Value>(out.lines().next().unwrap()).unwrap()["run"]
             .as_str()
             .unwrap()
             .to_string();
+    if sig == libc::SIGKILL {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{out}");
+        // The watchdog polls once a second; docker rm -f then takes its time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !containers_of(&run).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        // The run's daemon ends its mount when the run dies; wait for that too.
+        while !sb.mounts_below().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    } else {
+        assert_eq!(status.code(), Some(128 + sig), "{out}");
+    }
     assert_nothing_left(&sb, &[run]);
 }
 
@@ -282,7 +289,9 @@ fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     let mp = sb.path("cache/npm");
     std::fs::create_dir_all(&mp).unwrap();
@@ -353,32 +362,14 @@ fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--run no-such-run"));
 }
 
-/// Owners `(uid, gid)` of every entry below the published layers' trees of the sandbox.
-fn layer_owners(sb: &Sandbox) -> Vec<(u32, u32, PathBuf)> {
-    use std::os::unix::fs::MetadataExt;
-    let mut out = Vec::new();
-    let mut stack = vec![sb.path("store/v1/projects")];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            if p.components().any(|c| c.as_os_str() == "tree") {
-                out.push((m.uid(), m.gid(), p.clone()));
-            }
-            if m.is_dir() {
-                stack.push(p);
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn user_1000_changes_a_root_filled_node_modules_and_1001_reuses_a_layer_1000_filled() {
     if !can_mount() {
         return;
     }
-    let Some(image) = image() else { return };
+    let Some(image) = docker_test_image() else {
+        return;
+    };
     let sb = Sandbox::new();
     sb.write_spec(
         "spec.toml",
@@ -471,18 +462,75 @@ fn user_1000_changes_a_root_filled_node_modules_and_1001_reuses_a_layer_1000_fil
         show(&o)
     );
     runs.push(s["run"].as_str().unwrap().to_string());
-    // The npm cache's layers (filled by uid 0, then uid 1000 through the mapped overlay) hold
-    // the canonical owner 0:0 only. (node_modules layers filled by a root `npm ci` keep the
-    // tarballs' owners, e.g. 501:20; canonicalising at promote is not built yet.)
-    let owners: Vec<_> = layer_owners(&sb)
-        .into_iter()
-        .filter(|o| {
-            let tree = o.2.ancestors().find(|a| a.ends_with("tree")).unwrap();
-            tree.join("d/f").exists()
-        })
-        .collect();
+    // Every published layer — node_modules filled by a root `npm ci` (the tarballs' owners,
+    // e.g. 501:20, in the upper), the npm cache filled by uid 0 and then by uid 1000 through
+    // the mapped overlay — holds the canonical owner 0:0 only.
+    let owners = layer_owners(&sb);
     assert!(owners.len() >= 6, "{owners:?}");
     let odd: Vec<_> = owners.iter().filter(|o| (o.0, o.1) != (0, 0)).collect();
     assert!(odd.is_empty(), "{odd:?}");
     assert_nothing_left(&sb, &runs);
+}
+
+/// An engine that cannot see the run's mounts: layercache runs in a private mount namespace
+/// (`unshare -m --propagation private`), so its overlay mounts never reach dockerd's namespace
+/// and `-v` binds the empty directory below them — what a dockerd in another mount namespace
+/// without shared propagation, or a remote engine, does. The setup container's prologue finds
+/// no layercache mount at the view path: one line naming it, exit 2, nothing published, no run
+/// left.
+#[test]
+fn an_engine_that_cannot_see_the_mount_is_one_line_exit_2_and_nothing_is_published() {
+    if !can_mount() {
+        return;
+    }
+    let Some(image) = docker_test_image() else {
+        return;
+    };
+    if !run_common::have_tool("unshare") {
+        return;
+    }
+    let sb = Sandbox::new();
+    sb.write_spec(
+        "spec.toml",
+        "project = \"docker-unseen\"\n[[cache]]\nid = \"s\"\nkey_files = [\"k\"]\n\
+         relocatable = true\nsetup = \"echo filled > {mount}/f\"\n",
+    );
+    let w = sb.path("ws");
+    std::fs::create_dir_all(&w).unwrap();
+    std::fs::write(w.join("k"), "1").unwrap();
+    let inner = docker_run(&sb, &w, &image, &[], "true");
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private"])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let view = sb.path("cache/s");
+    assert!(
+        err.contains("cannot see the cache mount") && err.contains(&*view.to_string_lossy()),
+        "{err}"
+    );
+    let project = sb.path("store/v1/projects/docker-unseen");
+    let keys = std::fs::read_dir(project.join("caches/s/keys")).map_or(0, |d| d.count());
+    assert_eq!(keys, 0, "nothing published");
+    assert!(sb.ls().is_empty(), "no layer");
+    let runs = std::fs::read_dir(project.join("runs")).map_or(0, |d| d.count());
+    assert_eq!(runs, 0, "no run left");
+    let fills = std::fs::read_dir(project.join("caches/s/fills")).map_or(0, |d| d.count());
+    assert_eq!(fills, 0, "no fill lock left");
+    assert!(sb.mounts_below().is_empty());
+    // The same spec with the engine seeing the mount fills and publishes it.
+    let script = format!("cat {}/f", view.display());
+    let o = docker_run(&sb, &w, &image, &[], &script).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).ends_with("filled\n"),
+        "{}",
+        show(&o)
+    );
+    assert_eq!(result(&o).1, "miss");
+    assert_nothing_left(&sb, &[result(&o).0]);
 }

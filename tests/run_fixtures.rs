@@ -99,6 +99,15 @@ maintenance = "npm_config_offline=true unshare --net npm ci --offline --no-audit
         stdout(&first),
         format!("{}\nmounted\nfilled\n", mount.display())
     );
+    // npm's debug logs of the setup are not cache content: the preset leaves them out.
+    let layers = sb.path("store/v1/projects/npm-fixture/layers");
+    let trees: Vec<_> = std::fs::read_dir(&layers)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("tree"))
+        .collect();
+    assert_eq!(trees.len(), 1, "{trees:?}");
+    assert!(trees[0].join("_cacache").is_dir(), "{trees:?}");
+    assert!(!trees[0].join("_logs").exists(), "{trees:?}");
     // the install in the workdir is not cached by this preset: start the hit without it
     std::fs::remove_dir_all(sb.work().join("node_modules")).unwrap();
 

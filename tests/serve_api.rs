@@ -601,6 +601,14 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     let page = request(a, "GET", "/projects/web-demo", &[("Cookie", &cookie)], b"");
     assert_eq!(page.status, 200);
     assert!(page.text().contains("node_modules"), "{}", page.text());
+    // Every answer, page or error, forbids scripts, framing and sniffing.
+    for r in [&page, &wrong] {
+        let csp = r.header("content-security-policy").unwrap_or_default();
+        assert!(csp.contains("default-src 'none'"), "{csp:?}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp:?}");
+        assert_eq!(r.header("x-frame-options"), Some("DENY"));
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+    }
 
     // Clearing all of web-demo leaves other-demo's layer, though its key is one web-demo had.
     let bearer = [("Authorization", "Bearer s3cret-token-0123456789")];
@@ -657,6 +665,15 @@ fn serve_refuses_a_non_loopback_address_without_a_token() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
+    // A good token in a file others can read is refused, naming the file and the fix.
+    let open = t.path().join("open");
+    std::fs::write(&open, "s3cret-token-0123456789\n").unwrap();
+    let readable = std::os::unix::fs::PermissionsExt::from_mode(0o644);
+    std::fs::set_permissions(&open, readable).unwrap();
+    let out = lc(&["--token-file", open.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("open") && err.contains("chmod 600"), "{err}");
     // No store there: refused without creating one.
     let out = lc(&[]);
     assert_eq!(out.status.code(), Some(2));

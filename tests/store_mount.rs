@@ -214,6 +214,64 @@ fn miss_commit_hit_roundtrip() {
     mounts::assert_not_in_tree(&env.store(), "SECRET");
 }
 
+/// A layer shows the links its filled tree had, not the object links that store it: files
+/// linked in the fill are one st_ino with their nlink, identical files that were not linked
+/// stay files of their own (nlink 1); after a restore on top, a name copied up breaks from its
+/// group (kernel overlayfs's behaviour) and the next layer records what the merged view had.
+#[test]
+fn layers_show_the_links_of_the_filled_tree() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    let (_g, v) = env.mount("p1", "conda", "k1", &[], &mnt);
+    assert_eq!(v["result"], "miss", "{v}");
+    write(&mnt.join("pkgs/lib.so"), "same bytes");
+    fs::create_dir_all(mnt.join("env/lib")).unwrap();
+    fs::hard_link(mnt.join("pkgs/lib.so"), mnt.join("env/lib/lib.so")).unwrap();
+    write(&mnt.join("copy.so"), "same bytes");
+    assert_eq!(env.commit(&mnt)["result"], "published");
+    let md = |p: &str| fs::symlink_metadata(mnt.join(p)).unwrap();
+    let check = |what: &str| {
+        let (a, b, c) = (md("pkgs/lib.so"), md("env/lib/lib.so"), md("copy.so"));
+        assert_eq!(a.ino(), b.ino(), "{what}: linked in the fill");
+        assert_eq!((a.nlink(), b.nlink(), c.nlink()), (2, 2, 1), "{what}");
+        assert_ne!(c.ino(), a.ino(), "{what}: identical but not linked");
+    };
+    check("remounted as a hit");
+    drop(_g);
+    let (_g, v) = env.mount("p1", "conda", "k2", &["k1"], &mnt);
+    assert_eq!(v["result"], "restore", "{v}");
+    check("restored");
+    write(&mnt.join("copy.so"), "changed");
+    fs::hard_link(mnt.join("copy.so"), mnt.join("copy2.so")).unwrap();
+    // A chmod copies the name up.
+    fs::set_permissions(
+        mnt.join("env/lib/lib.so"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (a, b) = (md("pkgs/lib.so"), md("env/lib/lib.so"));
+    assert_ne!(a.ino(), b.ino(), "the copied-up name broke from its group");
+    assert_eq!((a.nlink(), b.nlink()), (2, 1));
+    assert_eq!(env.commit(&mnt)["result"], "published");
+    let (a, b, c, d) = (
+        md("pkgs/lib.so"),
+        md("env/lib/lib.so"),
+        md("copy.so"),
+        md("copy2.so"),
+    );
+    assert_ne!(a.ino(), b.ino());
+    assert_eq!(
+        (a.nlink(), b.nlink()),
+        (1, 1),
+        "the new layer has no group of them"
+    );
+    assert_eq!(c.ino(), d.ino(), "linked in the merged view");
+    assert_eq!((c.nlink(), d.nlink()), (2, 2));
+}
+
 #[test]
 fn restore_keys_pick_the_newest_match_in_scope() {
     if !can_mount() {

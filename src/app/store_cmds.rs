@@ -54,13 +54,14 @@ pub fn open_existing(global: &GlobalArgs) -> Result<Store> {
 }
 
 /// Prints one line to stdout; a closed stdout (EPIPE) is not an error.
-fn emit(line: &str) {
+pub(super) fn emit(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
 
-fn json<T: serde::Serialize>(v: &T) -> String {
+/// `v` as one line of JSON (an `{"error": …}` object if it cannot be serialised).
+pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
@@ -127,7 +128,7 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     };
     // Remote tier: commit returns once its push (started by the publish) is done.
     if let Some(r) = store.remote() {
-        r.wait_pushes();
+        r.wait_pushes(&store);
     }
     store.wait_background();
     if out.result == st::CommitResult::Exists {
@@ -245,7 +246,7 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
         ));
     }
     // Remote tier (issue 14): one line on what the remote holds, when one is configured.
-    if let Some(line) = crate::remote::cmd::ls_note(global, &store, project_opt(&a.project)?) {
+    if let Some(line) = super::remote_cmds::ls_note(global, &store, project_opt(&a.project)?) {
         emit(&line);
     }
     Ok(0)

@@ -9,7 +9,7 @@
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -22,99 +22,26 @@ use super::fs::{OpResult, OverlayFs, errno};
 use super::inode::{Backing, Loc, orphan_name};
 use super::stack::{Kind, Tree, top_lower};
 use super::whiteout;
-use crate::sys::{child, cstr};
+use crate::sys::{Xattrs, child, cstr};
 
-/// Copies xattrs from `src` to `dst` (fds, or paths when `*_path` is given for symlinks and
-/// special files), skipping overlay-private names. Errors on `user.*` names propagate; other
-/// namespaces are best effort (they may need privileges the daemon lacks).
-fn copy_xattrs(src: XRef<'_>, dst: XRef<'_>) -> io::Result<()> {
-    let mut names = vec![0u8; 4096];
-    let n = loop {
-        let n = src.list(&mut names);
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ERANGE) => names.resize(names.len() * 4, 0),
-            Some(libc::ENOTSUP) => return Ok(()),
-            _ => return Err(e),
-        }
-    };
-    let mut value = vec![0u8; 4096];
-    for name in names[..n].split(|b| *b == 0).filter(|s| !s.is_empty()) {
-        if whiteout::is_private_xattr(name) {
+/// Copies xattrs from `src` to `dst` (fds, or paths for symlinks and special files), skipping
+/// overlay-private names. Errors on `user.*` names propagate; other namespaces are best effort
+/// (they may need privileges the daemon lacks).
+fn copy_xattrs(src: Xattrs<'_>, dst: Xattrs<'_>) -> io::Result<()> {
+    for name in src.names()? {
+        if whiteout::is_private_xattr(&name) {
             continue;
         }
         let cname = CString::new(name).expect("split at NUL");
-        let len = loop {
-            let r = src.get(&cname, &mut value);
-            if r >= 0 {
-                break r as usize;
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ERANGE) {
-                value.resize(value.len() * 4, 0);
-                continue;
-            }
-            return Err(e);
-        };
-        if dst.set(&cname, &value[..len]) < 0 {
-            let e = io::Error::last_os_error();
-            if name.starts_with(b"user.") {
+        let value = src.value(&cname)?;
+        if let Err(e) = dst.set(&cname, &value, 0) {
+            if cname.to_bytes().starts_with(b"user.") {
                 return Err(e);
             }
-            tracing::debug!(name = %String::from_utf8_lossy(name), error = %e, "xattr not copied up");
+            tracing::debug!(name = %cname.to_string_lossy(), error = %e, "xattr not copied up");
         }
     }
     Ok(())
-}
-
-#[derive(Clone, Copy)]
-enum XRef<'a> {
-    Fd(RawFd),
-    Path(&'a CStr),
-}
-
-impl XRef<'_> {
-    fn list(&self, buf: &mut [u8]) -> isize {
-        // SAFETY: buffers valid for their lengths; fds/paths valid for the call.
-        unsafe {
-            match self {
-                XRef::Fd(fd) => libc::flistxattr(*fd, buf.as_mut_ptr().cast(), buf.len()),
-                XRef::Path(p) => libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()),
-            }
-        }
-    }
-    fn get(&self, name: &CStr, buf: &mut [u8]) -> isize {
-        // SAFETY: as above.
-        unsafe {
-            match self {
-                XRef::Fd(fd) => {
-                    libc::fgetxattr(*fd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-                }
-                XRef::Path(p) => libc::lgetxattr(
-                    p.as_ptr(),
-                    name.as_ptr(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                ),
-            }
-        }
-    }
-    fn set(&self, name: &CStr, val: &[u8]) -> libc::c_int {
-        // SAFETY: as above.
-        unsafe {
-            match self {
-                XRef::Fd(fd) => {
-                    libc::fsetxattr(*fd, name.as_ptr(), val.as_ptr().cast(), val.len(), 0)
-                }
-                XRef::Path(p) => {
-                    libc::lsetxattr(p.as_ptr(), name.as_ptr(), val.as_ptr().cast(), val.len(), 0)
-                }
-            }
-        }
-    }
 }
 
 /// Copies bytes `[0, len)` of `src` to `dst`, keeping holes (SEEK_DATA/SEEK_HOLE) and letting
@@ -267,7 +194,7 @@ impl OverlayFs {
                     )?;
                     let len = limit.map_or(st.st_size as u64, |l| l.min(st.st_size as u64));
                     copy_data(&src, &dst, len)?;
-                    copy_xattrs(XRef::Fd(src.as_raw_fd()), XRef::Fd(dst.as_raw_fd()))?;
+                    copy_xattrs(Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
@@ -279,7 +206,7 @@ impl OverlayFs {
                     let dst =
                         self.stack
                             .open(Tree::Work, &tmp, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                    copy_xattrs(XRef::Fd(src.as_raw_fd()), XRef::Fd(dst.as_raw_fd()))?;
+                    copy_xattrs(Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
@@ -292,7 +219,7 @@ impl OverlayFs {
                         self.stack.proc_path(sl, srel),
                         self.stack.proc_path(Tree::Work, &tmp),
                     );
-                    copy_xattrs(XRef::Path(&sp), XRef::Path(&dp))?;
+                    copy_xattrs(Xattrs::Path(&sp), Xattrs::Path(&dp))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                 }
                 Kind::Special(_) => {
@@ -301,7 +228,7 @@ impl OverlayFs {
                         self.stack.proc_path(sl, srel),
                         self.stack.proc_path(Tree::Work, &tmp),
                     );
-                    copy_xattrs(XRef::Path(&sp), XRef::Path(&dp))?;
+                    copy_xattrs(Xattrs::Path(&sp), Xattrs::Path(&dp))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }

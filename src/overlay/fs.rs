@@ -18,6 +18,7 @@ use super::copy_up::CopyLocks;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
 use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
+use super::links::{LinkGroups, Links};
 use super::passthrough::{FileKey, OpenMode, Passthrough};
 use super::stack::{Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
@@ -38,6 +39,8 @@ pub struct Resolved {
     pub id: u64,
     /// What the layers hold at the name.
     pub entry: Entry,
+    /// The inode number and link count the name shows ([`OverlayFs::shown`]).
+    pub shown: (u64, u32),
 }
 
 impl std::ops::Deref for Resolved {
@@ -74,6 +77,15 @@ pub struct OverlayFs {
     pub(super) pt: Passthrough,
     /// Ownership mapping (`squash_to_uid`/`squash_to_gid`, issue 12).
     pub(super) squash: super::options::Squash,
+    /// How each lower shows its hard links (`links.rs`), in layer order.
+    links: Vec<Links>,
+}
+
+/// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
+/// top byte 0x7f, which no node id has (lower ids use 0x01..=0x40, path ids set the top bit,
+/// counter ids stay below 2^56).
+fn group_ino(layer: u8, group: u32) -> u64 {
+    (0x7f << 56) | ((layer as u64) << 48) | group as u64
 }
 
 #[derive(Clone)]
@@ -139,6 +151,15 @@ pub fn attr_from_stat(ino: u64, st: &libc::stat, nlink: u32) -> FileAttr {
     }
 }
 
+/// What a multiply-linked file at `path` of store layer `layer` (link groups `g`), node `id`,
+/// shows: its group's inode and size, or its node id and one link when it is in no group.
+fn shown_recorded(id: u64, layer: u8, g: &LinkGroups, path: &std::ffi::CStr) -> (u64, u32) {
+    match g.group(path) {
+        Some((group, size)) => (group_ino(layer, group), size),
+        None => (id, 1),
+    }
+}
+
 /// Whether FUSE passthrough is asked for: `LAYERCACHE_PASSTHROUGH=1` (see `passthrough.rs`).
 fn passthrough_wanted() -> bool {
     matches!(
@@ -163,7 +184,11 @@ impl OverlayFs {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .map_err(|e| Error::io(&orphans, e))?;
-        let lowers = stack.all_lowers();
+        let lowers = stack.root_lowers();
+        let links = (0..cfg.lowerdirs.len())
+            .map(|i| Links::load(cfg.lower_links.get(i).unwrap_or(&Default::default())))
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| Error::invalid(format!("cannot read the link groups of a lower: {e}")))?;
         let cap = NonZeroUsize::new(4096).expect("nonzero");
         Ok(OverlayFs {
             stack,
@@ -178,6 +203,7 @@ impl OverlayFs {
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough_wanted()),
             squash: cfg.squash,
+            links,
         })
     }
 
@@ -249,7 +275,37 @@ impl OverlayFs {
             }
             (false, _, _) => self.nodes.path_id(parent, name),
         };
-        Ok(Some(Resolved { id, entry: e }))
+        let shown = self.shown(id, &e, &crel);
+        Ok(Some(Resolved {
+            id,
+            entry: e,
+            shown,
+        }))
+    }
+
+    /// The inode number and link count that entry `e` at `path` (relative to the layer roots),
+    /// node `id`, shows: its node id and own link count, except
+    /// * a merged directory shows nlink 1 (its link count is not known without reading every
+    ///   layer; `find` and `fts` take 1 as "unknown");
+    /// * a lower non-directory with several links shows, as kernel overlayfs does, the lower
+    ///   inode's identity (one `st_ino` for all its names, [`Nodes::lower_id`]) and its link
+    ///   count — while each name stays a node of its own, so a name that is copied up breaks
+    ///   from the group (kernel overlayfs without `index=on`);
+    /// * in a store layer ([`Links::Recorded`]) such a file shows its recorded link group's
+    ///   inode and size, and a file in no group shows its node id and nlink 1.
+    pub(super) fn shown(&self, id: u64, e: &Entry, path: &std::ffi::CStr) -> (u64, u32) {
+        let nlink = e.st.st_nlink as u32;
+        if e.kind == Kind::Dir {
+            return (id, if e.lowers != 0 { 1 } else { nlink });
+        }
+        let top = top_lower(e.lowers).filter(|_| !e.upper && nlink > 1);
+        let Some(l) = top else {
+            return (id, nlink);
+        };
+        match self.links.get(l as usize) {
+            Some(Links::Recorded(g)) => shown_recorded(id, l, g, path),
+            _ => (self.nodes.lower_id(l, e.st.st_ino), nlink),
+        }
     }
 
     /// Resolves a child of `parent`; returns the parent as [`Self::dir`] found it too.
@@ -263,17 +319,11 @@ impl OverlayFs {
         Ok((pdir, r))
     }
 
-    /// The attribute the kernel sees for a resolved entry.
+    /// The attribute the kernel sees for a resolved entry (`ino` is the inode number it
+    /// shows, [`Resolved::shown`]; the node id is `r.id`).
     pub(super) fn attr_of(&self, r: &Resolved) -> FileAttr {
-        // A merged directory, or a store-deduplicated lower file (each path is its own file).
-        let merged_dir = r.kind == Kind::Dir && r.lowers != 0;
-        let dedup_lower = !r.upper && r.kind != Kind::Dir && r.st.st_nlink > 1;
-        let nlink = if merged_dir || dedup_lower {
-            1
-        } else {
-            r.st.st_nlink as u32
-        };
-        let mut attr = attr_from_stat(r.id, &r.st, nlink);
+        let (ino, nlink) = r.shown;
+        let mut attr = attr_from_stat(ino, &r.st, nlink);
         // The orphan link in the workdir (kept for open fds) is not a name the user can see.
         if r.upper && self.orphans.lock().contains(&r.id) {
             attr.nlink = attr.nlink.saturating_sub(1);
@@ -292,14 +342,15 @@ impl OverlayFs {
         attr
     }
 
-    /// Looks `name` up in `parent` and records the kernel reference (lookup, create, readdirplus).
+    /// Looks `name` up in `parent` and records the kernel reference (lookup, create,
+    /// readdirplus): the node id and the attributes to send with it.
     pub(super) fn lookup_and_remember(
         &self,
         parent: u64,
         name: &OsStr,
-    ) -> OpResult<Option<FileAttr>> {
+    ) -> OpResult<Option<(u64, FileAttr)>> {
         let (_, r) = self.resolve_in(parent, name)?;
-        Ok(r.map(|r| self.remember(parent, name, &r)))
+        Ok(r.map(|r| (r.id, self.remember(parent, name, &r))))
     }
 
     /// Records a kernel reference to the resolved entry `name` of `parent` and returns the
@@ -334,16 +385,15 @@ impl OverlayFs {
     /// Errors: the `fstatat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
         let st = self.stack.stat(l.tree, &l.path).map_err(errno)?;
-        let r = Resolved {
-            id,
-            entry: Entry {
-                kind: l.kind,
-                upper: l.upper || l.tree == Tree::Work,
-                lowers: l.lowers,
-                lower_ino: None,
-                st,
-            },
+        let entry = Entry {
+            kind: l.kind,
+            upper: l.upper || l.tree == Tree::Work,
+            lowers: l.lowers,
+            lower_ino: None,
+            st,
         };
+        let shown = self.shown(id, &entry, &l.path);
+        let r = Resolved { id, entry, shown };
         let mut attr = self.attr_of(&r);
         // An unlinked lower-only file has no name left.
         if l.unlinked_lower() {

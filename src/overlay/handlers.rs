@@ -1,7 +1,7 @@
 //! `fuser::Filesystem` for [`OverlayFs`]: every handler is a thin call into an engine
 //! operation that returns `Result<_, Errno>`.
 //!
-//! Kernel caching setup (see DESIGN.md "Performance design notes"): long entry/attr TTLs,
+//! Kernel caching setup (docs/ARCHITECTURE.md, "Overlay"): long entry/attr TTLs,
 //! negative entries cached, readdirplus for every readdir, parallel directory operations,
 //! cached symlinks, and "no open" mode — open and opendir answer ENOSYS so the kernel stops
 //! sending them and serves pages and listings from its caches (FLUSH answers ENOSYS too, so
@@ -29,8 +29,9 @@ const GEN: Generation = Generation(0);
 
 /// Runs `f`, the work of FUSE operation `op` on node `node`, inside a debug-level span named
 /// `fuse` (fields `op`, `node`) and ends it with an event giving the errno (0 for success) and
-/// the duration in µs. Off by default: `LAYERCACHE_LOG=debug` (or `layercache::fuse=debug`)
-/// turns it on; when off, one check of the level filter is all it costs.
+/// the duration in µs. Off by default: `LAYERCACHE_LOG=debug` or `RUST_LOG=debug` (or just the
+/// target, `layercache::fuse=debug`) turns it on; when off, one check of the level filter is all
+/// it costs.
 #[inline]
 fn traced<T>(op: &'static str, node: u64, f: impl FnOnce() -> OpResult<T>) -> OpResult<T> {
     if !tracing::enabled!(target: "layercache::fuse", tracing::Level::DEBUG) {
@@ -170,7 +171,7 @@ impl fuser::Filesystem for OverlayFs {
             self.lookup_and_remember(parent.0, name)
         });
         match r {
-            Ok(Some(a)) => reply.entry(&TTL, &a, GEN),
+            Ok(Some((id, a))) => reply.entry_of(INodeNo(id), &TTL, &a, GEN),
             Ok(None) => reply.entry(&TTL, &negative_entry(), GEN),
             Err(e) => reply.error(e),
         }
@@ -463,15 +464,16 @@ impl fuser::Filesystem for OverlayFs {
         let dir = ino.0;
         let r = traced("readdir", dir, || {
             self.readdir_walk(dir, offset, |id, name, kind, cookie, d| {
-                let id = if id != 0 {
+                // d_ino: the inode number the entry shows (its st_ino).
+                let ino = if id != 0 {
                     id
                 } else {
                     match self.resolve(dir, d, name)? {
-                        Some(r) => r.id,
+                        Some(r) => r.shown.0,
                         None => return Ok(false),
                     }
                 };
-                Ok(reply.add(INodeNo(id), cookie, dtype(kind), name))
+                Ok(reply.add(INodeNo(ino), cookie, dtype(kind), name))
             })
         });
         match r {
@@ -500,13 +502,13 @@ impl fuser::Filesystem for OverlayFs {
                     };
                     return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
                 }
-                let a = match self.resolve(dir, d, name)? {
-                    Some(r) => self.remember(dir, name, &r),
+                let (id, a) = match self.resolve(dir, d, name)? {
+                    Some(r) => (r.id, self.remember(dir, name, &r)),
                     None => return Ok(false),
                 };
-                let full = reply.add(a.ino, cookie, name, &TTL, &a, GEN);
+                let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN);
                 if full {
-                    self.nodes.unremember(a.ino.0);
+                    self.nodes.unremember(id);
                 }
                 Ok(full)
             })

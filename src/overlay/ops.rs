@@ -11,7 +11,7 @@ use super::fs::{OpResult, OverlayFs, Resolved, errno};
 use super::inode::{Backing, Loc, orphan_name};
 use super::stack::{Kind, Tree};
 use super::whiteout;
-use crate::sys::{child, cstr};
+use crate::sys::{Xattrs, child, cstr};
 
 /// What becomes of the upper entry of a file whose name leaves the merged view (see
 /// [`OverlayFs::detach`]).
@@ -190,11 +190,8 @@ impl OverlayFs {
             }
             return Err(errno(e));
         }
-        let attr = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
-        let kind = self
-            .nodes
-            .peek(attr.ino.0, |n| n.kind)
-            .unwrap_or(Kind::File);
+        let (id, attr) = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
+        let kind = self.nodes.peek(id, |n| n.kind).unwrap_or(Kind::File);
         self.listings.added(parent, name, kind);
         Ok(attr)
     }
@@ -632,19 +629,8 @@ impl OverlayFs {
         };
         let cname = cstr(name).map_err(errno)?;
         let mut buf = vec![0u8; size as usize];
-        // SAFETY: buffer valid for its length, C strings valid.
-        let n = unsafe {
-            libc::lgetxattr(
-                p.as_ptr(),
-                cname.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if n < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        buf.truncate(n as usize);
+        let n = Xattrs::Path(&p).get_into(&cname, &mut buf).map_err(errno)?;
+        buf.truncate(n);
         Ok(if size == 0 {
             XattrReply::Size(n as u32)
         } else {
@@ -658,18 +644,9 @@ impl OverlayFs {
         let mut out = Vec::new();
         let _g = self.ns.read();
         if let Some(p) = self.xattr_read_path(id)? {
-            let mut buf = vec![0u8; 64 * 1024];
-            // SAFETY: buffer valid for its length.
-            let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                return Err(errno(std::io::Error::last_os_error()));
-            }
-            for name in buf[..n as usize]
-                .split(|b| *b == 0)
-                .filter(|s| !s.is_empty())
-            {
-                if !whiteout::is_private_xattr(name) {
-                    out.extend_from_slice(name);
+            for name in Xattrs::Path(&p).names().map_err(errno)? {
+                if !whiteout::is_private_xattr(&name) {
+                    out.extend_from_slice(&name);
                     out.push(0);
                 }
             }
@@ -694,20 +671,7 @@ impl OverlayFs {
         let _g = self.ns.read();
         let p = self.xattr_path(id, true)?;
         let cname = cstr(name).map_err(errno)?;
-        // SAFETY: valid C strings and value buffer.
-        let rc = unsafe {
-            libc::lsetxattr(
-                p.as_ptr(),
-                cname.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                flags,
-            )
-        };
-        if rc < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        Ok(())
+        Xattrs::Path(&p).set(&cname, value, flags).map_err(errno)
     }
 
     /// removexattr (copies up first). Errors: `ENODATA` if absent, `EPERM` for private names.
@@ -719,12 +683,7 @@ impl OverlayFs {
         let _g = self.ns.read();
         let p = self.xattr_path(id, true)?;
         let cname = cstr(name).map_err(errno)?;
-        // SAFETY: valid C strings.
-        let rc = unsafe { libc::lremovexattr(p.as_ptr(), cname.as_ptr()) };
-        if rc < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        Ok(())
+        Xattrs::Path(&p).remove(&cname).map_err(errno)
     }
 
     /// Called when the kernel drops its last reference to `id`: frees the node, its cached fd
@@ -732,9 +691,7 @@ impl OverlayFs {
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(node) = self.nodes.forget(id, n) {
             self.pt.forget(id);
-            if self.nodes.shrink_if_sparse() {
-                trim_heap();
-            }
+            self.nodes.shrink_if_sparse();
             if node.loc == Loc::Gone {
                 self.gone_dirs.lock().remove(&id);
             }
@@ -757,17 +714,6 @@ impl OverlayFs {
                 let _ = self.stack.unlink(Tree::Work, &o, false);
             }
         }
-    }
-}
-
-/// Returns freed heap memory to the system (glibc keeps the freed blocks of a million small
-/// node allocations otherwise, and the daemon's RSS would not fall after a walk of a large
-/// tree).
-fn trim_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free memory of the allocator.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

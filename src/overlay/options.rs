@@ -4,6 +4,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+pub use super::links::LowerLinks;
 use crate::error::{Error, Result};
 
 /// A validated overlay configuration: absolute, canonical directories.
@@ -21,6 +22,11 @@ pub struct OverlayConfig {
     /// modes against the reported owner (`default_permissions`).
     #[serde(default)]
     pub squash: Squash,
+    /// How each lower's hard links are shown, in `lowerdirs` order; a lower without an entry
+    /// shows its own links ([`LowerLinks::Real`], kernel overlayfs's behaviour). The store
+    /// mounts its layers with [`LowerLinks::Recorded`].
+    #[serde(default)]
+    pub lower_links: Vec<LowerLinks>,
 }
 
 /// The `squash_to_uid`/`squash_to_gid` of a mount; `None` = real owners.
@@ -315,6 +321,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         upperdir,
         workdir,
         squash: raw.squash,
+        lower_links: Vec::new(),
     })
 }
 

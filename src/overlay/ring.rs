@@ -3,8 +3,8 @@
 //!
 //! * **Pinned** to the entry's CPU queue: the kernel hands a request to an entry of the
 //!   requester's CPU, so a thread pinned there serves it where the requester runs and a round
-//!   trip costs two context switches on one CPU instead of two cross-CPU wake-ups (a GETATTR
-//!   round trip ~25-50 µs → ~4 µs on the 2-vCPU VMs we run on). A queue whose CPU is outside
+//!   trip costs two context switches on one CPU instead of two cross-CPU wake-ups (several times
+//!   faster on the 2-vCPU VMs we run on). A queue whose CPU is outside
 //!   the affinity the daemon inherited (`taskset`) is served from that affinity instead.
 //! * **Spread** while serving a streamed read (a READ of at least [`STREAM_READ_MIN`] bytes):
 //!   on the requester's CPU all its work (reading the backing file, the kernel's copy into the
@@ -19,8 +19,8 @@
 //!   container) may enter SCHED_IDLE but not leave it. Every `sched_setscheduler` result is
 //!   checked; a thread that cannot switch stops trying. A SCHED_IDLE thread runs only when
 //!   nothing else wants its CPU, so when another task keeps that CPU busy the commit itself
-//!   can wait for hundreds of ms (measured: a lookup stalled 250-730 ms while a `mv` of a
-//!   lower tree kept the daemon busy, 48 ms without the hand-off): a commit that took longer
+//!   can wait for hundreds of ms (lookups stalled so during a `mv` of a lower tree that kept the
+//!   daemon busy; `scripts/rename-latency.sh` measures it): a commit that took longer
 //!   than [`STARVED`] turns the hand-off off for that thread for [`BACK_OFF`], doubled after
 //!   each further starved commit (up to [`MAX_BACK_OFF`]) and reset by a quick one; and no
 //!   hand-off is tried while the machine has more runnable tasks than CPUs (the running count

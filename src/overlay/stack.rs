@@ -171,6 +171,14 @@ impl Stack {
         })
     }
 
+    /// The lowers merged into the root directory: every lower, whatever the upper root's
+    /// opaque mark says — kernel overlayfs builds its root from all layers and never reads the
+    /// root's opaque xattr (fs/overlayfs/super.c, `ovl_get_root`). The mount and promotion
+    /// both start from this.
+    pub fn root_lowers(&self) -> u64 {
+        self.all_lowers()
+    }
+
     /// The mask of every lower layer (bit i = lower i).
     pub fn all_lowers(&self) -> u64 {
         match self.lowers.len() {

@@ -11,11 +11,10 @@
 //! Overlay-private xattrs (`trusted.overlay.*`, `user.overlay.*`) are hidden from the merged view
 //! and never copied up.
 
-use crate::sys::cstr;
+use crate::sys::{Xattrs, cstr};
 use std::ffi::{CStr, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
 
 /// xattr marking an opaque directory when the daemon is privileged (kernel overlayfs default).
 pub const OPAQUE_XATTR_TRUSTED: &CStr = c"trusted.overlay.opaque";
@@ -31,12 +30,6 @@ pub fn is_private_xattr(name: &[u8]) -> bool {
 /// True when `st` (from `fstatat`/`lstat`) describes a whiteout: a character device 0/0.
 pub fn is_whiteout_stat(st: &libc::stat) -> bool {
     (st.st_mode & libc::S_IFMT) == libc::S_IFCHR && st.st_rdev == 0
-}
-
-/// True when `meta` (std metadata, not following symlinks) describes a whiteout.
-pub fn is_whiteout_meta(meta: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    meta.file_type().is_char_device() && meta.rdev() == 0
 }
 
 /// Creates a whiteout named `name` in the directory `dir`.
@@ -64,25 +57,13 @@ pub fn create_whiteout_at(dir: RawFd, rel: &CStr) -> io::Result<()> {
 pub fn is_opaque(dir: BorrowedFd<'_>) -> io::Result<bool> {
     for name in [OPAQUE_XATTR_TRUSTED, OPAQUE_XATTR_USER] {
         let mut buf = [0u8; 4];
-        // SAFETY: buffer pointer/len are valid for the call.
-        let n = unsafe {
-            libc::fgetxattr(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if n >= 0 {
-            if n == 1 && buf[0] == b'y' {
-                return Ok(true);
-            }
-            continue;
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::ERANGE) => continue,
-            _ => return Err(err),
+        match Xattrs::Fd(dir).get_into(name, &mut buf) {
+            Ok(1) if buf[0] == b'y' => return Ok(true),
+            Ok(_) => continue,
+            Err(e) => match e.raw_os_error() {
+                Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::ERANGE) => continue,
+                _ => return Err(e),
+            },
         }
     }
     Ok(false)
@@ -96,14 +77,6 @@ pub fn is_opaque(dir: BorrowedFd<'_>) -> io::Result<bool> {
 /// included), or as [`is_opaque`].
 pub fn dir_is_opaque_at(dir: RawFd, rel: &CStr) -> io::Result<bool> {
     opaque_at(dir, rel, libc::O_NOFOLLOW)
-}
-
-/// True when the directory at `path` (a symlink to one is followed) is opaque. Promotion's
-/// check, on the directories of an upper tree.
-///
-/// Errors: `EINVAL` for a path with a NUL byte, the `open(2)` errno, or as [`is_opaque`].
-pub fn dir_is_opaque(path: &Path) -> io::Result<bool> {
-    opaque_at(libc::AT_FDCWD, &cstr(path.as_os_str())?, 0)
 }
 
 fn opaque_at(dir: RawFd, rel: &CStr, flags: libc::c_int) -> io::Result<bool> {
@@ -135,12 +108,7 @@ pub fn set_opaque(dir: BorrowedFd<'_>) -> io::Result<()> {
     } else {
         OPAQUE_XATTR_USER
     };
-    // SAFETY: name is NUL-terminated, value pointer/len valid.
-    let rc = unsafe { libc::fsetxattr(dir.as_raw_fd(), name.as_ptr(), b"y".as_ptr().cast(), 1, 0) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Xattrs::Fd(dir).set(name, b"y", 0)
 }
 
 #[cfg(test)]
@@ -166,29 +134,24 @@ mod tests {
         match create_whiteout(d.as_fd(), OsStr::new("gone")) {
             Ok(()) => {
                 let m = std::fs::symlink_metadata(dir.path().join("gone")).unwrap();
-                assert!(is_whiteout_meta(&m));
+                use std::os::unix::fs::{FileTypeExt, MetadataExt};
+                assert!(m.file_type().is_char_device() && m.rdev() == 0);
             }
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM)),
         }
-        let plain = std::fs::symlink_metadata(dir.path()).unwrap();
-        assert!(!is_whiteout_meta(&plain));
     }
 
     #[test]
-    fn opaque_by_name_and_by_path() {
+    fn opaque_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let root = std::fs::File::open(dir.path()).unwrap();
         std::fs::create_dir(dir.path().join("d")).unwrap();
         std::os::unix::fs::symlink("d", dir.path().join("l")).unwrap();
         let at = |name: &CStr| dir_is_opaque_at(root.as_raw_fd(), name);
         assert!(!at(c"d").unwrap());
-        assert!(!dir_is_opaque(&dir.path().join("d")).unwrap());
         let d = std::fs::File::open(dir.path().join("d")).unwrap();
         if set_opaque(d.as_fd()).is_ok() {
             assert!(at(c"d").unwrap());
-            assert!(dir_is_opaque(&dir.path().join("d")).unwrap());
-            // The path form follows a symlink; the daemon's form does not.
-            assert!(dir_is_opaque(&dir.path().join("l")).unwrap());
         }
         assert_eq!(at(c"l").unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
         assert_eq!(

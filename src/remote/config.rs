@@ -27,6 +27,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use serde::{Deserialize, Serialize};
 
+use super::error::RemoteError;
 use crate::error::{Error, Result};
 use crate::store::gc::parse_duration;
 
@@ -125,11 +126,16 @@ pub struct RemoteConfig {
     pub pack_size: u64,
 }
 
+/// A bad `[remote]` entry, URL or credential setting.
+fn bad_config(msg: String) -> Error {
+    RemoteError::BadConfig(msg).into()
+}
+
 fn duration(what: &str, v: &Option<String>, default: Duration) -> Result<Duration> {
     match v {
         None => Ok(default),
         Some(s) => Ok(parse_duration(s)
-            .map_err(|e| Error::invalid(format!("[remote] {what}: {e}")))?
+            .map_err(|e| bad_config(format!("[remote] {what}: {e}")))?
             .unwrap_or(Duration::ZERO)),
     }
 }
@@ -138,7 +144,7 @@ impl RemoteFile {
     /// Validates into a [`RemoteConfig`]; `url` (from `--remote`) overrides the file's url.
     /// `Ok(None)` when no url is configured anywhere (no remote tier).
     ///
-    /// Errors: [`Error::Invalid`] naming the bad entry and what would be valid.
+    /// Errors: [`RemoteError::BadConfig`] (exit 2) naming the bad entry and what would be valid.
     pub fn resolve(&self, url: Option<&str>) -> Result<Option<RemoteConfig>> {
         let Some(url) = url.or(self.url.as_deref()).filter(|u| !u.is_empty()) else {
             return Ok(None);
@@ -147,12 +153,12 @@ impl RemoteFile {
         let allow_http = self.allow_http.unwrap_or(false);
         if let Some(ep) = &self.endpoint {
             if !(ep.starts_with("http://") || ep.starts_with("https://")) {
-                return Err(Error::invalid(format!(
+                return Err(bad_config(format!(
                     "[remote] endpoint {ep:?}: want an http:// or https:// URL"
                 )));
             }
             if ep.starts_with("http://") && !allow_http {
-                return Err(Error::invalid(format!(
+                return Err(bad_config(format!(
                     "[remote] endpoint {ep}: plain http needs allow_http = true (for a loopback \
                      or trusted-network server only)"
                 )));
@@ -162,14 +168,14 @@ impl RemoteFile {
             None | Some("env") => Credentials::Env,
             Some("instance") => Credentials::Instance,
             Some(o) => {
-                return Err(Error::invalid(format!(
+                return Err(bad_config(format!(
                     "[remote] credentials = {o:?}: want \"env\" or \"instance\""
                 )));
             }
         };
         let concurrency = self.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if !(1..=256).contains(&concurrency) {
-            return Err(Error::invalid(format!(
+            return Err(bad_config(format!(
                 "[remote] concurrency = {concurrency}: want 1 to 256"
             )));
         }
@@ -192,7 +198,7 @@ impl RemoteFile {
             pack_size: match &self.pack_size {
                 None => DEFAULT_PACK_SIZE,
                 Some(v) => crate::store::gc::parse_size(v)
-                    .map_err(|e| Error::invalid(format!("[remote] pack_size: {e}")))?
+                    .map_err(|e| bad_config(format!("[remote] pack_size: {e}")))?
                     .unwrap_or(DEFAULT_PACK_SIZE),
             },
         }))
@@ -201,10 +207,10 @@ impl RemoteFile {
 
 /// Splits `s3://bucket/prefix` or `file:///dir` into its target and prefix.
 ///
-/// Errors: [`Error::Invalid`] for another scheme, a missing bucket, or a relative file path.
+/// Errors: [`RemoteError::BadConfig`] (exit 2) for another scheme, a missing bucket, or a relative file path.
 pub fn parse_url(url: &str) -> Result<(Target, String)> {
     let bad = |why: &str| {
-        Error::invalid(format!(
+        bad_config(format!(
             "remote url {url:?}: {why} (want s3://bucket/prefix or file:///absolute/dir)"
         ))
     };
@@ -246,19 +252,19 @@ impl RemoteConfig {
     /// `Arc<dyn ObjectStore>`). Requests get [`RemoteConfig::timeout`], a 3 s connect timeout
     /// and at most 2 retries, so an unreachable server costs seconds, not minutes.
     ///
-    /// Errors: [`Error::Invalid`] when no credentials are configured (with `credentials =
+    /// Errors: [`RemoteError::BadConfig`] (exit 2) when no credentials are configured (with `credentials =
     /// "env"`) or the builder rejects the settings; [`Error::Io`] creating a `file://` dir.
     pub fn build(&self) -> Result<Arc<dyn ObjectStore>> {
         match &self.target {
             Target::File { dir } => {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 let fs = LocalFileSystem::new_with_prefix(dir)
-                    .map_err(|e| Error::invalid(format!("remote {}: {e}", self.url)))?;
+                    .map_err(|e| bad_config(format!("remote {}: {e}", self.url)))?;
                 Ok(Arc::new(fs))
             }
             Target::S3 { bucket } => {
                 if self.credentials == Credentials::Env && !env_has_credentials() {
-                    return Err(Error::invalid(format!(
+                    return Err(bad_config(format!(
                         "remote {}: no credentials: set AWS_ACCESS_KEY_ID and \
                          AWS_SECRET_ACCESS_KEY (or credentials = \"instance\" in [remote])",
                         self.url
@@ -290,7 +296,7 @@ impl RemoteConfig {
                 }
                 let s3 = b
                     .build()
-                    .map_err(|e| Error::invalid(format!("remote {}: {e}", self.url)))?;
+                    .map_err(|e| bad_config(format!("remote {}: {e}", self.url)))?;
                 Ok(Arc::new(s3))
             }
         }

@@ -58,7 +58,7 @@ pub struct RemoteGcReport {
 impl Remote {
     /// The projects on the remote (names under `<prefix>/v1/projects/`).
     ///
-    /// Errors: [`Error::Failed`] naming the remote.
+    /// Errors: [`super::RemoteError`] naming the remote.
     pub async fn projects(&self) -> Result<Vec<ProjectId>> {
         self.children(self.layout.projects()).await.map(|v| {
             v.into_iter()
@@ -69,7 +69,7 @@ impl Remote {
 
     /// The names of the "directories" right under `dir`.
     ///
-    /// Errors: [`Error::Failed`] naming the remote.
+    /// Errors: [`super::RemoteError`] naming the remote.
     pub async fn children(&self, dir: &ObjectPath) -> Result<Vec<String>> {
         let r = match self.store.list_with_delimiter(Some(dir)).await {
             Ok(r) => r,
@@ -91,7 +91,7 @@ impl Remote {
 
     /// Runs remote gc over every project (see the module docs).
     ///
-    /// Errors: [`Error::Failed`] naming the remote; nothing further is removed after an error.
+    /// Errors: [`super::RemoteError`] naming the remote; nothing further is removed after an error.
     pub fn gc(&self, grace: Duration, dry_run: bool) -> Result<RemoteGcReport> {
         self.block_on(None, async {
             let mut rep = RemoteGcReport {
@@ -242,7 +242,7 @@ impl Remote {
                 .bytes()
                 .await
                 .map_err(|e| self.error("reading a manifest", e))?,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) if super::is_not_found(&e) => return Ok(None),
             Err(e) => return Err(self.error("reading a manifest", e)),
         };
         let Ok(m) = serde_json::from_slice::<super::manifest::RemoteManifest>(&bytes) else {
@@ -262,7 +262,8 @@ impl Remote {
 
     async fn delete(&self, p: &ObjectPath) -> Result<()> {
         match self.store.delete(p).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Ok(()) => Ok(()),
+            Err(e) if super::is_not_found(&e) => Ok(()),
             Err(e) => Err(self.error(&format!("deleting {p}"), e)),
         }
     }

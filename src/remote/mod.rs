@@ -19,14 +19,15 @@
 //!   the mount proceeds as a local miss and one warning line says why. `remote gc` ([`gc`])
 //!   removes what an interrupted or losing push left behind.
 
-pub mod cmd;
 pub mod config;
+pub mod error;
 pub mod gc;
 pub mod layout;
 pub mod manifest;
 pub mod pack;
 pub mod pull;
 pub mod push;
+mod unpack;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +38,9 @@ use object_store::ObjectStore;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::store::{Notice, Store};
 use config::RemoteConfig;
+pub use error::RemoteError;
 use layout::Layout;
 
 /// An open remote: the object store, its layout and the runtime its requests run on.
@@ -123,7 +126,7 @@ impl Remote {
 
     /// Runs `fut` on the remote's runtime, giving up after `limit` with a timeout error.
     ///
-    /// Errors: whatever `fut` returns; [`Error::Failed`] naming the remote on timeout.
+    /// Errors: whatever `fut` returns; [`RemoteError::Timeout`] naming the remote on timeout.
     pub fn block_on<T>(
         &self,
         limit: Option<Duration>,
@@ -135,11 +138,13 @@ impl Remote {
                 .rt
                 .block_on(async { tokio::time::timeout(d, fut).await })
                 .unwrap_or_else(|_| {
-                    Err(Error::Failed(format!(
-                        "remote {}: no answer within {} s",
-                        self.cfg.url,
-                        d.as_secs_f64()
-                    )))
+                    Err(RemoteError::Timeout {
+                        url: self.cfg.url.clone(),
+                        what: "(lookup_timeout)".into(),
+                        secs: d.as_secs_f64(),
+                        source: None,
+                    }
+                    .into())
                 }),
         }
     }
@@ -147,7 +152,7 @@ impl Remote {
     /// Every object below `dir`. A prefix that holds nothing is empty, also where the server
     /// answers 404 for it (SeaweedFS does for a prefix no object was ever written under).
     ///
-    /// Errors: [`Error::Failed`] naming the remote.
+    /// Errors: [`RemoteError`] naming the remote.
     pub async fn list_dir(
         &self,
         dir: &object_store::path::Path,
@@ -160,47 +165,20 @@ impl Remote {
         }
     }
 
-    /// Turns an object_store error into one clear line naming the remote: wrong or missing
-    /// credentials say so (and which variables to check) instead of an HTTP dump.
+    /// Turns an object_store error met while doing `what` into a [`RemoteError`] of its kind
+    /// (one line naming the remote; wrong or missing credentials say which variables to check
+    /// instead of an HTTP dump).
     pub fn error(&self, what: &str, e: object_store::Error) -> Error {
-        use object_store::Error as E;
-        let text = e.to_string();
-        let denied = matches!(e, E::PermissionDenied { .. } | E::Unauthenticated { .. })
-            || [
-                "InvalidAccessKeyId",
-                "SignatureDoesNotMatch",
-                "AccessDenied",
-                "403 Forbidden",
-            ]
-            .iter()
-            .any(|s| text.contains(s));
-        if denied {
-            return Error::Failed(format!(
-                "remote {}: access denied {what}: the credentials are wrong or lack permission \
-                 (check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
-                self.cfg.url
-            ));
-        }
-        if text.contains("error sending request") || text.contains("Connection refused") {
-            return Error::Failed(format!(
-                "remote {}: cannot connect {what} (is the server at {} up?)",
-                self.cfg.url,
-                self.cfg.endpoint.as_deref().unwrap_or("the AWS endpoint")
-            ));
-        }
-        let mut line = text.lines().next().unwrap_or("").to_string();
-        if line.len() > 300 {
-            line.truncate(300);
-            line.push('…');
-        }
-        Error::Failed(format!("remote {}: {what}: {line}", self.cfg.url))
+        RemoteError::from_store(&self.cfg, what, e).into()
     }
 
-    /// Prints `layercache: <msg>` on stderr the first time only (a run with a broken remote gets
-    /// one warning, not one per cache or object).
-    pub fn warn_once(&self, msg: &str) {
+    /// Sends `msg` as a [`Notice::Remote`] of `store` the first time only (a run with a broken
+    /// remote gets one warning, not one per cache or object).
+    pub fn warn_once(&self, store: &Store, msg: &str) {
         if !self.warned.swap(true, Ordering::SeqCst) {
-            eprintln!("layercache: {msg}");
+            store.notify(Notice::Remote {
+                message: msg.to_string(),
+            });
         }
     }
 
@@ -235,10 +213,11 @@ impl Remote {
         });
     }
 
-    /// Waits for the background pushes, at most `push_wait` in all; reports each on stderr
-    /// (one line) and returns how many did not finish in time (they are abandoned: the remote
-    /// then lacks those keys, never has a key without its objects).
-    pub fn wait_pushes(&self) -> usize {
+    /// Waits for the background pushes, at most `push_wait` in all; reports each as one
+    /// [`Notice::Remote`] of `store` and returns how many did not finish in time (they are
+    /// abandoned: the remote then lacks those keys, never has a key without its objects).
+    pub fn wait_pushes(&self, store: &Store) -> usize {
+        let say = |message: String| store.notify(Notice::Remote { message });
         let deadline = Instant::now() + self.cfg.push_wait;
         loop {
             let rx_ready = {
@@ -261,21 +240,21 @@ impl Remote {
                 Ok((what, r)) => {
                     self.pushes.lock().running -= 1;
                     match r {
-                        Ok(rep) => eprintln!("layercache: {}", rep.summary(&self.cfg.url)),
-                        Err(e) => eprintln!(
-                            "layercache: push of {what} to the remote failed: {e} (the run is \
-                             unaffected; `layercache remote push` retries)"
-                        ),
+                        Ok(rep) => say(rep.summary(&self.cfg.url)),
+                        Err(e) => say(format!(
+                            "push of {what} to the remote failed: {e} (the run is unaffected; \
+                             `layercache remote push` retries)"
+                        )),
                     }
                 }
                 Err(_) => {
                     let n = self.pushes.lock().running;
-                    eprintln!(
-                        "layercache: {n} push(es) to remote {} still running after {} s \
-                         (push_wait); abandoned — the remote gets no key for them",
+                    say(format!(
+                        "{n} push(es) to remote {} still running after {} s (push_wait); \
+                         abandoned — the remote gets no key for them",
                         self.cfg.url,
                         self.cfg.push_wait.as_secs()
-                    );
+                    ));
                     return n;
                 }
             }
@@ -286,7 +265,8 @@ impl Remote {
 /// Opens the remote for a store: `--remote URL` (`flag`) or `[remote]` of config.toml; `None`
 /// when neither names one.
 ///
-/// Errors: [`Error::Invalid`] for a bad `[remote]` entry or URL, or missing credentials.
+/// Errors: [`RemoteError::BadConfig`] (exit 2) for a bad `[remote]` entry or URL, or missing
+/// credentials.
 pub fn open_for(store: &crate::store::Store, flag: Option<&str>) -> Result<Option<Arc<Remote>>> {
     let file = store.remote_file().cloned().unwrap_or_default();
     match file.resolve(flag)? {
@@ -307,7 +287,7 @@ pub fn attach(store: &mut crate::store::Store, flag: Option<&str>) -> Result<()>
 
 /// A 404, typed or (as S3 listings report it) only in the message.
 fn is_not_found(e: &object_store::Error) -> bool {
-    matches!(e, object_store::Error::NotFound { .. }) || e.to_string().contains("404 Not Found")
+    error::classify(e) == error::Kind::NotFound
 }
 
 #[cfg(test)]
@@ -376,6 +356,9 @@ mod tests {
         fs::create_dir_all(up.join("pkg/bin")).unwrap();
         fs::write(up.join("pkg/index.js"), "module.exports = 1").unwrap();
         fs::write(up.join("pkg/same.js"), "module.exports = 1").unwrap();
+        // Same bytes, other metadata: a second object made from the same download.
+        fs::write(up.join("pkg/exec.js"), "module.exports = 1").unwrap();
+        fs::set_permissions(up.join("pkg/exec.js"), fs::Permissions::from_mode(0o700)).unwrap();
         fs::write(up.join("pkg/bin/run"), "#!/bin/sh\n").unwrap();
         fs::set_permissions(up.join("pkg/bin/run"), fs::Permissions::from_mode(0o755)).unwrap();
         std::os::unix::fs::symlink("../index.js", up.join("pkg/bin/link")).unwrap();
@@ -436,7 +419,11 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!found.exact);
+        // A killed pull of this layer left its staging directory: the retry builds under a
+        // fresh id instead of failing on it.
+        fs::create_dir_all(pdb.staging().join(pub2.layer.as_str()).join("tree")).unwrap();
         let got2 = remote.pull(&b, &pdb, &c, &found).unwrap();
+        assert_ne!(got2.layer, pub2.layer.as_str());
         assert_eq!((got2.pulled_objects, got2.pulled_bytes), (1, 3), "{got2:?}");
         assert_eq!(
             remote

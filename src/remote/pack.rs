@@ -6,14 +6,17 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use bytes::{Buf, Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{GetOptions, GetRange, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use super::Remote;
+use super::error::RemoteError;
+use super::pull::writers_stopped;
+use super::unpack::Arrived;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{ObjectId, ProjectId};
 
@@ -35,14 +38,18 @@ pub struct PackIndex {
     pub objects: Vec<(String, u64, u64)>,
 }
 
-/// Packs downloading at once (each holds up to a pack's worth of ranges in memory).
+/// Pack ranges downloading at once.
 const PACK_PARALLEL: usize = 8;
+
+/// Wanted ranges of a pack at most this many bytes apart are fetched as one range (the gap is
+/// read and dropped), as object_store's `get_ranges` coalesces.
+const COALESCE: u64 = 1 << 20;
 
 impl Remote {
     /// Where every packed object of `project` is, from the index of every pack (a pack counts
     /// only once its bytes and its index are both there: the index is written after the pack).
     ///
-    /// Errors: [`Error::Failed`] naming the remote.
+    /// Errors: [`RemoteError`] naming the remote.
     pub async fn pack_locations(&self, project: &ProjectId) -> Result<HashMap<ObjectId, Location>> {
         let listed = self.list_dir(&self.layout.packs(project)).await?;
         let names: std::collections::HashSet<String> = listed
@@ -65,12 +72,12 @@ impl Remote {
                 .bytes()
                 .await
                 .map_err(|e| self.error("reading a pack index", e))?;
-            let idx: PackIndex = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::Failed(format!(
-                    "remote {}: {path}: corrupt pack index: {e}",
-                    self.cfg.url
-                ))
-            })?;
+            let idx: PackIndex =
+                serde_json::from_slice(&bytes).map_err(|e| RemoteError::Corrupt {
+                    url: self.cfg.url.clone(),
+                    what: format!("pack index {path}"),
+                    detail: format!("it does not parse: {e}"),
+                })?;
             Ok::<_, Error>((pack, idx))
         }))
         .buffer_unordered(self.cfg.concurrency)
@@ -96,7 +103,8 @@ impl Remote {
     /// `pack_size`, each pack before its index; returns where each object now is. Every file is
     /// checked to still hash to its id while it is read (a damaged local file is never sent).
     ///
-    /// Errors: [`Error::Io`] reading a file, [`Error::Failed`] for a mismatch or remote error.
+    /// Errors: [`Error::Io`] reading a file, [`Error::Failed`] for a local file that no longer
+    /// matches its id, [`RemoteError`] naming the remote.
     pub async fn upload_packs(
         &self,
         project: &ProjectId,
@@ -172,70 +180,114 @@ impl Remote {
             .collect())
     }
 
-    /// Fetches the packed objects `wanted` (id, where) into temp files named by `temp`, one
-    /// ranged read per pack (near ranges coalesced), verifying each object's blake3 and length.
+    /// Fetches the packed objects `wanted` (id, where): the ranges of one pack that lie
+    /// within [`COALESCE`] bytes of each other are one streamed ranged GET, `PACK_PARALLEL`
+    /// GETs at once; each object's bytes go to the writers on `tx` as soon as they have arrived
+    /// (the writers verify blake3 and length).
     ///
-    /// Errors: [`Error::Failed`] for a mismatch (a corrupt pack) or a remote error.
-    pub async fn download_packed(
+    /// Errors: a remote error; [`RemoteError::Corrupt`] when a pack ends early;
+    /// [`Error::Failed`] when the writers stopped.
+    pub(super) async fn download_packed(
         &self,
         project: &ProjectId,
         wanted: &[(ObjectId, Location)],
-        temp: &(dyn Fn(&ObjectId) -> PathBuf + Sync),
-    ) -> Result<Vec<(ObjectId, PathBuf)>> {
+        tx: tokio::sync::mpsc::Sender<Arrived>,
+    ) -> Result<()> {
         let mut by_pack: HashMap<&str, Vec<&(ObjectId, Location)>> = HashMap::new();
         for w in wanted {
             by_pack.entry(w.1.pack.as_str()).or_default().push(w);
         }
-        let done = futures::stream::iter(by_pack.into_iter().map(|(pack, mut objs)| async move {
+        let mut groups: Vec<Vec<&(ObjectId, Location)>> = Vec::new();
+        for (_, mut objs) in by_pack {
             objs.sort_by_key(|o| o.1.offset);
-            let ranges: Vec<_> = objs
-                .iter()
-                .map(|o| o.1.offset..o.1.offset + o.1.len)
-                .collect();
-            let what = format!("downloading pack {pack}");
-            let t = std::time::Instant::now();
-            let parts = self
-                .store
-                .get_ranges(&self.layout.pack(project, pack), &ranges)
-                .await
-                .map_err(|e| self.error(&what, e))?;
-            tracing::debug!(
-                pack,
-                ranges = ranges.len(),
-                ms = t.elapsed().as_millis() as u64,
-                "pack fetched"
-            );
-            // Verify and write on the blocking pool: file creation waits on the disk, and
-            // several packs' objects are written at once.
-            let jobs: Vec<(ObjectId, u64, PathBuf)> =
-                objs.iter().map(|o| (o.0, o.1.len, temp(&o.0))).collect();
-            let (url, pack) = (self.cfg.url.clone(), pack.to_string());
-            let out = tokio::task::spawn_blocking(move || {
-                let mut out = Vec::with_capacity(jobs.len());
-                for ((id, len, dst), bytes) in jobs.into_iter().zip(parts) {
-                    if bytes.len() as u64 != len || blake3::hash(&bytes).as_bytes() != &id.0 {
-                        return Err(Error::Failed(format!(
-                            "remote {url}: object {id} in pack {pack}: the bytes received do not \
-                             match its id (a corrupt pack)"
-                        )));
-                    }
-                    write_new(&dst, &bytes)?;
-                    out.push((id, dst));
+            let mut end = 0;
+            for o in objs {
+                match groups.last_mut() {
+                    Some(g) if g[0].1.pack == o.1.pack && o.1.offset <= end + COALESCE => g.push(o),
+                    _ => groups.push(vec![o]),
                 }
-                Ok(out)
-            })
-            .await
-            .map_err(|e| Error::Failed(format!("writing pulled objects: {e}")))??;
-            Ok::<_, Error>(out)
+                end = end.max(o.1.offset + o.1.len);
+            }
+        }
+        futures::stream::iter(groups.into_iter().map(|g| {
+            let tx = tx.clone();
+            async move { self.stream_group(project, &g, &tx).await }
         }))
         .buffer_unordered(PACK_PARALLEL.min(self.cfg.concurrency))
-        .try_collect::<Vec<_>>()
-        .await?;
-        Ok(done.into_iter().flatten().collect())
+        .try_collect::<Vec<()>>()
+        .await
+        .map(|_| ())
     }
-}
 
-fn write_new(dst: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = fs::File::create_new(dst).at(dst)?;
-    f.write_all(bytes).at(dst)
+    /// One ranged GET over the objects `g` (of one pack, by offset, not overlapping), cut into
+    /// objects as the bytes arrive.
+    async fn stream_group(
+        &self,
+        project: &ProjectId,
+        g: &[&(ObjectId, Location)],
+        tx: &tokio::sync::mpsc::Sender<Arrived>,
+    ) -> Result<()> {
+        let pack = g[0].1.pack.as_str();
+        let start = g[0].1.offset;
+        let end = g
+            .iter()
+            .map(|o| o.1.offset + o.1.len)
+            .max()
+            .unwrap_or(start);
+        let send = |id: ObjectId, b: Bytes| async move {
+            tx.send(Arrived::Bytes(id, b))
+                .await
+                .map_err(|_| writers_stopped())
+        };
+        if start == end {
+            for o in g {
+                send(o.0, Bytes::new()).await?;
+            }
+            return Ok(());
+        }
+        let what = format!("downloading pack {pack}");
+        let t = std::time::Instant::now();
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(start..end)),
+            ..Default::default()
+        };
+        let mut stream = self
+            .store
+            .get_opts(&self.layout.pack(project, pack), opts)
+            .await
+            .map_err(|e| self.error(&what, e))?
+            .into_stream();
+        let mut buf = BytesMut::new();
+        let mut pos = start; // pack offset of buf[0]
+        let mut next = g.iter().peekable();
+        while let Some(chunk) = stream.next().await {
+            buf.extend_from_slice(&chunk.map_err(|e| self.error(&what, e))?);
+            while let Some(o) = next.peek() {
+                let skip = (o.1.offset - pos) as usize;
+                if buf.len() < skip + o.1.len as usize {
+                    break;
+                }
+                buf.advance(skip);
+                let bytes = buf.split_to(o.1.len as usize).freeze();
+                pos = o.1.offset + o.1.len;
+                send(o.0, bytes).await?;
+                next.next();
+            }
+        }
+        if next.peek().is_some() {
+            return Err(RemoteError::Corrupt {
+                url: self.cfg.url.clone(),
+                what: format!("pack {pack}"),
+                detail: format!("it ended before byte {end}"),
+            }
+            .into());
+        }
+        tracing::debug!(
+            pack,
+            objects = g.len(),
+            ms = t.elapsed().as_millis() as u64,
+            "pack range fetched"
+        );
+        Ok(())
+    }
 }

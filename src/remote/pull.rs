@@ -3,10 +3,9 @@
 //! on arrival into a temp file renamed into place), rebuild the tree exactly as `promote` made it
 //! and publish it through the store's normal publish path.
 
-use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
@@ -14,10 +13,12 @@ use object_store::ObjectStoreExt;
 use serde::Serialize;
 
 use super::Remote;
+use super::error::RemoteError;
 use super::manifest::{Entry, KeyRecord, Kind, RemoteManifest};
+use super::unpack::{Arrived, Plan, Temps, Unpack, apply_meta};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ObjectId, ProjectId};
-use crate::store::object::{ObjectStore as LocalObjects, meta_tag};
+use crate::store::object::ObjectStore as LocalObjects;
 use crate::store::promote::{TreeStats, undo_created_objects};
 use crate::store::{CommitResult, ProjectDirs, PublishSpec, Store};
 use crate::sys;
@@ -59,7 +60,7 @@ pub struct PullReport {
 impl Remote {
     /// Reads the key record of `key`, if the remote has it.
     ///
-    /// Errors: [`Error::Failed`] naming the remote (unreachable, denied, corrupt record).
+    /// Errors: [`RemoteError`] naming the remote (unreachable, denied, a corrupt record).
     pub async fn key_record(
         &self,
         project: &ProjectId,
@@ -69,7 +70,7 @@ impl Remote {
         let path = self.layout.key(project, cache, key);
         let got = match self.store.get(&path).await {
             Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) if super::is_not_found(&e) => return Ok(None),
             Err(e) => return Err(self.error(&format!("reading key {key}"), e)),
         };
         let bytes = got
@@ -77,16 +78,18 @@ impl Remote {
             .await
             .map_err(|e| self.error(&format!("reading key {key}"), e))?;
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            Error::Failed(format!(
-                "remote {}: key {key}: corrupt record: {e}",
-                self.cfg.url
-            ))
+            RemoteError::Corrupt {
+                url: self.cfg.url.clone(),
+                what: format!("key {key}"),
+                detail: format!("its record does not parse: {e}"),
+            }
+            .into()
         })
     }
 
     /// Every key of `cache` on the remote with its last-modified time (ms), unordered.
     ///
-    /// Errors: [`Error::Failed`] naming the remote.
+    /// Errors: [`RemoteError`] naming the remote.
     pub async fn list_keys(
         &self,
         project: &ProjectId,
@@ -107,7 +110,7 @@ impl Remote {
     /// Finds `key` on the remote, else (when `restore_keys` is given) the newest key starting
     /// with each prefix in turn (actions/cache order).
     ///
-    /// Errors: [`Error::Failed`] naming the remote.
+    /// Errors: [`RemoteError`] naming the remote.
     pub async fn find(
         &self,
         project: &ProjectId,
@@ -147,8 +150,8 @@ impl Remote {
 
     /// Reads and validates the manifest of `layer`.
     ///
-    /// Errors: [`Error::Failed`] naming the remote, or the manifest when it is corrupt or
-    /// belongs to another project/cache.
+    /// Errors: [`RemoteError`] naming the remote; [`RemoteError::Corrupt`] naming the manifest
+    /// when it does not parse, is invalid or belongs to another project/cache.
     pub async fn manifest(
         &self,
         project: &ProjectId,
@@ -165,17 +168,21 @@ impl Remote {
             .bytes()
             .await
             .map_err(|e| self.error(&what, e))?;
-        let m: RemoteManifest = serde_json::from_slice(&bytes).map_err(|e| {
-            Error::Failed(format!(
-                "remote {}: layer {layer}: corrupt manifest: {e}",
-                self.cfg.url
-            ))
-        })?;
-        m.validate()?;
+        let corrupt = |detail: String| -> Error {
+            RemoteError::Corrupt {
+                url: self.cfg.url.clone(),
+                what: format!("manifest {path}"),
+                detail,
+            }
+            .into()
+        };
+        let m: RemoteManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
+        m.validate().map_err(|e| corrupt(e.to_string()))?;
         if &m.layer.project != project || &m.layer.cache != cache || &m.layer.layer != layer {
-            return Err(Error::Failed(format!(
-                "remote {}: manifest {path} is of {}/{} layer {}, not {project}/{cache} layer {layer}",
-                self.cfg.url, m.layer.project, m.layer.cache, m.layer.layer
+            return Err(corrupt(format!(
+                "it is of {}/{} layer {}, not {project}/{cache} layer {layer}",
+                m.layer.project, m.layer.cache, m.layer.layer
             )));
         }
         Ok((m, bytes.len() as u64))
@@ -185,7 +192,8 @@ impl Remote {
     /// `found.key`. Objects already in the project (same bytes and metadata) are linked; same
     /// bytes with other metadata are copied locally; only the rest is downloaded.
     ///
-    /// Errors: [`Error::Failed`] naming the remote or a corrupt object; [`Error::Io`] locally.
+    /// Errors: [`RemoteError`] naming the remote ([`RemoteError::Corrupt`] for an object whose
+    /// bytes do not match its id); [`Error::Io`] locally.
     /// On error nothing is published and the objects this pull created are removed.
     pub fn pull(
         &self,
@@ -198,6 +206,11 @@ impl Remote {
         let layer = &found.record.layer;
         let (manifest, manifest_bytes) =
             self.block_on(None, self.manifest(&pd.project, cache, layer))?;
+        tracing::info!(
+            bytes = manifest_bytes,
+            ms = t0.elapsed().as_millis() as u64,
+            "pull: manifest fetched"
+        );
         let spec = PublishSpec {
             cache: cache.clone(),
             key: found.key.clone(),
@@ -214,6 +227,10 @@ impl Remote {
         let published = store.publish_built(pd, &spec, |objects, tree| {
             self.build(pd, objects, &manifest, tree, &mut report)
         })?;
+        tracing::info!(
+            ms = published.publish_ms,
+            "pull: published (manifest, syncfs, rename, key)"
+        );
         report.layer = published.layer.to_string();
         report.result = match published.result {
             CommitResult::Exists => "exists",
@@ -257,137 +274,15 @@ impl Remote {
         report: &mut PullReport,
         stats: &mut TreeStats,
     ) -> Result<()> {
-        // What the project holds: by (content, tag) and by content alone.
-        let mut exact: HashMap<(ObjectId, u64), PathBuf> = HashMap::new();
-        let mut by_content: HashMap<ObjectId, PathBuf> = HashMap::new();
-        for (path, id, _) in objects.list()? {
-            if let Some(tag) = object_tag(&path) {
-                exact.entry((id, tag)).or_insert_with(|| path.clone());
-            }
-            by_content.entry(id).or_insert(path);
-        }
-        // What the tree needs: (content, tag) → the first entry with that metadata.
-        let mut need: HashMap<(ObjectId, u64), &Entry> = HashMap::new();
-        let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
-        for e in &m.entries {
-            if let Some((id, size)) = e.object()? {
-                need.entry((id, e.meta_tag()?)).or_insert(e);
-                sizes.insert(id, size);
-            }
-        }
-        report.objects = sizes.len() as u64;
-        let mut missing: Vec<(ObjectId, u64)> = sizes
-            .iter()
-            .filter(|(id, _)| !by_content.contains_key(id))
-            .map(|(id, s)| (*id, *s))
-            .collect();
-        missing.sort();
-        // Download into temp files in objects/ (same filesystem: renamed into place below).
-        let tmp_dir = objects.dir().to_path_buf();
-        let downloads = TempFiles::default();
         let t = Instant::now();
-        let packed_at = m.pack_locations()?;
-        let (packed, alone): (Vec<_>, Vec<_>) = missing
-            .iter()
-            .copied()
-            .partition(|(id, _)| packed_at.contains_key(id));
-        let packed: Vec<_> = packed
-            .into_iter()
-            .map(|(id, _)| (id, packed_at[&id].clone()))
-            .collect();
-        let temp = |id: &ObjectId| downloads.path(&tmp_dir, id);
-        let mut fetched = self.block_on(
-            None,
-            self.download_all(&pd.project, &alone, &tmp_dir, &downloads),
-        )?;
-        tracing::debug!(
-            objects = alone.len(),
-            ms = t.elapsed().as_millis() as u64,
-            "large objects fetched"
-        );
-        fetched.extend(self.block_on(None, self.download_packed(&pd.project, &packed, &temp))?);
-        tracing::info!(
-            objects = missing.len(),
-            ms = t.elapsed().as_millis() as u64,
-            "pull: downloaded"
-        );
-        let t = Instant::now();
-        for (id, _) in &missing {
-            report.pulled_objects += 1;
-            report.pulled_bytes += sizes[id];
-        }
-        let mut fresh: HashMap<ObjectId, PathBuf> = fetched.into_iter().collect();
-        // Create every (content, tag) object the project lacks, on several threads: first one
-        // object per downloaded or locally held content, then the other metadata variants of
-        // downloaded content (copies of the first).
-        let mut keys: Vec<_> = need
-            .keys()
-            .copied()
-            .filter(|k| !exact.contains_key(k))
-            .collect();
-        keys.sort();
-        let (mut first, mut later) = (Vec::new(), Vec::new());
-        for (id, tag) in keys {
-            match fresh.remove(&id) {
-                Some(t) => first.push((id, tag, Source::Temp(t))),
-                None => match by_content.get(&id) {
-                    Some(p) => first.push((id, tag, Source::Copy(p.clone()))),
-                    None => later.push((id, tag)),
-                },
-            }
-        }
-        let place = |(id, tag, src): &(ObjectId, u64, Source)| -> Result<(ObjectId, u64, bool)> {
-            let tmp = match src {
-                Source::Temp(t) => t.clone(),
-                Source::Copy(from) => {
-                    let t = downloads.path(&tmp_dir, id);
-                    fs::copy(from, &t).at(&t)?;
-                    t
-                }
-            };
-            let made = make_object(objects, id, *tag, &tmp, need[&(*id, *tag)])?;
-            Ok((*id, *tag, made))
-        };
-        let threads = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .clamp(2, 8);
-        let mut placed = par_try(&first, threads, place)?;
-        for (id, _, src) in &first {
-            if matches!(src, Source::Copy(_)) {
-                report.copied_objects += 1;
-            }
-            by_content
-                .entry(*id)
-                .or_insert_with(|| objects.path_for(id, first_tag(&first, id)));
-        }
-        let later: Vec<_> = later
-            .into_iter()
-            .map(|(id, tag)| {
-                let from = by_content
-                    .get(&id)
-                    .cloned()
-                    .ok_or_else(|| Error::Failed(format!("object {id}: not fetched")))?;
-                Ok((id, tag, Source::Copy(from)))
-            })
-            .collect::<Result<_>>()?;
-        placed.extend(par_try(&later, threads, place)?);
-        report.copied_objects += later.len() as u64;
-        for (id, tag, made) in placed {
-            let dst = objects.path_for(&id, tag);
-            if made {
-                stats.counts.new_objects += 1;
-                stats.counts.new_bytes += sizes[&id];
-                stats.created_objects.push(dst.clone());
-            }
-            exact.insert((id, tag), dst);
-        }
-        tracing::info!(
-            ms = t.elapsed().as_millis() as u64,
-            "pull: objects in place"
-        );
-        let t = Instant::now();
-        // The tree, parents first; directories get their final metadata last (deepest first),
-        // so creating children does not disturb their times or need write permission.
+        let plan = Plan::new(objects, m)?;
+        report.objects = plan.sizes.len() as u64;
+        report.pulled_objects = plan.missing.len() as u64;
+        report.pulled_bytes = plan.missing.iter().map(|(_, s)| s).sum();
+        // The tree's directories first (parents come first in the manifest; made while the
+        // downloads start), so the writers can link each file as soon as its object is in
+        // place; directories get their final metadata last (deepest first), so creating
+        // children does not disturb their times or need write permission.
         let path_of = |e: &Entry| {
             if e.path.is_empty() {
                 tree.to_path_buf()
@@ -395,25 +290,62 @@ impl Remote {
                 tree.join(&e.path)
             }
         };
-        let mut dirs = Vec::new();
-        let mut rest = Vec::new();
-        for e in &m.entries {
-            if e.kind == Kind::Dir {
-                let dst = path_of(e);
-                fs::create_dir(&dst).at(&dst)?;
-                dirs.push((dst, e));
-            } else {
-                rest.push(e);
+        let dirs: Vec<_> = m
+            .entries
+            .iter()
+            .filter(|e| e.kind == Kind::Dir)
+            .map(|e| (path_of(e), e))
+            .collect();
+        let make_dirs = || -> Result<()> {
+            for (d, _) in &dirs {
+                fs::create_dir(d).at(d)?;
             }
+            Ok(())
+        };
+        let packed_at = m.pack_locations()?;
+        let (packed, alone): (Vec<_>, Vec<_>) = plan
+            .missing
+            .iter()
+            .copied()
+            .partition(|(id, _)| packed_at.contains_key(id));
+        let packed: Vec<_> = packed
+            .into_iter()
+            .map(|(id, _)| (id, packed_at[&id].clone()))
+            .collect();
+        let temps = Temps::new();
+        let unpack = Unpack::new(objects, tree, &plan, &temps, &self.cfg.url)?;
+        tracing::info!(ms = t.elapsed().as_millis() as u64, "pull: planned");
+        let t = Instant::now();
+        // Writers: about two per core (they wait on the filesystem as much as they hash).
+        let threads = std::thread::available_parallelism()
+            .map_or(2, |n| n.get() * 2)
+            .clamp(2, 8);
+        let r = unpack.run(threads, make_dirs, |tx| {
+            self.block_on(None, async {
+                futures::try_join!(
+                    self.download_all(&pd.project, &alone, objects, &temps, tx.clone()),
+                    self.download_packed(&pd.project, &packed, tx),
+                )
+                .map(|_| ())
+            })
+        });
+        // What was created is undone by the caller on error: record it either way.
+        for (path, bytes) in unpack.made.into_inner() {
+            stats.counts.new_objects += 1;
+            stats.counts.new_bytes += bytes;
+            stats.created_objects.push(path);
         }
-        par_try(&rest, threads, |e: &&Entry| -> Result<()> {
+        report.copied_objects = unpack.copied.into_inner();
+        r?;
+        tracing::info!(
+            objects = plan.missing.len(),
+            ms = t.elapsed().as_millis() as u64,
+            "pull: downloaded, objects in place, files linked"
+        );
+        let t = Instant::now();
+        for e in &m.entries {
             let dst = path_of(e);
             match &e.kind {
-                Kind::File { .. } => {
-                    let (id, _) = e.object()?.expect("a file has an object");
-                    let obj = &exact[&(id, e.meta_tag()?)];
-                    objects.link_object(obj, &dst)?;
-                }
                 Kind::Symlink { target } => {
                     std::os::unix::fs::symlink(target, &dst).at(&dst)?;
                     apply_meta(&dst, e)?;
@@ -422,42 +354,49 @@ impl Remote {
                     sys::mkfifo(&dst, e.mode).at(&dst)?;
                     apply_meta(&dst, e)?;
                 }
-                Kind::Dir => {}
+                Kind::Dir | Kind::File { .. } => {}
             }
-            Ok(())
-        })?;
+        }
         for (dst, e) in dirs.iter().rev() {
             apply_meta(dst, e)?;
         }
-        tracing::info!(ms = t.elapsed().as_millis() as u64, "pull: tree built");
+        tracing::info!(ms = t.elapsed().as_millis() as u64, "pull: tree finished");
         Ok(())
     }
 
-    /// Downloads `ids` (with their sizes) into temp files under `dir`, at most
-    /// `concurrency` at once; returns where each landed.
+    /// Streams the large objects `ids` (with their sizes) into temporary files beside where
+    /// they go in `objects`, at most `concurrency` at once, and hands each to the writers.
+    ///
+    /// Errors: as [`Remote::download`]; [`Error::Failed`] when the writers stopped (their
+    /// error is the one reported).
     async fn download_all(
         &self,
         project: &ProjectId,
         ids: &[(ObjectId, u64)],
-        dir: &Path,
-        temps: &TempFiles,
-    ) -> Result<Vec<(ObjectId, PathBuf)>> {
+        objects: &LocalObjects,
+        temps: &Temps,
+        tx: tokio::sync::mpsc::Sender<Arrived>,
+    ) -> Result<()> {
         futures::stream::iter(ids.iter().map(|(id, size)| {
-            let dst = temps.path(dir, id);
+            let dst = temps.tracked(&objects.path_for(id, 0));
+            let tx = tx.clone();
             async move {
                 self.download(project, id, *size, &dst).await?;
-                Ok::<_, Error>((*id, dst))
+                tx.send(Arrived::File(*id, dst))
+                    .await
+                    .map_err(|_| writers_stopped())
             }
         }))
         .buffer_unordered(self.cfg.concurrency)
-        .try_collect()
+        .try_collect::<Vec<()>>()
         .await
+        .map(|_| ())
     }
 
     /// Streams object `id` into `dst` (created, must not exist), hashing on arrival.
     ///
-    /// Errors: [`Error::Failed`] when the bytes do not hash to `id` or their length is not
-    /// `size` (a corrupt or truncated remote object; `dst` is removed), or on a remote error.
+    /// Errors: [`RemoteError::Corrupt`] when the bytes do not hash to `id` or their length is
+    /// not `size` (a corrupt or truncated remote object; `dst` is removed); a remote error.
     async fn download(
         &self,
         project: &ProjectId,
@@ -486,64 +425,24 @@ impl Remote {
         tracing::debug!(%id, size, ms = t.elapsed().as_millis() as u64, "object fetched");
         if n != size || h.finalize().as_bytes() != &id.0 {
             let _ = fs::remove_file(dst);
-            return Err(Error::Failed(format!(
-                "remote {}: object {id}: the bytes received ({n} of {size}) do not match its id \
-                 (a corrupt remote object; `layercache remote gc` does not repair it: delete it \
-                 and push again)",
-                self.cfg.url
-            )));
+            return Err(RemoteError::Corrupt {
+                url: self.cfg.url.clone(),
+                what: format!("object {id}"),
+                detail: format!(
+                    "{n} of {size} bytes received, not matching its id; `layercache remote gc` \
+                     does not repair it: delete it and push again"
+                ),
+            }
+            .into());
         }
         Ok(())
     }
 }
 
-/// The tag part of an object file name (`<hex>-<tag>[.<n>]`).
-fn object_tag(p: &Path) -> Option<u64> {
-    let name = p.file_name()?.to_str()?;
-    let tag = name.get(65..81)?;
-    u64::from_str_radix(tag, 16).ok()
-}
-
-/// Sets owner, xattrs, permission bits and times of `p` from `e` (not following a symlink;
-/// permission bits and xattrs are skipped for symlinks). Owner first: chown clears setuid bits.
-///
-/// Errors: [`Error::Io`] naming `p` (EPERM for another owner when not root).
-fn apply_meta(p: &Path, e: &Entry) -> Result<()> {
-    std::os::unix::fs::lchown(p, Some(e.uid), Some(e.gid)).at(p)?;
-    if !matches!(e.kind, Kind::Symlink { .. }) {
-        for (n, v) in e.xattr_bytes()? {
-            sys::set_xattr(p, &n, &v).at(p)?;
-        }
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(p, fs::Permissions::from_mode(e.mode & 0o7777)).at(p)?;
-    }
-    sys::set_times_nofollow(p, e.atime, e.mtime).at(p)
-}
-
-/// Temp files of one pull (`objects/.pull-<hex>-<random>`), removed on drop if still there.
-#[derive(Default)]
-struct TempFiles {
-    made: parking_lot::Mutex<Vec<PathBuf>>,
-}
-
-impl TempFiles {
-    fn path(&self, dir: &Path, id: &ObjectId) -> PathBuf {
-        let p = dir.join(format!(
-            ".pull-{}-{}",
-            &id.to_hex()[..16],
-            sys::random_hex(6)
-        ));
-        self.made.lock().push(p.clone());
-        p
-    }
-}
-
-impl Drop for TempFiles {
-    fn drop(&mut self) {
-        for p in self.made.lock().drain(..) {
-            let _ = fs::remove_file(p);
-        }
-    }
+/// The error a download returns when the writers closed the channel (one of them failed; its
+/// error is the one reported).
+pub(super) fn writers_stopped() -> Error {
+    Error::Failed("pull stopped: writing the pulled objects failed".into())
 }
 
 impl Remote {
@@ -568,117 +467,27 @@ impl Remote {
         });
         match r {
             Ok(rep) => rep,
-            Err(e) => {
+            // Unreachable, slow or refusing: the remote is no use for the rest of this run.
+            Err(Error::Remote(e))
+                if e.is_transient() || matches!(*e, RemoteError::Denied { .. }) =>
+            {
                 self.mark_unhealthy();
-                self.warn_once(&format!(
+                self.warn_once(store, &format!(
                     "{e}; going on without the remote (a local miss; nothing is pushed this run)"
                 ));
                 None
             }
-        }
-    }
-}
-
-/// Where the bytes of a new local object come from.
-enum Source {
-    /// A verified download (moved into place).
-    Temp(PathBuf),
-    /// A local object with the same bytes (copied).
-    Copy(PathBuf),
-}
-
-/// The tag of the first object made for `id` in `first`.
-fn first_tag(first: &[(ObjectId, u64, Source)], id: &ObjectId) -> u64 {
-    first.iter().find(|f| &f.0 == id).map_or(0, |f| f.1)
-}
-
-/// Gives the file `tmp` (bytes of object `id`) the metadata of `entry`, checks it now has
-/// `tag`, and renames it into place as object (`id`, `tag`) of `objects`. `Ok(false)` when that
-/// object existed already (another pull or promotion made it; `tmp` is removed).
-///
-/// Errors: [`Error::Failed`] when the metadata cannot be reproduced (e.g. another owner when not
-/// root); [`Error::Io`] naming the path.
-fn make_object(
-    objects: &LocalObjects,
-    id: &ObjectId,
-    tag: u64,
-    tmp: &Path,
-    entry: &Entry,
-) -> Result<bool> {
-    apply_meta(tmp, entry)?;
-    let got = meta_tag(tmp, &fs::symlink_metadata(tmp).at(tmp)?).at(tmp)?;
-    if got != tag {
-        return Err(Error::Failed(format!(
-            "{}: metadata of {:?} could not be reproduced (owner {}:{} mode {:o}; run as root?)",
-            tmp.display(),
-            entry.path,
-            entry.uid,
-            entry.gid,
-            entry.mode
-        )));
-    }
-    let dst = objects.path_for(id, tag);
-    // The fan-out directory is made on the first ENOENT only (not one mkdir per object).
-    let renamed = match sys::rename_noreplace(tmp, &dst) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) && tmp.exists() => {
-            if let Some(parent) = dst.parent() {
-                fs::create_dir_all(parent).at(parent)?;
+            // A broken key or layer (corrupt, missing objects) or a local failure: this
+            // layer is skipped, the remote stays in use (the new layer is pushed).
+            Err(e) => {
+                store.notify(crate::store::Notice::Remote {
+                    message: format!(
+                        "pulling {cache} key {key} from the remote failed: {e}; going on as a \
+                         local miss"
+                    ),
+                });
+                None
             }
-            sys::rename_noreplace(tmp, &dst)
         }
-        r => r,
-    };
-    match renamed {
-        Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-            let _ = fs::remove_file(tmp);
-            Ok(false)
-        }
-        Err(e) => Err(Error::io(&dst, e)),
     }
-}
-
-/// Runs `f` over `items` on up to `threads` threads (filesystem work that waits on the disk
-/// more than on the CPU); the first error wins and stops the others early.
-fn par_try<T: Sync, R: Send>(
-    items: &[T],
-    threads: usize,
-    f: impl Fn(&T) -> Result<R> + Sync,
-) -> Result<Vec<R>> {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let results: Vec<Result<Vec<R>>> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| {
-                    let mut out = Vec::new();
-                    while !failed.load(Ordering::Relaxed) {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(item) = items.get(i) else { break };
-                        match f(item) {
-                            Ok(r) => out.push(r),
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                return Err(e);
-                            }
-                        }
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err(Error::Failed("a pull thread panicked".into())))
-            })
-            .collect()
-    });
-    let mut all = Vec::new();
-    for r in results {
-        all.extend(r?);
-    }
-    Ok(all)
 }

@@ -11,6 +11,7 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::Serialize;
 
 use super::Remote;
+use super::error::{self, classify};
 use super::manifest::{KeyRecord, Kind, from_layer};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ObjectId, ProjectId};
@@ -60,8 +61,8 @@ impl PushReport {
 impl Remote {
     /// Pushes local layer `layer` of `pd` under `cache`/`key` (see the module docs).
     ///
-    /// Errors: [`Error::Failed`] naming the remote, [`Error::Io`] reading the layer, or when a
-    /// local file no longer matches its object id (it is never sent).
+    /// Errors: [`super::RemoteError`] naming the remote; [`Error::Io`] reading the layer;
+    /// [`Error::Failed`] when a local file no longer matches its object id (it is never sent).
     pub fn push_layer(
         &self,
         pd: &ProjectDirs,
@@ -157,7 +158,8 @@ impl Remote {
                 .await
             {
                 Ok(_) => report.result = "pushed".into(),
-                Err(object_store::Error::AlreadyExists { .. }) => report.result = "exists".into(),
+                // Create-only: 409/412 means another runner's key is there already.
+                Err(e) if classify(&e) == error::Kind::Conflict => report.result = "exists".into(),
                 Err(e) => return Err(self.error(&format!("creating key {key}"), e)),
             }
             Ok(())
@@ -169,7 +171,7 @@ impl Remote {
     /// Which of `ids` the remote has: one listing per fan-out directory they fall in (at most
     /// 256, `concurrency` at a time), not one request per object.
     ///
-    /// Errors: [`Error::Failed`] naming the remote.
+    /// Errors: [`super::RemoteError`] naming the remote.
     pub async fn remote_objects(
         &self,
         project: &ProjectId,

@@ -120,6 +120,7 @@ fn env(spec: &str, command: &[&str]) -> Env {
         json: false,
         run_id: "r".into(),
         docker: None,
+        user: None,
     };
     Env {
         work,

@@ -9,6 +9,14 @@
 //! proxies (SIGINT/SIGTERM, `docker run`'s `--sig-proxy`) reach the script, which PID 1 of a
 //! container would otherwise ignore.
 //!
+//! An engine that cannot see the mounts (dockerd in another mount namespace without shared
+//! bind propagation, a rootless or remote engine) would bind an empty directory and let the
+//! step fill it for nothing: every container's command runs behind a POSIX `sh` prologue
+//! ([`MOUNT_CHECK`]) that finds each cache's view path as a `fuse.layercache` mount in
+//! `/proc/self/mountinfo` and otherwise exits [`UNSEEN_STATUS`] before the command starts;
+//! a step ending with that status is confirmed by one probe container ([`Docker::unseen`])
+//! and reported as one line naming the cache's view path (nothing is published).
+//!
 //! Outside reference: docker-run(1) (`--rm`, `--init`, `--name`, `--label`, `-v`, `-e`, `-w`,
 //! `--user`), docker-rm(1).
 
@@ -43,11 +51,12 @@ fn first_line(out: &std::process::Output) -> String {
 impl Docker {
     /// Checks, before anything is mounted, that a Docker engine answers, that it holds the
     /// image, and that `--user` names a user of the image (a numeric `UID[:GID]` always does).
-    /// Returns the `(uid, gid)` `--user` runs as in the image (`id -u`, `id -g` there).
+    /// Returns the image's id (`sha256:…`, what the keys fingerprint: a rebuilt tag is another
+    /// environment) and the `(uid, gid)` `--user` runs as in the image (`id -u`, `id -g` there).
     ///
     /// Errors: [`Error::Invalid`] (exit 2) naming `--sandbox docker` (no client or no engine,
     /// with `DOCKER_HOST`), `--image` or `--user`.
-    pub fn preflight(&self) -> Result<Option<(u32, u32)>> {
+    pub fn preflight(&self) -> Result<(String, Option<(u32, u32)>)> {
         if self.image.is_empty() {
             return Err(Error::invalid(
                 "--sandbox docker needs --image IMAGE (an image the Docker engine holds)",
@@ -76,8 +85,9 @@ impl Docker {
                 self.image
             )));
         }
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if let Some(user) = &self.user {
-            check_user_syntax(user)?;
+            super::user::check_syntax(user)?;
             let out = docker_output(&[
                 "run",
                 "--rm",
@@ -100,19 +110,20 @@ impl Docker {
             let text = String::from_utf8_lossy(&out.stdout);
             let ids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
             if let [uid, gid] = ids[..] {
-                return Ok(Some((uid, gid)));
+                return Ok((id, Some((uid, gid))));
             }
             return Err(Error::Failed(format!(
                 "--user {user}: `id -u; id -g` in image {} printed {text:?}",
                 self.image
             )));
         }
-        Ok(None)
+        Ok((id, None))
     }
 
     /// A `docker run` command for `argv` in a new container `name` (see [`Container`]) of this
     /// image: `--rm --init --name NAME --label layercache.run=RUN_ID`, `-i` when `stdin`, the
-    /// `--user`, the `--docker-arg`s, then the `-v`/`-e`/`-w` of `binds` ([`args`]).
+    /// `--user`, the `--docker-arg`s, then the `-v`/`-e`/`-w` of `binds` ([`args`]); `argv`
+    /// runs behind [`MOUNT_CHECK`] (the image needs a POSIX `sh`).
     pub fn command(
         &self,
         binds: &Binds,
@@ -120,6 +131,19 @@ impl Docker {
         name: &Container,
         run_id: &str,
         stdin: bool,
+    ) -> Command {
+        self.with_mode(binds, argv, name, run_id, stdin, "run")
+    }
+
+    /// [`Docker::command`] with [`MOUNT_CHECK`]'s MODE.
+    fn with_mode(
+        &self,
+        binds: &Binds,
+        argv: &[OsString],
+        name: &Container,
+        run_id: &str,
+        stdin: bool,
+        mode: &str,
     ) -> Command {
         let mut cmd = Command::new("docker");
         cmd.args(["run", "--rm", "--init", "--name", &name.0]);
@@ -144,9 +168,68 @@ impl Docker {
         };
         cmd.args(args(Driver::Docker, &binds));
         cmd.arg(&self.image);
-        cmd.args(argv);
+        cmd.args(checked(&binds, mode, argv));
         cmd
     }
+
+    /// After a step ended with [`UNSEEN_STATUS`]: runs one probe container (`true`) with the
+    /// same arguments and returns the view path it does not see as a layercache mount,
+    /// or `None` when it sees them all (the step's own command exited with that status).
+    ///
+    /// Errors: [`Error::Failed`] when the docker client cannot be run.
+    pub fn unseen(&self, binds: &Binds, name: &Container, run_id: &str) -> Result<Option<String>> {
+        let out = (self.with_mode(binds, &["true".into()], name, run_id, false, "probe"))
+            .output()
+            .map_err(|e| Error::Failed(format!("docker run (mount probe): {e}")))?;
+        Ok((out.status.code() == Some(UNSEEN_STATUS))
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
+    }
+}
+
+/// The exit status of [`MOUNT_CHECK`] when a view path is not a layercache mount inside the
+/// container.
+pub const UNSEEN_STATUS: i32 = 213;
+
+/// `sh -c MOUNT_CHECK MODE VIEW… -- COMMAND…`: each VIEW (escaped as mountinfo(5) escapes
+/// mount points) must be the mount point of a `fuse.layercache` mount, else it exits
+/// [`UNSEEN_STATUS`] (MODE `probe`: printing the first VIEW that is not); then it execs COMMAND.
+pub const MOUNT_CHECK: &str = r#"while [ "$1" != -- ]; do
+  s=
+  while read -r _ _ _ _ p r; do
+    if [ "$p" = "$1" ]; then case "$r" in *" - fuse.layercache "*) s=1 ;; esac; fi
+  done < /proc/self/mountinfo
+  if [ -z "$s" ]; then [ "$0" = probe ] && printf '%s
+' "$1"; exit 213; fi
+  shift
+done
+shift
+exec "$@""#;
+
+/// `path` as /proc/self/mountinfo writes a mount point (space, tab, newline and backslash as
+/// `\ooo`).
+fn mountinfo_escaped(path: &std::path::Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            ' ' | '\t' | '\n' | '\\' => out.push_str(&format!("\\{:03o}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `argv` behind [`MOUNT_CHECK`] for the view paths of `binds`' mounts.
+fn checked(binds: &Binds, mode: &str, argv: &[OsString]) -> Vec<OsString> {
+    let mut out: Vec<OsString> = vec!["sh".into(), "-c".into(), MOUNT_CHECK.into(), mode.into()];
+    out.extend(
+        binds
+            .mounts
+            .iter()
+            .map(|(_, v)| mountinfo_escaped(v).into()),
+    );
+    out.push("--".into());
+    out.extend(argv.iter().cloned());
+    out
 }
 
 fn docker_output(a: &[&str]) -> Result<std::process::Output> {
@@ -156,39 +239,38 @@ fn docker_output(a: &[&str]) -> Result<std::process::Output> {
         .map_err(|e| Error::Failed(format!("docker {}: {e}", a.join(" "))))
 }
 
-/// `--user`: `UID`, `UID:GID`, `NAME` or `NAME:GROUP` (docker-run(1)'s forms).
-///
-/// Errors: [`Error::Invalid`] naming `--user` for an empty part or characters no user name has.
-pub fn check_user_syntax(user: &str) -> Result<()> {
-    let ok_part = |p: &str| {
-        !p.is_empty()
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-    };
-    let mut parts = user.splitn(2, ':');
-    let u = parts.next().unwrap_or_default();
-    let g = parts.next();
-    if ok_part(u) && g.is_none_or(ok_part) {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!(
-            "--user {user:?}: use UID, UID:GID, NAME or NAME:GROUP"
-        )))
-    }
-}
-
 /// The name of one container this run creates; Drop removes it (`docker rm -f NAME`, by this
-/// exact name, never by pattern) in case `--rm` did not (interrupted, client killed).
+/// exact name, never by pattern) in case `--rm` did not (interrupted, client killed). While it
+/// lives, a watchdog — a `sh` of its own process group that checks once a second that this
+/// process is alive — removes the container if this process dies without dropping the guard
+/// (`kill -9`): the docker client would keep the container running otherwise.
 #[derive(Debug)]
-pub struct Container(String);
+pub struct Container(String, Option<std::process::Child>);
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// The watchdog's script: `$1` is the pid to watch, `$2` the container.
+const WATCHDOG: &str = "while kill -0 \"$1\" 2>/dev/null; do sleep 1; done; \
+exec docker rm -f \"$2\" >/dev/null 2>&1";
+
 impl Container {
-    /// `layercache-<run_id>-<n>`, n counting this process's containers.
+    /// `layercache-<run_id>-<n>`, n counting this process's containers, with its watchdog
+    /// (none if `sh` cannot be started; then only Drop removes the container).
     pub fn new(run_id: &str) -> Container {
+        use std::os::unix::process::CommandExt;
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
-        Container(format!("layercache-{run_id}-{n}"))
+        let name = format!("layercache-{run_id}-{n}");
+        let watchdog = Command::new("sh")
+            .args(["-c", WATCHDOG, "layercache-watchdog"])
+            .arg(std::process::id().to_string())
+            .arg(&name)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .ok();
+        Container(name, watchdog)
     }
 
     /// The container's name.
@@ -199,6 +281,11 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
+        // This process removes it itself: the watchdog (ours, by its pid) is not needed.
+        if let Some(mut w) = self.1.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
         // "No such container" once --rm has removed it; nothing to report then.
         let _ = Command::new("docker")
             .args(["rm", "-f", &self.0])
@@ -213,21 +300,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn user_syntax() {
-        for ok in ["1000", "1000:1000", "user1000", "user1000:user1000"] {
-            check_user_syntax(ok).unwrap();
-        }
-        for bad in ["", ":", "1000:", "a b", "x;y"] {
-            assert!(
-                check_user_syntax(bad)
-                    .unwrap_err()
-                    .to_string()
-                    .contains("--user")
-            );
-        }
-    }
-
-    #[test]
     fn command_words() {
         let d = Docker {
             image: "img".into(),
@@ -240,7 +312,7 @@ mod tests {
             mounts: vec![("/s/runs/r/mnt".into(), "/cache/npm".into())],
             ..Default::default()
         };
-        let c = Container::new("r1");
+        let c = Container("layercache-r1-0".into(), None);
         let cmd = d.command(&binds, &["true".into()], &c, "r1", false);
         let w: Vec<String> = cmd
             .get_args()
@@ -252,7 +324,12 @@ mod tests {
             "{j}"
         );
         assert!(j.contains("--label layercache.run=r1 --user 1000:1000 --network=host"));
-        assert!(j.contains("-v /w:/workspace -v /s/runs/r/mnt:/cache/npm -w /workspace img true"));
-        std::mem::forget(c); // no engine in unit tests
+        assert!(j.contains("-v /w:/workspace -v /s/runs/r/mnt:/cache/npm -w /workspace img sh -c"));
+        assert!(j.ends_with(" run /cache/npm -- true"), "{j}");
+        assert_eq!(
+            mountinfo_escaped(std::path::Path::new("/a b\\c")),
+            "/a\\040b\\134c"
+        );
+        std::mem::forget(c); // no engine in unit tests: nothing to remove
     }
 }

@@ -260,10 +260,11 @@ pub fn same_project(
     }
     let mut e = specs::field_error(
         text,
-        &crate::Error::invalid(format!(
-            "project: the spec declares project {:?} but is saved under project {project:?}",
-            spec.project.as_str()
-        )),
+        &format!(
+            "project: the spec declares project {:?} but is saved under project {:?}",
+            spec.project.as_str(),
+            project.as_str()
+        ),
     );
     e.field = "project".into();
     Err(AppError::Invalid(vec![e]))

@@ -32,8 +32,9 @@ pub const MIN_TOKEN: usize = 16;
 
 /// Reads the token from `path`: its first line, trimmed.
 ///
-/// Errors: [`crate::Error::Invalid`] naming the file when it cannot be read or the token is
-/// shorter than [`MIN_TOKEN`] bytes or not printable ASCII.
+/// Errors: [`crate::Error::Invalid`] naming the file when it cannot be read, when its group or
+/// other users may read it, or when the token is shorter than [`MIN_TOKEN`] bytes or holds a
+/// character a cookie value cannot.
 pub fn read_token(path: &std::path::Path) -> crate::Result<String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| crate::Error::invalid(format!("--token-file {}: {e}", path.display())))?;
@@ -47,14 +48,16 @@ pub fn read_token(path: &std::path::Path) -> crate::Result<String> {
             path.display()
         )));
     }
+    // Like OpenSSH with a private key: a secret others can read is refused, not used.
     use std::os::unix::fs::PermissionsExt;
     if let Ok(m) = std::fs::metadata(path)
         && m.permissions().mode() & 0o044 != 0
     {
-        tracing::warn!(
-            "--token-file {}: readable by other users (chmod 600 it)",
-            path.display()
-        );
+        return Err(crate::Error::invalid(format!(
+            "--token-file {}: readable by other users (mode {:03o}); `chmod 600` it",
+            path.display(),
+            m.permissions().mode() & 0o777
+        )));
     }
     Ok(token)
 }

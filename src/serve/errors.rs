@@ -27,6 +27,16 @@ pub struct FieldError {
     pub line: Option<usize>,
 }
 
+impl FieldError {
+    /// The message without the `field: ` it usually starts with, for showing next to the field.
+    pub fn detail(&self) -> &str {
+        self.message
+            .strip_prefix(&self.field)
+            .and_then(|m| m.strip_prefix(": "))
+            .unwrap_or(&self.message)
+    }
+}
+
 /// What went wrong, with its HTTP status (see the module docs).
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -64,7 +74,7 @@ pub enum AppError {
     #[error("{0}")]
     UnsupportedType(String),
     /// 422: the body was read but is not valid.
-    #[error("invalid: {}", .0.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; "))]
+    #[error("invalid: {}", .0.iter().map(|e| format!("{}: {}", e.field, e.detail())).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<FieldError>),
     /// 500: the store failed (I/O); logged.
     #[error("{0}")]

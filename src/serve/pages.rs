@@ -129,14 +129,6 @@ fn human_time(iso: &str) -> String {
     iso.trim_end_matches('Z').replacen('T', " ", 1)
 }
 
-/// The message without the `field: ` it starts with (the page shows the field already).
-fn without_field(e: &FieldError) -> &str {
-    e.message
-        .strip_prefix(&e.field)
-        .and_then(|m| m.strip_prefix(": "))
-        .unwrap_or(&e.message)
-}
-
 fn tabs(project: &str) -> Markup {
     let p = urlencode(project);
     html! {
@@ -369,11 +361,11 @@ fn spec_page(
                 @let n = i + 1;
                 div class=(if err_lines.contains(&n) { "line err" } else { "line" }) { span.n { (n) } (line) }
                 @for e in errors.iter().filter(|e| e.line == Some(n)) {
-                    div.field-error data-field=(e.field) { "↑ " span.field { (e.field) } ": " (without_field(e)) }
+                    div.field-error data-field=(e.field) { "↑ " span.field { (e.field) } ": " (e.detail()) }
                 }
             } } }
             @for e in errors.iter().filter(|e| e.line.is_none()) {
-                p.field-error data-field=(e.field) { span.field { (e.field) } ": " (without_field(e)) }
+                p.field-error data-field=(e.field) { span.field { (e.field) } ": " (e.detail()) }
             }
         }
         form method="post" action={"/projects/" (urlencode(project)) "/spec"} {

@@ -209,6 +209,20 @@ mod tests {
         }
     }
 
+    /// The hand-written OpenAPI schema of `GET …/runs` names exactly the fields a row has.
+    #[test]
+    fn openapi_runs_schema_matches_the_row() {
+        let rows = history(&[ev(1, CacheResult::Miss, 5)], "p", 10);
+        let row = serde_json::to_value(&rows[0]).unwrap();
+        let mut have: Vec<&String> = row.as_object().unwrap().keys().collect();
+        let doc = super::super::openapi::document();
+        let props = &doc["components"]["schemas"]["Runs"]["items"]["properties"];
+        let mut documented: Vec<&String> = props.as_object().unwrap().keys().collect();
+        have.sort();
+        documented.sort();
+        assert_eq!(have, documented);
+    }
+
     #[test]
     fn newest_first_with_savings_and_days() {
         let day = 86_400_000;

@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -28,8 +28,8 @@ pub const MAX_SPEC_BYTES: usize = 256 * 1024;
 
 /// Parses and validates `text` like `layercache run --spec` does.
 ///
-/// Errors: [`AppError::Invalid`] with one [`FieldError`] naming the field (`spec` for a syntax
-/// error, with its line).
+/// Errors: [`AppError::Invalid`] with a [`FieldError`] per bad field (see
+/// [`crate::spec::parse_all`]; `spec` for a syntax error, with its line).
 pub fn validate(text: &str) -> Result<Spec, AppError> {
     if text.len() > MAX_SPEC_BYTES {
         return Err(AppError::Invalid(vec![FieldError {
@@ -41,12 +41,16 @@ pub fn validate(text: &str) -> Result<Spec, AppError> {
             line: None,
         }]));
     }
-    crate::spec::parse(text).map_err(|e| AppError::Invalid(vec![field_error(text, &e)]))
+    crate::spec::parse_all(text).map_err(|errors| {
+        let errors = errors.into_iter().map(|m| field_error(text, &m)).collect();
+        AppError::Invalid(errors)
+    })
 }
 
-/// Splits a spec error into the field it names and its message, and finds the field's line.
-pub fn field_error(text: &str, e: &Error) -> FieldError {
-    let msg = e.to_string();
+/// Splits a spec error message (one of [`crate::spec::parse_all`]'s) into the field it names
+/// and its message, and finds the field's line in `text`.
+pub fn field_error(text: &str, msg: &str) -> FieldError {
+    let msg = msg.to_string();
     // The validator's messages read `project: …` or `cache[i].field: …`.
     if let Some((head, _)) = msg.split_once(": ")
         && is_field_path(head)
@@ -67,7 +71,7 @@ pub fn field_error(text: &str, e: &Error) -> FieldError {
 }
 
 fn is_field_path(s: &str) -> bool {
-    if s == "project" {
+    if s == "project" || s == "user" {
         return true;
     }
     let Some(rest) = s.strip_prefix("cache[") else {
@@ -90,11 +94,8 @@ fn field_line(text: &str, field: &str) -> Option<usize> {
             .is_some_and(|r| r.trim_start().starts_with('='))
     };
     let lines: Vec<&str> = text.lines().collect();
-    if field == "project" {
-        return lines
-            .iter()
-            .position(|l| key_at(l, "project"))
-            .map(|i| i + 1);
+    if field == "project" || field == "user" {
+        return lines.iter().position(|l| key_at(l, field)).map(|i| i + 1);
     }
     let rest = field.strip_prefix("cache[")?;
     let (n, key) = rest.split_once("].")?;
@@ -136,10 +137,6 @@ pub struct Stored {
     pub text: String,
 }
 
-fn specs_dir(pd: &ProjectDirs) -> PathBuf {
-    pd.root.join("specs")
-}
-
 fn version_of(name: &str) -> Option<(u64, &'static str)> {
     let (n, ext) = name.split_once('.')?;
     let format = match ext {
@@ -154,7 +151,7 @@ fn version_of(name: &str) -> Option<(u64, &'static str)> {
 ///
 /// Errors: [`Error::Io`] reading `specs/`.
 pub fn versions(pd: &ProjectDirs) -> crate::Result<Vec<u64>> {
-    let dir = specs_dir(pd);
+    let dir = pd.specs_dir();
     let rd = match fs::read_dir(&dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -175,7 +172,7 @@ pub fn versions(pd: &ProjectDirs) -> crate::Result<Vec<u64>> {
 ///
 /// Errors: [`Error::Io`] reading it; [`Error::Failed`] when `current` names no version.
 pub fn current(pd: &ProjectDirs) -> crate::Result<Option<Stored>> {
-    let dir = specs_dir(pd);
+    let dir = pd.specs_dir();
     let ptr = dir.join("current");
     let name = match fs::read_to_string(&ptr) {
         Ok(s) => s.trim().to_string(),
@@ -242,7 +239,7 @@ pub fn load_stored(root: &Path, project: &str) -> crate::Result<Spec> {
 ///
 /// Errors: [`Error::Io`] when `specs/` cannot be written.
 pub fn save(pd: &ProjectDirs, text: &str) -> crate::Result<Stored> {
-    let dir = specs_dir(pd);
+    let dir = pd.specs_dir();
     match fs::DirBuilder::new().create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -311,6 +308,18 @@ mod tests {
         assert_eq!(errs[0].field, "cache[1].preset");
         assert_eq!(errs[0].line, Some(9));
         assert!(errs[0].message.contains("unknown preset"), "{errs:?}");
+        // Two bad caches: both are reported, each on its own line.
+        let two =
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"x\"\n\n[[cache]]\nid = \"b\"\n";
+        let AppError::Invalid(errs) = validate(two).unwrap_err() else {
+            panic!()
+        };
+        let fields: Vec<_> = errs.iter().map(|e| (e.field.as_str(), e.line)).collect();
+        assert_eq!(
+            fields,
+            [("cache[0].preset", Some(4)), ("cache[1].setup", Some(6))],
+            "{errs:?}"
+        );
         let AppError::Invalid(errs) = validate("project = \"a/b\"\n").unwrap_err() else {
             panic!()
         };
@@ -319,6 +328,11 @@ mod tests {
             panic!()
         };
         assert_eq!((errs[0].field.as_str(), errs[0].line), ("spec", Some(1)));
+        let AppError::Invalid(errs) = validate("project = \"p\"\nuser = \"a b\"\n").unwrap_err()
+        else {
+            panic!()
+        };
+        assert_eq!((errs[0].field.as_str(), errs[0].line), ("user", Some(2)));
     }
 
     #[test]

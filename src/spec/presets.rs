@@ -126,7 +126,8 @@ pub const PRESETS: &[Preset] = &[
             "npm ci --prefer-offline --no-audit --no-fund"
         )),
         tools: &["node"],
-        exclude: &[],
+        // npm's debug logs of the setup run (`_logs/<time>-debug-0.log`): not cache content.
+        exclude: &["_logs"],
         relocatable: true,
     },
     Preset {
@@ -328,6 +329,8 @@ pub fn presets_text(json: bool) -> String {
                     "restore_setup": p.restore_setup,
                     "maintenance": p.maintenance,
                     "tools": p.tools,
+                    "exclude": p.exclude,
+                    "relocatable": p.relocatable,
                 })
             })
             .collect();
@@ -356,6 +359,15 @@ pub fn presets_text(json: bool) -> String {
         }
         if let Some(m) = p.maintenance {
             out.push_str(&format!("{:<13}   maintenance: {m}\n", ""));
+        }
+        if !p.exclude.is_empty() {
+            out.push_str(&format!("{:<13}   exclude: {}\n", "", p.exclude.join(", ")));
+        }
+        if !p.relocatable {
+            out.push_str(&format!(
+                "{:<13}   path-bound: the view path enters the key\n",
+                ""
+            ));
         }
     }
     out

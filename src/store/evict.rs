@@ -398,7 +398,7 @@ fn remove_free_fill_locks(pd: &ProjectDirs) -> Result<()> {
 fn remove_stale_inputs(pd: &ProjectDirs) -> Result<()> {
     for c in pd.caches()? {
         let keys = pd.keys_dir(&c);
-        let inputs = keys.with_file_name("inputs");
+        let inputs = pd.inputs_dir(&c);
         for name in read_names(&inputs)? {
             if let Some(key) = name.strip_suffix(".json")
                 && !keys.join(key).exists()

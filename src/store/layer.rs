@@ -4,6 +4,8 @@
 //! layers/<id>/tree/            plain tree (valid kernel-overlayfs lowerdir); regular files are
 //!                              hardlinks to objects/
 //! layers/<id>/manifest.json    Manifest (below)
+//! layers/<id>/links            the tree's link groups, when it has any: paths that were one
+//!                              inode in the promoted tree (format: overlay::links)
 //! layers/<id>/lease            flock: shared by every mount of the layer, exclusive for removal
 //! layers/<id>/used             its mtime is the last mount time (LRU order for gc)
 //! ```
@@ -106,6 +108,11 @@ impl Layer {
         self.dir.join("manifest.json")
     }
 
+    /// `links`: the tree's link groups ([`links_of_tree`]).
+    pub fn links_path(&self) -> PathBuf {
+        links_of_tree(&self.tree())
+    }
+
     /// `lease` (see [`super::lease`]).
     pub fn lease_path(&self) -> PathBuf {
         self.dir.join("lease")
@@ -163,6 +170,15 @@ impl Layer {
             .duration_since(self.last_used())
             .unwrap_or_default()
     }
+}
+
+/// The link-groups file of the layer whose tree is `tree` (`layers/<id>/tree` →
+/// `layers/<id>/links`): the paths that were hard links of each other in the tree that was
+/// promoted (every regular file of a tree is a hardlink of an object, so the tree's own link
+/// counts do not say), written by promotion when there are any
+/// ([`crate::overlay::links::LinkGroups`]).
+pub fn links_of_tree(tree: &Path) -> PathBuf {
+    tree.with_file_name("links")
 }
 
 /// Writes `bytes` to `path` (created/truncated) and fsyncs the file.

@@ -16,10 +16,10 @@
 //! <store>/v1/projects/<project>/         0700; nothing is shared across projects
 //!     lock                               flock: shared while publishing, exclusive for gc/clear
 //!     objects/<aa>/<blake3>-<meta>       immutable files (see object.rs)
-//!     layers/<layer-id>/{tree,manifest.json,lease,used}
+//!     layers/<layer-id>/{tree,manifest.json,links,lease,used}
 //!     caches/<cache>/keys/<key>          "<layer-id>\n", published with renameat2(NOREPLACE)
 //!     caches/<cache>/fills/<key>.lock    fill lock of a key being filled
-//!     runs/<run-id>/{upper,work,lease,run.json}   one mount's private state
+//!     runs/<run-id>/{upper,work,mnt,lease,run.json}   one mount's private state
 //!     staging/                           layers being built; garbage after a crash
 //!     quarantine/                        layers/objects `verify` found corrupt
 //!     empty/                             the lowerdir of a miss
@@ -117,6 +117,12 @@ pub enum Notice {
         /// The key.
         key: CacheKey,
     },
+    /// The remote tier's news: it is skipped for this run (unreachable, slow, refusing), a
+    /// pull failed, or how a background push went. `message` is one line naming the remote.
+    Remote {
+        /// The line.
+        message: String,
+    },
     /// A commit failed and the previous mount could not be put back.
     RemountFailed {
         /// The mountpoint.
@@ -145,6 +151,7 @@ impl std::fmt::Display for Notice {
                 "the other fill of key {key} did not finish in time; filling it here too (only \
                  one of the two is published)"
             ),
+            Notice::Remote { message } => f.write_str(message),
             Notice::RemountFailed { mountpoint, error } => write!(
                 f,
                 "the commit failed and {} could not be mounted again ({error}); its files stay \
@@ -321,7 +328,8 @@ impl Store {
         self
     }
 
-    fn notify(&self, n: Notice) {
+    /// Sends `n` to the notice callback (or the log).
+    pub(crate) fn notify(&self, n: Notice) {
         match &self.notify {
             Some(f) => f(&n),
             None => tracing::info!("{n}"),
@@ -360,10 +368,7 @@ impl Store {
     }
 
     pub(crate) fn project_dirs(&self, project: &ProjectId) -> ProjectDirs {
-        ProjectDirs {
-            project: project.clone(),
-            root: self.projects_dir().join(project.as_str()),
-        }
+        ProjectDirs::at(&self.root, project)
     }
 
     /// Existing projects (or just `only`, if it exists).

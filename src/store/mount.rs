@@ -250,7 +250,12 @@ impl Store {
             workdir: Some(work),
             squash: m.req.squash,
         };
-        let cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
+        let mut cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
+        // A layer's files are all object links: show the links its promoted tree had.
+        if let Some((id, _)) = &m.layer {
+            let links = overlay::links::LowerLinks::Recorded(m.pd.layer(id).links_path());
+            cfg.lower_links = vec![links];
+        }
         let mut hold: Vec<OwnedFd> = Vec::new();
         let mut fill_lock_fd = None;
         if let Some(f) = &m.fill {

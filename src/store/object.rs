@@ -335,6 +335,13 @@ impl ObjectStore {
     ///
     /// Errors: [`crate::Error::Io`] reading the directories.
     pub fn list(&self) -> Result<Vec<(PathBuf, ObjectId, fs::Metadata)>> {
+        self.scan(&mut Vec::new())
+    }
+
+    /// [`ObjectStore::list`], also collecting into `strays` the temporary files a remote pull
+    /// cut short by a crash left in the fan-out directories (`.pull-*`, see
+    /// `crate::remote::unpack`).
+    fn scan(&self, strays: &mut Vec<PathBuf>) -> Result<Vec<(PathBuf, ObjectId, fs::Metadata)>> {
         let mut out = Vec::new();
         let top = match fs::read_dir(&self.dir) {
             Ok(r) => r,
@@ -350,6 +357,9 @@ impl ObjectStore {
                 let ent = ent.at(fan.path())?;
                 let name = ent.file_name();
                 let Some(id) = name.to_str().and_then(parse_name) else {
+                    if name.as_encoded_bytes().starts_with(b".pull-") {
+                        strays.push(ent.path());
+                    }
                     continue;
                 };
                 let meta = ent.metadata().at(ent.path())?;
@@ -360,13 +370,14 @@ impl ObjectStore {
     }
 
     /// Removes objects no layer or staging tree links to (link count 1) and stray temporary
-    /// spill files. Returns `(objects removed, bytes freed)`. With `dry_run`, only counts.
+    /// spill and pull files. Returns `(objects removed, bytes freed)`. With `dry_run`, only counts.
     /// The caller must hold the project lock exclusively (no promotion may be linking).
     ///
     /// Errors: [`crate::Error::Io`] for anything but a file that vanished meanwhile.
     pub fn sweep_unreferenced(&self, dry_run: bool) -> Result<(u64, u64)> {
         let (mut count, mut bytes) = (0, 0);
-        for (path, _, meta) in self.list()? {
+        let mut strays = Vec::new();
+        for (path, _, meta) in self.scan(&mut strays)? {
             if meta.nlink() <= 1 {
                 count += 1;
                 bytes += meta.len();
@@ -379,11 +390,17 @@ impl ObjectStore {
                 }
             }
         }
+        if !dry_run {
+            for p in strays {
+                let _ = fs::remove_file(p);
+            }
+        }
         if !dry_run && let Ok(rd) = fs::read_dir(&self.dir) {
             for ent in rd.flatten() {
                 let name = ent.file_name();
                 let name = name.to_string_lossy();
-                // .pull-: a remote pull's downloads (crate::remote::pull) cut short by a crash.
+                // .pull-: downloads of pulls cut short by a crash (earlier versions put them
+                // here; now they sit beside their object, collected by `scan`).
                 if name.starts_with(".spill-") || name.starts_with(".pull-") {
                     let _ = fs::remove_file(ent.path());
                 }
@@ -398,8 +415,17 @@ impl ObjectStore {
 ///
 /// Errors: [`crate::Error::Io`] naming `dst`.
 pub fn copy_metadata(src: &Path, dst: &Path) -> Result<()> {
+    copy_metadata_owned(src, dst, None)
+}
+
+/// [`copy_metadata`], with `owner` `(uid, gid)` instead of `src`'s when given (promotion's
+/// canonical owner, [`super::promote::canonical_owner`]).
+///
+/// Errors: [`crate::Error::Io`] naming `dst` (`EPERM` when the owner cannot be set).
+pub fn copy_metadata_owned(src: &Path, dst: &Path, owner: Option<(u32, u32)>) -> Result<()> {
     let meta = fs::symlink_metadata(src).at(src)?;
-    std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid())).at(dst)?;
+    let (uid, gid) = owner.unwrap_or((meta.uid(), meta.gid()));
+    std::os::unix::fs::lchown(dst, Some(uid), Some(gid)).at(dst)?;
     if !meta.file_type().is_symlink() {
         for (n, v) in content_xattrs(src).at(src)? {
             sys::set_xattr(dst, &n, &v).at(dst)?;
@@ -480,10 +506,13 @@ mod tests {
         s.store_by_link(&a).unwrap();
         let sb = s.store_by_link(&b).unwrap();
         fs::remove_file(&b).unwrap();
+        // A crashed pull's temporary file in a fan-out directory goes too.
+        let stray = sb.path.with_file_name(".pull-0a1b2c-7");
+        fs::write(&stray, b"half").unwrap();
         assert_eq!(s.sweep_unreferenced(true).unwrap(), (1, 4));
-        assert!(sb.path.exists());
+        assert!(sb.path.exists() && stray.exists());
         assert_eq!(s.sweep_unreferenced(false).unwrap(), (1, 4));
-        assert!(!sb.path.exists());
+        assert!(!sb.path.exists() && !stray.exists());
         assert_eq!(s.list().unwrap().len(), 1);
     }
 

@@ -23,6 +23,14 @@ pub struct ProjectDirs {
 }
 
 impl ProjectDirs {
+    /// The directories of `project` in the store rooted at `store_root`
+    /// (`<store_root>/v1/projects/<project>`; they may not exist).
+    pub fn at(store_root: &Path, project: &ProjectId) -> ProjectDirs {
+        ProjectDirs {
+            project: project.clone(),
+            root: store_root.join("v1/projects").join(project.as_str()),
+        }
+    }
     fn sub(&self, s: &str) -> PathBuf {
         self.root.join(s)
     }
@@ -41,6 +49,14 @@ impl ProjectDirs {
     /// `caches/<cache>/keys/`.
     pub fn keys_dir(&self, cache: &CacheId) -> PathBuf {
         self.sub("caches").join(cache.as_str()).join("keys")
+    }
+    /// `caches/<cache>/inputs/`: the recorded inputs of its keys ([`crate::why`]).
+    pub fn inputs_dir(&self, cache: &CacheId) -> PathBuf {
+        self.sub("caches").join(cache.as_str()).join("inputs")
+    }
+    /// `specs/`: the saved spec versions (`layercache serve`).
+    pub fn specs_dir(&self) -> PathBuf {
+        self.sub("specs")
     }
     /// `caches/<cache>/fills/<key>.lock`.
     pub fn fill_lock(&self, cache: &CacheId, key: &CacheKey) -> PathBuf {

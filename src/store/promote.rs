@@ -8,8 +8,20 @@
 //! * lower regular files (already object hardlinks) are **re-linked**, not re-hashed (re-hashed
 //!   only to find a spill copy on `EMLINK`); upper regular files are hashed and hardlinked into
 //!   `objects/` — bytes already in the store are never copied;
-//! * symlinks are recreated as symlinks (never followed); modes, owners, ns timestamps and
-//!   xattrs are kept (overlay-private xattrs are dropped);
+//! * files that were one inode in the merged tree (upper files linked to each other; lower
+//!   files in one of the lower layer's recorded link groups, [`super::layer::links_of_tree`])
+//!   are recorded as link groups ([`TreeStats::links`]), since in the built tree every file
+//!   is an object link and identical files share an inode whether they were links or not;
+//! * symlinks are recreated as symlinks (never followed); modes, ns timestamps and xattrs are
+//!   kept (overlay-private xattrs are dropped);
+//! * every entry from the upper dir gets the **canonical owner** ([`canonical_owner`], 0:0 for
+//!   a root store) whatever uid filled it, so a layer filled by uid 1000 serves uid 1001 in a
+//!   later run through the overlay's `squash_to_uid`/`squash_to_gid` (issue 12; as
+//!   fuse-overlayfs's squash options, chown(2) clears set-user/group-ID bits of files); so do
+//!   the directories, symlinks and fifos built from the lower, while lower regular files are
+//!   linked as they are (a lower tree is never changed); regular files from the upper lose
+//!   their set-user/group-ID bits in any case (a run as uid 1000 cannot plant a root setuid
+//!   file in a layer);
 //! * credential files ([`CREDENTIAL_FILES`]) are dropped and listed;
 //! * fifos are kept; sockets and device nodes are dropped and listed (a socket is meaningless
 //!   once its process is gone, and a device node has no business in a dependency cache — the
@@ -25,10 +37,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::layer::TreeCounts;
-use super::object::{ObjectStore, copy_metadata};
+use super::object::{ObjectStore, copy_metadata_owned};
 use crate::error::{IoContext, Result};
 use crate::ids::ObjectId;
-use crate::overlay::stack::{Kind, Stack, Tree};
+use crate::overlay::links::LinkGroups;
+use crate::overlay::stack::{Kind, Stack};
 use crate::sys;
 
 /// A pattern naming a credential file that must never enter a shared layer.
@@ -123,6 +136,15 @@ pub fn is_credential(rel: &Path, src: &Path) -> bool {
     })
 }
 
+/// The owner `(uid, gid)` every promoted entry gets: 0:0 when promoting as root, else the
+/// promoting user's own ids (the only ones it may give).
+pub fn canonical_owner() -> (u32, u32) {
+    match rustix::process::geteuid().as_raw() {
+        0 => (0, 0),
+        uid => (uid, rustix::process::getegid().as_raw()),
+    }
+}
+
 /// What a tree build produced.
 #[derive(Clone, Debug, Default)]
 pub struct TreeStats {
@@ -134,6 +156,18 @@ pub struct TreeStats {
     pub skipped: Vec<String>,
     /// Object paths this build created (undone if the build is abandoned).
     pub created_objects: Vec<PathBuf>,
+    /// Link groups of the built tree: regular files (relative paths) that were one inode in
+    /// the merged tree, two or more per group (see the module docs).
+    pub links: Vec<Vec<PathBuf>>,
+}
+
+/// What makes regular files of the merged tree one inode (see [`TreeStats::links`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum LinkKey {
+    /// An upper file with several links: its (st_dev, st_ino).
+    Upper(u64, u64),
+    /// A lower file in group `n` of the lower layer's recorded link groups.
+    Lower(u32),
 }
 
 /// Builds the merged tree of `lower` ⊕ `upper` at `dst` (which must not exist), storing regular
@@ -160,14 +194,19 @@ pub fn build_tree(
     };
     let lowers: Vec<&Path> = lower.into_iter().collect();
     let stack = Stack::open_merge(upper, &lowers).at(upper.or(lower).unwrap_or(dst))?;
-    // An opaque upper root hides the lower entirely.
-    let opaque = match upper {
-        Some(u) => stack.is_opaque(Tree::Upper, c".").at(u)?,
-        None => false,
+    let in_lowers = stack.root_lowers();
+    let lower_links = match lower {
+        Some(l) => {
+            let p = super::layer::links_of_tree(l);
+            LinkGroups::read(&p).at(&p)?
+        }
+        None => LinkGroups::default(),
     };
-    let in_lowers = if opaque { 0 } else { stack.all_lowers() };
     let mut b = Builder {
+        lower_links,
+        groups: HashMap::new(),
         objects,
+        owner: canonical_owner(),
         stats: TreeStats::default(),
         hashes,
         stack,
@@ -175,7 +214,13 @@ pub fn build_tree(
         lower,
     };
     match b.merge_dir(upper.is_some(), in_lowers, dst, Path::new("")) {
-        Ok(()) => Ok(b.stats),
+        Ok(()) => {
+            let mut links: Vec<Vec<PathBuf>> =
+                b.groups.into_values().filter(|g| g.len() > 1).collect();
+            links.sort();
+            b.stats.links = links;
+            Ok(b.stats)
+        }
         Err(e) => {
             undo_created_objects(&b.stats);
             Err(e)
@@ -185,6 +230,8 @@ pub fn build_tree(
 
 struct Builder<'a> {
     objects: &'a ObjectStore,
+    /// [`canonical_owner`].
+    owner: (u32, u32),
     stats: TreeStats,
     /// Content hashes of the upper's regular files, computed in parallel before the walk.
     hashes: HashMap<PathBuf, ObjectId>,
@@ -192,6 +239,10 @@ struct Builder<'a> {
     stack: Stack,
     upper: Option<&'a Path>,
     lower: Option<&'a Path>,
+    /// The lower layer's recorded link groups.
+    lower_links: LinkGroups,
+    /// Paths of the regular files built so far, by what makes them one inode.
+    groups: HashMap<LinkKey, Vec<PathBuf>>,
 }
 
 /// Regular files below `dir` (not following symlinks); unreadable parts are skipped (the
@@ -240,7 +291,7 @@ impl Builder<'_> {
             }
         }
         if let Some(src) = src {
-            copy_metadata(&src, dst)?;
+            copy_metadata_owned(&src, dst, Some(self.owner))?;
         }
         Ok(())
     }
@@ -271,6 +322,20 @@ impl Builder<'_> {
                 false
             };
             if !linked {
+                // The upper file becomes the object: it gets the canonical owner first (the
+                // owner is part of the object's metadata tag). Lower files are never changed.
+                if from_upper && (st.st_uid, st.st_gid) != self.owner {
+                    let (uid, gid) = self.owner;
+                    std::os::unix::fs::lchown(src, Some(uid), Some(gid)).at(src)?;
+                }
+                // No set-user/group-ID file enters a layer: with the canonical owner it would
+                // be a root setuid file that any run's user could have planted.
+                let setid = st.st_mode & (libc::S_ISUID | libc::S_ISGID);
+                if from_upper && setid != 0 {
+                    let mode = st.st_mode & 0o7777 & !setid;
+                    use std::os::unix::fs::PermissionsExt;
+                    fs::set_permissions(src, fs::Permissions::from_mode(mode)).at(src)?;
+                }
                 let hash = self.hashes.get(src).copied();
                 let stored = self.objects.store_by_link_hashed(src, hash)?;
                 if stored.new {
@@ -282,14 +347,23 @@ impl Builder<'_> {
             }
             self.stats.counts.files += 1;
             self.stats.counts.bytes += st.st_size as u64;
+            let key = if from_upper {
+                (st.st_nlink > 1).then_some(LinkKey::Upper(st.st_dev, st.st_ino))
+            } else {
+                let c = sys::cstr(rel.as_os_str()).at(src)?;
+                self.lower_links.group(&c).map(|(g, _)| LinkKey::Lower(g))
+            };
+            if let Some(k) = key {
+                self.groups.entry(k).or_default().push(rel.to_path_buf());
+            }
         } else if ft == libc::S_IFLNK {
             let target = fs::read_link(src).at(src)?;
             std::os::unix::fs::symlink(&target, dst).at(dst)?;
-            copy_metadata(src, dst)?;
+            copy_metadata_owned(src, dst, Some(self.owner))?;
             self.stats.counts.symlinks += 1;
         } else if ft == libc::S_IFIFO {
             sys::mkfifo(dst, st.st_mode).at(dst)?;
-            copy_metadata(src, dst)?;
+            copy_metadata_owned(src, dst, Some(self.owner))?;
             self.stats.counts.other += 1;
         } else {
             // Sockets and device nodes (whiteouts were handled by the caller).
@@ -381,6 +455,23 @@ mod tests {
         dst
     }
 
+    /// An opaque mark on the upper root hides nothing, as on the mounted root and in kernel
+    /// overlayfs: promotion builds the tree a mount showed.
+    #[test]
+    fn an_opaque_upper_root_still_merges_the_lower() {
+        let fx = fixture();
+        let base = fx.t.path().join("base");
+        write(&base.join("old.txt"), "lower");
+        let lower = layer_from(&fx, &base, "lower");
+        let upper = fx.t.path().join("upper");
+        write(&upper.join("new.txt"), "upper");
+        let root = fs::File::open(&upper).unwrap();
+        whiteout::set_opaque(root.as_fd()).unwrap();
+        let out = fx.t.path().join("out");
+        build_tree(&fx.objects, Some(&lower), Some(&upper), &out).unwrap();
+        assert_eq!(listing(&out), vec!["new.txt = upper", "old.txt = lower"]);
+    }
+
     #[test]
     fn whiteouts_and_opaque_dirs_apply() {
         let fx = fixture();
@@ -423,7 +514,8 @@ mod tests {
             ]
         );
         // The opaque marker does not leak into the layer.
-        assert!(!whiteout::dir_is_opaque(&out.join("hidden")).unwrap());
+        let hidden = crate::sys::cstr(out.join("hidden").as_os_str()).unwrap();
+        assert!(!whiteout::dir_is_opaque_at(libc::AT_FDCWD, &hidden).unwrap());
         // Lower files are re-linked to the same inode (no copy, no new object).
         let (a, b) = (
             fs::metadata(lower.join("keep.txt")).unwrap(),
@@ -435,13 +527,20 @@ mod tests {
     }
 
     #[test]
-    fn metadata_is_kept() {
+    fn metadata_is_kept_and_upper_owners_become_canonical() {
         let fx = fixture();
         let upper = fx.t.path().join("upper");
         write(&upper.join("d/exe"), "#!/bin/sh\n");
         let exe = upper.join("d/exe");
         std::os::unix::fs::symlink("exe", upper.join("d/ln")).unwrap();
-        std::os::unix::fs::lchown(upper.join("d/ln"), Some(1234), Some(4321)).unwrap();
+        // Filled by other users (needs root to set up; as another user only its own ids).
+        let other = match canonical_owner() {
+            (0, 0) => (1234, 4321),
+            own => own,
+        };
+        for p in [upper.join("d/ln"), exe.clone(), upper.join("d")] {
+            std::os::unix::fs::lchown(p, Some(other.0), Some(other.1)).unwrap();
+        }
         fs::set_permissions(&exe, fs::Permissions::from_mode(0o751)).unwrap();
         fs::set_permissions(upper.join("d"), fs::Permissions::from_mode(0o750)).unwrap();
         sys::set_times_nofollow(&exe, (1, 2), (499_162_800, 123_456_789)).unwrap();
@@ -464,7 +563,28 @@ mod tests {
             (0o750, 1_000_000, 5)
         );
         let l = fs::symlink_metadata(out.join("d/ln")).unwrap();
-        assert_eq!((l.uid(), l.gid()), (1234, 4321));
+        for m in [&m, &d, &l] {
+            assert_eq!((m.uid(), m.gid()), canonical_owner());
+        }
+    }
+
+    /// A set-user/group-ID file from the upper, even one that already has the canonical
+    /// owner (a squashed run's files do), enters the layer without those bits.
+    #[test]
+    fn upper_files_lose_setuid_and_setgid() {
+        let fx = fixture();
+        let upper = fx.t.path().join("upper");
+        for (name, mode) in [("suid", 0o4755), ("sgid", 0o2711), ("both", 0o6750)] {
+            write(&upper.join(name), name);
+            fs::set_permissions(upper.join(name), fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let out = fx.t.path().join("out");
+        build_tree(&fx.objects, None, Some(&upper), &out).unwrap();
+        let mode = |n: &str| fs::metadata(out.join(n)).unwrap().mode() & 0o7777;
+        assert_eq!(
+            (mode("suid"), mode("sgid"), mode("both")),
+            (0o755, 0o711, 0o750)
+        );
     }
 
     #[test]
@@ -581,5 +701,51 @@ mod tests {
             (51, 1, 9)
         );
         assert_eq!(fx.objects.list().unwrap().len(), 51);
+    }
+
+    /// Links of the merged tree are recorded (identical files that were not links are not),
+    /// and a promotion on top keeps the lower's groups minus the names copied up or removed.
+    #[test]
+    fn link_groups_are_recorded_and_carried_on() {
+        let fx = fixture();
+        let base = fx.t.path().join("base");
+        write(&base.join("a"), "same");
+        fs::hard_link(base.join("a"), base.join("b")).unwrap();
+        write(&base.join("d/c"), "same");
+        fs::hard_link(base.join("a"), base.join("d/e")).unwrap();
+        write(&base.join("f"), "other");
+        fs::hard_link(base.join("f"), base.join("g")).unwrap();
+        // Same bytes and same metadata (times included): one object for `a` and `d/c`.
+        for f in ["a", "d/c"] {
+            sys::set_times_nofollow(&base.join(f), (1, 0), (1_000_000, 0)).unwrap();
+        }
+        let v1 = fx.t.path().join("l1").join("tree");
+        fs::create_dir_all(v1.parent().unwrap()).unwrap();
+        let st = build_tree(&fx.objects, None, Some(&base), &v1).unwrap();
+        let p = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
+        assert_eq!(st.links, vec![p(&["a", "b", "d/e"]), p(&["f", "g"])]);
+        // Identical content shares the object inode either way: only the record tells.
+        assert_eq!(
+            fs::metadata(v1.join("a")).unwrap().ino(),
+            fs::metadata(v1.join("d/c")).unwrap().ino()
+        );
+        let groups: Vec<Vec<&[u8]>> = st
+            .links
+            .iter()
+            .map(|g| g.iter().map(|x| x.as_os_str().as_encoded_bytes()).collect())
+            .collect();
+        let links = super::super::layer::links_of_tree(&v1);
+        assert!(LinkGroups::write(&links, &groups).unwrap());
+        // On top: `b` was copied up (broke from its group), `g` removed, `h` linked to `f`
+        // in the merged view (both in the upper then).
+        let upper = fx.t.path().join("upper");
+        write(&upper.join("b"), "changed");
+        whiteout_at(&upper, "g");
+        write(&upper.join("f"), "other");
+        fs::hard_link(upper.join("f"), upper.join("h")).unwrap();
+        let v2 = fx.t.path().join("l2").join("tree");
+        fs::create_dir_all(v2.parent().unwrap()).unwrap();
+        let st = build_tree(&fx.objects, Some(&v1), Some(&upper), &v2).unwrap();
+        assert_eq!(st.links, vec![p(&["a", "d/e"]), p(&["f", "h"])]);
     }
 }

@@ -5,6 +5,8 @@
 //! `layers/` and of the keys directory); a failure publishes nothing.
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -20,6 +22,7 @@ use super::{
 };
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+use crate::overlay::links::LinkGroups;
 use crate::sys;
 
 impl Store {
@@ -334,9 +337,19 @@ impl Store {
         let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
-        let id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
-        let stage = Layer::new(&pd.staging(), id.clone());
-        mkdir_mode(&stage.dir, 0o755)?;
+        let mut id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
+        let mut stage = Layer::new(&pd.staging(), id.clone());
+        // The staging directory is ours alone: one of the asked-for id already there is a
+        // crashed or concurrent build of that layer (a pull); this build takes a fresh id.
+        match fs::DirBuilder::new().mode(0o755).create(&stage.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && spec.layer.is_some() => {
+                id = layer::new_layer_id();
+                stage = Layer::new(&pd.staging(), id.clone());
+                mkdir_mode(&stage.dir, 0o755)?;
+            }
+            Err(e) => return Err(Error::io(&stage.dir, e)),
+        }
         let objects = pd.objects();
         let built = build(&objects, &stage.tree());
         let stats = match built {
@@ -367,6 +380,12 @@ impl Store {
         };
         let prep = (|| -> Result<()> {
             stage.write_manifest(&manifest)?;
+            let groups: Vec<Vec<&[u8]>> = stats
+                .links
+                .iter()
+                .map(|g| g.iter().map(|p| p.as_os_str().as_bytes()).collect())
+                .collect();
+            LinkGroups::write(&stage.links_path(), &groups).at(stage.links_path())?;
             fs::File::create(stage.lease_path()).at(stage.lease_path())?;
             stage.touch_used()?;
             // One syncfs makes every new object, directory and the manifest durable.
@@ -390,10 +409,19 @@ impl Store {
             write_synced(&tmp, format!("{id}\n").as_bytes())?;
             let dst = keys.join(key.as_str());
             match sys::rename_noreplace(&tmp, &dst) {
-                Ok(()) => {
-                    sys::fsync_dir(&keys).at(&keys)?;
-                    Ok(None)
-                }
+                Ok(()) => match sys::fsync_dir(&keys) {
+                    Ok(()) => Ok(None),
+                    // The key is visible but maybe not durable. Take it back before the layer
+                    // is undone, so no key ever names a missing layer; if it cannot be taken
+                    // back, it stays published and so does its layer.
+                    Err(e) => match fs::remove_file(&dst) {
+                        Ok(()) => Err(Error::io(&keys, e)),
+                        Err(_) => {
+                            tracing::warn!(key = %dst.display(), "published, but fsync of its directory failed: {e}");
+                            Ok(None)
+                        }
+                    },
+                },
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                     let _ = fs::remove_file(&tmp);
                     let winner = pd

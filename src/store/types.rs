@@ -30,16 +30,29 @@ pub enum Lookup {
     Miss,
 }
 
-/// `hit`, `restore` or `miss`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What a mount found for its key, `hit`, `restore` or `miss` (GitHub `actions/cache`: exact
+/// hit, restore-key hit, miss); serialised lowercase, as events and `--json` show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MountResult {
-    /// The exact key's layer is mounted; nothing to fill.
+    /// The exact key's layer is mounted; nothing to fill (a run runs maintenance, or nothing).
     Hit,
-    /// An older layer matched by a restore key is mounted; fill incrementally, then commit.
+    /// An older layer matched by a restore key is mounted; fill incrementally (a run's restore
+    /// setup), then commit.
     Restore,
-    /// An empty lower is mounted; fill, then commit.
+    /// An empty lower is mounted; fill (a run's setup), then commit.
     Miss,
+}
+
+impl MountResult {
+    /// `hit`, `restore` or `miss`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountResult::Hit => "hit",
+            MountResult::Restore => "restore",
+            MountResult::Miss => "miss",
+        }
+    }
 }
 
 /// Inputs of [`Store::mount`].

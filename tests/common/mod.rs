@@ -29,7 +29,8 @@ use std::process::{Command, Output};
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
 pub use mounts::{
-    BIN, can_mount_with, is_mounted, lazy_umount, names, run_ok, skip_or_fail, write,
+    BIN, can_mount_with, docker_test_image, is_mounted, lazy_umount, names, run_ok, skip_or_fail,
+    write,
 };
 
 /// The overlay implementation the tests run against.

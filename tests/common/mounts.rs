@@ -28,6 +28,27 @@ pub fn skip_or_fail(reason: &str) -> bool {
     true
 }
 
+/// The Docker test image (`LAYERCACHE_TEST_IMAGE`, built by scripts/lib-docker.sh), when an
+/// engine answers (`DOCKER_HOST`) and holds it; otherwise [`skip_or_fail`] and `None`.
+pub fn docker_test_image() -> Option<String> {
+    let Ok(image) = std::env::var("LAYERCACHE_TEST_IMAGE") else {
+        skip_or_fail("LAYERCACHE_TEST_IMAGE is not set (scripts/lib-docker.sh sets it)");
+        return None;
+    };
+    let ok = std::process::Command::new("docker")
+        .args(["image", "inspect", &image])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip_or_fail(&format!(
+            "no Docker engine with image {image} (DOCKER_HOST={:?})",
+            std::env::var("DOCKER_HOST").unwrap_or_default()
+        ));
+        return None;
+    }
+    Some(image)
+}
+
 /// The layercache binary built by cargo for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_layercache");
 

@@ -15,7 +15,9 @@ use std::process::{Command, Output};
 #[path = "mounts.rs"]
 mod mounts;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use mounts::{BIN, assert_not_in_tree, can_mount, have_tool, run_ok, skip_or_fail};
+pub use mounts::{
+    BIN, assert_not_in_tree, can_mount, docker_test_image, have_tool, run_ok, skip_or_fail,
+};
 
 /// A temp dir with `store/`, `cache/` (mount root) and `work/`; Drop unmounts every mount below
 /// it (deepest first; lazy as a last resort) before the directory is removed.
@@ -95,6 +97,27 @@ impl Sandbox {
         out
     }
 
+    /// `layercache --store STORE --json run --spec SPEC --workdir WORK --mount-root cache
+    /// FLAGS… -- COMMAND…` (run flags such as `--sandbox`, `--user`); prints its output.
+    pub fn run_flags(&self, spec: &Path, work: &Path, flags: &[&str], command: &[&str]) -> Output {
+        let out = Command::new(BIN)
+            .arg("--store")
+            .arg(self.path("store"))
+            .args(["--json", "run", "--spec"])
+            .arg(spec)
+            .arg("--workdir")
+            .arg(work)
+            .arg("--mount-root")
+            .arg(self.path("cache"))
+            .args(flags)
+            .arg("--")
+            .args(command)
+            .output()
+            .unwrap();
+        eprintln!("run {flags:?}: {}", show(&out));
+        out
+    }
+
     /// `layercache run --spec SPEC --workdir work --mount-root cache -- sh -c SCRIPT`.
     pub fn run(&self, spec: &Path, script: Option<&str>) -> Output {
         match script {
@@ -169,6 +192,48 @@ pub fn fixture(name: &str) -> Option<PathBuf> {
         return None;
     }
     Some(dir)
+}
+
+/// A process's status, stdout and stderr, for assertion messages.
+pub fn show(o: &Output) -> String {
+    format!(
+        "{}\n--stdout--\n{}\n--stderr--\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A workdir `name` below the sandbox holding the npm fixture (examples/npm-app's
+/// package.json and package-lock.json).
+pub fn npm_workdir(sb: &Sandbox, name: &str) -> PathBuf {
+    let w = sb.path(name);
+    std::fs::create_dir_all(&w).unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/npm-app");
+    for f in ["package.json", "package-lock.json"] {
+        std::fs::copy(example.join(f), w.join(f)).unwrap();
+    }
+    w
+}
+
+/// `(uid, gid, path)` of every entry below the published layers' trees of the sandbox's store.
+pub fn layer_owners(sb: &Sandbox) -> Vec<(u32, u32, PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![sb.path("store/v1/projects")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if p.components().any(|c| c.as_os_str() == "tree") {
+                out.push((m.uid(), m.gid(), p.clone()));
+            }
+            if m.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
 }
 
 /// A process's stdout as text.

@@ -268,6 +268,20 @@ impl ReplyEntry {
         ));
     }
 
+    /// Reply to a request with the entry of node `node`, whose attributes `attr` may show an
+    /// inode number (`attr.ino`, the `st_ino` that `stat` reports) other than the node id: an
+    /// overlay shows hard links of a lower file as one `st_ino` while each name is a node of
+    /// its own. Entry and attribute TTL are both `ttl`. (Not in upstream fuser.)
+    pub fn entry_of(self, node: INodeNo, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        self.reply.send_ll(&ll::ResponseStruct::new_entry(
+            node,
+            generation,
+            &attr.into(),
+            *ttl,
+            *ttl,
+        ));
+    }
+
     /// Reply to a request with the given entry.
     ///
     /// Use this function instead of `ReplyEntry::entry` if the
@@ -784,7 +798,11 @@ impl ReplyDirectoryPlus {
 
     /// Add an entry to the directory reply buffer. Returns true if the buffer is full.
     /// A transparent offset value can be provided for each entry. The kernel uses these
-    /// value to request the next entries in further readdir calls
+    /// value to request the next entries in further readdir calls.
+    ///
+    /// `ino` is the entry's node id; `attr.ino` is the inode number the entry shows (`d_ino`
+    /// and `st_ino`), which may differ (see [`ReplyEntry::entry_of`]). Upstream fuser ignores
+    /// `ino` and uses `attr.ino` for both.
     pub fn add<T: AsRef<OsStr>>(
         &mut self,
         ino: INodeNo,

@@ -1,33 +1,22 @@
 //! `layercache remote ls | push KEY | pull KEY | gc`: operator commands over the remote tier.
 //! Each prints one line (or one JSON value with `--json`) and returns the exit status.
 
-use std::io::Write;
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::Remote;
-use crate::app::store_cmds::store_root;
+use super::store_cmds::{emit, json, store_root};
 use crate::cli::{GlobalArgs, LsArgs, RemoteCommand, RemoteGcArgs, RemoteKeyArgs};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
+use crate::remote::Remote;
 use crate::store::Store;
-
-fn emit(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-fn json<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
 
 /// The remote of `store` (from `--remote` or config.toml).
 ///
 /// Errors: [`Error::Invalid`] when none is configured, naming both ways to configure one.
 pub fn require(store: &Store, global: &GlobalArgs) -> Result<Arc<Remote>> {
-    super::open_for(store, global.remote.as_deref())?.ok_or_else(|| {
+    crate::remote::open_for(store, global.remote.as_deref())?.ok_or_else(|| {
         Error::invalid(format!(
             "no remote configured: pass --remote s3://bucket/prefix (or set LAYERCACHE_REMOTE), or \
              add [remote] url = \"s3://bucket/prefix\" to {}",
@@ -38,7 +27,7 @@ pub fn require(store: &Store, global: &GlobalArgs) -> Result<Arc<Remote>> {
 
 /// Runs one `remote` subcommand.
 ///
-/// Errors: [`Error::Invalid`] for bad ids or no remote; [`Error::Failed`] naming the remote.
+/// Errors: [`Error::Invalid`] for bad ids or no remote; [`crate::remote::RemoteError`] naming the remote.
 pub fn dispatch(global: &GlobalArgs, c: &RemoteCommand) -> Result<i32> {
     let root = store_root(global)?;
     let store = Store::open(Some(&root))?;
@@ -62,14 +51,14 @@ pub struct RemoteRow {
     pub key: CacheKey,
     /// Its record (layer, created, sizes).
     #[serde(flatten)]
-    pub record: super::manifest::KeyRecord,
+    pub record: crate::remote::manifest::KeyRecord,
     /// Whether this store has the key published too.
     pub local: bool,
 }
 
 /// Every key on the remote (of `project`, or all), newest first.
 ///
-/// Errors: [`Error::Failed`] naming the remote.
+/// Errors: [`crate::remote::RemoteError`] naming the remote.
 pub fn rows(store: &Store, remote: &Remote, project: Option<&ProjectId>) -> Result<Vec<RemoteRow>> {
     let mut out = remote.block_on(None, async {
         let projects = match project {
@@ -78,7 +67,7 @@ pub fn rows(store: &Store, remote: &Remote, project: Option<&ProjectId>) -> Resu
         };
         let mut out = Vec::new();
         for p in projects {
-            for c in remote.children(&remote.layout.caches(&p)).await? {
+            for c in remote.children(&remote.layout().caches(&p)).await? {
                 let Ok(cache) = CacheId::new(c) else { continue };
                 for (key, _) in remote.list_keys(&p, &cache).await? {
                     if let Some(record) = remote.key_record(&p, &cache, &key).await? {
@@ -220,7 +209,7 @@ fn gc(global: &GlobalArgs, remote: &Remote, a: &RemoteGcArgs) -> Result<i32> {
 /// (of `project`, or all) and how many of them this store lacks; `None` without a remote. A
 /// remote that cannot be read is reported in the line, never as an error of `ls`.
 pub fn ls_note(global: &GlobalArgs, store: &Store, project: Option<ProjectId>) -> Option<String> {
-    let remote = match super::open_for(store, global.remote.as_deref()) {
+    let remote = match crate::remote::open_for(store, global.remote.as_deref()) {
         Ok(Some(r)) => r,
         Ok(None) => return None,
         Err(e) => return Some(format!("remote: {e}")),

@@ -1,0 +1,165 @@
+//! The [`Mounter`]s a run is given: [`StoreMounter`] over the layer store, and [`NoMounts`] for
+//! a run that declares no caches.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{Committed, Mounted, Mounter};
+use crate::error::{Error, Result};
+use crate::ids::{CacheId, CacheKey, ProjectId};
+
+/// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
+/// handle of every mount it made (and so its leases) until it commits or unmounts it.
+pub struct StoreMounter {
+    store: crate::store::Store,
+    fill_wait: Duration,
+    mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
+    /// Ownership mapping of every mount (issue 12, `--user`).
+    squash: crate::overlay::options::Squash,
+}
+
+impl StoreMounter {
+    /// Wraps an open store; a mount waits up to `fill_wait` for another run filling the same
+    /// key.
+    pub fn new(store: crate::store::Store, fill_wait: Duration) -> Self {
+        StoreMounter {
+            store,
+            fill_wait,
+            mounts: parking_lot::Mutex::new(BTreeMap::new()),
+            squash: Default::default(),
+        }
+    }
+
+    /// Mounts every cache with this ownership mapping (`--user UID:GID`, issue 12).
+    pub fn with_squash(mut self, squash: crate::overlay::options::Squash) -> Self {
+        self.squash = squash;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &crate::store::Store {
+        &self.store
+    }
+}
+
+impl Mounter for StoreMounter {
+    fn mount(
+        &self,
+        project: &ProjectId,
+        cache: &CacheId,
+        key: &CacheKey,
+        restore_keys: &[CacheKey],
+        view: &Path,
+    ) -> Result<Mounted> {
+        use crate::store::MountRequest;
+        let m = self.store.mount(&MountRequest {
+            project: project.clone(),
+            cache: cache.clone(),
+            key: key.clone(),
+            restore_keys: restore_keys.to_vec(),
+            fill_wait: self.fill_wait,
+            mountpoint: None,
+            owner: Some(std::process::id()),
+            squash: self.squash,
+        })?;
+        let upper = Some(m.upper(&self.store));
+        let out = m.outcome.clone();
+        self.mounts.lock().insert(view.to_path_buf(), m);
+        Ok(Mounted {
+            result: out.result,
+            matched_key: out.matched_key.map(|k| k.to_string()),
+            upper,
+            bytes: out.bytes,
+            files: out.files,
+            source: out.mountpoint,
+            run: out.run,
+            pulled: out.remote,
+        })
+    }
+
+    fn commit(&self, view: &Path) -> Result<Committed> {
+        let held = self.mounts.lock().remove(view).ok_or_else(|| {
+            Error::Failed(format!("{}: no mount of this run there", view.display()))
+        })?;
+        let (out, remount) = self.store.commit_mount(held)?;
+        let remount = remount.map(|r| {
+            let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());
+            self.mounts.lock().insert(view.to_path_buf(), r);
+            at
+        });
+        if !out.dropped.is_empty() {
+            eprintln!(
+                "layercache: kept out of the layer (credentials): {}",
+                out.dropped.join(", ")
+            );
+        }
+        Ok(Committed {
+            published: out.result == crate::store::CommitResult::Published,
+            bytes: out.bytes,
+            files: out.files,
+            remount,
+            new_files: out.new_objects,
+            new_bytes: out.new_bytes,
+        })
+    }
+
+    fn umount(&self, view: &Path) -> Result<()> {
+        let Some(m) = self.mounts.lock().remove(view) else {
+            return Ok(()); // never mounted, or its commit failed and put nothing back
+        };
+        let r = match self.store.find_run_id(&m.outcome.run)? {
+            Some(sm) => self.store.umount_run(sm),
+            None => Ok(()),
+        };
+        // Once unmounted, a discarded fill's lock file goes.
+        if r.is_ok() {
+            m.end_fill();
+        }
+        r
+    }
+
+    fn check(&self, view: &Path) -> Result<()> {
+        let mounts = self.mounts.lock();
+        let Some(m) = mounts.get(view) else {
+            return Ok(());
+        };
+        let pid = m.outcome.daemon_pid;
+        // Reap it if it is our exited child, so the probe below does not see a zombie.
+        // SAFETY: non-blocking waitpid on one pid; ECHILD when it is not our child.
+        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+        if crate::sys::pid_alive(pid) {
+            return Ok(());
+        }
+        Err(Error::Failed(format!(
+            "cache {}: its overlay mount died (daemon {pid} is gone), so what was written to it \
+             is lost; the mount was cleaned up",
+            m.outcome.cache
+        )))
+    }
+}
+
+/// A [`Mounter`] for runs that declare no caches: every operation fails.
+pub struct NoMounts;
+
+impl Mounter for NoMounts {
+    fn mount(
+        &self,
+        _: &ProjectId,
+        c: &CacheId,
+        _: &CacheKey,
+        _: &[CacheKey],
+        _: &Path,
+    ) -> Result<Mounted> {
+        Err(Error::Failed(format!("cache {c}: no store opened")))
+    }
+    fn commit(&self, view: &Path) -> Result<Committed> {
+        Err(Error::Failed(format!(
+            "{}: no store opened",
+            view.display()
+        )))
+    }
+    fn umount(&self, mp: &Path) -> Result<()> {
+        Err(Error::Failed(format!("{}: no store opened", mp.display())))
+    }
+}

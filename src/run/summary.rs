@@ -1,0 +1,88 @@
+//! What a run prints about its preparation: the summary (a line per cache on stderr, or the
+//! `--json` object on stdout) and byte counts in binary units.
+
+use std::io::Write;
+
+use super::{Prep, RunConfig};
+use crate::telemetry::{self, CacheResult};
+
+/// The summary: one line per cache on stderr, or with `--json` one JSON object on stdout
+/// (run id, and per cache its event, view path and mount run id).
+pub(super) fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
+    let mut err = std::io::stderr().lock();
+    if cfg.json {
+        let caches: Vec<serde_json::Value> = preps
+            .iter()
+            .map(|p| {
+                let mut v = serde_json::to_value(&p.event).unwrap_or_default();
+                v["view"] = serde_json::json!(p.keys.mountpoint);
+                v["mount_run"] = serde_json::json!(p.mounted.run);
+                v
+            })
+            .collect();
+        let v = serde_json::json!({
+            "run": cfg.run_id,
+            "project": cfg.spec.project.as_str(),
+            "caches": caches,
+            "prep_ms": preps.iter().map(|p| p.event.prep_ms()).sum::<u64>(),
+        });
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{v}");
+        let _ = out.flush();
+        return;
+    }
+    for p in preps {
+        let e = &p.event;
+        let mut line = format!(
+            "layercache: {} {} in {}",
+            e.cache,
+            e.result.as_str(),
+            telemetry::fmt_ms(e.prep_ms())
+        );
+        match e.result {
+            CacheResult::Hit if e.maintenance_ms > 0 => line.push_str(&format!(
+                " (maintenance {})",
+                telemetry::fmt_ms(e.maintenance_ms)
+            )),
+            CacheResult::Hit => {}
+            _ => line.push_str(&format!(
+                " (setup {}, promote {}: {} files, {}; new {} files, {})",
+                telemetry::fmt_ms(e.setup_ms),
+                telemetry::fmt_ms(e.promote_ms),
+                e.files,
+                fmt_bytes(e.bytes),
+                e.new_files,
+                fmt_bytes(e.new_bytes)
+            )),
+        }
+        if e.result == CacheResult::Restore
+            && let Some(m) = &e.matched_key
+        {
+            line.push_str(&format!(" from {m}"));
+        }
+        // issue 11: what differs from the nearest layer (its key is in --json and events).
+        let why: Vec<&str> = (e.why.iter().map(String::as_str))
+            .filter(|w| !w.starts_with("nearest layer "))
+            .collect();
+        if !why.is_empty() {
+            line.push_str(&format!("; why: {}", why.join(", ")));
+        }
+        let _ = writeln!(err, "{line}");
+    }
+}
+
+/// Formats bytes in binary units (`12.3 MiB`).
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}

@@ -1,0 +1,183 @@
+//! `--user` (and the spec's `user`) for every driver (issue 12): its syntax ([`check_syntax`]);
+//! for `--sandbox none` and `--sandbox bwrap`, the user setup, maintenance and COMMAND run as,
+//! resolved on the host ([`RunUser::resolve`]), and the drop to it in the child before exec.
+//!
+//! Forms (docker-run(1)'s): `UID:GID` (taken as given, like docker: the ids need no passwd
+//! entry), `UID` (its primary group from the passwd database), `NAME` (uid and primary group
+//! from the passwd database), `NAME:GROUP` / `UID:GROUP` / `NAME:GID` (the group from the group
+//! database). Names are resolved with getpwnam_r(3)/getgrnam_r(3) (nix), so NSS sources count.
+//!
+//! The drop follows the order privilege-separation code uses (e.g. OpenSSH's
+//! `permanently_set_uid`): setgroups(2) to no supplementary groups, setgid(2), setuid(2).
+
+use std::process::Command;
+
+use crate::error::{Error, Result};
+
+/// `--user`: `UID`, `UID:GID`, `NAME` or `NAME:GROUP` (docker-run(1)'s forms).
+///
+/// Errors: [`Error::Invalid`] naming `--user` for an empty part or characters no user name has.
+pub fn check_syntax(user: &str) -> Result<()> {
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    };
+    let mut parts = user.splitn(2, ':');
+    let u = parts.next().unwrap_or_default();
+    let g = parts.next();
+    if ok_part(u) && g.is_none_or(ok_part) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "--user {user:?}: use UID, UID:GID, NAME or NAME:GROUP"
+        )))
+    }
+}
+
+/// A resolved `--user`: the ids the children run as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunUser {
+    /// Real, effective and saved user id.
+    pub uid: u32,
+    /// Real, effective and saved group id (and no supplementary groups).
+    pub gid: u32,
+}
+
+impl RunUser {
+    /// Resolves `input` (see the module docs) against this host's user and group databases.
+    ///
+    /// Errors: [`Error::Invalid`] (exit 2) naming `--user INPUT`: bad syntax, a user name or a
+    /// bare UID with no passwd entry, a group name with no group entry, or a lookup error.
+    pub fn resolve(input: &str) -> Result<RunUser> {
+        use nix::unistd::{Group, User};
+        check_syntax(input)?;
+        let bad = |what: String| Error::invalid(format!("--user {input}: {what}"));
+        let lookup = |e: nix::Error| bad(format!("looking it up failed: {e}"));
+        let (u, g) = match input.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (input, None),
+        };
+        let (uid, primary) = match u.parse::<u32>() {
+            Ok(uid) if g.is_some_and(|g| g.parse::<u32>().is_ok()) => (uid, None),
+            Ok(uid) => match User::from_uid(uid.into()).map_err(lookup)? {
+                Some(pw) => (uid, Some(pw.gid.as_raw())),
+                None if g.is_some() => (uid, None),
+                None => {
+                    return Err(bad(format!(
+                        "no user with uid {uid} in the passwd database (give UID:GID)"
+                    )));
+                }
+            },
+            Err(_) => match User::from_name(u).map_err(lookup)? {
+                Some(pw) => (pw.uid.as_raw(), Some(pw.gid.as_raw())),
+                None => {
+                    return Err(bad(format!(
+                        "no such user {u:?} in the passwd database (use UID:GID or an existing \
+                         user name)"
+                    )));
+                }
+            },
+        };
+        let gid = match g {
+            None => primary.unwrap_or_default(),
+            Some(g) => match g.parse::<u32>() {
+                Ok(gid) => gid,
+                Err(_) => match Group::from_name(g).map_err(lookup)? {
+                    Some(gr) => gr.gid.as_raw(),
+                    None => {
+                        return Err(bad(format!(
+                            "no such group {g:?} in the group database (use a GID or an \
+                             existing group name)"
+                        )));
+                    }
+                },
+            },
+        };
+        Ok(RunUser { uid, gid })
+    }
+
+    /// Makes `cmd` drop to this user just before it execs, after the hooks registered before
+    /// this one (the views of [`crate::run::Views::apply`] need root): setgroups([]), setgid,
+    /// setuid. Register it before anything that credential changes reset (PR_SET_PDEATHSIG).
+    ///
+    /// The spawn fails with the errno of the first call that fails (EPERM when layercache is
+    /// not root).
+    pub fn drop_privileges(&self, cmd: &mut Command) {
+        let (uid, gid) = (self.uid, self.gid);
+        // SAFETY: setgroups(2), setgid(2) and setuid(2) are async-signal-safe system calls
+        // (made raw, so glibc's all-threads credential broadcast is not involved: the forked
+        // child has one thread).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+                let check = |rc: libc::c_long| {
+                    if rc < 0 {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(())
+                    }
+                };
+                check(libc::syscall(
+                    libc::SYS_setgroups,
+                    0,
+                    std::ptr::null::<libc::gid_t>(),
+                ))?;
+                check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+                check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+                Ok(())
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_syntax() {
+        for ok in ["1000", "1000:1000", "user1000", "user1000:user1000"] {
+            check_syntax(ok).unwrap();
+        }
+        for bad in ["", ":", "1000:", "a b", "x;y"] {
+            assert!(
+                check_syntax(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("--user")
+            );
+        }
+    }
+
+    #[test]
+    fn numeric_pairs_need_no_passwd_entry() {
+        let u = RunUser::resolve("4242:4343").unwrap();
+        assert_eq!((u.uid, u.gid), (4242, 4343));
+    }
+
+    #[test]
+    fn names_and_bare_uids_resolve_from_passwd() {
+        // root is in every passwd database.
+        assert_eq!(
+            RunUser::resolve("root").unwrap(),
+            RunUser { uid: 0, gid: 0 }
+        );
+        assert_eq!(RunUser::resolve("0").unwrap(), RunUser { uid: 0, gid: 0 });
+        assert_eq!(RunUser::resolve("root:0").unwrap().gid, 0);
+    }
+
+    #[test]
+    fn unknown_users_and_groups_name_the_input() {
+        for bad in [
+            "no-such-user-lc",
+            "no-such-user-lc:0",
+            "0:no-such-group-lc",
+            "4242424",
+            "a b",
+        ] {
+            let e = RunUser::resolve(bad).unwrap_err();
+            assert!(e.to_string().contains(&format!("--user {bad}")) || bad == "a b");
+            assert_eq!(e.exit_code(), 2, "{e}");
+        }
+    }
+}
