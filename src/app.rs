@@ -293,9 +293,16 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if docker.is_none() && !args.docker_args.is_empty() {
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
+    // A user named by the spec, not the flag: its errors say so.
+    let user_source = |e: Error| match e {
+        Error::Invalid(m) if args.user.is_none() => {
+            Error::Invalid(m.replacen("--user ", "the spec's user ", 1))
+        }
+        e => e,
+    };
     // --sandbox none|bwrap: resolved on the host before anything is mounted.
     let run_user = match (&docker, &user) {
-        (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u)?),
+        (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u).map_err(user_source)?),
         _ => None,
     };
     if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
@@ -304,7 +311,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     // Docker: the image's id, not its name, enters the keys (with the tools in it).
     let (image, squash) = match &docker {
         Some(d) => {
-            let (id, ids) = d.preflight()?;
+            let (id, ids) = d.preflight().map_err(user_source)?;
             (Some(id), ids)
         }
         None => (args.image.clone(), run_user.map(|u| (u.uid, u.gid))),

@@ -163,8 +163,12 @@ fn unknown_user_is_one_line_exit_2_and_nothing_is_mounted() {
             let err = String::from_utf8_lossy(&o.stderr);
             assert_eq!(o.status.code(), Some(2), "{driver} {user:?}: {}", show(&o));
             assert_eq!(err.lines().count(), 1, "one line: {err}");
-            let named = user.or(spec_user).unwrap();
-            assert!(err.contains(&format!("--user {named}")), "{err}");
+            // Named as the flag, or as the spec's field when it came from there.
+            let named = match user {
+                Some(u) => format!("--user {u}"),
+                None => format!("the spec's user {}", spec_user.unwrap()),
+            };
+            assert!(err.contains(&named), "{err}");
             assert!(!sb.path("store/v1/projects/user-bad").exists());
             assert!(sb.events().is_empty());
         }

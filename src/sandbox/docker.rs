@@ -102,7 +102,7 @@ impl Docker {
             ])?;
             if !out.status.success() {
                 return Err(Error::invalid(format!(
-                    "--user {user}: no such user in image {}: {}",
+                    "--user {user}: no such user or group in image {}: {}",
                     self.image,
                     first_line(&out)
                 )));
