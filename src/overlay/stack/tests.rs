@@ -1,0 +1,178 @@
+use super::*;
+use std::fs;
+
+/// Three layers under one temp dir: `upper`, `l0` (top lower) and `l1`.
+struct Fx {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        for d in ["upper", "l0", "l1"] {
+            fs::create_dir(root.join(d)).unwrap();
+        }
+        Fx { _dir: dir, root }
+    }
+    fn file(&self, rel: &str) {
+        let p = self.root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, rel).unwrap();
+    }
+    fn dir(&self, rel: &str) {
+        fs::create_dir_all(self.root.join(rel)).unwrap();
+    }
+    fn whiteout(&self, rel: &str) {
+        let p = self.root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        whiteout::create_whiteout_at(libc::AT_FDCWD, &crate::sys::cstr(p.as_os_str()).unwrap())
+            .unwrap();
+    }
+    fn opaque(&self, rel: &str) {
+        let d = File::open(self.root.join(rel)).unwrap();
+        whiteout::set_opaque(d.as_fd()).unwrap();
+    }
+    fn stack(&self) -> Stack {
+        let (l0, l1) = (self.root.join("l0"), self.root.join("l1"));
+        Stack::open_merge(Some(&self.root.join("upper")), &[&l0, &l1]).unwrap()
+    }
+}
+
+fn names(s: &Stack, rel: &CStr) -> Vec<String> {
+    let mut v: Vec<String> = s
+        .merged_names(true, s.all_lowers(), rel)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n.to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn root() -> bool {
+    // Whiteouts (mknod) and trusted.* xattrs need root, as the overlay does.
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn upper_hides_lower_and_directories_merge() {
+    let fx = Fx::new();
+    fx.file("upper/f");
+    fx.file("l0/f");
+    fx.dir("upper/d");
+    fx.file("l0/d/a");
+    fx.file("l1/d/b");
+    fx.file("l1/only");
+    let s = fx.stack();
+    let all = s.all_lowers();
+    let f = s.lookup(true, all, c"./f").unwrap().unwrap();
+    assert!(f.upper && f.lowers == 0 && f.kind == Kind::File);
+    let d = s.lookup(true, all, c"./d").unwrap().unwrap();
+    assert!(d.upper && d.kind == Kind::Dir);
+    assert_eq!(d.lowers, 0b11, "both lower dirs merge under the upper one");
+    assert!(d.lower_ino.is_some());
+    let only = s.lookup(true, all, c"./only").unwrap().unwrap();
+    assert!(!only.upper && only.lowers == 0b10);
+    assert!(s.lookup(true, all, c"./missing").unwrap().is_none());
+    assert_eq!(names(&s, c"./d"), ["a", "b"]);
+    assert_eq!(names(&s, c"."), ["d", "f", "only"]);
+}
+
+#[test]
+fn a_non_directory_stops_the_merge() {
+    let fx = Fx::new();
+    fx.file("l0/x");
+    fx.file("l1/x/inside");
+    fx.dir("l0/y");
+    fx.file("l1/y");
+    crate::sys::mkfifo(&fx.root.join("l1/fifo"), 0o644).unwrap();
+    let s = fx.stack();
+    let x = s.lookup(true, 0b11, c"./x").unwrap().unwrap();
+    assert_eq!((x.kind, x.lowers), (Kind::File, 0b01));
+    let y = s.lookup(true, 0b11, c"./y").unwrap().unwrap();
+    assert_eq!((y.kind, y.lowers), (Kind::Dir, 0b01));
+    // Only the layers the parent merges are searched.
+    let x1 = s.lookup(false, 0b10, c"./x").unwrap().unwrap();
+    assert_eq!((x1.kind, x1.lowers), (Kind::Dir, 0b10));
+    let fifo = s.lookup(true, 0b11, c"./fifo").unwrap().unwrap();
+    assert_eq!(fifo.kind, Kind::Special(libc::DT_FIFO));
+    let listed = s.merged_names(false, 0b10, c".").unwrap();
+    assert!(listed.contains(&("fifo".into(), Kind::Special(libc::DT_FIFO))));
+}
+
+#[test]
+fn whiteouts_and_opaque_directories_hide_lower_entries() {
+    if !root() {
+        return;
+    }
+    let fx = Fx::new();
+    fx.file("l0/gone");
+    fx.whiteout("upper/gone");
+    fx.file("l1/deep");
+    fx.whiteout("l0/deep");
+    fx.dir("upper/o");
+    fx.opaque("upper/o");
+    fx.file("upper/o/mine");
+    fx.file("l0/o/theirs");
+    fx.dir("l0/p");
+    fx.opaque("l0/p");
+    fx.file("l0/p/top");
+    fx.file("l1/p/below");
+    let s = fx.stack();
+    let all = s.all_lowers();
+    assert!(s.lookup(true, all, c"./gone").unwrap().is_none());
+    assert!(s.lookup(true, all, c"./deep").unwrap().is_none());
+    assert!(s.is_whiteout(Tree::Upper, c"./gone").unwrap());
+    assert!(
+        !s.lower_has(all, c"./deep").unwrap(),
+        "a lower whiteout decides"
+    );
+    assert!(s.lower_has(all, c"./gone").unwrap());
+    let o = s.lookup(true, all, c"./o").unwrap().unwrap();
+    assert_eq!(
+        (o.upper, o.lowers),
+        (true, 0),
+        "opaque: nothing below merges"
+    );
+    assert_eq!(names(&s, c"."), ["o", "p"]);
+    let p = s.lookup(true, all, c"./p").unwrap().unwrap();
+    assert_eq!(
+        p.lowers, 0b01,
+        "an opaque lower dir hides the lowers below it"
+    );
+    let merged: Vec<_> = s
+        .merged_names(false, p.lowers, c"./p")
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(merged, ["top"]);
+    // purge_whiteouts empties a directory of whiteouts only.
+    fx.dir("upper/w");
+    fx.whiteout("upper/w/x");
+    s.purge_whiteouts(c"./w").unwrap();
+    assert_eq!(fs::read_dir(fx.root.join("upper/w")).unwrap().count(), 0);
+    fx.file("upper/w/real");
+    fx.whiteout("upper/w/y");
+    let e = s.purge_whiteouts(c"./w").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    s.create_whiteout(c"./made").unwrap();
+    assert!(s.is_whiteout(Tree::Upper, c"./made").unwrap());
+    s.set_opaque(Tree::Upper, c"./w").unwrap();
+    assert!(s.is_opaque(Tree::Upper, c"./w").unwrap());
+}
+
+#[test]
+fn a_stack_without_upper_or_workdir_reads_lowers_and_refuses_the_rest() {
+    let fx = Fx::new();
+    fx.file("l0/a");
+    let l0 = fx.root.join("l0");
+    let s = Stack::open_merge(None, &[&l0]).unwrap();
+    assert!(!s.has_upper());
+    assert!(s.lookup(false, 1, c"./a").unwrap().is_some());
+    let e = s.stat(Tree::Work, c".").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+}

@@ -1,0 +1,267 @@
+use super::*;
+
+fn err(text: &str) -> String {
+    parse(text).unwrap_err().to_string()
+}
+
+#[test]
+fn parses_the_issue_example() {
+    let s = parse(
+        r#"project = "acme-web"
+[[cache]]
+id = "npm"
+preset = "npm"
+setup = "npm ci"
+maintenance = "npm ci --prefer-offline"
+"#,
+    )
+    .unwrap();
+    assert_eq!(s.project.as_str(), "acme-web");
+    let c = &s.caches[0];
+    assert_eq!(c.setup, "npm ci");
+    assert_eq!(c.maintenance.as_deref(), Some("npm ci --prefer-offline"));
+    assert_eq!(c.key_files, ["package-lock.json", "npm-shrinkwrap.json"]);
+    assert!(!c.key_files_explicit);
+    assert_eq!(c.env["npm_config_cache"], "{mount}");
+    assert_eq!(c.tools(), ["node"]);
+}
+
+#[test]
+fn json_is_accepted_too() {
+    let s = parse(r#"{"project":"p","cache":[{"id":"nm","preset":"node_modules"}]}"#).unwrap();
+    let paths = Paths {
+        workdir: "/w".into(),
+        mount_root: "/cache".into(),
+        workdir_view: None,
+    };
+    assert_eq!(
+        s.caches[0].mountpoint(&paths).unwrap(),
+        Path::new("/w/node_modules")
+    );
+    assert!(s.caches[0].maintenance.is_none());
+}
+
+#[test]
+fn mountpoints_stay_below_the_mount_root_or_the_workdir() {
+    let paths = Paths {
+        workdir: "/w".into(),
+        mount_root: "/cache".into(),
+        workdir_view: None,
+    };
+    for mp in [
+        "/etc",
+        "/",
+        "/usr/lib",
+        "/proc/x",
+        "/cache",
+        "/w",
+        "/elsewhere/x",
+    ] {
+        let s = parse(&format!(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"{mp}\"\n"
+        ))
+        .unwrap();
+        let e = s.caches[0].mountpoint(&paths).unwrap_err().to_string();
+        assert!(
+            e.contains("cache \"a\"") && e.contains("mountpoint"),
+            "{mp}: {e}"
+        );
+    }
+    assert!(check_root("--mount-root", Path::new("/etc")).is_err());
+    assert!(check_root("--mount-root", Path::new("/")).is_err());
+    assert!(check_root("--mount-root", Path::new("/proc/1")).is_err());
+    assert!(check_root("--mount-root", Path::new("/cache")).is_ok());
+    assert!(check_root("--workdir", Path::new("/tmp/x y")).is_ok());
+}
+
+#[test]
+fn user_is_checked_for_syntax_and_kept() {
+    let s = parse("user = \"1000:1000\"\nproject = \"p\"\n").unwrap();
+    assert_eq!(s.user.as_deref(), Some("1000:1000"));
+    assert_eq!(parse("project = \"p\"\n").unwrap().user, None);
+    let e = parse("user = \"a;b\"\nproject = \"p\"\n").unwrap_err();
+    assert!(e.to_string().starts_with("user: "), "{e}");
+}
+
+#[test]
+fn no_caches_is_valid() {
+    assert!(parse("project = \"p\"\n").unwrap().caches.is_empty());
+}
+
+#[test]
+fn bad_specs_name_the_field() {
+    let e = err("project = \"p\"\n[[cache]]\nid = \"x\"\npreset = \"nmp\"\n");
+    assert!(e.contains("cache[0].preset") && e.contains("nmp"), "{e}");
+    let e = err("project = \"p\"\n[[cache]]\nid = \"a/b\"\npreset = \"npm\"\n");
+    assert!(e.contains("cache[0].id"), "{e}");
+    let e = err(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\n[[cache]]\nid = \"a\"\npreset = \"pip\"\n",
+    );
+    assert!(e.contains("cache[1].id") && e.contains("duplicate"), "{e}");
+    let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nsetp = \"x\"\n");
+    assert!(e.contains("setp"), "{e}");
+    let e = err("project = \"p\"\nfoo = 1\n");
+    assert!(e.contains("foo"), "{e}");
+    let e = err("project = \"../x\"\n");
+    assert!(e.contains("project"), "{e}");
+    let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x.lock\"]\n");
+    assert!(e.contains("cache[0].setup"), "{e}");
+    let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\nsetup = \"true\"\n");
+    assert!(e.contains("cache[0].key_files"), "{e}");
+    let e = err(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nkey_files = [\"../etc/passwd\"]\n",
+    );
+    assert!(e.contains("cache[0].key_files"), "{e}");
+    let e = err(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nenv = { \"A-B\" = \"x\" }\n",
+    );
+    assert!(e.contains("cache[0].env"), "{e}");
+    let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"rel\"\n");
+    assert!(e.contains("cache[0].mountpoint"), "{e}");
+    let e =
+        err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nrestore_keys = [\"a b\"]\n");
+    assert!(e.contains("cache[0].restore_keys"), "{e}");
+    let e = err(r#"{"project":"p","cache":[{"id":"a","preset":"npm","bogus":1}]}"#);
+    assert!(e.contains("bogus"), "{e}");
+    let e =
+        err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nsetup = \"cp x {mnt}\"\n");
+    assert!(e.contains("cache[0].setup") && e.contains("{mnt}"), "{e}");
+}
+
+#[test]
+fn presets_match_the_issue() {
+    let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+    assert_eq!(
+        names,
+        [
+            "npm",
+            "pnpm",
+            "yarn",
+            "pip",
+            "uv",
+            "go",
+            "cargo",
+            "maven",
+            "gradle",
+            "node_modules",
+            "venv",
+            "cargo-target"
+        ]
+    );
+    let env = |n: &str| {
+        preset(n)
+            .unwrap()
+            .env
+            .iter()
+            .map(|(k, _)| *k)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(env("npm"), ["npm_config_cache"]);
+    assert_eq!(env("pnpm"), ["npm_config_store_dir"]);
+    assert_eq!(env("yarn"), ["YARN_CACHE_FOLDER"]);
+    assert_eq!(env("pip"), ["PIP_CACHE_DIR"]);
+    assert_eq!(env("uv"), ["UV_CACHE_DIR"]);
+    assert_eq!(env("go"), ["GOMODCACHE", "GOCACHE"]);
+    assert_eq!(env("cargo"), ["CARGO_HOME"]);
+    assert_eq!(env("gradle"), ["GRADLE_USER_HOME"]);
+    assert_eq!(env("cargo-target"), ["CARGO_TARGET_DIR"]);
+    assert!(
+        preset("maven").unwrap().env[0]
+            .1
+            .contains("maven.repo.local")
+    );
+    assert_eq!(preset("venv").unwrap().mountpoint, Some("{workdir}/.venv"));
+    for p in PRESETS {
+        assert!(!p.tools.is_empty() && !p.key_files.is_empty(), "{}", p.name);
+        assert!(presets_text(false).contains(p.name));
+    }
+    let v: serde_json::Value = serde_json::from_str(&presets_text(true)).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), PRESETS.len());
+    let venv = v.as_array().unwrap().iter().find(|p| p["name"] == "venv");
+    assert_eq!(venv.unwrap()["relocatable"], false);
+    let cargo = v.as_array().unwrap().iter().find(|p| p["name"] == "cargo");
+    assert!(cargo.unwrap()["exclude"].as_array().unwrap().len() > 1);
+}
+
+#[test]
+fn restore_setup_follows_the_setup() {
+    let c = |extra: &str| {
+        parse(&format!(
+            "project = \"p\"\n[[cache]]\nid = \"nm\"\npreset = \"node_modules\"\n{extra}"
+        ))
+        .map(|s| s.caches[0].restore_setup.clone())
+    };
+    // The preset's incremental install on a restore, unless the spec's own setup replaces
+    // the preset's (then that setup runs on a restore too) or the spec names one.
+    assert!(
+        c("")
+            .unwrap()
+            .unwrap()
+            .contains("npm install --prefer-offline")
+    );
+    assert_eq!(c("setup = \"npm ci\"\n").unwrap(), None);
+    assert_eq!(
+        c("restore_setup = \"npm i\"\n").unwrap().as_deref(),
+        Some("npm i")
+    );
+    let e = c("restore_setup = \" \"\n").unwrap_err().to_string();
+    assert!(e.contains("cache[0].restore_setup"), "{e}");
+    // A hit of a download cache never reinstalls a tree that another cache mounts.
+    for name in ["npm", "pnpm", "yarn", "pip", "uv"] {
+        let m = preset(name).unwrap().maintenance.unwrap();
+        assert!(m.starts_with("mountpoint -q "), "{name}: {m}");
+    }
+    assert!(!presets::VENV_RESTORE.contains('{') && !presets::VENV_RESTORE.contains('}'));
+}
+
+#[test]
+fn every_bad_field_is_reported_in_spec_order() {
+    let text = "project = \"a/b\"\n[[cache]]\nid = \"x\"\npreset = \"nope\"\n\
+                [[cache]]\nid = \"ok\"\npreset = \"npm\"\n\
+                [[cache]]\nid = \"y\"\nkey_files = [\"a.lock\"]\n\
+                [[cache]]\nid = \"ok\"\npreset = \"pip\"\n";
+    let errors = parse_all(text).unwrap_err();
+    assert_eq!(errors.len(), 4, "{errors:#?}");
+    assert!(errors[0].starts_with("project: "), "{errors:#?}");
+    assert!(errors[1].starts_with("cache[0].preset: unknown preset"));
+    assert!(errors[2].starts_with("cache[2].setup: missing"));
+    // The duplicate names the index in the spec, though an invalid cache came before it.
+    assert!(errors[3].contains("also cache[1].id"), "{errors:#?}");
+    assert_eq!(parse(text).unwrap_err().to_string(), errors.join("\n"));
+    // A syntax error is one message, however many lines serde gives it.
+    let syntax = parse_all("project = \n").unwrap_err();
+    assert_eq!(syntax.len(), 1, "{syntax:?}");
+    assert!(syntax[0].contains('\n'), "{syntax:?}");
+}
+
+#[test]
+fn templates_expand() {
+    let mut paths = Paths {
+        workdir: "/w".into(),
+        mount_root: "/c".into(),
+        workdir_view: None,
+    };
+    let m = Path::new("/c/x");
+    assert_eq!(expand("{mount}/mod", &paths, Some(m)), "/c/x/mod");
+    assert_eq!(expand("{workdir}:{mount_root}", &paths, None), "/w:/c");
+    assert_eq!(expand("{unknown} {", &paths, None), "{unknown} {");
+    assert_eq!(
+        expand("${HOME} {{mount}}", &paths, Some(m)),
+        "${HOME} {mount}"
+    );
+    paths.workdir_view = Some("/workspace".into());
+    assert_eq!(expand("{workdir}", &paths, None), "/workspace");
+    // In scripts every value is one shell word, whatever it holds.
+    let odd = Path::new("/c/a b/$(touch x)");
+    assert_eq!(
+        expand_script("ls {mount}/f", &paths, Some(odd)),
+        "ls '/c/a b/$(touch x)'/f"
+    );
+    assert!(check_templates("echo {mount} ${X} {{x}} {env:HOME}").is_ok());
+    let e = check_templates("echo {mnt}").unwrap_err();
+    assert!(e.contains("{mnt}") && e.contains("{mount}"), "{e}");
+    assert_eq!(
+        expand("{env:LAYERCACHE_SURELY_UNSET_VAR}x", &paths, None),
+        "x"
+    );
+}
