@@ -274,6 +274,12 @@ fn npm_layer_travels_to_an_empty_store_and_a_new_version_moves_only_new_objects(
     assert_eq!(eb[0]["setup_ms"], 0, "nothing installed on B");
     assert_eq!(eb[0]["pulled_objects"].as_u64(), Some(total));
     assert_eq!(eb[0]["pulled_bytes"].as_u64(), Some(up_bytes));
+    // The fill lock B took before asking the remote went with the hit.
+    let fills = b
+        .store
+        .join("v1/projects/remote-npm/caches/node_modules/fills");
+    let left: Vec<_> = std::fs::read_dir(&fills).map_or(Vec::new(), |d| d.flatten().collect());
+    assert!(left.is_empty(), "fill locks left: {left:?}");
     eprintln!(
         "REMOTE B time to ready: {} ms (lookup + pull of {} objects, {} bytes + mount), A's miss \
          took {} ms of setup",

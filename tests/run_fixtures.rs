@@ -328,8 +328,8 @@ fn venv_hit_is_5x_faster_and_imports_and_pip_cache_is_on_the_mount() {
     sb.copy_into_work(&fx);
     // The venv's setup (the preset's: python3 -m venv .venv && .venv/bin/pip install -r
     // requirements.txt) runs with PIP_CACHE_DIR on the pip mount: every script sees every
-    // cache's environment. The pip cache's own setup only reports where pip caches (the
-    // preset's default, a global `pip install`, would write outside the sandbox).
+    // cache's environment. The pip cache's own setup here only reports where pip caches (the
+    // preset's default downloads the requirements once more).
     let spec = sb.write_spec(
         "spec.toml",
         r#"project = "pip-fixture"

@@ -166,17 +166,18 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "pip",
-        version: 1,
+        version: 2,
         description: "pip's HTTP and wheel cache (PIP_CACHE_DIR)",
         key_files: &["requirements*.txt", "constraints*.txt"],
         env: &[("PIP_CACHE_DIR", "{mount}")],
         mountpoint: None,
-        setup: "pip install -r requirements.txt",
+        // Fills the cache without installing anything: a bare `pip install` would install into
+        // whatever Python is first on PATH — the host's, outside a sandbox. Installing is the
+        // venv preset's job (its pip sees PIP_CACHE_DIR too).
+        setup: "d=$(mktemp -d) && pip download -q -r requirements.txt -d \"$d\"; s=$?; \
+                rm -rf \"$d\"; exit $s",
         restore_setup: None,
-        maintenance: Some(unless_mounted!(
-            "\"${VIRTUAL_ENV:-/nonexistent}\"",
-            "pip install -r requirements.txt"
-        )),
+        maintenance: None,
         tools: &["python3"],
         exclude: &[],
         relocatable: true,

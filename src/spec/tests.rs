@@ -207,10 +207,14 @@ fn restore_setup_follows_the_setup() {
     let e = c("restore_setup = \" \"\n").unwrap_err().to_string();
     assert!(e.contains("cache[0].restore_setup"), "{e}");
     // A hit of a download cache never reinstalls a tree that another cache mounts.
-    for name in ["npm", "pnpm", "yarn", "pip", "uv"] {
+    for name in ["npm", "pnpm", "yarn", "uv"] {
         let m = preset(name).unwrap().maintenance.unwrap();
         assert!(m.starts_with("mountpoint -q "), "{name}: {m}");
     }
+    // pip's cache preset installs nothing anywhere: it only downloads into its cache.
+    let pip = preset("pip").unwrap();
+    assert_eq!(pip.maintenance, None);
+    assert!(pip.setup.contains("pip download") && !pip.setup.contains("pip install"));
     assert!(!presets::VENV_RESTORE.contains('{') && !presets::VENV_RESTORE.contains('}'));
 }
 

@@ -116,7 +116,11 @@ impl Store {
             if let Lookup::Hit { layer } = &found {
                 match self.lease_layer(&pd, layer)? {
                     Some(l) => {
-                        fill = None;
+                        // A hit needs no fill: a lock taken for one (then a pull published
+                        // the key) goes with its file, as when a fill ends.
+                        if let Some(f) = fill.take() {
+                            f.remove();
+                        }
                         break (found, Some(l));
                     }
                     None => continue,
