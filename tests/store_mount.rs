@@ -979,6 +979,42 @@ fn gc_dry_run_reports_what_gc_removes() {
     );
 }
 
+/// A killed pull or promotion leaves a staging tree that may be the only link to its objects:
+/// `gc --dry-run` counts them as the real gc then removes them.
+#[test]
+fn gc_dry_run_counts_objects_only_a_staging_tree_links() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    env.publish(
+        "p",
+        "c",
+        "a",
+        &mnt,
+        &[("data", &"x".repeat(1000)), ("more", "y")],
+    );
+    // Turn the published layer into a killed build's staging tree: no key, no layer dir.
+    let pd = env.store().join("v1/projects/p");
+    let layer = fs::read_dir(pd.join("layers"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::create_dir_all(pd.join("staging/killed")).unwrap();
+    fs::rename(layer.join("tree"), pd.join("staging/killed/tree")).unwrap();
+    fs::remove_dir_all(&layer).unwrap();
+    fs::remove_dir_all(pd.join("caches/c/keys")).unwrap();
+    let dry = env.json(&["--json", "gc", "--dry-run"]);
+    let real = env.json(&["--json", "gc"]);
+    for f in ["removed_objects", "freed_bytes", "removed_staging"] {
+        assert_eq!(dry[f], real[f], "{f}: dry {dry} vs real {real}");
+    }
+    assert_eq!(real["removed_objects"].as_u64(), Some(2), "{real}");
+}
+
 /// issue 11: quarantined layers and objects count against the limits, and go with gc's age
 /// limit and with `clear`.
 #[test]

@@ -81,19 +81,35 @@ impl Store {
             dry_run: dry,
             ..GcReport::default()
         };
+        // Links into objects from trees this gc removes: a dry run counts the objects those
+        // removals would leave unreferenced (per project: inode → links).
+        let mut doomed: Vec<HashMap<u64, u64>> = vec![HashMap::new(); pds.len()];
+        let mut doom = |pi: usize, tree: &Path| -> Result<()> {
+            for (ino, _) in tree_usage(tree)?.0 {
+                *doomed[pi].entry(ino).or_default() += 1;
+            }
+            Ok(())
+        };
         // 1. Garbage from crashes: staging (no promotion runs: we hold the locks) and runs.
-        for pd in &pds {
+        // Their files may be the only links to objects (a killed pull's tree, a promoted
+        // upper), which the sweep below then removes.
+        for (pi, pd) in pds.iter().enumerate() {
             for name in read_names(&pd.staging())? {
                 report.removed_staging += 1;
-                if !dry {
-                    remove_tree(&pd.staging().join(name))?;
+                let dir = pd.staging().join(name);
+                if dry {
+                    doom(pi, &dir)?;
+                } else {
+                    remove_tree(&dir)?;
                 }
             }
             for name in read_names(&pd.runs())? {
                 let dir = pd.runs().join(&name);
                 if self.run_is_stale(&dir)? {
                     report.removed_runs += 1;
-                    if !dry {
+                    if dry {
+                        doom(pi, &dir)?;
+                    } else {
                         super::runs::remove_stale_run(&dir)?;
                     }
                 }
@@ -102,9 +118,6 @@ impl Store {
                 remove_free_fill_locks(pd)?;
             }
         }
-        // Links into objects from trees this gc removes: a dry run counts the objects those
-        // removals would leave unreferenced (per project: inode → links).
-        let mut doomed: Vec<HashMap<u64, u64>> = vec![HashMap::new(); pds.len()];
         // 2. Candidates; unpublished layers are orphans of a crash between rename and publish.
         let mut cands = Vec::new();
         let mut where_: Vec<(usize, Doomable)> = Vec::new();
@@ -117,9 +130,7 @@ impl Store {
                 if !published.contains(&id) && !in_use {
                     report.removed_orphans += 1;
                     if dry {
-                        for (ino, _) in tree_usage(&l.tree())?.0 {
-                            *doomed[pi].entry(ino).or_default() += 1;
-                        }
+                        doom(pi, &l.tree())?;
                     } else {
                         pd.remove_layer(&id)?;
                     }
