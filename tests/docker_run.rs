@@ -26,27 +26,24 @@ preset = "node_modules"
 "#;
 
 /// `layercache --store S --json run --spec SPEC --workdir W --sandbox docker --image I
+/// A fresh [`Sandbox`] and the test image, when mounts and an engine holding it are here
+/// (otherwise the test skips, or fails when `CI` is set).
+fn docker_sandbox() -> Option<(Sandbox, String)> {
+    if !can_mount() {
+        return None;
+    }
+    Some((Sandbox::new(), docker_test_image()?))
+}
+
 /// --docker-arg=--network=host [EXTRA…] -- sh -c SCRIPT` (no `--image` when `image` is empty).
 fn docker_run(sb: &Sandbox, work: &Path, image: &str, extra: &[&str], script: &str) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--store")
-        .arg(sb.path("store"))
-        .arg("--json")
-        .arg("run")
-        .arg("--spec")
-        .arg(sb.path("spec.toml"))
-        .arg("--workdir")
-        .arg(work)
-        .arg("--mount-root")
-        .arg(sb.path("cache"))
-        .args(["--sandbox", "docker"]);
+    let mut flags = vec!["--sandbox", "docker"];
     if !image.is_empty() {
-        cmd.args(["--image", image]);
+        flags.extend(["--image", image]);
     }
-    cmd.arg("--docker-arg=--network=host")
-        .args(extra)
-        .args(["--", "sh", "-c", script]);
-    cmd
+    flags.push("--docker-arg=--network=host");
+    flags.extend(extra);
+    sb.command(&sb.path("spec.toml"), work, &flags, &["sh", "-c", script])
 }
 
 fn result(o: &Output) -> (String, String) {
@@ -84,13 +81,9 @@ fn assert_nothing_left(sb: &Sandbox, runs: &[String]) {
 
 #[test]
 fn npm_fixture_misses_then_hits_in_new_containers_and_four_share_the_layer() {
-    if !can_mount() {
-        return;
-    }
-    let Some(image) = docker_test_image() else {
+    let Some((sb, image)) = docker_sandbox() else {
         return;
     };
-    let sb = Sandbox::new();
     sb.write_spec("spec.toml", SPEC);
     let mut runs = Vec::new();
 
@@ -161,13 +154,9 @@ fn npm_fixture_misses_then_hits_in_new_containers_and_four_share_the_layer() {
 
 #[test]
 fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
-    if !can_mount() {
-        return;
-    }
-    let Some(image) = docker_test_image() else {
+    let Some((sb, image)) = docker_sandbox() else {
         return;
     };
-    let sb = Sandbox::new();
     sb.write_spec("spec.toml", SPEC);
     let w = npm_workdir(&sb, "ws");
     let bad_image = "layercache-no-such-image:1";
@@ -227,13 +216,9 @@ fn kill_9_of_the_run_removes_its_container() {
 /// its container goes (at once for SIGTERM; within seconds, by the watchdog, for SIGKILL) and
 /// no mount is left.
 fn signal_of_the_run_removes_its_container(project: &str, sig: i32) {
-    if !can_mount() {
-        return;
-    }
-    let Some(image) = docker_test_image() else {
+    let Some((sb, image)) = docker_sandbox() else {
         return;
     };
-    let sb = Sandbox::new();
     sb.write_spec(
         "spec.toml",
         &format!(
@@ -286,13 +271,9 @@ fn signal_of_the_run_removes_its_container(project: &str, sig: i32) {
 
 #[test]
 fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
-    if !can_mount() {
-        return;
-    }
-    let Some(image) = docker_test_image() else {
+    let Some((sb, image)) = docker_sandbox() else {
         return;
     };
-    let sb = Sandbox::new();
     let mp = sb.path("cache/npm");
     std::fs::create_dir_all(&mp).unwrap();
     let store = sb.path("store");
@@ -364,13 +345,9 @@ fn sandbox_args_run_binds_a_layercache_mount_run_into_docker_run() {
 
 #[test]
 fn user_1000_changes_a_root_filled_node_modules_and_1001_reuses_a_layer_1000_filled() {
-    if !can_mount() {
-        return;
-    }
-    let Some(image) = docker_test_image() else {
+    let Some((sb, image)) = docker_sandbox() else {
         return;
     };
-    let sb = Sandbox::new();
     sb.write_spec(
         "spec.toml",
         "project = \"docker-user\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n\

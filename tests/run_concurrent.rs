@@ -14,10 +14,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use run_common::{BIN, Sandbox, can_mount, have_tool};
-
-/// The npm fixture's files, copied into a fresh workdir.
-const NPM_FILES: [&str; 2] = ["package.json", "package-lock.json"];
+use run_common::{BIN, Sandbox, can_mount, have_tool, npm_workdir, show};
 
 /// node_modules of the npm fixture (relocatable: keyed by the lockfile alone) plus a small
 /// `/cache/<id>`-style cache of our own.
@@ -33,33 +30,9 @@ relocatable = true
 setup = "echo filled > {mount}/filled"
 "#;
 
-/// `layercache --store S [--json] run --spec SPEC --workdir W --mount-root R [EXTRA…] -- ARGV`.
+/// `layercache --store S --json run --spec SPEC --workdir W --mount-root R [EXTRA…] -- ARGV`.
 fn run_cmd(sb: &Sandbox, work: &Path, spec: &Path, extra: &[&str], argv: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--store")
-        .arg(sb.path("store"))
-        .arg("--json")
-        .arg("run")
-        .arg("--spec")
-        .arg(spec)
-        .arg("--workdir")
-        .arg(work)
-        .arg("--mount-root")
-        .arg(sb.path("cache"))
-        .args(extra);
-    if !argv.is_empty() {
-        cmd.arg("--").args(argv);
-    }
-    cmd
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "{}\n--stdout--\n{}\n--stderr--\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    sb.command(spec, work, extra, argv)
 }
 
 /// The `--json` summary: the first stdout line.
@@ -67,17 +40,6 @@ fn summary(o: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&o.stdout);
     let first = text.lines().next().unwrap_or_default();
     serde_json::from_str(first).unwrap_or_else(|e| panic!("no JSON summary ({e}): {}", show(o)))
-}
-
-/// A new workdir `name` below the sandbox holding the npm fixture.
-fn npm_workdir(sb: &Sandbox, name: &str) -> PathBuf {
-    let w = sb.path(name);
-    std::fs::create_dir_all(&w).unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/npm-app");
-    for f in NPM_FILES {
-        std::fs::copy(example.join(f), w.join(f)).unwrap();
-    }
-    w
 }
 
 /// Run directories left in the store (of any project).

@@ -100,8 +100,16 @@ impl Sandbox {
     /// `layercache --store STORE --json run --spec SPEC --workdir WORK --mount-root cache
     /// FLAGS… -- COMMAND…` (run flags such as `--sandbox`, `--user`); prints its output.
     pub fn run_flags(&self, spec: &Path, work: &Path, flags: &[&str], command: &[&str]) -> Output {
-        let out = Command::new(BIN)
-            .arg("--store")
+        let out = self.command(spec, work, flags, command).output().unwrap();
+        eprintln!("run {flags:?}: {}", show(&out));
+        out
+    }
+
+    /// The command `layercache --store STORE --json run --spec SPEC --workdir WORK --mount-root
+    /// cache [FLAGS…] [-- ARGV…]` (no `--` when `argv` is empty), not started.
+    pub fn command(&self, spec: &Path, work: &Path, flags: &[&str], argv: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--store")
             .arg(self.path("store"))
             .args(["--json", "run", "--spec"])
             .arg(spec)
@@ -109,13 +117,11 @@ impl Sandbox {
             .arg(work)
             .arg("--mount-root")
             .arg(self.path("cache"))
-            .args(flags)
-            .arg("--")
-            .args(command)
-            .output()
-            .unwrap();
-        eprintln!("run {flags:?}: {}", show(&out));
-        out
+            .args(flags);
+        if !argv.is_empty() {
+            cmd.arg("--").args(argv);
+        }
+        cmd
     }
 
     /// `layercache run --spec SPEC --workdir work --mount-root cache -- sh -c SCRIPT`.
