@@ -459,6 +459,64 @@ fn concurrent_publish_of_one_key_keeps_one_and_gc_removes_the_loser() {
     );
 }
 
+/// A layer's hard links travel with it (issue 15): files linked in the filled tree are one
+/// st_ino with nlink 2 in a mount of the pulled layer on another store, and a file with the
+/// same bytes that was not linked stays a file of its own — as in a mount of the pushed layer.
+#[test]
+fn a_pulled_layer_shows_the_links_of_the_filled_tree() {
+    use std::os::unix::fs::MetadataExt;
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    let a = Runner::new(&w, sb.path("store-a"), "links", "");
+    let c = Runner::new(&w, sb.path("store-c"), "links", "");
+    let mount = |r: &Runner, m: &Path, want: &str| {
+        std::fs::create_dir_all(m).unwrap();
+        let args = ["mount", "--project", "links", "--cache", "c", "--key", "k1"];
+        let out = r.lc(&[&args[..], &[m.to_str().unwrap()]].concat());
+        assert!(out.status.success());
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(said.contains(&format!("\"result\":\"{want}\"")), "{said}");
+    };
+    let shown = |m: &Path| {
+        let st: Vec<_> = ["f1", "f2", "f3"]
+            .iter()
+            .map(|n| std::fs::metadata(m.join(n)).unwrap())
+            .collect();
+        (
+            st[0].ino() == st[1].ino(),
+            st[0].ino() == st[2].ino(),
+            [st[0].nlink(), st[1].nlink(), st[2].nlink()],
+        )
+    };
+    let ma = sb.path("ma");
+    mount(&a, &ma, "miss");
+    std::fs::write(ma.join("f1"), "same bytes").unwrap();
+    std::fs::hard_link(ma.join("f1"), ma.join("f2")).unwrap();
+    std::fs::write(ma.join("f3"), "same bytes").unwrap();
+    let out = a.lc(&["commit", ma.to_str().unwrap()]);
+    assert!(out.status.success() && stderr(&out).contains("pushed key k1"));
+    assert!(a.lc(&["umount", ma.to_str().unwrap()]).status.success());
+    mount(&a, &ma, "hit");
+    let local = shown(&ma);
+    assert_eq!(local, (true, false, [2, 2, 1]), "the pushed layer, mounted");
+    assert!(a.lc(&["umount", ma.to_str().unwrap()]).status.success());
+
+    let mc = sb.path("mc");
+    let out = c.lc(&["remote", "pull", "--project", "links", "--cache", "c", "k1"]);
+    assert!(out.status.success());
+    mount(&c, &mc, "hit");
+    assert_eq!(
+        shown(&mc),
+        local,
+        "the pulled layer, mounted on another store"
+    );
+    assert!(c.lc(&["umount", mc.to_str().unwrap()]).status.success());
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// The remote honours create-only puts (`If-None-Match: *`): the second create of one key fails
 /// with AlreadyExists and the first body stays — what "a key is never overwritten" rests on.
 #[test]

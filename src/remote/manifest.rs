@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{LayerId, ObjectId};
+use crate::overlay::links::LinkGroups;
 use crate::store::ProjectDirs;
 use crate::store::layer::Manifest;
 use crate::store::object::{SharedMeta, content_xattrs, hash_file};
@@ -31,6 +33,12 @@ pub struct RemoteManifest {
     /// Objects not listed here are stored alone under `objects/`.
     #[serde(default)]
     pub packs: std::collections::BTreeMap<String, Vec<(String, u64, u64)>>,
+    /// The layer's link groups (`layers/<id>/links`, see `overlay::links`): regular files, by
+    /// path as in [`Entry::path`], that were one inode in the filled tree, two or more per
+    /// group. Absent in manifests of layers without links (and of older pushes: their pulls
+    /// show every file with one link).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<Vec<String>>,
 }
 
 /// One entry of a layer tree.
@@ -166,6 +174,17 @@ pub fn from_layer(pd: &ProjectDirs, id: &LayerId) -> Result<RemoteManifest> {
     for (_, oid, meta) in pd.objects().list()? {
         by_inode.insert((meta.dev(), meta.ino()), oid);
     }
+    let links_path = layer.links_path();
+    let links = LinkGroups::read(&links_path)
+        .at(&links_path)?
+        .groups()
+        .into_iter()
+        .map(|g| {
+            g.into_iter()
+                .map(|p| utf8(Path::new(std::ffi::OsStr::from_bytes(&p)), "a linked path"))
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
     let root = layer.tree();
     let mut entries = Vec::new();
     let mut stack = vec![(root.clone(), String::new())];
@@ -216,6 +235,7 @@ pub fn from_layer(pd: &ProjectDirs, id: &LayerId) -> Result<RemoteManifest> {
         layer: manifest,
         entries,
         packs: Default::default(),
+        links,
     })
 }
 
@@ -280,7 +300,8 @@ impl RemoteManifest {
     }
 
     /// Checks what a pull will trust: the format, the root entry first, relative paths with no
-    /// `.`/`..`/empty components (so nothing lands outside the tree), parents before children.
+    /// `.`/`..`/empty components (so nothing lands outside the tree), parents before children,
+    /// and link groups of two or more regular files of the layer, each file in one group.
     ///
     /// Errors: [`Error::Failed`] naming the offending entry.
     pub fn validate(&self) -> Result<()> {
@@ -329,6 +350,99 @@ impl RemoteManifest {
                 self.layer.layer
             )));
         }
+        let files: std::collections::HashSet<&str> = self
+            .entries
+            .iter()
+            .filter(|e| matches!(e.kind, Kind::File { .. }))
+            .map(|e| e.path.as_str())
+            .collect();
+        let mut linked = std::collections::HashSet::new();
+        for g in &self.links {
+            let bad = |why: String| {
+                Error::Failed(format!(
+                    "remote manifest of layer {}: link group {g:?}: {why}",
+                    self.layer.layer
+                ))
+            };
+            if g.len() < 2 {
+                return Err(bad("a group has two or more paths".into()));
+            }
+            for p in g {
+                if !files.contains(p.as_str()) {
+                    return Err(bad(format!("{p:?} is not a regular file of the layer")));
+                }
+                if !linked.insert(p.as_str()) {
+                    return Err(bad(format!("{p:?} is in more than one group")));
+                }
+            }
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{CacheId, CacheKey, ProjectId};
+    use crate::store::layer::{MANIFEST_FORMAT, TreeCounts, new_layer_id};
+
+    fn manifest(links: Vec<Vec<&str>>) -> RemoteManifest {
+        let e = |path: &str, kind: Kind| Entry {
+            path: path.into(),
+            kind,
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            mtime: (0, 0),
+            atime: (0, 0),
+            xattrs: vec![],
+        };
+        let file = || Kind::File {
+            object: "00".repeat(32),
+            size: 1,
+        };
+        RemoteManifest {
+            remote_format: REMOTE_MANIFEST_FORMAT,
+            layer: Manifest {
+                format: MANIFEST_FORMAT,
+                layer: new_layer_id(),
+                project: ProjectId::new("p").unwrap(),
+                cache: CacheId::new("c").unwrap(),
+                key: CacheKey::new("k").unwrap(),
+                parent: None,
+                created_ms: 0,
+                counts: TreeCounts::default(),
+                dropped: vec![],
+            },
+            entries: vec![
+                e("", Kind::Dir),
+                e("d", Kind::Dir),
+                e("d/a", file()),
+                e("b", file()),
+                e("c", file()),
+            ],
+            packs: Default::default(),
+            links: links
+                .into_iter()
+                .map(|g| g.into_iter().map(String::from).collect())
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn link_groups_must_name_regular_files_of_the_layer_once() {
+        manifest(vec![vec!["d/a", "b"]]).validate().unwrap();
+        for (links, why) in [
+            (vec![vec!["b"]], "two or more"),
+            (vec![vec!["b", "d"]], "\"d\" is not a regular file"),
+            (vec![vec!["b", "../x"]], "\"../x\" is not a regular file"),
+            (
+                vec![vec!["b", "c"], vec!["c", "d/a"]],
+                "\"c\" is in more than one",
+            ),
+        ] {
+            let e = manifest(links).validate().unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
     }
 }

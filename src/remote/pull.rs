@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
@@ -253,6 +253,12 @@ impl Remote {
         let mut stats = TreeStats {
             counts: m.layer.counts,
             dropped: m.layer.dropped.clone(),
+            // Written to the staged layer's `links` by publish, as a promotion's are.
+            links: m
+                .links
+                .iter()
+                .map(|g| g.iter().map(PathBuf::from).collect())
+                .collect(),
             ..Default::default()
         };
         stats.counts.new_objects = 0;
