@@ -20,7 +20,7 @@ use super::errno::to_errno;
 use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
 use super::links::{LinkGroups, Links};
 use super::passthrough::{FileKey, OpenMode, Passthrough};
-use super::stack::{Entry, Kind, Stack, Tree, top_lower};
+use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
 use crate::sys::child;
 
@@ -266,6 +266,43 @@ impl OverlayFs {
         else {
             return Ok(None);
         };
+        Ok(Some(self.identify(parent, name, e, || Ok(crel))?))
+    }
+
+    /// Like [`Self::resolve`], with the parent directory's layers open (`at`, made from the
+    /// same `pdir`): one `fstatat` per layer relative to the open directory instead of a
+    /// walk of the whole path from each layer root. What READDIRPLUS and READDIR resolve every
+    /// name of a listing with.
+    ///
+    /// Errors: as [`Self::resolve`].
+    pub(super) fn resolve_at(
+        &self,
+        parent: u64,
+        pdir: &Backing,
+        at: &DirFds<'_>,
+        name: &OsStr,
+    ) -> OpResult<Option<Resolved>> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let cname = crate::sys::cstr(name).map_err(errno)?;
+        let Some(e) = at.lookup(&cname).map_err(errno)? else {
+            return Ok(None);
+        };
+        let r = self.identify(parent, name, e, || child(&pdir.path, name).map_err(errno))?;
+        Ok(Some(r))
+    }
+
+    /// Gives the entry `e` found at `name` in directory node `parent` its node id (see
+    /// [`super::inode`]) and the identity it shows; `path` builds its path relative to the layer
+    /// roots, needed only for a multiply-linked lower file.
+    fn identify(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        e: Entry,
+        path: impl FnOnce() -> OpResult<CString>,
+    ) -> OpResult<Resolved> {
         let id = match (e.upper, top_lower(e.lowers), e.lower_ino) {
             // A merged directory: identity from the top lower dir.
             (true, Some(l), Some(ino)) => self.nodes.lower_id(l, ino),
@@ -275,12 +312,22 @@ impl OverlayFs {
             }
             (false, _, _) => self.nodes.path_id(parent, name),
         };
-        let shown = self.shown(id, &e, &crel);
-        Ok(Some(Resolved {
+        let shown = if self.shown_needs_path(&e) {
+            self.shown(id, &e, &path()?)
+        } else {
+            self.shown(id, &e, c"")
+        };
+        Ok(Resolved {
             id,
             entry: e,
             shown,
-        }))
+        })
+    }
+
+    /// Whether [`Self::shown`] reads the entry's path: only for a lower non-directory with
+    /// several links.
+    fn shown_needs_path(&self, e: &Entry) -> bool {
+        e.kind != Kind::Dir && !e.upper && e.st.st_nlink > 1 && e.lowers != 0
     }
 
     /// The inode number and link count that entry `e` at `path` (relative to the layer roots),
@@ -402,18 +449,15 @@ impl OverlayFs {
         Ok(attr)
     }
 
-    /// The listing of directory node `dir` (as [`Self::dir`] found it: `d`), built from the
-    /// layers' merged names on first use.
+    /// The listing of directory node `dir` (as [`Self::dir`] found it: `d`; its layers open
+    /// in `at`), built from the layers' merged names on first use.
     ///
     /// Errors: the errno of reading a layer.
-    pub(super) fn listing(&self, dir: u64, d: &Backing) -> OpResult<Arc<Mutex<Listing>>> {
+    pub(super) fn listing(&self, dir: u64, at: &DirFds<'_>) -> OpResult<Arc<Mutex<Listing>>> {
         if let Some(l) = self.listings.get(dir) {
             return Ok(l);
         }
-        let names = self
-            .stack
-            .merged_names(d.upper, d.lowers, &d.path)
-            .map_err(errno)?;
+        let names = at.merged_names().map_err(errno)?;
         Ok(self.listings.insert(dir, names))
     }
 
