@@ -92,6 +92,8 @@ fn group_ino(layer: u8, group: u32) -> u64 {
 struct CachedFd {
     file: Arc<File>,
     writable: bool,
+    /// Opened in a lower layer (the node had no upper copy then).
+    lower: bool,
 }
 
 pub(super) fn errno(e: io::Error) -> Errno {
@@ -104,6 +106,11 @@ fn ts(sec: i64, nsec: i64) -> SystemTime {
     } else {
         UNIX_EPOCH - Duration::new((-sec) as u64, 0) + Duration::from_nanos(nsec as u64)
     }
+}
+
+/// `O_NOATIME` for a file of a lower layer (`lower`), no flag otherwise.
+fn noatime(lower: bool) -> libc::c_int {
+    if lower { libc::O_NOATIME } else { 0 }
 }
 
 /// Reads up to `buf.len()` bytes at `offset` of `f` into `buf`; returns how many (fewer at end
@@ -427,11 +434,20 @@ impl OverlayFs {
         self.gone_dirs.lock().get(&id).copied()
     }
 
-    /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`).
+    /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`); for
+    /// a lower file whose fd is cached, from that fd ([`Self::cached_lower_stat`]).
     ///
-    /// Errors: the `fstatat` errno.
+    /// Errors: the `fstatat`/`fstat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
-        let st = self.stack.stat(l.tree, &l.path).map_err(errno)?;
+        let cached = match l.tree {
+            Tree::Lower(_) => self.cached_lower_stat(id),
+            _ => None,
+        };
+        let st = match cached {
+            Some(st) => st,
+            None => self.stack.stat(l.tree, &l.path),
+        }
+        .map_err(errno)?;
         let entry = Entry {
             kind: l.kind,
             upper: l.upper || l.tree == Tree::Work,
@@ -462,6 +478,9 @@ impl OverlayFs {
     }
 
     /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
+    /// A lower file is opened with `O_NOATIME` where the daemon may (it owns the file or has
+    /// `CAP_FOWNER`), as kernel overlayfs opens its lower files: reading through the mount
+    /// never writes the read-only layer's inodes.
     pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<File>> {
         if let Some(fd) = self.fds.lock().get(&id)
             && (fd.writable || !writable)
@@ -469,7 +488,8 @@ impl OverlayFs {
             return Ok(fd.file.clone());
         }
         let l = self.backing(id)?;
-        if writable && matches!(l.tree, Tree::Lower(_)) {
+        let lower = matches!(l.tree, Tree::Lower(_));
+        if writable && lower {
             return Err(Errno::EIO);
         }
         let flags = if writable {
@@ -477,15 +497,48 @@ impl OverlayFs {
         } else {
             libc::O_RDONLY
         };
-        let file = Arc::new(self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?);
-        self.fds.lock().put(
-            id,
-            CachedFd {
-                file: file.clone(),
-                writable,
-            },
-        );
+        let opened = match self.stack.open(l.tree, &l.path, flags | noatime(lower), 0) {
+            Err(e) if lower && e.raw_os_error() == Some(libc::EPERM) => {
+                self.stack.open(l.tree, &l.path, flags, 0)
+            }
+            r => r,
+        };
+        let file = Arc::new(opened.map_err(errno)?);
+        let cached = CachedFd {
+            file: file.clone(),
+            writable,
+            lower,
+        };
+        // The fd this one replaces or evicts is closed after the lock is released.
+        let evicted = self.fds.lock().push(id, cached);
+        drop(evicted);
         Ok(file)
+    }
+
+    /// `fstat` of the lower file READs of node `id` were last served from, if its fd is still
+    /// cached: the attributes of a lower file at the cost of one `fstat`, without walking its
+    /// path again (the GETATTR a reader's `fstat` sends after every first READ, since the
+    /// kernel invalidates atime then). Only fds opened in a lower layer count: a lower file
+    /// never changes through the mount, and a copy-up drops the node's cached fd. `None` when
+    /// no such fd is cached.
+    ///
+    /// Errors: the `fstat` errno.
+    fn cached_lower_stat(&self, id: u64) -> Option<io::Result<libc::stat>> {
+        let f = self
+            .fds
+            .lock()
+            .peek(&id)
+            .filter(|c| c.lower)
+            .map(|c| c.file.clone())?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat of an open fd into a stat buffer it fills on success.
+        let r = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&*f), st.as_mut_ptr()) };
+        Some(if r == 0 {
+            // SAFETY: fstat succeeded.
+            Ok(unsafe { st.assume_init() })
+        } else {
+            Err(io::Error::last_os_error())
+        })
     }
 
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
