@@ -185,6 +185,43 @@ fn fds_opened_before_copy_up_see_later_writes() {
 }
 
 #[test]
+fn attributes_after_a_read_follow_later_changes_and_the_lower_keeps_its_atime() {
+    require_root!();
+    let fx = Fixture::new(|l| {
+        write(&l.join("f"), "lower content\n");
+        set_times(&l.join("f"), ATIME, MTIME);
+    });
+    // A first read, then the fstat a reader does after it (a GETATTR: the kernel invalidates
+    // atime after every READ), answered while the file is still lower-only.
+    let reader = File::open(fx.p("f")).unwrap();
+    let mut buf = Vec::new();
+    (&reader).read_to_end(&mut buf).unwrap();
+    assert_eq!(buf, b"lower content\n");
+    let m = reader.metadata().unwrap();
+    assert_eq!((m.len(), m.mode() & 0o7777), (14, 0o644));
+    // Reading through the mount writes nothing to the read-only layer, atime included
+    // (lower files are opened O_NOATIME, as kernel overlayfs does; relatime would have
+    // updated an atime this old).
+    let lower = fs::metadata(fx.lower().join("f")).unwrap();
+    assert_eq!((lower.atime(), lower.atime_nsec()), ATIME);
+    // Changes through the mount show in the next fstat of the same reader.
+    chmod(&fx.p("f"), 0o600);
+    assert_eq!(
+        reader.metadata().unwrap().mode() & 0o7777,
+        0o600,
+        "after chmod"
+    );
+    let w = OpenOptions::new().append(true).open(fx.p("f")).unwrap();
+    (&w).write_all(b"more\n").unwrap();
+    drop(w);
+    let m = reader.metadata().unwrap();
+    assert_eq!(m.len(), 19, "after an append through another fd");
+    buf.clear();
+    (&reader).read_to_end(&mut buf).unwrap();
+    assert_eq!(buf, b"more\n");
+}
+
+#[test]
 fn copy_up_on_truncate() {
     require_root!();
     let mut fx = Fixture::new(rich_lower);

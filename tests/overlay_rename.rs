@@ -197,6 +197,28 @@ fn rename_lower_directory_then_recreate_old_name() {
 }
 
 #[test]
+fn files_read_before_their_lower_directories_are_swapped_read_right_after() {
+    require_root!();
+    let fx = dir_fixture(|l| {
+        write(&l.join("x/deep/f"), "x");
+        write(&l.join("x/deep/g"), "xg");
+        write(&l.join("y/deep/f"), "y");
+        write(&l.join("y/deep/g"), "yg");
+    });
+    // First reads open each lower file relative to its directory, whose fd the daemon keeps;
+    // the swap must not leave a later read looking in the wrong directory.
+    assert_eq!(read(&fx.p("x/deep/f")), "x");
+    assert_eq!(read(&fx.p("y/deep/f")), "y");
+    fs::rename(fx.p("x"), fx.p("tmp")).unwrap();
+    fs::rename(fx.p("y"), fx.p("x")).unwrap();
+    fs::rename(fx.p("tmp"), fx.p("y")).unwrap();
+    assert_eq!(read(&fx.p("x/deep/f")), "y");
+    assert_eq!(read(&fx.p("x/deep/g")), "yg");
+    assert_eq!(read(&fx.p("y/deep/f")), "x");
+    assert_eq!(read(&fx.p("y/deep/g")), "xg");
+}
+
+#[test]
 fn rename_lower_directory_into_another_directory_and_back() {
     require_root!();
     let mut fx = dir_fixture(|l| {

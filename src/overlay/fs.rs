@@ -20,7 +20,7 @@ use super::errno::to_errno;
 use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
 use super::links::{LinkGroups, Links};
 use super::passthrough::{FileKey, OpenMode, Passthrough};
-use super::stack::{Entry, Kind, Stack, Tree, top_lower};
+use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
 use crate::sys::child;
 
@@ -92,6 +92,8 @@ fn group_ino(layer: u8, group: u32) -> u64 {
 struct CachedFd {
     file: Arc<File>,
     writable: bool,
+    /// Opened in a lower layer (the node had no upper copy then).
+    lower: bool,
 }
 
 pub(super) fn errno(e: io::Error) -> Errno {
@@ -104,6 +106,11 @@ fn ts(sec: i64, nsec: i64) -> SystemTime {
     } else {
         UNIX_EPOCH - Duration::new((-sec) as u64, 0) + Duration::from_nanos(nsec as u64)
     }
+}
+
+/// `O_NOATIME` for a file of a lower layer (`lower`), no flag otherwise.
+fn noatime(lower: bool) -> libc::c_int {
+    if lower { libc::O_NOATIME } else { 0 }
 }
 
 /// Reads up to `buf.len()` bytes at `offset` of `f` into `buf`; returns how many (fewer at end
@@ -266,6 +273,43 @@ impl OverlayFs {
         else {
             return Ok(None);
         };
+        Ok(Some(self.identify(parent, name, e, || Ok(crel))?))
+    }
+
+    /// Like [`Self::resolve`], with the parent directory's layers open (`at`, made from the
+    /// same `pdir`): one `fstatat` per layer relative to the open directory instead of a
+    /// walk of the whole path from each layer root. What READDIRPLUS and READDIR resolve every
+    /// name of a listing with.
+    ///
+    /// Errors: as [`Self::resolve`].
+    pub(super) fn resolve_at(
+        &self,
+        parent: u64,
+        pdir: &Backing,
+        at: &DirFds<'_>,
+        name: &OsStr,
+    ) -> OpResult<Option<Resolved>> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let cname = crate::sys::cstr(name).map_err(errno)?;
+        let Some(e) = at.lookup(&cname).map_err(errno)? else {
+            return Ok(None);
+        };
+        let r = self.identify(parent, name, e, || child(&pdir.path, name).map_err(errno))?;
+        Ok(Some(r))
+    }
+
+    /// Gives the entry `e` found at `name` in directory node `parent` its node id (see
+    /// [`super::inode`]) and the identity it shows; `path` builds its path relative to the layer
+    /// roots, needed only for a multiply-linked lower file.
+    fn identify(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        e: Entry,
+        path: impl FnOnce() -> OpResult<CString>,
+    ) -> OpResult<Resolved> {
         let id = match (e.upper, top_lower(e.lowers), e.lower_ino) {
             // A merged directory: identity from the top lower dir.
             (true, Some(l), Some(ino)) => self.nodes.lower_id(l, ino),
@@ -275,12 +319,22 @@ impl OverlayFs {
             }
             (false, _, _) => self.nodes.path_id(parent, name),
         };
-        let shown = self.shown(id, &e, &crel);
-        Ok(Some(Resolved {
+        let shown = if self.shown_needs_path(&e) {
+            self.shown(id, &e, &path()?)
+        } else {
+            self.shown(id, &e, c"")
+        };
+        Ok(Resolved {
             id,
             entry: e,
             shown,
-        }))
+        })
+    }
+
+    /// Whether [`Self::shown`] reads the entry's path: only for a lower non-directory with
+    /// several links.
+    fn shown_needs_path(&self, e: &Entry) -> bool {
+        e.kind != Kind::Dir && !e.upper && e.st.st_nlink > 1 && e.lowers != 0
     }
 
     /// The inode number and link count that entry `e` at `path` (relative to the layer roots),
@@ -380,11 +434,20 @@ impl OverlayFs {
         self.gone_dirs.lock().get(&id).copied()
     }
 
-    /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`).
+    /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`); for
+    /// a lower file whose fd is cached, from that fd ([`Self::cached_lower_stat`]).
     ///
-    /// Errors: the `fstatat` errno.
+    /// Errors: the `fstatat`/`fstat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
-        let st = self.stack.stat(l.tree, &l.path).map_err(errno)?;
+        let cached = match l.tree {
+            Tree::Lower(_) => self.cached_lower_stat(id),
+            _ => None,
+        };
+        let st = match cached {
+            Some(st) => st,
+            None => self.stack.stat(l.tree, &l.path),
+        }
+        .map_err(errno)?;
         let entry = Entry {
             kind: l.kind,
             upper: l.upper || l.tree == Tree::Work,
@@ -402,22 +465,22 @@ impl OverlayFs {
         Ok(attr)
     }
 
-    /// The listing of directory node `dir` (as [`Self::dir`] found it: `d`), built from the
-    /// layers' merged names on first use.
+    /// The listing of directory node `dir` (as [`Self::dir`] found it: `d`; its layers open
+    /// in `at`), built from the layers' merged names on first use.
     ///
     /// Errors: the errno of reading a layer.
-    pub(super) fn listing(&self, dir: u64, d: &Backing) -> OpResult<Arc<Mutex<Listing>>> {
+    pub(super) fn listing(&self, dir: u64, at: &DirFds<'_>) -> OpResult<Arc<Mutex<Listing>>> {
         if let Some(l) = self.listings.get(dir) {
             return Ok(l);
         }
-        let names = self
-            .stack
-            .merged_names(d.upper, d.lowers, &d.path)
-            .map_err(errno)?;
+        let names = at.merged_names().map_err(errno)?;
         Ok(self.listings.insert(dir, names))
     }
 
     /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
+    /// A lower file is opened with `O_NOATIME` where the daemon may (it owns the file or has
+    /// `CAP_FOWNER`), as kernel overlayfs opens its lower files: reading through the mount
+    /// never writes the read-only layer's inodes.
     pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<File>> {
         if let Some(fd) = self.fds.lock().get(&id)
             && (fd.writable || !writable)
@@ -425,7 +488,8 @@ impl OverlayFs {
             return Ok(fd.file.clone());
         }
         let l = self.backing(id)?;
-        if writable && matches!(l.tree, Tree::Lower(_)) {
+        let lower = matches!(l.tree, Tree::Lower(_));
+        if writable && lower {
             return Err(Errno::EIO);
         }
         let flags = if writable {
@@ -433,15 +497,48 @@ impl OverlayFs {
         } else {
             libc::O_RDONLY
         };
-        let file = Arc::new(self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?);
-        self.fds.lock().put(
-            id,
-            CachedFd {
-                file: file.clone(),
-                writable,
-            },
-        );
+        let opened = match self.stack.open(l.tree, &l.path, flags | noatime(lower), 0) {
+            Err(e) if lower && e.raw_os_error() == Some(libc::EPERM) => {
+                self.stack.open(l.tree, &l.path, flags, 0)
+            }
+            r => r,
+        };
+        let file = Arc::new(opened.map_err(errno)?);
+        let cached = CachedFd {
+            file: file.clone(),
+            writable,
+            lower,
+        };
+        // The fd this one replaces or evicts is closed after the lock is released.
+        let evicted = self.fds.lock().push(id, cached);
+        drop(evicted);
         Ok(file)
+    }
+
+    /// `fstat` of the lower file READs of node `id` were last served from, if its fd is still
+    /// cached: the attributes of a lower file at the cost of one `fstat`, without walking its
+    /// path again (the GETATTR a reader's `fstat` sends after every first READ, since the
+    /// kernel invalidates atime then). Only fds opened in a lower layer count: a lower file
+    /// never changes through the mount, and a copy-up drops the node's cached fd. `None` when
+    /// no such fd is cached.
+    ///
+    /// Errors: the `fstat` errno.
+    fn cached_lower_stat(&self, id: u64) -> Option<io::Result<libc::stat>> {
+        let f = self
+            .fds
+            .lock()
+            .peek(&id)
+            .filter(|c| c.lower)
+            .map(|c| c.file.clone())?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat of an open fd into a stat buffer it fills on success.
+        let r = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&*f), st.as_mut_ptr()) };
+        Some(if r == 0 {
+            // SAFETY: fstat succeeded.
+            Ok(unsafe { st.assume_init() })
+        } else {
+            Err(io::Error::last_os_error())
+        })
     }
 
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first

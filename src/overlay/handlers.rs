@@ -23,7 +23,7 @@ use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
 use super::inode::{Backing, ROOT};
 use super::ops::{AttrChange, NewEntry, XattrReply};
 use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
-use super::stack::Kind;
+use super::stack::{DirFds, Kind};
 
 const GEN: Generation = Generation(0);
 
@@ -51,6 +51,16 @@ fn negative_entry() -> FileAttr {
     // SAFETY: an all-zero stat is a valid value.
     let st: libc::stat = unsafe { std::mem::zeroed() };
     attr_from_stat(0, &st, 0)
+}
+
+/// The entry READDIRPLUS sends for "." or ".." (node `id`, a directory): the kernel reads only
+/// the inode number of these two and takes no reference to them.
+fn dot_entry(id: u64) -> FileAttr {
+    let mut a = negative_entry();
+    a.ino = INodeNo(id);
+    a.kind = fuser::FileType::Directory;
+    a.perm = 0o755;
+    a
 }
 
 fn entry(reply: ReplyEntry, r: OpResult<FileAttr>) {
@@ -92,8 +102,9 @@ impl OverlayFs {
     }
 
     /// Walks "." and ".." then the listing of `dir` from `offset`. `add` gets the entry's id
-    /// (for "." and "..") or 0, its name, kind and cookie, and the directory as one read of the
-    /// node table found it (for resolving the entry), and returns true when the reply is full.
+    /// (for "." and "..") or 0, its name, kind and cookie, the directory as one read of the
+    /// node table found it and its layers open ([`DirFds`], for resolving the entry with one
+    /// `fstatat` per layer relative to the directory), and returns true when the reply is full.
     ///
     /// The namespace lock is held for the walk and only for it (the caller sends the reply
     /// after): the listing is built and every entry resolved — and, for readdirplus,
@@ -104,21 +115,22 @@ impl OverlayFs {
         &self,
         dir: u64,
         offset: u64,
-        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Backing) -> OpResult<bool>,
+        mut add: impl FnMut(u64, &OsStr, Kind, u64, &Backing, &DirFds<'_>) -> OpResult<bool>,
     ) -> OpResult<()> {
         let _g = self.ns.read();
         let d = self.dir(dir)?;
-        let listing = self.listing(dir, &d)?;
+        let at = DirFds::new(&self.stack, d.upper, d.lowers, &d.path);
+        let listing = self.listing(dir, &at)?;
         let parent = if d.parent != 0 { d.parent } else { dir };
         let mut idx = offset;
         if idx == 0 {
-            if add(dir, OsStr::new("."), Kind::Dir, 1, &d)? {
+            if add(dir, OsStr::new("."), Kind::Dir, 1, &d, &at)? {
                 return Ok(());
             }
             idx = 1;
         }
         if idx == 1 {
-            if add(parent, OsStr::new(".."), Kind::Dir, 2, &d)? {
+            if add(parent, OsStr::new(".."), Kind::Dir, 2, &d, &at)? {
                 return Ok(());
             }
             idx = 2;
@@ -129,7 +141,7 @@ impl OverlayFs {
                 return Ok(());
             };
             if let Some((name, kind)) = e
-                && add(0, &name, kind, i as u64 + 3, &d)?
+                && add(0, &name, kind, i as u64 + 3, &d, &at)?
             {
                 return Ok(());
             }
@@ -463,12 +475,12 @@ impl fuser::Filesystem for OverlayFs {
     ) {
         let dir = ino.0;
         let r = traced("readdir", dir, || {
-            self.readdir_walk(dir, offset, |id, name, kind, cookie, d| {
+            self.readdir_walk(dir, offset, |id, name, kind, cookie, d, at| {
                 // d_ino: the inode number the entry shows (its st_ino).
                 let ino = if id != 0 {
                     id
                 } else {
-                    match self.resolve(dir, d, name)? {
+                    match self.resolve_at(dir, d, at, name)? {
                         Some(r) => r.shown.0,
                         None => return Ok(false),
                     }
@@ -492,17 +504,15 @@ impl fuser::Filesystem for OverlayFs {
     ) {
         let dir = ino.0;
         let r = traced("readdirplus", dir, || {
-            self.readdir_walk(dir, offset, |id, name, _kind, cookie, d| {
+            self.readdir_walk(dir, offset, |id, name, _kind, cookie, d, at| {
                 if id != 0 {
-                    // "." and "..": not counted by the kernel. "." is the snapshot itself.
-                    let a = if id == dir {
-                        self.attr_at(dir, d)?
-                    } else {
-                        self.getattr_node(id)?
-                    };
+                    // "." and "..": the kernel takes only their inode number (the dirent's
+                    // d_ino) and ignores the rest of the entry (fs/fuse/readdir.c,
+                    // fuse_direntplus_link), so no stat is spent on them.
+                    let a = dot_entry(id);
                     return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
                 }
-                let (id, a) = match self.resolve(dir, d, name)? {
+                let (id, a) = match self.resolve_at(dir, d, at, name)? {
                     Some(r) => (r.id, self.remember(dir, name, &r)),
                     None => return Ok(false),
                 };

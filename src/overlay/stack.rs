@@ -468,63 +468,12 @@ impl Stack {
     ///
     /// Errors: the errno of an `fstatat` or of reading an opaque marker (not `ENOENT`/`ENOTDIR`).
     pub fn lookup(&self, upper: bool, lowers: u64, rel: &CStr) -> io::Result<Option<Entry>> {
-        let mut upper_st: Option<libc::stat> = None;
-        if upper && let Some(st) = self.stat_opt(Tree::Upper, rel)? {
-            if whiteout::is_whiteout_stat(&st) {
-                return Ok(None);
-            }
-            let kind = Kind::from_mode(st.st_mode);
-            if kind != Kind::Dir || lowers == 0 || self.is_opaque(Tree::Upper, rel)? {
-                return Ok(Some(Entry {
-                    kind,
-                    upper: true,
-                    lowers: 0,
-                    lower_ino: None,
-                    st,
-                }));
-            }
-            upper_st = Some(st);
-        }
-        let mut found = 0u64;
-        let mut first: Option<libc::stat> = None;
-        let mut layers = lowers_of(lowers).peekable();
-        while let Some(l) = layers.next() {
-            let Some(st) = self.stat_opt(Tree::Lower(l), rel)? else {
-                continue;
-            };
-            if whiteout::is_whiteout_stat(&st) {
-                break;
-            }
-            if Kind::from_mode(st.st_mode) != Kind::Dir {
-                if upper_st.is_none() && first.is_none() {
-                    first = Some(st);
-                    found = 1 << l;
-                }
-                break;
-            }
-            found |= 1 << l;
-            first.get_or_insert(st);
-            if layers.peek().is_some() && self.is_opaque(Tree::Lower(l), rel)? {
-                break;
-            }
-        }
-        Ok(match (upper_st, first) {
-            (Some(st), first) => Some(Entry {
-                kind: Kind::Dir,
-                upper: true,
-                lowers: found,
-                lower_ino: first.map(|f| f.st_ino),
-                st,
-            }),
-            (None, Some(st)) => Some(Entry {
-                kind: Kind::from_mode(st.st_mode),
-                upper: false,
-                lowers: found,
-                lower_ino: Some(st.st_ino),
-                st,
-            }),
-            (None, None) => None,
-        })
+        merge_lookup(
+            upper,
+            lowers,
+            |t| self.stat_opt(t, rel),
+            |t| self.is_opaque(t, rel),
+        )
     }
 
     /// True when a lower layer of `lowers` shows an entry at `rel` (the topmost that has the
@@ -552,22 +501,285 @@ impl Stack {
         lowers: u64,
         rel: &CStr,
     ) -> io::Result<Vec<(OsString, Kind)>> {
-        let trees: Vec<Tree> = upper
+        DirFds::new(self, upper, lowers, rel).merged_names()
+    }
+
+    /// Removes the whiteouts inside the upper directory `rel`, so that it can be removed or
+    /// replaced (it must hold nothing else).
+    ///
+    /// Errors: `ENOTEMPTY` for any other entry, or the errno of reading or unlinking.
+    pub fn purge_whiteouts(&self, rel: &CStr) -> io::Result<()> {
+        for (name, _) in self.read_dir(Tree::Upper, rel)? {
+            let p = child(rel, &name)?;
+            if !self.is_whiteout(Tree::Upper, &p)? {
+                return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
+            }
+            self.unlink(Tree::Upper, &p, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// The merge rules of [`Stack::lookup`] over one name, whose layers are read through `stat`
+/// (`fstatat` of the name in a tree, `None` for `ENOENT`/`ENOTDIR`) and `opaque` (whether the
+/// name, a directory in that tree, is opaque): shared by the lookup by path from the layer
+/// roots and the lookup in a directory whose layers are open ([`DirFds::lookup`]).
+fn merge_lookup(
+    upper: bool,
+    lowers: u64,
+    stat: impl Fn(Tree) -> io::Result<Option<libc::stat>>,
+    opaque: impl Fn(Tree) -> io::Result<bool>,
+) -> io::Result<Option<Entry>> {
+    let mut upper_st: Option<libc::stat> = None;
+    if upper && let Some(st) = stat(Tree::Upper)? {
+        if whiteout::is_whiteout_stat(&st) {
+            return Ok(None);
+        }
+        let kind = Kind::from_mode(st.st_mode);
+        if kind != Kind::Dir || lowers == 0 || opaque(Tree::Upper)? {
+            return Ok(Some(Entry {
+                kind,
+                upper: true,
+                lowers: 0,
+                lower_ino: None,
+                st,
+            }));
+        }
+        upper_st = Some(st);
+    }
+    let mut found = 0u64;
+    let mut first: Option<libc::stat> = None;
+    let mut layers = lowers_of(lowers).peekable();
+    while let Some(l) = layers.next() {
+        let Some(st) = stat(Tree::Lower(l))? else {
+            continue;
+        };
+        if whiteout::is_whiteout_stat(&st) {
+            break;
+        }
+        if Kind::from_mode(st.st_mode) != Kind::Dir {
+            if upper_st.is_none() && first.is_none() {
+                first = Some(st);
+                found = 1 << l;
+            }
+            break;
+        }
+        found |= 1 << l;
+        first.get_or_insert(st);
+        if layers.peek().is_some() && opaque(Tree::Lower(l))? {
+            break;
+        }
+    }
+    Ok(match (upper_st, first) {
+        (Some(st), first) => Some(Entry {
+            kind: Kind::Dir,
+            upper: true,
+            lowers: found,
+            lower_ino: first.map(|f| f.st_ino),
+            st,
+        }),
+        (None, Some(st)) => Some(Entry {
+            kind: Kind::from_mode(st.st_mode),
+            upper: false,
+            lowers: found,
+            lower_ino: Some(st.st_ino),
+            st,
+        }),
+        (None, None) => None,
+    })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`, `Ok(None)` for `ENOENT`/`ENOTDIR`.
+fn stat_at(dir: RawFd, name: &CStr) -> io::Result<Option<libc::stat>> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid dirfd, C string and out pointer.
+    let r = unsafe {
+        libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r == 0 {
+        // SAFETY: fstatat succeeded and filled the struct.
+        return Ok(Some(unsafe { st.assume_init() }));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) => Ok(None),
+        _ => Err(e),
+    }
+}
+
+/// Bytes of one `getdents64` call's buffer (on the stack).
+const DENTS_BUF: usize = 16 << 10;
+
+/// Every name of the directory open at `fd`, read from its start with `getdents64(2)`, with its
+/// `d_type` (`DT_UNKNOWN` possible), without `.` and `..`.
+///
+/// Errors: the `lseek`/`getdents64` errno.
+fn read_dir_fd(fd: RawFd, rewind: bool) -> io::Result<Vec<(OsString, u8)>> {
+    // SAFETY: lseek on an owned directory fd.
+    if rewind && unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = [0u8; DENTS_BUF];
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: the buffer is valid for its length; the kernel writes at most that much.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Ok(out);
+        }
+        let mut off = 0usize;
+        // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
+        while off + 19 <= n as usize {
+            let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
+            if reclen == 0 || off + reclen > n as usize {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            let dtype = buf[off + 18];
+            let name = &buf[off + 19..off + reclen];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if name != b"." && name != b".." {
+                out.push((OsStr::from_bytes(name).to_os_string(), dtype));
+            }
+            off += reclen;
+        }
+    }
+}
+
+/// One merged directory — `rel` (relative to the layer roots), in the upper dir when `upper`,
+/// merged from the lower layers `lowers` — with its directory fd in each of those layers,
+/// opened on first use (`O_DIRECTORY | O_NOFOLLOW`) and closed on drop. Looking up a name or
+/// listing the directory through it costs one `fstatat`/`getdents64` per layer relative to the
+/// open directory, instead of a walk of the whole path from each layer root per name: what a
+/// READDIRPLUS, which resolves every name of a directory, is answered with. It follows the same
+/// merge rules as [`Stack::lookup`] and [`Stack::merged_names`] (they are built on it or share
+/// [`merge_lookup`]); a layer where `rel` is missing or not a directory holds no name.
+///
+/// The fds are taken while the caller holds the namespace lock (the directory cannot be moved
+/// meanwhile), and kept only for that one operation.
+pub struct DirFds<'a> {
+    stack: &'a Stack,
+    rel: &'a CStr,
+    /// Present in the upper dir.
+    pub upper: bool,
+    /// The lower layers merged into it.
+    pub lowers: u64,
+    /// Opened so far: the tree, its fd (`None` when `rel` is not a directory there), and
+    /// whether its listing was read (the next read rewinds).
+    fds: std::cell::RefCell<Vec<(Tree, Option<OwnedFd>, bool)>>,
+}
+
+impl<'a> DirFds<'a> {
+    /// The directory `rel` of `stack`, present in the upper dir when `upper` and in the lower
+    /// layers `lowers`; nothing is opened yet.
+    pub fn new(stack: &'a Stack, upper: bool, lowers: u64, rel: &'a CStr) -> DirFds<'a> {
+        DirFds {
+            stack,
+            rel,
+            upper,
+            lowers,
+            fds: Default::default(),
+        }
+    }
+
+    /// Runs `f` with the directory's fd in `tree` (`None` when it is not a directory there),
+    /// opening it first if needed; `list` marks the fd as read by `getdents64` (the bool given
+    /// to `f` says whether it was before).
+    ///
+    /// Errors: the `openat` errno other than `ENOENT`/`ENOTDIR`, or `f`'s.
+    fn with_fd<R>(
+        &self,
+        tree: Tree,
+        list: bool,
+        f: impl FnOnce(Option<RawFd>, bool) -> io::Result<R>,
+    ) -> io::Result<R> {
+        let mut fds = self.fds.borrow_mut();
+        let i = match fds.iter().position(|(t, _, _)| *t == tree) {
+            Some(i) => i,
+            None => {
+                let fd =
+                    match self
+                        .stack
+                        .open(tree, self.rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                    {
+                        Ok(f) => Some(OwnedFd::from(f)),
+                        Err(e)
+                            if matches!(
+                                e.raw_os_error(),
+                                Some(libc::ENOENT) | Some(libc::ENOTDIR)
+                            ) =>
+                        {
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    };
+                fds.push((tree, fd, false));
+                fds.len() - 1
+            }
+        };
+        let (_, fd, listed) = &mut fds[i];
+        let was = *listed;
+        *listed |= list;
+        f(fd.as_ref().map(|f| f.as_raw_fd()), was)
+    }
+
+    /// `fstatat` of `name` in this directory of `tree`; `None` when absent (or the directory
+    /// is not there). Errors: the `openat`/`fstatat` errno other than `ENOENT`/`ENOTDIR`.
+    fn stat_opt(&self, tree: Tree, name: &CStr) -> io::Result<Option<libc::stat>> {
+        self.with_fd(tree, false, |fd, _| match fd {
+            Some(fd) => stat_at(fd, name),
+            None => Ok(None),
+        })
+    }
+
+    /// Whether `name`, a directory in this directory of `tree`, is opaque (see
+    /// [`Stack::is_opaque`]).
+    fn is_opaque(&self, tree: Tree, name: &CStr) -> io::Result<bool> {
+        self.with_fd(tree, false, |fd, _| match fd {
+            Some(fd) => whiteout::dir_is_opaque_at(fd, name),
+            None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        })
+    }
+
+    /// What is at `name` in this directory in the merged view, as [`Stack::lookup`] of its
+    /// path would find it; `None` when nothing is, or a whiteout hides it.
+    ///
+    /// Errors: as [`Stack::lookup`].
+    pub fn lookup(&self, name: &CStr) -> io::Result<Option<Entry>> {
+        merge_lookup(
+            self.upper,
+            self.lowers,
+            |t| self.stat_opt(t, name),
+            |t| self.is_opaque(t, name),
+        )
+    }
+
+    /// The merged names of this directory with their kinds, as [`Stack::merged_names`]
+    /// describes them.
+    ///
+    /// Errors: the `openat`/`getdents64`/`fstatat` errno of a layer.
+    pub fn merged_names(&self) -> io::Result<Vec<(OsString, Kind)>> {
+        let trees: Vec<Tree> = self
+            .upper
             .then_some(Tree::Upper)
             .into_iter()
-            .chain(lowers_of(lowers).map(Tree::Lower))
+            .chain(lowers_of(self.lowers).map(Tree::Lower))
             .collect();
         let multi = trees.len() > 1;
         let mut seen: HashSet<OsString> = HashSet::new();
         let mut out = Vec::new();
         for tree in trees {
-            let names = match self.read_dir(tree, rel) {
-                Ok(n) => n,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
+            let names = self.with_fd(tree, true, |fd, was| match fd {
+                Some(fd) => read_dir_fd(fd, was),
+                None => Ok(Vec::new()),
+            })?;
             for (name, dtype) in names {
                 if multi && seen.contains(&name) {
                     continue;
@@ -575,7 +787,10 @@ impl Stack {
                 let kind = match kind_of_dtype(dtype) {
                     Some(k) => k,
                     None => {
-                        let st = self.stat(tree, &child(rel, &name)?)?;
+                        let cname = crate::sys::cstr(&name)?;
+                        let st = self
+                            .stat_opt(tree, &cname)?
+                            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
                         if whiteout::is_whiteout_stat(&st) {
                             if multi {
                                 seen.insert(name);
@@ -592,21 +807,6 @@ impl Stack {
             }
         }
         Ok(out)
-    }
-
-    /// Removes the whiteouts inside the upper directory `rel`, so that it can be removed or
-    /// replaced (it must hold nothing else).
-    ///
-    /// Errors: `ENOTEMPTY` for any other entry, or the errno of reading or unlinking.
-    pub fn purge_whiteouts(&self, rel: &CStr) -> io::Result<()> {
-        for (name, _) in self.read_dir(Tree::Upper, rel)? {
-            let p = child(rel, &name)?;
-            if !self.is_whiteout(Tree::Upper, &p)? {
-                return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
-            }
-            self.unlink(Tree::Upper, &p, false)?;
-        }
-        Ok(())
     }
 }
 

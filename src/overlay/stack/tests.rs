@@ -165,6 +165,64 @@ fn whiteouts_and_opaque_directories_hide_lower_entries() {
     assert!(s.is_opaque(Tree::Upper, c"./w").unwrap());
 }
 
+/// The parts of an entry the merge decides (a `libc::stat` has no `PartialEq`).
+fn shape(e: Option<Entry>) -> Option<(Kind, bool, u64, Option<u64>, u64)> {
+    e.map(|e| (e.kind, e.upper, e.lowers, e.lower_ino, e.st.st_ino))
+}
+
+#[test]
+fn lookups_in_an_open_directory_match_lookups_by_path() {
+    if !root() {
+        return;
+    }
+    let fx = Fx::new();
+    fx.file("upper/d/up");
+    fx.file("l0/d/top");
+    fx.file("l1/d/top");
+    fx.file("l1/d/low");
+    fx.whiteout("upper/d/low");
+    fx.dir("l0/d/sub/x");
+    fx.dir("l1/d/sub/y");
+    fx.dir("upper/d/op");
+    fx.opaque("upper/d/op");
+    fx.dir("l0/d/op");
+    fx.dir("l0/d/lop");
+    fx.opaque("l0/d/lop");
+    fx.dir("l1/d/lop");
+    fx.file("l1/d/onlyl1/f");
+    let s = fx.stack();
+    let d = s.lookup(true, s.all_lowers(), c"./d").unwrap().unwrap();
+    assert_eq!((d.upper, d.lowers), (true, 0b11));
+    let at = DirFds::new(&s, d.upper, d.lowers, c"./d");
+    for name in ["up", "top", "low", "sub", "op", "lop", "onlyl1", "absent"] {
+        let by_path = s
+            .lookup(d.upper, d.lowers, &child(c"./d", OsStr::new(name)).unwrap())
+            .unwrap();
+        let opened = at
+            .lookup(&crate::sys::cstr(OsStr::new(name)).unwrap())
+            .unwrap();
+        assert_eq!(shape(opened), shape(by_path), "{name}");
+    }
+    let mut listed: Vec<_> = at.merged_names().unwrap();
+    let mut by_path = s.merged_names(d.upper, d.lowers, c"./d").unwrap();
+    listed.sort_by(|a, b| a.0.cmp(&b.0));
+    by_path.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(listed, by_path);
+    // A second listing through the same fds reads each layer from its start again.
+    let mut again = at.merged_names().unwrap();
+    again.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(again, by_path);
+    // A layer where the directory is missing holds nothing.
+    let sub = DirFds::new(&s, true, 0b11, c"./d/sub");
+    let names: Vec<_> = sub
+        .merged_names()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
 #[test]
 fn a_stack_without_upper_or_workdir_reads_lowers_and_refuses_the_rest() {
     let fx = Fx::new();
