@@ -20,11 +20,13 @@
 //!   checked; a thread that cannot switch stops trying. A SCHED_IDLE thread runs only when
 //!   nothing else wants its CPU, so when another task keeps that CPU busy the commit itself
 //!   can wait for hundreds of ms (lookups stalled so during a `mv` of a lower tree that kept the
-//!   daemon busy; `scripts/rename-latency.sh` measures it): a commit that took longer
-//!   than [`STARVED`] turns the hand-off off for that thread for [`BACK_OFF`], doubled after
-//!   each further starved commit (up to [`MAX_BACK_OFF`]) and reset by a quick one; and no
-//!   hand-off is tried while the machine has more runnable tasks than CPUs (the running count
-//!   of /proc/loadavg, read at most every [`LOAD_PROBE`] per thread).
+//!   daemon busy; `scripts/rename-latency.sh` measures it): no hand-off is tried while the
+//!   machine has more runnable tasks than CPUs (the running count of /proc/loadavg, read at
+//!   most every [`LOAD_PROBE`] per thread), and a commit that took longer than [`STARVED`]
+//!   while that count says so turns the hand-off off for that thread for [`BACK_OFF`],
+//!   doubled after each further starved commit (up to [`MAX_BACK_OFF`]) and reset by a quick
+//!   one. A long commit on an otherwise idle machine is no starvation: the requester it woke
+//!   preempts this thread, as intended, and runs until its next request.
 //!
 //! The effect of each is in the committed bench reports (benches/results/, e.g.
 //! 2026-11-29-bench-quick-seqread-bc09e50.md for the streamed read).
@@ -38,9 +40,12 @@ use fuser::{RingHooks, RingThread};
 /// sequential reader's window up to `read_ahead_kb`, and small files never get one this large.
 pub const STREAM_READ_MIN: u32 = (super::READ_AHEAD_KB as u32) * 1024 / 4;
 
-/// A commit submitted as SCHED_IDLE that took longer than this (200 µs; a free CPU does it in
-/// a few µs) waited for a busy CPU.
-const STARVED: std::time::Duration = std::time::Duration::from_micros(200);
+/// A commit submitted as SCHED_IDLE that took longer than this (2 ms) while other tasks wanted
+/// the CPUs waited for a busy CPU. The submit returns once this thread runs again, so it also
+/// includes the woken requester's run up to its next request: tens of µs for a reader going
+/// file by file, which a 200 µs limit took for starvation (the hand-off was then off for 2 s,
+/// then 4 s… up to 2 min: 2 hand-offs in a first read-all of ~26,000 requests at idle).
+const STARVED: std::time::Duration = std::time::Duration::from_millis(2);
 /// How long a thread whose commit was starved first commits without the hand-off (2 s).
 const BACK_OFF: std::time::Duration = std::time::Duration::from_secs(2);
 /// The longest pause of the hand-off after starved commits in a row (2 min).
@@ -178,7 +183,15 @@ impl RingThread for EntryThread {
             self.hand_off = false;
         }
         let took = start.elapsed();
-        if took > STARVED {
+        // A long commit is starvation only when other tasks want the CPUs: on an otherwise
+        // idle machine it is the requester, woken here as intended, running until its next
+        // request (a reader between two files, a compiler between two opens) before this
+        // thread gets the CPU back.
+        if took > STARVED && {
+            self.probed = Some(std::time::Instant::now());
+            self.busy = cpus_busy();
+            self.busy
+        } {
             self.backed_off_until = Some(std::time::Instant::now() + self.back_off);
             let pause = self.back_off;
             tracing::debug!(?took, ?pause, "SCHED_IDLE commit waited for a busy CPU");
