@@ -162,6 +162,11 @@ impl Runner {
 
     /// `run --json --spec SPEC --workdir W --mount-root M -- COMMAND…`.
     fn run(&self, sb: &Sandbox, spec: &Path, command: &[&str]) -> Output {
+        self.run_as(true, sb, spec, command)
+    }
+
+    /// [`Runner::run`], with the `--json` summary or (`json` false) the human lines on stderr.
+    fn run_as(&self, json: bool, sb: &Sandbox, spec: &Path, command: &[&str]) -> Output {
         let (w, m) = (sb.work(), sb.path("cache"));
         let mut args = vec![
             "--json",
@@ -177,7 +182,7 @@ impl Runner {
             args.push("--");
             args.extend_from_slice(command);
         }
-        self.lc(&args)
+        self.lc(&args[usize::from(!json)..])
     }
 
     fn events(&self) -> Vec<serde_json::Value> {
@@ -348,6 +353,42 @@ key_files = ["data.lock"]
 env = { DATA = "{mount}" }
 setup = "for i in 1 2 3; do echo file $i > $DATA/f$i; done"
 "#;
+
+/// The summary line of a run whose layer came from the remote says so (how much was pulled),
+/// where a local hit's line does not.
+#[test]
+fn a_remote_hit_summary_line_says_it_was_pulled() {
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", DATA_SPEC);
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(&w, sb.path("store-a"), "summary", "");
+    let b = Runner::new(&w, sb.path("store-b"), "summary", "");
+    assert!(stderr(&a.run(&sb, &spec, &[])).contains("pushed key"));
+
+    let summary = |o: &Output| {
+        assert_eq!(o.status.code(), Some(0));
+        let e = stderr(o);
+        let line = e.lines().find(|l| l.starts_with("layercache: data "));
+        line.unwrap_or_else(|| panic!("no summary line in:\n{e}"))
+            .to_string()
+    };
+    let pulled = summary(&b.run_as(false, &sb, &spec, &["cat", "/dev/null"]));
+    assert_eq!(b.events()[0]["remote_hit"], true);
+    assert!(
+        pulled.starts_with("layercache: data hit in ")
+            && pulled.contains(" (pulled from the remote: 3 objects, "),
+        "{pulled}"
+    );
+    let local = summary(&b.run_as(false, &sb, &spec, &[]));
+    assert!(
+        local.starts_with("layercache: data hit in ") && !local.contains("remote"),
+        "{local}"
+    );
+}
 
 /// Two runners publish one key at once: both runs succeed, the remote keeps exactly one key
 /// (create-only), a third store pulls the winner's files, and `remote gc` removes the loser's
