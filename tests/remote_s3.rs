@@ -390,6 +390,48 @@ fn a_remote_hit_summary_line_says_it_was_pulled() {
     );
 }
 
+/// A pulled key brings its recorded inputs: after B pulled A's layer, a changed lock file on B
+/// is a restore from it whose why names the file, as on the machine that filled it.
+#[test]
+fn a_pulled_key_brings_its_inputs_so_a_later_miss_says_why() {
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", DATA_SPEC);
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(&w, sb.path("store-a"), "why", "");
+    let b = Runner::new(&w, sb.path("store-b"), "why", "");
+    assert!(stderr(&a.run(&sb, &spec, &[])).contains("pushed key"));
+    assert_eq!(b.run(&sb, &spec, &[]).status.code(), Some(0));
+    let pulled = &b.events()[0];
+    assert_eq!(
+        (&pulled["result"], &pulled["remote_hit"]),
+        (&"hit".into(), &true.into())
+    );
+
+    std::fs::write(sb.work().join("data.lock"), "v2").unwrap();
+    assert_eq!(b.run(&sb, &spec, &[]).status.code(), Some(0));
+    let e = &b.events()[1];
+    assert_eq!(e["result"], "restore", "{e}");
+    assert_eq!(e["matched_key"], pulled["key"], "{e}");
+    let why: Vec<&str> = e["why"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        why,
+        [
+            format!("nearest layer {}", pulled["key"].as_str().unwrap()).as_str(),
+            "data.lock changed"
+        ],
+        "{e}"
+    );
+}
+
 /// Two runners publish one key at once: both runs succeed, the remote keeps exactly one key
 /// (create-only), a third store pulls the winner's files, and `remote gc` removes the loser's
 /// objects and manifest.

@@ -136,6 +136,10 @@ pub struct KeyRecord {
     pub files: u64,
     /// Distinct objects the manifest names.
     pub objects: u64,
+    /// The key's recorded inputs ([`crate::why`]), so a pulling store can say why a later
+    /// key misses; absent in records of older versions or when none were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<crate::why::Inputs>,
 }
 
 fn hex(b: &[u8]) -> String {
