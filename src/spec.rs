@@ -368,10 +368,12 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     let project = ProjectId::new(raw.project)
         .map_err(|e| errors.push(format!("project: {e}")))
         .ok();
-    if let Some(u) = &raw.user
-        && let Err(e) = crate::sandbox::user::check_syntax(u)
+    if let Some(p) = raw
+        .user
+        .as_deref()
+        .and_then(crate::sandbox::user::syntax_problem)
     {
-        errors.push(format!("user: {e}"));
+        errors.push(format!("user: {p}"));
     }
     let mut caches: Vec<(usize, Cache)> = Vec::new();
     for (i, rc) in raw.cache.into_iter().enumerate() {
