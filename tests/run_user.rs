@@ -173,6 +173,34 @@ fn unknown_user_is_one_line_exit_2_and_nothing_is_mounted() {
             assert!(sb.events().is_empty());
         }
     }
+    // uid or gid 4294967295 is (uid_t)-1, "unchanged" to setresuid(2): it would stay root.
+    // Refused before anything runs, naming the input and the valid range.
+    for driver in drivers() {
+        for (user, spec_user, named) in [
+            (
+                Some("4294967295:0"),
+                None,
+                "--user \"4294967295:0\": uid 4294967295",
+            ),
+            (
+                None,
+                Some("0:4294967295"),
+                "user: \"0:4294967295\": gid 4294967295",
+            ),
+        ] {
+            let sb = sandbox("user-bad", spec_user);
+            let flags: Vec<&str> = user.map(|u| vec!["--user", u]).unwrap_or_default();
+            let o = run(&sb, driver, &flags, "true");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{driver} {user:?}: {}", show(&o));
+            assert_eq!(err.lines().count(), 1, "one line: {err}");
+            assert!(
+                err.contains(named) && err.contains("0 to 4294967294"),
+                "{err}"
+            );
+            assert!(sb.events().is_empty());
+        }
+    }
     // A spec's `user` with bad syntax is refused naming the field.
     let sb = sandbox("user-bad", Some("a b"));
     let o = run(&sb, "none", &[], "true");

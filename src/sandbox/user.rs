@@ -6,10 +6,12 @@
 //! entry), `UID` (its primary group from the passwd database), `NAME` (uid and primary group
 //! from the passwd database), `NAME:GROUP` / `UID:GROUP` / `NAME:GID` (the group from the group
 //! database). Names are resolved with getpwnam_r(3)/getgrnam_r(3) (nix), so NSS sources count.
+//! Ids are 0 to [`MAX_ID`]: 4294967295 is `(uid_t)-1`, "unchanged" to setresuid(2), refused.
 //!
 //! The drop follows the order privilege-separation code uses (e.g. OpenSSH's
 //! `permanently_set_uid`): setgroups(2) to no supplementary groups, setgid(2), setuid(2).
 
+use std::ops::Not;
 use std::process::Command;
 
 use crate::error::{Error, Result};
@@ -34,8 +36,13 @@ impl std::fmt::Display for UserSource {
     }
 }
 
+/// The largest uid or gid a user may be given: 4294967295 is `(uid_t)-1`, which setresuid(2)
+/// and setresgid(2) take as "leave this id unchanged" (the child would stay root).
+pub const MAX_ID: u32 = u32::MAX - 1;
+
 /// What is wrong with the syntax of `user` (`UID`, `UID:GID`, `NAME` or `NAME:GROUP`,
 /// docker-run(1)'s forms), as `"VALUE": what would be valid`; `None` when it is well formed.
+/// A part of digits only is an id and must be at most [`MAX_ID`].
 pub fn syntax_problem(user: &str) -> Option<String> {
     let ok_part = |p: &str| {
         !p.is_empty()
@@ -45,11 +52,22 @@ pub fn syntax_problem(user: &str) -> Option<String> {
     let mut parts = user.splitn(2, ':');
     let u = parts.next().unwrap_or_default();
     let g = parts.next();
-    if ok_part(u) && g.is_none_or(ok_part) {
-        None
-    } else {
-        Some(format!("{user:?}: use UID, UID:GID, NAME or NAME:GROUP"))
+    if !(ok_part(u) && g.is_none_or(ok_part)) {
+        return Some(format!("{user:?}: use UID, UID:GID, NAME or NAME:GROUP"));
     }
+    let out_of_range = |p: &str| {
+        p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u32>().is_ok_and(|n| n <= MAX_ID).not()
+    };
+    [("uid", Some(u)), ("gid", g)]
+        .into_iter()
+        .find_map(|(what, p)| p.filter(|p| out_of_range(p)).map(|p| (what, p)))
+        .map(|(what, p)| {
+            format!(
+                "{user:?}: {what} {p} is out of range: an id is 0 to {MAX_ID} ({} is -1, which \
+                 setresuid(2)/setresgid(2) take as \"unchanged\")",
+                u32::MAX
+            )
+        })
 }
 
 /// Checks the syntax of `user` (see [`syntax_problem`]) given as `source`.
@@ -175,6 +193,30 @@ mod tests {
             let spec = check_syntax(bad, UserSource::Spec).unwrap_err();
             assert!(spec.to_string().starts_with("the spec's user "), "{spec}");
         }
+    }
+
+    #[test]
+    fn ids_above_4294967294_are_refused_naming_the_source() {
+        for bad in [
+            "4294967295",
+            "4294967295:0",
+            "0:4294967295",
+            "99999999999",
+            "1:4294967296",
+        ] {
+            let e = RunUser::resolve(bad, UserSource::Flag)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("--user {bad:?}: ")) && e.contains("0 to 4294967294"),
+                "{e}"
+            );
+            assert_eq!(e.lines().count(), 1, "{e}");
+            let e = check_syntax(bad, UserSource::Spec).unwrap_err().to_string();
+            assert!(e.starts_with("the spec's user "), "{e}");
+        }
+        let u = RunUser::resolve("4294967294:4294967294", UserSource::Flag).unwrap();
+        assert_eq!((u.uid, u.gid), (MAX_ID, MAX_ID));
     }
 
     #[test]
