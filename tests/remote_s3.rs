@@ -354,6 +354,18 @@ env = { DATA = "{mount}" }
 setup = "for i in 1 2 3; do echo file $i > $DATA/f$i; done"
 "#;
 
+/// Two runners of the data spec (project prefix `prefix`): A has filled data.lock v1's key and
+/// pushed it, B's store is empty.
+fn data_spec_pushed_by_a(w: &Weed, prefix: &str) -> (Sandbox, PathBuf, Runner, Runner) {
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", DATA_SPEC);
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(w, sb.path("store-a"), prefix, "");
+    let b = Runner::new(w, sb.path("store-b"), prefix, "");
+    assert!(stderr(&a.run(&sb, &spec, &[])).contains("pushed key"));
+    (sb, spec, a, b)
+}
+
 /// The summary line of a run whose layer came from the remote says so (how much was pulled),
 /// where a local hit's line does not.
 #[test]
@@ -362,12 +374,7 @@ fn a_remote_hit_summary_line_says_it_was_pulled() {
         return;
     }
     let Some(w) = Weed::start() else { return };
-    let sb = Sandbox::new();
-    let spec = sb.write_spec("spec.toml", DATA_SPEC);
-    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
-    let a = Runner::new(&w, sb.path("store-a"), "summary", "");
-    let b = Runner::new(&w, sb.path("store-b"), "summary", "");
-    assert!(stderr(&a.run(&sb, &spec, &[])).contains("pushed key"));
+    let (sb, spec, _a, b) = data_spec_pushed_by_a(&w, "summary");
 
     let summary = |o: &Output| {
         assert_eq!(o.status.code(), Some(0));
@@ -398,12 +405,7 @@ fn a_pulled_key_brings_its_inputs_so_a_later_miss_says_why() {
         return;
     }
     let Some(w) = Weed::start() else { return };
-    let sb = Sandbox::new();
-    let spec = sb.write_spec("spec.toml", DATA_SPEC);
-    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
-    let a = Runner::new(&w, sb.path("store-a"), "why", "");
-    let b = Runner::new(&w, sb.path("store-b"), "why", "");
-    assert!(stderr(&a.run(&sb, &spec, &[])).contains("pushed key"));
+    let (sb, spec, _a, b) = data_spec_pushed_by_a(&w, "why");
     assert_eq!(b.run(&sb, &spec, &[]).status.code(), Some(0));
     let pulled = &b.events()[0];
     assert_eq!(
