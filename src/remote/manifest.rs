@@ -390,6 +390,19 @@ mod tests {
     use crate::ids::{CacheId, CacheKey, ProjectId};
     use crate::store::layer::{MANIFEST_FORMAT, TreeCounts, new_layer_id};
 
+    /// A key record of a version before `inputs` still reads (no inputs), and one without
+    /// inputs is written as before.
+    #[test]
+    fn key_records_without_inputs_read_and_write_as_before() {
+        let old = format!(
+            r#"{{"layer":"{}","created_ms":1,"bytes":2,"files":3,"objects":4}}"#,
+            new_layer_id()
+        );
+        let rec: KeyRecord = serde_json::from_str(&old).unwrap();
+        assert_eq!((rec.objects, rec.inputs.as_ref()), (4, None));
+        assert_eq!(serde_json::to_string(&rec).unwrap(), old);
+    }
+
     fn manifest(links: Vec<Vec<&str>>) -> RemoteManifest {
         let e = |path: &str, kind: Kind| Entry {
             path: path.into(),
