@@ -280,38 +280,36 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     };
     // --sandbox docker (issue 12): the workdir is seen at a stable path by default, and the
     // engine, image and user are checked before anything is mounted.
-    // --user, else the spec's `user` (issue 12).
-    let user = args.user.clone().or_else(|| spec.user.clone());
+    // --user, else the spec's `user` (issue 12); errors name the one given.
+    use crate::sandbox::user::{RunUser, UserSource};
+    let (user, user_source) = match (&args.user, &spec.user) {
+        (Some(u), _) => (Some(u.clone()), UserSource::Flag),
+        (None, u) => (u.clone(), UserSource::Spec),
+    };
     let docker =
         (sandbox == crate::run::SandboxMode::Docker).then(|| crate::sandbox::docker::Docker {
             image: args.image.clone().unwrap_or_default(),
             args: args.docker_args.clone(),
             user: user.clone(),
+            user_source,
         });
     // Docker: the workdir is seen at a stable path by default, so path-bound trees hit.
     let default_view = docker.as_ref().map(|_| std::path::Path::new("/workspace"));
     if docker.is_none() && !args.docker_args.is_empty() {
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
-    // A user named by the spec, not the flag: its errors say so.
-    let user_source = |e: Error| match e {
-        Error::Invalid(m) if args.user.is_none() => {
-            Error::Invalid(m.replacen("--user ", "the spec's user ", 1))
-        }
-        e => e,
-    };
     // --sandbox none|bwrap: resolved on the host before anything is mounted.
     let run_user = match (&docker, &user) {
-        (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u).map_err(user_source)?),
+        (None, Some(u)) => Some(RunUser::resolve(u, user_source)?),
         _ => None,
     };
     if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
-        crate::sandbox::bwrap_user_preflight(u)?;
+        crate::sandbox::bwrap_user_preflight(u, user_source)?;
     }
     // Docker: the image's id, not its name, enters the keys (with the tools in it).
     let (image, squash) = match &docker {
         Some(d) => {
-            let (id, ids) = d.preflight().map_err(user_source)?;
+            let (id, ids) = d.preflight()?;
             (Some(id), ids)
         }
         None => (args.image.clone(), run_user.map(|u| (u.uid, u.gid))),

@@ -83,8 +83,10 @@ pub trait Mounter {
         restore_keys: &[CacheKey],
         view: &Path,
     ) -> Result<Mounted>;
-    /// Promotes the mount's lower ⊕ upper under its key and remounts the new layer as a hit.
-    fn commit(&self, view: &Path) -> Result<Committed>;
+    /// Promotes the mount's lower ⊕ upper under its key and remounts the new layer as a hit;
+    /// when this publishes the key, `inputs` are recorded as its inputs ([`crate::why`]) before
+    /// the remote push of the layer starts, so they travel with the key.
+    fn commit(&self, view: &Path, inputs: &crate::why::Inputs) -> Result<Committed>;
     /// Unmounts and discards the private upper.
     fn umount(&self, view: &Path) -> Result<()>;
     /// `Err` naming the dead daemon when the mount's overlay daemon is gone (killed): the
@@ -388,7 +390,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         if p.mounted.result != CacheResult::Hit {
             remove_excluded(&p.mounted.source, &cache.exclude)?;
             let t = Instant::now();
-            let committed = mounter.commit(&p.keys.mountpoint)?;
+            let committed = mounter.commit(&p.keys.mountpoint, &p.keys.inputs)?;
             p.event.promote_ms = t.elapsed().as_millis() as u64;
             p.event.published = committed.published;
             p.event.bytes = committed.bytes;
@@ -399,10 +401,6 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             }
             p.event.new_files = committed.new_files;
             p.event.new_bytes = committed.new_bytes;
-            if committed.published {
-                let (project, id) = (&cfg.spec.project, &p.keys.id);
-                crate::why::record(&cfg.store, project, id, p.keys.key.as_str(), &p.keys.inputs);
-            }
         }
         log_event(cfg, &p.event);
     }

@@ -146,9 +146,10 @@ pub fn bwrap_command(
 /// `bwrap --unshare-user --uid U --gid G --ro-bind / / true` as that user (an unprivileged user
 /// namespace; see [`bwrap_command`]).
 ///
-/// Errors: [`Error::Invalid`] (exit 2) naming `--user` and bubblewrap's first line (e.g. user
-/// namespaces disabled by `kernel.unprivileged_userns_clone` or AppArmor), or a missing `bwrap`.
-pub fn bwrap_user_preflight(user: user::RunUser) -> Result<()> {
+/// Errors: [`Error::Invalid`] (exit 2) naming the user as `source` gave it (`--user U:G` or
+/// `the spec's user U:G`) and bubblewrap's first line (e.g. user namespaces disabled by
+/// `kernel.unprivileged_userns_clone` or AppArmor), or a missing `bwrap`.
+pub fn bwrap_user_preflight(user: user::RunUser, source: user::UserSource) -> Result<()> {
     let mut cmd = Command::new("bwrap");
     cmd.args(["--unshare-user", "--uid", &user.uid.to_string()]);
     cmd.args([
@@ -160,7 +161,7 @@ pub fn bwrap_user_preflight(user: user::RunUser) -> Result<()> {
         "true",
     ]);
     user.drop_privileges(&mut cmd);
-    let what = format!("--user {}:{} with --sandbox bwrap", user.uid, user.gid);
+    let what = format!("{source} {}:{} with --sandbox bwrap", user.uid, user.gid);
     let out = cmd
         .output()
         .map_err(|e| Error::invalid(format!("{what}: cannot run bwrap: {e}")))?;

@@ -38,9 +38,39 @@ pub use presets::{PRESETS, Preset, preset, presets_text};
 #[serde(deny_unknown_fields)]
 struct RawSpec {
     project: String,
-    user: Option<String>,
+    user: Option<RawUser>,
     #[serde(default, alias = "caches")]
     cache: Vec<RawCache>,
+}
+
+/// The spec's `user` as written: a string, or an integer taken as a UID (`user = 1000` means
+/// what `user = "1000"` and `--user 1000` mean).
+#[derive(Debug)]
+enum RawUser {
+    Text(String),
+    Uid(i128),
+}
+
+impl<'de> Deserialize<'de> for RawUser {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawUser;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a quoted \"UID:GID\", \"UID\", \"NAME\" or \"NAME:GROUP\", or a UID")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<RawUser, E> {
+                Ok(RawUser::Text(s.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<RawUser, E> {
+                Ok(RawUser::Uid(n.into()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<RawUser, E> {
+                Ok(RawUser::Uid(n.into()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,8 +98,9 @@ pub struct Spec {
     pub project: ProjectId,
     /// The caches in declaration order; ids are unique.
     pub caches: Vec<Cache>,
-    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; issue 12),
-    /// checked for syntax here and resolved by the run; `--user` overrides it.
+    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; issue 12;
+    /// an integer in the spec is a UID, kept as its digits), checked for syntax and id range
+    /// here and resolved by the run; `--user` overrides it.
     pub user: Option<String>,
 }
 
@@ -368,10 +399,24 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     let project = ProjectId::new(raw.project)
         .map_err(|e| errors.push(format!("project: {e}")))
         .ok();
-    if let Some(u) = &raw.user
-        && let Err(e) = crate::sandbox::user::check_syntax(u)
+    let user = match raw.user {
+        Some(RawUser::Text(s)) => Some(s),
+        Some(RawUser::Uid(n)) if n < 0 => {
+            let max = crate::sandbox::user::MAX_ID;
+            errors.push(format!(
+                "user: {n} is not a uid: use 0 to {max}, or a quoted \"UID:GID\", \"NAME\" or \
+                 \"NAME:GROUP\""
+            ));
+            None
+        }
+        Some(RawUser::Uid(n)) => Some(n.to_string()),
+        None => None,
+    };
+    if let Some(p) = user
+        .as_deref()
+        .and_then(crate::sandbox::user::syntax_problem)
     {
-        errors.push(format!("user: {e}"));
+        errors.push(format!("user: {p}"));
     }
     let mut caches: Vec<(usize, Cache)> = Vec::new();
     for (i, rc) in raw.cache.into_iter().enumerate() {
@@ -384,7 +429,7 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
         Some(project) if errors.is_empty() => Ok(Spec {
             project,
             caches: caches.into_iter().map(|(_, c)| c).collect(),
-            user: raw.user,
+            user,
         }),
         _ => Err(errors),
     }

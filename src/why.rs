@@ -4,12 +4,13 @@
 //!
 //! Each published key's inputs ([`crate::key::CacheKeys::inputs`]: key-file digests, setup
 //! script digest, env templates, mountpoint, preset version, tool versions, image) are kept at
-//! `<store>/v1/projects/<p>/caches/<c>/inputs/<key>.json`, written after the key is
-//! published; gc and clear remove them with their key.
+//! `<store>/v1/projects/<p>/caches/<c>/inputs/<key>.json`, written when the key is published
+//! (by the commit, before its push starts) and when a pull publishes a key whose remote key
+//! record carries them (issue 14); gc and clear remove them with their key.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::ids::{CacheId, ProjectId};
 use crate::store::ProjectDirs;
@@ -18,15 +19,10 @@ use crate::store::ProjectDirs;
 /// value or digest.
 pub type Inputs = BTreeMap<String, String>;
 
-/// `caches/<cache>/inputs/` of `project` in the store at `store_root`.
-fn inputs_dir(store_root: &Path, project: &ProjectId, cache: &CacheId) -> PathBuf {
-    ProjectDirs::at(store_root, project).inputs_dir(cache)
-}
-
-/// Records the inputs of `key` (atomically: temp file + rename). Best effort: a failure is
-/// logged, since the layer itself is published already.
-pub fn record(store_root: &Path, project: &ProjectId, cache: &CacheId, key: &str, inputs: &Inputs) {
-    let dir = inputs_dir(store_root, project, cache);
+/// Records the inputs of `key` of `cache` in project `pd` (atomically: temp file + rename).
+/// Best effort: a failure is logged, since the layer itself is published already.
+pub fn record(pd: &ProjectDirs, cache: &CacheId, key: &str, inputs: &Inputs) {
+    let dir = pd.inputs_dir(cache);
     let write = || -> std::io::Result<()> {
         fs::create_dir_all(&dir)?;
         let tmp = dir.join(format!(".{key}.{}", crate::sys::random_hex(6)));
@@ -38,6 +34,13 @@ pub fn record(store_root: &Path, project: &ProjectId, cache: &CacheId, key: &str
     }
 }
 
+/// The recorded inputs of `key` of `cache` in project `pd`; `None` when none were recorded (or
+/// the record does not parse).
+pub fn read(pd: &ProjectDirs, cache: &CacheId, key: &str) -> Option<Inputs> {
+    let path = pd.inputs_dir(cache).join(format!("{key}.json"));
+    serde_json::from_slice(&fs::read(path).ok()?).ok()
+}
+
 /// The inputs of the nearest layer: those of `matched` (the key a restore key matched), else
 /// of the most recently recorded key of the cache. `None` when nothing was recorded.
 pub fn nearest(
@@ -46,12 +49,10 @@ pub fn nearest(
     cache: &CacheId,
     matched: Option<&str>,
 ) -> Option<(String, Inputs)> {
-    let dir = inputs_dir(store_root, project, cache);
-    let read = |key: &str| -> Option<Inputs> {
-        serde_json::from_slice(&fs::read(dir.join(format!("{key}.json"))).ok()?).ok()
-    };
+    let pd = ProjectDirs::at(store_root, project);
+    let dir = pd.inputs_dir(cache);
     if let Some(k) = matched {
-        return read(k).map(|i| (k.to_string(), i));
+        return read(&pd, cache, k).map(|i| (k.to_string(), i));
     }
     let newest = fs::read_dir(&dir)
         .ok()?
@@ -61,7 +62,7 @@ pub fn nearest(
             (!name.starts_with('.')).then_some((e.metadata().ok()?.modified().ok()?, name))
         })
         .max()?;
-    read(&newest.1).map(|i| (newest.1, i))
+    read(&pd, cache, &newest.1).map(|i| (newest.1, i))
 }
 
 /// Why `key` (with `inputs`) was not a hit: the [`diff`] against the nearest layer's inputs
@@ -155,7 +156,9 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let (p, c) = (&ProjectId::new("p").unwrap(), &CacheId::new("c").unwrap());
         assert!(nearest(t.path(), p, c, None).is_none());
-        record(t.path(), p, c, "k1", &inputs(&[("setup", "a")]));
+        let pd = ProjectDirs::at(t.path(), p);
+        record(&pd, c, "k1", &inputs(&[("setup", "a")]));
+        assert_eq!(read(&pd, c, "k1").unwrap()["setup"], "a");
         let (k, i) = nearest(t.path(), p, c, None).unwrap();
         assert_eq!((k.as_str(), i["setup"].as_str()), ("k1", "a"));
         assert!(nearest(t.path(), p, c, Some("k2")).is_none());

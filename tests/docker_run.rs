@@ -2,7 +2,8 @@
 //! misses in a first container (`npm ci` into /workspace/node_modules with
 //! `--docker-arg=--network=host`), hits in a new one where `require('react')` works, and four
 //! containers at once share the layer while each sees only its own writes; bad input (no
-//! image, unknown image, unknown --user, no engine) is one line, exit 2, nothing published.
+//! image, unknown image, unknown --user or spec user, no engine) is one line, exit 2, nothing
+//! published.
 //!
 //! The engine and image come from scripts/lib-docker.sh (`DOCKER_HOST`,
 //! `LAYERCACHE_TEST_IMAGE`); without them these tests skip (fail when `CI` is set). After each
@@ -193,6 +194,16 @@ fn bad_input_is_one_line_exit_2_and_nothing_is_published() {
         assert_eq!(err.lines().count(), 1, "{img} {extra:?}: one line: {err}");
         assert!(err.contains(names), "{img} {extra:?}: names {names}: {err}");
     }
+    // A user from the spec (no --user) is named as the spec's field, not as the flag.
+    sb.write_spec("spec.toml", &format!("user = \"no-such-user\"\n{SPEC}"));
+    let o = docker_run(&sb, &w, &image, &[], "true").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "spec user: {}", show(&o));
+    assert_eq!(err.lines().count(), 1, "spec user: one line: {err}");
+    assert!(
+        err.contains("the spec's user no-such-user: no such user"),
+        "{err}"
+    );
     // Checked before the store is touched: no event, no project in the store.
     assert!(sb.events().is_empty(), "nothing mounted or published");
     assert!(!sb.path("store/v1/projects/docker-npm").exists());

@@ -162,6 +162,11 @@ impl Runner {
 
     /// `run --json --spec SPEC --workdir W --mount-root M -- COMMAND…`.
     fn run(&self, sb: &Sandbox, spec: &Path, command: &[&str]) -> Output {
+        self.run_as(true, sb, spec, command)
+    }
+
+    /// [`Runner::run`], with the `--json` summary or (`json` false) the human lines on stderr.
+    fn run_as(&self, json: bool, sb: &Sandbox, spec: &Path, command: &[&str]) -> Output {
         let (w, m) = (sb.work(), sb.path("cache"));
         let mut args = vec![
             "--json",
@@ -177,7 +182,7 @@ impl Runner {
             args.push("--");
             args.extend_from_slice(command);
         }
-        self.lc(&args)
+        self.lc(&args[usize::from(!json)..])
     }
 
     fn events(&self) -> Vec<serde_json::Value> {
@@ -348,6 +353,86 @@ key_files = ["data.lock"]
 env = { DATA = "{mount}" }
 setup = "for i in 1 2 3; do echo file $i > $DATA/f$i; done"
 "#;
+
+/// Two runners of the data spec (project prefix `prefix`): A has filled data.lock v1's key and
+/// pushed it, B's store is empty.
+fn data_spec_pushed_by_a(w: &Weed, prefix: &str) -> (Sandbox, PathBuf, Runner, Runner) {
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", DATA_SPEC);
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(w, sb.path("store-a"), prefix, "");
+    let b = Runner::new(w, sb.path("store-b"), prefix, "");
+    assert!(stderr(&a.run(&sb, &spec, &[])).contains("pushed key"));
+    (sb, spec, a, b)
+}
+
+/// The summary line of a run whose layer came from the remote says so (how much was pulled),
+/// where a local hit's line does not.
+#[test]
+fn a_remote_hit_summary_line_says_it_was_pulled() {
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, _a, b) = data_spec_pushed_by_a(&w, "summary");
+
+    let summary = |o: &Output| {
+        assert_eq!(o.status.code(), Some(0));
+        let e = stderr(o);
+        let line = e.lines().find(|l| l.starts_with("layercache: data "));
+        line.unwrap_or_else(|| panic!("no summary line in:\n{e}"))
+            .to_string()
+    };
+    let pulled = summary(&b.run_as(false, &sb, &spec, &["cat", "/dev/null"]));
+    assert_eq!(b.events()[0]["remote_hit"], true);
+    assert!(
+        pulled.starts_with("layercache: data hit in ")
+            && pulled.contains(" (pulled from the remote: 3 objects, "),
+        "{pulled}"
+    );
+    let local = summary(&b.run_as(false, &sb, &spec, &[]));
+    assert!(
+        local.starts_with("layercache: data hit in ") && !local.contains("remote"),
+        "{local}"
+    );
+}
+
+/// A pulled key brings its recorded inputs: after B pulled A's layer, a changed lock file on B
+/// is a restore from it whose why names the file, as on the machine that filled it.
+#[test]
+fn a_pulled_key_brings_its_inputs_so_a_later_miss_says_why() {
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, _a, b) = data_spec_pushed_by_a(&w, "why");
+    assert_eq!(b.run(&sb, &spec, &[]).status.code(), Some(0));
+    let pulled = &b.events()[0];
+    assert_eq!(
+        (&pulled["result"], &pulled["remote_hit"]),
+        (&"hit".into(), &true.into())
+    );
+
+    std::fs::write(sb.work().join("data.lock"), "v2").unwrap();
+    assert_eq!(b.run(&sb, &spec, &[]).status.code(), Some(0));
+    let e = &b.events()[1];
+    assert_eq!(e["result"], "restore", "{e}");
+    assert_eq!(e["matched_key"], pulled["key"], "{e}");
+    let why: Vec<&str> = e["why"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        why,
+        [
+            format!("nearest layer {}", pulled["key"].as_str().unwrap()).as_str(),
+            "data.lock changed"
+        ],
+        "{e}"
+    );
+}
 
 /// Two runners publish one key at once: both runs succeed, the remote keeps exactly one key
 /// (create-only), a third store pulls the winner's files, and `remote gc` removes the loser's

@@ -14,6 +14,9 @@
 #[path = "common/run.rs"]
 mod run_common;
 
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
 use run_common::{
     Sandbox, can_mount, fixture, have_tool, json_summary as summary, prep_ms, run_ok, stdout,
 };
@@ -73,6 +76,105 @@ fn assert_restore_stored_little(ev: &[serde_json::Value], what: &str) {
         new_bytes > 0 && new_bytes * 20 <= bytes,
         "{what}: new objects: {new_bytes} of {bytes} bytes"
     );
+}
+
+/// README's npm example, the node_modules and npm caches in one spec: a miss runs `npm ci` once
+/// (the node_modules setup, which fills the npm cache through `npm_config_cache`; the npm
+/// preset's setup sees that and skips), both layers are published with their content, and a hit
+/// runs npm not at all. npm's invocations are counted by a wrapper first on PATH.
+#[test]
+fn node_modules_and_npm_caches_run_one_npm_ci_on_a_miss() {
+    if !can_mount() || !have_tool("npm") {
+        return;
+    }
+    let Some(fx) = fixture("npm-app") else { return };
+    let sb = Sandbox::new();
+    sb.copy_into_work(&fx);
+    let spec = sb.write_spec(
+        "spec.toml",
+        "project = \"npm-both\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n\
+         [[cache]]\nid = \"npm\"\npreset = \"npm\"\n",
+    );
+    let real = stdout(&run_ok(Command::new("sh").args(["-c", "command -v npm"])));
+    let bin = sb.path("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = sb.path("npm-calls.log");
+    std::fs::write(
+        bin.join("npm"),
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            real.trim()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(bin.join("npm"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let envs = [("PATH", path.as_str())];
+    let calls = || -> Vec<String> {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        std::fs::remove_file(&log).ok();
+        text.lines().map(str::to_string).collect()
+    };
+    // COMMAND sees both published layers: the tree loads, the download cache is filled.
+    let check =
+        r#"node -e "require('react')" && test -d "$npm_config_cache/_cacache/index-v5" && echo ok"#;
+
+    let miss = sb.run_cmd(&["--json"], &spec, &["sh", "-c", check], &envs);
+    assert_eq!(miss.status.code(), Some(0));
+    assert!(stdout(&miss).ends_with("ok\n"), "{}", stdout(&miss));
+    let installs = calls();
+    assert_eq!(
+        installs.iter().filter(|c| c.starts_with("ci")).count(),
+        1,
+        "one npm ci on a miss: {installs:?}"
+    );
+    for cache in ["node_modules", "npm"] {
+        let e = &events_of(&sb, cache)[0];
+        assert_eq!(
+            (&e["result"], &e["published"]),
+            (&"miss".into(), &true.into()),
+            "{e}"
+        );
+    }
+
+    let hit = sb.run_cmd(&["--json"], &spec, &["sh", "-c", check], &envs);
+    assert_eq!(hit.status.code(), Some(0));
+    assert!(stdout(&hit).ends_with("ok\n"), "{}", stdout(&hit));
+    assert_eq!(calls(), Vec::<String>::new(), "a hit runs no npm");
+    for cache in ["node_modules", "npm"] {
+        assert_eq!(events_of(&sb, cache)[1]["result"], "hit");
+    }
+
+    // One more package (not in the lockfile before): both restore; the node_modules restore install (one npm install) also
+    // puts the new package into the restored npm cache, whose setup then installs nothing.
+    run_ok(
+        Command::new("npm")
+            .args(["install", "left-pad@1.3.0", "--package-lock-only"])
+            .args(["--no-audit", "--no-fund"])
+            .current_dir(sb.work())
+            .env("npm_config_cache", sb.path("npm-lock-cache")),
+    );
+    let check2 = r#"node -e "require('left-pad')" && grep -rqs left-pad-1.3.0.tgz "$npm_config_cache/_cacache/index-v5" && echo ok"#;
+    let restore = sb.run_cmd(&["--json"], &spec, &["sh", "-c", check2], &envs);
+    assert_eq!(restore.status.code(), Some(0));
+    assert!(stdout(&restore).ends_with("ok\n"), "{}", stdout(&restore));
+    let installs = calls();
+    assert_eq!(
+        installs.len(),
+        1,
+        "one npm install on a restore: {installs:?}"
+    );
+    assert!(installs[0].starts_with("install "), "{installs:?}");
+    for cache in ["node_modules", "npm"] {
+        let e = &events_of(&sb, cache)[2];
+        assert_eq!(
+            (&e["result"], &e["published"]),
+            (&"restore".into(), &true.into()),
+            "{e}"
+        );
+    }
+    assert!(sb.mounts_below().is_empty());
 }
 
 /// `npm` preset: the npm cache is on the mount; a hit's maintenance `npm ci --offline` installs

@@ -150,25 +150,51 @@ fn unknown_user_is_one_line_exit_2_and_nothing_is_mounted() {
     if !can_mount() {
         return;
     }
+    // Named as the flag, or as the spec's field when it came from there. A uid or gid of
+    // 4294967295 is (uid_t)-1, "unchanged" to setresuid(2) (the child would stay root): refused
+    // before anything runs, with the valid range.
+    let range = "is out of range: an id is 0 to 4294967294";
+    let cases = [
+        (
+            Some("no-such-user-lc"),
+            None,
+            "--user no-such-user-lc".to_string(),
+        ),
+        (
+            None,
+            Some("no-such-user-lc:1000"),
+            "the spec's user no-such-user-lc:1000".to_string(),
+        ),
+        (
+            Some("4242424"),
+            Some("1000:1000"),
+            "--user 4242424".to_string(),
+        ),
+        (
+            Some("0:no-such-group-lc"),
+            None,
+            "--user 0:no-such-group-lc".to_string(),
+        ),
+        (
+            Some("4294967295:0"),
+            None,
+            format!("--user \"4294967295:0\": uid 4294967295 {range}"),
+        ),
+        (
+            None,
+            Some("0:4294967295"),
+            format!("user: \"0:4294967295\": gid 4294967295 {range}"),
+        ),
+    ];
     for driver in drivers() {
-        for (user, spec_user) in [
-            (Some("no-such-user-lc"), None),
-            (None, Some("no-such-user-lc:1000")),
-            (Some("4242424"), Some("1000:1000")),
-            (Some("0:no-such-group-lc"), None),
-        ] {
-            let sb = sandbox("user-bad", spec_user);
+        for (user, spec_user, named) in &cases {
+            let sb = sandbox("user-bad", *spec_user);
             let flags: Vec<&str> = user.map(|u| vec!["--user", u]).unwrap_or_default();
             let o = run(&sb, driver, &flags, "true");
             let err = String::from_utf8_lossy(&o.stderr);
             assert_eq!(o.status.code(), Some(2), "{driver} {user:?}: {}", show(&o));
             assert_eq!(err.lines().count(), 1, "one line: {err}");
-            // Named as the flag, or as the spec's field when it came from there.
-            let named = match user {
-                Some(u) => format!("--user {u}"),
-                None => format!("the spec's user {}", spec_user.unwrap()),
-            };
-            assert!(err.contains(&named), "{err}");
+            assert!(err.contains(named.as_str()), "{err}");
             assert!(!sb.path("store/v1/projects/user-bad").exists());
             assert!(sb.events().is_empty());
         }

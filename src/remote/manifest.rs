@@ -136,6 +136,10 @@ pub struct KeyRecord {
     pub files: u64,
     /// Distinct objects the manifest names.
     pub objects: u64,
+    /// The key's recorded inputs ([`crate::why`]), so a pulling store can say why a later
+    /// key misses; absent in records of older versions or when none were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<crate::why::Inputs>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -385,6 +389,19 @@ mod tests {
     use super::*;
     use crate::ids::{CacheId, CacheKey, ProjectId};
     use crate::store::layer::{MANIFEST_FORMAT, TreeCounts, new_layer_id};
+
+    /// A key record of a version before `inputs` still reads (no inputs), and one without
+    /// inputs is written as before.
+    #[test]
+    fn key_records_without_inputs_read_and_write_as_before() {
+        let old = format!(
+            r#"{{"layer":"{}","created_ms":1,"bytes":2,"files":3,"objects":4}}"#,
+            new_layer_id()
+        );
+        let rec: KeyRecord = serde_json::from_str(&old).unwrap();
+        assert_eq!((rec.objects, rec.inputs.as_ref()), (4, None));
+        assert_eq!(serde_json::to_string(&rec).unwrap(), old);
+    }
 
     fn manifest(links: Vec<Vec<&str>>) -> RemoteManifest {
         let e = |path: &str, kind: Kind| Entry {

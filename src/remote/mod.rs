@@ -365,6 +365,9 @@ mod tests {
         fs::set_permissions(up.join("pkg"), fs::Permissions::from_mode(0o750)).unwrap();
         let pub1 = a.promote_dirs(&p, &c, &k1, None, Some(&up)).unwrap();
         let pda = a.project(&p).unwrap();
+        let inputs: crate::why::Inputs =
+            [("key file package-lock.json".into(), "aa".into())].into();
+        crate::why::record(&pda, &c, "k1", &inputs);
         let rep = remote.push_layer(&pda, &c, &k1, &pub1.layer).unwrap();
         assert_eq!(
             (rep.result.as_str(), rep.objects, rep.uploaded_objects),
@@ -380,6 +383,11 @@ mod tests {
         assert_eq!((got.pulled_objects, got.result.as_str()), (2, "published"));
         let lb = pdb.read_key(&c, &k1).unwrap().unwrap();
         assert_eq!(lb, pub1.layer, "a pulled layer keeps its id");
+        assert_eq!(
+            crate::why::read(&pdb, &c, "k1"),
+            Some(inputs),
+            "its inputs came along"
+        );
         assert_eq!(
             listing(&pdb.layer(&lb).tree()),
             listing(&pda.layer(&pub1.layer).tree())

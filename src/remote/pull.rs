@@ -231,6 +231,12 @@ impl Remote {
             ms = published.publish_ms,
             "pull: published (manifest, syncfs, rename, key)"
         );
+        // The key's inputs come with it, so a later miss here says what changed (issue 11).
+        if published.result == CommitResult::Published
+            && let Some(inputs) = &found.record.inputs
+        {
+            crate::why::record(pd, cache, found.key.as_str(), inputs);
+        }
         report.layer = published.layer.to_string();
         report.result = match published.result {
             CommitResult::Exists => "exists",

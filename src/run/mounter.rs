@@ -78,11 +78,11 @@ impl Mounter for StoreMounter {
         })
     }
 
-    fn commit(&self, view: &Path) -> Result<Committed> {
+    fn commit(&self, view: &Path, inputs: &crate::why::Inputs) -> Result<Committed> {
         let held = self.mounts.lock().remove(view).ok_or_else(|| {
             Error::Failed(format!("{}: no mount of this run there", view.display()))
         })?;
-        let (out, remount) = self.store.commit_mount(held)?;
+        let (out, remount) = self.store.commit_mount(held, Some(inputs))?;
         let remount = remount.map(|r| {
             let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());
             self.mounts.lock().insert(view.to_path_buf(), r);
@@ -153,7 +153,7 @@ impl Mounter for NoMounts {
     ) -> Result<Mounted> {
         Err(Error::Failed(format!("cache {c}: no store opened")))
     }
-    fn commit(&self, view: &Path) -> Result<Committed> {
+    fn commit(&self, view: &Path, _: &crate::why::Inputs) -> Result<Committed> {
         Err(Error::Failed(format!(
             "{}: no store opened",
             view.display()

@@ -39,12 +39,24 @@ pub(super) fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
             e.result.as_str(),
             telemetry::fmt_ms(e.prep_ms())
         );
+        // A layer that came from the remote tier says so (its JSON has `remote_hit`).
+        let pulled = p.mounted.pulled.as_ref().map(|r| {
+            format!(
+                "pulled from the remote: {} objects, {} in {}",
+                r.pulled_objects,
+                fmt_bytes(r.pulled_bytes),
+                telemetry::fmt_ms(r.ms)
+            )
+        });
         match e.result {
-            CacheResult::Hit if e.maintenance_ms > 0 => line.push_str(&format!(
-                " (maintenance {})",
-                telemetry::fmt_ms(e.maintenance_ms)
-            )),
-            CacheResult::Hit => {}
+            CacheResult::Hit => {
+                let maintenance = (e.maintenance_ms > 0)
+                    .then(|| format!("maintenance {}", telemetry::fmt_ms(e.maintenance_ms)));
+                let parts: Vec<String> = pulled.iter().cloned().chain(maintenance).collect();
+                if !parts.is_empty() {
+                    line.push_str(&format!(" ({})", parts.join("; ")));
+                }
+            }
             _ => line.push_str(&format!(
                 " (setup {}, promote {}: {} files, {}; new {} files, {})",
                 telemetry::fmt_ms(e.setup_ms),
@@ -59,6 +71,9 @@ pub(super) fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
             && let Some(m) = &e.matched_key
         {
             line.push_str(&format!(" from {m}"));
+            if let Some(pulled) = &pulled {
+                line.push_str(&format!(" ({pulled})"));
+            }
         }
         // issue 11: what differs from the nearest layer (its key is in --json and events).
         let why: Vec<&str> = (e.why.iter().map(String::as_str))

@@ -65,7 +65,7 @@ impl Mounter for Fake {
             pulled: None,
         })
     }
-    fn commit(&self, mp: &Path) -> Result<Committed> {
+    fn commit(&self, mp: &Path, _: &crate::why::Inputs) -> Result<Committed> {
         let key = self.mounted.borrow()[mp].clone();
         let dst = self.root.join(key.replace('/', "_"));
         copy_tree(mp, &dst);

@@ -36,6 +36,8 @@ pub struct Docker {
     pub args: Vec<String>,
     /// `--user` for the containers (`UID[:GID]` or a user name of the image).
     pub user: Option<String>,
+    /// Where `user` came from (the flag or the spec's `user`), named by its errors.
+    pub user_source: super::user::UserSource,
 }
 
 /// The first non-empty line of a command's stderr (docker's error), or its status.
@@ -55,7 +57,8 @@ impl Docker {
     /// environment) and the `(uid, gid)` `--user` runs as in the image (`id -u`, `id -g` there).
     ///
     /// Errors: [`Error::Invalid`] (exit 2) naming `--sandbox docker` (no client or no engine,
-    /// with `DOCKER_HOST`), `--image` or `--user`.
+    /// with `DOCKER_HOST`), `--image`, or the user as its source gave it (`--user USER` or
+    /// `the spec's user USER`).
     pub fn preflight(&self) -> Result<(String, Option<(u32, u32)>)> {
         if self.image.is_empty() {
             return Err(Error::invalid(
@@ -87,7 +90,8 @@ impl Docker {
         }
         let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if let Some(user) = &self.user {
-            super::user::check_syntax(user)?;
+            let source = self.user_source;
+            super::user::check_syntax(user, source)?;
             let out = docker_output(&[
                 "run",
                 "--rm",
@@ -102,7 +106,7 @@ impl Docker {
             ])?;
             if !out.status.success() {
                 return Err(Error::invalid(format!(
-                    "--user {user}: no such user or group in image {}: {}",
+                    "{source} {user}: no such user or group in image {}: {}",
                     self.image,
                     first_line(&out)
                 )));
@@ -113,7 +117,7 @@ impl Docker {
                 return Ok((id, Some((uid, gid))));
             }
             return Err(Error::Failed(format!(
-                "--user {user}: `id -u; id -g` in image {} printed {text:?}",
+                "{source} {user}: `id -u; id -g` in image {} printed {text:?}",
                 self.image
             )));
         }
@@ -305,6 +309,7 @@ mod tests {
             image: "img".into(),
             args: vec!["--network=host".into()],
             user: Some("1000:1000".into()),
+            ..Default::default()
         };
         let binds = Binds {
             workdir: "/w".into(),

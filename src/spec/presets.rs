@@ -101,6 +101,16 @@ macro_rules! unless_mounted {
     };
 }
 
+/// The npm preset's setup (v2). With the node_modules preset in the same spec (listed first, as
+/// README's example does), that cache's `npm ci` runs with `npm_config_cache` on this mount
+/// and fills it; a second `npm ci` here would delete and reinstall the whole tree only to
+/// download nothing. So when `node_modules` is a mount of the run and this mount already holds
+/// something — on a miss it starts empty, so only an earlier setup of this run put it there; on
+/// a restore it is the older cache the node_modules restore install has just topped up — the
+/// install is skipped. Otherwise (no node_modules cache, or it hit and this cache missed) it
+/// installs as before.
+const NPM_SETUP: &str = r#"if mountpoint -q node_modules 2>/dev/null && [ -n "$(ls -A "$LAYERCACHE_MOUNT")" ]; then echo "layercache: npm cache: filled by the node_modules install of this run; not installing again" >&2; else npm ci --no-audit --no-fund; fi"#;
+
 /// The gradle preset's setup: resolves the files of every resolvable configuration of every
 /// project (an init script adds the task), so `gradle --offline` builds from the cache. The
 /// `dependencies` task it ran before resolves only the graph: the cache held POMs and no jars,
@@ -114,12 +124,12 @@ else gradle --no-daemon -q -I \"$init\" layercacheResolve; fi; s=$?; rm -f \"$in
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "npm",
-        version: 1,
+        version: 2,
         description: "npm's download cache (npm_config_cache)",
         key_files: &["package-lock.json", "npm-shrinkwrap.json"],
         env: &[("npm_config_cache", "{mount}")],
         mountpoint: None,
-        setup: "npm ci --no-audit --no-fund",
+        setup: NPM_SETUP,
         restore_setup: None,
         maintenance: Some(unless_mounted!(
             "node_modules",

@@ -84,6 +84,24 @@ fn user_is_checked_for_syntax_and_kept() {
 }
 
 #[test]
+fn an_integer_user_is_a_uid_and_a_bad_one_is_one_line() {
+    // TOML and JSON: `user = 1000` is `--user 1000`.
+    let s = parse("user = 1000\nproject = \"p\"\n").unwrap();
+    assert_eq!(s.user.as_deref(), Some("1000"));
+    let s = parse(r#"{"project": "p", "user": 0}"#).unwrap();
+    assert_eq!(s.user.as_deref(), Some("0"));
+    for bad in ["-1", "4294967295", "99999999999"] {
+        let e = parse(&format!("user = {bad}\nproject = \"p\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("user: ") && e.contains("0 to 4294967294") && e.lines().count() == 1,
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
 fn no_caches_is_valid() {
     assert!(parse("project = \"p\"\n").unwrap().caches.is_empty());
 }

@@ -51,15 +51,21 @@ impl Store {
             let fill_path = sm.pd.fill_lock(&sm.rec.cache, &sm.rec.key);
             held.fill = Lease::adopt(sm.rec.daemon_pid, fd, &fill_path);
         }
-        self.commit_run(sm, held).map(|(out, _)| out)
+        self.commit_run(sm, held, None).map(|(out, _)| out)
     }
 
     /// [`Store::commit`] of a mount this process made: its own leases (the fill lock above
-    /// all) are kept through publish. Returns the outcome and the new mount (the published
-    /// layer as a hit; the same mount back after a hit).
+    /// all) are kept through publish. When it publishes, `inputs` are recorded as the key's
+    /// inputs ([`crate::why::record`]) before the push to the remote starts, so the remote key
+    /// record carries them. Returns the outcome and the new mount (the published layer as a
+    /// hit; the same mount back after a hit).
     ///
     /// Errors: as [`Store::commit`].
-    pub fn commit_mount(&self, m: Mount) -> Result<(CommitOutcome, Option<Mount>)> {
+    pub fn commit_mount(
+        &self,
+        m: Mount,
+        inputs: Option<&crate::why::Inputs>,
+    ) -> Result<(CommitOutcome, Option<Mount>)> {
         let Some(sm) = self.find_run_id(&m.outcome.run)? else {
             return Err(Error::NotAStoreMount {
                 mountpoint: m.outcome.mountpoint.clone(),
@@ -67,16 +73,17 @@ impl Store {
             });
         };
         if sm.rec.result == MountResult::Hit {
-            let (out, _) = self.commit_run(sm, Leases::default())?;
+            let (out, _) = self.commit_run(sm, Leases::default(), None)?;
             return Ok((out, Some(m)));
         }
-        self.commit_run(sm, m.leases)
+        self.commit_run(sm, m.leases, inputs)
     }
 
     fn commit_run(
         &self,
         sm: StoreMount,
         mut held: Leases,
+        inputs: Option<&crate::why::Inputs>,
     ) -> Result<(CommitOutcome, Option<Mount>)> {
         let t0 = Instant::now();
         let StoreMount {
@@ -169,6 +176,12 @@ impl Store {
         // The fill is over; its lock file goes with it.
         if let Some(f) = held.fill {
             f.remove();
+        }
+        // Its inputs first (issue 11), so the push below sends them with the key.
+        if published.result == CommitResult::Published
+            && let Some(inputs) = inputs
+        {
+            crate::why::record(&pd, &rec.cache, rec.key.as_str(), inputs);
         }
         // Remote tier (issue 14): push what this commit published, in the background (a run's
         // exit or `layercache commit` waits for it: Remote::wait_pushes).
