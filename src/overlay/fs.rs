@@ -481,11 +481,25 @@ impl OverlayFs {
     /// A lower file is opened with `O_NOATIME` where the daemon may (it owns the file or has
     /// `CAP_FOWNER`), as kernel overlayfs opens its lower files: reading through the mount
     /// never writes the read-only layer's inodes.
+    ///
+    /// A copy-up that completes while a lower file is being opened here wins: the lower fd is
+    /// not cached (a later READ or GETATTR would be served from the lower file, not the copy)
+    /// and the node's data is opened again where it now is.
     pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<File>> {
+        loop {
+            if let Some(f) = self.open_data_fd(id, writable)? {
+                return Ok(f);
+            }
+        }
+    }
+
+    /// One attempt of [`Self::data_fd`]: `None` when a copy-up of the node completed while its
+    /// lower file was being opened.
+    fn open_data_fd(&self, id: u64, writable: bool) -> OpResult<Option<Arc<File>>> {
         if let Some(fd) = self.fds.lock().get(&id)
             && (fd.writable || !writable)
         {
-            return Ok(fd.file.clone());
+            return Ok(Some(fd.file.clone()));
         }
         let l = self.backing(id)?;
         let lower = matches!(l.tree, Tree::Lower(_));
@@ -509,10 +523,17 @@ impl OverlayFs {
             writable,
             lower,
         };
-        // The fd this one replaces or evicts is closed after the lock is released.
-        let evicted = self.fds.lock().push(id, cached);
+        let mut fds = self.fds.lock();
+        // A copy-up marks the node upper, then drops its cached fd under this lock: if it is
+        // not upper now, its drop comes after this insert and takes the lower fd out again.
+        if lower && self.nodes.peek(id, |n| n.upper) != Some(false) {
+            return Ok(None);
+        }
+        let evicted = fds.push(id, cached);
+        drop(fds);
+        // The fd this one replaced or evicted is closed after the lock is released.
         drop(evicted);
-        Ok(file)
+        Ok(Some(file))
     }
 
     /// `fstat` of the lower file READs of node `id` were last served from, if its fd is still
