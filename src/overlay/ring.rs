@@ -153,7 +153,9 @@ impl RingThread for EntryThread {
     }
 
     fn commit(&mut self, submit: &mut dyn FnMut() -> io::Result<()>) -> io::Result<()> {
-        if !self.hand_off {
+        // A streamed read's reader is better off on another CPU than this thread's (see
+        // "Spread" in the module docs): no hand-off that would keep it here.
+        if !self.hand_off || self.placement.spread {
             return Ok(());
         }
         if let Some(until) = self.backed_off_until {
