@@ -10,7 +10,8 @@
 //!   on the requester's CPU all its work (reading the backing file, the kernel's copy into the
 //!   page cache, the reader's own copy) is serialized while the other CPUs idle; spread over
 //!   the thread's original CPUs, readahead overlaps consumption. Pinned again at the next
-//!   other request. One `sched_setaffinity` per change, none otherwise.
+//!   other request. One `sched_setaffinity` per change, none otherwise. The commit of a
+//!   streamed read makes no SCHED_IDLE hand-off (below), which would keep the reader here.
 //! * **SCHED_IDLE hand-off**: the commit of a reply is submitted while the thread is briefly
 //!   `SCHED_IDLE`, so the wake-up of the requester sees this CPU as idle (the scheduler's
 //!   `sched_idle_cpu` test) and keeps the requester here, where it preempts us at once,
