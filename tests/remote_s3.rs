@@ -581,6 +581,8 @@ fn a_pulled_layer_shows_the_links_of_the_filled_tree() {
     std::fs::write(ma.join("f1"), "same bytes").unwrap();
     std::fs::hard_link(ma.join("f1"), ma.join("f2")).unwrap();
     std::fs::write(ma.join("f3"), "same bytes").unwrap();
+    // An empty file packs at the offset of the next small one (a pull once underflowed there).
+    std::fs::write(ma.join("empty"), "").unwrap();
     let out = a.lc(&["commit", ma.to_str().unwrap()]);
     assert!(out.status.success() && stderr(&out).contains("pushed key k1"));
     assert!(a.lc(&["umount", ma.to_str().unwrap()]).status.success());
@@ -598,6 +600,7 @@ fn a_pulled_layer_shows_the_links_of_the_filled_tree() {
         local,
         "the pulled layer, mounted on another store"
     );
+    assert_eq!(std::fs::metadata(mc.join("empty")).unwrap().len(), 0);
     assert!(c.lc(&["umount", mc.to_str().unwrap()]).status.success());
     assert!(sb.mounts_below().is_empty());
 }

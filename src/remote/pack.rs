@@ -199,7 +199,8 @@ impl Remote {
         }
         let mut groups: Vec<Vec<&(ObjectId, Location)>> = Vec::new();
         for (_, mut objs) in by_pack {
-            objs.sort_by_key(|o| o.1.offset);
+            // An empty object sits at the offset of the object after it: it sorts first.
+            objs.sort_by_key(|o| (o.1.offset, o.1.len));
             let mut end = 0;
             for o in objs {
                 match groups.last_mut() {
@@ -219,8 +220,12 @@ impl Remote {
         .map(|_| ())
     }
 
-    /// One ranged GET over the objects `g` (of one pack, by offset, not overlapping), cut into
-    /// objects as the bytes arrive.
+    /// One ranged GET over the objects `g` (of one pack, by offset then length, not
+    /// overlapping; an empty object may share the offset of the next), cut into objects as the
+    /// bytes arrive.
+    ///
+    /// Errors: a remote error; [`RemoteError::Corrupt`] when the pack ends early or its index
+    /// makes two objects overlap; [`Error::Failed`] when the writers stopped.
     async fn stream_group(
         &self,
         project: &ProjectId,
@@ -263,7 +268,21 @@ impl Remote {
         while let Some(chunk) = stream.next().await {
             buf.extend_from_slice(&chunk.map_err(|e| self.error(&what, e))?);
             while let Some(o) = next.peek() {
-                let skip = (o.1.offset - pos) as usize;
+                if o.1.len == 0 {
+                    send(o.0, Bytes::new()).await?;
+                    next.next();
+                    continue;
+                }
+                // Objects of one pack never overlap: an index that says so is corrupt.
+                let Some(skip) = o.1.offset.checked_sub(pos) else {
+                    return Err(RemoteError::Corrupt {
+                        url: self.cfg.url.clone(),
+                        what: format!("pack {pack}"),
+                        detail: format!("object {} overlaps the one before it", o.0),
+                    }
+                    .into());
+                };
+                let skip = skip as usize;
                 if buf.len() < skip + o.1.len as usize {
                     break;
                 }
