@@ -305,7 +305,8 @@ impl RemoteManifest {
 
     /// Checks what a pull will trust: the format, the root entry first, relative paths with no
     /// `.`/`..`/empty components (so nothing lands outside the tree), parents before children,
-    /// and link groups of two or more regular files of the layer, each file in one group.
+    /// and link groups of two or more regular files of the layer with the same object and
+    /// metadata (one inode in the filled tree), each file in one group.
     ///
     /// Errors: [`Error::Failed`] naming the offending entry.
     pub fn validate(&self) -> Result<()> {
@@ -354,12 +355,16 @@ impl RemoteManifest {
                 self.layer.layer
             )));
         }
-        let files: std::collections::HashSet<&str> = self
+        let files: HashMap<&str, &Entry> = self
             .entries
             .iter()
             .filter(|e| matches!(e.kind, Kind::File { .. }))
-            .map(|e| e.path.as_str())
+            .map(|e| (e.path.as_str(), e))
             .collect();
+        // One inode in the filled tree: the same object and the same metadata.
+        let one_file = |a: &Entry, b: &Entry| {
+            (&a.kind, a.mode, a.uid, a.gid, a.mtime) == (&b.kind, b.mode, b.uid, b.gid, b.mtime)
+        };
         let mut linked = std::collections::HashSet::new();
         for g in &self.links {
             let bad = |why: String| {
@@ -372,8 +377,17 @@ impl RemoteManifest {
                 return Err(bad("a group has two or more paths".into()));
             }
             for p in g {
-                if !files.contains(p.as_str()) {
+                let Some(file) = files.get(p.as_str()) else {
                     return Err(bad(format!("{p:?} is not a regular file of the layer")));
+                };
+                if !files
+                    .get(g[0].as_str())
+                    .is_some_and(|first| one_file(first, file))
+                {
+                    return Err(bad(format!(
+                        "{p:?} and {:?} differ in content or metadata, so they were no one file",
+                        g[0]
+                    )));
                 }
                 if !linked.insert(p.as_str()) {
                     return Err(bad(format!("{p:?} is in more than one group")));
@@ -437,6 +451,13 @@ mod tests {
                 e("d/a", file()),
                 e("b", file()),
                 e("c", file()),
+                e(
+                    "other",
+                    Kind::File {
+                        object: "11".repeat(32),
+                        size: 1,
+                    },
+                ),
             ],
             packs: Default::default(),
             links: links
@@ -456,6 +477,10 @@ mod tests {
             (
                 vec![vec!["b", "c"], vec!["c", "d/a"]],
                 "\"c\" is in more than one",
+            ),
+            (
+                vec![vec!["b", "other"]],
+                "\"other\" and \"b\" differ in content",
             ),
         ] {
             let e = manifest(links).validate().unwrap_err().to_string();
