@@ -190,6 +190,9 @@ fn attributes_after_a_read_follow_later_changes_and_the_lower_keeps_its_atime() 
     let fx = Fixture::new(|l| {
         write(&l.join("f"), "lower content\n");
         set_times(&l.join("f"), ATIME, MTIME);
+        fs::create_dir(l.join("d")).unwrap();
+        write(&l.join("d/x"), "x");
+        set_times(&l.join("d"), ATIME, MTIME);
     });
     // A first read, then the fstat a reader does after it (a GETATTR: the kernel invalidates
     // atime after every READ), answered while the file is still lower-only.
@@ -219,6 +222,17 @@ fn attributes_after_a_read_follow_later_changes_and_the_lower_keeps_its_atime() 
     buf.clear();
     (&reader).read_to_end(&mut buf).unwrap();
     assert_eq!(buf, b"more\n");
+    // The copy-up read the lower file, a listing reads the lower directory: neither writes
+    // their atimes (kernel overlayfs neither).
+    let lower = fs::metadata(fx.lower().join("f")).unwrap();
+    assert_eq!(
+        (lower.atime(), lower.atime_nsec()),
+        ATIME,
+        "after the copy-up"
+    );
+    assert_eq!(fs::read_dir(fx.p("d")).unwrap().count(), 1);
+    let d = fs::metadata(fx.lower().join("d")).unwrap();
+    assert_eq!((d.atime(), d.atime_nsec()), ATIME, "after a listing");
 }
 
 #[test]

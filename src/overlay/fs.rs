@@ -108,11 +108,6 @@ fn ts(sec: i64, nsec: i64) -> SystemTime {
     }
 }
 
-/// `O_NOATIME` for a file of a lower layer (`lower`), no flag otherwise.
-fn noatime(lower: bool) -> libc::c_int {
-    if lower { libc::O_NOATIME } else { 0 }
-}
-
 /// Reads up to `buf.len()` bytes at `offset` of `f` into `buf`; returns how many (fewer at end
 /// of file).
 ///
@@ -478,8 +473,7 @@ impl OverlayFs {
     }
 
     /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
-    /// A lower file is opened with `O_NOATIME` where the daemon may (it owns the file or has
-    /// `CAP_FOWNER`), as kernel overlayfs opens its lower files: reading through the mount
+    /// A lower file is opened with `O_NOATIME` ([`Stack::open`]): reading through the mount
     /// never writes the read-only layer's inodes.
     ///
     /// A copy-up that completes while a lower file is being opened here wins: the lower fd is
@@ -511,13 +505,7 @@ impl OverlayFs {
         } else {
             libc::O_RDONLY
         };
-        let opened = match self.stack.open(l.tree, &l.path, flags | noatime(lower), 0) {
-            Err(e) if lower && e.raw_os_error() == Some(libc::EPERM) => {
-                self.stack.open(l.tree, &l.path, flags, 0)
-            }
-            r => r,
-        };
-        let file = Arc::new(opened.map_err(errno)?);
+        let file = Arc::new(self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?);
         let cached = CachedFd {
             file: file.clone(),
             writable,

@@ -231,7 +231,10 @@ impl Stack {
         }
     }
 
-    /// `openat(layer, rel, flags | O_CLOEXEC | O_NOFOLLOW, mode)` as a `File`.
+    /// `openat(layer, rel, flags | O_CLOEXEC | O_NOFOLLOW, mode)` as a `File`; a read-only
+    /// open in a lower layer adds `O_NOATIME` where allowed (the owner or `CAP_FOWNER`).
+    ///
+    /// Errors: the `openat` errno.
     pub fn open(
         &self,
         layer: Tree,
@@ -239,15 +242,27 @@ impl Stack {
         flags: libc::c_int,
         mode: libc::mode_t,
     ) -> io::Result<File> {
-        // SAFETY: valid dirfd and C string.
-        let fd = check(unsafe {
-            libc::openat(
-                self.fd(layer),
-                rel.as_ptr(),
-                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                mode as libc::c_uint,
-            )
-        })?;
+        let at = |flags: libc::c_int| {
+            // SAFETY: valid dirfd and C string.
+            check(unsafe {
+                libc::openat(
+                    self.fd(layer),
+                    rel.as_ptr(),
+                    flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                    mode as libc::c_uint,
+                )
+            })
+        };
+        // A lower layer is read-only: reading it (data, listings, copy-up) never writes its
+        // atimes, as on kernel overlayfs. O_NOATIME needs the file's owner or CAP_FOWNER.
+        let fd = if matches!(layer, Tree::Lower(_)) && flags & libc::O_ACCMODE == libc::O_RDONLY {
+            match at(flags | libc::O_NOATIME) {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => at(flags),
+                r => r,
+            }
+        } else {
+            at(flags)
+        }?;
         // SAFETY: fd is fresh and owned by the File.
         Ok(unsafe { File::from_raw_fd(fd) })
     }

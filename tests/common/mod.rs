@@ -478,9 +478,17 @@ fn walk(root: &Path, p: &Path, out: &mut Fingerprint) {
     }
     out.insert(p.strip_prefix(root).unwrap().to_path_buf(), desc);
     if ft.is_dir() {
-        let mut names: Vec<_> = fs::read_dir(p)
+        // Listed through an O_NOATIME fd too, so the directory's atime stays.
+        let d = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOATIME | libc::O_DIRECTORY)
+            .open(p)
+            .or_else(|_| fs::File::open(p))
+            .unwrap();
+        let mut names: Vec<std::ffi::OsString> = rustix::fs::Dir::read_from(&d)
             .unwrap()
-            .map(|e| e.unwrap().file_name())
+            .map(|e| std::ffi::OsStr::from_bytes(e.unwrap().file_name().to_bytes()).to_owned())
+            .filter(|n| n != "." && n != "..")
             .collect();
         names.sort();
         for n in names {
