@@ -15,6 +15,15 @@ use store_cmds::store_root;
 /// [`Error::exit_code`].
 pub fn dispatch(cli: Cli) -> Result<i32> {
     init_tracing();
+    // Commands that only print (and hold nothing that needs undoing) end on SIGPIPE like any
+    // Unix listing tool when their reader goes away (`layercache ls | head`), instead of a
+    // panic on the failed print (Rust starts with SIGPIPE ignored).
+    if matches!(
+        cli.command,
+        Command::Presets | Command::Key(_) | Command::Stats(_) | Command::Ls(_)
+    ) {
+        crate::sys::default_sigpipe();
+    }
     match cli.command {
         Command::Overlay(args) => {
             crate::overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)

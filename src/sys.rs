@@ -247,6 +247,15 @@ fn cbytes(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// Restores the default action of SIGPIPE (terminate) for this process; the Rust runtime
+/// starts with it ignored, which turns a write to a closed pipe into an `EPIPE` error.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// `syncfs(2)` on the filesystem holding `path` (a directory or file).
 ///
 /// Errors: opening `path` or the `syncfs` errno.

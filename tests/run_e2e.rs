@@ -64,6 +64,30 @@ fn command_starts_with_no_signal_ignored() {
     );
 }
 
+/// `layercache presets | head`: a listing whose reader has gone ends on SIGPIPE, as Unix tools
+/// do, not with a panic on the failed print (exit 101 and a backtrace hint on stderr).
+#[test]
+fn a_listing_whose_reader_went_away_ends_quietly_on_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(BIN)
+        .arg("presets")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end closes before the child gets to print.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {err}",
+        out.status
+    );
+}
+
 #[test]
 fn bad_spec_exits_2_naming_the_field() {
     let sb = Sandbox::new();
