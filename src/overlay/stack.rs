@@ -117,6 +117,10 @@ pub struct Stack {
     upper: Option<OwnedFd>,
     work: Option<OwnedFd>,
     lowers: Vec<OwnedFd>,
+    /// Set once an `O_NOATIME` open of a lower file was refused (`EPERM`: the daemon neither
+    /// owns it nor has `CAP_FOWNER`, as a non-root daemon over a store layer's 0:0 files):
+    /// later opens go without it instead of paying a refused `openat` each.
+    noatime_refused: std::sync::atomic::AtomicBool,
 }
 
 fn open_dir(p: &Path) -> io::Result<OwnedFd> {
@@ -148,6 +152,7 @@ impl Stack {
                 .iter()
                 .map(|p| open_dir(p))
                 .collect::<io::Result<_>>()?,
+            noatime_refused: Default::default(),
         })
     }
 
@@ -168,6 +173,7 @@ impl Stack {
                 .iter()
                 .map(|p| open_dir(p))
                 .collect::<io::Result<_>>()?,
+            noatime_refused: Default::default(),
         })
     }
 
@@ -232,7 +238,8 @@ impl Stack {
     }
 
     /// `openat(layer, rel, flags | O_CLOEXEC | O_NOFOLLOW, mode)` as a `File`; a read-only
-    /// open in a lower layer adds `O_NOATIME` where allowed (the owner or `CAP_FOWNER`).
+    /// open in a lower layer adds `O_NOATIME` where allowed (the owner or `CAP_FOWNER`; after
+    /// one refusal the stack stops asking).
     ///
     /// Errors: the `openat` errno.
     pub fn open(
@@ -255,9 +262,16 @@ impl Stack {
         };
         // A lower layer is read-only: reading it (data, listings, copy-up) never writes its
         // atimes, as on kernel overlayfs. O_NOATIME needs the file's owner or CAP_FOWNER.
-        let fd = if matches!(layer, Tree::Lower(_)) && flags & libc::O_ACCMODE == libc::O_RDONLY {
+        use std::sync::atomic::Ordering::Relaxed;
+        let noatime = matches!(layer, Tree::Lower(_))
+            && flags & libc::O_ACCMODE == libc::O_RDONLY
+            && !self.noatime_refused.load(Relaxed);
+        let fd = if noatime {
             match at(flags | libc::O_NOATIME) {
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => at(flags),
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    self.noatime_refused.store(true, Relaxed);
+                    at(flags)
+                }
                 r => r,
             }
         } else {
