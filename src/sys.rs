@@ -256,6 +256,15 @@ pub fn default_sigpipe() {
     }
 }
 
+/// `fstat(2)` of an open file. Errors: its errno (`EBADF`, `EIO`…).
+pub fn fstat(f: &impl AsRawFd) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat of an open fd into a stat buffer it fills on success.
+    check(unsafe { libc::fstat(f.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded, so it filled the buffer.
+    Ok(unsafe { st.assume_init() })
+}
+
 /// `syncfs(2)` on the filesystem holding `path` (a directory or file).
 ///
 /// Errors: opening `path` or the `syncfs` errno.

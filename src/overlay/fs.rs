@@ -539,15 +539,7 @@ impl OverlayFs {
             .peek(&id)
             .filter(|c| c.lower)
             .map(|c| c.file.clone())?;
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: fstat of an open fd into a stat buffer it fills on success.
-        let r = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&*f), st.as_mut_ptr()) };
-        Some(if r == 0 {
-            // SAFETY: fstat succeeded.
-            Ok(unsafe { st.assume_init() })
-        } else {
-            Err(io::Error::last_os_error())
-        })
+        Some(crate::sys::fstat(&*f))
     }
 
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
@@ -567,14 +559,7 @@ impl OverlayFs {
             self.copy_up(id, None)?;
         }
         let f = self.data_fd(id, false)?;
-        // SAFETY: fstat of an owned fd into a zeroed stat.
-        let st = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&*f), &mut st) != 0 {
-                return Err(errno(io::Error::last_os_error()));
-            }
-            st
-        };
+        let st = crate::sys::fstat(&*f).map_err(errno)?;
         let key: FileKey = (st.st_dev, st.st_ino);
         Ok(self.pt.open(id, key, write, || register(&f)))
     }
