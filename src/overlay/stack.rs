@@ -212,29 +212,12 @@ impl Stack {
 
     /// `fstatat(layer, rel, AT_SYMLINK_NOFOLLOW)`. Errors: its errno (`ENOENT`, `ENOTDIR`…).
     pub fn stat(&self, layer: Tree, rel: &CStr) -> io::Result<libc::stat> {
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: valid dirfd, C string and out pointer.
-        check(unsafe {
-            libc::fstatat(
-                self.fd(layer),
-                rel.as_ptr(),
-                st.as_mut_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })?;
-        // SAFETY: fstatat succeeded and filled the struct.
-        Ok(unsafe { st.assume_init() })
+        fstatat(self.fd(layer), rel)
     }
 
     /// Like [`Stack::stat`] but `Ok(None)` for `ENOENT`/`ENOTDIR`.
     pub fn stat_opt(&self, layer: Tree, rel: &CStr) -> io::Result<Option<libc::stat>> {
-        match self.stat(layer, rel) {
-            Ok(st) => Ok(Some(st)),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+        stat_at(self.fd(layer), rel)
     }
 
     /// `openat(layer, rel, flags | O_CLOEXEC | O_NOFOLLOW, mode)` as a `File`; a read-only
@@ -618,26 +601,28 @@ fn merge_lookup(
     })
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`, `Ok(None)` for `ENOENT`/`ENOTDIR`.
-fn stat_at(dir: RawFd, name: &CStr) -> io::Result<Option<libc::stat>> {
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`. Errors: its errno.
+fn fstatat(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: valid dirfd, C string and out pointer.
-    let r = unsafe {
+    check(unsafe {
         libc::fstatat(
             dir,
             name.as_ptr(),
             st.as_mut_ptr(),
             libc::AT_SYMLINK_NOFOLLOW,
         )
-    };
-    if r == 0 {
-        // SAFETY: fstatat succeeded and filled the struct.
-        return Ok(Some(unsafe { st.assume_init() }));
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENOENT) | Some(libc::ENOTDIR) => Ok(None),
-        _ => Err(e),
+    })?;
+    // SAFETY: fstatat succeeded and filled the struct.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// [`fstatat`], `Ok(None)` for `ENOENT`/`ENOTDIR`.
+fn stat_at(dir: RawFd, name: &CStr) -> io::Result<Option<libc::stat>> {
+    match fstatat(dir, name) {
+        Ok(st) => Ok(Some(st)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
