@@ -147,6 +147,15 @@ struct EntryThread {
     busy: bool,
 }
 
+impl EntryThread {
+    /// Reads [`cpus_busy`] now (`now`), remembers it, returns it.
+    fn probe(&mut self, now: std::time::Instant) -> bool {
+        self.busy = cpus_busy();
+        self.probed = Some(now);
+        self.busy
+    }
+}
+
 impl RingThread for EntryThread {
     fn request(&mut self, opcode: u32, read_size: Option<u32>) {
         let stream = opcode == FUSE_READ && read_size.is_some_and(|n| n >= STREAM_READ_MIN);
@@ -166,11 +175,12 @@ impl RingThread for EntryThread {
             self.backed_off_until = None;
         }
         let start = std::time::Instant::now();
-        if self.probed.is_none_or(|t| start - t > LOAD_PROBE) {
-            self.busy = cpus_busy();
-            self.probed = Some(start);
-        }
-        if self.busy {
+        let busy = if self.probed.is_none_or(|t| start - t > LOAD_PROBE) {
+            self.probe(start)
+        } else {
+            self.busy
+        };
+        if busy {
             return Ok(());
         }
         if let Err(e) = set_policy(libc::SCHED_IDLE) {
@@ -190,11 +200,8 @@ impl RingThread for EntryThread {
         // idle machine it is the requester, woken here as intended, running until its next
         // request (a reader between two files, a compiler between two opens) before this
         // thread gets the CPU back.
-        if took > STARVED && {
-            self.probed = Some(std::time::Instant::now());
-            self.busy = cpus_busy();
-            self.busy
-        } {
+        let starved = took > STARVED && self.probe(std::time::Instant::now());
+        if starved {
             self.backed_off_until = Some(std::time::Instant::now() + self.back_off);
             let pause = self.back_off;
             tracing::debug!(?took, ?pause, "SCHED_IDLE commit waited for a busy CPU");
