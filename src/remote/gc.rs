@@ -270,5 +270,5 @@ impl Remote {
 }
 
 fn chrono_ms_now() -> i64 {
-    crate::store::layer::now_ms() as i64
+    crate::units::now_ms() as i64
 }

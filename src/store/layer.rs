@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::sys;
+use crate::units::now_ms;
 
 /// Manifest format written by this version.
 pub const MANIFEST_FORMAT: u32 = 1;
@@ -64,14 +65,6 @@ pub struct TreeCounts {
     pub new_objects: u64,
     /// Bytes of the objects this promotion added (bytes not stored before).
     pub new_bytes: u64,
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// A fresh layer id: creation time (ms, 12 hex digits) + 64 random bits, so ids sort by age.

@@ -8,9 +8,10 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::layer::{self, Layer, Manifest, now_ms, write_synced};
+use super::layer::{self, Layer, Manifest, write_synced};
 use super::lease::{Lease, Mode};
 use super::mount::{Leases, Mount, RunMount};
 use super::object::ObjectStore;
@@ -24,6 +25,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::overlay::links::LinkGroups;
 use crate::sys;
+use crate::units::now_ms;
 
 impl Store {
     /// `layercache commit`: promotes the merged view of the store mount at `mountpoint`
@@ -56,7 +58,7 @@ impl Store {
 
     /// [`Store::commit`] of a mount this process made: its own leases (the fill lock above
     /// all) are kept through publish. When it publishes, `inputs` are recorded as the key's
-    /// inputs ([`crate::why::record`]) before the push to the remote starts, so the remote key
+    /// inputs ([`ProjectDirs::record_inputs`]) before the push to the remote starts, so the remote key
     /// record carries them. Returns the outcome and the new mount (the published layer as a
     /// hit; the same mount back after a hit).
     ///
@@ -64,7 +66,7 @@ impl Store {
     pub fn commit_mount(
         &self,
         m: Mount,
-        inputs: Option<&crate::why::Inputs>,
+        inputs: Option<&super::Inputs>,
     ) -> Result<(CommitOutcome, Option<Mount>)> {
         let Some(sm) = self.find_run_id(&m.outcome.run)? else {
             return Err(Error::NotAStoreMount {
@@ -83,7 +85,7 @@ impl Store {
         &self,
         sm: StoreMount,
         mut held: Leases,
-        inputs: Option<&crate::why::Inputs>,
+        inputs: Option<&super::Inputs>,
     ) -> Result<(CommitOutcome, Option<Mount>)> {
         let t0 = Instant::now();
         let StoreMount {
@@ -177,18 +179,18 @@ impl Store {
         if let Some(f) = held.fill {
             f.remove();
         }
-        // Its inputs first (issue 11), so the push below sends them with the key.
+        // Its inputs first, so the push below sends them with the key.
         if published.result == CommitResult::Published
             && let Some(inputs) = inputs
         {
-            crate::why::record(&pd, &rec.cache, rec.key.as_str(), inputs);
+            pd.record_inputs(&rec.cache, rec.key.as_str(), inputs);
         }
-        // Remote tier (issue 14): push what this commit published, in the background (a run's
-        // exit or `layercache commit` waits for it: Remote::wait_pushes).
+        // Remote tier: push what this commit published, in the background (a run's exit or
+        // `layercache commit` waits for it: RemoteTier::wait_pushes).
         if published.result == CommitResult::Published
             && let Some(r) = &self.remote
         {
-            r.push_background(
+            Arc::clone(r).push_background(
                 pd.clone(),
                 rec.cache.clone(),
                 rec.key.clone(),
@@ -336,7 +338,7 @@ impl Store {
     /// published: manifest, syncfs, rename into `layers/`, key with `renameat2(NOREPLACE)`
     /// (`exists` when another run won; our copy is then discarded). The project lock is held
     /// shared throughout, so gc never sweeps objects `build` has created but not linked yet.
-    /// Used by promotion and by the remote tier's pull (issue 14).
+    /// Used by promotion and by the remote tier's pull.
     ///
     /// Errors: whatever `build` returns (it must remove the objects it created, as
     /// `promote::build_tree` does) and [`Error::Io`] publishing; nothing is published on error

@@ -75,7 +75,7 @@ pub struct MountRequest {
     /// The process the mount belongs to: when it exits (even by `kill -9`) the overlay daemon
     /// ends the mount; `None` for a mount that lives until `umount`/`commit`.
     pub owner: Option<u32>,
-    /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`; issue 12: a run as
+    /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as
     /// another user sees the layer as its own; new files stay 0:0 in the upper).
     pub squash: crate::overlay::options::Squash,
 }
@@ -110,7 +110,7 @@ pub struct MountOutcome {
     pub fill_lock: bool,
     /// What the remote tier pulled for this mount (a remote hit or restore), if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote: Option<crate::remote::pull::PullReport>,
+    pub remote: Option<super::PullReport>,
     /// Milliseconds spent waiting for another run's fill.
     pub waited_ms: u64,
     /// Milliseconds for the lookup (including any wait).
