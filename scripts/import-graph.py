@@ -17,8 +17,8 @@ Two graphs:
   that needs the child back is a cycle.
 
 Usage: scripts/import-graph.py [--files] [--src DIR]
-Prints the module arrows (with --files also the file arrows), then each cycle, and exits 1 when
-either graph has a cycle, 0 otherwise.
+Prints the module arrows (with --files also the file arrows) on stdout and each cycle on stderr,
+and exits 1 when either graph has a cycle, 0 otherwise.
 """
 
 import os
@@ -399,15 +399,15 @@ def main():
     mc = cycles(mod_edges)
     fc = cycles({k: v for k, v in file_edges.items()})
     for c in mc:
-        print(f"cycle between modules: {' <-> '.join(c)}")
+        print(f"cycle between modules: {' <-> '.join(c)}", file=sys.stderr)
     for c in fc:
         names = [fname(p) for p in c]
-        print(f"cycle between files ({len(names)}): {', '.join(names)}")
+        print(f"cycle between files ({len(names)}): {', '.join(names)}", file=sys.stderr)
         # One arrow path per cycle member, to show where it closes.
         members = set(c)
         for p in c:
             inside = sorted(fname(q) for q in file_edges.get(p, ()) if q in members)
-            print(f"    {fname(p)} -> {', '.join(inside)}")
+            print(f"    {fname(p)} -> {', '.join(inside)}", file=sys.stderr)
     if mc or fc:
         print(f"import-graph: {len(mc)} module cycle(s), {len(fc)} file cycle(s)", file=sys.stderr)
         return 1
