@@ -8,7 +8,7 @@
 //! Its front door is this module: the submodules are private and what callers use is
 //! re-exported here. Inside, by job: `paths` (where things live: [`ProjectDirs`]), `mount`
 //! (lookup, fill wait, mount; the RAII [`Mount`] handle), `runs` (run records, umount),
-//! `publish` (commit, promote, publish), `evict` (ls, gc, clear), `verify`, `inputs` (a key's
+//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `verify`, `inputs` (a key's
 //! recorded inputs), `specs` (stored specs), `config` (config.toml), `tier` (the port the
 //! remote tier implements, [`RemoteTier`]); below them `layer`, `object`, `lease`, `promote`
 //! and `gc` (the pure eviction plan). The on-disk layout is drawn once, in docs/ARCHITECTURE.md
@@ -19,8 +19,8 @@
 //! order, the most recently created matching layer first.
 
 mod config;
-mod evict;
 mod gc;
+mod housekeeping;
 mod inputs;
 mod layer;
 mod lease;
