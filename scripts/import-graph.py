@@ -423,6 +423,12 @@ def stats(src, mods):
     functions (lines from `fn` to its closing brace, tests excluded) and `unsafe` blocks per
     file (sys.rs apart)."""
     pubs = defaultdict(int)
+    outside = defaultdict(int)
+    pub_mod = re.compile(r"^\s*pub\s+mod\s+(" + IDENT + r")\s*;", re.M)
+    reachable = {()}
+    for p in sorted(mods, key=len):
+        if p in reachable:
+            reachable |= {p + (c,) for c in pub_mod.findall(mods[p].text)}
     fns = []
     unsafe = defaultdict(int)
     for p, m in mods.items():
@@ -430,6 +436,15 @@ def stats(src, mods):
         pubs[top] += len(re.findall(r"(?<![\w(])pub\s+(?!\()(?:(?:unsafe|async|const)\s+)*"
                                     r"(?:fn|struct|enum|trait|type|const|static|mod|use|"
                                     r"[a-z_][a-z0-9_]*\s*:)", m.text))
+        if p in reachable:
+            # What a user of the library can name: the module-level items of public modules
+            # (rustfmt puts them at column 0; methods and fields are not counted) and each
+            # name a `pub use` re-exports there (a glob counts once).
+            outside[top] += len(re.findall(
+                r"^pub\s+(?:(?:unsafe|async|const)\s+)*"
+                r"(?:fn|struct|enum|trait|type|const|static|mod)\b", m.text, re.M))
+            for u in re.findall(r"^pub\s+use\s+([^;]+);", m.text, re.M):
+                outside[top] += len(parse_use_tree(u))
         text = m.text
         for mt in FN_RE.finditer(text):
             i = text.find("{", mt.end())
@@ -456,6 +471,10 @@ def stats(src, mods):
     for k in sorted(pubs):
         print(f"  {k}: {pubs[k]}")
     print(f"  total: {sum(pubs.values())}")
+    print("names a library user can reach (module-level pub items of public modules, re-exports):")
+    for k in sorted(outside):
+        print(f"  {k}: {outside[k]}")
+    print(f"  total: {sum(outside.values())}")
     print("longest functions (lines):")
     for n, where, name in sorted(fns, reverse=True)[:15]:
         print(f"  {n:4} {name} ({where})")
