@@ -352,19 +352,7 @@ impl Store {
         let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
-        let mut id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
-        let mut stage = Layer::new(&pd.staging(), id.clone());
-        // The staging directory is ours alone: one of the asked-for id already there is a
-        // crashed or concurrent build of that layer (a pull); this build takes a fresh id.
-        match fs::DirBuilder::new().mode(0o755).create(&stage.dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && spec.layer.is_some() => {
-                id = layer::new_layer_id();
-                stage = Layer::new(&pd.staging(), id.clone());
-                mkdir_mode(&stage.dir, 0o755)?;
-            }
-            Err(e) => return Err(Error::io(&stage.dir, e)),
-        }
+        let (id, stage) = new_stage(pd, spec.layer.as_ref())?;
         let objects = pd.objects();
         let built = build(&objects, &stage.tree());
         let stats = match built {
@@ -393,20 +381,7 @@ impl Store {
             counts: stats.counts,
             dropped: stats.dropped.clone(),
         };
-        let prep = (|| -> Result<()> {
-            stage.write_manifest(&manifest)?;
-            let groups: Vec<Vec<&[u8]>> = stats
-                .links
-                .iter()
-                .map(|g| g.iter().map(|p| p.as_os_str().as_bytes()).collect())
-                .collect();
-            LinkGroups::write(&stage.links_path(), &groups).at(stage.links_path())?;
-            fs::File::create(stage.lease_path()).at(stage.lease_path())?;
-            stage.touch_used()?;
-            // One syncfs makes every new object, directory and the manifest durable.
-            sys::syncfs(&stage.dir).at(&stage.dir)
-        })();
-        if let Err(e) = prep {
+        if let Err(e) = seal(&stage, &manifest, &stats) {
             return Err(undo(e, &stats, &stage.dir));
         }
         let final_layer = pd.layer(&id);
@@ -417,39 +392,7 @@ impl Store {
         if let Err(e) = sys::fsync_dir(&pd.layers()) {
             return Err(undo(Error::io(pd.layers(), e), &stats, &final_layer.dir));
         }
-        let published = (|| -> Result<Option<LayerId>> {
-            let keys = pd.keys_dir(cache);
-            fs::create_dir_all(&keys).at(&keys)?;
-            let tmp = keys.join(format!(".tmp-{}", sys::random_hex(8)));
-            write_synced(&tmp, format!("{id}\n").as_bytes())?;
-            let dst = keys.join(key.as_str());
-            match sys::rename_noreplace(&tmp, &dst) {
-                Ok(()) => match sys::fsync_dir(&keys) {
-                    Ok(()) => Ok(None),
-                    // The key is visible but maybe not durable. Take it back before the layer
-                    // is undone, so no key ever names a missing layer; if it cannot be taken
-                    // back, it stays published and so does its layer.
-                    Err(e) => match fs::remove_file(&dst) {
-                        Ok(()) => Err(Error::io(&keys, e)),
-                        Err(_) => {
-                            tracing::warn!(key = %dst.display(), "published, but fsync of its directory failed: {e}");
-                            Ok(None)
-                        }
-                    },
-                },
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    let _ = fs::remove_file(&tmp);
-                    let winner = pd
-                        .read_key(cache, key)?
-                        .ok_or_else(|| Error::Failed(format!("{}: vanished", dst.display())))?;
-                    Ok(Some(winner))
-                }
-                Err(e) => {
-                    let _ = fs::remove_file(&tmp);
-                    Err(Error::io(&dst, e))
-                }
-            }
-        })();
+        let published = publish_key(pd, cache, key, &id);
         let (result, layer) = match published {
             Ok(None) => (CommitResult::Published, id),
             Ok(Some(winner)) => {
@@ -468,6 +411,90 @@ impl Store {
             promote_ms,
             publish_ms: ms_since(tpub),
         })
+    }
+}
+
+/// A fresh staging directory `staging/<id>` for a layer build, with the id asked for (a pulled
+/// layer keeps its remote id) or a new one. The staging directory is ours alone: one of the
+/// asked-for id already there is a crashed or concurrent build of that layer (a pull); this
+/// build then takes a fresh id.
+///
+/// Errors: [`Error::Io`] creating it.
+fn new_stage(pd: &ProjectDirs, want: Option<&LayerId>) -> Result<(LayerId, Layer)> {
+    let mut id = want.cloned().unwrap_or_else(layer::new_layer_id);
+    let mut stage = Layer::new(&pd.staging(), id.clone());
+    match fs::DirBuilder::new().mode(0o755).create(&stage.dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && want.is_some() => {
+            id = layer::new_layer_id();
+            stage = Layer::new(&pd.staging(), id.clone());
+            mkdir_mode(&stage.dir, 0o755)?;
+        }
+        Err(e) => return Err(Error::io(&stage.dir, e)),
+    }
+    Ok((id, stage))
+}
+
+/// Writes a built layer's manifest, link groups, lease and `used` files into `stage`, then
+/// makes it all durable with one syncfs.
+///
+/// Errors: [`Error::Io`] naming the file.
+fn seal(stage: &Layer, manifest: &Manifest, stats: &promote::TreeStats) -> Result<()> {
+    stage.write_manifest(manifest)?;
+    let groups: Vec<Vec<&[u8]>> = stats
+        .links
+        .iter()
+        .map(|g| g.iter().map(|p| p.as_os_str().as_bytes()).collect())
+        .collect();
+    LinkGroups::write(&stage.links_path(), &groups).at(stage.links_path())?;
+    fs::File::create(stage.lease_path()).at(stage.lease_path())?;
+    stage.touch_used()?;
+    // One syncfs makes every new object, directory and the manifest durable.
+    sys::syncfs(&stage.dir).at(&stage.dir)
+}
+
+/// Publishes `key` of `cache` as naming layer `id` (durable in `layers/` already): a temp
+/// file renamed with `renameat2(NOREPLACE)`, then an fsync of `keys/`. `Ok(None)` when ours
+/// is published; `Ok(Some(winner))` when another publish of the key won.
+///
+/// Errors: [`Error::Io`]; a key that could not be made durable is taken back first, so no key
+/// ever names a layer the caller then removes.
+fn publish_key(
+    pd: &ProjectDirs,
+    cache: &CacheId,
+    key: &CacheKey,
+    id: &LayerId,
+) -> Result<Option<LayerId>> {
+    let keys = pd.keys_dir(cache);
+    fs::create_dir_all(&keys).at(&keys)?;
+    let tmp = keys.join(format!(".tmp-{}", sys::random_hex(8)));
+    write_synced(&tmp, format!("{id}\n").as_bytes())?;
+    let dst = keys.join(key.as_str());
+    match sys::rename_noreplace(&tmp, &dst) {
+        Ok(()) => match sys::fsync_dir(&keys) {
+            Ok(()) => Ok(None),
+            // The key is visible but maybe not durable. Take it back before the layer
+            // is undone, so no key ever names a missing layer; if it cannot be taken
+            // back, it stays published and so does its layer.
+            Err(e) => match fs::remove_file(&dst) {
+                Ok(()) => Err(Error::io(&keys, e)),
+                Err(_) => {
+                    tracing::warn!(key = %dst.display(), "published, but fsync of its directory failed: {e}");
+                    Ok(None)
+                }
+            },
+        },
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            let _ = fs::remove_file(&tmp);
+            let winner = pd
+                .read_key(cache, key)?
+                .ok_or_else(|| Error::Failed(format!("{}: vanished", dst.display())))?;
+            Ok(Some(winner))
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(Error::io(&dst, e))
+        }
     }
 }
 
