@@ -171,7 +171,7 @@ pub fn classify(e: &object_store::Error) -> Kind {
 
 impl RemoteError {
     /// Wraps object_store error `e` of the remote at `url` (S3 `endpoint`, per-request
-    /// `timeout`), met while doing `what`, by its [`classify`] kind.
+    /// `timeout`), met while doing `what`, by its `classify` kind.
     pub fn from_store(
         url: &str,
         endpoint: Option<&str>,

@@ -21,7 +21,7 @@ pub const REMOTE_MANIFEST_FORMAT: u32 = 1;
 /// `manifests/<layer>.json`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RemoteManifest {
-    /// [`REMOTE_MANIFEST_FORMAT`].
+    /// `REMOTE_MANIFEST_FORMAT`.
     pub remote_format: u32,
     /// The layer's local manifest (id, project, cache, key, parent, created, counts).
     pub layer: Manifest,
@@ -32,7 +32,7 @@ pub struct RemoteManifest {
     #[serde(default)]
     pub packs: std::collections::BTreeMap<String, Vec<(String, u64, u64)>>,
     /// The layer's link groups (`layers/<id>/links`, see `overlay::links`): regular files, by
-    /// path as in [`Entry::path`], that were one inode in the filled tree, two or more per
+    /// path as in `Entry::path`, that were one inode in the filled tree, two or more per
     /// group. Absent in manifests of layers without links (and of older pushes: their pulls
     /// show every file with one link).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

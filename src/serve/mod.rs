@@ -60,7 +60,7 @@ impl Config {
     /// Validates `--listen` and `--token-file`.
     ///
     /// Errors: [`Error::Invalid`] (exit 2) for an address that is not `IP:PORT`, an unreadable
-    /// or weak token file (see [`auth::read_token`]), or a non-loopback address without a
+    /// or weak token file (see `auth::read_token`), or a non-loopback address without a
     /// token.
     pub fn new(listen: &str, token_file: Option<&std::path::Path>) -> Result<Config> {
         let addr: SocketAddr = listen.parse().map_err(|_| {

@@ -27,7 +27,7 @@ pub const MANIFEST_FORMAT: u32 = 1;
 /// `layers/<id>/manifest.json`: what a layer is and what it holds.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Manifest {
-    /// Manifest format version ([`MANIFEST_FORMAT`]).
+    /// Manifest format version (`MANIFEST_FORMAT`).
     pub format: u32,
     /// This layer.
     pub layer: LayerId,
@@ -101,12 +101,12 @@ impl Layer {
         self.dir.join("manifest.json")
     }
 
-    /// `links`: the tree's link groups ([`links_of_tree`]).
+    /// `links`: the tree's link groups (`links_of_tree`).
     pub fn links_path(&self) -> PathBuf {
         links_of_tree(&self.tree())
     }
 
-    /// `lease` (see [`super::lease`]).
+    /// `lease` (see src/store/lease.rs).
     pub fn lease_path(&self) -> PathBuf {
         self.dir.join("lease")
     }

@@ -55,7 +55,7 @@ impl MountResult {
     }
 }
 
-/// Inputs of [`Store::mount`].
+/// Inputs of [`super::Store::mount`].
 #[derive(Clone, Debug)]
 pub struct MountRequest {
     /// Project (isolation unit).
@@ -171,7 +171,7 @@ pub struct CommitOutcome {
     pub gc: Option<GcReport>,
 }
 
-/// Result of a publish without a mount ([`Store::promote_dirs`]).
+/// Result of a publish without a mount ([`super::Store::promote_dirs`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct Published {
     /// published | exists.
@@ -188,7 +188,7 @@ pub struct Published {
     pub publish_ms: u64,
 }
 
-/// What [`Store::publish_built`] publishes.
+/// What [`super::Store::publish_built`] publishes.
 #[derive(Clone, Debug)]
 pub struct PublishSpec {
     /// Cache.
@@ -228,7 +228,7 @@ pub struct LayerInfo {
     pub in_use: bool,
 }
 
-/// Options of [`Store::gc`].
+/// Options of [`super::Store::gc`].
 #[derive(Clone, Debug, Default)]
 pub struct GcOptions {
     /// Override config.toml's byte limit (`Some(None)` = unlimited).
