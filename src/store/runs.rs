@@ -211,7 +211,7 @@ impl Store {
     pub fn umount_run(&self, m: StoreMount) -> Result<()> {
         let _span = tracing::info_span!("umount", run = %m.rec.run).entered();
         unmount_and_wait(&m.mnt, m.rec.daemon_pid)?;
-        // A discarded fill leaves no lock file (unless this process's own Mount
+        // issue 11: a discarded fill leaves no lock file (unless this process's own Mount
         // handle still holds it: Mount::end_fill removes it then).
         if m.rec.fill_lock_fd.is_some()
             && let Some(l) = lease::Lease::try_acquire(
