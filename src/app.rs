@@ -7,8 +7,6 @@ use crate::error::{Error, Result};
 mod remote_cmds;
 pub(crate) mod store_cmds;
 
-use store_cmds::store_root;
-
 /// Runs the parsed command line and returns the exit status (see [`crate::error`]).
 ///
 /// Errors: whatever the subcommand returns; the binary prints it and exits with
@@ -131,7 +129,7 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                     }
                     crate::store::Lookup::Miss => serde_json::json!({"result": "miss"}),
                 };
-                // issue 11: why not a hit, against the nearest layer's recorded inputs.
+                // Why not a hit: the diff against the nearest layer's recorded inputs.
                 if found["result"] != "hit" {
                     let matched = found["matched_key"].as_str().map(str::to_string);
                     found["why"] = serde_json::json!(crate::why::explain(
@@ -282,14 +280,13 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     let sandbox = crate::run::SandboxMode::parse(&args.sandbox)?;
     let spec = match (&args.spec, &args.project) {
         (Some(source), _) => crate::spec::load(source)?,
-        (None, project) => crate::serve::specs::load_stored(
-            &store_root(global)?,
-            project.as_deref().unwrap_or_default(),
-        )?,
+        (None, project) => {
+            crate::spec::load_stored(&store_root(global)?, project.as_deref().unwrap_or_default())?
+        }
     };
-    // --sandbox docker (issue 12): the workdir is seen at a stable path by default, and the
+    // --sandbox docker: the workdir is seen at a stable path by default, and the
     // engine, image and user are checked before anything is mounted.
-    // --user, else the spec's `user` (issue 12); errors name the one given.
+    // --user, else the spec's `user`; errors name the one given.
     use crate::sandbox::user::{RunUser, UserSource};
     let (user, user_source) = match (&args.user, &spec.user) {
         (Some(u), _) => (Some(u.clone()), UserSource::Flag),
@@ -413,4 +410,27 @@ fn paths(
         crate::spec::check_root("--workdir-view", v)?;
     }
     Ok(paths)
+}
+
+/// The store root: `--store`/`LAYERCACHE_STORE`, else [`crate::store::default_root`].
+///
+/// Errors: [`Error::Invalid`] when no default can be derived.
+pub(crate) fn store_root(global: &crate::cli::GlobalArgs) -> Result<std::path::PathBuf> {
+    match &global.store {
+        Some(s) => Ok(s.clone()),
+        None => crate::store::default_root(),
+    }
+}
+
+/// Prints one line to stdout; a closed stdout (EPIPE) is not an error.
+pub(super) fn emit(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// `v` as one line of JSON (an `{"error": …}` object if it cannot be serialised).
+pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

@@ -47,7 +47,7 @@ pub struct Mounted {
     /// The store's run id of the mount (`runs/<run>`).
     pub run: String,
     /// Remote tier: what was pulled for this mount, if it came from the remote.
-    pub pulled: Option<crate::remote::pull::PullReport>,
+    pub pulled: Option<crate::store::PullReport>,
 }
 
 /// What a promotion published.

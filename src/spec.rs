@@ -30,8 +30,12 @@ use serde::Deserialize;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 
+mod pattern;
 mod presets;
+mod stored;
+pub use pattern::Pattern;
 pub use presets::{PRESETS, Preset, preset, presets_text};
+pub use stored::load_stored;
 
 /// The spec as written (raw serde input; unknown fields are rejected by name).
 #[derive(Debug, Deserialize)]
@@ -98,8 +102,8 @@ pub struct Spec {
     pub project: ProjectId,
     /// The caches in declaration order; ids are unique.
     pub caches: Vec<Cache>,
-    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; issue 12;
-    /// an integer in the spec is a UID, kept as its digits), checked for syntax and id range
+    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; an
+    /// integer in the spec is a UID, kept as its digits), checked for syntax and id range
     /// here and resolved by the run; `--user` overrides it.
     pub user: Option<String>,
 }
@@ -582,7 +586,7 @@ fn check_relative(p: &str) -> std::result::Result<(), String> {
     if p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == "..") {
         return Err("must be a relative path without '..'".into());
     }
-    crate::key::Pattern::new(p).map(drop)
+    Pattern::new(p).map(drop)
 }
 
 #[cfg(test)]

@@ -105,13 +105,7 @@ pub fn new_run_id() -> String {
     format!("{:012x}-{}", now_ms(), crate::sys::random_hex(6))
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::units::now_ms;
 
 /// Appends `event` as one line to `<store>/events.jsonl` (created 0600 if missing) with one
 /// `write(2)`.

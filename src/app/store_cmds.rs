@@ -3,24 +3,15 @@
 //! (see [`crate::error`]): 0, or 1 when `clear` refused a layer in use or `verify` found
 //! corruption.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::{emit, json, store_root};
 use crate::cli::{ClearArgs, GcArgs, GlobalArgs, LsArgs, MountArgs, MountpointArg};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
-use crate::store::{self as st, GcOptions, MountRequest, Store, gc};
-
-/// The store root: `--store`/`LAYERCACHE_STORE`, else [`st::default_root`].
-///
-/// Errors: [`Error::Invalid`] when no default can be derived.
-pub fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
-    match &global.store {
-        Some(s) => Ok(s.clone()),
-        None => st::default_root(),
-    }
-}
+use crate::store::{self as st, GcOptions, MountRequest, Store};
+use crate::units;
 
 /// Opens (creating) the store of `global`; its notices (waiting for another run's fill…) go
 /// to stderr. The remote tier is attached when one is configured.
@@ -51,18 +42,6 @@ pub fn open_existing(global: &GlobalArgs) -> Result<Store> {
         ))
     })?;
     Ok(store.with_notify(stderr_notices()))
-}
-
-/// Prints one line to stdout; a closed stdout (EPIPE) is not an error.
-pub(super) fn emit(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-/// `v` as one line of JSON (an `{"error": …}` object if it cannot be serialised).
-pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 fn project_opt(p: &Option<String>) -> Result<Option<ProjectId>> {
@@ -245,7 +224,7 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             }
         ));
     }
-    // Remote tier (issue 14): one line on what the remote holds, when one is configured.
+    // Remote tier: one line on what the remote holds, when one is configured.
     if let Some(line) = super::remote_cmds::ls_note(global, &store, project_opt(&a.project)?) {
         emit(&line);
     }
@@ -257,13 +236,19 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
 /// Errors: [`Error::Invalid`] for a bad size/duration; store errors.
 pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
     let opts = GcOptions {
-        max_size: a.max_size.as_deref().map(gc::parse_size).transpose()?,
+        max_size: a.max_size.as_deref().map(units::parse_size).transpose()?,
         max_inodes: a
             .max_inodes
             .as_deref()
-            .map(|s| gc::parse_count(s).map_err(|e| Error::invalid(format!("--max-inodes: {e}"))))
+            .map(|s| {
+                units::parse_count(s).map_err(|e| Error::invalid(format!("--max-inodes: {e}")))
+            })
             .transpose()?,
-        max_age: a.max_age.as_deref().map(gc::parse_duration).transpose()?,
+        max_age: a
+            .max_age
+            .as_deref()
+            .map(units::parse_duration)
+            .transpose()?,
         dry_run: a.dry_run,
     };
     let r = open_existing(global)?.gc(&opts)?;

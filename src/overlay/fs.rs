@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FileType};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::OverlayConfig;
-use super::copy_up::CopyLocks;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
 use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
@@ -75,7 +74,8 @@ pub struct OverlayFs {
     tmp_seq: std::sync::atomic::AtomicU64,
     /// FUSE passthrough state (see `passthrough.rs`).
     pub(super) pt: Passthrough,
-    /// Ownership mapping (`squash_to_uid`/`squash_to_gid`, issue 12).
+    /// Ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as another user sees the
+    /// layers as its own).
     pub(super) squash: super::options::Squash,
     /// How each lower shows its hard links (`links.rs`), in layer order.
     links: Vec<Links>,
@@ -584,5 +584,37 @@ impl OverlayFs {
         };
         f.write_all_at(data, offset).map_err(errno)?;
         Ok(data.len() as u32)
+    }
+}
+
+/// Per-node copy-up locks: a copy-up holds its node's lock, so two writers never copy the same
+/// file twice while copy-ups of different files run side by side.
+#[derive(Default)]
+pub struct CopyLocks {
+    busy: Mutex<std::collections::HashSet<u64>>,
+    freed: Condvar,
+}
+
+/// A held [`CopyLocks`] entry; released on drop.
+pub struct CopyGuard<'a> {
+    locks: &'a CopyLocks,
+    id: u64,
+}
+
+impl CopyLocks {
+    /// Waits until no other copy-up of node `id` runs, then holds its lock.
+    pub fn lock(&self, id: u64) -> CopyGuard<'_> {
+        let mut busy = self.busy.lock();
+        while !busy.insert(id) {
+            self.freed.wait(&mut busy);
+        }
+        CopyGuard { locks: self, id }
+    }
+}
+
+impl Drop for CopyGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.busy.lock().remove(&self.id);
+        self.locks.freed.notify_all();
     }
 }

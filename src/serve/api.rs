@@ -15,17 +15,13 @@ use super::errors::{AppError, FieldError};
 use super::specs;
 use super::view::{self, ClearTarget, blocking};
 use crate::spec::Spec;
-use crate::store::{GcOptions, gc};
+use crate::store::GcOptions;
+use crate::units;
 
 /// Default and largest `limit` of `GET …/runs`.
 pub const RUNS_DEFAULT: usize = 100;
 /// The largest `limit` of `GET …/runs`.
 pub const RUNS_MAX: usize = 10_000;
-
-/// `GET /api/v1/openapi.json`.
-pub async fn openapi() -> Json<Value> {
-    Json(super::openapi::document())
-}
 
 /// `GET /api/v1/projects`.
 pub async fn projects(State(st): State<Arc<AppState>>) -> Result<Json<Value>, AppError> {
@@ -278,7 +274,7 @@ pub async fn get_spec(
     let p = view::project_id(&project)?;
     let v = blocking(move || {
         let pd = view::require_project(&st.store, &p)?;
-        let Some(stored) = specs::current(&pd)? else {
+        let Some(stored) = pd.current_spec()? else {
             return Err(AppError::NotFound {
                 what: format!("stored spec of project {p}"),
                 exists: Vec::new(),
@@ -290,7 +286,7 @@ pub async fn get_spec(
             .unwrap_or_default();
         Ok(json!({
             "project": stored.project, "version": stored.version, "format": stored.format,
-            "spec": stored.text, "versions": specs::versions(&pd)?, "caches": caches,
+            "spec": stored.text, "versions": pd.spec_versions()?, "caches": caches,
         }))
     })
     .await?;
@@ -311,7 +307,7 @@ pub async fn put_spec(
     same_project(&spec, &text, &p)?;
     let v = blocking(move || {
         let pd = st.store.project(&p)?;
-        let stored = specs::save(&pd, &text)?;
+        let stored = pd.save_spec(&text)?;
         let events = crate::telemetry::read(st.store.root())?;
         Ok(json!({
             "ok": true, "project": stored.project, "version": stored.version,
@@ -355,14 +351,14 @@ pub async fn gc(State(st): State<Arc<AppState>>, body: Bytes) -> Result<Json<Val
         max_size: b
             .max_size
             .as_deref()
-            .map(gc::parse_size)
+            .map(units::parse_size)
             .transpose()
             .map_err(|e| field("max_size", e.to_string()))?,
         max_inodes: b.max_inodes.map(|n| (n != 0).then_some(n)),
         max_age: b
             .max_age
             .as_deref()
-            .map(gc::parse_duration)
+            .map(units::parse_duration)
             .transpose()
             .map_err(|e| field("max_age", e.to_string()))?,
         dry_run: b.dry_run,

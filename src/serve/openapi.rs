@@ -2,7 +2,13 @@
 //! [`ROUTES`]; a unit test sends every listed operation through the router and checks that it
 //! reaches a handler.
 
+use axum::Json;
 use serde_json::{Value, json};
+
+/// `GET /api/v1/openapi.json`: [`document`].
+pub async fn serve() -> Json<Value> {
+    Json(document())
+}
 
 /// One documented operation: path (OpenAPI template syntax), method, summary, success
 /// response schema name, whether it takes a body.

@@ -13,7 +13,6 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde::Deserialize;
 
 use super::AppState;
-use super::auth::urlencode;
 use super::errors::{AppError, FieldError};
 use super::view::{self, CacheView, ClearTarget, blocking};
 use crate::run::fmt_bytes;
@@ -78,6 +77,18 @@ td.time { white-space: nowrap; }
   td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); }
 }
 "#;
+
+/// Percent-encodes everything but unreserved characters (RFC 3986 section 2.3).
+pub fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
 
 /// The page frame: title, navigation, inline CSS, a viewport for phones.
 pub fn layout(title: &str, body: Markup) -> Markup {
@@ -380,10 +391,10 @@ fn spec_page(
 async fn stored_spec(
     st: Arc<AppState>,
     p: crate::ids::ProjectId,
-) -> Result<Option<super::specs::Stored>, AppError> {
+) -> Result<Option<crate::store::StoredSpec>, AppError> {
     blocking(move || {
         let pd = view::require_project(&st.store, &p)?;
-        Ok(super::specs::current(&pd)?)
+        Ok(pd.current_spec()?)
     })
     .await
 }
@@ -435,7 +446,7 @@ pub async fn spec_post(
             let t = text.clone();
             let stored = blocking(move || {
                 let pd = st.store.project(&p)?;
-                Ok(super::specs::save(&pd, &t)?)
+                Ok(pd.save_spec(&t)?)
             })
             .await?;
             let notice = html! { p.notice role="status" { "Saved as version " (stored.version) " (" (spec.caches.len()) " cache(s))." } };
