@@ -129,6 +129,10 @@ fn params(path: &str) -> Vec<Value> {
                 "description": format!("A {name} id as the CLI takes it (no '..', '/', control characters); 400 otherwise.")}));
         }
     }
+    if path.contains("{run}") {
+        out.push(json!({"name": "run", "in": "path", "required": true, "schema": {"type": "string"},
+            "description": "A run id as `layercache run` prints it (`t<time_ms>-<cache>` for events logged before run ids); 404 when the project has no such run."}));
+    }
     if path.ends_with("/runs") {
         out.push(json!({"name": "limit", "in": "query", "required": false,
             "schema": {"type": "integer", "minimum": 1, "maximum": super::api::RUNS_MAX}}));

@@ -62,8 +62,9 @@ async function main() {
     await err.waitFor();
     result.field_error = await err.innerText();
     expect(result.field_error.includes('unknown preset "nope"'), 'field error text');
-    expect((await page.locator('div.lines .err').innerText()).includes('preset = "nope"'),
-      'the erroneous line is marked');
+    const marked = await page.locator('div.lines .err').allInnerTexts();
+    expect(marked.length === 2 && marked[0].includes('preset = "nope"') &&
+      marked[1].includes('mountpoint = "/etc"'), 'both erroneous lines are marked: ' + marked);
     const mp = page.locator('.field-error[data-field="cache[0].mountpoint"]');
     expect((await mp.count()) === 1 && (await mp.innerText()).includes('"/etc" is refused'),
       'the system-directory mountpoint is listed too');
