@@ -388,7 +388,7 @@ pub fn parse(text: &str) -> Result<Spec> {
 /// The fields checked: `project`, `user`, `cache[i].id` (invalid or duplicate), `cache[i].preset`
 /// (unknown), `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
 /// `cache[i].key_files` (empty), `cache[i].restore_keys`, `cache[i].env`,
-/// `cache[i].mountpoint` (see [`check_mountpoint`]), `cache[i].exclude`, and the templates of
+/// `cache[i].mountpoint` (a system directory, or `{workdir}` itself, is refused here), `cache[i].exclude`, and the templates of
 /// `setup`, `restore_setup`, `maintenance`, `env` and `mountpoint`.
 pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     let raw: RawSpec = if text.trim_start().starts_with('{') {
