@@ -388,8 +388,9 @@ pub fn parse(text: &str) -> Result<Spec> {
 /// The fields checked: `project`, `user`, `cache[i].id` (invalid or duplicate), `cache[i].preset`
 /// (unknown), `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
 /// `cache[i].key_files` (empty), `cache[i].restore_keys`, `cache[i].env`,
-/// `cache[i].mountpoint` (a system directory, or `{workdir}` itself, is refused here), `cache[i].exclude`, and the templates of
-/// `setup`, `restore_setup`, `maintenance`, `env` and `mountpoint`.
+/// `cache[i].mountpoint` (a system directory, or `{workdir}` itself, is refused here),
+/// `cache[i].exclude`, and the templates of `setup`, `restore_setup`, `maintenance`, `env` and
+/// `mountpoint`.
 pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     let raw: RawSpec = if text.trim_start().starts_with('{') {
         serde_json::from_str(text).map_err(|e| vec![e.to_string()])?
