@@ -291,6 +291,57 @@ fn venv_preset_follows_uv_lock() {
     );
 }
 
+/// `venv` in a uv project after the lock changed (issue 24): the run restores the previous venv
+/// and its restore setup (`uv sync --frozen`, the lockfile's tool) brings it to the new lock —
+/// the added package imports — and the promotion stores only what changed.
+#[test]
+fn venv_preset_restore_follows_uv_lock() {
+    if !can_mount() || !have_tool("uv") {
+        return;
+    }
+    let Some(fx) = fixture("uv-app") else {
+        return;
+    };
+    let sb = Sandbox::new();
+    sb.copy_into_work(&fx);
+    let spec = sb.write_spec(
+        "spec.toml",
+        "project = \"venv-restore\"\n[[cache]]\nid = \"venv\"\npreset = \"venv\"\n\
+         [[cache]]\nid = \"uv\"\npreset = \"uv\"\n",
+    );
+    let env = [("UV_PYTHON_DOWNLOADS", "never")];
+    let first = sb.run_cmd(&["--json"], &spec, &["true"], &env);
+    assert_eq!(first.status.code(), Some(0));
+    // A new dependency in pyproject.toml and uv.lock (resolved from PyPI), nothing installed.
+    let added = Command::new("uv")
+        .args(["add", "--no-sync", "six"])
+        .current_dir(sb.work())
+        .env("UV_PYTHON_DOWNLOADS", "never")
+        .output()
+        .unwrap();
+    assert!(
+        added.status.success(),
+        "uv add: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let import = ".venv/bin/python -c 'import six, requests; print(six.__name__)'";
+    let second = sb.run_cmd(&["--json"], &spec, &["sh", "-c", import], &env);
+    assert_eq!(second.status.code(), Some(0));
+    assert!(stdout(&second).contains("six\n"), "{}", stdout(&second));
+    let venv = &json_summary(&second)["caches"][0];
+    assert_eq!(venv["result"], "restore", "{venv}");
+    assert_eq!(venv["published"], true, "{venv}");
+    let (new, all) = (
+        venv["new_files"].as_u64().unwrap(),
+        venv["files"].as_u64().unwrap(),
+    );
+    assert!(
+        new * 2 < all,
+        "the restore stored {new} of {all} files anew: {venv}"
+    );
+    assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
+}
+
 /// `venv` in a poetry project (issue 24): the venv's setup follows poetry.lock (`poetry install
 /// --no-root` into the venv it made); on the hit the venv from the layer imports the versions
 /// poetry.lock pins, offline.
