@@ -80,8 +80,15 @@ fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
         Some(d) => d.clone(),
         None => std::env::current_dir().at(".")?,
     };
-    std::fs::canonicalize(&dir)
-        .map_err(|e| Error::invalid(format!("--workdir {}: {e}", dir.display())))
+    let dir = std::fs::canonicalize(&dir)
+        .map_err(|e| Error::invalid(format!("--workdir {}: {e}", dir.display())))?;
+    if !dir.is_dir() {
+        return Err(Error::invalid(format!(
+            "--workdir {}: not a directory (want the project directory, where the key files are)",
+            dir.display()
+        )));
+    }
+    Ok(dir)
 }
 
 /// `layercache key`: each cache's key, restore keys, key files and mountpoint.
@@ -100,11 +107,16 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     for cache in &spec.caches {
         all.push(crate::key::compute(cache, &paths, &env)?);
     }
-    // What each key would match now. Never creates a store: without one (or with one that
-    // cannot be read) each key reports "unknown" with the reason.
+    // What each key would match now. Never creates a store: without one each key reports a
+    // miss, "no store yet" (a run would create it); with one that cannot be read, "unknown"
+    // with the reason.
+    let mut no_store = None;
     let store = store_root(global).and_then(|r| {
-        crate::store::Store::open_existing(&r)?
-            .ok_or_else(|| Error::invalid(format!("no store at {}", r.display())))
+        crate::store::Store::open_existing(&r)?.ok_or_else(|| {
+            let e = Error::invalid(format!("no store at {}", r.display()));
+            no_store = Some(r);
+            e
+        })
     });
     // The project's directories only if they exist: `key` creates nothing (a project the
     // store has never seen matches nothing).
@@ -142,6 +154,13 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                 }
                 found
             }
+            Err(_) if no_store.is_some() => serde_json::json!({
+                "result": "miss",
+                "reason": format!(
+                    "no store yet at {} (a run creates it)",
+                    no_store.as_deref().unwrap_or(std::path::Path::new("")).display()
+                ),
+            }),
             Err(e) => serde_json::json!({"result": "unknown", "error": e.to_string()}),
         };
         matches.push(found);
@@ -173,7 +192,10 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
         println!("  key files:    {}", files.join(", "));
         println!("  mountpoint:   {}", k.mountpoint.display());
         let result = m["result"].as_str().unwrap_or("unknown");
-        match m["matched_key"].as_str() {
+        match (m["matched_key"].as_str())
+            .or(m["reason"].as_str())
+            .or(m["error"].as_str())
+        {
             Some(mk) => println!("  would match:  {result} ({mk})"),
             None => println!("  would match:  {result}"),
         }
@@ -359,6 +381,8 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         docker,
         user: run_user,
     };
+    // A failing run's `--json` error line names it (issue 24).
+    crate::telemetry::set_current_run(&cfg.run_id);
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
     }

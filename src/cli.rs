@@ -278,6 +278,9 @@ pub struct LsArgs {
     /// Only this project (default: all).
     #[arg(long)]
     pub project: Option<String>,
+    /// Print sizes as byte counts (for scripts) instead of binary units (`12.3 MiB`).
+    #[arg(long)]
+    pub bytes: bool,
 }
 
 /// `layercache gc`.
@@ -296,6 +299,9 @@ pub struct GcArgs {
     /// Print what would be evicted without removing anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Print sizes as byte counts (for scripts) instead of binary units (`12.3 MiB`).
+    #[arg(long)]
+    pub bytes: bool,
 }
 
 /// `layercache clear`.

@@ -272,7 +272,10 @@ fn key_inputs(
     for (k, v) in &cache.env {
         m.insert(format!("env {k}"), v.clone());
     }
-    m.insert("mountpoint".into(), mountpoint.display().to_string());
+    // Only what enters the key (issue 24): a relocatable tree's key holds no path.
+    if !cache.relocatable {
+        m.insert("mountpoint".into(), mountpoint.display().to_string());
+    }
     if !cache.exclude.is_empty() {
         m.insert("exclude".into(), cache.exclude.join(" "));
     }
@@ -462,6 +465,19 @@ mod tests {
         let v4 = compute(&venv.caches[0], &view(other.path()), &env).unwrap();
         assert_eq!(v3.key, v4.key);
         assert_eq!(v3.mountpoint, Path::new("/workspace/.venv"));
+        // The miss reason lists only inputs of the key (issue 24): a relocatable cache's
+        // mountpoint is none, a path-bound one's is.
+        assert!(!a.inputs.contains_key("mountpoint"), "{:?}", a.inputs);
+        assert!(crate::why::diff(&a.inputs, &w.inputs).is_empty());
+        assert_eq!(
+            v1.inputs.get("mountpoint").map(String::as_str),
+            Some(d.path().join(".venv").to_str().unwrap())
+        );
+        assert_eq!(crate::why::diff(&v1.inputs, &v2.inputs).len(), 1);
+        // A record written before (with the relocatable cache's mountpoint) reads the same.
+        let mut old = a.inputs.clone();
+        old.insert("mountpoint".into(), "/a/node_modules".into());
+        assert!(crate::why::diff(&old, &w.inputs).is_empty());
     }
 
     #[test]

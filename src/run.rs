@@ -162,10 +162,14 @@ use summary::print_summary;
 
 // ---- mounts ----------------------------------------------------------------------------------
 
-/// Every mount of this run (by view path); Drop unmounts what is left, in reverse order.
+/// Every mount of this run (by view path); Drop unmounts what is left, in reverse order, then
+/// removes the view directories the run made on the host ([`Mounts::remove_made`]).
 struct Mounts<'a> {
     mounter: &'a dyn Mounter,
     points: Vec<PathBuf>,
+    /// The host view directories of [`Mounts::prepare_views`], each open with a shared flock
+    /// for the whole run, and whether this run created it.
+    view_dirs: Vec<(PathBuf, Option<std::fs::File>, bool)>,
 }
 
 impl Mounts<'_> {
@@ -187,9 +191,11 @@ impl Mounts<'_> {
 
     /// Creates on the host what the views need to exist: the mount root, the workdir view
     /// directory, and each view below the workdir (a tmpfs holds those below the mount root).
-    /// They stay (empty): removing a directory another run's namespace has a mount on would
-    /// detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
-    fn prepare_views(&self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
+    /// Each is held open with a shared flock(2) while the run lasts; those this run created
+    /// are removed when it ends if still empty and no other run holds them
+    /// ([`Mounts::remove_made`]): removing a directory another run's namespace has a mount on
+    /// would detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
+    fn prepare_views(&mut self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
         let mut need: Vec<PathBuf> = Vec::new();
         let view_wd = cfg.paths.view_workdir();
         for p in preps {
@@ -211,15 +217,52 @@ impl Mounts<'_> {
             need.insert(0, v.clone());
         }
         for dir in need {
+            // The levels create_dir_all is about to make, outermost first.
+            let made: Vec<PathBuf> = (dir.ancestors())
+                .take_while(|a| !a.exists())
+                .map(Path::to_path_buf)
+                .collect();
             std::fs::create_dir_all(&dir).at(&dir)?;
+            for d in made.iter().rev() {
+                self.view_dirs.push((d.clone(), None, true));
+            }
+            if made.is_empty() {
+                self.view_dirs.push((dir.clone(), None, false));
+            }
+            let held = std::fs::File::open(&dir).ok();
+            if let Some(f) = &held {
+                let _ = crate::sys::flock(f, libc::LOCK_SH);
+            }
+            if let Some(last) = self.view_dirs.last_mut() {
+                last.1 = held;
+            }
         }
         Ok(())
+    }
+
+    /// After the unmounts: removes the view directories this run created (innermost first)
+    /// when empty and held by no other run (an exclusive flock taken without waiting; a run
+    /// that still uses one holds it shared). Best effort: anything else stays as it is.
+    fn remove_made(&mut self) {
+        while let Some((dir, held, made)) = self.view_dirs.pop() {
+            drop(held);
+            if !made {
+                continue;
+            }
+            let Ok(f) = std::fs::File::open(&dir) else {
+                continue;
+            };
+            if crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
     }
 }
 
 impl Drop for Mounts<'_> {
     fn drop(&mut self) {
         let _ = self.unmount_all();
+        self.remove_made();
     }
 }
 
@@ -271,6 +314,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let mut mounts = Mounts {
         mounter,
         points: Vec::new(),
+        view_dirs: Vec::new(),
     };
     let mut preps: Vec<Prep> = Vec::new();
     for k in all_keys {
@@ -401,6 +445,17 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             }
             p.event.new_files = committed.new_files;
             p.event.new_bytes = committed.new_bytes;
+            if committed.published && p.event.empty_layer() {
+                // issue 24: a hit of it would save nothing; say so where it happens.
+                eprintln!(
+                    "layercache: warning: cache {:?} published an empty layer (0 files, 0 B): its \
+                     setup wrote nothing to {} — the tool likely wrote its cache elsewhere (is \
+                     the variable it reads, e.g. the preset's env, set to {{mount}}?); a hit of \
+                     this layer saves nothing",
+                    cache.id.as_str(),
+                    p.keys.mountpoint.display(),
+                );
+            }
         }
         log_event(cfg, &p.event);
     }
@@ -556,6 +611,11 @@ fn host_command(
             c
         }
     };
+    if cwd {
+        // The shell keeps an inherited PWD naming the same directory as its cwd: with
+        // `--workdir-view` that would be the host path (issue 24). Tools see the view.
+        cmd.env("PWD", cfg.paths.view_workdir());
+    }
     if let Some(user) = cfg.user {
         user.drop_privileges(&mut cmd);
     }

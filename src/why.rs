@@ -54,7 +54,8 @@ pub fn diff(old: &Inputs, new: &Inputs) -> Vec<String> {
             None => out.push(format!("{name} added")),
         }
     }
-    for name in old.keys().filter(|n| !new.contains_key(*n)) {
+    // A relocatable key has no mountpoint input; older records listed one anyway.
+    for name in (old.keys()).filter(|n| !new.contains_key(*n) && *n != "mountpoint") {
         out.push(format!("{name} removed"));
     }
     out

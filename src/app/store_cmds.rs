@@ -205,7 +205,12 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
     }
     emit(&format!(
         "{:<16} {:<14} {:<30} {:>10} {:>8} {:<6} KEYS",
-        "PROJECT", "CACHE", "LAYER", "BYTES", "FILES", "IN-USE"
+        "PROJECT",
+        "CACHE",
+        "LAYER",
+        if a.bytes { "BYTES" } else { "SIZE" },
+        "FILES",
+        "IN-USE"
     ));
     for r in rows {
         let keys: Vec<&str> = r.keys.iter().map(|k| k.as_str()).collect();
@@ -214,7 +219,7 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             r.project.as_str(),
             r.cache.as_str(),
             r.layer.as_str(),
-            r.bytes,
+            size(r.bytes, a.bytes),
             r.files,
             if r.in_use { "yes" } else { "no" },
             if keys.is_empty() {
@@ -255,22 +260,42 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
     if global.json {
         emit(&json(&r));
     } else {
+        let size = |b: u64| match a.bytes {
+            true => format!("{b} bytes"),
+            false => size(b, false),
+        };
+        // Each layer evicted (or that a dry run would evict), then the totals.
+        for layer in &r.evicted {
+            let verb = if r.dry_run { "would evict" } else { "evicted" };
+            emit(&format!("{verb} {layer}"));
+        }
         emit(&format!(
-            "{}evicted {} layer(s), removed {} object(s) ({} bytes), {} stale run(s), {} staging entr(ies), {} orphan layer(s); {} layer(s) in use kept; now {} bytes, {} inodes, {} layers",
+            "{}{} {} layer(s), removed {} object(s) ({}), {} stale run(s), {} staging entr(ies), {} orphan layer(s); {} layer(s) in use kept; now {}, {} inodes, {} layers",
             if r.dry_run { "(dry run) " } else { "" },
+            if r.dry_run { "would evict" } else { "evicted" },
             r.evicted.len(),
             r.removed_objects,
-            r.freed_bytes,
+            size(r.freed_bytes),
             r.removed_runs,
             r.removed_staging,
             r.removed_orphans,
             r.in_use,
-            r.after.bytes,
+            size(r.after.bytes),
             r.after.inodes,
             r.after.layers
         ));
     }
     Ok(0)
+}
+
+/// A size for `ls` and `gc`: `12.3 MiB` ([`crate::run::fmt_bytes`]), or with `--bytes` (for
+/// scripts) the bare count.
+fn size(bytes: u64, raw: bool) -> String {
+    if raw {
+        bytes.to_string()
+    } else {
+        crate::run::fmt_bytes(bytes)
+    }
 }
 
 /// `layercache clear`: exit 1 when a layer in use was refused.

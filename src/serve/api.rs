@@ -115,6 +115,34 @@ pub async fn runs(
     Ok(Json(json!(rows)))
 }
 
+/// `GET /api/v1/projects/{project}/runs/{run}`: one run's preparations and totals
+/// ([`super::runs::RunDetail`]).
+///
+/// Errors: 404 for an unknown project or a run the project's event log does not have.
+pub async fn run(
+    State(st): State<Arc<AppState>>,
+    Path((project, run)): Path<(String, String)>,
+) -> Result<Json<Value>, AppError> {
+    let p = view::project_id(&project)?;
+    let detail = blocking(move || run_detail(&st, &p, &run)).await?;
+    Ok(Json(json!(detail)))
+}
+
+/// The run `run` of `p` from the event log, for the API and the run's page.
+///
+/// Errors: 404 naming the run (and pointing at the project's runs) or the project.
+pub fn run_detail(
+    st: &AppState,
+    p: &crate::ids::ProjectId,
+    run: &str,
+) -> Result<super::runs::RunDetail, AppError> {
+    let events = view::known_project_events(&st.store, p)?;
+    super::runs::run_detail(&events, p.as_str(), run).ok_or_else(|| AppError::NotFound {
+        what: format!("run {run:?} of project {p}"),
+        exists: vec![format!("/api/v1/projects/{p}/runs")],
+    })
+}
+
 /// `GET /api/v1/projects/{project}/stats`: what `layercache stats --project P --json` prints.
 pub async fn stats(
     State(st): State<Arc<AppState>>,

@@ -100,6 +100,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             delete(api::clear_key),
         )
         .route("/api/v1/projects/{project}/runs", get(api::runs))
+        .route("/api/v1/projects/{project}/runs/{run}", get(api::run))
         .route("/api/v1/projects/{project}/stats", get(api::stats))
         .route(
             "/api/v1/projects/{project}/spec",
@@ -114,6 +115,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(pages::clear_confirm).post(pages::clear),
         )
         .route("/projects/{project}/runs", get(pages::runs))
+        .route("/projects/{project}/runs/{run}", get(pages::run))
         .route(
             "/projects/{project}/spec",
             get(pages::spec).post(pages::spec_post),

@@ -121,7 +121,8 @@ mod tests {
         assert_eq!(errs[0].field, "cache[1].preset");
         assert_eq!(errs[0].line, Some(9));
         assert!(errs[0].message.contains("unknown preset"), "{errs:?}");
-        // Two bad caches: both are reported, each on its own line.
+        // Two bad caches: both are reported, each on its own line, and every bad field of
+        // each (cache[1] has neither setup nor key files; issue 24).
         let two =
             "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"x\"\n\n[[cache]]\nid = \"b\"\n";
         let AppError::Invalid(errs) = validate(two).unwrap_err() else {
@@ -130,7 +131,11 @@ mod tests {
         let fields: Vec<_> = errs.iter().map(|e| (e.field.as_str(), e.line)).collect();
         assert_eq!(
             fields,
-            [("cache[0].preset", Some(4)), ("cache[1].setup", Some(6))],
+            [
+                ("cache[0].preset", Some(4)),
+                ("cache[1].setup", Some(6)),
+                ("cache[1].key_files", Some(6))
+            ],
             "{errs:?}"
         );
         let AppError::Invalid(errs) = validate("project = \"a/b\"\n").unwrap_err() else {
