@@ -98,17 +98,21 @@ fn opaque_at(dir: RawFd, rel: &CStr, flags: libc::c_int) -> io::Result<bool> {
 }
 
 /// Marks the directory open at `dir` opaque: its lower-layer namesakes no longer show through.
-/// Writes `trusted.overlay.opaque` as root, `user.overlay.opaque` otherwise.
+/// Writes `trusted.overlay.opaque` as root, `user.overlay.opaque` otherwise (also as root of a
+/// user namespace, where the trusted one is refused with EPERM).
 ///
 /// Errors: the `fsetxattr(2)` errno (`ENOTSUP` on a filesystem without xattrs).
 pub fn set_opaque(dir: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: geteuid has no preconditions.
-    let name = if unsafe { libc::geteuid() } == 0 {
-        OPAQUE_XATTR_TRUSTED
-    } else {
-        OPAQUE_XATTR_USER
-    };
-    Xattrs::Fd(dir).set(name, b"y", 0)
+    if unsafe { libc::geteuid() } == 0 {
+        match Xattrs::Fd(dir).set(OPAQUE_XATTR_TRUSTED, b"y", 0) {
+            // Root of a user namespace (an unprivileged `layercache run`): trusted.* needs
+            // CAP_SYS_ADMIN in the initial namespace.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            r => return r,
+        }
+    }
+    Xattrs::Fd(dir).set(OPAQUE_XATTR_USER, b"y", 0)
 }
 
 #[cfg(test)]
