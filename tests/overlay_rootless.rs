@@ -729,3 +729,46 @@ fn root_of_a_user_namespace_mounts_directly() {
     );
     assert!(fuse_mount(&d.mnt).is_none());
 }
+
+/// `mount MNT` by a user, from an fstab line of type `fuse.layercache` with the `user` option
+/// (mount(8) → mount.fuse3 → `layercache SOURCE MNT -o …` as that user → fusermount3), and
+/// `umount MNT` by the same user. mount.fuse3 finds `layercache` in /usr/local/bin: a tmpfs of
+/// this namespace holds a copy there, and /etc/fstab is the test's own, bound over the host's.
+#[test]
+fn a_user_mounts_and_unmounts_an_fstab_line_of_type_fuse_layercache() {
+    let Some(mut env) = Env::new(Machine::default()) else {
+        return;
+    };
+    if !Path::new("/sbin/mount.fuse3").exists() && !Path::new("/usr/sbin/mount.fuse3").exists() {
+        skip_or_fail("needs mount.fuse3 (Debian's fuse3)");
+        return;
+    }
+    let d = dirs(&env, "fstab", |l| write(&l.join("f"), "from fstab\n"));
+    let bin = Path::new("/usr/local/bin");
+    mount(Path::new("tmpfs"), bin, Some("tmpfs"), 0);
+    env.binds.push(bin.into());
+    fs::copy(BIN, bin.join("layercache")).unwrap();
+    let fstab = env.root.join("dev/fstab");
+    fs::write(
+        &fstab,
+        format!(
+            "lcfs {} fuse.layercache noauto,user,{} 0 0\n",
+            d.mnt.display(),
+            d.opts()
+        ),
+    )
+    .unwrap();
+    mount(&fstab, Path::new("/etc/fstab"), None, libc::MS_BIND);
+    env.binds.push("/etc/fstab".into());
+    let _guard = UserMount {
+        env: &env,
+        mnt: d.mnt.clone(),
+    };
+    let out = env.user_ok(&format!("mount {m} && cat {m}/f", m = shq(&d.mnt)));
+    assert_eq!(out, "from fstab\n");
+    let (fstype, opts) = fuse_mount(&d.mnt).expect("mounted");
+    assert_eq!(fstype, "fuse.layercache");
+    assert!(opts.contains(&format!("user_id={}", env.uid)), "{opts}");
+    env.user_ok(&format!("umount {}", shq(&d.mnt)));
+    assert!(fuse_mount(&d.mnt).is_none());
+}
