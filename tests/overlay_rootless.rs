@@ -674,7 +674,7 @@ fn allow_other_admits_other_users_only_with_user_allow_other() {
 }
 
 /// A user's daemon killed with SIGKILL leaves a dead mount (as fuse-overlayfs's would);
-/// `layercache umount` removes it through fusermount3.
+/// `layercache umount` removes it through fusermount3; a daemon sent SIGTERM unmounts itself.
 #[test]
 fn layercache_umount_removes_a_users_mount_even_a_dead_one() {
     let Some(env) = Env::new(Machine::default()) else {
@@ -702,6 +702,14 @@ fn layercache_umount_removes_a_users_mount_even_a_dead_one() {
         fuse_mount(&d.mnt).is_none(),
         "layercache umount of a dead user mount"
     );
+    // SIGTERM: the daemon unmounts itself (fusermount3 -u -z, umount2 being refused) and exits.
+    let _m = d.mount(&env, "", &[]);
+    let pids = daemon_pids(&d.mnt);
+    assert_eq!(pids.len(), 1);
+    // SAFETY: kill of the daemon this test started.
+    unsafe { libc::kill(pids[0], libc::SIGTERM) };
+    assert!(wait_exit(pids[0], 10_000), "the daemon exits on SIGTERM");
+    assert!(fuse_mount(&d.mnt).is_none(), "and leaves no mount");
 }
 
 /// Root of a user namespace (`unshare -Urm` as the user) mounts with mount(2), no helper; the

@@ -360,6 +360,13 @@ mod tests {
     }
 
     #[test]
+    fn allow_other_and_allow_root_are_asked_for_by_name() {
+        assert!(asks_allow_other(&s("lowerdir=/a,upperdir=/u,allow_other")));
+        assert!(asks_allow_other(&["rw".into(), "allow_root".into()]));
+        assert!(!asks_allow_other(&s("lowerdir=/allow_other,upperdir=/u")));
+    }
+
+    #[test]
     fn rejects_unknown_and_missing_options() {
         let e = parse(&s("lowerdir=/a,upperdir=/u,frobnicate"))
             .unwrap_err()
