@@ -85,7 +85,7 @@ fn userns_off(detail: &str) -> Error {
 ///
 /// Errors: [`Error::Invalid`] (exit 2), one line each: `--sandbox docker`; a `user` other than
 /// the caller's own uid/gid or 0:0; user namespaces off (either sysctl 0); `/dev/fuse` not
-/// openable read-write (Debian: the `fuse3` package provides the device node's rules).
+/// readable and writable by the user ([`crate::overlay::fusermount::check_dev_fuse`]).
 pub fn preflight(docker: bool, user: Option<RunUser>, source: UserSource) -> Result<Rootless> {
     let (uid, gid) = (
         rustix::process::getuid().as_raw(),
@@ -116,17 +116,8 @@ pub fn preflight(docker: bool, user: Option<RunUser>, source: UserSource) -> Res
             return Err(userns_off(&format!("{name} is 0")));
         }
     }
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        return Err(Error::invalid(format!(
-            "/dev/fuse: {e}: layercache run without root needs read-write access to /dev/fuse \
-             (load the fuse module; Debian's fuse3 package makes the device 0666; in a \
-             container pass --device /dev/fuse)"
-        )));
-    }
+    // The overlay's own check (one place for it): the daemons open /dev/fuse as the user.
+    crate::overlay::fusermount::check_dev_fuse(uid)?;
     Ok(Rootless { uid, gid, as_root })
 }
 
