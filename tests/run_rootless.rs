@@ -668,8 +668,9 @@ fn steps_run_under_an_init_and_pass_their_status_through() {
 
 /// Issue 22 part 3: the store commands on a user's own store (the default under
 /// `$XDG_CACHE_HOME`), unprivileged: `key`, `ls`, `stats`, `verify`, `gc` (which reaps the run
-/// record a `kill -9`'d run left, taking its lease files, in the project's 0700 tree) and
-/// `clear`; `serve` answers on loopback.
+/// record a `kill -9`'d run left, taking its lease files, in the project's 0700 tree),
+/// `remote push`/`pull` (a file:// remote; the pulled layer is the user's), `serve` on
+/// loopback, and `clear`.
 #[test]
 fn store_commands_work_on_a_users_store() {
     if !ready() {
@@ -729,6 +730,63 @@ fn store_commands_work_on_a_users_store() {
         Vec::<PathBuf>::new(),
         "gc reaped the killed run's record"
     );
+    // The remote tier (a file:// remote of the user's): push a key, clear it here, pull it back.
+    let listing: serde_json::Value = serde_json::from_str(&as_user(&["--json", "ls"])).unwrap();
+    let key = listing[0]["keys"][0].as_str().unwrap().to_string();
+    let remote = format!("file://{}", h.path("home/remote").display());
+    let rk = ["--project", "rootless", "--cache", "c", key.as_str()];
+    as_user(&[&["--remote", &remote, "remote", "push"][..], &rk].concat());
+    as_user(&["clear", "--project", "rootless", "--cache", "c"]);
+    assert_eq!(layers(as_user(&["--json", "ls"])), 0);
+    as_user(&[&["--remote", &remote, "remote", "pull"][..], &rk].concat());
+    let pulled: serde_json::Value = serde_json::from_str(&as_user(&["--json", "ls"])).unwrap();
+    assert_eq!(pulled[0]["keys"][0], key.as_str(), "pulled back: {pulled}");
+    let tree = h.store().join("v1/projects/rootless/layers");
+    let layer = std::fs::read_dir(&tree)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let f = std::fs::metadata(layer.join("tree/f")).unwrap();
+    assert_eq!(
+        (f.uid(), f.gid()),
+        (h.user.uid, h.user.gid),
+        "a pulled layer is the user's"
+    );
+    // serve on loopback, unprivileged: the API lists the project.
+    let mut serve = Reap(
+        h.command(&["--json", "serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(serve.0.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr = url["listen"].as_str().unwrap();
+    let addr = addr.trim_start_matches("http://").trim_end_matches('/');
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        conn,
+        "GET /api/v1/projects HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert!(answer.contains("rootless"), "{answer}");
+    // SAFETY: kill(2) of the server we spawned.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let _ = serve.0.wait();
     as_user(&["clear", "--project", "rootless"]);
     assert_eq!(layers(as_user(&["--json", "ls"])), 0);
     let owner = std::fs::metadata(h.store().join("v1")).unwrap().uid();
