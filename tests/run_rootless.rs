@@ -792,3 +792,56 @@ fn store_commands_work_on_a_users_store() {
     let owner = std::fs::metadata(h.store().join("v1")).unwrap().uid();
     assert_eq!(owner, h.user.uid, "the store is the user's");
 }
+
+/// SIGINT of `layercache run` (Ctrl-C's signal) still reaches the step through the PID
+/// namespace's init, for root and the user: the step's trap runs, and the run ends with
+/// 128 + SIGINT.
+#[test]
+fn sigint_reaches_the_step_through_its_init() {
+    if !ready() {
+        return;
+    }
+    let h = Home::new();
+    std::fs::write(h.path("w1/lock"), "1\n").unwrap();
+    h.chown("w1");
+    let spec = h.write_spec(SMALL_SPEC);
+    let step = "trap 'echo got-int > got; exit 5' INT; touch ready; while :; do sleep 0.05; done";
+    for as_user in [false, true] {
+        let _ = std::fs::remove_file(h.path("w1/ready"));
+        let _ = std::fs::remove_file(h.path("w1/got"));
+        let mut cmd = if as_user {
+            h.run_cmd(&spec, "w1", &[], &["sh", "-c", step])
+        } else {
+            let mut c = Command::new(BIN);
+            c.arg("--store")
+                .arg(h.path("root-store"))
+                .args(["run", "--spec"])
+                .arg(&spec)
+                .arg("--workdir")
+                .arg(h.path("w1"))
+                .arg("--mount-root")
+                .arg(h.path("cache"))
+                .args(["--", "sh", "-c", step]);
+            c
+        };
+        let mut run = Reap(
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        assert!(
+            within(Duration::from_secs(60), || h.path("w1/ready").exists()),
+            "COMMAND never started (as_user {as_user})"
+        );
+        // SAFETY: kill(2) of the run we spawned.
+        unsafe { libc::kill(run.0.id() as i32, libc::SIGINT) };
+        let status = run.0.wait().unwrap();
+        assert_eq!(status.code(), Some(130), "as_user {as_user}");
+        assert_eq!(
+            std::fs::read_to_string(h.path("w1/got")).unwrap_or_default(),
+            "got-int\n",
+            "the step's trap ran (as_user {as_user})"
+        );
+    }
+}
