@@ -10,7 +10,7 @@
 //!   provided `/dev/fuse` opens. No `fusermount3`, no setuid helper: the mounts live in the
 //!   run's mount namespace only and die with it, so no host path ever shows them and no kill can
 //!   leave one on the host. Files the namespace's root writes land on disk as the user's.
-//! * **The steps' identity** ([`as_user`]): setup, maintenance and COMMAND do not run as the
+//! * **The steps' identity** (`as_user`): setup, maintenance and COMMAND do not run as the
 //!   namespace's root. Each enters a nested user namespace mapping the user's uid/gid to the
 //!   run namespace's 0, so the step sees `id -u` = its real uid, owns what it creates as
 //!   itself, and loses every capability at exec (a non-zero uid). `--user 0:0` keeps the step
