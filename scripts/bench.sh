@@ -3,7 +3,8 @@
 # the installed node_modules of ../shared/fixtures/npm-app plus a 512 MiB file (issue 4).
 #
 #   bash scripts/bench.sh [--quick] [--runs N]
-#                         [--impls native,kernel,fuse-overlayfs,layercache,layercache-pt]
+#                         [--impls native,kernel,fuse-overlayfs,layercache,layercache-pt,
+#                                  layercache-user,layercache-user-nouring]
 #                         [--only walk,readall,require,seqread,pagecache,copyup,fill,mount,store,tree]
 #                         [--tree N] [--worktree] [--no-build]
 #
@@ -17,6 +18,12 @@
 # pagecache = the page cache held after 4 fresh mounts of one lower were each read fully (caches
 # dropped first; counted in a memory cgroup of their own): kernel overlayfs shares the lower's
 # pages, a FUSE mount without passthrough keeps its own copy. layercache-pt is layercache with FUSE passthrough (LAYERCACHE_PASSTHROUGH=1).
+# layercache-user is layercache mounted without root, by the user lc-test-rootless through
+# fusermount3 (with allow_other, so the workloads run as root for every implementation);
+# layercache-user-nouring the same without FUSE over io_uring (LAYERCACHE_URING=0). With either,
+# the whole run happens in a private mount namespace where /dev/fuse is 0666 and
+# /etc/fuse.conf has user_allow_other (lc_user_env); the report adds their ratio to layercache
+# as root (target: a rootless mount costs ≤ 10 % more).
 # Ratios are to kernel overlayfs measured in the same run. layercache is built in release mode
 # from the committed HEAD (--worktree: from the working tree) and left out, with the reason
 # printed, while it does not build or mount. Needs root; installs fuse3, fuse-overlayfs, nodejs,
@@ -27,8 +34,9 @@ set -euo pipefail
 # shellcheck source=scripts/lib-bench.sh
 . "$(dirname "$0")/lib-bench.sh"
 
+ARGS=("$@")
 RUNS=5 TREE_N=1000000 TMO=900 BUILD=1 BUILD_FROM="" QUICK=""
-IMPLS=(native kernel fuse-overlayfs layercache layercache-pt)
+IMPLS=(native kernel fuse-overlayfs layercache layercache-pt layercache-user)
 ALL_WORKLOADS="walk readall require seqread pagecache copyup fill mount store tree"
 WORKLOADS=$ALL_WORKLOADS
 while [ $# -gt 0 ]; do
@@ -40,7 +48,7 @@ while [ $# -gt 0 ]; do
     --tree) TREE_N=$2; shift ;;
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -50,6 +58,9 @@ want() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 has_impl() { [[ " ${IMPLS[*]} " == *" $1 "* ]]; }
 
 lc_init bench.sh
+for i in "${IMPLS[@]}"; do
+  if [[ $i = layercache-user* ]]; then lc_user_env "$0" "${ARGS[@]}"; break; fi
+done
 lc_need fusermount3:fuse3 fuse-overlayfs:fuse-overlayfs node:nodejs npm:npm python3:python3
 B=$LC_BENCH_DIR
 mkdir -p "$B/results" "$B/empty"
@@ -328,7 +339,8 @@ ELAPSED=$(($(date +%s) - START))
 # --- the report ------------------------------------------------------------------------------
 STAMP=$(date +%Y%m%d-%H%M%S)
 OUT=$B/results/bench-$STAMP${QUICK:+-quick}.md
-declare -A LABEL=([native]="native" [kernel]="kernel overlayfs" [fuse-overlayfs]="fuse-overlayfs" [layercache]="layercache" [layercache-pt]="layercache passthrough")
+declare -A LABEL=([native]="native" [kernel]="kernel overlayfs" [fuse-overlayfs]="fuse-overlayfs" [layercache]="layercache" [layercache-pt]="layercache passthrough"
+  [layercache-user]="layercache as a user" [layercache-user-nouring]="layercache as a user, no io_uring")
 cell() { # KEY-PREFIX IMPL -> "median (ratio)"
   local k="$1 $2" kk="$1 kernel" m mk
   if [ -n "${RES[$k]:-}" ]; then
@@ -407,6 +419,30 @@ row() { # LABEL KEY-PREFIX TARGET
     done
     has_impl layercache && line+=" ≤ 200 MB |"
     echo "$line"
+  fi
+  if has_impl layercache && has_impl layercache-user; then
+    echo
+    echo "rootless / root: median of layercache mounted by $LC_USER through fusermount3 over layercache mounted as root (target ≤ 1.10×):"
+    echo
+    hdr="| workload |" sep="|---|"
+    for i in layercache-user layercache-user-nouring; do
+      has_impl "$i" && { hdr+=" ${LABEL[$i]} first | warm | cold |"; sep+="---|---|---|"; }
+    done
+    echo "$hdr"; echo "$sep"
+    for w in walk readall require seqread; do
+      want "$w" || continue
+      line="| $w |"
+      for i in layercache-user layercache-user-nouring; do
+        has_impl "$i" || continue
+        for p in first warm cold; do
+          if [ -n "${RES["$w $p $i"]:-}" ] && [ -n "${RES["$w $p layercache"]:-}" ]; then
+            # shellcheck disable=SC2086
+            line+=" $(lc_ratio "$(lc_median ${RES["$w $p $i"]})" "$(lc_median ${RES["$w $p layercache"]})") |"
+          else line+=" — |"; fi
+        done
+      done
+      echo "$line"
+    done
   fi
   if want store && has_impl layercache; then
     echo

@@ -98,8 +98,11 @@ lc_daemon_pid() {
 
 # lc_mount IMPL LOWER UPPER WORK MOUNTPOINT: mounts one implementation; returns when the mount
 # command returned. IMPL is native (a bind mount of LOWER: same code path as the plain directory),
-# kernel (overlayfs), fuse-overlayfs, layercache or layercache-pt (layercache with FUSE
-# passthrough, LAYERCACHE_PASSTHROUGH=1). Errors go to $LC_BENCH_DIR/mount.err.
+# kernel (overlayfs), fuse-overlayfs, layercache, layercache-pt (layercache with FUSE
+# passthrough, LAYERCACHE_PASSTHROUGH=1), layercache-user (layercache mounted by the unprivileged
+# user $LC_USER through fusermount3, with allow_other so that the workloads run as root as for
+# the others; see lc_user_env) or layercache-user-nouring (the same with LAYERCACHE_URING=0, the
+# /dev/fuse read loop). Errors go to $LC_BENCH_DIR/mount.err.
 lc_mount() {
   local impl=$1 lower=$2 upper=$3 work=$4 mnt=$5 rc=0
   mkdir -p "$mnt"
@@ -120,6 +123,12 @@ lc_mount_cmd() {
     fuse-overlayfs) timeout 60 fuse-overlayfs -o "$opts" "$mnt" 2>"$LC_BENCH_DIR/mount.err" ;;
     layercache) timeout 60 "$LC_BIN" overlay -o "$opts" "$mnt" >/dev/null 2>"$LC_BENCH_DIR/mount.err" ;;
     layercache-pt) LAYERCACHE_PASSTHROUGH=1 timeout 60 "$LC_BIN" overlay -o "$opts" "$mnt" >/dev/null 2>"$LC_BENCH_DIR/mount.err" ;;
+    layercache-user | layercache-user-nouring)
+      chown "$LC_USER:$LC_USER" "$3" "$4" "$mnt"
+      env LAYERCACHE_URING=$([ "$impl" = layercache-user ] && echo 1 || echo 0) \
+        setpriv --reuid="$LC_USER" --regid="$LC_USER" --clear-groups --inh-caps=-all \
+        env PATH=/usr/bin:/bin HOME=/ timeout 60 "$LC_BIN" overlay -o "$opts,allow_other" "$mnt" \
+        >/dev/null 2>"$LC_BENCH_DIR/mount.err" ;;
     *) die "unknown implementation $impl" ;;
   esac
 }
@@ -129,7 +138,7 @@ lc_register() {
   lc_is_mounted "$2" || return 0
   LC_MOUNTS+=("$2")
   case $1 in
-    fuse-overlayfs | layercache | layercache-pt) LC_DAEMON[$2]=$(lc_daemon_pid "$2" || true) ;;
+    fuse-overlayfs | layercache*) LC_DAEMON[$2]=$(lc_daemon_pid "$2" || true) ;;
   esac
 }
 
@@ -162,6 +171,29 @@ lc_cleanup() {
   done
   LC_MOUNTS=()
   return "$rc"
+}
+
+# The unprivileged user of the layercache-user implementations (created when missing; the
+# overlay tests use the same one).
+LC_USER=${LAYERCACHE_BENCH_USER:-lc-test-rootless}
+
+# lc_user_env: makes a user's FUSE mount possible without changing the host: re-executes the
+# calling script ("$0" "$@" given as arguments) in a private mount namespace (unshare -m) where
+# /dev/fuse is a 0666 node (what udev makes it; a container may leave it 0600) and
+# /etc/fuse.conf has user_allow_other (so the mounts can admit root, which runs the workloads),
+# and creates $LC_USER. Every implementation then runs in that namespace alike; its mounts die
+# with it.
+lc_user_env() {
+  id -u "$LC_USER" >/dev/null 2>&1 \
+    || useradd --system --user-group --no-create-home --shell /usr/sbin/nologin "$LC_USER"
+  if [ -z "${LC_USER_NS:-}" ]; then
+    LC_USER_NS=1 exec unshare -m --propagation private bash "$@"
+  fi
+  local d=$LC_BENCH_DIR/userns
+  mkdir -p "$d" && mount -t tmpfs tmpfs "$d"
+  mknod "$d/fuse" c 10 229 && chmod 0666 "$d/fuse" && mount --bind "$d/fuse" /dev/fuse
+  echo user_allow_other >"$d/fuse.conf" && mount --bind "$d/fuse.conf" /etc/fuse.conf
+  chmod 0755 "$LC_BENCH_DIR"
 }
 
 # lc_median N…: the median of integers.

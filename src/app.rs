@@ -327,9 +327,19 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
     // --sandbox none|bwrap: resolved on the host before anything is mounted.
-    let run_user = match (&docker, &user) {
+    let mut run_user = match (&docker, &user) {
         (None, Some(u)) => Some(RunUser::resolve(u, user_source)?),
         _ => None,
+    };
+    // Without root (issue 22): refusals before anything is mounted; the steps run as the user
+    // in the run's own user namespace ([`crate::run::rootless`]), so no `--user` drop.
+    let rootless = match crate::run::rootless::needed() && !spec.caches.is_empty() {
+        true => Some(crate::run::rootless::preflight(
+            docker.is_some(),
+            run_user.take(),
+            user_source,
+        )?),
+        false => None,
     };
     if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
         crate::sandbox::bwrap_user_preflight(u, user_source)?;
@@ -380,11 +390,16 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         run_id: crate::telemetry::new_run_id(),
         docker,
         user: run_user,
+        rootless,
     };
     // A failing run's `--json` error line names it (issue 24).
     crate::telemetry::set_current_run(&cfg.run_id);
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
+    }
+    if let Some(r) = &cfg.rootless {
+        // Before the store is opened and before any thread starts (the remote tier's runtime).
+        crate::run::rootless::enter(r)?;
     }
     let mut store =
         crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());

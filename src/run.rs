@@ -146,11 +146,16 @@ pub struct RunConfig {
     /// `--sandbox none|bwrap`: the user setup, maintenance and COMMAND run as (`--user` or the
     /// spec's `user`, resolved on the host; issue 12). `None`: layercache's own user.
     pub user: Option<sandbox::user::RunUser>,
+    /// An unprivileged run (issue 22): the user's ids and who the steps run as; the run is
+    /// then in its own user and mount namespace ([`rootless::enter`]). `None` for root.
+    pub rootless: Option<rootless::Rootless>,
 }
 
 mod child;
 mod mounter;
+mod pidns;
 mod progress;
+pub mod rootless;
 mod summary;
 
 pub use child::Views;
@@ -537,13 +542,13 @@ fn run_script(
     if docker(cfg) {
         return run_docker(cfg, env, views, &argv, label, true);
     }
-    let mut cmd = host_command(cfg, env, views, &argv, true)?;
+    let mut cmd = host_command(cfg, env, views, &argv, true, true)?;
     let stderr = std::io::stderr().as_fd_owned();
     cmd.stdin(Stdio::null());
     if let Some(fd) = stderr {
         cmd.stdout(Stdio::from(fd));
     }
-    run_child(cmd, label, true)
+    run_child(cmd, label, true, pid_namespace(cfg))
 }
 
 /// Runs COMMAND with stdio inherited; no COMMAND = status 0. It leads a process group of its
@@ -557,14 +562,19 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -
         return run_docker(cfg, env, views, &cfg.command, &what, false);
     }
     let cwd = !cfg.spec.caches.is_empty();
-    let cmd = host_command(cfg, env, views, &cfg.command, cwd)?;
     let group = !std::io::stdin().is_terminal();
-    run_child(cmd, &program.to_string_lossy(), group)
+    let cmd = host_command(cfg, env, views, &cfg.command, cwd, group)?;
+    run_child(cmd, &program.to_string_lossy(), group, pid_namespace(cfg))
 }
 
 /// `argv` (not empty) run directly (`--sandbox none`: in its own mount namespace holding
 /// `views`; in the workdir when `cwd`) or inside bubblewrap, as the run's `--user` when it has
-/// one (issue 12).
+/// one (issue 12), under the init of a PID namespace of its own ([`pidns`]; `group`: the step
+/// leads a process group there, which forwarded signals reach).
+///
+/// Unprivileged (`cfg.rootless`, issue 22): natively, the step leaves the run namespace's root
+/// for a nested user namespace where it is the user ([`rootless::as_user`]); bwrap is started
+/// as that root and makes the same mapping itself (`--unshare-user --uid U --gid G`).
 ///
 /// bwrap with `--user`: the views are set up first, as root, in a private mount namespace of
 /// the bwrap process ([`Views::apply`]), which then drops to the user and runs bubblewrap
@@ -578,7 +588,13 @@ fn host_command(
     views: &Views,
     argv: &[OsString],
     cwd: bool,
+    group: bool,
 ) -> Result<Command> {
+    // Unprivileged: the ids the steps have inside (themselves, unless `--user 0:0`).
+    let inner = (cfg.rootless.filter(|r| !r.as_root)).map(|r| sandbox::user::RunUser {
+        uid: r.uid,
+        gid: r.gid,
+    });
     let mut cmd = match (cfg.sandbox, cfg.user) {
         // uid 0 stays root: bwrap as root, without a user namespace of its own.
         (SandboxMode::Bwrap, Some(user)) if user.uid != 0 => {
@@ -598,7 +614,7 @@ fn host_command(
             }
             c
         }
-        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, None)?,
+        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, inner)?,
         _ => {
             let mut c = Command::new(&argv[0]);
             c.args(&argv[1..]).envs(env);
@@ -608,18 +624,31 @@ fn host_command(
             if !views.is_empty() {
                 views.apply(&mut c)?;
             }
+            if let Some(r) = &cfg.rootless {
+                rootless::as_user(&mut c, r);
+            }
             c
         }
     };
     if cwd {
         // The shell keeps an inherited PWD naming the same directory as its cwd: with
-        // `--workdir-view` that would be the host path (issue 24). Tools see the view.
+        // `--workdir-view` that would be the host path. Tools see the view.
         cmd.env("PWD", cfg.paths.view_workdir());
+    }
+    if pid_namespace(cfg) {
+        pidns::isolate(&mut cmd, group);
     }
     if let Some(user) = cfg.user {
         user.drop_privileges(&mut cmd);
     }
     Ok(cmd)
+}
+
+/// Whether the steps get a PID namespace of their own ([`pidns`]): always as root and in an
+/// unprivileged run's namespace; not for an unprivileged run without caches (no namespace of
+/// the run, so no privilege to make one).
+fn pid_namespace(cfg: &RunConfig) -> bool {
+    cfg.rootless.is_some() || !rootless::needed()
 }
 
 /// Whether this run's children run in Docker containers.
@@ -657,7 +686,7 @@ fn run_docker(
         }
     }
     let group = script || !std::io::stdin().is_terminal();
-    let status = run_child(cmd, what, group)?;
+    let status = run_child(cmd, what, group, false)?;
     if status == sandbox::docker::UNSEEN_STATUS
         && stopped().is_none()
         && let Some(view) = d.unseen(

@@ -424,9 +424,62 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
     out
 }
 
+/// `CAP_SYS_ADMIN`'s bit in the capability sets (linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// True when `CAP_SYS_ADMIN` is in this process's effective set (`CapEff` of
+/// /proc/self/status, proc(5)) — in whatever user namespace the process is in: root of a
+/// user namespace has it there, and may then mount FUSE in a mount namespace that namespace
+/// owns (Linux ≥ 4.18). False when the file cannot be read.
+pub fn has_cap_sys_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| cap_eff_has(&s, CAP_SYS_ADMIN))
+}
+
+/// Whether the `CapEff:` line of a /proc/PID/status text has capability bit `cap`.
+fn cap_eff_has(status: &str, cap: u32) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << cap) != 0)
+}
+
+/// True when this process is in the initial user namespace: its uid map is the identity over
+/// every uid (`0 0 4294967295` in /proc/self/uid_map, user_namespaces(7)).
+pub fn in_initial_user_ns() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| is_identity_map(&m))
+}
+
+/// Whether a /proc/PID/uid_map text is the initial namespace's identity map.
+fn is_identity_map(map: &str) -> bool {
+    map.split_whitespace().eq(["0", "0", "4294967295"])
+}
+
+/// True when this process has what the kernel reserves for `CAP_SYS_ADMIN` in the initial user
+/// namespace — FUSE passthrough's backing files (fs/fuse/backing.c), writes to module
+/// parameters and bdi knobs in sysfs, `trusted.*` xattrs: the capability, outside any user
+/// namespace. Root of a user namespace (euid 0 there) does not.
+pub fn init_ns_admin() -> bool {
+    in_initial_user_ns() && has_cap_sys_admin()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn privilege_is_parsed_from_proc_texts() {
+        assert!(is_identity_map("         0          0 4294967295\n"));
+        // Root of a user namespace made by `unshare -Ur` as uid 1000.
+        assert!(!is_identity_map("         0       1000          1\n"));
+        assert!(!is_identity_map(""));
+        let status = |eff: &str| format!("Name:\tx\nCapPrm:\t000001ffffffffff\nCapEff:\t{eff}\n");
+        assert!(cap_eff_has(&status("000001ffffffffff"), CAP_SYS_ADMIN));
+        assert!(cap_eff_has(&status("0000000000200000"), CAP_SYS_ADMIN));
+        assert!(!cap_eff_has(&status("0000000000000000"), CAP_SYS_ADMIN));
+        assert!(!cap_eff_has(&status("00000000001fffff"), CAP_SYS_ADMIN));
+        assert!(!cap_eff_has("garbage", CAP_SYS_ADMIN));
+    }
 
     #[test]
     fn mountinfo_lines_decode_escapes() {

@@ -6,11 +6,18 @@
 //! * [`cli_overlay`] — `layercache overlay -o … MOUNTPOINT [-f]`;
 //! * [`mount_daemon`] — mount and fork a serving daemon, return once the mount is ready;
 //! * [`unmount`] — unmount a mountpoint and wait for its daemon to finish.
+//!
+//! Without root, mounts go through `fusermount3` (see [`fusermount`]); root of a user
+//! namespace mounts with mount(2) like root. Only what needs `CAP_SYS_ADMIN` in the initial
+//! user namespace (passthrough, the `enable_uring` and readahead knobs in sysfs, `trusted.*`
+//! xattrs) checks for it ([`crate::sys::init_ns_admin`]) and falls back silently, except an
+//! explicit `-o passthrough`, which is refused.
 
 mod copy_up;
 mod dir;
 pub mod errno;
 mod fs;
+pub mod fusermount;
 mod handlers;
 mod inode;
 pub mod links;
@@ -53,7 +60,8 @@ fn uring_threads() -> Option<usize> {
     }
 }
 
-/// Sets the fuse module's `enable_uring` parameter to Y when it is N and we are root. The
+/// Sets the fuse module's `enable_uring` parameter to Y when it is N and we are root (of the
+/// initial user namespace: sysfs refuses root of any other). The
 /// parameter only permits FUSE servers to opt in to io_uring during INIT; servers that do not
 /// ask keep using /dev/fuse. Best effort: if it cannot be set, the kernel simply does not offer
 /// io_uring and the session serves requests through /dev/fuse.
@@ -61,7 +69,7 @@ fn allow_fuse_uring() {
     let Ok(v) = std::fs::read_to_string(FUSE_ENABLE_URING) else {
         return; // kernel without CONFIG_FUSE_IO_URING
     };
-    if v.trim() == "Y" || !nix::unistd::geteuid().is_root() {
+    if v.trim() == "Y" || !crate::sys::init_ns_admin() {
         return;
     }
     match std::fs::write(FUSE_ENABLE_URING, "Y") {
@@ -131,11 +139,20 @@ fn threads() -> usize {
 /// `layercache overlay -o OPTIONS MOUNTPOINT [-f]`: parse and validate the options, mount, and
 /// either serve in the foreground (`-f`) or return once the mount is ready.
 ///
-/// Errors: [`Error::Invalid`] (exit 2) for bad options, directories or mountpoint, or a missing
-/// `/dev/fuse`; nothing is mounted then.
+/// Errors: [`Error::Invalid`] (exit 2) for bad options, directories or mountpoint, a missing
+/// `/dev/fuse`, `-o passthrough` without privilege, or what a user's mount lacks
+/// ([`fusermount::check_user_mount`]); nothing is mounted then.
 pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> Result<i32> {
+    let asked = |want: &str| options.iter().flat_map(|o| o.split(',')).any(|o| o == want);
+    if asked("passthrough") && !crate::sys::init_ns_admin() {
+        return Err(Error::invalid(
+            "option passthrough: FUSE passthrough needs root (CAP_SYS_ADMIN in the initial user \
+             namespace, the kernel's rule for backing files); mount without it",
+        ));
+    }
     let raw = options::parse(options)?;
-    let cfg = options::validate(&raw, mountpoint)?;
+    let mut cfg = options::validate(&raw, mountpoint)?;
+    cfg.allow_other = options::asks_allow_other(options);
     if foreground {
         mount_foreground(&cfg, mountpoint, None)?;
     } else {
@@ -202,7 +219,7 @@ fn end_with_owner(owner: u32, mountpoint: &Path) -> Result<()> {
                 while !wait_pidfd(fd, owner, Duration::from_secs(3600)) {}
             }
             tracing::info!(owner, mountpoint = %mnt.display(), "owner gone: unmounting");
-            let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+            let _ = fusermount::detach(&mnt);
             std::process::exit(0);
         })
         .map(drop)
@@ -245,22 +262,52 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
     cfg
 }
 
-/// Mounts a FUSE filesystem of type `fuse.layercache` at `mountpoint` with mount(2) and returns
-/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`; its
-/// source is `layercache:<upperdir>` (see [`upperdir_of`]).
+/// Mounts a FUSE filesystem of type `fuse.layercache` at `mountpoint` and returns the
+/// /dev/fuse descriptor: with mount(2) when this process has CAP_SYS_ADMIN (root, or root of a
+/// user namespace owning the mount namespace), else — or when mount(2) is refused with `EPERM`
+/// and the helper is there — through fusermount3 ([`fusermount::mount`]). Its source is
+/// `layercache:<upperdir>` (see [`upperdir_of`]). A mount(2) mount is
+/// `nosuid,nodev,allow_other,default_permissions`; a fusermount3 mount is
+/// `nosuid,nodev,default_permissions`, with `allow_other` only when `cfg.allow_other`.
 ///
 /// The mount is made here rather than by fuser so that nothing unmounts "whatever is at
 /// MOUNTPOINT" when the session ends: after `umount MNT` and a new mount at the same place, a
 /// late-exiting old daemon must leave the new mount alone.
 ///
-/// Errors: [`Error::Invalid`] naming the mountpoint and the mount(2) errno (`EPERM` without
-/// CAP_SYS_ADMIN).
-fn mount_fuse(mountpoint: &Path, upperdir: &Path) -> Result<OwnedFd> {
+/// Errors: [`Error::Invalid`] naming the mountpoint and the mount(2) errno, or fusermount3's
+/// reason.
+fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<OwnedFd> {
+    let mut source = std::ffi::OsString::from(SOURCE_PREFIX);
+    source.push(&cfg.upperdir);
+    let user = fusermount::UserMount {
+        allow_other: cfg.allow_other,
+    };
+    if crate::sys::has_cap_sys_admin() {
+        match mount_direct(mountpoint, &cfg.upperdir) {
+            Err(e) if e.1 == nix::errno::Errno::EPERM && fusermount::find_helper().is_some() => {
+                tracing::debug!("{}; mounting through fusermount3", e.0);
+            }
+            r => return r.map_err(|e| e.0),
+        }
+    }
+    let helper = fusermount::check_user_mount(mountpoint, user)?;
+    fusermount::mount(&helper, mountpoint, &source, user)
+}
+
+/// [`mount_fuse`] with mount(2). Errors: [`Error::Invalid`] with the errno (`EPERM` without
+/// CAP_SYS_ADMIN over this mount namespace).
+fn mount_direct(
+    mountpoint: &Path,
+    upperdir: &Path,
+) -> std::result::Result<OwnedFd, (Error, nix::errno::Errno)> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/fuse")
-        .map_err(|e| Error::invalid(format!("/dev/fuse: {e}")))?;
+        .map_err(|e| {
+            let errno = nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+            (Error::invalid(format!("/dev/fuse: {e}")), errno)
+        })?;
     let fd: OwnedFd = dev.into();
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -278,20 +325,37 @@ fn mount_fuse(mountpoint: &Path, upperdir: &Path) -> Result<OwnedFd> {
     )
     .map_err(|e| {
         let hint = if e == nix::errno::Errno::EPERM {
-            " (mounting needs root)"
+            " (mounting needs root, or fusermount3 from Debian's fuse3 for a user)"
         } else {
             ""
         };
-        Error::invalid(format!("mount {}: {e}{hint}", mountpoint.display()))
+        (
+            Error::invalid(format!("mount {}: {e}{hint}", mountpoint.display())),
+            e,
+        )
     })?;
     Ok(fd)
 }
 
+/// What is checked before a mount is attempted: /dev/fuse, what a user's mount needs
+/// ([`fusermount::check_user_mount`]; /dev/fuse access for root of a user namespace), the
+/// mountpoint free, the upper filesystem fit ([`stack::probe_upper`]).
+///
+/// Errors: [`Error::Invalid`] naming the first thing that is missing.
 fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
     if !Path::new("/dev/fuse").exists() {
         return Err(Error::invalid(
             "/dev/fuse is missing: load the fuse module or pass the device into the container",
         ));
+    }
+    if !crate::sys::has_cap_sys_admin() {
+        let user = fusermount::UserMount {
+            allow_other: cfg.allow_other,
+        };
+        fusermount::check_user_mount(mountpoint, user)?;
+    } else if !crate::sys::in_initial_user_ns() {
+        // SAFETY: getuid has no preconditions.
+        fusermount::check_dev_fuse(unsafe { libc::getuid() })?;
     }
     if is_mountpoint_busy(mountpoint)? {
         return Err(Error::invalid(format!(
@@ -336,13 +400,13 @@ pub fn mount_foreground(
     if uring.is_some() {
         allow_fuse_uring();
     }
-    let fd = mount_fuse(mountpoint, &cfg.upperdir)?;
+    let fd = mount_fuse(mountpoint, cfg)?;
     // from_fd completes the INIT handshake before returning.
     let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config(uring))
     {
         Ok(s) => s,
         Err(e) => {
-            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            let _ = fusermount::detach(mountpoint);
             return Err(Error::invalid(format!(
                 "mount {}: {e}",
                 mountpoint.display()
@@ -366,7 +430,7 @@ pub fn mount_foreground(
     if res.is_err() && !served.get() {
         // Setting up the session failed after mount(2) (out of fds for the request threads,
         // say): leave no dead mount behind for the caller, who is told the mount failed.
-        let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        let _ = fusermount::detach(mountpoint);
     }
     res.at(mountpoint)
 }
@@ -396,7 +460,7 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
         .spawn(move || {
             if let Ok(sig) = set.wait() {
                 tracing::info!(?sig, mountpoint = %mnt.display(), "signal: unmounting");
-                let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+                let _ = fusermount::detach(&mnt);
                 if sig == EXIT_NOW {
                     std::process::exit(0);
                 }
@@ -605,16 +669,21 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
     // EBUSY can be transient (a file closed by another thread or a process exiting right now
     // is released a moment later), so retry briefly before reporting it.
     let busy_until = Instant::now() + Duration::from_secs(2);
+    // A user's mount is unmounted by fusermount3 where umount2 is refused.
+    let umount = || match nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()) {
+        Err(nix::errno::Errno::EPERM) => fusermount::unmount(mountpoint, false),
+        r => r.map_err(std::io::Error::from),
+    };
     loop {
-        match nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()) {
+        match umount() {
             Ok(()) => break,
-            Err(nix::errno::Errno::EBUSY) if Instant::now() < busy_until => {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < busy_until => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
                 return Err(Error::Unmount {
                     mountpoint: mountpoint.to_path_buf(),
-                    source: e.into(),
+                    source: e,
                 });
             }
         }

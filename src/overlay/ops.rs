@@ -2,6 +2,7 @@
 //! link, setattr, xattrs), each returning `Result<_, Errno>`.
 
 use std::ffi::{CStr, CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::SystemTime;
 
@@ -77,16 +78,13 @@ impl OverlayFs {
         self.stack.lower_has(pdir.lowers, &rel).map_err(errno)
     }
 
-    fn upper_whiteout_at(&self, rel: &CString) -> OpResult<bool> {
-        self.stack.is_whiteout(Tree::Upper, rel).map_err(errno)
-    }
-
     /// Marks upper directory `rel` opaque. Errors: the errno of opening it or of the xattr.
     fn set_opaque(&self, rel: &CStr) -> OpResult<()> {
         self.stack.set_opaque(Tree::Upper, rel).map_err(errno)
     }
 
-    /// Puts a whiteout at upper path `rel`. Errors: the `mknodat` errno.
+    /// Puts a whiteout of upper path `rel` (in the mount's form). Errors: the `mknodat` or
+    /// `openat` errno.
     fn whiteout(&self, rel: &CStr) -> OpResult<()> {
         self.stack.create_whiteout(rel).map_err(errno)
     }
@@ -96,7 +94,8 @@ impl OverlayFs {
     /// deleted lower directory. Returns the new entry's attributes (lookup count +1).
     ///
     /// Errors: `EEXIST` if the name exists in the merged view, `ENAMETOOLONG`, `EPERM` for a
-    /// 0/0 character device (the whiteout encoding), or the errno of the upper dir's syscall.
+    /// 0/0 character device or a `.wh.` name (the whiteout encodings, see `whiteout.rs`), or
+    /// the errno of the upper dir's syscall.
     pub fn make(
         &self,
         parent: u64,
@@ -110,6 +109,9 @@ impl OverlayFs {
         {
             // A 0/0 character device is the whiteout encoding (overlayfs.rst); as on kernel
             // overlayfs it cannot exist as a file in the merged view.
+            return Err(Errno::EPERM);
+        }
+        if whiteout::is_marker_name(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
         let _g = self.ns.read();
@@ -131,7 +133,8 @@ impl OverlayFs {
         };
         let setgid = pst.st_mode & libc::S_ISGID != 0;
         let gid = if setgid { pst.st_gid } else { gid };
-        let wh = self.upper_whiteout_at(&rel)?;
+        let wh_form = self.stack.upper_whiteout(&rel).map_err(errno)?;
+        let wh = wh_form.is_some();
         let (layer, at) = if wh {
             (Tree::Work, self.tmp_name())
         } else {
@@ -171,15 +174,21 @@ impl OverlayFs {
                     self.stack.chmod(layer, &at, m)?;
                 }
             }
-            if wh {
+            if let Some(form) = wh_form {
                 if is_dir {
                     self.stack.set_opaque(layer, &at)?;
+                }
+                if is_dir && form == whiteout::Form::Device {
                     // Swap the new directory with the whiteout, then drop the whiteout.
                     self.stack
                         .rename(Tree::Work, &at, Tree::Upper, &rel, libc::RENAME_EXCHANGE)?;
                     self.stack.unlink(Tree::Work, &at, false)?;
                 } else {
+                    // Over a 0/0 device (replaced), or beside a `.wh.` file (removed next).
                     self.stack.rename(Tree::Work, &at, Tree::Upper, &rel, 0)?;
+                }
+                if form == whiteout::Form::File {
+                    self.stack.remove_marker(&rel)?;
                 }
             }
             Ok(())
@@ -351,6 +360,9 @@ impl OverlayFs {
         if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
             return Err(Errno::EINVAL);
         }
+        if whiteout::is_marker_name(newname.as_bytes()) {
+            return Err(Errno::EPERM);
+        }
         // Copy a directory source with lower contents up while other requests go on (the
         // namespace lock shared); the rename proper below, which holds it exclusively, then
         // finds the tree already up and only moves it.
@@ -422,21 +434,31 @@ impl OverlayFs {
             }
             self.detach(d, &drel, Leaving::Replaced)?;
         }
-        if src.kind == Kind::Dir && self.upper_whiteout_at(&drel)? {
+        let dst_wh = match dst {
+            Some(_) => None,
+            None => self.stack.upper_whiteout(&drel).map_err(errno)?,
+        };
+        if src.kind == Kind::Dir && dst_wh == Some(whiteout::Form::Device) {
             self.stack
                 .unlink(Tree::Upper, &drel, false)
                 .map_err(errno)?;
         }
+        let device_form = self.stack.whiteout_form() == whiteout::Form::Device;
         if src_lower {
             match self.stack.rename(
                 Tree::Upper,
                 &srel,
                 Tree::Upper,
                 &drel,
-                libc::RENAME_WHITEOUT,
+                if device_form {
+                    libc::RENAME_WHITEOUT
+                } else {
+                    0
+                },
             ) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Ok(()) if device_form => {}
+                Ok(()) => self.whiteout(&srel)?,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) => {
                     self.stack
                         .rename(Tree::Upper, &srel, Tree::Upper, &drel, 0)
                         .map_err(errno)?;
@@ -448,6 +470,9 @@ impl OverlayFs {
             self.stack
                 .rename(Tree::Upper, &srel, Tree::Upper, &drel, 0)
                 .map_err(errno)?;
+        }
+        if dst_wh == Some(whiteout::Form::File) {
+            self.stack.remove_marker(&drel).map_err(errno)?;
         }
         self.moved(src.id, src.kind, newparent, newname);
         self.listings.removed(parent, name);

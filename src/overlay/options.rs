@@ -27,6 +27,20 @@ pub struct OverlayConfig {
     /// mounts its layers with [`LowerLinks::Recorded`].
     #[serde(default)]
     pub lower_links: Vec<LowerLinks>,
+    /// `allow_other` (or `allow_root`) was asked for ([`asks_allow_other`]). A privileged mount
+    /// always admits other users; a user's mount through fusermount3 only when asked, and only
+    /// where /etc/fuse.conf has `user_allow_other` (fuse.conf(5)).
+    #[serde(default)]
+    pub allow_other: bool,
+}
+
+/// Whether the `-o` strings ask for `allow_other` or `allow_root` (libfuse's options; both
+/// need `user_allow_other` for a user's mount).
+pub fn asks_allow_other(options: &[String]) -> bool {
+    options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .any(|o| o == "allow_other" || o == "allow_root")
 }
 
 /// The `squash_to_uid`/`squash_to_gid` of a mount; `None` = real owners.
@@ -322,6 +336,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         workdir,
         squash: raw.squash,
         lower_links: Vec::new(),
+        allow_other: false,
     })
 }
 
@@ -342,6 +357,13 @@ mod tests {
         assert_eq!(r.lowerdirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(r.upperdir, Some(PathBuf::from("/u")));
         assert_eq!(r.workdir, Some(PathBuf::from("/w")));
+    }
+
+    #[test]
+    fn allow_other_and_allow_root_are_asked_for_by_name() {
+        assert!(asks_allow_other(&s("lowerdir=/a,upperdir=/u,allow_other")));
+        assert!(asks_allow_other(&["rw".into(), "allow_root".into()]));
+        assert!(!asks_allow_other(&s("lowerdir=/allow_other,upperdir=/u")));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! "whiteouts and opaque directories", "readdir"):
 //! * an entry of a higher layer hides the entries of that name below it, unless both are
 //!   directories, which merge;
-//! * a whiteout (see [`whiteout`]) hides the name in every layer below it;
+//! * a whiteout (see [`whiteout`]: a 0/0 device, or a `.wh.NAME` file beside the name) hides
+//!   the name in every layer below it; `.wh.` names never show;
 //! * an opaque directory hides everything below it in lower layers;
 //! * a directory's merged names are the union over the layers merged into it, upper first,
 //!   each name once, whiteouts left out.
@@ -29,8 +30,9 @@ use super::whiteout;
 use crate::error::{Error, Result};
 use crate::sys::{check, child};
 
-/// Checks that the upper/work filesystem supports what the overlay needs: d_type, xattrs
-/// (`trusted.*` as root), whiteouts (mknod of a 0/0 character device) and rename.
+/// Checks that the upper/work filesystem supports what the overlay needs: d_type, opaque
+/// marks (an xattr, or the marker file where xattrs are missing), whiteouts in the form the
+/// mount will write ([`whiteout::Form::choose`]) and rename.
 ///
 /// Errors: [`Error::Invalid`] naming the upperdir and the missing feature.
 pub fn probe_upper(upper: &Path, work: &Path) -> Result<()> {
@@ -43,9 +45,14 @@ pub fn probe_upper(upper: &Path, work: &Path) -> Result<()> {
         let dir = std::fs::File::open(&probe).map_err(|e| e.to_string())?;
         use std::os::fd::AsFd;
         crate::overlay::whiteout::set_opaque(dir.as_fd())
-            .map_err(|e| format!("no xattr support ({e})"))?;
-        crate::overlay::whiteout::create_whiteout(dir.as_fd(), std::ffi::OsStr::new("wh"))
-            .map_err(|e| format!("cannot create whiteouts ({e}); run as root"))?;
+            .map_err(|e| format!("cannot mark directories opaque ({e})"))?;
+        let form = whiteout::Form::choose(dir.as_fd());
+        whiteout::create_whiteout_in(dir.as_raw_fd(), c"wh", form)
+            .map_err(|e| format!("cannot create whiteouts ({e})"))?;
+        let (wh, wh2) = match form {
+            whiteout::Form::Device => ("wh", "wh2"),
+            whiteout::Form::File => (".wh.wh", ".wh.wh2"),
+        };
         let mut saw_dtype = false;
         for ent in std::fs::read_dir(&probe).map_err(|e| e.to_string())? {
             let ent = ent.map_err(|e| e.to_string())?;
@@ -53,14 +60,14 @@ pub fn probe_upper(upper: &Path, work: &Path) -> Result<()> {
                 .file_type()
                 .map(|t| {
                     use std::os::unix::fs::FileTypeExt;
-                    t.is_char_device()
+                    t.is_char_device() || t.is_file()
                 })
                 .unwrap_or(false);
         }
         if !saw_dtype {
             return Err("no d_type support".into());
         }
-        std::fs::rename(probe.join("wh"), probe.join("wh2"))
+        std::fs::rename(probe.join(wh), probe.join(wh2))
             .map_err(|e| format!("rename fails ({e})"))?;
         Ok(())
     })();
@@ -121,6 +128,8 @@ pub struct Stack {
     /// owns it nor has `CAP_FOWNER`, as a non-root daemon over a store layer's 0:0 files):
     /// later opens go without it instead of paying a refused `openat` each.
     noatime_refused: std::sync::atomic::AtomicBool,
+    /// How whiteouts are written in the upper dir (both forms are always read).
+    form: whiteout::Form,
 }
 
 fn open_dir(p: &Path) -> io::Result<OwnedFd> {
@@ -142,18 +151,27 @@ fn open_dir(p: &Path) -> io::Result<OwnedFd> {
 
 impl Stack {
     /// Opens the layers of a mount: `lowers` top first, the upper dir and the workdir.
+    /// Whiteouts are written in the form [`whiteout::Form::choose`] picks for the workdir's
+    /// filesystem.
     ///
     /// Errors: the `open(2)` errno of the first directory that fails.
     pub fn new(lowers: &[PathBuf], upper: &Path, work: &Path) -> io::Result<Stack> {
+        let work = open_dir(work)?;
         Ok(Stack {
             upper: Some(open_dir(upper)?),
-            work: Some(open_dir(work)?),
+            form: whiteout::Form::choose(work.as_fd()),
+            work: Some(work),
             lowers: lowers
                 .iter()
                 .map(|p| open_dir(p))
                 .collect::<io::Result<_>>()?,
             noatime_refused: Default::default(),
         })
+    }
+
+    /// How this stack writes whiteouts in its upper dir.
+    pub fn whiteout_form(&self) -> whiteout::Form {
+        self.form
     }
 
     /// Opens a stack for reading merged trees only (promotion): an optional upper dir over
@@ -174,6 +192,7 @@ impl Stack {
                 .map(|p| open_dir(p))
                 .collect::<io::Result<_>>()?,
             noatime_refused: Default::default(),
+            form: whiteout::Form::Device,
         })
     }
 
@@ -438,13 +457,34 @@ pub struct Entry {
 }
 
 impl Stack {
-    /// True when `rel` in `tree` is a whiteout.
+    /// True when `tree` records a whiteout of `rel`, in either form ([`whiteout::whited_out`]).
     ///
     /// Errors: the `fstatat` errno other than `ENOENT`/`ENOTDIR` (which mean no).
     pub fn is_whiteout(&self, tree: Tree, rel: &CStr) -> io::Result<bool> {
-        Ok(self
-            .stat_opt(tree, rel)?
-            .is_some_and(|st| whiteout::is_whiteout_stat(&st)))
+        let st = self.stat_opt(tree, rel)?;
+        whiteout::whited_out(self.fd(tree), rel, st.as_ref())
+    }
+
+    /// The form of the upper dir's whiteout of `rel`, if it has one: a 0/0 device occupies
+    /// the name itself (a new entry replaces it), a `.wh.` file lies beside it (a new entry
+    /// goes in beside it and the marker is then removed).
+    ///
+    /// Errors: as [`Stack::is_whiteout`].
+    pub fn upper_whiteout(&self, rel: &CStr) -> io::Result<Option<whiteout::Form>> {
+        let st = self.stat_opt(Tree::Upper, rel)?;
+        Ok(match st {
+            Some(st) if whiteout::is_whiteout_stat(&st) => Some(whiteout::Form::Device),
+            Some(_) => None,
+            None => whiteout::whited_out(self.fd(Tree::Upper), rel, None)?
+                .then_some(whiteout::Form::File),
+        })
+    }
+
+    /// Removes the upper dir's `.wh.` file whiteout of `rel`, if any ([`whiteout::remove_marker`]).
+    ///
+    /// Errors: the `unlinkat` errno other than `ENOENT`.
+    pub fn remove_marker(&self, rel: &CStr) -> io::Result<()> {
+        whiteout::remove_marker(self.fd(Tree::Upper), rel)
     }
 
     /// True when the directory `rel` of `tree` is opaque (a symlink is never followed).
@@ -462,11 +502,11 @@ impl Stack {
         whiteout::set_opaque(d.as_fd())
     }
 
-    /// Creates a whiteout at `rel` in the upper dir.
+    /// Creates a whiteout of `rel` in the upper dir, in the stack's form.
     ///
-    /// Errors: as [`whiteout::create_whiteout_at`] (`EEXIST` if `rel` exists).
+    /// Errors: as [`whiteout::create_whiteout_in`] (`EEXIST` if `rel` exists, device form).
     pub fn create_whiteout(&self, rel: &CStr) -> io::Result<()> {
-        whiteout::create_whiteout_at(self.fd(Tree::Upper), rel)
+        whiteout::create_whiteout_in(self.fd(Tree::Upper), rel, self.form)
     }
 
     /// What is at `rel` (a child of a directory in the upper dir when `upper`, merged from the
@@ -480,10 +520,19 @@ impl Stack {
     ///
     /// Errors: the errno of an `fstatat` or of reading an opaque marker (not `ENOENT`/`ENOTDIR`).
     pub fn lookup(&self, upper: bool, lowers: u64, rel: &CStr) -> io::Result<Option<Entry>> {
+        let name = rel
+            .to_bytes()
+            .rsplit(|&c| c == b'/')
+            .next()
+            .unwrap_or_default();
+        if whiteout::is_marker_name(name) {
+            return Ok(None);
+        }
         merge_lookup(
             upper,
             lowers,
             |t| self.stat_opt(t, rel),
+            |t| whiteout::whited_out(self.fd(t), rel, None),
             |t| self.is_opaque(t, rel),
         )
     }
@@ -493,9 +542,14 @@ impl Stack {
     ///
     /// Errors: the `fstatat` errno other than `ENOENT`/`ENOTDIR`.
     pub fn lower_has(&self, lowers: u64, rel: &CStr) -> io::Result<bool> {
-        for l in lowers_of(lowers) {
+        let mut layers = lowers_of(lowers).peekable();
+        while let Some(l) = layers.next() {
             if let Some(st) = self.stat_opt(Tree::Lower(l), rel)? {
                 return Ok(!whiteout::is_whiteout_stat(&st));
+            }
+            if layers.peek().is_some() && whiteout::whited_out(self.fd(Tree::Lower(l)), rel, None)?
+            {
+                return Ok(false);
             }
         }
         Ok(false)
@@ -516,14 +570,20 @@ impl Stack {
         DirFds::new(self, upper, lowers, rel).merged_names()
     }
 
-    /// Removes the whiteouts inside the upper directory `rel`, so that it can be removed or
-    /// replaced (it must hold nothing else).
+    /// Removes the whiteouts inside the upper directory `rel` (0/0 devices, `.wh.` files and
+    /// the `.wh..wh..opq` marker), so that it can be removed or replaced (it must hold nothing
+    /// else).
     ///
     /// Errors: `ENOTEMPTY` for any other entry, or the errno of reading or unlinking.
     pub fn purge_whiteouts(&self, rel: &CStr) -> io::Result<()> {
         for (name, _) in self.read_dir(Tree::Upper, rel)? {
             let p = child(rel, &name)?;
-            if !self.is_whiteout(Tree::Upper, &p)? {
+            let marker = whiteout::is_marker_name(name.as_bytes());
+            if !marker
+                && !self
+                    .stat_opt(Tree::Upper, &p)?
+                    .is_some_and(|st| whiteout::is_whiteout_stat(&st))
+            {
                 return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
             }
             self.unlink(Tree::Upper, &p, false)?;
@@ -533,17 +593,24 @@ impl Stack {
 }
 
 /// The merge rules of [`Stack::lookup`] over one name, whose layers are read through `stat`
-/// (`fstatat` of the name in a tree, `None` for `ENOENT`/`ENOTDIR`) and `opaque` (whether the
-/// name, a directory in that tree, is opaque): shared by the lookup by path from the layer
-/// roots and the lookup in a directory whose layers are open ([`DirFds::lookup`]).
+/// (`fstatat` of the name in a tree, `None` for `ENOENT`/`ENOTDIR`), `marked` (whether a tree
+/// where the name is absent has a `.wh.` file whiteout of it, [`whiteout::whited_out`]; asked
+/// only where a layer below could show the name) and `opaque` (whether the name, a directory
+/// in that tree, is opaque): shared by the lookup by path from the layer roots and the lookup
+/// in a directory whose layers are open ([`DirFds::lookup`]).
 fn merge_lookup(
     upper: bool,
     lowers: u64,
     stat: impl Fn(Tree) -> io::Result<Option<libc::stat>>,
+    marked: impl Fn(Tree) -> io::Result<bool>,
     opaque: impl Fn(Tree) -> io::Result<bool>,
 ) -> io::Result<Option<Entry>> {
     let mut upper_st: Option<libc::stat> = None;
-    if upper && let Some(st) = stat(Tree::Upper)? {
+    let upper_st_now = if upper { stat(Tree::Upper)? } else { None };
+    if upper && upper_st_now.is_none() && lowers != 0 && marked(Tree::Upper)? {
+        return Ok(None);
+    }
+    if let Some(st) = upper_st_now {
         if whiteout::is_whiteout_stat(&st) {
             return Ok(None);
         }
@@ -564,6 +631,9 @@ fn merge_lookup(
     let mut layers = lowers_of(lowers).peekable();
     while let Some(l) = layers.next() {
         let Some(st) = stat(Tree::Lower(l))? else {
+            if layers.peek().is_some() && marked(Tree::Lower(l))? {
+                break;
+            }
             continue;
         };
         if whiteout::is_whiteout_stat(&st) {
@@ -767,12 +837,25 @@ impl<'a> DirFds<'a> {
     ///
     /// Errors: as [`Stack::lookup`].
     pub fn lookup(&self, name: &CStr) -> io::Result<Option<Entry>> {
+        if whiteout::is_marker_name(name.to_bytes()) {
+            return Ok(None);
+        }
         merge_lookup(
             self.upper,
             self.lowers,
             |t| self.stat_opt(t, name),
+            |t| self.marked(t, name),
             |t| self.is_opaque(t, name),
         )
+    }
+
+    /// Whether this directory of `tree` holds a `.wh.` file whiteout of `name` (false when
+    /// the directory is not there). Errors: as [`whiteout::whited_out`].
+    fn marked(&self, tree: Tree, name: &CStr) -> io::Result<bool> {
+        self.with_fd(tree, false, |fd, _| match fd {
+            Some(fd) => whiteout::whited_out(fd, name, None),
+            None => Ok(false),
+        })
     }
 
     /// The merged names of this directory with their kinds, as [`Stack::merged_names`]
@@ -794,7 +877,15 @@ impl<'a> DirFds<'a> {
                 Some(fd) => read_dir_fd(fd, was),
                 None => Ok(Vec::new()),
             })?;
+            // `.wh.NAME` files hide NAME in the layers below this one (not in this one).
+            let mut hidden: Vec<OsString> = Vec::new();
             for (name, dtype) in names {
+                if let Some(target) = name.as_bytes().strip_prefix(whiteout::WH_PREFIX) {
+                    if multi {
+                        hidden.push(OsStr::from_bytes(target).to_os_string());
+                    }
+                    continue;
+                }
                 if multi && seen.contains(&name) {
                     continue;
                 }
@@ -819,6 +910,7 @@ impl<'a> DirFds<'a> {
                 }
                 out.push((name, kind));
             }
+            seen.extend(hidden);
         }
         Ok(out)
     }

@@ -2,8 +2,11 @@
 //!
 //! Merge rules are kernel overlayfs's (Documentation/filesystems/overlayfs.rst), applied by the
 //! overlay's layer stack ([`crate::overlay::stack`], the same code the mounted overlay uses):
-//! * an upper **whiteout** (char device 0/0) deletes the lower entry of that name;
-//! * an **opaque** upper directory hides all lower children of that directory;
+//! * an upper **whiteout** deletes the lower entry of that name, in either form the overlay
+//!   reads ([`crate::overlay::whiteout::whited_out`]: a char device 0/0, or fuse-overlayfs's
+//!   `.wh.NAME` file, which a user's mount writes where mknod is refused);
+//! * an **opaque** upper directory (xattr, or the `.wh..wh..opq` marker) hides all lower
+//!   children of that directory; the markers themselves never enter a layer;
 //! * an upper directory over a lower directory merges; any other upper entry replaces the lower;
 //! * lower regular files (already object hardlinks) are **re-linked**, not re-hashed (re-hashed
 //!   only to find a spill copy on `EMLINK`); upper regular files are hashed and hardlinked into
@@ -250,6 +253,10 @@ struct Builder<'a> {
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(rd) = fs::read_dir(dir) else { return };
     for ent in rd.flatten() {
+        use std::os::unix::ffi::OsStrExt;
+        if crate::overlay::whiteout::is_marker_name(ent.file_name().as_bytes()) {
+            continue; // a whiteout marker, never part of the built tree
+        }
         match ent.file_type() {
             Ok(t) if t.is_dir() => collect_files(&ent.path(), out),
             Ok(t) if t.is_file() => out.push(ent.path()),
@@ -524,6 +531,44 @@ mod tests {
         assert_eq!(a.ino(), b.ino());
         assert_eq!(st.counts.new_objects, 4, "new, uc, uy, 'now a file'");
         assert_eq!(st.counts.symlinks, 1);
+    }
+
+    /// An upper written by a user's mount where mknod is refused (fuse-overlayfs's `.wh.`
+    /// files and opaque marker file) promotes to the same tree, without the markers.
+    #[test]
+    fn file_form_whiteouts_and_opaque_markers_apply() {
+        let fx = fixture();
+        let base = fx.t.path().join("base");
+        write(&base.join("keep.txt"), "lower");
+        write(&base.join("gone.txt"), "lower");
+        write(&base.join("merged/a"), "la");
+        write(&base.join("merged/b"), "lb");
+        write(&base.join("hidden/x"), "lx");
+        let lower = layer_from(&fx, &base, "lower");
+
+        let upper = fx.t.path().join("upper");
+        write(&upper.join(".wh.gone.txt"), "");
+        write(&upper.join("merged/.wh.a"), "");
+        write(&upper.join("merged/c"), "uc");
+        write(&upper.join("hidden/.wh..wh..opq"), "");
+        write(&upper.join("hidden/y"), "uy");
+        // A whiteout of a name that no lower has hides nothing and leaves nothing.
+        write(&upper.join(".wh.never"), "");
+
+        let out = fx.t.path().join("out");
+        let st = build_tree(&fx.objects, Some(&lower), Some(&upper), &out).unwrap();
+        assert_eq!(
+            listing(&out),
+            vec![
+                "hidden/",
+                "hidden/y = uy",
+                "keep.txt = lower",
+                "merged/",
+                "merged/b = lb",
+                "merged/c = uc",
+            ]
+        );
+        assert_eq!(st.counts.new_objects, 2, "uc, uy");
     }
 
     #[test]

@@ -165,6 +165,84 @@ fn whiteouts_and_opaque_directories_hide_lower_entries() {
     assert!(s.is_opaque(Tree::Upper, c"./w").unwrap());
 }
 
+/// fuse-overlayfs's file forms, read in every layer: `.wh.NAME` hides NAME below its layer
+/// (not beside it), `.wh..wh..opq` makes its directory opaque, `.wh.` names never show; both
+/// the lookup by path and the lookup in an open directory follow them. Needs no privilege.
+#[test]
+fn file_form_whiteouts_and_opaque_markers_hide_lower_entries() {
+    let fx = Fx::new();
+    fx.file("l0/gone");
+    fx.file("upper/.wh.gone");
+    fx.file("l1/deep");
+    fx.file("l0/.wh.deep");
+    // Beside its marker in the same layer a name still shows (a re-created entry).
+    fx.file("l0/back");
+    fx.file("l0/.wh.back");
+    fx.file("l1/back");
+    fx.dir("upper/o");
+    fx.file("upper/o/.wh..wh..opq");
+    fx.file("upper/o/mine");
+    fx.file("l0/o/theirs");
+    fx.dir("l0/p");
+    fx.file("l0/p/.wh..wh..opq");
+    fx.file("l0/p/top");
+    fx.file("l1/p/below");
+    let s = fx.stack();
+    let all = s.all_lowers();
+    for (name, path) in [(c"gone", c"./gone"), (c"deep", c"./deep")] {
+        assert!(s.lookup(true, all, path).unwrap().is_none(), "{name:?}");
+        assert!(
+            DirFds::new(&s, true, all, c".")
+                .lookup(name)
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert!(
+        s.lookup(true, all, c"./.wh.gone").unwrap().is_none(),
+        "markers never show"
+    );
+    assert!(
+        DirFds::new(&s, true, all, c".")
+            .lookup(c".wh.deep")
+            .unwrap()
+            .is_none()
+    );
+    let back = s.lookup(true, all, c"./back").unwrap().unwrap();
+    assert_eq!(back.lowers, 0b01);
+    assert!(s.is_whiteout(Tree::Upper, c"./gone").unwrap());
+    assert_eq!(
+        s.upper_whiteout(c"./gone").unwrap(),
+        Some(whiteout::Form::File)
+    );
+    assert!(
+        !s.lower_has(all, c"./deep").unwrap(),
+        "a lower .wh. file decides"
+    );
+    assert!(s.lower_has(all, c"./gone").unwrap());
+    let o = s.lookup(true, all, c"./o").unwrap().unwrap();
+    assert_eq!((o.upper, o.lowers), (true, 0), "opaque by marker file");
+    assert_eq!(names(&s, c"."), ["back", "o", "p"]);
+    let listed: Vec<_> = s
+        .merged_names(true, o.lowers, c"./o")
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(listed, ["mine"]);
+    let p = s.lookup(true, all, c"./p").unwrap().unwrap();
+    assert_eq!(p.lowers, 0b01);
+    // purge_whiteouts removes `.wh.` files and the opaque marker too.
+    fx.dir("upper/w");
+    fx.file("upper/w/.wh.x");
+    fx.file("upper/w/.wh..wh..opq");
+    s.purge_whiteouts(c"./w").unwrap();
+    assert_eq!(fs::read_dir(fx.root.join("upper/w")).unwrap().count(), 0);
+    s.remove_marker(c"./gone").unwrap();
+    assert_eq!(s.upper_whiteout(c"./gone").unwrap(), None);
+    assert!(s.lookup(true, all, c"./gone").unwrap().is_some());
+}
+
 /// The parts of an entry the merge decides (a `libc::stat` has no `PartialEq`).
 fn shape(e: Option<Entry>) -> Option<(Kind, bool, u64, Option<u64>, u64)> {
     e.map(|e| (e.kind, e.upper, e.lowers, e.lower_ino, e.st.st_ino))
