@@ -359,6 +359,9 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         })
         .unwrap_or_default();
     let paths = paths(&args.paths, default_view)?;
+    if rootless.is_some() {
+        crate::run::rootless::check_view_dirs(&spec, &paths)?;
+    }
     let store_dir = store_root(global)?;
     if docker.is_some() {
         // `docker run -v SRC:DST` splits at ':': such a path would fail only at the first step.
@@ -426,12 +429,11 @@ fn absolute(what: &str, path: &std::path::Path) -> Result<std::path::PathBuf> {
     std::path::absolute(path).map_err(|e| Error::invalid(format!("{what} {}: {e}", path.display())))
 }
 
-/// The validated `--workdir`, `--mount-root` and `--workdir-view`: none may be `/` or a system
-/// directory (see [`crate::spec::check_root`]).
+/// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
+/// `default_view`), made absolute and checked: none may be `/` or a system directory
+/// ([`crate::spec::check_root`]).
 ///
 /// Errors: [`Error::Invalid`] naming the flag.
-/// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
-/// `default_view`), made absolute and checked ([`crate::spec::check_root`]).
 fn paths(
     args: &crate::cli::PathArgs,
     default_view: Option<&std::path::Path>,

@@ -536,6 +536,38 @@ fn refusals_of_a_user_run_are_one_line_exit_2() {
             "{what}: nothing made"
         );
     }
+    // A mount root the user cannot create (the default /cache is one: / is root's).
+    let root = "/lc-test-no-such-root/cache";
+    let work = h.path("w1");
+    let args = [
+        "run",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--workdir",
+        work.to_str().unwrap(),
+        "--mount-root",
+        root,
+        "--",
+        "true",
+    ];
+    let out = h.command_with("fuse", "", &args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "mount root: {}", show(&out));
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "mount root: one line: {err}"
+    );
+    assert!(
+        err.contains("--mount-root /lc-test-no-such-root/cache: does not exist")
+            && err.contains("cannot create it (/ is not writable)"),
+        "mount root: {err}"
+    );
+    assert!(!std::path::Path::new("/lc-test-no-such-root").exists());
+    assert!(
+        !h.store().join("v1/projects").exists(),
+        "mount root: nothing made"
+    );
     assert!(host_fuse_mounts_below(h.dir.path()).is_empty());
 }
 

@@ -121,6 +121,59 @@ pub fn preflight(docker: bool, user: Option<RunUser>, source: UserSource) -> Res
     Ok(Rootless { uid, gid, as_root })
 }
 
+/// Checks, before anything is mounted, that this unprivileged run can create the host
+/// directories its views need (the mount root of views below it, the `--workdir-view`
+/// directory, a view below the workdir): each must exist or have a nearest existing ancestor
+/// the user may write (access(2) `W_OK`). A root run creates `/cache` itself; a user cannot.
+///
+/// Errors: [`Error::Invalid`] (exit 2), one line naming the flag (`--mount-root`,
+/// `--workdir-view`) or the cache's view path, the directory that is not writable, and what
+/// would do instead.
+pub fn check_view_dirs(spec: &crate::spec::Spec, paths: &crate::spec::Paths) -> Result<()> {
+    let mut need: Vec<(String, std::path::PathBuf)> = Vec::new();
+    if let Some(v) = &paths.workdir_view {
+        need.push(("--workdir-view".into(), v.clone()));
+    }
+    for c in &spec.caches {
+        let Ok(v) = c.mountpoint(paths) else {
+            continue; // the run reports a bad mountpoint itself
+        };
+        if v.starts_with(&paths.mount_root) {
+            need.push(("--mount-root".into(), paths.mount_root.clone()));
+        } else if let Ok(rel) = v.strip_prefix(paths.view_workdir()) {
+            need.push((
+                format!("cache {:?}'s view", c.id.as_str()),
+                paths.workdir.join(rel),
+            ));
+        }
+    }
+    for (what, dir) in need {
+        let Some(existing) = dir.ancestors().find(|a| a.exists()) else {
+            continue;
+        };
+        if existing == dir || rustix::fs::access(existing, rustix::fs::Access::WRITE_OK).is_ok() {
+            continue;
+        }
+        let uid = rustix::process::getuid().as_raw();
+        let hint = if what == "--mount-root" {
+            format!(
+                "create it once as root (mkdir -m 1777 {}), or pass --mount-root with a \
+                 directory you may create (e.g. --mount-root $HOME/.cache/layercache-views)",
+                dir.display()
+            )
+        } else {
+            "create it first, or choose a path in a directory you own".to_string()
+        };
+        return Err(Error::invalid(format!(
+            "{what} {}: does not exist, and uid {uid} cannot create it ({} is not writable): \
+             {hint}",
+            dir.display(),
+            existing.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Makes this process enter a new user namespace and mount namespace (see the module docs):
 /// afterwards it is uid 0 / gid 0 there, which are `r.uid` / `r.gid` outside, and its mounts
 /// are private. Call it before any thread is started (unshare(2) refuses a multithreaded
