@@ -7,8 +7,10 @@
 mod common;
 
 use std::ffi::CString;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use common::*;
 
@@ -33,6 +35,22 @@ fn xattr_list_sizes(p: &Path) -> (usize, usize) {
     let got = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert!(got >= 0, "llistxattr {}: errno {}", p.display(), errno());
     (asked as usize, got as usize)
+}
+
+/// Runs `sh -c script` in `dir` as `uid`:`gid` with no supplementary groups (setpriv).
+fn as_user(uid: u32, gid: u32, dir: &Path, script: &str) -> Output {
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={gid}"),
+            "--clear-groups",
+            "sh",
+            "-c",
+            script,
+        ])
+        .current_dir(dir)
+        .output()
+        .expect("setpriv")
 }
 
 /// generic/020, 037, 062, 097, 337, 523, 533, 618 (`getfattr -d` printed `user.fish=""`) and
@@ -99,4 +117,67 @@ fn size_only_getxattr_and_listxattr_answer_the_length() {
         "getcap after setcap: {text:?} (stderr {:?})",
         String::from_utf8_lossy(&got.stderr)
     );
+}
+
+/// generic/683-685 (and the write and truncate cases of the same rule): a content change by a
+/// caller without CAP_FSETID drops S_ISUID, and S_ISGID when the file is group-executable or
+/// the caller is not in its group — as the kernel does for ext4 (fs/attr.c); root keeps both.
+/// Layercache left S_ISGID of `2666`-style files: the daemon writes as root, and the FUSE
+/// kernel module clears S_ISGID only with group-execute.
+#[test]
+fn unprivileged_content_changes_drop_setid_bits_as_the_kernel_does() {
+    require_root!();
+    let fx = Fixture::new(|l| {
+        fs::create_dir(l.join("d")).unwrap();
+        chmod(&l.join("d"), 0o777);
+        write(&l.join("d/lower"), vec![b'X'; 192 << 10]);
+    });
+    let dir = fx.p("d");
+    // (mode before, mode after for the user, xfs_io command)
+    let cases: &[(u32, u32)] = &[
+        (0o6666, 0o0666),
+        (0o6676, 0o0676),
+        (0o6766, 0o0766),
+        (0o6777, 0o0777),
+        (0o2676, 0o0676),
+        (0o2777, 0o0777),
+    ];
+    let commands = [
+        "falloc 64k 64k",
+        "fpunch 64k 64k",
+        "fzero 64k 64k",
+        "pwrite 0 4k",
+        "truncate 100k",
+    ];
+    for cmd in commands {
+        for (i, &(before, after)) in cases.iter().enumerate() {
+            // A lower file (copied up by the change) and one made in the mount.
+            for name in ["lower", "new"] {
+                let f = dir.join(name);
+                if name == "new" {
+                    write(&f, vec![b'X'; 192 << 10]);
+                }
+                chmod(&f, before);
+                let o = as_user(12345, 12345, &dir, &format!("xfs_io -c '{cmd}' {name}"));
+                assert!(
+                    o.status.success(),
+                    "{cmd} {name}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                let m = fs::metadata(&f).unwrap().mode() & 0o7777;
+                assert_eq!(
+                    m, after,
+                    "case {i}: `{cmd}` by uid 12345 of a {before:o} {name} file left {m:o}"
+                );
+                // Root (CAP_FSETID) keeps them.
+                chmod(&f, before);
+                sh(&dir, &format!("xfs_io -c '{cmd}' {name}"));
+                let m = fs::metadata(&f).unwrap().mode() & 0o7777;
+                assert_eq!(
+                    m, before,
+                    "case {i}: `{cmd}` by root of a {before:o} {name} file"
+                );
+            }
+        }
+    }
 }

@@ -23,6 +23,7 @@ use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
 use super::inode::{Backing, ROOT};
 use super::ops::{AttrChange, NewEntry, XattrReply};
 use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
+use super::privs::{self, Caller};
 use super::stack::{DirFds, Kind};
 
 const GEN: Generation = Generation(0);
@@ -74,6 +75,15 @@ fn empty(reply: ReplyEmpty, r: OpResult<()>) {
     match r {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(e),
+    }
+}
+
+/// The sender of `req` (for the set-id rule, `privs.rs`).
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
     }
 }
 
@@ -209,7 +219,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -234,7 +244,13 @@ impl fuser::Filesystem for OverlayFs {
             mtime,
         };
         match traced("setattr", ino.0, || {
-            OverlayFs::setattr(self, ino.0, &change)
+            let mut a = OverlayFs::setattr(self, ino.0, &change)?;
+            if size.is_some()
+                && let Some(perm) = self.drop_setid(ino.0, &caller(req))?
+            {
+                a.perm = perm as u16;
+            }
+            Ok(a)
         }) {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
@@ -415,7 +431,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -426,7 +442,9 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyWrite,
     ) {
         match traced("write", ino.0, || {
-            OverlayFs::write(self, ino.0, offset, data)
+            let n = OverlayFs::write(self, ino.0, offset, data)?;
+            self.drop_setid(ino.0, &caller(req))?;
+            Ok(n)
         }) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
@@ -650,7 +668,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -659,7 +677,8 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyEmpty,
     ) {
         let r = traced("fallocate", ino.0, || {
-            self.fallocate_node(ino.0, offset, length, mode)
+            self.fallocate_node(ino.0, offset, length, mode)?;
+            self.drop_setid(ino.0, &caller(req)).map(drop)
         });
         empty(reply, r);
     }
@@ -681,7 +700,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -693,7 +712,9 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyWrite,
     ) {
         let r = traced("copy_file_range", ino_out.0, || {
-            self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len)
+            let n = self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len)?;
+            self.drop_setid(ino_out.0, &caller(req))?;
+            Ok(n)
         });
         match r {
             Ok(n) => reply.written(n),
@@ -703,6 +724,18 @@ impl fuser::Filesystem for OverlayFs {
 }
 
 impl OverlayFs {
+    /// After a content change of node `id` (copied up) by `caller`: drops the set-id bits the
+    /// kernel would ([`privs::drop_after_write`]); returns the new permission bits if it did.
+    ///
+    /// Errors: the errno of opening, `fstat` or `fchmod` of the upper file.
+    fn drop_setid(&self, id: u64, caller: &Caller) -> OpResult<Option<u32>> {
+        let f = {
+            let _g = self.ns.read();
+            self.data_fd(id, true)?
+        };
+        privs::drop_after_write(&f, caller, |g| self.squash.gid.unwrap_or(g)).map_err(errno)
+    }
+
     fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {
         if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());

@@ -17,6 +17,7 @@ pub mod links;
 mod ops;
 pub mod options;
 mod passthrough;
+mod privs;
 mod ring;
 pub mod stack;
 pub mod whiteout;
