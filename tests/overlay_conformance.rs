@@ -181,3 +181,168 @@ fn unprivileged_content_changes_drop_setid_bits_as_the_kernel_does() {
         }
     }
 }
+
+/// Mounts `opts` (an overlay option string) at `fx.mnt` with the implementation under test.
+fn mount_opts(fx: &mut Fixture, opts: &str) {
+    let mut c = match Impl::current() {
+        Impl::Layercache => {
+            let mut c = Command::new(BIN);
+            c.arg("overlay").arg("-o").arg(opts).arg(&fx.mnt);
+            c
+        }
+        Impl::Kernel => {
+            let mut c = Command::new("mount");
+            c.args(["-t", "overlay", "overlay", "-o", opts])
+                .arg(&fx.mnt);
+            c
+        }
+        Impl::FuseOverlayfs => {
+            let mut c = Command::new("fuse-overlayfs");
+            c.arg("-o").arg(format!("{opts},allow_other")).arg(&fx.mnt);
+            c
+        }
+    };
+    run_ok(&mut c);
+    fx.adopt_mount();
+}
+
+/// Every kind of change to `mnt` (which holds file `f` and directory `d`) fails with EROFS.
+fn assert_read_only(mnt: &Path, what: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let erofs = |r: std::io::Result<()>, op: &str| {
+        let e = r.err().unwrap_or_else(|| panic!("{what}: {op} succeeded"));
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {op}: {e}");
+    };
+    erofs(fs::write(mnt.join("new"), "x"), "create");
+    erofs(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(mnt.join("f"))
+            .map(drop),
+        "open for writing",
+    );
+    erofs(fs::create_dir(mnt.join("newdir")), "mkdir");
+    erofs(fs::remove_file(mnt.join("f")), "unlink");
+    erofs(fs::remove_dir(mnt.join("d")), "rmdir");
+    erofs(fs::rename(mnt.join("f"), mnt.join("g")), "rename");
+    erofs(
+        fs::set_permissions(mnt.join("f"), fs::Permissions::from_mode(0o600)),
+        "chmod",
+    );
+    erofs(set_xattr(&mnt.join("f"), "user.x", b"1"), "setxattr");
+    erofs(std::os::unix::fs::symlink("f", mnt.join("link")), "symlink");
+    assert_eq!(read(&mnt.join("f")), "lower\n", "{what}: read");
+}
+
+/// generic/294, 306, 452: `-o ro` gives a read-only mount (EROFS for every change; layercache
+/// refused the option), and layercache writes nothing to the upper dir (kernel overlayfs still
+/// records `trusted.overlay.uuid` on it and makes its work dir).
+#[test]
+fn ro_mount_refuses_every_change() {
+    require_root!();
+    let mut fx = Fixture::builder().unmounted().build(|l| {
+        write(&l[0].join("f"), "lower\n");
+        fs::create_dir(l[0].join("d")).unwrap();
+    });
+    write(&fx.upper.join("up"), "upper\n");
+    let before = tree_fingerprint(&fx.upper);
+    let opts = format!("{},ro", fx.options());
+    mount_opts(&mut fx, &opts);
+    assert_read_only(&fx.mnt, "-o ro");
+    assert_eq!(read(&fx.p("up")), "upper\n");
+    let st = rustix::fs::statvfs(&fx.mnt).unwrap();
+    assert!(
+        st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY),
+        "statvfs shows a read-only mount"
+    );
+    fx.unmount();
+    only_layercache!("kernel overlayfs writes its uuid xattr to the upper even when ro");
+    assert!(
+        tree_fingerprint(&fx.upper) == before,
+        "the upper dir changed under a read-only mount"
+    );
+}
+
+/// Kernel overlayfs mounts lower layers alone (no upperdir) read-only: the merged view of the
+/// lowers, the root showing the top lower's directory, EROFS for changes.
+#[test]
+fn lowerdir_only_mount_is_a_read_only_merge() {
+    require_root!();
+    let mut fx = Fixture::builder().lowers(2).unmounted().build(|l| {
+        write(&l[0].join("f"), "lower\n");
+        fs::create_dir(l[0].join("d")).unwrap();
+        write(&l[1].join("f"), "hidden\n");
+        write(&l[1].join("below"), "below\n");
+        chmod(&l[0], 0o751);
+    });
+    let lowers: Vec<String> = fx.lowers.iter().map(|l| l.display().to_string()).collect();
+    let opts = format!("lowerdir={}", lowers.join(":"));
+    mount_opts(&mut fx, &opts);
+    assert_eq!(read(&fx.p("below")), "below\n");
+    assert_eq!(
+        names(&fx.mnt),
+        vec!["below".to_string(), "d".into(), "f".into()]
+    );
+    let root = fs::metadata(&fx.mnt).unwrap();
+    assert_eq!(root.mode() & 0o7777, 0o751, "root mode is the top lower's");
+    assert_read_only(&fx.mnt, "lowerdir only");
+}
+
+/// generic/294, 452: `mount -o remount,ro` makes a writable mount read-only and `remount,rw`
+/// writable again (the kernel flips the superblock; the daemon is not asked).
+#[test]
+fn remount_ro_and_back_to_rw() {
+    require_root!();
+    let fx = Fixture::new(|l| {
+        write(&l.join("f"), "lower\n");
+        fs::create_dir(l.join("d")).unwrap();
+    });
+    // -i: no mount.<type> helper (mount.fuse would start a daemon).
+    let remount = |how: &str| {
+        run_ok(
+            Command::new("mount")
+                .args(["-i", "-o", &format!("remount,{how}")])
+                .arg(&fx.mnt),
+        )
+    };
+    remount("ro");
+    assert_read_only(&fx.mnt, "remount,ro");
+    remount("rw");
+    fs::write(fx.p("new"), "x").unwrap();
+    assert_eq!(read(&fx.p("new")), "x");
+}
+
+/// Makes character device 1:3 (/dev/null's) at `p` and writes to it; the errno of opening it.
+fn open_made_null(p: &Path) -> Result<(), i32> {
+    let c = cstr(p);
+    // SAFETY: valid C string; mknod of a character device as root.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod {}: errno {}", p.display(), errno());
+    match fs::OpenOptions::new().write(true).open(p) {
+        Ok(mut f) => {
+            use std::io::Write;
+            f.write_all(b"gone").unwrap();
+            Ok(())
+        }
+        Err(e) => Err(e.raw_os_error().unwrap_or(-1)),
+    }
+}
+
+/// generic/184, 434: with `-o dev` (kernel overlayfs's default) a device node made in the
+/// mount can be opened; without it layercache's mount stays `nodev` (EACCES).
+#[test]
+fn dev_option_lets_device_nodes_open() {
+    require_root!();
+    let mut fx = Fixture::builder().unmounted().build(|_| {});
+    let opts = format!("{},dev", fx.options());
+    mount_opts(&mut fx, &opts);
+    assert_eq!(open_made_null(&fx.p("null")), Ok(()), "-o dev");
+    fx.unmount();
+    only_layercache!("nodev is layercache's default");
+    fx.mount();
+    assert_eq!(
+        open_made_null(&fx.p("null2")),
+        Err(libc::EACCES),
+        "the default mount is nodev"
+    );
+}

@@ -103,8 +103,12 @@ impl OverlayFs {
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
         let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
         // SAFETY: valid fd and out pointer.
-        if unsafe { libc::fstatvfs(self.stack.fd(super::stack::Tree::Upper), sv.as_mut_ptr()) } < 0
-        {
+        let tree = if self.stack.fd(super::stack::Tree::Upper) >= 0 {
+            super::stack::Tree::Upper
+        } else {
+            super::stack::Tree::Lower(0)
+        };
+        if unsafe { libc::fstatvfs(self.stack.fd(tree), sv.as_mut_ptr()) } < 0 {
             return Err(errno(std::io::Error::last_os_error()));
         }
         // SAFETY: fstatvfs succeeded.
@@ -161,6 +165,10 @@ impl OverlayFs {
 }
 
 impl fuser::Filesystem for OverlayFs {
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let want = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_PARALLEL_DIROPS

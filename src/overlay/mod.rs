@@ -247,8 +247,10 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 }
 
 /// Mounts a FUSE filesystem of type `fuse.layercache` at `mountpoint` with mount(2) and returns
-/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`; its
-/// source is `layercache:<upperdir>` (see [`upperdir_of`]).
+/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`
+/// (without `nodev` for [`OverlayConfig::dev`], and `ro` for [`OverlayConfig::read_only`]);
+/// its source is `layercache:<upperdir>` (see [`upperdir_of`]), `layercache:<top lowerdir>`
+/// for a lowerdir-only mount.
 ///
 /// The mount is made here rather than by fuser so that nothing unmounts "whatever is at
 /// MOUNTPOINT" when the session ends: after `umount MNT` and a new mount at the same place, a
@@ -256,7 +258,7 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 ///
 /// Errors: [`Error::Invalid`] naming the mountpoint and the mount(2) errno (`EPERM` without
 /// CAP_SYS_ADMIN).
-fn mount_fuse(mountpoint: &Path, upperdir: &Path) -> Result<OwnedFd> {
+fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -269,12 +271,24 @@ fn mount_fuse(mountpoint: &Path, upperdir: &Path) -> Result<OwnedFd> {
         "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
         fd.as_raw_fd()
     );
-    let source = format!("{SOURCE_PREFIX}{}", upperdir.display());
+    let named = if cfg.has_upper() {
+        &cfg.upperdir
+    } else {
+        &cfg.lowerdirs[0]
+    };
+    let source = format!("{SOURCE_PREFIX}{}", named.display());
+    let mut flags = nix::mount::MsFlags::MS_NOSUID;
+    if !cfg.dev {
+        flags |= nix::mount::MsFlags::MS_NODEV;
+    }
+    if cfg.read_only {
+        flags |= nix::mount::MsFlags::MS_RDONLY;
+    }
     nix::mount::mount(
         Some(source.as_str()),
         mountpoint,
         Some("fuse.layercache"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        flags,
         Some(data.as_str()),
     )
     .map_err(|e| {
@@ -299,6 +313,10 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
             "mountpoint {} is busy: a layercache/FUSE filesystem is already mounted there",
             mountpoint.display()
         )));
+    }
+    if cfg.read_only {
+        // Nothing is written: no workdir to probe.
+        return Ok(());
     }
     stack::probe_upper(&cfg.upperdir, &cfg.workdir)
 }
@@ -337,7 +355,7 @@ pub fn mount_foreground(
     if uring.is_some() {
         allow_fuse_uring();
     }
-    let fd = mount_fuse(mountpoint, &cfg.upperdir)?;
+    let fd = mount_fuse(mountpoint, cfg)?;
     // from_fd completes the INIT handshake before returning.
     let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config(uring))
     {

@@ -12,10 +12,21 @@ use crate::error::{Error, Result};
 pub struct OverlayConfig {
     /// Read-only lower directories, topmost first (overlayfs `lowerdir=` order). Up to 63.
     pub lowerdirs: Vec<PathBuf>,
-    /// The writable upper directory that receives every change.
+    /// The writable upper directory that receives every change; empty for a lowerdir-only
+    /// mount (see [`OverlayConfig::has_upper`]), which is read-only.
     pub upperdir: PathBuf,
-    /// Scratch directory on the same filesystem as `upperdir` (copy-up staging, orphans).
+    /// Scratch directory on the same filesystem as `upperdir` (copy-up staging, orphans);
+    /// empty for a lowerdir-only mount.
     pub workdir: PathBuf,
+    /// Read-only mount (`-o ro`, or no `upperdir`, as kernel overlayfs): mounted `MS_RDONLY`,
+    /// and the daemon answers `EROFS` to every change (`Filesystem::read_only`) and writes
+    /// nothing, not even to the workdir.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Device nodes in the mount can be opened (`-o dev`; the mount is `nodev` otherwise).
+    /// Only `layercache overlay` sets it; the store's run views stay `nodev`.
+    #[serde(default)]
+    pub dev: bool,
     /// Ownership mapping (issue 12; fuse-overlayfs's `squash_to_uid`/`squash_to_gid`,
     /// `squash_to_root` = 0/0): every entry is reported as owned by this uid/gid, and new
     /// entries are stored with the canonical owner 0:0 in the upper. The kernel still checks
@@ -38,6 +49,13 @@ pub struct Squash {
     pub gid: Option<u32>,
 }
 
+impl OverlayConfig {
+    /// Whether the mount has an upper layer (a lowerdir-only mount has none).
+    pub fn has_upper(&self) -> bool {
+        !self.upperdir.as_os_str().is_empty()
+    }
+}
+
 impl Squash {
     /// Whether any mapping is set.
     pub fn is_set(&self) -> bool {
@@ -46,9 +64,9 @@ impl Squash {
 }
 
 /// Generic mount options that are accepted and need no action here (the mount is always
-/// `nosuid,nodev`, `allow_other` and `default_permissions`; atime behaviour follows the upper).
+/// `nosuid`, `allow_other` and `default_permissions`; atime behaviour follows the upper).
+/// `ro`/`rw` and `dev`/`nodev` are parsed in [`parse`].
 const GENERIC: &[&str] = &[
-    "rw",
     "noatime",
     "atime",
     "relatime",
@@ -63,8 +81,6 @@ const GENERIC: &[&str] = &[
     "default_permissions",
     "nosuid",
     "suid",
-    "nodev",
-    "dev",
     "exec",
     "noexec",
     "async",
@@ -120,8 +136,11 @@ const OVERLAY_NOOP: &[&str] = &[
 
 /// Parses `-o` strings (each comma-separated; may repeat) into lower/upper/work directories.
 ///
-/// Errors: [`Error::Invalid`] naming an unknown option, a missing `lowerdir`/`upperdir`, or a
-/// `ro` request (the overlay is always writable).
+/// Without `upperdir` the mount is read-only (kernel overlayfs's lowerdir-only mount); `ro`
+/// makes one with an upper read-only too.
+///
+/// Errors: [`Error::Invalid`] naming an unknown option, a missing `lowerdir`, or a `workdir`
+/// without an `upperdir`.
 pub fn parse(options: &[String]) -> Result<RawOptions> {
     let mut raw = RawOptions::default();
     for opt in options
@@ -151,11 +170,10 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
             }
             ("squash_to_uid", Some(v)) => raw.squash.uid = Some(id_value(name, v)?),
             ("squash_to_gid", Some(v)) => raw.squash.gid = Some(id_value(name, v)?),
-            ("ro", None) => {
-                return Err(Error::invalid(
-                    "option 'ro' is not supported: layercache overlays are always writable (give an upperdir)",
-                ));
-            }
+            ("ro", None) => raw.read_only = true,
+            ("rw", None) => raw.read_only = false,
+            ("dev", None) => raw.dev = true,
+            ("nodev", None) => raw.dev = false,
             (n, None) if GENERIC.contains(&n) => {}
             (n, _) if OVERLAY_NOOP.contains(&n) => {}
             (n, Some(_))
@@ -175,9 +193,12 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
         return Err(Error::invalid("missing option lowerdir=DIR[:DIR...]"));
     }
     if raw.upperdir.is_none() {
-        return Err(Error::invalid(
-            "missing option upperdir=DIR (layercache overlays are writable)",
-        ));
+        if raw.workdir.is_some() {
+            return Err(Error::invalid(
+                "option workdir= needs an upperdir=DIR (without one the mount is read-only)",
+            ));
+        }
+        raw.read_only = true;
     }
     Ok(raw)
 }
@@ -201,6 +222,10 @@ pub struct RawOptions {
     pub workdir: Option<PathBuf>,
     /// `squash_to_uid=`, `squash_to_gid=`, `squash_to_root` (see [`OverlayConfig::squash`]).
     pub squash: Squash,
+    /// `ro` (see [`OverlayConfig::read_only`]); set when there is no `upperdir`.
+    pub read_only: bool,
+    /// `dev` (see [`OverlayConfig::dev`]).
+    pub dev: bool,
 }
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
@@ -234,7 +259,9 @@ fn nested(a: &Path, b: &Path) -> bool {
 ///
 /// Checks: every directory exists; there are at most 63 lowers; upper and work are on the same
 /// filesystem, neither inside a lower nor a lower inside them; the mountpoint is an existing
-/// directory that is not inside the upper or work dir. The workdir is created if missing.
+/// directory that is not inside the upper or work dir. The workdir is created if missing
+/// (unless read-only: then a missing one is not needed). A lowerdir-only mount checks the
+/// lowers and the mountpoint only.
 ///
 /// Errors: [`Error::Invalid`] naming the offending input.
 pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
@@ -249,12 +276,21 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         .iter()
         .map(|p| existing_dir("lowerdir", p))
         .collect::<Result<Vec<_>>>()?;
-    let upper_given = raw
-        .upperdir
-        .as_deref()
-        .ok_or_else(|| Error::invalid("missing upperdir"))?;
+    let Some(upper_given) = raw.upperdir.as_deref() else {
+        return Ok(OverlayConfig {
+            lowerdirs,
+            upperdir: PathBuf::new(),
+            workdir: PathBuf::new(),
+            squash: raw.squash,
+            lower_links: Vec::new(),
+            read_only: true,
+            dev: raw.dev,
+        });
+    };
     let upperdir = existing_dir("upperdir", upper_given)?;
     let workdir = match &raw.workdir {
+        Some(w) if raw.read_only && !w.exists() => PathBuf::new(),
+        None if raw.read_only => PathBuf::new(),
         Some(w) => {
             if !w.exists() {
                 fs::create_dir_all(w).map_err(|e| {
@@ -295,6 +331,18 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             )));
         }
     }
+    if raw.read_only && workdir.as_os_str().is_empty() {
+        // A read-only mount with an upper needs no workdir (nothing is staged).
+        return Ok(OverlayConfig {
+            lowerdirs,
+            upperdir,
+            workdir,
+            squash: raw.squash,
+            lower_links: Vec::new(),
+            read_only: true,
+            dev: raw.dev,
+        });
+    }
     if workdir.starts_with(&upperdir) || upperdir.starts_with(&workdir) {
         return Err(Error::invalid(format!(
             "workdir {} and upperdir {} must be separate directories (neither inside the other)",
@@ -322,6 +370,8 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         workdir,
         squash: raw.squash,
         lower_links: Vec::new(),
+        read_only: raw.read_only,
+        dev: raw.dev,
     })
 }
 
@@ -352,8 +402,18 @@ mod tests {
         assert!(e.contains("frobnicate"), "{e}");
         let e = parse(&s("upperdir=/u")).unwrap_err().to_string();
         assert!(e.contains("lowerdir"), "{e}");
-        let e = parse(&s("lowerdir=/a")).unwrap_err().to_string();
+        let e = parse(&s("lowerdir=/a,workdir=/w")).unwrap_err().to_string();
         assert!(e.contains("upperdir"), "{e}");
+    }
+
+    #[test]
+    fn ro_dev_and_lowerdir_only() {
+        let r = parse(&s("lowerdir=/a:/b")).unwrap();
+        assert!(r.read_only && r.upperdir.is_none(), "{r:?}");
+        let r = parse(&s("lowerdir=/a,upperdir=/u,workdir=/w,ro,dev")).unwrap();
+        assert!(r.read_only && r.dev, "{r:?}");
+        let r = parse(&s("ro,dev,lowerdir=/a,upperdir=/u,rw,nodev")).unwrap();
+        assert!(!r.read_only && !r.dev, "{r:?}");
     }
 
     #[test]
