@@ -346,3 +346,72 @@ fn dev_option_lets_device_nodes_open() {
         "the default mount is nodev"
     );
 }
+
+/// generic/099, 319, 444 (default ACLs), 375 (setfacl and the mode, S_ISGID), and access
+/// checks by ACL: POSIX ACLs through the mount behave as on the upper's own filesystem.
+#[test]
+fn posix_acls_apply_on_create_change_the_mode_and_grant_access() {
+    require_root!();
+    let fx = Fixture::new(|l| {
+        fs::create_dir(l.join("lowerdir")).unwrap();
+        write(&l.join("secret"), "s\n");
+        chmod(&l.join("secret"), 0o600);
+    });
+    fs::create_dir(fx.p("acldir")).unwrap();
+    for dir in ["acldir", "lowerdir"] {
+        // A default ACL granting everything: new entries get it instead of the umask.
+        sh(
+            &fx.mnt,
+            &format!("setfacl -d -m u::rwx,g::rwx,o::rwx {dir}"),
+        );
+        sh(
+            &fx.mnt,
+            &format!("umask 077 && touch {dir}/file && mkdir {dir}/sub && mkfifo {dir}/fifo"),
+        );
+        for (name, want) in [("file", 0o666), ("sub", 0o777), ("fifo", 0o666)] {
+            let m = fs::metadata(fx.p(&format!("{dir}/{name}"))).unwrap().mode() & 0o7777;
+            assert_eq!(m, want, "{dir}/{name}: default ACL, not the umask");
+        }
+        // A subdirectory inherits the default ACL itself.
+        let acl = sh(&fx.mnt, &format!("getfacl -c -d {dir}/sub"));
+        assert!(acl.contains("other::rwx"), "{dir}/sub default ACL: {acl}");
+    }
+    // Without a default ACL the umask applies.
+    sh(&fx.mnt, "umask 027 && touch plain && mkdir plaindir");
+    assert_eq!(fs::metadata(fx.p("plain")).unwrap().mode() & 0o777, 0o640);
+    assert_eq!(
+        fs::metadata(fx.p("plaindir")).unwrap().mode() & 0o777,
+        0o750
+    );
+    // generic/375: setfacl of the base entries is a chmod that stat shows at once.
+    write(&fx.p("f"), "x");
+    chmod(&fx.p("f"), 0o644);
+    assert_eq!(fs::metadata(fx.p("f")).unwrap().mode() & 0o777, 0o644);
+    sh(&fx.mnt, "setfacl -m u::rwx,g::rwx,o::rwx f");
+    assert_eq!(fs::metadata(fx.p("f")).unwrap().mode() & 0o777, 0o777);
+    // ... and by an owner outside the file's group it drops S_ISGID (in the group: kept).
+    for (gid, want) in [(100, 0o2777), (101, 0o0777)] {
+        chown(&fx.p("f"), 100, 100);
+        chmod(&fx.p("f"), 0o2755);
+        let o = as_user(100, gid, &fx.mnt, "setfacl -m u::rwx,g::rwx,o::rwx f");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let m = fs::metadata(fx.p("f")).unwrap().mode() & 0o7777;
+        assert_eq!(
+            m, want,
+            "setfacl by 100:{gid} of a 2755 file owned by 100:100"
+        );
+    }
+    // An ACL entry grants access the mode bits do not (the kernel checks it).
+    let o = as_user(12345, 12345, &fx.mnt, "cat secret");
+    assert!(
+        !o.status.success(),
+        "0600 root file readable by uid 12345 without an ACL"
+    );
+    sh(&fx.mnt, "setfacl -m u:12345:r secret");
+    let o = as_user(12345, 12345, &fx.mnt, "cat secret");
+    assert!(
+        o.status.success(),
+        "u:12345:r ACL: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

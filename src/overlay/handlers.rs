@@ -10,6 +10,7 @@
 
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use fuser::{
@@ -175,7 +176,12 @@ impl fuser::Filesystem for OverlayFs {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
-            | InitFlags::FUSE_EXPORT_SUPPORT;
+            | InitFlags::FUSE_EXPORT_SUPPORT
+            // POSIX ACLs as a local filesystem has them (the kernel checks them, caches them
+            // and refreshes the mode after setfacl); with DONT_MASK the umask reaches the
+            // daemon, which applies it only where no default ACL does (`make_masked`).
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         if let Err(unsupported) = config.add_capabilities(want) {
             let _ = config.add_capabilities(want & !unsupported);
         }
@@ -278,7 +284,7 @@ impl fuser::Filesystem for OverlayFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -288,7 +294,7 @@ impl fuser::Filesystem for OverlayFs {
             NewEntry::Special(mode, rdev as u64)
         };
         let r = traced("mknod", parent.0, || {
-            self.make(parent.0, name, req.uid(), req.gid(), what)
+            self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
         entry(reply, r);
     }
@@ -299,11 +305,12 @@ impl fuser::Filesystem for OverlayFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let r = traced("mkdir", parent.0, || {
-            self.make(parent.0, name, req.uid(), req.gid(), NewEntry::Dir(mode))
+            let what = NewEntry::Dir(mode);
+            self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
         entry(reply, r);
     }
@@ -584,7 +591,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -593,7 +600,19 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyEmpty,
     ) {
         let r = traced("setxattr", ino.0, || {
-            OverlayFs::setxattr(self, ino.0, name, value, flags)
+            OverlayFs::setxattr(self, ino.0, name, value, flags)?;
+            if name == "system.posix_acl_access" {
+                // Copied up by the setxattr: the upper file or directory.
+                let p = {
+                    let _g = self.ns.read();
+                    let l = self.backing(ino.0)?;
+                    self.stack.proc_path(l.tree, &l.path)
+                };
+                let p = std::path::Path::new(std::ffi::OsStr::from_bytes(p.as_bytes()));
+                let gid = |g| self.squash.gid.unwrap_or(g);
+                privs::drop_after_acl(p, &caller(req), gid).map_err(errno)?;
+            }
+            Ok(())
         });
         empty(reply, r);
     }
@@ -631,12 +650,13 @@ impl fuser::Filesystem for OverlayFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let r = traced("create", parent.0, || {
-            let a = self.make(parent.0, name, req.uid(), req.gid(), NewEntry::File(mode))?;
+            let what = NewEntry::File(mode);
+            let a = self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)?;
             if !self.pt.on() {
                 return Ok((a, OpenMode::Cached));
             }

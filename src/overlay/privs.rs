@@ -8,6 +8,11 @@
 //! COPY_FILE_RANGE or size-changing SETATTR from a caller without `CAP_FSETID` ends with the
 //! kernel's full rule applied here: S_ISUID goes; S_ISGID goes when the file is group-executable
 //! or the caller is not in the file's group.
+//!
+//! Setting a POSIX access ACL drops S_ISGID when the caller is neither in the file's group nor
+//! holds CAP_FSETID (fs/posix_acl.c, `posix_acl_update_mode`; xfstests generic/375): the
+//! kernel tells the daemon with FUSE_SETXATTR_ACL_KILL_SGID, which fuser does not pass on, and
+//! the daemon's own setxattr as root keeps the bit, so that rule is applied here too.
 
 use std::fs::File;
 
@@ -90,6 +95,34 @@ fn bits_to_drop(mode: u32, file_gid: u32, caller: &Caller, creds: impl FnOnce() 
         }
     }
     kill
+}
+
+/// Applies the ACL rule (module docs) to the upper file or directory at `p` (not a symlink:
+/// those have no ACLs) after `caller` set its access ACL: `shown_gid` as in
+/// [`drop_after_write`]. Returns the new permission bits when it removed S_ISGID.
+///
+/// Errors: the `stat`/`chmod` errno.
+pub fn drop_after_acl(
+    p: &std::path::Path,
+    caller: &Caller,
+    shown_gid: impl FnOnce(u32) -> u32,
+) -> std::io::Result<Option<u32>> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let m = std::fs::symlink_metadata(p)?;
+    if m.file_type().is_symlink() {
+        return Ok(None);
+    }
+    if m.mode() & libc::S_ISGID == 0 {
+        return Ok(None);
+    }
+    let gid = shown_gid(m.gid());
+    let c = creds(caller);
+    if c.fsetid || caller.gid == gid || c.groups.contains(&gid) {
+        return Ok(None);
+    }
+    let mode = m.mode() & 0o7777 & !libc::S_ISGID;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+    Ok(Some(mode))
 }
 
 /// Applies the kernel's rule to the upper file `f` after a content change by `caller`:
