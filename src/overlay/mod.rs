@@ -135,6 +135,10 @@ fn threads() -> usize {
 /// Errors: [`Error::Invalid`] (exit 2) for bad options, directories or mountpoint, or a missing
 /// `/dev/fuse`; nothing is mounted then.
 pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> Result<i32> {
+    if let Some(flags) = options::remount_flags(options) {
+        remount(mountpoint, flags)?;
+        return Ok(0);
+    }
     let raw = options::parse(options)?;
     let cfg = options::validate(&raw, mountpoint)?;
     if foreground {
@@ -597,6 +601,31 @@ fn fuse_mount_at(mountpoint: &Path) -> Result<Option<crate::sys::MountEntry>> {
     Ok(mounts.into_iter().find(|m| {
         (m.fs_type == "fuse" || m.fs_type.starts_with("fuse.")) && m.mount_point == canon
     }))
+}
+
+/// `mount -o remount,…` of a layercache mount, which mount(8) hands to mount.fuse3 and so to
+/// `layercache overlay -o …,remount,… MNT`: remounts the FUSE filesystem at `mountpoint` with
+/// mount(2) `MS_REMOUNT | flags` (read-only or writable, and its per-mount flags), as the kernel
+/// does for any filesystem; the daemon is not involved (a read-only configuration still answers
+/// EROFS after a remount,rw).
+///
+/// Errors: [`Error::Invalid`] when no FUSE filesystem is mounted there, or naming the mount(2)
+/// errno.
+fn remount(mountpoint: &Path, flags: nix::mount::MsFlags) -> Result<()> {
+    if fuse_mount_at(mountpoint)?.is_none() {
+        return Err(Error::invalid(format!(
+            "remount {}: no layercache mount there",
+            mountpoint.display()
+        )));
+    }
+    nix::mount::mount(
+        None::<&str>,
+        mountpoint,
+        None::<&str>,
+        nix::mount::MsFlags::MS_REMOUNT | flags,
+        None::<&str>,
+    )
+    .map_err(|e| Error::invalid(format!("remount {}: {e}", mountpoint.display())))
 }
 
 /// The mount source layercache's own mounts carry: `layercache:<upperdir>`, so the upper dir

@@ -134,6 +134,36 @@ const OVERLAY_NOOP: &[&str] = &[
     "noxattrs",
 ];
 
+/// When the `-o` strings ask for a remount (`remount` among them, as mount(8) passes them on
+/// for `mount -o remount,ro MNT`): the mount(2) flags they give (`ro`, `nosuid`, `nodev`,
+/// `noexec`, the atime flags, `sync`, `dirsync`, `lazytime`); other options are ignored then.
+pub fn remount_flags(options: &[String]) -> Option<nix::mount::MsFlags> {
+    use nix::mount::MsFlags as F;
+    let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
+    if !opts.contains(&"remount") {
+        return None;
+    }
+    let mut flags = F::empty();
+    for o in opts {
+        match o {
+            "ro" => flags.insert(F::MS_RDONLY),
+            "rw" => flags.remove(F::MS_RDONLY),
+            "nosuid" => flags.insert(F::MS_NOSUID),
+            "nodev" => flags.insert(F::MS_NODEV),
+            "noexec" => flags.insert(F::MS_NOEXEC),
+            "noatime" => flags.insert(F::MS_NOATIME),
+            "nodiratime" => flags.insert(F::MS_NODIRATIME),
+            "relatime" => flags.insert(F::MS_RELATIME),
+            "strictatime" => flags.insert(F::MS_STRICTATIME),
+            "sync" => flags.insert(F::MS_SYNCHRONOUS),
+            "dirsync" => flags.insert(F::MS_DIRSYNC),
+            "lazytime" => flags.insert(F::MS_LAZYTIME),
+            _ => {}
+        }
+    }
+    Some(flags)
+}
+
 /// Parses `-o` strings (each comma-separated; may repeat) into lower/upper/work directories.
 ///
 /// Without `upperdir` the mount is read-only (kernel overlayfs's lowerdir-only mount); `ro`
@@ -404,6 +434,18 @@ mod tests {
         assert!(e.contains("lowerdir"), "{e}");
         let e = parse(&s("lowerdir=/a,workdir=/w")).unwrap_err().to_string();
         assert!(e.contains("upperdir"), "{e}");
+    }
+
+    #[test]
+    fn remount_options_give_mount_flags() {
+        use nix::mount::MsFlags as F;
+        assert_eq!(remount_flags(&s("lowerdir=/a,upperdir=/u,ro")), None);
+        let f = remount_flags(&s("ro,nosuid,nodev,relatime,remount,user_id=0,allow_other"));
+        assert_eq!(
+            f,
+            Some(F::MS_RDONLY | F::MS_NOSUID | F::MS_NODEV | F::MS_RELATIME)
+        );
+        assert_eq!(remount_flags(&s("remount,ro,rw")), Some(F::empty()));
     }
 
     #[test]
