@@ -37,6 +37,18 @@ fn xattr_list_sizes(p: &Path) -> (usize, usize) {
     (asked as usize, got as usize)
 }
 
+/// The permission bits of `p` as `stat -c %a` gets them: statx asking STATX_MODE only, which
+/// the kernel answers from the attributes it caches (Rust's metadata asks more and refreshes).
+fn cached_mode(p: &Path) -> u32 {
+    let c = cstr(p);
+    // SAFETY: an all-zero statx is a valid out buffer.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MODE, &mut st) };
+    assert_eq!(r, 0, "statx {}: errno {}", p.display(), errno());
+    st.stx_mode as u32 & 0o7777
+}
+
 /// Runs `sh -c script` in `dir` as `uid`:`gid` with no supplementary groups (setpriv).
 fn as_user(uid: u32, gid: u32, dir: &Path, script: &str) -> Output {
     Command::new("setpriv")
@@ -164,10 +176,16 @@ fn unprivileged_content_changes_drop_setid_bits_as_the_kernel_does() {
                     "{cmd} {name}: {}",
                     String::from_utf8_lossy(&o.stderr)
                 );
+                let m = cached_mode(&f);
+                assert_eq!(
+                    m, after,
+                    "case {i}: `{cmd}` by uid 12345 of a {before:o} {name} file left {m:o} \
+                     (as stat -c %a shows it)"
+                );
                 let m = fs::metadata(&f).unwrap().mode() & 0o7777;
                 assert_eq!(
                     m, after,
-                    "case {i}: `{cmd}` by uid 12345 of a {before:o} {name} file left {m:o}"
+                    "case {i}: `{cmd}` of a {before:o} {name} file: {m:o}"
                 );
                 // Root (CAP_FSETID) keeps them.
                 chmod(&f, before);

@@ -249,7 +249,7 @@ impl fuser::Filesystem for OverlayFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let change = AttrChange {
+        let mut change = AttrChange {
             mode,
             uid,
             gid,
@@ -258,6 +258,22 @@ impl fuser::Filesystem for OverlayFs {
             mtime,
         };
         match traced("setattr", ino.0, || {
+            if let Some(m) = mode
+                && m & libc::S_ISGID != 0
+            {
+                // The kernel's privilege drop before a write or truncate keeps S_ISGID of a
+                // file that is not group-executable: complete it (privs.rs).
+                let file_gid = match gid {
+                    Some(g) => g,
+                    None => {
+                        let _g = self.ns.read();
+                        self.getattr_node(ino.0)?.gid
+                    }
+                };
+                if !privs::may_keep_sgid(&caller(req), file_gid) {
+                    change.mode = Some(m & !libc::S_ISGID);
+                }
+            }
             let mut a = OverlayFs::setattr(self, ino.0, &change)?;
             if size.is_some()
                 && let Some(perm) = self.drop_setid(ino.0, &caller(req))?

@@ -7,7 +7,11 @@
 //! is partial: it clears S_ISUID, and S_ISGID only with group-execute. So a WRITE, FALLOCATE,
 //! COPY_FILE_RANGE or size-changing SETATTR from a caller without `CAP_FSETID` ends with the
 //! kernel's full rule applied here: S_ISUID goes; S_ISGID goes when the file is group-executable
-//! or the caller is not in the file's group.
+//! or the caller is not in the file's group. The kernel's own SETATTR for that (sent before the
+//! change, from `file_remove_privs`) is completed the same way, so the attributes it caches from
+//! the reply are right: a SETATTR that keeps S_ISGID from a caller neither in the file's group
+//! nor holding CAP_FSETID loses it (a chmod(2) by such a caller reaches the daemon without it
+//! anyway, fs/attr.c `setattr_prepare`).
 //!
 //! Setting a POSIX access ACL drops S_ISGID when the caller is neither in the file's group nor
 //! holds CAP_FSETID (fs/posix_acl.c, `posix_acl_update_mode`; xfstests generic/375): the
@@ -95,6 +99,16 @@ fn bits_to_drop(mode: u32, file_gid: u32, caller: &Caller, creds: impl FnOnce() 
         }
     }
     kill
+}
+
+/// Whether `caller` may leave S_ISGID on a file whose group (as the caller sees it) is
+/// `file_gid`: it is in that group or holds CAP_FSETID (`in_group_or_capable`).
+pub fn may_keep_sgid(caller: &Caller, file_gid: u32) -> bool {
+    if caller.gid == file_gid {
+        return true;
+    }
+    let c = creds(caller);
+    c.fsetid || c.groups.contains(&file_gid)
 }
 
 /// Applies the ACL rule (module docs) to the upper file or directory at `p` (not a symlink:
