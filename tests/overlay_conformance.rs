@@ -468,3 +468,29 @@ fn posix_acls_apply_on_create_change_the_mode_and_grant_access() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// generic/633 (vfstest setgid_create): entries made in a setgid directory get its group, and
+/// keep the S_ISGID they were made with — a device node and a fifo too (the daemon's chown to
+/// the caller cleared it; only files and directories had their mode put back).
+#[test]
+fn entries_made_in_a_setgid_directory_keep_their_mode() {
+    require_root!();
+    let fx = Fixture::new(|l| fs::create_dir(l.join("d")).unwrap());
+    let d = fx.p("d");
+    chown(&d, 0, 4321);
+    chmod(&d, 0o2777);
+    for (name, kind, dev) in [
+        ("chr", libc::S_IFCHR, libc::makedev(5, 1)),
+        ("fifo", libc::S_IFIFO, 0),
+        ("reg", libc::S_IFREG, 0),
+    ] {
+        let p = d.join(name);
+        let c = cstr(&p);
+        // SAFETY: valid C string; mknod as root.
+        let r = unsafe { libc::mknod(c.as_ptr(), kind | libc::S_ISGID | libc::S_IXGRP, dev) };
+        assert_eq!(r, 0, "mknod {name}: errno {}", errno());
+        let m = fs::symlink_metadata(&p).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o2010, "{name}: mode");
+        assert_eq!(m.gid(), 4321, "{name}: the setgid directory's group");
+    }
+}

@@ -200,8 +200,8 @@ impl OverlayFs {
                 // of the parent made of it (which a chmod to the requested mode would undo).
                 let made = self.stack.stat(layer, &at)?.st_mode & 0o7777;
                 self.stack.chown(layer, &at, uid, gid)?;
-                if let NewEntry::Dir(_) | NewEntry::File(_) = what {
-                    // chown may clear set-id bits; put the mode back.
+                if let NewEntry::Dir(_) | NewEntry::File(_) | NewEntry::Special(..) = what {
+                    // chown clears set-id bits of non-directories; put the mode back.
                     let m = made | if setgid && is_dir { libc::S_ISGID } else { 0 };
                     self.stack.chmod(layer, &at, m)?;
                 }
