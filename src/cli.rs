@@ -128,7 +128,7 @@ pub struct RemoteGcArgs {
 #[derive(Debug, Args)]
 pub struct OverlayArgs {
     /// Comma-separated options: lowerdir=DIR[:DIR…][,upperdir=DIR[,workdir=DIR]] (no upperdir:
-    /// read-only) plus generic mount options (ro, rw, dev, noatime, lazytime, allow_other…). May
+    /// read-only) plus generic mount options (ro, rw, dev, suid, noatime, lazytime, allow_other…). May
     /// be given more than once.
     #[arg(short = 'o', required = true)]
     pub options: Vec<String>,

@@ -494,3 +494,31 @@ fn entries_made_in_a_setgid_directory_keep_their_mode() {
         assert_eq!(m.gid(), 4321, "{name}: the setgid directory's group");
     }
 }
+
+/// generic/633 (vfstest "setid binaries on regular mounts"): with `-o suid` (kernel overlayfs's
+/// default) a set-user-ID program in the mount runs with its owner's uid; without it
+/// layercache's mount stays `nosuid`.
+#[test]
+fn suid_option_lets_setuid_programs_run_as_their_owner() {
+    require_root!();
+    let mut fx = Fixture::builder().unmounted().build(|_| {});
+    let euid_of_setuid_id = |fx: &Fixture, name: &str| {
+        let p = fx.p(name);
+        fs::copy("/usr/bin/id", &p).unwrap();
+        chmod(&p, 0o4755);
+        let o = as_user(12345, 12345, &fx.mnt, &format!("./{name} -u"));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let opts = format!("{},suid", fx.options());
+    mount_opts(&mut fx, &opts);
+    assert_eq!(euid_of_setuid_id(&fx, "id1"), "0", "-o suid");
+    fx.unmount();
+    only_layercache!("nosuid is layercache's default");
+    fx.mount();
+    assert_eq!(
+        euid_of_setuid_id(&fx, "id2"),
+        "12345",
+        "the default mount is nosuid"
+    );
+}

@@ -252,7 +252,8 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 
 /// Mounts a FUSE filesystem of type `fuse.layercache` at `mountpoint` with mount(2) and returns
 /// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`
-/// (without `nodev` for [`OverlayConfig::dev`], and `ro` for [`OverlayConfig::read_only`]);
+/// (without `nodev` for [`OverlayConfig::dev`], without `nosuid` for [`OverlayConfig::suid`],
+/// and `ro` for [`OverlayConfig::read_only`]);
 /// its source is `layercache:<upperdir>` (see [`upperdir_of`]), `layercache:<top lowerdir>`
 /// for a lowerdir-only mount.
 ///
@@ -281,7 +282,10 @@ fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<OwnedFd> {
         &cfg.lowerdirs[0]
     };
     let source = format!("{SOURCE_PREFIX}{}", named.display());
-    let mut flags = nix::mount::MsFlags::MS_NOSUID;
+    let mut flags = nix::mount::MsFlags::empty();
+    if !cfg.suid {
+        flags |= nix::mount::MsFlags::MS_NOSUID;
+    }
     if !cfg.dev {
         flags |= nix::mount::MsFlags::MS_NODEV;
     }

@@ -27,6 +27,10 @@ pub struct OverlayConfig {
     /// Only `layercache overlay` sets it; the store's run views stay `nodev`.
     #[serde(default)]
     pub dev: bool,
+    /// Set-user-ID and set-group-ID programs in the mount run with their owner's ids (`-o suid`;
+    /// the mount is `nosuid` otherwise). Only `layercache overlay` sets it, as `dev`.
+    #[serde(default)]
+    pub suid: bool,
     /// Ownership mapping (issue 12; fuse-overlayfs's `squash_to_uid`/`squash_to_gid`,
     /// `squash_to_root` = 0/0): every entry is reported as owned by this uid/gid, and new
     /// entries are stored with the canonical owner 0:0 in the upper. The kernel still checks
@@ -64,8 +68,8 @@ impl Squash {
 }
 
 /// Generic mount options that are accepted and need no action here (the mount is always
-/// `nosuid`, `allow_other` and `default_permissions`; atime behaviour follows the upper).
-/// `ro`/`rw` and `dev`/`nodev` are parsed in [`parse`].
+/// `allow_other` and `default_permissions`; atime behaviour follows the upper). `ro`/`rw`,
+/// `dev`/`nodev` and `suid`/`nosuid` are parsed in [`parse`].
 const GENERIC: &[&str] = &[
     "noatime",
     "atime",
@@ -79,8 +83,6 @@ const GENERIC: &[&str] = &[
     "allow_other",
     "allow_root",
     "default_permissions",
-    "nosuid",
-    "suid",
     "exec",
     "noexec",
     "async",
@@ -204,6 +206,8 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
             ("rw", None) => raw.read_only = false,
             ("dev", None) => raw.dev = true,
             ("nodev", None) => raw.dev = false,
+            ("suid", None) => raw.suid = true,
+            ("nosuid", None) => raw.suid = false,
             (n, None) if GENERIC.contains(&n) => {}
             (n, _) if OVERLAY_NOOP.contains(&n) => {}
             (n, Some(_))
@@ -256,6 +260,8 @@ pub struct RawOptions {
     pub read_only: bool,
     /// `dev` (see [`OverlayConfig::dev`]).
     pub dev: bool,
+    /// `suid` (see [`OverlayConfig::suid`]).
+    pub suid: bool,
 }
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
@@ -315,6 +321,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             lower_links: Vec::new(),
             read_only: true,
             dev: raw.dev,
+            suid: raw.suid,
         });
     };
     let upperdir = existing_dir("upperdir", upper_given)?;
@@ -371,6 +378,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             lower_links: Vec::new(),
             read_only: true,
             dev: raw.dev,
+            suid: raw.suid,
         });
     }
     if workdir.starts_with(&upperdir) || upperdir.starts_with(&workdir) {
@@ -402,6 +410,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         lower_links: Vec::new(),
         read_only: raw.read_only,
         dev: raw.dev,
+        suid: raw.suid,
     })
 }
 
@@ -454,8 +463,10 @@ mod tests {
         assert!(r.read_only && r.upperdir.is_none(), "{r:?}");
         let r = parse(&s("lowerdir=/a,upperdir=/u,workdir=/w,ro,dev")).unwrap();
         assert!(r.read_only && r.dev, "{r:?}");
-        let r = parse(&s("ro,dev,lowerdir=/a,upperdir=/u,rw,nodev")).unwrap();
-        assert!(!r.read_only && !r.dev, "{r:?}");
+        let r = parse(&s("ro,dev,suid,lowerdir=/a,upperdir=/u,rw,nodev")).unwrap();
+        assert!(!r.read_only && !r.dev && r.suid, "{r:?}");
+        let r = parse(&s("suid,lowerdir=/a,upperdir=/u,nosuid")).unwrap();
+        assert!(!r.suid, "{r:?}");
     }
 
     #[test]
