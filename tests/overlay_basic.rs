@@ -168,11 +168,17 @@ fn fds_opened_before_copy_up_see_later_writes() {
     let w = OpenOptions::new().write(true).open(fx.p("f")).unwrap();
     w.write_at(b"UPPER", 0).unwrap();
     drop(w);
+    // In passthrough mode (kernel overlayfs until 4.19 likewise) they keep the lower content.
+    let want = if passthrough_mode() {
+        "lower content\n"
+    } else {
+        "UPPER content\n"
+    };
     for (name, f) in [("early", &early), ("cached", &cached)] {
         f.read_exact_at(&mut buf, 0).unwrap();
         assert_eq!(
             String::from_utf8_lossy(&buf),
-            "UPPER content\n",
+            want,
             "{name} reader after the copy-up"
         );
     }

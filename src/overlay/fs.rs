@@ -343,6 +343,8 @@ impl OverlayFs {
     /// * in a store layer ([`Links::Recorded`]) such a file shows its recorded link group's
     ///   inode and size, and a file in no group shows its node id and nlink 1.
     pub(super) fn shown(&self, id: u64, e: &Entry, path: &std::ffi::CStr) -> (u64, u32) {
+        // The copy made by a copy-up by re-lookup shows the node it superseded.
+        let id = self.nodes.shown_id(id);
         let nlink = e.st.st_nlink as u32;
         if e.kind == Kind::Dir {
             return (id, if e.lowers != 0 { 1 } else { nlink });
@@ -434,6 +436,8 @@ impl OverlayFs {
     ///
     /// Errors: the `fstatat`/`fstat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
+        // A superseded node's attributes are its copy's (`l` is where the copy is).
+        let id = self.nodes.successor_if_any(id);
         let cached = match l.tree {
             Tree::Lower(_) => self.cached_lower_stat(id),
             _ => None,
@@ -558,6 +562,17 @@ impl OverlayFs {
         if write {
             self.copy_up(id, None)?;
         }
+        if self.nodes.successor(id).is_some() {
+            // Superseded by a copy (copy-up by re-lookup, `passthrough.rs`): the kernel
+            // retries the open once with LOOKUP_REVAL, and its LOOKUP finds the copy.
+            return Err(Errno::ESTALE);
+        }
+        // A lower file: no copy-up may change its data between here and the answer (it
+        // would give the node another backing file while the kernel gets this one).
+        let _c = match self.nodes.peek(id, |n| n.upper) {
+            Some(false) => Some(self.copy_locks.lock(id)),
+            _ => None,
+        };
         let f = self.data_fd(id, false)?;
         let st = crate::sys::fstat(&*f).map_err(errno)?;
         let key: FileKey = (st.st_dev, st.st_ino);

@@ -202,7 +202,7 @@ impl fuser::Filesystem for OverlayFs {
             self.getattr_node(ino.0)
         });
         match r {
-            Ok(a) => reply.attr(&TTL, &a),
+            Ok(a) => reply.attr(&self.attr_ttl(ino.0), &a),
             Err(e) => reply.error(e),
         }
     }
@@ -236,7 +236,7 @@ impl fuser::Filesystem for OverlayFs {
         match traced("setattr", ino.0, || {
             OverlayFs::setattr(self, ino.0, &change)
         }) {
-            Ok(a) => reply.attr(&TTL, &a),
+            Ok(a) => reply.attr(&self.attr_ttl(ino.0), &a),
             Err(e) => reply.error(e),
         }
     }
@@ -703,6 +703,17 @@ impl fuser::Filesystem for OverlayFs {
 }
 
 impl OverlayFs {
+    /// How long the kernel may keep node `id`'s attributes: [`TTL`], or none for a node
+    /// superseded by a copy (copy-up by re-lookup): its metadata is the copy's, which changes
+    /// through another kernel inode, so the fds still open on it ask every time.
+    fn attr_ttl(&self, id: u64) -> std::time::Duration {
+        if self.nodes.successor(id).is_some() {
+            std::time::Duration::ZERO
+        } else {
+            TTL
+        }
+    }
+
     fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {
         if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
