@@ -10,6 +10,7 @@
 //! restore_setup = "npm install --prefer-offline"  # optional: on a restore, over the old layer
 //! maintenance = "npm ci --prefer-offline"   # optional
 //! # optional overrides: key_files, restore_keys, env, mountpoint, exclude, relocatable
+//! passthrough = "auto"       # optional: FUSE passthrough for this cache's mounts: auto|on|off
 //! ```
 //!
 //! Outside references: GitHub `actions/cache` (`key`, `restore-keys`: prefixes tried in order
@@ -89,6 +90,7 @@ struct RawCache {
     #[serde(default)]
     exclude: Vec<String>,
     relocatable: Option<bool>,
+    passthrough: Option<String>,
 }
 
 /// A validated spec.
@@ -135,6 +137,11 @@ pub struct Cache {
     /// Whether the key leaves the view path out (the preset's [`Preset::relocatable`], or the
     /// spec's `relocatable`; a cache without a preset is not, unless it says so).
     pub relocatable: bool,
+    /// Whether its layer is mounted with FUSE passthrough (spec field `passthrough`:
+    /// `auto`, the default, decides from the layer; see
+    /// [`crate::overlay::options::PassthroughChoice`]); `layercache run --passthrough`
+    /// overrides it.
+    pub passthrough: crate::overlay::options::PassthroughChoice,
 }
 
 /// Values substituted into templates.
@@ -561,6 +568,10 @@ fn validate_cache(i: usize, rc: RawCache, before: &[(usize, Cache)]) -> Result<C
     let relocatable = rc
         .relocatable
         .unwrap_or_else(|| preset.is_some_and(|p| p.relocatable));
+    let passthrough = match rc.passthrough.as_deref() {
+        None => crate::overlay::options::PassthroughChoice::Auto,
+        Some(v) => crate::overlay::options::PassthroughChoice::parse(&field("passthrough"), v)?,
+    };
     Ok(Cache {
         id,
         preset,
@@ -574,6 +585,7 @@ fn validate_cache(i: usize, rc: RawCache, before: &[(usize, Cache)]) -> Result<C
         mountpoint,
         exclude,
         relocatable,
+        passthrough,
     })
 }
 

@@ -162,12 +162,28 @@ fn shown_recorded(id: u64, layer: u8, g: &LinkGroups, path: &std::ffi::CStr) -> 
     }
 }
 
-/// Whether FUSE passthrough is asked for: `LAYERCACHE_PASSTHROUGH=1` (see `passthrough.rs`).
-fn passthrough_wanted() -> bool {
-    matches!(
-        std::env::var("LAYERCACHE_PASSTHROUGH").as_deref(),
-        Ok("1") | Ok("on") | Ok("yes")
-    )
+/// Whether a mount configured with `configured` ([`OverlayConfig::passthrough`]) uses FUSE
+/// passthrough (see `passthrough.rs`): `LAYERCACHE_PASSTHROUGH=1`/`0` overrides the
+/// configuration, and only root in the initial user namespace gets it (registering a backing
+/// file needs CAP_SYS_ADMIN there; fs/fuse/backing.c) — anyone else keeps no-open mode,
+/// silently.
+fn passthrough_wanted(configured: bool) -> bool {
+    let wanted = match std::env::var("LAYERCACHE_PASSTHROUGH").as_deref() {
+        Ok("1") | Ok("on") | Ok("yes") => true,
+        Ok("0") | Ok("off") | Ok("no") => false,
+        _ => configured,
+    };
+    wanted && root_in_initial_namespace()
+}
+
+/// Whether this process is root in the initial user namespace (its uid map is the identity of
+/// every id, as only the initial namespace's is).
+fn root_in_initial_namespace() -> bool {
+    let identity = std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| {
+        let f: Vec<&str> = m.split_whitespace().collect();
+        f == ["0", "0", "4294967295"]
+    });
+    identity && nix::unistd::geteuid().is_root()
 }
 
 impl OverlayFs {
@@ -203,7 +219,7 @@ impl OverlayFs {
             orphans: Mutex::default(),
             gone_dirs: Default::default(),
             tmp_seq: Default::default(),
-            pt: Passthrough::new(passthrough_wanted()),
+            pt: Passthrough::new(passthrough_wanted(cfg.passthrough)),
             squash: cfg.squash,
             links,
         })

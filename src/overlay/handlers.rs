@@ -357,12 +357,13 @@ impl fuser::Filesystem for OverlayFs {
         });
         match r {
             Ok(OpenMode::Passthrough(b)) => {
-                reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::empty(), &b)
+                reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::FOPEN_NOFLUSH, &b)
             }
             Ok(OpenMode::Busy) => reply.error(Errno::ETXTBSY),
-            Ok(OpenMode::Cached) => {
-                reply.opened(FileHandle(FH_CACHED), FopenFlags::FOPEN_KEEP_CACHE)
-            }
+            Ok(OpenMode::Cached) => reply.opened(
+                FileHandle(FH_CACHED),
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -629,7 +630,7 @@ impl fuser::Filesystem for OverlayFs {
                 &a,
                 GEN,
                 FileHandle(FH_PASSTHROUGH),
-                FopenFlags::empty(),
+                FopenFlags::FOPEN_NOFLUSH,
                 &b,
             ),
             Ok((a, OpenMode::Busy)) => {
@@ -642,7 +643,7 @@ impl fuser::Filesystem for OverlayFs {
                 &a,
                 GEN,
                 FileHandle(FH_CACHED),
-                FopenFlags::FOPEN_KEEP_CACHE,
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
             ),
             Err(e) => reply.error(e),
         }
