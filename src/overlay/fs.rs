@@ -79,6 +79,9 @@ pub struct OverlayFs {
     pub(super) squash: super::options::Squash,
     /// How each lower shows its hard links (`links.rs`), in layer order.
     links: Vec<Links>,
+    /// The private noatime views the lowers are read through in passthrough mode
+    /// ([`Stack::lowers_noatime`]), kept open for the life of the mount.
+    _lower_views: Vec<std::os::fd::OwnedFd>,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -191,8 +194,19 @@ impl OverlayFs {
     ///
     /// Errors: [`Error::Invalid`] naming a directory that cannot be opened.
     pub fn new(cfg: &OverlayConfig) -> Result<OverlayFs> {
-        let stack = Stack::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
+        let mut stack = Stack::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
             .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
+        let passthrough = passthrough_wanted(cfg.passthrough);
+        // Passthrough backing files are opened with the reader's flags: only a noatime view
+        // keeps reads from writing the lower inodes' atimes (no-open mode opens O_NOATIME).
+        let views = if passthrough {
+            stack.lowers_noatime().unwrap_or_else(|e| {
+                tracing::debug!("no noatime view of the lowers: {e}");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
         let orphans = cfg.workdir.join(ORPHANS);
         let _ = std::fs::remove_dir_all(&orphans);
         std::fs::create_dir_all(&orphans).map_err(|e| Error::io(&orphans, e))?;
@@ -219,7 +233,8 @@ impl OverlayFs {
             orphans: Mutex::default(),
             gone_dirs: Default::default(),
             tmp_seq: Default::default(),
-            pt: Passthrough::new(passthrough_wanted(cfg.passthrough)),
+            pt: Passthrough::new(passthrough),
+            _lower_views: views,
             squash: cfg.squash,
             links,
         })
