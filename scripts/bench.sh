@@ -334,6 +334,17 @@ d_read() {
   esac
 }
 d_lower() { if [ "$1" = so ]; then echo "$SO_LOWER"; else echo "$LC_LOWER"; fi; }
+# d_drop LOWER: drops the page cache until fincore shows less than 1 MiB of LOWER's big files
+# resident (one drop_caches can leave pages in place on a busy machine), at most 5 times.
+d_drop() {
+  local t res
+  for t in 1 2 3 4 5; do
+    lc_drop_caches
+    res=$(find "$1" -maxdepth 2 -type f -size +1M -exec fincore --bytes --noheadings -o RES {} + | awk '{ s += $1 } END { print s + 0 }')
+    [ "$res" -lt $((1 << 20)) ] && return 0
+    log "after drop_caches $t: $((res >> 20)) MiB of $1 still resident"; sleep 1
+  done
+}
 # density_run IMPL SET N [BIG]: page cache (KiB) of N mounts of IMPL over SET's layer, each read
 # fully, into RES["density SET N IMPL"]; with BIG, then the 512 MiB file's first and warm read
 # in one more fresh mount (µs) into RES["dbig first|warm IMPL"].
@@ -342,7 +353,7 @@ density_run() {
   lower=$(d_lower "$set")
   read -r cg field <<<"$(pc_cgroup)"
   if [ -n "${cg:-}" ]; then cg=$cg/lcbench-$$; rmdir "$cg" 2>/dev/null || true; mkdir "$cg"; fi
-  lc_drop_caches
+  d_drop "$lower"
   kib=$(
     ok=1
     if [ -n "${cg:-}" ]; then echo "$BASHPID" >"$cg/cgroup.procs"; fi
@@ -404,12 +415,12 @@ for run in $(seq "$RUNS"); do
 done
 if want density; then
   so_lower
-  # Twice, the larger kept: a page another cgroup brought in (not dropped, or read meanwhile)
-  # is not charged to ours, so a sample can only come out low.
-  for rep in 1 2; do
-    for set in npm npmbig so; do
-      for n in 1 4 8; do
-        log "density ($rep/2): $set, $n runs"
+  # Twice (LAYERCACHE_DENSITY_ROUNDS), the larger kept: a page another cgroup brought in (not
+  # dropped, or read meanwhile) is not charged to ours, so a sample can only come out low.
+  for rep in $(seq "${LAYERCACHE_DENSITY_ROUNDS:-2}"); do
+    for set in ${LAYERCACHE_DENSITY_SETS:-npm npmbig so}; do
+      for n in ${LAYERCACHE_DENSITY_N:-1 4 8}; do
+        log "density (round $rep): $set, $n runs"
         for i in "${IMPLS[@]}"; do
           big=""; [ "$set $n" = "npmbig 4" ] && big=1
           density_run "$i" "$set" "$n" $big
@@ -428,7 +439,7 @@ ELAPSED=$(($(date +%s) - START))
 STAMP=$(date +%Y%m%d-%H%M%S)
 OUT=$B/results/bench-$STAMP${QUICK:+-quick}.md
 declare -A LABEL=([native]="native" [kernel]="kernel overlayfs" [fuse-overlayfs]="fuse-overlayfs" [layercache]="layercache" [layercache-pt]="layercache passthrough")
-d_max() { [ -n "${RES[$1]:-}" ] && printf '%s\n' ${RES[$1]} | sort -n | tail -1; } # KEY -> largest sample
+d_max() { if [ -n "${RES[$1]:-}" ]; then printf '%s\n' ${RES[$1]} | sort -n | tail -1; fi; } # KEY -> largest sample
 cell() { # KEY-PREFIX IMPL -> "median (ratio)"
   local k="$1 $2" kk="$1 kernel" m mk
   if [ -n "${RES[$k]:-}" ]; then
@@ -497,7 +508,7 @@ row() { # LABEL KEY-PREFIX TARGET
   fi
   if want density; then
     echo
-    echo "page cache held by N runs of one layer, each read fully (MiB, larger of 2 samples; ratio to native, then to kernel overlayfs):"
+    echo "page cache held by N runs of one layer, each read fully (MiB, larger of ${LAYERCACHE_DENSITY_ROUNDS:-2} samples; ratio to native, then to kernel overlayfs):"
     echo
     hdr="| layer | N |" sep="|---|---|"
     for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
@@ -522,7 +533,7 @@ row() { # LABEL KEY-PREFIX TARGET
       done
     done
     echo
-    echo "512 MiB file in a fresh run while 4 runs hold the npm tree + 512 MiB layer (median of 6, two rounds; ratio to kernel overlayfs):"
+    echo "512 MiB file in a fresh run while 4 runs hold the npm tree + 512 MiB layer (median of 3 per round; ratio to kernel overlayfs):"
     echo
     hdr="| read |" sep="|---|"
     for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
