@@ -5,7 +5,7 @@
 #   bash scripts/bench.sh [--quick] [--runs N]
 #                         [--impls native,kernel,fuse-overlayfs,layercache,layercache-pt,
 #                                  layercache-user,layercache-user-nouring]
-#                         [--only walk,readall,require,seqread,pagecache,copyup,fill,mount,store,tree]
+#                         [--only walk,readall,require,seqread,pagecache,copyup,fill,mount,store,tree,density]
 #                         [--tree N] [--worktree] [--no-build]
 #
 # Every cell is the median of N runs (default 5; --quick: 3 runs and a 100,000-entry tree), each
@@ -24,6 +24,12 @@
 # the whole run happens in a private mount namespace where /dev/fuse is 0666 and
 # /etc/fuse.conf has user_allow_other (lc_user_env); the report adds their ratio to layercache
 # as root (target: a rootless mount costs ≤ 10 % more).
+# density = page cache held by N = 1, 4, 8 runs (mounts) of one layer, each reading its view
+# fully while the others hold theirs (caches dropped first, counted in a memory cgroup): the npm
+# tree alone, the npm tree + the 512 MiB file, and a layer of 6 x 48 MiB .so-like files + 4,000
+# small ones (generated once; two rounds, the larger sample kept); then, with 4 runs holding the npm + 512 MiB layer, the 512 MiB
+# file's first and warm read in a fresh run (median of 6). Ratios to native (one read of the
+# files; N bind mounts of the lower) and to kernel overlayfs.
 # Ratios are to kernel overlayfs measured in the same run. layercache is built in release mode
 # from the committed HEAD (--worktree: from the working tree) and left out, with the reason
 # printed, while it does not build or mount. Needs root; installs fuse3, fuse-overlayfs, nodejs,
@@ -37,7 +43,7 @@ set -euo pipefail
 ARGS=("$@")
 RUNS=5 TREE_N=1000000 TMO=900 BUILD=1 BUILD_FROM="" QUICK=""
 IMPLS=(native kernel fuse-overlayfs layercache layercache-pt layercache-user)
-ALL_WORKLOADS="walk readall require seqread pagecache copyup fill mount store tree"
+ALL_WORKLOADS="walk readall require seqread pagecache copyup fill mount store tree density"
 WORKLOADS=$ALL_WORKLOADS
 while [ $# -gt 0 ]; do
   case $1 in
@@ -310,6 +316,94 @@ tree_run() {
   done_mount
 }
 
+# --- density: page cache of N runs of one layer ---------------------------------------------
+# A layer of a few large .so-like files and many small ones (a venv's shape), made once.
+SO_LOWER=$B/so-lower
+so_lower() {
+  [ -f "$SO_LOWER/.lc-ready" ] && return 0
+  log "generating the .so-like layer in $SO_LOWER (once)"
+  rm -rf "$SO_LOWER" && mkdir -p "$SO_LOWER/lib" "$SO_LOWER/pkg"
+  for k in 1 2 3 4 5 6; do head -c $((48 << 20)) /dev/urandom >"$SO_LOWER/lib/lib$k.so"; done
+  python3 - "$SO_LOWER/pkg" <<'EOF2'
+import os, sys
+root = sys.argv[1]
+for d in range(100):
+    p = os.path.join(root, "m%02d" % d)
+    os.makedirs(p)
+    for f in range(40):
+        with open(os.path.join(p, "f%02d.py" % f), "wb") as fh:
+            fh.write(os.urandom(1024 + 97 * f))
+EOF2
+  touch "$SO_LOWER/.lc-ready"
+}
+# d_read SET MNT: reads what one run of layer SET reads (its whole view).
+d_read() {
+  case $1 in
+    npm) tar -C "$2" -cf - node_modules | wc -c >/dev/null ;;
+    npmbig) tar -C "$2" -cf - node_modules big.bin | wc -c >/dev/null ;;
+    so) tar -C "$2" -cf - lib pkg | wc -c >/dev/null ;;
+  esac
+}
+d_lower() { if [ "$1" = so ]; then echo "$SO_LOWER"; else echo "$LC_LOWER"; fi; }
+# d_drop LOWER: drops the page cache until fincore shows less than 1 MiB of LOWER's big files
+# resident (one drop_caches can leave pages in place on a busy machine), at most 5 times.
+d_drop() {
+  local t res
+  for t in 1 2 3 4 5; do
+    lc_drop_caches
+    res=$(find "$1" -maxdepth 2 -type f -size +1M -exec fincore --bytes --noheadings -o RES {} + | awk '{ s += $1 } END { print s + 0 }')
+    [ "$res" -lt $((1 << 20)) ] && return 0
+    log "after drop_caches $t: $((res >> 20)) MiB of $1 still resident"; sleep 1
+  done
+}
+# density_run IMPL SET N [BIG]: page cache (KiB) of N mounts of IMPL over SET's layer, each read
+# fully, into RES["density SET N IMPL"]; with BIG, then the 512 MiB file's first and warm read
+# in one more fresh mount (µs) into RES["dbig first|warm IMPL"].
+density_run() {
+  local i=$1 set=$2 n=$3 big=${4:-} r=$B/run/$1 lower k cg field kib t0 t1
+  lower=$(d_lower "$set")
+  read -r cg field <<<"$(pc_cgroup)"
+  if [ -n "${cg:-}" ]; then cg=$cg/lcbench-$$; rmdir "$cg" 2>/dev/null || true; mkdir "$cg"; fi
+  d_drop "$lower"
+  kib=$(
+    ok=1
+    if [ -n "${cg:-}" ]; then echo "$BASHPID" >"$cg/cgroup.procs"; fi
+    before=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
+    for k in $(seq "$n"); do
+      rm -rf "$r/d$k"
+      if lc_mount "$i" "$lower" "$r/d$k/upper" "$r/d$k/work" "$r/d$k/mnt" 2>/dev/null; then
+        timeout "$TMO" bash -c "$(declare -f d_read); d_read $set $r/d$k/mnt" || ok=""
+      else ok=""; fi
+    done
+    after=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
+    if [ -z "$ok" ]; then echo FAIL
+    elif [ -n "${cg:-}" ]; then awk -v f="$field" '$1 == f { print int($2 / 1024) }' "$cg/memory.stat"
+    else echo $((after - before)); fi
+    if [ -n "$big" ] && [ -n "$ok" ]; then
+      for k in 1 2 3; do
+        rm -rf "$r/dbig"
+        lc_mount "$i" "$lower" "$r/dbig/upper" "$r/dbig/work" "$r/dbig/mnt" 2>/dev/null || continue
+        t0=${EPOCHREALTIME/./}; dd if="$r/dbig/mnt/big.bin" of=/dev/null bs=1M status=none; t1=${EPOCHREALTIME/./}
+        echo "first $((10#$t1 - 10#$t0))" >>"$B/dbig.$i"
+        t0=${EPOCHREALTIME/./}; dd if="$r/dbig/mnt/big.bin" of=/dev/null bs=1M status=none; t1=${EPOCHREALTIME/./}
+        echo "warm $((10#$t1 - 10#$t0))" >>"$B/dbig.$i"
+        lc_umount "$r/dbig/mnt"; rm -rf "$r/dbig"
+      done
+    fi
+    for k in $(seq "$n"); do lc_umount "$r/d$k/mnt"; rm -rf "$r/d$k"; done
+  )
+  if [ -n "${cg:-}" ]; then
+    while read -r p; do echo "$p" >"${cg%/*}/cgroup.procs" 2>/dev/null || true; done <"$cg/cgroup.procs"
+    rmdir "$cg" 2>/dev/null || true
+  fi
+  if [ "$kib" = FAIL ]; then FAIL["density $set $n $i"]="mount or read failed: $(lc_mount_error)"
+  else RES["density $set $n $i"]+="$kib "; fi
+  if [ -f "$B/dbig.$i" ]; then
+    while read -r p v; do RES["dbig $p $i"]+="$v "; done <"$B/dbig.$i"
+    rm -f "$B/dbig.$i"
+  fi
+}
+
 # --- the runs --------------------------------------------------------------------------------
 log "implementations: ${IMPLS[*]}; workloads: $WORKLOADS; $RUNS runs each"
 START=$(date +%s)
@@ -330,6 +424,22 @@ for run in $(seq "$RUNS"); do
   if want fill; then log "run $run/$RUNS: fill"; for i in "${IMPLS[@]}"; do fill_run "$i"; done; fi
   if want store && has_impl layercache; then log "run $run/$RUNS: layercache store"; store_run "$run"; fi
 done
+if want density; then
+  so_lower
+  # Twice (LAYERCACHE_DENSITY_ROUNDS), the larger kept: a page another cgroup brought in (not
+  # dropped, or read meanwhile) is not charged to ours, so a sample can only come out low.
+  for rep in $(seq "${LAYERCACHE_DENSITY_ROUNDS:-2}"); do
+    for set in ${LAYERCACHE_DENSITY_SETS:-npm npmbig so}; do
+      for n in ${LAYERCACHE_DENSITY_N:-1 4 8}; do
+        log "density (round $rep): $set, $n runs"
+        for i in "${IMPLS[@]}"; do
+          big=""; [ "$set $n" = "npmbig 4" ] && big=1
+          density_run "$i" "$set" "$n" $big
+        done
+      done
+    done
+  done
+fi
 if want tree; then
   T=$(lc_tree "$TREE_N")
   for i in "${IMPLS[@]}"; do log "tree ($TREE_N entries): $i"; tree_run "$i" "$T"; done
@@ -341,6 +451,7 @@ STAMP=$(date +%Y%m%d-%H%M%S)
 OUT=$B/results/bench-$STAMP${QUICK:+-quick}.md
 declare -A LABEL=([native]="native" [kernel]="kernel overlayfs" [fuse-overlayfs]="fuse-overlayfs" [layercache]="layercache" [layercache-pt]="layercache passthrough"
   [layercache-user]="layercache as a user" [layercache-user-nouring]="layercache as a user, no io_uring")
+d_max() { if [ -n "${RES[$1]:-}" ]; then printf '%s\n' ${RES[$1]} | sort -n | tail -1; fi; } # KEY -> largest sample
 cell() { # KEY-PREFIX IMPL -> "median (ratio)"
   local k="$1 $2" kk="$1 kernel" m mk
   if [ -n "${RES[$k]:-}" ]; then
@@ -371,7 +482,7 @@ row() { # LABEL KEY-PREFIX TARGET
   hdr="| workload |" sep="|---|"
   for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
   if has_impl layercache; then hdr+=" layercache target |"; sep+="---|"; fi
-  echo "$hdr"; echo "$sep"
+  [ "$WORKLOADS" = density ] || { echo "$hdr"; echo "$sep"; }
   for w in walk readall require seqread; do
     want "$w" || continue
     case $w in
@@ -406,6 +517,45 @@ row() { # LABEL KEY-PREFIX TARGET
     done
     has_impl layercache && line+=" ≤ 1.2× |"
     echo "$line"
+  fi
+  if want density; then
+    echo
+    echo "page cache held by N runs of one layer, each read fully (MiB, larger of ${LAYERCACHE_DENSITY_ROUNDS:-2} samples; ratio to native, then to kernel overlayfs):"
+    echo
+    hdr="| layer | N |" sep="|---|---|"
+    for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
+    echo "$hdr"; echo "$sep"
+    for set in npm npmbig so; do
+      case $set in npm) sn="npm tree" ;; npmbig) sn="npm tree + 512 MiB" ;; so) sn="6 × 48 MiB .so + 4,000 small" ;; esac
+      for n in 1 4 8; do
+        line="| $sn | $n |"
+        nat=$(d_max "density $set 1 native")
+        ker=$(d_max "density $set $n kernel")
+        for i in "${IMPLS[@]}"; do
+          v=$(d_max "density $set $n $i")
+          if [ -n "$v" ]; then
+            line+=" $((v / 1024))"
+            [ -n "$nat" ] && [ "$i" != native ] && line+=" ($(lc_ratio "$v" "$nat")"
+            [ -n "$nat" ] && [ -n "$ker" ] && [ "$i" != native ] && [ "$i" != kernel ] && line+=", $(lc_ratio "$v" "$ker")"
+            [ -n "$nat" ] && [ "$i" != native ] && line+=")"
+            line+=" |"
+          elif [ -n "${FAIL["density $set $n $i"]:-}" ]; then line+=" FAIL |"; else line+=" — |"; fi
+        done
+        echo "$line"
+      done
+    done
+    echo
+    echo "512 MiB file in a fresh run while 4 runs hold the npm tree + 512 MiB layer (median of 3 per round; ratio to kernel overlayfs):"
+    echo
+    hdr="| read |" sep="|---|"
+    for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
+    echo "$hdr"; echo "$sep"
+    for p in first warm; do
+      line="| 512 MiB, $p |"
+      for i in "${IMPLS[@]}"; do line+=" $(cell "dbig $p" "$i") |"; done
+      echo "$line"
+    done
+    echo
   fi
   want copyup && row "copy-up (append 1 byte to 512 MiB)" copyup ""
   want fill && row "fill (npm ci --offline into empty overlay)" fill ""

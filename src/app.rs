@@ -300,6 +300,11 @@ fn cmd_sandbox_args(
 /// the store.
 fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
     let sandbox = crate::run::SandboxMode::parse(&args.sandbox)?;
+    let flag = args
+        .passthrough
+        .as_deref()
+        .map(|v| crate::overlay::options::PassthroughChoice::parse("--passthrough", v))
+        .transpose()?;
     let spec = match (&args.spec, &args.project) {
         (Some(source), _) => crate::spec::load(source)?,
         (None, project) => {
@@ -408,9 +413,16 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());
     crate::remote::attach(&mut store, global.remote.as_deref())?;
     let remote = store.remote().cloned();
+    let passthrough = cfg
+        .spec
+        .caches
+        .iter()
+        .map(|c| (c.id.clone(), flag.unwrap_or(c.passthrough)))
+        .collect();
     let mounter =
         crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait))
-            .with_squash(squash);
+            .with_squash(squash)
+            .with_passthrough(passthrough);
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);

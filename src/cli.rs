@@ -232,6 +232,11 @@ pub struct RunArgs {
     /// Seconds to wait for another run that is filling the same key (then hit its layer).
     #[arg(long, default_value_t = 300, allow_negative_numbers = true, value_parser = whole_number)]
     pub fill_wait: u64,
+    /// FUSE passthrough for every cache's mount: `auto` (decide from the layer), `on` or `off`
+    /// (overrides the spec's `passthrough`; only root gets passthrough, others keep no-open
+    /// mode).
+    #[arg(long)]
+    pub passthrough: Option<String>,
     /// The sandbox image id that enters the key's environment fingerprint.
     #[arg(long, env = "LAYERCACHE_IMAGE")]
     pub image: Option<String>,

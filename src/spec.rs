@@ -10,6 +10,7 @@
 //! restore_setup = "npm install --prefer-offline"  # optional: on a restore, over the old layer
 //! maintenance = "npm ci --prefer-offline"   # optional
 //! # optional overrides: key_files, restore_keys, env, mountpoint, exclude, relocatable
+//! passthrough = "auto"       # optional: FUSE passthrough for this cache's mounts: auto|on|off
 //! ```
 //!
 //! Outside references: GitHub `actions/cache` (`key`, `restore-keys`: prefixes tried in order
@@ -93,6 +94,7 @@ struct RawCache {
     #[serde(default)]
     exclude: Vec<String>,
     relocatable: Option<bool>,
+    passthrough: Option<String>,
 }
 
 /// A validated spec.
@@ -139,6 +141,11 @@ pub struct Cache {
     /// Whether the key leaves the view path out (the preset's [`Preset::relocatable`], or the
     /// spec's `relocatable`; a cache without a preset is not, unless it says so).
     pub relocatable: bool,
+    /// Whether its layer is mounted with FUSE passthrough (spec field `passthrough`:
+    /// `auto`, the default, decides from the layer; see
+    /// [`crate::overlay::options::PassthroughChoice`]); `layercache run --passthrough`
+    /// overrides it.
+    pub passthrough: crate::overlay::options::PassthroughChoice,
 }
 
 /// Values substituted into templates.
@@ -603,6 +610,16 @@ fn validate_cache(
     let relocatable = rc
         .relocatable
         .unwrap_or_else(|| preset.is_some_and(|p| p.relocatable));
+    let passthrough = match rc.passthrough.as_deref() {
+        None => crate::overlay::options::PassthroughChoice::Auto,
+        Some(v) => match crate::overlay::options::PassthroughChoice::parse("passthrough", v) {
+            Ok(p) => p,
+            Err(_) => {
+                bad("passthrough", format!("{v:?}: want auto, on or off"));
+                crate::overlay::options::PassthroughChoice::Auto
+            }
+        },
+    };
     match id {
         Some(id) if errors.is_empty() => Ok(Cache {
             id,
@@ -617,6 +634,7 @@ fn validate_cache(
             mountpoint,
             exclude,
             relocatable,
+            passthrough,
         }),
         _ => Err(errors),
     }

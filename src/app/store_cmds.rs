@@ -67,6 +67,7 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
         mountpoint: Some(a.mountpoint.clone()),
         squash: Default::default(),
         owner: None,
+        passthrough: Default::default(),
     };
     let store = open(global)?;
     let out = store.mount(&req)?.outcome;

@@ -320,6 +320,9 @@ impl OverlayFs {
         let sl = src.tree;
         let st = self.stack.stat(sl, &src.path).map_err(errno)?;
         let tmp = self.stage_copy(sl, &src.path, &st, limit).map_err(errno)?;
+        if parent.is_some() && self.pt.has_open(id) {
+            return self.supersede(id, &tmp, &src.path, &st);
+        }
         if parent.is_some() {
             self.publish_staged(&tmp, &src.path, &st, id)
                 .map_err(errno)?;
@@ -337,6 +340,27 @@ impl OverlayFs {
             n.lowers = 0;
         });
         self.drop_fd(id);
+        Ok(())
+    }
+
+    /// Copy-up by re-lookup (`passthrough.rs`): lower file `id`, held open by the kernel
+    /// through passthrough to the lower file, gets its copy (staged at `tmp` from `path`, stat
+    /// `st`) under a **new** node id, which its name now resolves to and which shows `id` as
+    /// its `st_ino`; `id` follows the copy from now on ([`super::inode::Nodes::supersede`]).
+    /// The kernel inode of `id` keeps its lower backing: no backing ever changes under an
+    /// open file. An OPEN of `id` is answered `ESTALE` from now on, so the kernel looks the
+    /// name up again and opens the copy. Caller holds `ns` and `id`'s copy-up lock.
+    ///
+    /// Errors: the errno of publishing the copy (then nothing changed).
+    fn supersede(&self, id: u64, tmp: &CStr, path: &CStr, st: &libc::stat) -> OpResult<()> {
+        let copy = self.nodes.fresh_id();
+        self.nodes.show_as(copy, id);
+        self.publish_staged(tmp, path, st, copy).map_err(errno)?;
+        if !self.nodes.supersede(id, copy, path.to_owned()) {
+            return Err(Errno::ENOENT);
+        }
+        self.drop_fd(id);
+        tracing::debug!(node = id, copy, "copy-up by re-lookup");
         Ok(())
     }
 
@@ -366,8 +390,12 @@ impl OverlayFs {
                         let tmp = self
                             .stage_copy(Tree::Lower(l), &crel, &r.st, None)
                             .map_err(errno)?;
-                        self.publish_staged(&tmp, &crel, &r.st, r.id)
-                            .map_err(errno)?;
+                        if r.kind != Kind::Dir && self.pt.has_open(r.id) {
+                            self.supersede(r.id, &tmp, &crel, &r.st)?;
+                        } else {
+                            self.publish_staged(&tmp, &crel, &r.st, r.id)
+                                .map_err(errno)?;
+                        }
                         r
                     }
                     Some(r) => r,

@@ -81,6 +81,9 @@ pub struct OverlayFs {
     links: Vec<Links>,
     /// A read-only mount (`OverlayConfig::read_only`): every change is answered `EROFS`.
     pub(super) read_only: bool,
+    /// The private noatime views the lowers are read through in passthrough mode
+    /// ([`Stack::lowers_noatime`]), kept open for the life of the mount.
+    _lower_views: Vec<std::os::fd::OwnedFd>,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -164,12 +167,28 @@ fn shown_recorded(id: u64, layer: u8, g: &LinkGroups, path: &std::ffi::CStr) -> 
     }
 }
 
-/// Whether FUSE passthrough is asked for: `LAYERCACHE_PASSTHROUGH=1` (see `passthrough.rs`).
-fn passthrough_wanted() -> bool {
-    matches!(
-        std::env::var("LAYERCACHE_PASSTHROUGH").as_deref(),
-        Ok("1") | Ok("on") | Ok("yes")
-    )
+/// Whether a mount configured with `configured` ([`OverlayConfig::passthrough`]) uses FUSE
+/// passthrough (see `passthrough.rs`): `LAYERCACHE_PASSTHROUGH=1`/`0` overrides the
+/// configuration, and only root in the initial user namespace gets it (registering a backing
+/// file needs CAP_SYS_ADMIN there; fs/fuse/backing.c) — anyone else keeps no-open mode,
+/// silently.
+fn passthrough_wanted(configured: bool) -> bool {
+    let wanted = match std::env::var("LAYERCACHE_PASSTHROUGH").as_deref() {
+        Ok("1") | Ok("on") | Ok("yes") => true,
+        Ok("0") | Ok("off") | Ok("no") => false,
+        _ => configured,
+    };
+    wanted && root_in_initial_namespace()
+}
+
+/// Whether this process is root in the initial user namespace (its uid map is the identity of
+/// every id, as only the initial namespace's is).
+fn root_in_initial_namespace() -> bool {
+    let identity = std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| {
+        let f: Vec<&str> = m.split_whitespace().collect();
+        f == ["0", "0", "4294967295"]
+    });
+    identity && nix::unistd::geteuid().is_root()
 }
 
 impl OverlayFs {
@@ -207,7 +226,18 @@ impl OverlayFs {
     /// The engine over the opened `stack` of `cfg`.
     ///
     /// Errors: [`Error::Invalid`] when a lower's link groups cannot be read.
-    fn with_stack(cfg: &OverlayConfig, stack: Stack) -> Result<OverlayFs> {
+    fn with_stack(cfg: &OverlayConfig, mut stack: Stack) -> Result<OverlayFs> {
+        let passthrough = passthrough_wanted(cfg.passthrough);
+        // Passthrough backing files are opened with the reader's flags: only a noatime view
+        // keeps reads from writing the lower inodes' atimes (no-open mode opens O_NOATIME).
+        let views = if passthrough {
+            stack.lowers_noatime().unwrap_or_else(|e| {
+                tracing::debug!("no noatime view of the lowers: {e}");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
         let lowers = stack.root_lowers();
         let links = (0..cfg.lowerdirs.len())
             .map(|i| Links::load(cfg.lower_links.get(i).unwrap_or(&Default::default())))
@@ -225,7 +255,8 @@ impl OverlayFs {
             orphans: Mutex::default(),
             gone_dirs: Default::default(),
             tmp_seq: Default::default(),
-            pt: Passthrough::new(passthrough_wanted()),
+            pt: Passthrough::new(passthrough),
+            _lower_views: views,
             squash: cfg.squash,
             links,
             read_only: cfg.read_only,
@@ -366,6 +397,8 @@ impl OverlayFs {
     /// * in a store layer ([`Links::Recorded`]) such a file shows its recorded link group's
     ///   inode and size, and a file in no group shows its node id and nlink 1.
     pub(super) fn shown(&self, id: u64, e: &Entry, path: &std::ffi::CStr) -> (u64, u32) {
+        // The copy made by a copy-up by re-lookup shows the node it superseded.
+        let id = self.nodes.shown_id(id);
         let nlink = e.st.st_nlink as u32;
         if e.kind == Kind::Dir {
             return (id, if e.lowers != 0 { 1 } else { nlink });
@@ -457,6 +490,8 @@ impl OverlayFs {
     ///
     /// Errors: the `fstatat`/`fstat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
+        // A superseded node's attributes are its copy's (`l` is where the copy is).
+        let id = self.nodes.successor_if_any(id);
         let cached = match l.tree {
             Tree::Lower(_) => self.cached_lower_stat(id),
             _ => None,
@@ -581,6 +616,17 @@ impl OverlayFs {
         if write {
             self.copy_up(id, None)?;
         }
+        if self.nodes.successor(id).is_some() {
+            // Superseded by a copy (copy-up by re-lookup, `passthrough.rs`): the kernel
+            // retries the open once with LOOKUP_REVAL, and its LOOKUP finds the copy.
+            return Err(Errno::ESTALE);
+        }
+        // A lower file: no copy-up may change its data between here and the answer (it
+        // would give the node another backing file while the kernel gets this one).
+        let _c = match self.nodes.peek(id, |n| n.upper) {
+            Some(false) => Some(self.copy_locks.lock(id)),
+            _ => None,
+        };
         let f = self.data_fd(id, false)?;
         let st = crate::sys::fstat(&*f).map_err(errno)?;
         let key: FileKey = (st.st_dev, st.st_ino);

@@ -226,7 +226,7 @@ impl fuser::Filesystem for OverlayFs {
             self.getattr_node(ino.0)
         });
         match r {
-            Ok(a) => reply.attr(&TTL, &a),
+            Ok(a) => reply.attr(&self.attr_ttl(ino.0), &a),
             Err(e) => reply.error(e),
         }
     }
@@ -282,7 +282,7 @@ impl fuser::Filesystem for OverlayFs {
             }
             Ok(a)
         }) {
-            Ok(a) => reply.attr(&TTL, &a),
+            Ok(a) => reply.attr(&self.attr_ttl(ino.0), &a),
             Err(e) => reply.error(e),
         }
     }
@@ -404,12 +404,13 @@ impl fuser::Filesystem for OverlayFs {
         });
         match r {
             Ok(OpenMode::Passthrough(b)) => {
-                reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::empty(), &b)
+                reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::FOPEN_NOFLUSH, &b)
             }
             Ok(OpenMode::Busy) => reply.error(Errno::ETXTBSY),
-            Ok(OpenMode::Cached) => {
-                reply.opened(FileHandle(FH_CACHED), FopenFlags::FOPEN_KEEP_CACHE)
-            }
+            Ok(OpenMode::Cached) => reply.opened(
+                FileHandle(FH_CACHED),
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -691,7 +692,7 @@ impl fuser::Filesystem for OverlayFs {
                 &a,
                 GEN,
                 FileHandle(FH_PASSTHROUGH),
-                FopenFlags::empty(),
+                FopenFlags::FOPEN_NOFLUSH,
                 &b,
             ),
             Ok((a, OpenMode::Busy)) => {
@@ -704,7 +705,7 @@ impl fuser::Filesystem for OverlayFs {
                 &a,
                 GEN,
                 FileHandle(FH_CACHED),
-                FopenFlags::FOPEN_KEEP_CACHE,
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
             ),
             Err(e) => reply.error(e),
         }
@@ -778,6 +779,17 @@ impl OverlayFs {
             self.data_fd(id, true)?
         };
         privs::drop_after_write(&f, caller, |g| self.squash.gid.unwrap_or(g)).map_err(errno)
+    }
+
+    /// How long the kernel may keep node `id`'s attributes: [`TTL`], or none for a node
+    /// superseded by a copy (copy-up by re-lookup): its metadata is the copy's, which changes
+    /// through another kernel inode, so the fds still open on it ask every time.
+    fn attr_ttl(&self, id: u64) -> std::time::Duration {
+        if self.nodes.successor(id).is_some() {
+            std::time::Duration::ZERO
+        } else {
+            TTL
+        }
     }
 
     fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {

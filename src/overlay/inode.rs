@@ -14,7 +14,11 @@
 //! * anything that lives only in the upper dir: a counter id kept per upper inode number.
 //!
 //! Copy-up registers the new upper inode under the node's existing id, so `st_ino` does not
-//! change. Counter ids start at 2 (1 is the root) and stay below 2^56.
+//! change — except for a lower file the kernel holds open through FUSE passthrough, whose
+//! kernel inode keeps the lower file as its backing while it is open: its copy gets a **new**
+//! node id (a counter id) that shows the old one as `st_ino` ([`Nodes::supersede`]), and the
+//! old node follows the copy for everything the daemon serves (see `passthrough.rs`). Counter
+//! ids start at 2 (1 is the root) and stay below 2^56.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -84,6 +88,9 @@ pub struct Node {
     pub lowers: u64,
     /// Kernel lookup count (FUSE "nlookup"); the node is dropped when it reaches 0.
     pub lookups: u64,
+    /// The node that took over this one's name at a copy-up by re-lookup
+    /// ([`Nodes::supersede`]); 0 for none.
+    pub succ: u64,
 }
 
 /// Where a node's data is, as [`Nodes::locate`] found it (a snapshot taken under the table's
@@ -188,6 +195,10 @@ pub struct Nodes {
     clashes: std::sync::atomic::AtomicBool,
     /// Gives the memory of forgotten nodes back to the system once forgets stop.
     trim: Arc<HeapTrim>,
+    /// Copies made by [`Nodes::supersede`]: new node id → the node id it shows as `st_ino`.
+    shown_as: RwLock<HashMap<u64, u64>>,
+    /// Whether `shown_as` was ever used (the hot path then skips its lock).
+    any_shown_as: std::sync::atomic::AtomicBool,
 }
 
 /// Nodes freed before a heap trim is worth it.
@@ -286,6 +297,7 @@ impl Nodes {
                 upper: true,
                 lowers,
                 lookups: 1,
+                succ: 0,
             }),
         );
         Nodes {
@@ -294,6 +306,8 @@ impl Nodes {
             next: AtomicU64::new(2),
             clashes: Default::default(),
             trim: Default::default(),
+            shown_as: Default::default(),
+            any_shown_as: Default::default(),
         }
     }
 
@@ -326,6 +340,7 @@ impl Nodes {
                 upper,
                 lowers,
                 lookups: 0,
+                succ: 0,
             })
         });
         let same = matches!(&node.loc, Loc::Attached { parent: p, name: n } if *p == parent && **n == *name);
@@ -391,9 +406,17 @@ impl Nodes {
 
     /// Everything needed to reach node `id`'s data, read in one pass under the table lock (no
     /// copy of the node, no second lookup for its path): the hot path of GETATTR/READ/WRITE.
+    ///
+    /// A node superseded by a copy ([`Nodes::supersede`]) is located where its copy is.
     pub fn locate(&self, id: u64) -> Option<Backing> {
         let map = self.map.read();
-        let n = map.get(&id)?;
+        let mut n = map.get(&id)?;
+        let mut id = id;
+        if n.succ != 0
+            && let Some(s) = map.get(&n.succ)
+        {
+            (id, n) = (n.succ, s);
+        }
         let top = || top_lower(n.lowers).map(Tree::Lower);
         let (tree, path, attached) = match &n.loc {
             Loc::Attached { .. } if n.upper => (Tree::Upper, path_in(&map, id)?, true),
@@ -492,7 +515,80 @@ impl Nodes {
 
     /// Forgets the id of upper inode `ino` (the inode was deleted; its number may be reused).
     pub fn drop_upper(&self, ino: u64) {
-        self.ids.lock().remove(&IdKey::Upper(ino));
+        let gone = self.ids.lock().remove(&IdKey::Upper(ino));
+        if let Some(id) = gone
+            && self.any_shown_as.load(Ordering::Relaxed)
+        {
+            self.shown_as.write().remove(&id);
+        }
+    }
+
+    /// A new counter id (for the copy of a superseded node).
+    pub fn fresh_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes node `copy` show `shown` as its `st_ino` (before the copy becomes visible).
+    pub fn show_as(&self, copy: u64, shown: u64) {
+        self.shown_as.write().insert(copy, shown);
+        self.any_shown_as.store(true, Ordering::Relaxed);
+    }
+
+    /// The node id node `id` shows as `st_ino`: its own, or for the copy made by
+    /// [`Nodes::supersede`], the superseded node's.
+    pub fn shown_id(&self, id: u64) -> u64 {
+        if !self.any_shown_as.load(Ordering::Relaxed) {
+            return id;
+        }
+        self.shown_as.read().get(&id).copied().unwrap_or(id)
+    }
+
+    /// Copy-up by re-lookup: node `old` (a lower file at `parent`/`name`) is superseded by
+    /// node `copy`, now at that name in the upper dir. `old` leaves the namespace (as an
+    /// unlinked lower file would, keeping `lower_path` as its fallback) and is located where
+    /// `copy` is from now on; `copy` is held by one reference of the daemon's own until `old`
+    /// is forgotten (so `old` always has a copy to follow). Returns false (and changes
+    /// nothing) when `old` is not attached.
+    pub fn supersede(&self, old: u64, copy: u64, lower_path: CString) -> bool {
+        let mut map = self.map.write();
+        let Some(Loc::Attached { parent, name }) = map.get(&old).map(|n| n.loc.clone()) else {
+            return false;
+        };
+        let c = map.entry(copy).or_insert_with(|| {
+            Box::new(Node {
+                loc: Loc::Gone,
+                kind: Kind::File,
+                upper: true,
+                lowers: 0,
+                lookups: 0,
+                succ: 0,
+            })
+        });
+        c.loc = Loc::Attached { parent, name };
+        c.upper = true;
+        c.lowers = 0;
+        c.lookups += 1;
+        let n = map.get_mut(&old).expect("checked above");
+        n.loc = Loc::Orphan {
+            lower_path: Some(lower_path),
+        };
+        n.upper = true;
+        n.succ = copy;
+        true
+    }
+
+    /// The node that superseded `id`, or `id` when none did; costs nothing until a first
+    /// [`Nodes::supersede`].
+    pub fn successor_if_any(&self, id: u64) -> u64 {
+        if !self.any_shown_as.load(Ordering::Relaxed) {
+            return id;
+        }
+        self.successor(id).unwrap_or(id)
+    }
+
+    /// The node that superseded `id` ([`Nodes::supersede`]), if any.
+    pub fn successor(&self, id: u64) -> Option<u64> {
+        self.peek(id, |n| n.succ).filter(|&s| s != 0)
     }
 }
 

@@ -540,6 +540,8 @@ impl OverlayFs {
     /// Updates the node table after `id` moved to (`newparent`, `newname`): it and everything
     /// below it now live only in the upper dir.
     fn moved(&self, id: u64, kind: Kind, newparent: u64, newname: &OsStr) {
+        // A file superseded while it was brought up: its copy is what moved.
+        let id = self.nodes.successor(id).unwrap_or(id);
         self.nodes.update(id, |n| {
             n.loc = Loc::Attached {
                 parent: newparent,
@@ -760,6 +762,10 @@ impl OverlayFs {
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(node) = self.nodes.forget(id, n) {
             self.pt.forget(id);
+            if node.succ != 0 {
+                // The daemon's own reference to the copy that superseded it.
+                self.forget(node.succ, 1);
+            }
             self.nodes.shrink_if_sparse();
             if node.loc == Loc::Gone {
                 self.gone_dirs.lock().remove(&id);

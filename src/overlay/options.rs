@@ -47,6 +47,14 @@ pub struct OverlayConfig {
     /// where /etc/fuse.conf has `user_allow_other` (fuse.conf(5)).
     #[serde(default)]
     pub allow_other: bool,
+    /// Answer OPEN with FUSE passthrough (`passthrough.rs`; `-o passthrough`): one page cache
+    /// shared with the lower files and every other mount of them, lower-speed big reads, at
+    /// the cost of an OPEN/RELEASE round trip per open. Honoured only as root in the initial
+    /// user namespace (the kernel's rule for registering backing files); elsewhere the mount
+    /// keeps no-open mode, silently. `LAYERCACHE_PASSTHROUGH=1`/`0` in the daemon's
+    /// environment overrides it (tests, benches).
+    #[serde(default)]
+    pub passthrough: bool,
 }
 
 /// Whether the `-o` strings ask for `allow_other` or `allow_root` (libfuse's options; both
@@ -56,6 +64,59 @@ pub fn asks_allow_other(options: &[String]) -> bool {
         .iter()
         .flat_map(|o| o.split(','))
         .any(|o| o == "allow_other" || o == "allow_root")
+}
+
+/// Bytes from which a file counts as large for [`PassthroughChoice::Auto`] (1 MiB).
+pub const LARGE_FILE: u64 = 1 << 20;
+
+/// Which mode `layercache run` mounts a cache's layer in (spec field `passthrough`, flag
+/// `--passthrough`): FUSE passthrough (`On`), no-open mode (`Off`), or `Auto`, decided from the
+/// layer's manifest by [`PassthroughChoice::decide`]. `layercache run` uses `Auto` unless told;
+/// the default value (`Off`) is today's mode, for `layercache mount` and older run records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PassthroughChoice {
+    /// Decide from the layer ([`PassthroughChoice::decide`]).
+    Auto,
+    /// Always passthrough (where the kernel allows it: root).
+    On,
+    /// Never: no-open mode.
+    #[default]
+    Off,
+}
+
+impl PassthroughChoice {
+    /// Parses `auto`, `on` or `off` given for `what` (a flag or spec field, for the message).
+    ///
+    /// Errors: [`Error::Invalid`] naming `what`, the value and the valid ones.
+    pub fn parse(what: &str, v: &str) -> Result<PassthroughChoice> {
+        match v {
+            "auto" => Ok(PassthroughChoice::Auto),
+            "on" => Ok(PassthroughChoice::On),
+            "off" => Ok(PassthroughChoice::Off),
+            _ => Err(Error::invalid(format!(
+                "{what} {v:?}: want auto, on or off"
+            ))),
+        }
+    }
+
+    /// Whether a layer holding `large_bytes` bytes in files of at least [`LARGE_FILE`] among
+    /// `files` regular files is mounted with passthrough. `Auto` says yes when the large files
+    /// hold at least 64 MiB and at least 32 KiB per file of the layer: then what passthrough
+    /// saves (one page cache for every run of the layer instead of one per mount, big reads at
+    /// the lower file's speed) outweighs what it costs (an OPEN and a RELEASE round trip per
+    /// open, ~20 µs each here, where no-open mode serves a warm open from the kernel's caches).
+    /// A torch venv (GBs in .so files) gets passthrough, a node_modules of 10,000 small files
+    /// and a few MB-sized binaries does not (benches/results/2026-12-01-density.md).
+    pub fn decide(self, large_bytes: u64, files: u64) -> bool {
+        match self {
+            PassthroughChoice::On => true,
+            PassthroughChoice::Off => false,
+            PassthroughChoice::Auto => {
+                large_bytes >= 64 << 20 && large_bytes >= files.saturating_mul(32 << 10)
+            }
+        }
+    }
 }
 
 /// The `squash_to_uid`/`squash_to_gid` of a mount; `None` = real owners.
@@ -222,6 +283,7 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
             ("nodev", None) => raw.dev = false,
             ("suid", None) => raw.suid = true,
             ("nosuid", None) => raw.suid = false,
+            ("passthrough", None) => raw.passthrough = true,
             (n, None) if GENERIC.contains(&n) => {}
             (n, _) if OVERLAY_NOOP.contains(&n) => {}
             (n, Some(_))
@@ -276,6 +338,8 @@ pub struct RawOptions {
     pub dev: bool,
     /// `suid` (see [`OverlayConfig::suid`]).
     pub suid: bool,
+    /// `passthrough` (see [`OverlayConfig::passthrough`]).
+    pub passthrough: bool,
 }
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
@@ -334,6 +398,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             squash: raw.squash,
             lower_links: Vec::new(),
             allow_other: false,
+            passthrough: raw.passthrough,
             read_only: true,
             dev: raw.dev,
             suid: raw.suid,
@@ -392,6 +457,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             squash: raw.squash,
             lower_links: Vec::new(),
             allow_other: false,
+            passthrough: raw.passthrough,
             read_only: true,
             dev: raw.dev,
             suid: raw.suid,
@@ -428,6 +494,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         read_only: raw.read_only,
         dev: raw.dev,
         suid: raw.suid,
+        passthrough: raw.passthrough,
     })
 }
 
@@ -455,6 +522,35 @@ mod tests {
         assert!(asks_allow_other(&s("lowerdir=/a,upperdir=/u,allow_other")));
         assert!(asks_allow_other(&["rw".into(), "allow_root".into()]));
         assert!(!asks_allow_other(&s("lowerdir=/allow_other,upperdir=/u")));
+    }
+
+    #[test]
+    fn passthrough_is_an_option_and_auto_follows_the_layers_shape() {
+        let r = parse(&s("lowerdir=/a,upperdir=/u,passthrough")).unwrap();
+        assert!(r.passthrough);
+        assert!(!parse(&s("lowerdir=/a,upperdir=/u")).unwrap().passthrough);
+        let e = PassthroughChoice::parse("--passthrough", "yes").unwrap_err();
+        assert!(e.to_string().contains("want auto, on or off"), "{e}");
+        assert_eq!(
+            PassthroughChoice::parse("x", "auto").unwrap(),
+            PassthroughChoice::Auto
+        );
+        const MIB: u64 = 1 << 20;
+        let auto = PassthroughChoice::Auto;
+        // The npm fixture's node_modules: 10,428 files, a few MB-sized binaries.
+        assert!(!auto.decide(20 * MIB, 10_428), "node_modules");
+        // The same with a 512 MiB file, and a torch venv (GBs of .so among 30,000 files).
+        assert!(
+            auto.decide(512 * MIB + 20 * MIB, 10_429),
+            "node_modules + 512 MiB"
+        );
+        assert!(auto.decide(3_000 * MIB, 30_000), "torch venv");
+        // Small layers, and manifests written before large_bytes was counted (0).
+        assert!(!auto.decide(40 * MIB, 3), "under 64 MiB");
+        assert!(!auto.decide(0, 100_000));
+        assert!(PassthroughChoice::On.decide(0, 100_000));
+        assert!(!PassthroughChoice::Off.decide(u64::MAX, 1));
+        assert_eq!(PassthroughChoice::default(), PassthroughChoice::Off);
     }
 
     #[test]

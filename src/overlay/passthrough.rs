@@ -1,27 +1,38 @@
 //! FUSE passthrough of regular files (Linux 6.9+; fs/fuse/passthrough.c, backing.c,
 //! iomode.c): an OPEN is answered with a backing file, and the kernel then reads, writes and
 //! maps the file against that file's own inode — no READ/WRITE round trips, and one page cache
-//! shared by every mount of a lower layer (kernel overlayfs's property). Opt-in for now
-//! (`LAYERCACHE_PASSTHROUGH=1`): without it OPEN answers ENOSYS ("no-open" mode, see
-//! `handlers.rs`), because a reader that opened a lower file before a later copy-up keeps
-//! reading the lower file under passthrough, where kernel overlayfs (and no-open mode) show it
-//! the copy's data.
+//! shared by every mount of a lower layer (kernel overlayfs's property). Without it OPEN
+//! answers ENOSYS ("no-open" mode, see `handlers.rs`); which mode a mount uses is its
+//! [`super::OverlayConfig`]'s choice.
 //!
 //! The kernel's rules decide the design. While files are open, a FUSE inode is in one I/O
 //! mode: passthrough opens, all with the same backing file, or cached opens; an open in the
-//! other mode (or with another backing file) fails with EIO. So, per node:
+//! other mode (or with another backing file) fails with EIO, and no request replaces the
+//! backing of an open file. So, per node:
 //! * the backing id of its current data file is registered once and reused by every open
 //!   until the data file changes (copy-up) or the kernel forgets the node;
 //! * an open while passthrough opens of the same file are outstanding gets that backing;
-//! * while passthrough opens of an *older* data file are outstanding (the node was copied up
-//!   since, by a chmod or truncate), a read-only open gets that older backing (what the open
-//!   readers see), and an open for writing fails with `ETXTBSY` — it cannot be given the lower
-//!   file, and the kernel would fail any other answer with EIO;
+//! * **copy-up by re-lookup**: a copy-up of a lower file that has passthrough opens
+//!   outstanding (a write-open, truncate, chmod, chown, utimes, setxattr, removexattr, link or
+//!   rename) gives the copy a **new node id**, which the name resolves to from then on and
+//!   which shows the old node id as `st_ino` (`copy_up.rs` `supersede`). The old node's
+//!   kernel inode keeps its lower backing; an OPEN of it is answered `ESTALE`, on which the
+//!   kernel retries the open once with `LOOKUP_REVAL` (fs/namei.c `do_filp_open`), whose
+//!   LOOKUP finds the copy (fs/fuse/dir.c `fuse_dentry_revalidate` drops a dentry whose node id
+//!   changed). Metadata requests on the old node (GETATTR, SETATTR, xattrs — path-based or from
+//!   an fd: FUSE cannot tell `fchmod(fd)` from `chmod(path)`, and only the path-based calls
+//!   retry on ESTALE) are served from the copy and succeed; its attributes are sent with no
+//!   TTL, so an old fd's fstat always shows the copy's metadata;
+//! * the one rule this changes: fds opened before the copy-up keep reading the lower content
+//!   (kernel overlayfs until 4.19, fuse-overlayfs 2.0 likewise); new opens read the copy;
 //! * if registering a backing file ever fails (no CAP_SYS_ADMIN, a backing filesystem stacked
 //!   too deep), passthrough is off for the rest of the mount and opens are cached as in no-open
 //!   mode, except on nodes with passthrough opens outstanding (as above).
 //!
 //! No sequence of opens, writes and copy-ups puts an inode into two modes, so none gets EIO.
+//! (`OpenMode::Busy` is what an open for writing would get were a node's data file to change
+//! while its passthrough opens are outstanding; copy-up by re-lookup keeps that from
+//! happening.)
 
 use std::collections::HashMap;
 use std::io;
@@ -173,6 +184,16 @@ impl Passthrough {
         let n = nodes.entry(id).or_default();
         // Another open of this node may have raced us: join what it set up.
         n.join_active(key, write).unwrap_or_else(|| n.start(key, b))
+    }
+
+    /// Whether the kernel holds passthrough opens of node `id` (answered, not yet released):
+    /// its kernel inode's backing is then fixed, and a copy-up must give the copy a new node
+    /// id (copy-up by re-lookup, see the module docs).
+    pub fn has_open(&self, id: u64) -> bool {
+        self.nodes
+            .lock()
+            .get(&id)
+            .is_some_and(|n| n.active.is_some())
     }
 
     /// A passthrough open of node `id` was released (or its answer never reached the kernel).

@@ -17,6 +17,9 @@ pub struct StoreMounter {
     mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
     /// Ownership mapping of every mount (issue 12, `--user`).
     squash: crate::overlay::options::Squash,
+    /// The passthrough choice of each cache (spec field `passthrough`, or `--passthrough`);
+    /// a cache not listed is mounted with `Auto`.
+    passthrough: BTreeMap<CacheId, crate::overlay::options::PassthroughChoice>,
 }
 
 impl StoreMounter {
@@ -28,7 +31,17 @@ impl StoreMounter {
             fill_wait,
             mounts: parking_lot::Mutex::new(BTreeMap::new()),
             squash: Default::default(),
+            passthrough: BTreeMap::new(),
         }
+    }
+
+    /// Mounts each listed cache with its passthrough choice (others: `Auto`).
+    pub fn with_passthrough(
+        mut self,
+        choices: BTreeMap<CacheId, crate::overlay::options::PassthroughChoice>,
+    ) -> Self {
+        self.passthrough = choices;
+        self
     }
 
     /// Mounts every cache with this ownership mapping (`--user UID:GID`, issue 12).
@@ -62,6 +75,8 @@ impl Mounter for StoreMounter {
             mountpoint: None,
             owner: Some(std::process::id()),
             squash: self.squash,
+            passthrough: (self.passthrough.get(cache).copied())
+                .unwrap_or(crate::overlay::options::PassthroughChoice::Auto),
         })?;
         let upper = Some(m.upper(&self.store));
         let out = m.outcome.clone();

@@ -112,6 +112,24 @@ fn an_integer_user_is_a_uid_and_a_bad_one_is_one_line() {
 }
 
 #[test]
+fn passthrough_is_per_cache_and_auto_by_default() {
+    use crate::overlay::options::PassthroughChoice;
+    let s = parse(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\n\
+         [[cache]]\nid = \"b\"\npreset = \"venv\"\npassthrough = \"on\"\n",
+    )
+    .unwrap();
+    assert_eq!(s.caches[0].passthrough, PassthroughChoice::Auto);
+    assert_eq!(s.caches[1].passthrough, PassthroughChoice::On);
+    let e =
+        err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\npassthrough = \"yes\"\n");
+    assert!(
+        e.contains("cache[0].passthrough") && e.contains("want auto, on or off"),
+        "{e}"
+    );
+}
+
+#[test]
 fn no_caches_is_valid() {
     assert!(parse("project = \"p\"\n").unwrap().caches.is_empty());
 }

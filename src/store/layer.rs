@@ -65,6 +65,11 @@ pub struct TreeCounts {
     pub new_objects: u64,
     /// Bytes of the objects this promotion added (bytes not stored before).
     pub new_bytes: u64,
+    /// Apparent size of the regular files of at least
+    /// [`crate::overlay::options::LARGE_FILE`] bytes (1 MiB), bytes: with `files`, what
+    /// `passthrough = "auto"` decides from. 0 in manifests written before it was counted.
+    #[serde(default)]
+    pub large_bytes: u64,
 }
 
 /// A fresh layer id: creation time (ms, 12 hex digits) + 64 random bits, so ids sort by age.
@@ -213,6 +218,7 @@ mod tests {
                 other: 0,
                 new_objects: 1,
                 new_bytes: 1,
+                large_bytes: 0,
             },
             dropped: vec![],
         };

@@ -241,19 +241,21 @@ impl Store {
         mkdir_mode(&upper, 0o755).map_err(cleanup)?;
         mkdir_mode(&work, 0o700).map_err(cleanup)?;
         let run_lease = Lease::acquire(&run_dir.join("lease"), Mode::Exclusive).map_err(cleanup)?;
-        let (lower_dir, bytes, files) = match &m.layer {
+        let (lower_dir, bytes, files, large_bytes) = match &m.layer {
             Some((id, _)) => {
                 let l = m.pd.layer(id);
                 let man = l.manifest().map_err(cleanup)?;
-                (l.tree(), man.counts.bytes, man.counts.files)
+                let c = man.counts;
+                (l.tree(), c.bytes, c.files, c.large_bytes)
             }
-            None => (m.pd.empty(), 0, 0),
+            None => (m.pd.empty(), 0, 0, 0),
         };
         let raw = overlay::options::RawOptions {
             lowerdirs: vec![lower_dir],
             upperdir: Some(upper),
             workdir: Some(work),
             squash: m.req.squash,
+            passthrough: m.req.passthrough.decide(large_bytes, files),
             ..Default::default()
         };
         let mut cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
@@ -290,6 +292,7 @@ impl Store {
             private: m.mnt.is_none(),
             owner_pid: m.req.owner,
             squash: m.req.squash,
+            passthrough: m.req.passthrough,
         };
         write_record(&run_dir, &rec).map_err(cleanup)?;
         let tm = Instant::now();

@@ -354,6 +354,9 @@ impl Builder<'_> {
             }
             self.stats.counts.files += 1;
             self.stats.counts.bytes += st.st_size as u64;
+            if st.st_size as u64 >= crate::overlay::options::LARGE_FILE {
+                self.stats.counts.large_bytes += st.st_size as u64;
+            }
             let key = if from_upper {
                 (st.st_nlink > 1).then_some(LinkKey::Upper(st.st_dev, st.st_ino))
             } else {

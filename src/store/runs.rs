@@ -51,6 +51,10 @@ pub struct RunRecord {
     /// The ownership mapping (see [`MountRequest::squash`]), kept for the remount.
     #[serde(default)]
     pub squash: crate::overlay::options::Squash,
+    /// The passthrough choice of the mount (see [`MountRequest::passthrough`]), kept for the
+    /// remount.
+    #[serde(default)]
+    pub passthrough: crate::overlay::options::PassthroughChoice,
 }
 
 impl RunRecord {
@@ -66,6 +70,7 @@ impl RunRecord {
             mountpoint: (!self.private).then(|| self.mountpoint.clone()),
             owner: self.owner_pid,
             squash: self.squash,
+            passthrough: self.passthrough,
         }
     }
 }

@@ -78,6 +78,9 @@ pub struct MountRequest {
     /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as
     /// another user sees the layer as its own; new files stay 0:0 in the upper).
     pub squash: crate::overlay::options::Squash,
+    /// Whether the overlay uses FUSE passthrough; `Auto` decides from the mounted layer's
+    /// manifest ([`crate::overlay::options::PassthroughChoice::decide`]).
+    pub passthrough: crate::overlay::options::PassthroughChoice,
 }
 
 /// The JSON line `layercache mount` prints; also returned to `layercache run`.

@@ -60,6 +60,17 @@ impl Impl {
     }
 }
 
+/// Whether the layercache under test runs in FUSE passthrough mode (`LAYERCACHE_PASSTHROUGH=1`
+/// in the tests' environment, which the mount command inherits), where fds opened before a
+/// copy-up keep reading the lower content (the one rule passthrough mode changes).
+pub fn passthrough_mode() -> bool {
+    Impl::current() == Impl::Layercache
+        && matches!(
+            std::env::var("LAYERCACHE_PASSTHROUGH").as_deref(),
+            Ok("1") | Ok("on") | Ok("yes")
+        )
+}
+
 /// `require_root!()` at the top of a test: returns early (a pass) when it cannot run here
 /// ([`can_mount_with`]: root, and `/dev/fuse` unless the implementation is kernel overlayfs).
 #[allow(unused_macros)]
