@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # xfstests (fstests) against layercache and kernel overlayfs: one harness, one test list.
 #
-#   bash scripts/xfstests.sh [--impls layercache,overlay] [--tests "generic/001 generic/002 …"]
+#   bash scripts/xfstests.sh [--impls layercache,overlay] [--tests "generic/001 …" | --list FILE]
 #                            [--bin PATH | --worktree | --no-build] [--timeout MINUTES]
 #
 # The list is xfstests' generic `quick` group less benches/xfstests-exclude.txt (tests that need a
 # block-device feature: device-mapper, shutdown, swapfile, DAX, loop, scsi_debug…); --tests runs
-# the given tests instead (a subset, say while the machine is loaded). Both implementations see the
+# the given tests instead, --list those of FILE (one a line, # comments; benches/xfstests-sample.txt
+# is a sample for a loaded machine). Both implementations see the
 # same list, the same users and the same bounded filesystems:
 #
 # * layercache: xfstests' FSTYP=fuse with FUSE_SUBTYP=.layercache. mount(8) → mount.fuse3 runs
@@ -37,16 +38,18 @@ set -euo pipefail
 . "$(dirname "$0")/lib-bench.sh"
 
 IMPLS=(layercache overlay)
-TESTS="" BUILD=1 BUILD_FROM="" BIN="" TIMEOUT_MIN=45
+TESTS="" LIST_FILE="" BUILD=1 BUILD_FROM="" BIN="" TIMEOUT_MIN=45
 while [ $# -gt 0 ]; do
   case $1 in
     --impls) IFS=, read -r -a IMPLS <<<"$2"; shift ;;
     --tests) TESTS=$2; shift ;;
+    --list) [ -f "$2" ] || die "--list $2: no such file"
+      TESTS=$(sed -e 's/#.*//' "$2" | tr -s ' \n' ' '); LIST_FILE=$2; shift ;;
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
     --bin) BIN=$2; BUILD=""; shift ;;
     --timeout) TIMEOUT_MIN=$2; shift ;;
-    -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -116,7 +119,7 @@ XVER=$(git -C "$XT" rev-parse --short=8 HEAD 2>/dev/null || head -c 12 "$XT/.com
 # The test list: generic/quick less the exclusions.
 if [ -n "$TESTS" ]; then
   read -r -a LIST <<<"$TESTS"
-  LIST_DESC="${#LIST[@]} tests given with --tests (a subset of the generic quick group)"
+  LIST_DESC="${#LIST[@]} tests of ${LIST_FILE:-the --tests argument} (a subset of the generic quick group)"
 else
   mapfile -t LIST < <(awk '$0 ~ / quick( |$)/ { print "generic/" $1 }' "$XT/tests/generic/group.list" \
     | grep -vxF -f <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$LC_REPO/benches/xfstests-exclude.txt"))
@@ -234,7 +237,7 @@ cause() { awk -v t="$1" '$1 == t { $1 = ""; sub(/^ +/, ""); print; exit }' "$LC_
 {
   echo "# xfstests: layercache and kernel overlayfs ($(date -u +%Y-%m-%d), commit $COMMIT_ID)"
   echo
-  echo "\`bash scripts/xfstests.sh${TESTS:+ --tests …}\` — xfstests $XVER, $LIST_DESC."
+  echo "\`bash scripts/xfstests.sh${LIST_FILE:+ --list $LIST_FILE}\` — xfstests $XVER, $LIST_DESC."
   echo "One harness, one list; upper/work on loop-mounted ext4 images of ${XFSTESTS_IMAGE_SIZE:-4G} each."
   echo
   lc_machine | sed 's/^/    /'
