@@ -30,7 +30,8 @@
 # the tests only layercache skips with xfstests' reason, and how long each run took. A whole run is
 # ~12-15 minutes per implementation on a 2-CPU machine; not in CI.
 #
-# Everything lives under /var/tmp/layercache-xfstests; every mount and loop device it makes is
+# Everything lives under XFSTESTS_WORK (default /var/tmp/layercache-xfstests; one run per work dir,
+# runs with different work dirs can share the machine); every mount and loop device it makes is
 # undone on exit, also when interrupted. Exit status: 0 when done (whatever the results), 2 on a
 # setup error.
 set -euo pipefail
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD="" ;;
     --bin) BIN=$2; BUILD=""; shift ;;
     --timeout) TIMEOUT_MIN=$2; shift ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -59,9 +60,13 @@ for i in "${IMPLS[@]}"; do
 done
 
 XT=${XFSTESTS_DIR:-/var/tmp/xfstests}
-W=/var/tmp/layercache-xfstests
+W=${XFSTESTS_WORK:-/var/tmp/layercache-xfstests}
 WRAPPER=/usr/local/bin/layercache
 WRAPPER_MARK="# written by layercache scripts/xfstests.sh"
+# Runs at once (another XFSTESTS_WORK) share the wrapper: each registers WORKDIR<TAB>BINARY here
+# and the wrapper execs the binary whose work dir the mount options name.
+REG=/run/layercache-xfstests
+REG_ENTRY=$REG/$(printf '%s' "$W" | md5sum | cut -c1-12).run
 LOOPS=() IMG_MOUNTS=()
 
 # Undo everything, newest first: xfstests' own mounts at our mountpoints (a stacked one included),
@@ -79,12 +84,18 @@ xt_cleanup() {
     lc_is_mounted "${IMG_MOUNTS[i]}" && { umount "${IMG_MOUNTS[i]}" 2>/dev/null || umount -l "${IMG_MOUNTS[i]}"; }
   done
   for i in "${LOOPS[@]}"; do losetup -d "$i" 2>/dev/null || true; done
-  if [ -f "$WRAPPER" ] && grep -qF "$WRAPPER_MARK" "$WRAPPER"; then rm -f "$WRAPPER"; fi
+  rm -f "$REG_ENTRY"
+  if [ -f "$WRAPPER" ] && grep -qF "$WRAPPER_MARK" "$WRAPPER" && ! ls "$REG"/*.run >/dev/null 2>&1; then
+    rm -f "$WRAPPER"
+  fi
   lc_cleanup || true
   return "$rc"
 }
 
 lc_init xfstests.sh
+mkdir -p "$W"
+exec 9>"$W.lock"
+flock -n 9 || die "another scripts/xfstests.sh run uses $W (give this one its own XFSTESTS_WORK)"
 trap xt_cleanup EXIT
 [ -x "$XT/check" ] && [ -x "$XT/ltp/fsstress" ] \
   || die "XFSTESTS_DIR=$XT is not a built xfstests tree (./check and ltp/fsstress); build xfstests as its README says and point XFSTESTS_DIR at it"
@@ -142,11 +153,24 @@ for n in test scratch; do
 done
 
 # mount.fuse3 runs `layercache …` with a PATH-less environment: /usr/local/bin it is.
-if [ -e "$WRAPPER" ] && ! grep -qF "$WRAPPER_MARK" "$WRAPPER"; then
-  die "$WRAPPER exists and is not this script's wrapper; move it away for the run"
+if [ -e "$WRAPPER" ] && ! grep -qF "$REG" "$WRAPPER"; then
+  die "$WRAPPER exists and is not this script's wrapper (or an older one's, still in use); move it away or wait"
 fi
-printf '#!/bin/sh\n%s (removed when it exits)\nexec %q "$@"\n' "$WRAPPER_MARK" "$LC_BIN" >"$WRAPPER"
-chmod 755 "$WRAPPER"
+mkdir -p "$REG"
+printf '%s\t%s\n' "$W" "$LC_BIN" >"$REG_ENTRY"
+cat >"$WRAPPER.tmp" <<EOF
+#!/bin/sh
+$WRAPPER_MARK (removed when the last run exits)
+for f in $REG/*.run; do
+  [ -f "\$f" ] || continue
+  IFS='$(printf '\t')' read -r w bin <"\$f"
+  case " \$* " in *"\$w/"*) exec "\$bin" "\$@" ;; esac
+done
+echo "layercache (xfstests wrapper): no scripts/xfstests.sh run owns: \$*" >&2
+exit 1
+EOF
+chmod 755 "$WRAPPER.tmp"
+mv "$WRAPPER.tmp" "$WRAPPER"
 mkdir -p "$W/bin"
 printf '#!/bin/sh\n# df -T for xfstests: a fuse.layercache mount is FSTYP=fuse\n/usr/bin/df "$@" | sed "s/ fuse\\.layercache / fuse /"\n' >"$W/bin/df"
 chmod 755 "$W/bin/df"
@@ -275,7 +299,7 @@ cause() { awk -v t="$1" '$1 == t { $1 = ""; sub(/^ +/, ""); print; exit }' "$LC_
     echo "## $impl failures"
     echo
     for t in "${LIST[@]}"; do
-      [ "${ST[$impl,$t]}" = failed ] && echo "* $t: \`$(first_diff "$impl" "$t")\`"
+      if [ "${ST[$impl,$t]}" = failed ]; then echo "* $t: \`$(first_diff "$impl" "$t")\`"; fi
     done
     echo
   done
@@ -285,7 +309,7 @@ cause() { awk -v t="$1" '$1 == t { $1 = ""; sub(/^ +/, ""); print; exit }' "$LC_
     echo "$impl:"
     echo
     for t in "${LIST[@]}"; do
-      [ "${ST[$impl,$t]}" = notrun ] && head -1 "$W/results-$impl/$t.notrun" 2>/dev/null | sed 's/[0-9][0-9]*/N/g'
+      if [ "${ST[$impl,$t]}" = notrun ]; then head -1 "$W/results-$impl/$t.notrun" 2>/dev/null | sed 's/[0-9][0-9]*/N/g' || true; fi
     done | sort | uniq -c | sort -rn | sed 's/^ *\([0-9]*\) \(.*\)/* \1 × \2/'
     echo
   done
