@@ -67,7 +67,7 @@ WRAPPER_MARK="# written by layercache scripts/xfstests.sh"
 # and the wrapper execs the binary whose work dir the mount options name.
 REG=/run/layercache-xfstests
 REG_ENTRY=$REG/$(printf '%s' "$W" | md5sum | cut -c1-12).run
-LOOPS=() IMG_MOUNTS=()
+LOOPS=() IMG_MOUNTS=() WRAPPER_LOST=""
 
 # Undo everything, newest first: xfstests' own mounts at our mountpoints (a stacked one included),
 # the images, the loop devices, the wrapper. Runs on every exit (lc_init's trap calls lc_cleanup;
@@ -217,6 +217,10 @@ EOF
   (cd "$XT" && PATH="$W/bin:$PATH" HOST_OPTIONS=$cfg RESULT_BASE="$W/results-$impl" \
     timeout --foreground -k 30 "${TIMEOUT_MIN}m" ./check "${LIST[@]}") >"$W/$impl.log" 2>&1 || true
   echo $(($(date +%s) - t0)) >"$W/$impl.secs"
+  if [ "$impl" = layercache ] && ! grep -qF "$REG" "$WRAPPER" 2>/dev/null; then
+    WRAPPER_LOST=1
+    log "warning: $WRAPPER was replaced or removed during the run (another script?)"
+  fi
   for m in "$W/mnt/test" "$W/mnt/scratch" "$W/base-test/ovl-mnt" "$W/base-scratch/ovl-mnt"; do
     lc_is_mounted "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }
   done
@@ -263,6 +267,7 @@ cause() { awk -v t="$1" '$1 == t { $1 = ""; sub(/^ +/, ""); print; exit }' "$LC_
   echo
   echo "\`bash scripts/xfstests.sh${LIST_FILE:+ --list $LIST_FILE}\` — xfstests $XVER, $LIST_DESC."
   echo "One harness, one list; upper/work on loop-mounted ext4 images of ${XFSTESTS_IMAGE_SIZE:-4G} each."
+  [ -z "$WRAPPER_LOST" ] || echo "**Warning: $WRAPPER was replaced during the layercache run; some mounts may have run another binary.**"
   echo
   lc_machine | sed 's/^/    /'
   echo
