@@ -79,6 +79,8 @@ pub struct OverlayFs {
     pub(super) squash: super::options::Squash,
     /// How each lower shows its hard links (`links.rs`), in layer order.
     links: Vec<Links>,
+    /// A read-only mount (`OverlayConfig::read_only`): every change is answered `EROFS`.
+    pub(super) read_only: bool,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -172,9 +174,22 @@ fn passthrough_wanted() -> bool {
 
 impl OverlayFs {
     /// Opens the layers of `cfg` and prepares the workdir (orphans of an earlier run are removed).
+    /// A read-only mount opens no workdir and writes nothing; without an upper (lowerdir-only)
+    /// the root is the top lower's directory.
     ///
     /// Errors: [`Error::Invalid`] naming a directory that cannot be opened.
     pub fn new(cfg: &OverlayConfig) -> Result<OverlayFs> {
+        if cfg.read_only {
+            let lowers: Vec<&std::path::Path> = cfg.lowerdirs.iter().map(|p| p.as_path()).collect();
+            let upper = cfg.has_upper().then_some(cfg.upperdir.as_path());
+            let stack = Stack::open_merge(upper, &lowers)
+                .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
+            let fs = OverlayFs::with_stack(cfg, stack)?;
+            if !cfg.has_upper() {
+                fs.nodes.update(super::inode::ROOT, |n| n.upper = false);
+            }
+            return Ok(fs);
+        }
         let stack = Stack::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
             .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
         let orphans = cfg.workdir.join(ORPHANS);
@@ -186,6 +201,13 @@ impl OverlayFs {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .map_err(|e| Error::io(&orphans, e))?;
+        OverlayFs::with_stack(cfg, stack)
+    }
+
+    /// The engine over the opened `stack` of `cfg`.
+    ///
+    /// Errors: [`Error::Invalid`] when a lower's link groups cannot be read.
+    fn with_stack(cfg: &OverlayConfig, stack: Stack) -> Result<OverlayFs> {
         let lowers = stack.root_lowers();
         let links = (0..cfg.lowerdirs.len())
             .map(|i| Links::load(cfg.lower_links.get(i).unwrap_or(&Default::default())))
@@ -206,6 +228,7 @@ impl OverlayFs {
             pt: Passthrough::new(passthrough_wanted()),
             squash: cfg.squash,
             links,
+            read_only: cfg.read_only,
         })
     }
 

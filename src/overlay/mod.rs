@@ -17,6 +17,7 @@ pub mod links;
 mod ops;
 pub mod options;
 mod passthrough;
+mod privs;
 mod ring;
 pub mod stack;
 pub mod whiteout;
@@ -134,6 +135,10 @@ fn threads() -> usize {
 /// Errors: [`Error::Invalid`] (exit 2) for bad options, directories or mountpoint, or a missing
 /// `/dev/fuse`; nothing is mounted then.
 pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> Result<i32> {
+    if let Some(flags) = options::remount_flags(options) {
+        remount(mountpoint, flags)?;
+        return Ok(0);
+    }
     let raw = options::parse(options)?;
     let cfg = options::validate(&raw, mountpoint)?;
     if foreground {
@@ -246,8 +251,11 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 }
 
 /// Mounts a FUSE filesystem of type `fuse.layercache` at `mountpoint` with mount(2) and returns
-/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`; its
-/// source is `layercache:<upperdir>` (see [`upperdir_of`]).
+/// the /dev/fuse descriptor. The mount is `nosuid,nodev,allow_other,default_permissions`
+/// (without `nodev` for [`OverlayConfig::dev`], without `nosuid` for [`OverlayConfig::suid`],
+/// and `ro` for [`OverlayConfig::read_only`]);
+/// its source is `layercache:<upperdir>` (see [`upperdir_of`]), `layercache:<top lowerdir>`
+/// for a lowerdir-only mount.
 ///
 /// The mount is made here rather than by fuser so that nothing unmounts "whatever is at
 /// MOUNTPOINT" when the session ends: after `umount MNT` and a new mount at the same place, a
@@ -255,7 +263,7 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 ///
 /// Errors: [`Error::Invalid`] naming the mountpoint and the mount(2) errno (`EPERM` without
 /// CAP_SYS_ADMIN).
-fn mount_fuse(mountpoint: &Path, upperdir: &Path) -> Result<OwnedFd> {
+fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -268,12 +276,27 @@ fn mount_fuse(mountpoint: &Path, upperdir: &Path) -> Result<OwnedFd> {
         "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
         fd.as_raw_fd()
     );
-    let source = format!("{SOURCE_PREFIX}{}", upperdir.display());
+    let named = if cfg.has_upper() {
+        &cfg.upperdir
+    } else {
+        &cfg.lowerdirs[0]
+    };
+    let source = format!("{SOURCE_PREFIX}{}", named.display());
+    let mut flags = nix::mount::MsFlags::empty();
+    if !cfg.suid {
+        flags |= nix::mount::MsFlags::MS_NOSUID;
+    }
+    if !cfg.dev {
+        flags |= nix::mount::MsFlags::MS_NODEV;
+    }
+    if cfg.read_only {
+        flags |= nix::mount::MsFlags::MS_RDONLY;
+    }
     nix::mount::mount(
         Some(source.as_str()),
         mountpoint,
         Some("fuse.layercache"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        flags,
         Some(data.as_str()),
     )
     .map_err(|e| {
@@ -298,6 +321,10 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
             "mountpoint {} is busy: a layercache/FUSE filesystem is already mounted there",
             mountpoint.display()
         )));
+    }
+    if cfg.read_only {
+        // Nothing is written: no workdir to probe.
+        return Ok(());
     }
     stack::probe_upper(&cfg.upperdir, &cfg.workdir)
 }
@@ -344,7 +371,7 @@ pub fn mount_foreground(
             mountpoint.display()
         )));
     }
-    let fd = mount_fuse(mountpoint, &cfg.upperdir)?;
+    let fd = mount_fuse(mountpoint, cfg)?;
     // from_fd completes the INIT handshake before returning.
     let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config(uring))
     {
@@ -604,6 +631,31 @@ fn fuse_mount_at(mountpoint: &Path) -> Result<Option<crate::sys::MountEntry>> {
     Ok(mounts.into_iter().find(|m| {
         (m.fs_type == "fuse" || m.fs_type.starts_with("fuse.")) && m.mount_point == canon
     }))
+}
+
+/// `mount -o remount,…` of a layercache mount, which mount(8) hands to mount.fuse3 and so to
+/// `layercache overlay -o …,remount,… MNT`: remounts the FUSE filesystem at `mountpoint` with
+/// mount(2) `MS_REMOUNT | flags` (read-only or writable, and its per-mount flags), as the kernel
+/// does for any filesystem; the daemon is not involved (a read-only configuration still answers
+/// EROFS after a remount,rw).
+///
+/// Errors: [`Error::Invalid`] when no FUSE filesystem is mounted there, or naming the mount(2)
+/// errno.
+fn remount(mountpoint: &Path, flags: nix::mount::MsFlags) -> Result<()> {
+    if fuse_mount_at(mountpoint)?.is_none() {
+        return Err(Error::invalid(format!(
+            "remount {}: no layercache mount there",
+            mountpoint.display()
+        )));
+    }
+    nix::mount::mount(
+        None::<&str>,
+        mountpoint,
+        None::<&str>,
+        nix::mount::MsFlags::MS_REMOUNT | flags,
+        None::<&str>,
+    )
+    .map_err(|e| Error::invalid(format!("remount {}: {e}", mountpoint.display())))
 }
 
 /// The mount source layercache's own mounts carry: `layercache:<upperdir>`, so the upper dir

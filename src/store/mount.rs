@@ -257,6 +257,7 @@ impl Store {
             upperdir: Some(upper),
             workdir: Some(work),
             squash: m.req.squash,
+            ..Default::default()
         };
         let mut cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
         // A layer's files are all object links: show the links its promoted tree had.
