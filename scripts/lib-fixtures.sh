@@ -5,8 +5,8 @@
 #       GOPROXY (`goproxy.py --packages`), maven, gradle, and the Maven plugins and libraries
 #       examples/maven-app and gradle-app resolve from /usr/share/maven-repo (no other Maven
 #       repository is reachable here);
-#     * pnpm and yarn (classic) from the npm registry, uv from PyPI, at pinned versions, into
-#       $LC_TEST_CACHE/tools (kept between runs; reinstalled when the pin changes), linked into
+#     * pnpm and yarn (classic) from the npm registry, uv and poetry from PyPI, at pinned
+#       versions, into $LC_TEST_CACHE/tools (kept between runs; reinstalled when the pin changes), linked into
 #       $LC_TEST_CACHE/tools/bin, which goes first on PATH.
 # Needs root for apt-get. Outside references: the go module proxy protocol (go help goproxy).
 
@@ -14,6 +14,7 @@ LC_TEST_CACHE=${LC_TEST_CACHE:-/var/cache/layercache-test}
 LC_PNPM_VERSION=9.15.9
 LC_YARN_VERSION=1.22.22
 LC_UV_VERSION=0.13.9
+LC_POETRY_VERSION=2.2.1
 # What examples/maven-app's pom.xml pins (dependency:go-offline resolves every lifecycle plugin)
 # and the libraries both JVM fixtures use.
 LC_MAVEN_PACKAGES="maven gradle libmaven-dependency-plugin-java libmaven-compiler-plugin-java
@@ -57,6 +58,14 @@ lc_fixture_tools() {
     # a venv of its own, linked into bin/: only the uv binary goes on PATH, not its python3
     python3 -m venv "$t/uv" && "$t/uv/bin/pip" install -q "uv==$LC_UV_VERSION" || return 1
     ln -sfn ../uv/bin/uv "$t/bin/uv"
+  fi
+  if ! "$t/bin/poetry" --version 2>/dev/null | grep -q "(version $LC_POETRY_VERSION)"; then
+    lc_fixture_log "installing poetry==$LC_POETRY_VERSION (PyPI)"
+    rm -rf "$t/poetry"
+    # likewise: poetry runs from a venv of its own; the projects' venvs use the machine's python3
+    python3 -m venv "$t/poetry" && "$t/poetry/bin/pip" install -q "poetry==$LC_POETRY_VERSION" ||
+      return 1
+    ln -sfn ../poetry/bin/poetry "$t/bin/poetry"
   fi
   export PATH="$t/bin:$PATH"
 }

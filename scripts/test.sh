@@ -84,6 +84,8 @@ lc_docker_image || { echo "test.sh: could not build the Docker test image" >&2; 
 export CI=${CI:-1}
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
+# The module dependency arrows of src/ must not form a cycle (docs/ARCHITECTURE.md).
+bash scripts/import-graph.sh >/dev/null
 cargo build --quiet
 set +e
 cargo test --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"

@@ -7,8 +7,6 @@ use crate::error::{Error, Result};
 mod remote_cmds;
 pub(crate) mod store_cmds;
 
-use store_cmds::store_root;
-
 /// Runs the parsed command line and returns the exit status (see [`crate::error`]).
 ///
 /// Errors: whatever the subcommand returns; the binary prints it and exits with
@@ -82,8 +80,15 @@ fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
         Some(d) => d.clone(),
         None => std::env::current_dir().at(".")?,
     };
-    std::fs::canonicalize(&dir)
-        .map_err(|e| Error::invalid(format!("--workdir {}: {e}", dir.display())))
+    let dir = std::fs::canonicalize(&dir)
+        .map_err(|e| Error::invalid(format!("--workdir {}: {e}", dir.display())))?;
+    if !dir.is_dir() {
+        return Err(Error::invalid(format!(
+            "--workdir {}: not a directory (want the project directory, where the key files are)",
+            dir.display()
+        )));
+    }
+    Ok(dir)
 }
 
 /// `layercache key`: each cache's key, restore keys, key files and mountpoint.
@@ -102,11 +107,16 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     for cache in &spec.caches {
         all.push(crate::key::compute(cache, &paths, &env)?);
     }
-    // What each key would match now. Never creates a store: without one (or with one that
-    // cannot be read) each key reports "unknown" with the reason.
+    // What each key would match now. Never creates a store: without one each key reports a
+    // miss, "no store yet" (a run would create it); with one that cannot be read, "unknown"
+    // with the reason.
+    let mut no_store = None;
     let store = store_root(global).and_then(|r| {
-        crate::store::Store::open_existing(&r)?
-            .ok_or_else(|| Error::invalid(format!("no store at {}", r.display())))
+        crate::store::Store::open_existing(&r)?.ok_or_else(|| {
+            let e = Error::invalid(format!("no store at {}", r.display()));
+            no_store = Some(r);
+            e
+        })
     });
     // The project's directories only if they exist: `key` creates nothing (a project the
     // store has never seen matches nothing).
@@ -131,7 +141,7 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                     }
                     crate::store::Lookup::Miss => serde_json::json!({"result": "miss"}),
                 };
-                // issue 11: why not a hit, against the nearest layer's recorded inputs.
+                // Why not a hit: the diff against the nearest layer's recorded inputs.
                 if found["result"] != "hit" {
                     let matched = found["matched_key"].as_str().map(str::to_string);
                     found["why"] = serde_json::json!(crate::why::explain(
@@ -144,6 +154,13 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
                 }
                 found
             }
+            Err(_) if no_store.is_some() => serde_json::json!({
+                "result": "miss",
+                "reason": format!(
+                    "no store yet at {} (a run creates it)",
+                    no_store.as_deref().unwrap_or(std::path::Path::new("")).display()
+                ),
+            }),
             Err(e) => serde_json::json!({"result": "unknown", "error": e.to_string()}),
         };
         matches.push(found);
@@ -175,7 +192,10 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
         println!("  key files:    {}", files.join(", "));
         println!("  mountpoint:   {}", k.mountpoint.display());
         let result = m["result"].as_str().unwrap_or("unknown");
-        match m["matched_key"].as_str() {
+        match (m["matched_key"].as_str())
+            .or(m["reason"].as_str())
+            .or(m["error"].as_str())
+        {
             Some(mk) => println!("  would match:  {result} ({mk})"),
             None => println!("  would match:  {result}"),
         }
@@ -282,14 +302,13 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     let sandbox = crate::run::SandboxMode::parse(&args.sandbox)?;
     let spec = match (&args.spec, &args.project) {
         (Some(source), _) => crate::spec::load(source)?,
-        (None, project) => crate::serve::specs::load_stored(
-            &store_root(global)?,
-            project.as_deref().unwrap_or_default(),
-        )?,
+        (None, project) => {
+            crate::spec::load_stored(&store_root(global)?, project.as_deref().unwrap_or_default())?
+        }
     };
-    // --sandbox docker (issue 12): the workdir is seen at a stable path by default, and the
+    // --sandbox docker: the workdir is seen at a stable path by default, and the
     // engine, image and user are checked before anything is mounted.
-    // --user, else the spec's `user` (issue 12); errors name the one given.
+    // --user, else the spec's `user`; errors name the one given.
     use crate::sandbox::user::{RunUser, UserSource};
     let (user, user_source) = match (&args.user, &spec.user) {
         (Some(u), _) => (Some(u.clone()), UserSource::Flag),
@@ -308,9 +327,19 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
     // --sandbox none|bwrap: resolved on the host before anything is mounted.
-    let run_user = match (&docker, &user) {
+    let mut run_user = match (&docker, &user) {
         (None, Some(u)) => Some(RunUser::resolve(u, user_source)?),
         _ => None,
+    };
+    // Without root (issue 22): refusals before anything is mounted; the steps run as the user
+    // in the run's own user namespace ([`crate::run::rootless`]), so no `--user` drop.
+    let rootless = match crate::run::rootless::needed() && !spec.caches.is_empty() {
+        true => Some(crate::run::rootless::preflight(
+            docker.is_some(),
+            run_user.take(),
+            user_source,
+        )?),
+        false => None,
     };
     if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
         crate::sandbox::bwrap_user_preflight(u, user_source)?;
@@ -330,6 +359,9 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         })
         .unwrap_or_default();
     let paths = paths(&args.paths, default_view)?;
+    if rootless.is_some() {
+        crate::run::rootless::check_view_dirs(&spec, &paths)?;
+    }
     let store_dir = store_root(global)?;
     if docker.is_some() {
         // `docker run -v SRC:DST` splits at ':': such a path would fail only at the first step.
@@ -361,9 +393,16 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         run_id: crate::telemetry::new_run_id(),
         docker,
         user: run_user,
+        rootless,
     };
+    // A failing run's `--json` error line names it (issue 24).
+    crate::telemetry::set_current_run(&cfg.run_id);
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);
+    }
+    if let Some(r) = &cfg.rootless {
+        // Before the store is opened and before any thread starts (the remote tier's runtime).
+        crate::run::rootless::enter(r)?;
     }
     let mut store =
         crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());
@@ -390,12 +429,11 @@ fn absolute(what: &str, path: &std::path::Path) -> Result<std::path::PathBuf> {
     std::path::absolute(path).map_err(|e| Error::invalid(format!("{what} {}: {e}", path.display())))
 }
 
-/// The validated `--workdir`, `--mount-root` and `--workdir-view`: none may be `/` or a system
-/// directory (see [`crate::spec::check_root`]).
+/// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
+/// `default_view`), made absolute and checked: none may be `/` or a system directory
+/// ([`crate::spec::check_root`]).
 ///
 /// Errors: [`Error::Invalid`] naming the flag.
-/// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
-/// `default_view`), made absolute and checked ([`crate::spec::check_root`]).
 fn paths(
     args: &crate::cli::PathArgs,
     default_view: Option<&std::path::Path>,
@@ -413,4 +451,27 @@ fn paths(
         crate::spec::check_root("--workdir-view", v)?;
     }
     Ok(paths)
+}
+
+/// The store root: `--store`/`LAYERCACHE_STORE`, else [`crate::store::default_root`].
+///
+/// Errors: [`Error::Invalid`] when no default can be derived.
+pub(crate) fn store_root(global: &crate::cli::GlobalArgs) -> Result<std::path::PathBuf> {
+    match &global.store {
+        Some(s) => Ok(s.clone()),
+        None => crate::store::default_root(),
+    }
+}
+
+/// Prints one line to stdout; a closed stdout (EPIPE) is not an error.
+pub(super) fn emit(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// `v` as one line of JSON (an `{"error": …}` object if it cannot be serialised).
+pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

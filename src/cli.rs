@@ -127,8 +127,9 @@ pub struct RemoteGcArgs {
 /// `layercache overlay`.
 #[derive(Debug, Args)]
 pub struct OverlayArgs {
-    /// Comma-separated options: lowerdir=DIR[:DIR…],upperdir=DIR[,workdir=DIR] plus generic mount
-    /// options (rw, noatime, lazytime, allow_other…). May be given more than once.
+    /// Comma-separated options: lowerdir=DIR[:DIR…][,upperdir=DIR[,workdir=DIR]] (no upperdir:
+    /// read-only) plus generic mount options (ro, rw, dev, suid, noatime, lazytime, allow_other…). May
+    /// be given more than once.
     #[arg(short = 'o', required = true)]
     pub options: Vec<String>,
     /// Stay in the foreground instead of returning once the mount is ready.
@@ -278,6 +279,9 @@ pub struct LsArgs {
     /// Only this project (default: all).
     #[arg(long)]
     pub project: Option<String>,
+    /// Print sizes as byte counts (for scripts) instead of binary units (`12.3 MiB`).
+    #[arg(long)]
+    pub bytes: bool,
 }
 
 /// `layercache gc`.
@@ -296,6 +300,9 @@ pub struct GcArgs {
     /// Print what would be evicted without removing anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Print sizes as byte counts (for scripts) instead of binary units (`12.3 MiB`).
+    #[arg(long)]
+    pub bytes: bool,
 }
 
 /// `layercache clear`.

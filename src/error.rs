@@ -53,10 +53,16 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The remote tier failed (unreachable, denied, corrupt, bad configuration…); exit status 2
-    /// for bad configuration, else 1.
-    #[error(transparent)]
-    Remote(Box<crate::remote::RemoteError>),
+    /// The remote tier failed (unreachable, denied, corrupt, bad configuration…): its kind and
+    /// its one-line message naming the remote (the remote tier builds it). Exit status 2 for
+    /// bad configuration, else 1.
+    #[error("{message}")]
+    Remote {
+        /// What went wrong, for callers that work around some kinds.
+        kind: RemoteKind,
+        /// The message, naming the remote.
+        message: String,
+    },
     /// A child process (setup, maintenance, COMMAND) exited with this status; passed through.
     #[error("{what} exited with status {status}")]
     Child {
@@ -86,15 +92,46 @@ impl Error {
         match self {
             Error::Invalid(_) | Error::NotAStoreMount { .. } | Error::MountpointBusy { .. } => 2,
             Error::Io { .. } | Error::Failed(_) | Error::Unmount { .. } => 1,
-            Error::Remote(r) => r.exit_code(),
+            Error::Remote { kind, .. } => kind.exit_code(),
             Error::Child { status, .. } => *status,
         }
     }
 }
 
-impl From<crate::remote::RemoteError> for Error {
-    fn from(e: crate::remote::RemoteError) -> Self {
-        Error::Remote(Box::new(e))
+/// The kind of a remote-tier failure ([`Error::Remote`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteKind {
+    /// The server could not be reached, or the connection broke.
+    Unreachable,
+    /// No answer within a bound.
+    Timeout,
+    /// The credentials were refused (HTTP 401/403).
+    Denied,
+    /// What was asked for is not there (HTTP 404).
+    NotFound,
+    /// A create-only write found the object there already (HTTP 409/412).
+    Conflict,
+    /// Bytes that do not match what names them.
+    Corrupt,
+    /// A bad `[remote]` entry, URL or credential setting (exit status 2).
+    BadConfig,
+    /// Anything else.
+    Other,
+}
+
+impl RemoteKind {
+    /// True for failures a run works around as a local miss with one warning (unreachable,
+    /// slow).
+    pub fn is_transient(self) -> bool {
+        matches!(self, RemoteKind::Unreachable | RemoteKind::Timeout)
+    }
+
+    /// The process exit status: 2 for bad configuration, else 1.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            RemoteKind::BadConfig => 2,
+            _ => 1,
+        }
     }
 }
 

@@ -27,7 +27,7 @@ use std::sync::Mutex;
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey};
-use crate::spec::{Cache, Paths};
+use crate::spec::{Cache, Paths, Pattern};
 
 /// Directories never searched for key files under a `**` pattern (installed trees, VCS data,
 /// build output).
@@ -169,7 +169,7 @@ pub struct CacheKeys {
     /// What went into the key, by name ([`crate::why::Inputs`]: `key file <path>` → blake3
     /// of its content (16 hex), `setup` → blake3 of the script, `env <NAME>`, `mountpoint`,
     /// `exclude`, `preset`, `tool <t>`, `image`), so a miss can say what differs from the
-    /// nearest layer (issue 11).
+    /// nearest layer (`layercache key` and the run summary show it).
     pub inputs: crate::why::Inputs,
 }
 
@@ -272,7 +272,10 @@ fn key_inputs(
     for (k, v) in &cache.env {
         m.insert(format!("env {k}"), v.clone());
     }
-    m.insert("mountpoint".into(), mountpoint.display().to_string());
+    // Only what enters the key (issue 24): a relocatable tree's key holds no path.
+    if !cache.relocatable {
+        m.insert("mountpoint".into(), mountpoint.display().to_string());
+    }
     if !cache.exclude.is_empty() {
         m.insert("exclude".into(), cache.exclude.join(" "));
     }
@@ -336,116 +339,6 @@ pub fn find_matches(root: &Path, pattern: &str) -> Result<Vec<PathBuf>> {
     out.sort();
     out.dedup();
     Ok(out)
-}
-
-/// A key-file or exclude pattern compiled with globset: `*` and `?` within one name (they never
-/// match `/`), `**` any number of directories, `[…]` and `{a,b}` as globset reads them.
-#[derive(Debug)]
-pub struct Pattern {
-    text: String,
-    matcher: globset::GlobMatcher,
-    /// How many path components a match has, when the pattern has no `**`.
-    depth: Option<usize>,
-}
-
-impl Pattern {
-    /// Compiles `pattern`, a relative `/`-separated glob.
-    ///
-    /// Errors: globset's message naming the pattern (an unclosed `[`, say).
-    pub fn new(pattern: &str) -> std::result::Result<Pattern, String> {
-        let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
-        let text = comps.join("/");
-        let matcher = globset::GlobBuilder::new(&text)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| e.to_string())?
-            .compile_matcher();
-        let depth = (!comps.contains(&"**")).then_some(comps.len());
-        Ok(Pattern {
-            text,
-            matcher,
-            depth,
-        })
-    }
-
-    /// Whether `rel` (relative, `/`-separated) matches.
-    pub fn is_match(&self, rel: &Path) -> bool {
-        self.matcher.is_match(rel)
-    }
-
-    /// True when the pattern names one path (no glob syntax).
-    pub fn is_literal(&self) -> bool {
-        !self.text.contains(['*', '?', '[', '{'])
-    }
-
-    /// Appends the matches under `root` to `out` (relative paths): regular files only when
-    /// `files_only` (following a final symlink), any entry otherwise. Directories named in
-    /// `skip` are not entered under `**`; nor are symlinked directories.
-    fn walk(
-        &self,
-        root: &Path,
-        skip: &[&str],
-        files_only: bool,
-        out: &mut Vec<PathBuf>,
-    ) -> Result<()> {
-        let wanted = |rel: &Path| {
-            let p = root.join(rel);
-            if files_only {
-                fs::metadata(&p).is_ok_and(|m| m.is_file())
-            } else {
-                fs::symlink_metadata(&p).is_ok()
-            }
-        };
-        if self.is_literal() {
-            let rel = PathBuf::from(&self.text);
-            if wanted(&rel) {
-                out.push(rel);
-            }
-            return Ok(());
-        }
-        let mut stack = vec![PathBuf::new()];
-        while let Some(rel) = stack.pop() {
-            let level = rel.components().count();
-            for name in list_dir(&root.join(&rel))? {
-                let sub = rel.join(&name);
-                if self.is_match(&sub) && wanted(&sub) {
-                    out.push(sub.clone());
-                }
-                let enter = match self.depth {
-                    Some(d) => {
-                        level + 1 < d && fs::metadata(root.join(&sub)).is_ok_and(|m| m.is_dir())
-                    }
-                    None => {
-                        !skip.contains(&name.as_str())
-                            && fs::symlink_metadata(root.join(&sub)).is_ok_and(|m| m.is_dir())
-                    }
-                };
-                if enter {
-                    stack.push(sub);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-fn list_dir(dir: &Path) -> Result<Vec<String>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
-            return Ok(Vec::new());
-        }
-        Err(e) => return Err(Error::io(dir, e)),
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry.at(dir)?;
-        if let Some(name) = entry.file_name().to_str() {
-            names.push(name.to_string());
-        }
-    }
-    names.sort();
-    Ok(names)
 }
 
 #[cfg(test)]
@@ -572,6 +465,19 @@ mod tests {
         let v4 = compute(&venv.caches[0], &view(other.path()), &env).unwrap();
         assert_eq!(v3.key, v4.key);
         assert_eq!(v3.mountpoint, Path::new("/workspace/.venv"));
+        // The miss reason lists only inputs of the key (issue 24): a relocatable cache's
+        // mountpoint is none, a path-bound one's is.
+        assert!(!a.inputs.contains_key("mountpoint"), "{:?}", a.inputs);
+        assert!(crate::why::diff(&a.inputs, &w.inputs).is_empty());
+        assert_eq!(
+            v1.inputs.get("mountpoint").map(String::as_str),
+            Some(d.path().join(".venv").to_str().unwrap())
+        );
+        assert_eq!(crate::why::diff(&v1.inputs, &v2.inputs).len(), 1);
+        // A record written before (with the relocatable cache's mountpoint) reads the same.
+        let mut old = a.inputs.clone();
+        old.insert("mountpoint".into(), "/a/node_modules".into());
+        assert!(crate::why::diff(&old, &w.inputs).is_empty());
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod spec;
 pub mod store;
 pub mod sys;
 pub mod telemetry;
+pub mod units;
 pub mod why;
 
 pub use error::{Error, Result};

@@ -40,7 +40,11 @@ fn main() {
             eprintln!("layercache: {err}");
             if json {
                 // With --json the error is also one JSON line on stdout, for machines.
-                let v = serde_json::json!({"error": err.to_string(), "exit": err.exit_code()});
+                let mut v = serde_json::json!({"error": err.to_string(), "exit": err.exit_code()});
+                // A run that got as far as having an id names it (its events carry it).
+                if let Some(run) = layercache::telemetry::current_run() {
+                    v["run"] = run.into();
+                }
                 println!("{v}");
             }
             err.exit_code()

@@ -47,7 +47,7 @@ pub struct Mounted {
     /// The store's run id of the mount (`runs/<run>`).
     pub run: String,
     /// Remote tier: what was pulled for this mount, if it came from the remote.
-    pub pulled: Option<crate::remote::pull::PullReport>,
+    pub pulled: Option<crate::store::PullReport>,
 }
 
 /// What a promotion published.
@@ -146,11 +146,16 @@ pub struct RunConfig {
     /// `--sandbox none|bwrap`: the user setup, maintenance and COMMAND run as (`--user` or the
     /// spec's `user`, resolved on the host; issue 12). `None`: layercache's own user.
     pub user: Option<sandbox::user::RunUser>,
+    /// An unprivileged run (issue 22): the user's ids and who the steps run as; the run is
+    /// then in its own user and mount namespace ([`rootless::enter`]). `None` for root.
+    pub rootless: Option<rootless::Rootless>,
 }
 
 mod child;
 mod mounter;
+mod pidns;
 mod progress;
+pub mod rootless;
 mod summary;
 
 pub use child::Views;
@@ -162,10 +167,14 @@ use summary::print_summary;
 
 // ---- mounts ----------------------------------------------------------------------------------
 
-/// Every mount of this run (by view path); Drop unmounts what is left, in reverse order.
+/// Every mount of this run (by view path); Drop unmounts what is left, in reverse order, then
+/// removes the view directories the run made on the host ([`Mounts::remove_made`]).
 struct Mounts<'a> {
     mounter: &'a dyn Mounter,
     points: Vec<PathBuf>,
+    /// The host view directories of [`Mounts::prepare_views`], each open with a shared flock
+    /// for the whole run, and whether this run created it.
+    view_dirs: Vec<(PathBuf, Option<std::fs::File>, bool)>,
 }
 
 impl Mounts<'_> {
@@ -187,9 +196,11 @@ impl Mounts<'_> {
 
     /// Creates on the host what the views need to exist: the mount root, the workdir view
     /// directory, and each view below the workdir (a tmpfs holds those below the mount root).
-    /// They stay (empty): removing a directory another run's namespace has a mount on would
-    /// detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
-    fn prepare_views(&self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
+    /// Each is held open with a shared flock(2) while the run lasts; those this run created
+    /// are removed when it ends if still empty and no other run holds them
+    /// ([`Mounts::remove_made`]): removing a directory another run's namespace has a mount on
+    /// would detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
+    fn prepare_views(&mut self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
         let mut need: Vec<PathBuf> = Vec::new();
         let view_wd = cfg.paths.view_workdir();
         for p in preps {
@@ -211,15 +222,52 @@ impl Mounts<'_> {
             need.insert(0, v.clone());
         }
         for dir in need {
+            // The levels create_dir_all is about to make, outermost first.
+            let made: Vec<PathBuf> = (dir.ancestors())
+                .take_while(|a| !a.exists())
+                .map(Path::to_path_buf)
+                .collect();
             std::fs::create_dir_all(&dir).at(&dir)?;
+            for d in made.iter().rev() {
+                self.view_dirs.push((d.clone(), None, true));
+            }
+            if made.is_empty() {
+                self.view_dirs.push((dir.clone(), None, false));
+            }
+            let held = std::fs::File::open(&dir).ok();
+            if let Some(f) = &held {
+                let _ = crate::sys::flock(f, libc::LOCK_SH);
+            }
+            if let Some(last) = self.view_dirs.last_mut() {
+                last.1 = held;
+            }
         }
         Ok(())
+    }
+
+    /// After the unmounts: removes the view directories this run created (innermost first)
+    /// when empty and held by no other run (an exclusive flock taken without waiting; a run
+    /// that still uses one holds it shared). Best effort: anything else stays as it is.
+    fn remove_made(&mut self) {
+        while let Some((dir, held, made)) = self.view_dirs.pop() {
+            drop(held);
+            if !made {
+                continue;
+            }
+            let Ok(f) = std::fs::File::open(&dir) else {
+                continue;
+            };
+            if crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
     }
 }
 
 impl Drop for Mounts<'_> {
     fn drop(&mut self) {
         let _ = self.unmount_all();
+        self.remove_made();
     }
 }
 
@@ -271,6 +319,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let mut mounts = Mounts {
         mounter,
         points: Vec::new(),
+        view_dirs: Vec::new(),
     };
     let mut preps: Vec<Prep> = Vec::new();
     for k in all_keys {
@@ -401,6 +450,17 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             }
             p.event.new_files = committed.new_files;
             p.event.new_bytes = committed.new_bytes;
+            if committed.published && p.event.empty_layer() {
+                // issue 24: a hit of it would save nothing; say so where it happens.
+                eprintln!(
+                    "layercache: warning: cache {:?} published an empty layer (0 files, 0 B): its \
+                     setup wrote nothing to {} — the tool likely wrote its cache elsewhere (is \
+                     the variable it reads, e.g. the preset's env, set to {{mount}}?); a hit of \
+                     this layer saves nothing",
+                    cache.id.as_str(),
+                    p.keys.mountpoint.display(),
+                );
+            }
         }
         log_event(cfg, &p.event);
     }
@@ -482,13 +542,13 @@ fn run_script(
     if docker(cfg) {
         return run_docker(cfg, env, views, &argv, label, true);
     }
-    let mut cmd = host_command(cfg, env, views, &argv, true)?;
+    let mut cmd = host_command(cfg, env, views, &argv, true, true)?;
     let stderr = std::io::stderr().as_fd_owned();
     cmd.stdin(Stdio::null());
     if let Some(fd) = stderr {
         cmd.stdout(Stdio::from(fd));
     }
-    run_child(cmd, label, true)
+    run_child(cmd, label, true, pid_namespace(cfg))
 }
 
 /// Runs COMMAND with stdio inherited; no COMMAND = status 0. It leads a process group of its
@@ -502,14 +562,19 @@ fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -
         return run_docker(cfg, env, views, &cfg.command, &what, false);
     }
     let cwd = !cfg.spec.caches.is_empty();
-    let cmd = host_command(cfg, env, views, &cfg.command, cwd)?;
     let group = !std::io::stdin().is_terminal();
-    run_child(cmd, &program.to_string_lossy(), group)
+    let cmd = host_command(cfg, env, views, &cfg.command, cwd, group)?;
+    run_child(cmd, &program.to_string_lossy(), group, pid_namespace(cfg))
 }
 
 /// `argv` (not empty) run directly (`--sandbox none`: in its own mount namespace holding
 /// `views`; in the workdir when `cwd`) or inside bubblewrap, as the run's `--user` when it has
-/// one (issue 12).
+/// one (issue 12), under the init of a PID namespace of its own ([`pidns`]; `group`: the step
+/// leads a process group there, which forwarded signals reach).
+///
+/// Unprivileged (`cfg.rootless`, issue 22): natively, the step leaves the run namespace's root
+/// for a nested user namespace where it is the user ([`rootless::as_user`]); bwrap is started
+/// as that root and makes the same mapping itself (`--unshare-user --uid U --gid G`).
 ///
 /// bwrap with `--user`: the views are set up first, as root, in a private mount namespace of
 /// the bwrap process ([`Views::apply`]), which then drops to the user and runs bubblewrap
@@ -523,7 +588,13 @@ fn host_command(
     views: &Views,
     argv: &[OsString],
     cwd: bool,
+    group: bool,
 ) -> Result<Command> {
+    // Unprivileged: the ids the steps have inside (themselves, unless `--user 0:0`).
+    let inner = (cfg.rootless.filter(|r| !r.as_root)).map(|r| sandbox::user::RunUser {
+        uid: r.uid,
+        gid: r.gid,
+    });
     let mut cmd = match (cfg.sandbox, cfg.user) {
         // uid 0 stays root: bwrap as root, without a user namespace of its own.
         (SandboxMode::Bwrap, Some(user)) if user.uid != 0 => {
@@ -543,7 +614,7 @@ fn host_command(
             }
             c
         }
-        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, None)?,
+        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, inner)?,
         _ => {
             let mut c = Command::new(&argv[0]);
             c.args(&argv[1..]).envs(env);
@@ -553,13 +624,31 @@ fn host_command(
             if !views.is_empty() {
                 views.apply(&mut c)?;
             }
+            if let Some(r) = &cfg.rootless {
+                rootless::as_user(&mut c, r);
+            }
             c
         }
     };
+    if cwd {
+        // The shell keeps an inherited PWD naming the same directory as its cwd: with
+        // `--workdir-view` that would be the host path. Tools see the view.
+        cmd.env("PWD", cfg.paths.view_workdir());
+    }
+    if pid_namespace(cfg) {
+        pidns::isolate(&mut cmd, group);
+    }
     if let Some(user) = cfg.user {
         user.drop_privileges(&mut cmd);
     }
     Ok(cmd)
+}
+
+/// Whether the steps get a PID namespace of their own ([`pidns`]): always as root and in an
+/// unprivileged run's namespace; not for an unprivileged run without caches (no namespace of
+/// the run, so no privilege to make one).
+fn pid_namespace(cfg: &RunConfig) -> bool {
+    cfg.rootless.is_some() || !rootless::needed()
 }
 
 /// Whether this run's children run in Docker containers.
@@ -597,7 +686,7 @@ fn run_docker(
         }
     }
     let group = script || !std::io::stdin().is_terminal();
-    let status = run_child(cmd, what, group)?;
+    let status = run_child(cmd, what, group, false)?;
     if status == sandbox::docker::UNSEEN_STATUS
         && stopped().is_none()
         && let Some(view) = d.unseen(

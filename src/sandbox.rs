@@ -137,7 +137,9 @@ pub fn bwrap_command(
         cmd.arg("--bind").arg(&home).arg(&home);
     }
     cmd.args(args(Driver::Bwrap, binds));
-    cmd.args(["--die-with-parent", "--"]);
+    // Its own PID namespace too: bwrap's `--proc /proc` must be of a PID namespace its user
+    // namespace owns (with --unshare-user), and its reaper is the sandbox's PID 1.
+    cmd.args(["--unshare-pid", "--die-with-parent", "--"]);
     cmd.args(argv);
     Ok(cmd)
 }

@@ -30,8 +30,12 @@ use serde::Deserialize;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 
+mod pattern;
 mod presets;
+mod stored;
+pub use pattern::Pattern;
 pub use presets::{PRESETS, Preset, preset, presets_text};
+pub use stored::load_stored;
 
 /// The spec as written (raw serde input; unknown fields are rejected by name).
 #[derive(Debug, Deserialize)]
@@ -98,8 +102,8 @@ pub struct Spec {
     pub project: ProjectId,
     /// The caches in declaration order; ids are unique.
     pub caches: Vec<Cache>,
-    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; issue 12;
-    /// an integer in the spec is a UID, kept as its digits), checked for syntax and id range
+    /// The user setup, maintenance and COMMAND run as (`UID[:GID]`, `NAME[:GROUP]`; an
+    /// integer in the spec is a UID, kept as its digits), checked for syntax and id range
     /// here and resolved by the run; `--user` overrides it.
     pub user: Option<String>,
 }
@@ -381,14 +385,16 @@ pub fn parse(text: &str) -> Result<Spec> {
 }
 
 /// Parses and validates a spec like [`parse`], reporting every bad field: on error one message
-/// per problem, in spec order, each naming its field (`project: …`, `cache[i].<field>: …`; only
-/// the first bad field of each cache), or a single message for a syntax error or an unknown
+/// per problem, in spec order, each naming its field (`project: …`, `cache[i].<field>: …`; every
+/// bad field of each cache), or a single message for a syntax error or an unknown
 /// field (serde's text, which may span lines).
 ///
 /// The fields checked: `project`, `user`, `cache[i].id` (invalid or duplicate), `cache[i].preset`
 /// (unknown), `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
 /// `cache[i].key_files` (empty), `cache[i].restore_keys`, `cache[i].env`,
-/// `cache[i].mountpoint`, `cache[i].exclude`.
+/// `cache[i].mountpoint` (a system directory, or `{workdir}` itself, is refused here),
+/// `cache[i].exclude`, and the templates of `setup`, `restore_setup`, `maintenance`, `env` and
+/// `mountpoint`.
 pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     let raw: RawSpec = if text.trim_start().starts_with('{') {
         serde_json::from_str(text).map_err(|e| vec![e.to_string()])?
@@ -422,7 +428,7 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     for (i, rc) in raw.cache.into_iter().enumerate() {
         match validate_cache(i, rc, &caches) {
             Ok(c) => caches.push((i, c)),
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.extend(e),
         }
     }
     match project {
@@ -438,43 +444,66 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
 /// Validates `cache[i]`; `before` are the valid caches declared before it with their indices
 /// (for duplicate ids).
 ///
-/// Errors: [`Error::Invalid`] `cache[i].<field>: …` for its first bad field.
-fn validate_cache(i: usize, rc: RawCache, before: &[(usize, Cache)]) -> Result<Cache> {
+/// Errors: one message `cache[i].<field>: …` per bad field (every one, in field order; a field
+/// that cannot be checked because an earlier one is bad, such as `setup` of an unknown preset,
+/// is left out).
+fn validate_cache(
+    i: usize,
+    rc: RawCache,
+    before: &[(usize, Cache)],
+) -> std::result::Result<Cache, Vec<String>> {
     let field = |f: &str| format!("cache[{i}].{f}");
-    let bad = |f: &str, msg: String| Error::invalid(format!("{}: {msg}", field(f)));
-    let id = CacheId::new(rc.id).map_err(|e| bad("id", e.to_string()))?;
-    if let Some((j, _)) = before.iter().find(|(_, c)| c.id == id) {
-        return Err(bad(
+    let mut errors: Vec<String> = Vec::new();
+    let mut bad = |f: &str, msg: String| errors.push(format!("{}: {msg}", field(f)));
+    let id = match CacheId::new(rc.id) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            bad("id", e.to_string());
+            None
+        }
+    };
+    if let Some(id) = &id
+        && let Some((j, _)) = before.iter().find(|(_, c)| c.id == *id)
+    {
+        bad(
             "id",
             format!("duplicate id {:?} (also cache[{j}].id)", id.as_str()),
-        ));
+        );
     }
     let preset = match &rc.preset {
-        None => None,
-        Some(name) => Some(preset(name).ok_or_else(|| {
+        None => Ok(None),
+        Some(name) => preset(name).map(Some).ok_or_else(|| {
             let known: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
             bad(
                 "preset",
                 format!("unknown preset {name:?} (known: {})", known.join(", ")),
             )
-        })?),
+        }),
     };
+    // An unknown preset's defaults are unknown: the fields it would fill are not checked.
+    let unknown_preset = preset.is_err();
+    let preset = preset.unwrap_or(None);
     let setup = match (rc.setup, preset) {
         (Some(s), _) if s.trim().is_empty() => {
-            return Err(bad("setup", "must not be empty".into()));
+            bad("setup", "must not be empty".into());
+            String::new()
         }
         (Some(s), _) => s,
         (None, Some(p)) => p.setup.to_string(),
         (None, None) => {
-            return Err(bad(
-                "setup",
-                "missing: a cache without a preset needs a setup script".into(),
-            ));
+            if !unknown_preset {
+                bad(
+                    "setup",
+                    "missing: a cache without a preset needs a setup script".into(),
+                );
+            }
+            String::new()
         }
     };
     let restore_setup = match (rc.restore_setup, preset) {
         (Some(s), _) if s.trim().is_empty() => {
-            return Err(bad("restore_setup", "must not be empty".into()));
+            bad("restore_setup", "must not be empty".into());
+            None
         }
         (Some(s), _) => Some(s),
         // A spec's own setup is also its restore script unless it names one.
@@ -493,18 +522,22 @@ fn validate_cache(i: usize, rc: RawCache, before: &[(usize, Cache)]) -> Result<C
             .map(|p| p.key_files.iter().map(|s| s.to_string()).collect())
             .unwrap_or_default(),
     };
-    if key_files.is_empty() {
-        return Err(bad(
+    if key_files.is_empty() && !unknown_preset {
+        bad(
             "key_files",
             "missing: name at least one lockfile (or use a preset)".into(),
-        ));
+        );
     }
     for k in &key_files {
-        check_relative(k).map_err(|m| bad("key_files", format!("{k:?}: {m}")))?;
+        if let Err(m) = check_relative(k) {
+            bad("key_files", format!("{k:?}: {m}"));
+        }
     }
     if let Some(rks) = &rc.restore_keys {
         for rk in rks {
-            CacheKey::new(rk.clone()).map_err(|e| bad("restore_keys", e.to_string()))?;
+            if let Err(e) = CacheKey::new(rk.clone()) {
+                bad("restore_keys", e.to_string());
+            }
         }
     }
     let mut env: BTreeMap<String, String> = preset
@@ -520,10 +553,10 @@ fn validate_cache(i: usize, rc: RawCache, before: &[(usize, Cache)]) -> Result<C
             && !k.as_bytes()[0].is_ascii_digit()
             && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !valid {
-            return Err(bad(
+            bad(
                 "env",
                 format!("{k:?} is not a valid variable name (letters, digits, _)"),
-            ));
+            );
         }
         env.insert(k, v);
     }
@@ -531,50 +564,105 @@ fn validate_cache(i: usize, rc: RawCache, before: &[(usize, Cache)]) -> Result<C
         .mountpoint
         .or_else(|| preset.and_then(|p| p.mountpoint.map(str::to_string)));
     if let Some(mp) = &mountpoint
-        && (!(mp.starts_with('/') || mp.starts_with("{workdir}") || mp.starts_with("{mount_root}"))
-            || mp.split('/').any(|c| c == ".."))
+        && let Err(m) = check_mountpoint(mp)
     {
-        return Err(bad(
-            "mountpoint",
-            format!(
-                "{mp:?} must be absolute or start with {{workdir}} or {{mount_root}}, without '..'"
-            ),
-        ));
+        bad("mountpoint", m);
     }
     let mut exclude: Vec<String> = preset
         .map(|p| p.exclude.iter().map(|s| s.to_string()).collect())
         .unwrap_or_default();
     for x in rc.exclude {
-        check_relative(&x).map_err(|m| bad("exclude", format!("{x:?}: {m}")))?;
+        if let Err(m) = check_relative(&x) {
+            bad("exclude", format!("{x:?}: {m}"));
+        }
         exclude.push(x);
     }
-    check_templates(&setup).map_err(|m| bad("setup", m))?;
-    if let Some(m) = &maintenance {
-        check_templates(m).map_err(|e| bad("maintenance", e))?;
+    if let Err(m) = check_templates(&setup) {
+        bad("setup", m);
+    }
+    if let Some(r) = &restore_setup
+        && let Err(m) = check_templates(r)
+    {
+        bad("restore_setup", m);
+    }
+    if let Some(m) = &maintenance
+        && let Err(e) = check_templates(m)
+    {
+        bad("maintenance", e);
     }
     for (k, v) in &env {
-        check_templates(v).map_err(|m| bad("env", format!("{k}: {m}")))?;
+        if let Err(m) = check_templates(v) {
+            bad("env", format!("{k}: {m}"));
+        }
     }
-    if let Some(mp) = &mountpoint {
-        check_templates(mp).map_err(|m| bad("mountpoint", m))?;
+    if let Some(mp) = &mountpoint
+        && let Err(m) = check_templates(mp)
+    {
+        bad("mountpoint", m);
     }
     let relocatable = rc
         .relocatable
         .unwrap_or_else(|| preset.is_some_and(|p| p.relocatable));
-    Ok(Cache {
-        id,
-        preset,
-        setup,
-        restore_setup,
-        maintenance,
-        key_files,
-        key_files_explicit,
-        restore_keys: rc.restore_keys,
-        env,
-        mountpoint,
-        exclude,
-        relocatable,
-    })
+    match id {
+        Some(id) if errors.is_empty() => Ok(Cache {
+            id,
+            preset,
+            setup,
+            restore_setup,
+            maintenance,
+            key_files,
+            key_files_explicit,
+            restore_keys: rc.restore_keys,
+            env,
+            mountpoint,
+            exclude,
+            relocatable,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// The checks of a `mountpoint` template that need no paths, shared by `layercache run` (at
+/// spec load) and the API/editor ([`parse_all`]): it is absolute or starts with `{workdir}` or
+/// `{mount_root}`, has no `..`, is strictly below `{workdir}`/`{mount_root}` (not the directory
+/// itself), and a literal absolute path is none that [`check_root`] refuses (`/`, a top-level
+/// system directory, anything under `/etc`, `/usr`, `/proc`, …): no mount root or workdir can
+/// hold those. What depends on the run's paths (an absolute path below neither `--mount-root`
+/// nor the workdir) is checked by [`Cache::mountpoint`] when the run starts.
+///
+/// Errors: a message naming the mountpoint and what would be valid.
+fn check_mountpoint(mp: &str) -> std::result::Result<(), String> {
+    if !(mp.starts_with('/') || mp.starts_with("{workdir}") || mp.starts_with("{mount_root}"))
+        || mp.split('/').any(|c| c == "..")
+    {
+        return Err(format!(
+            "{mp:?} must be absolute or start with {{workdir}} or {{mount_root}}, without '..'"
+        ));
+    }
+    let bare = mp.trim_end_matches('/');
+    if bare == "{workdir}" || bare == "{mount_root}" {
+        return Err(format!(
+            "{mp:?} is the directory itself: a cache mounts strictly below it (e.g. \
+             \"{bare}/name\")"
+        ));
+    }
+    // The literal part before any template: complete components only.
+    let literal = match mp.find('{') {
+        None if bare.is_empty() => "/",
+        None => bare,
+        Some(at) => &mp[..mp[..at].rfind('/').unwrap_or(0)],
+    };
+    let literal = Path::new(literal);
+    let system = literal.is_absolute() && SYSTEM_DIRS.iter().any(|d| literal.starts_with(d));
+    let top = !mp.contains('{') && TOP_DIRS.iter().any(|d| literal == Path::new(d));
+    if system || top {
+        return Err(format!(
+            "{mp:?} is refused: a system directory (or /) cannot hold a cache mount; a cache \
+             mounts only below the mount root (--mount-root, default /cache) or the workdir, \
+             e.g. \"{{mount_root}}/name\" or \"{{workdir}}/name\""
+        ));
+    }
+    Ok(())
 }
 
 /// A key-file or exclude pattern must be relative, without `..`, and a valid glob.
@@ -582,7 +670,7 @@ fn check_relative(p: &str) -> std::result::Result<(), String> {
     if p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == "..") {
         return Err("must be a relative path without '..'".into());
     }
-    crate::key::Pattern::new(p).map(drop)
+    Pattern::new(p).map(drop)
 }
 
 #[cfg(test)]

@@ -130,9 +130,12 @@ impl Xattrs<'_> {
     /// Errors: the `fgetxattr`/`lgetxattr` errno (`ENODATA` when absent, `ERANGE` when `buf`
     /// is too small, `ENOTSUP` without xattr support).
     pub fn get_into(self, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
-        Ok(match self {
-            Xattrs::Fd(fd) => rustix::fs::fgetxattr(fd, name, buf)?,
-            Xattrs::Path(p) => rustix::fs::lgetxattr(p, name, buf)?,
+        // rustix answers an empty buffer with 0, not the size: the size query is its own call.
+        Ok(match (self, buf.is_empty()) {
+            (Xattrs::Fd(fd), true) => rustix::fs::fgetxattr_query(fd, name)?,
+            (Xattrs::Path(p), true) => rustix::fs::lgetxattr_query(p, name)?,
+            (Xattrs::Fd(fd), false) => rustix::fs::fgetxattr(fd, name, buf)?,
+            (Xattrs::Path(p), false) => rustix::fs::lgetxattr(p, name, buf)?,
         })
     }
 
@@ -141,9 +144,12 @@ impl Xattrs<'_> {
     ///
     /// Errors: the `flistxattr`/`llistxattr` errno (`ERANGE` when `buf` is too small).
     pub fn list_into(self, buf: &mut [u8]) -> io::Result<usize> {
-        Ok(match self {
-            Xattrs::Fd(fd) => rustix::fs::flistxattr(fd, buf)?,
-            Xattrs::Path(p) => rustix::fs::llistxattr(p, buf)?,
+        // As in get_into: rustix's size query is its own call.
+        Ok(match (self, buf.is_empty()) {
+            (Xattrs::Fd(fd), true) => rustix::fs::flistxattr_query(fd)?,
+            (Xattrs::Path(p), true) => rustix::fs::llistxattr_query(p)?,
+            (Xattrs::Fd(fd), false) => rustix::fs::flistxattr(fd, buf)?,
+            (Xattrs::Path(p), false) => rustix::fs::llistxattr(p, buf)?,
         })
     }
 
@@ -490,5 +496,25 @@ mod tests {
         assert_eq!(e.fs_type, "fuse.layercache");
         assert_eq!(e.source, "layercache:/s/v1/projects/p/runs/r/upper");
         assert!(parse_mountinfo_line("garbage").is_none());
+    }
+
+    #[test]
+    fn an_empty_buffer_asks_the_xattr_and_list_sizes() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("f");
+        std::fs::write(&f, "x").unwrap();
+        if set_xattr(&f, b"user.fish", b"fishval").is_err() {
+            return; // no user xattrs on this filesystem
+        }
+        let p = cpath(&f).unwrap();
+        let file = std::fs::File::open(&f).unwrap();
+        use std::os::fd::AsFd;
+        for x in [Xattrs::Path(&p), Xattrs::Fd(file.as_fd())] {
+            assert_eq!(x.get_into(c"user.fish", &mut []).unwrap(), 7, "{x:?}");
+            let n = x.list_into(&mut []).unwrap();
+            let mut buf = vec![0u8; 4096];
+            assert_eq!(n, x.list_into(&mut buf).unwrap(), "{x:?}");
+            assert!(n >= b"user.fish\0".len(), "{x:?}");
+        }
     }
 }

@@ -92,6 +92,12 @@ impl Event {
     pub fn prep_ms(&self) -> u64 {
         self.mount_ms + self.setup_ms + self.maintenance_ms + self.promote_ms
     }
+
+    /// Whether the layer it mounted or published holds nothing (0 files, 0 bytes): a setup
+    /// that wrote outside its mount. A hit of it saves no time (issue 24).
+    pub fn empty_layer(&self) -> bool {
+        self.files == 0 && self.bytes == 0
+    }
 }
 
 /// The event log path for a store root.
@@ -105,13 +111,20 @@ pub fn new_run_id() -> String {
     format!("{:012x}-{}", now_ms(), crate::sys::random_hex(6))
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// The run id of this process's `layercache run`, once it has one (for its `--json` error line).
+static CURRENT_RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Records `id` as the run this process is doing (the first call wins; a process does one run).
+pub fn set_current_run(id: &str) {
+    let _ = CURRENT_RUN.set(id.to_string());
 }
+
+/// The run id [`set_current_run`] recorded, if any.
+pub fn current_run() -> Option<&'static str> {
+    CURRENT_RUN.get().map(String::as_str)
+}
+
+pub use crate::units::now_ms;
 
 /// Appends `event` as one line to `<store>/events.jsonl` (created 0600 if missing) with one
 /// `write(2)`.
@@ -176,6 +189,32 @@ pub struct Stats {
     pub remote_hits: u64,
     /// Remote tier: object bytes pulled by those preparations.
     pub pulled_bytes: u64,
+    /// Per project and cache (issue 24: one miss median over several caches says nothing),
+    /// in name order.
+    pub caches: Vec<CacheStats>,
+}
+
+/// One cache's numbers in [`Stats`]. Durations in ms.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CacheStats {
+    /// The project.
+    pub project: String,
+    /// The cache id.
+    pub cache: String,
+    /// Successful hits.
+    pub hits: u64,
+    /// Successful restores.
+    pub restores: u64,
+    /// Successful misses.
+    pub misses: u64,
+    /// Failed preparations (setup or maintenance exited non-zero).
+    pub failed: u64,
+    /// Median preparation time of the successful misses (0 without any), ms.
+    pub median_miss_ms: u64,
+    /// Median preparation time of the successful hits (0 without any), ms.
+    pub median_hit_ms: u64,
+    /// Time its hits and restores saved against its median miss, ms.
+    pub saved_ms: u64,
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -227,13 +266,48 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
         .filter(|e| project.is_none_or(|p| e.project == p))
         .cloned()
         .collect();
-    out.saved_ms = saved_ms(&mine).iter().sum();
+    let saved = saved_ms(&mine);
+    out.saved_ms = saved.iter().sum();
+    // (project, cache) → its stats, the prep times of its misses and of its hits.
+    type Acc = (CacheStats, Vec<u64>, Vec<u64>);
+    let mut by_cache: BTreeMap<(&str, &str), Acc> = BTreeMap::new();
+    for (e, s) in mine.iter().zip(&saved) {
+        let (c, misses, hits) = by_cache.entry((&e.project, &e.cache)).or_insert_with(|| {
+            let c = CacheStats {
+                project: e.project.clone(),
+                cache: e.cache.clone(),
+                ..CacheStats::default()
+            };
+            (c, Vec::new(), Vec::new())
+        });
+        c.saved_ms += s;
+        match (e.exit_status, e.result) {
+            (0, CacheResult::Hit) => {
+                c.hits += 1;
+                hits.push(e.prep_ms());
+            }
+            (0, CacheResult::Restore) => c.restores += 1,
+            (0, CacheResult::Miss) => {
+                c.misses += 1;
+                misses.push(e.prep_ms());
+            }
+            _ => c.failed += 1,
+        }
+    }
+    out.caches = (by_cache.into_values())
+        .map(|(mut c, misses, hits)| {
+            c.median_miss_ms = median(misses);
+            c.median_hit_ms = median(hits);
+            c
+        })
+        .collect();
     out
 }
 
 /// The time each event saved, ms, in the order of `events`: for a successful hit or restore,
 /// the median preparation time of the successful misses of the same project and cache minus
-/// its own (saturating at 0); 0 for misses, failures and caches that never missed. `stats`
+/// its own (saturating at 0); 0 for misses, failures, caches that never missed and the hits and
+/// restores of an empty layer ([`Event::empty_layer`]). `stats`
 /// sums these, so the runs page and `layercache stats` never disagree.
 pub fn saved_ms(events: &[Event]) -> Vec<u64> {
     let mut miss_by_cache: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
@@ -253,7 +327,8 @@ pub fn saved_ms(events: &[Event]) -> Vec<u64> {
     events
         .iter()
         .map(|e| {
-            if e.exit_status != 0 || e.result == CacheResult::Miss {
+            // An empty layer spared no work (its setup wrote outside the mount): no saving.
+            if e.exit_status != 0 || e.result == CacheResult::Miss || e.empty_layer() {
                 return 0;
             }
             miss_median
@@ -281,6 +356,25 @@ pub fn stats_text(s: &Stats) -> String {
         ));
     }
     out.push_str(&format!("time saved vs misses: {}\n", fmt_ms(s.saved_ms)));
+    if !s.caches.is_empty() {
+        out.push_str(&format!(
+            "\n{:<24} {:>6} {:>8} {:>6} {:>6}   {:>11} {:>10} {:>10}\n",
+            "CACHE", "HITS", "RESTORES", "MISSES", "FAILED", "MEDIAN MISS", "MEDIAN HIT", "SAVED"
+        ));
+    }
+    for c in &s.caches {
+        out.push_str(&format!(
+            "{:<24} {:>6} {:>8} {:>6} {:>6}   {:>11} {:>10} {:>10}\n",
+            format!("{}/{}", c.project, c.cache),
+            c.hits,
+            c.restores,
+            c.misses,
+            c.failed,
+            fmt_ms(c.median_miss_ms),
+            fmt_ms(c.median_hit_ms),
+            fmt_ms(c.saved_ms)
+        ));
+    }
     out
 }
 
@@ -295,7 +389,8 @@ pub fn fmt_ms(ms: u64) -> String {
     }
 }
 
-/// A test event: project `p`, cache `npm`, key `k`, time 1 ms, everything else zero or empty.
+/// A test event: project `p`, cache `npm`, key `k`, time 1 ms, a layer of 3 files and 4096
+/// bytes, everything else zero or empty.
 #[cfg(test)]
 pub(crate) fn sample_event(result: CacheResult) -> Event {
     Event {
@@ -310,8 +405,8 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
         setup_ms: 0,
         maintenance_ms: 0,
         promote_ms: 0,
-        bytes: 0,
-        files: 0,
+        bytes: 4096,
+        files: 3,
         exit_status: 0,
         published: false,
         remote_hit: false,
@@ -402,5 +497,30 @@ mod tests {
         assert_eq!(stats(&events, None).saved_ms, s.saved_ms);
         assert!(stats_text(&s).contains("time saved"));
         assert_eq!(fmt_ms(1500), "1.5 s");
+    }
+
+    /// Issue 24: each cache has its own miss median, and a hit of an empty layer saves nothing.
+    #[test]
+    fn per_cache_medians_and_no_saving_for_an_empty_layer() {
+        let mut empty_hit = ev("p", "pip", CacheResult::Hit, 10, 0);
+        (empty_hit.files, empty_hit.bytes) = (0, 0);
+        let events = vec![
+            ev("p", "npm", CacheResult::Miss, 60_000, 0),
+            ev("p", "pip", CacheResult::Miss, 8_000, 0),
+            ev("p", "npm", CacheResult::Hit, 1_000, 0),
+            empty_hit,
+            ev("p", "pip", CacheResult::Miss, 5, 2),
+        ];
+        let s = stats(&events, Some("p"));
+        let c: Vec<_> = s
+            .caches
+            .iter()
+            .map(|c| (c.cache.as_str(), c.misses, c.median_miss_ms, c.saved_ms))
+            .collect();
+        assert_eq!(c, [("npm", 1, 60_000, 59_000), ("pip", 1, 8_000, 0)]);
+        assert_eq!((s.caches[1].hits, s.caches[1].failed), (1, 1));
+        assert_eq!(s.saved_ms, 59_000);
+        let text = stats_text(&s);
+        assert!(text.contains("p/pip") && text.contains("8.0 s"), "{text}");
     }
 }

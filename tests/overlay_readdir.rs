@@ -340,3 +340,55 @@ fn d_ino_equals_st_ino() {
         assert!(seen.len() >= 3);
     }
 }
+
+/// xfstests generic/736 (src/readdir-while-renames.c): a reader renames every entry it reads
+/// to a temporary name and back while the directory stream stays open. Each rename removes
+/// the name and creates it again, so a listing that put re-created names at its end kept
+/// handing the reader the names it had just renamed (over 15,000 entries for 5,000 files).
+/// Every name must be read, none twice (ext4 returns each once, like kernel overlayfs on it).
+#[test]
+fn readdir_while_renaming_every_entry_reads_each_once() {
+    require_root!();
+    const LOWER: usize = 1500;
+    const UPPER: usize = 1500;
+    let mut fx = Fixture::new(|l| {
+        fs::create_dir(l.join("d")).unwrap();
+        for i in 0..LOWER {
+            write(&l.join(format!("d/l{i}")), "");
+        }
+    });
+    for i in 0..UPPER {
+        write(&fx.p(&format!("d/u{i}")), "");
+    }
+    // A fresh mount too: its listing is built from the layers, not grown by the creates.
+    for round in 0..2 {
+        if round == 1 {
+            fx.remount();
+        }
+        let dir = fx.p("d");
+        let mut d = Dir::open(&dir);
+        let mut seen = BTreeMap::<String, usize>::new();
+        let mut count = 0;
+        while let Some(e) = d.next() {
+            count += 1;
+            assert!(
+                count <= 3 * (LOWER + UPPER),
+                "round {round}: over {count} entries read for {} names",
+                LOWER + UPPER
+            );
+            if e.name == "." || e.name == ".." {
+                continue;
+            }
+            *seen.entry(e.name.clone()).or_default() += 1;
+            fs::rename(dir.join(&e.name), dir.join("TEMPFILE")).unwrap();
+            fs::rename(dir.join("TEMPFILE"), dir.join(&e.name)).unwrap();
+        }
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
+        assert!(
+            twice.is_empty(),
+            "round {round}: read more than once: {twice:?}"
+        );
+        assert_eq!(seen.len(), LOWER + UPPER, "round {round}: names read");
+        assert!(!seen.contains_key("TEMPFILE"), "round {round}");
+    }
+}

@@ -302,29 +302,19 @@ fn allowed_cpus() -> Vec<usize> {
     cpus
 }
 
-/// Ring threads of queue `q` of daemon `pid` whose affinity is wider than CPU `q`.
-fn spread_threads(pid: i32, q: usize) -> Vec<String> {
-    let prefix = format!("fuser-uring-{q}.");
-    threads(pid)
-        .into_iter()
-        .filter(|(tid, comm)| {
-            comm.starts_with(&prefix)
-                && status_field(pid, tid, "Cpus_allowed_list") != q.to_string()
-        })
-        .map(|(_, comm)| comm)
-        .collect()
-}
-
+/// A file streamed through the ring comes back intact, through a 2 MiB readahead window.
+/// Where the ring threads run meanwhile (spread for the stream, pinned back by the next small
+/// request) is a scheduling outcome a loaded machine may not show: scripts/ring-placement.sh
+/// measures it.
 #[test]
-fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
-    uring_test!("read-ahead and thread placement of layercache's daemon");
+fn streamed_reads_through_the_ring_return_intact() {
+    uring_test!("read-ahead of layercache's daemon");
     const SIZE: usize = 64 << 20;
     let data: Vec<u8> = (0..SIZE as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
     let lower_data = data.clone();
     let fx = Fixture::new(move |l| write(&l.join("big"), &lower_data));
-    let pid = daemon_of(&fx);
 
     // The mount's own readahead window is 2 MiB (two 1 MiB READs per window), not the 128 KiB
     // every FUSE mount starts with.
@@ -334,55 +324,27 @@ fn streamed_reads_are_served_beside_the_reader_and_return_intact() {
     let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     assert_eq!(fs::read_to_string(&knob).unwrap().trim(), "2048", "{knob}");
 
-    // Stream the file from one CPU in 1 MiB reads; every byte must come back. The file stays
-    // open until the end: closing it sends a request (FLUSH) of its own.
-    let cpus = allowed_cpus();
-    let cpu = cpus[0];
+    // Stream the file from one CPU in 1 MiB reads, then small requests from it; every byte
+    // must come back.
+    let cpu = allowed_cpus()[0];
     let p = fx.p("big");
-    let (got, open_file) = on_cpu(cpu, move || {
+    let got = on_cpu(cpu, move || {
         use std::io::Read;
-        let mut f = fs::File::open(p).unwrap();
+        let mut f = fs::File::open(&p).unwrap();
         let mut out = Vec::with_capacity(SIZE);
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = f.read(&mut buf).unwrap();
             if n == 0 {
-                break (out, f);
+                break;
             }
             out.extend_from_slice(&buf[..n]);
         }
+        forced_getattrs(&p, 10);
+        out
     });
     assert_eq!(got.len(), SIZE, "bytes read back");
     assert!(got == data, "streamed data differs from the lower file");
-
-    if cpus.len() < 2
-        && skip_or_fail("one CPU: spreading a thread over the daemon's CPUs shows nothing")
-    {
-        return;
-    }
-    // The entries that served the stream's READs may run on any of the daemon's CPUs (the last
-    // request the mount saw was a READ of 1 MiB)...
-    let spread = spread_threads(pid, cpu);
-    assert!(
-        !spread.is_empty(),
-        "no ring thread of queue {cpu} was spread after streaming"
-    );
-    // ...and the next small request pins its thread back: the kernel hands a queue's requests
-    // to the entry freed last (fs/fuse/dev_uring.c keeps available entries LIFO), which served
-    // the stream's last READ.
-    let f = fx.p("big");
-    on_cpu(cpu, move || forced_getattrs(&f, 10));
-    let after = spread_threads(pid, cpu);
-    assert!(
-        after.len() < spread.len(),
-        "GETATTRs did not pin a thread back: spread before {spread:?}, after {after:?}"
-    );
-    for q in 0..possible_cpus() {
-        if q != cpu {
-            assert_eq!(spread_threads(pid, q), Vec::<String>::new(), "queue {q}");
-        }
-    }
-    drop(open_file);
 }
 
 #[test]

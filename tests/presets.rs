@@ -1,5 +1,5 @@
 //! Every package-manager preset proven on its real tool (issue 11): `go`, `pnpm`, `yarn`, `uv`,
-//! `maven`, `gradle`, each on its fixture in examples/.
+//! `maven`, `gradle`, each on its fixture in examples/; and `venv` on uv and poetry projects.
 //!
 //! Each test goes through the CLI only and asserts outcomes: run 1 misses, its setup (the
 //! preset's default) fills the cache and the layer is published; the installed tree in the
@@ -9,7 +9,8 @@
 //! where a run's mounts live on the host.
 //!
 //! Tools: Debian's golang-go (modules from a `file://` GOPROXY that scripts/goproxy.py builds from
-//! Debian's golang-*-dev packages), pnpm and yarn from the npm registry, uv from PyPI, Debian's
+//! Debian's golang-*-dev packages), pnpm and yarn from the npm registry, uv and poetry from PyPI (their first runs install
+//! from PyPI itself, as a user's would), Debian's
 //! maven with Debian's /usr/share/maven-repo as the only repository (the fixture's
 //! .mvn/settings.xml), Debian's gradle with the same repository served over HTTP on 127.0.0.1
 //! (Gradle reads a `file://` repository in place and caches nothing from it).
@@ -48,6 +49,12 @@ struct Case<'a> {
 
 /// Runs `case`: miss (published), then a hit whose offline COMMAND works; prints the times.
 fn prove(case: Case<'_>) {
+    prove_with(case, "");
+}
+
+/// [`prove`] with `more` (further `[[cache]]` tables) after the case's own cache in the spec;
+/// the summary entry checked is the case's (the first).
+fn prove_with(case: Case<'_>, more: &str) {
     let Some(fx) = fixture(case.fixture) else {
         return;
     };
@@ -57,7 +64,7 @@ fn prove(case: Case<'_>) {
     let spec = sb.write_spec(
         "spec.toml",
         &format!(
-            "project = \"{project}\"\n[[cache]]\nid = \"{}\"\npreset = \"{}\"\n",
+            "project = \"{project}\"\n[[cache]]\nid = \"{}\"\npreset = \"{}\"\n{more}",
             case.preset, case.preset
         ),
     );
@@ -117,7 +124,11 @@ fn prove(case: Case<'_>) {
     assert_eq!(hit["result"], "hit", "{hit}");
     assert_eq!(hit["key"], miss["key"], "{hit}");
 
-    let ev = sb.events();
+    let ev: Vec<_> = sb
+        .events()
+        .into_iter()
+        .filter(|e| e["cache"] == case.preset)
+        .collect();
     assert_eq!(ev.len(), 2, "{ev:?}");
     assert_eq!(
         (ev[0]["result"].as_str(), ev[1]["result"].as_str()),
@@ -250,6 +261,105 @@ fn uv_preset_syncs_offline_from_the_layer() {
         remove: &[".venv"],
         offline: &format!("uv sync --frozen --offline && {import}"),
         expect: "requests attrs\n",
+        before_hit: None,
+    });
+}
+
+/// `venv` in a uv project (issue 24), with the `uv` preset beside it as README's Python example
+/// has: the venv's setup follows uv.lock (`uv sync --frozen`; the fixture has no
+/// requirements.txt, which v1's `pip install -r` needed), and on the hit the venv from the
+/// layer imports the locked packages and `uv sync --offline` finds nothing to do.
+#[test]
+fn venv_preset_follows_uv_lock() {
+    if !can_mount() || !have_tool("uv") {
+        return;
+    }
+    let import =
+        ".venv/bin/python -c 'import requests, attrs; print(requests.__name__, attrs.__name__)'";
+    prove_with(
+        Case {
+            preset: "venv",
+            fixture: "uv-app",
+            env: vec![("UV_PYTHON_DOWNLOADS", "never".into())],
+            first: Some(import),
+            remove: &[],
+            offline: &format!("uv sync --frozen --offline && {import}"),
+            expect: "requests attrs\n",
+            before_hit: None,
+        },
+        "[[cache]]\nid = \"uv\"\npreset = \"uv\"\n",
+    );
+}
+
+/// `venv` in a uv project after the lock changed (issue 24): the run restores the previous venv
+/// and its restore setup (`uv sync --frozen`, the lockfile's tool) brings it to the new lock —
+/// the added package imports — and the promotion stores only what changed.
+#[test]
+fn venv_preset_restore_follows_uv_lock() {
+    if !can_mount() || !have_tool("uv") {
+        return;
+    }
+    let Some(fx) = fixture("uv-app") else {
+        return;
+    };
+    let sb = Sandbox::new();
+    sb.copy_into_work(&fx);
+    let spec = sb.write_spec(
+        "spec.toml",
+        "project = \"venv-restore\"\n[[cache]]\nid = \"venv\"\npreset = \"venv\"\n\
+         [[cache]]\nid = \"uv\"\npreset = \"uv\"\n",
+    );
+    let env = [("UV_PYTHON_DOWNLOADS", "never")];
+    let first = sb.run_cmd(&["--json"], &spec, &["true"], &env);
+    assert_eq!(first.status.code(), Some(0));
+    // A new dependency in pyproject.toml and uv.lock (resolved from PyPI), nothing installed.
+    let added = Command::new("uv")
+        .args(["add", "--no-sync", "six"])
+        .current_dir(sb.work())
+        .env("UV_PYTHON_DOWNLOADS", "never")
+        .output()
+        .unwrap();
+    assert!(
+        added.status.success(),
+        "uv add: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let import = ".venv/bin/python -c 'import six, requests; print(six.__name__)'";
+    let second = sb.run_cmd(&["--json"], &spec, &["sh", "-c", import], &env);
+    assert_eq!(second.status.code(), Some(0));
+    assert!(stdout(&second).contains("six\n"), "{}", stdout(&second));
+    let venv = &json_summary(&second)["caches"][0];
+    assert_eq!(venv["result"], "restore", "{venv}");
+    assert_eq!(venv["published"], true, "{venv}");
+    let (new, all) = (
+        venv["new_files"].as_u64().unwrap(),
+        venv["files"].as_u64().unwrap(),
+    );
+    assert!(
+        new * 2 < all,
+        "the restore stored {new} of {all} files anew: {venv}"
+    );
+    assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
+}
+
+/// `venv` in a poetry project (issue 24): the venv's setup follows poetry.lock (`poetry install
+/// --no-root` into the venv it made); on the hit the venv from the layer imports the versions
+/// poetry.lock pins, offline.
+#[test]
+fn venv_preset_follows_poetry_lock() {
+    if !can_mount() || !have_tool("poetry") {
+        return;
+    }
+    let import = ".venv/bin/python -c 'import requests, attrs; print(requests.__version__)'";
+    prove(Case {
+        preset: "venv",
+        fixture: "poetry-app",
+        env: vec![],
+        first: Some(import),
+        remove: &[],
+        offline: import,
+        // what poetry.lock pins
+        expect: "2.32.5\n",
         before_hit: None,
     });
 }

@@ -68,15 +68,25 @@ fn command_starts_with_no_signal_ignored() {
 /// do, not with a panic on the failed print (exit 101 and a backtrace hint on stderr).
 #[test]
 fn a_listing_whose_reader_went_away_ends_quietly_on_sigpipe() {
+    use std::os::fd::FromRawFd;
     use std::os::unix::process::ExitStatusExt;
-    let mut child = Command::new(BIN)
+    // A pipe whose read end is closed before the child starts: its first print meets EPIPE
+    // whatever the scheduling (dropping the read end after spawn raced the child's print on a
+    // loaded machine, which then exited 0).
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors this test then owns.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fds[0] is ours and closed once; fds[1] is moved into the OwnedFd.
+    let write_end = unsafe {
+        libc::close(fds[0]);
+        std::os::fd::OwnedFd::from_raw_fd(fds[1])
+    };
+    let child = Command::new(BIN)
         .arg("presets")
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::from(write_end))
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The read end closes before the child gets to print.
-    drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");

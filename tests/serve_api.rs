@@ -152,6 +152,36 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     assert!(results.contains(&"restore"), "{results:?}");
     let restore = runs.iter().find(|r| r["result"] == "restore").unwrap();
     assert_ne!(restore["matched_key"], restore["key"]);
+    // One run (issue 24): its rows of the history, in run order, and the totals.
+    let rid = restore["run"].as_str().unwrap();
+    let (s, run) = get_json(a, &format!("/api/v1/projects/web-demo/runs/{rid}"));
+    assert_eq!(s, 200, "{run}");
+    let mut mine: Vec<Value> = runs.iter().filter(|r| r["run"] == rid).cloned().collect();
+    mine.reverse();
+    assert_eq!(run["caches"], json!(mine), "{run}");
+    let total: u64 = mine.iter().map(|r| r["prep_ms"].as_u64().unwrap()).sum();
+    assert_eq!(
+        (run["run"].as_str(), run["prep_ms"].as_u64()),
+        (Some(rid), Some(total))
+    );
+    assert_eq!(run["exit_status"], 0);
+    let restored = run["caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["result"] == "restore")
+        .unwrap();
+    assert!(
+        restored["why"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("nearest layer "),
+        "{run}"
+    );
+    assert!(restored["new_files"].as_u64().unwrap() > 0, "{run}");
+    let (s, e) = get_json(a, "/api/v1/projects/web-demo/runs/no-such-run");
+    assert_eq!(s, 404, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("no-such-run"), "{e}");
     let stats = lc_json(&store, &["stats", "--project", PROJECT]);
     let saved: u64 = runs.iter().map(|r| r["saved_ms"].as_u64().unwrap()).sum();
     assert_eq!(saved, stats["saved_ms"].as_u64().unwrap());
@@ -210,6 +240,47 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
         "CLI said {:?}, the API {msg:?}",
         String::from_utf8_lossy(&cli.stderr)
     );
+    // Issue 24: what `layercache run` refuses the API refuses too (`mountpoint = "/etc"`),
+    // and every bad field is listed, several of one cache included; run prints the same.
+    let worse = "project = \"web-demo\"\n\n[[cache]]\nid = \"npm\"\npreset = \"npm\"\n\
+                 mountpoint = \"/etc\"\nexclude = [\"/abs\"]\n\n[[cache]]\nid = \"a b\"\n\
+                 setup = \"true\"\nkey_files = [\"x.lock\"]\n";
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/specs/validate",
+        &[TOML],
+        worse.as_bytes(),
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    let v = r.json();
+    let fields: Vec<(&str, u64)> = (v["errors"].as_array().unwrap().iter())
+        .map(|e| (e["field"].as_str().unwrap(), e["line"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("cache[0].mountpoint", 6),
+            ("cache[0].exclude", 7),
+            ("cache[1].id", 10)
+        ],
+        "{v}"
+    );
+    let worse_file = sb.write_spec("worse.toml", worse);
+    let cli = Command::new(BIN)
+        .arg("--store")
+        .arg(&store)
+        .args(["run", "--spec"])
+        .arg(&worse_file)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&cli.stderr);
+    for e in v["errors"].as_array().unwrap() {
+        let msg = e["message"].as_str().unwrap();
+        assert!(said.contains(msg), "CLI said {said:?}, the API {msg:?}");
+    }
     let r = request(
         a,
         "POST",

@@ -2,7 +2,8 @@
 //! playwright-core through tests/serve_browser/check.cjs) against a store filled by real npm
 //! runs: the project page clears one key (confirmation, then the key is gone — in the store
 //! too), the spec editor shows a bad preset next to its line and saves a good spec, the runs
-//! page draws its chart (also on a phone-sized screen). Screenshots of every step are saved in
+//! page draws its chart (also on a phone-sized screen) and links each run to its own page, which
+//! lists the run's preparations. Screenshots of every step are saved in
 //! `$CARGO_TARGET_TMPDIR/serve-browser/`.
 //!
 //! Needs root, /dev/fuse, npm, chromium and playwright-core (`$LAYERCACHE_PLAYWRIGHT`, which
@@ -124,7 +125,7 @@ fn pages_in_headless_chromium() {
         .find_map(|l| l.strip_prefix("RESULT "))
         .map(|j| serde_json::from_str(j).unwrap())
         .expect("a RESULT line");
-    for step in ["clear", "spec", "runs"] {
+    for step in ["clear", "spec", "runs", "run"] {
         assert!(lines.contains(&format!("ok {step}")), "{lines:?}");
     }
     // The browser is gone (playwright closed it) — and so is the cleared key, in the store.
@@ -144,6 +145,21 @@ fn pages_in_headless_chromium() {
             .contains("preset = \"npm\"")
     );
     assert_eq!(result["run_rows"], 8);
+    // The newest run's page lists what the event log has for that run, in run order.
+    let run = result["run_id"].as_str().unwrap();
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(store.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &serde_json::Value| e["run"] == run)
+        .collect();
+    assert_eq!(result["run_caches"], events.len(), "{result}");
+    assert_eq!(result["run_first_result"], events[0]["result"], "{result}");
+    assert_eq!(result["run_first_key"], events[0]["key"], "{result}");
+    assert!(
+        result["run_total"].as_str().unwrap().contains("succeeded"),
+        "{result}"
+    );
     for name in [
         "project",
         "confirm",
@@ -151,6 +167,8 @@ fn pages_in_headless_chromium() {
         "spec-error",
         "runs",
         "runs-phone",
+        "run",
+        "run-phone",
     ] {
         let png = std::fs::read(out.join(format!("{name}.png"))).unwrap();
         assert!(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::store_cmds::{emit, json, store_root};
+use super::{emit, json, store_root};
 use crate::cli::{GlobalArgs, LsArgs, RemoteCommand, RemoteGcArgs, RemoteKeyArgs};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
@@ -51,7 +51,7 @@ pub struct RemoteRow {
     pub key: CacheKey,
     /// Its record (layer, created, sizes).
     #[serde(flatten)]
-    pub record: crate::remote::manifest::KeyRecord,
+    pub record: crate::remote::KeyRecord,
     /// Whether this store has the key published too.
     pub local: bool,
 }
@@ -183,7 +183,7 @@ fn pull(global: &GlobalArgs, store: &Store, remote: &Remote, a: &RemoteKeyArgs) 
 }
 
 fn gc(global: &GlobalArgs, remote: &Remote, a: &RemoteGcArgs) -> Result<i32> {
-    let grace = crate::store::gc::parse_duration(&a.grace)
+    let grace = crate::units::parse_duration(&a.grace)
         .map_err(|e| Error::invalid(format!("--grace: {e}")))?
         .unwrap_or_default();
     let r = remote.gc(grace, a.dry_run)?;

@@ -3,24 +3,15 @@
 //! (see [`crate::error`]): 0, or 1 when `clear` refused a layer in use or `verify` found
 //! corruption.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::{emit, json, store_root};
 use crate::cli::{ClearArgs, GcArgs, GlobalArgs, LsArgs, MountArgs, MountpointArg};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
-use crate::store::{self as st, GcOptions, MountRequest, Store, gc};
-
-/// The store root: `--store`/`LAYERCACHE_STORE`, else [`st::default_root`].
-///
-/// Errors: [`Error::Invalid`] when no default can be derived.
-pub fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
-    match &global.store {
-        Some(s) => Ok(s.clone()),
-        None => st::default_root(),
-    }
-}
+use crate::store::{self as st, GcOptions, MountRequest, Store};
+use crate::units;
 
 /// Opens (creating) the store of `global`; its notices (waiting for another run's fill…) go
 /// to stderr. The remote tier is attached when one is configured.
@@ -51,18 +42,6 @@ pub fn open_existing(global: &GlobalArgs) -> Result<Store> {
         ))
     })?;
     Ok(store.with_notify(stderr_notices()))
-}
-
-/// Prints one line to stdout; a closed stdout (EPIPE) is not an error.
-pub(super) fn emit(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-/// `v` as one line of JSON (an `{"error": …}` object if it cannot be serialised).
-pub(super) fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 fn project_opt(p: &Option<String>) -> Result<Option<ProjectId>> {
@@ -226,7 +205,12 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
     }
     emit(&format!(
         "{:<16} {:<14} {:<30} {:>10} {:>8} {:<6} KEYS",
-        "PROJECT", "CACHE", "LAYER", "BYTES", "FILES", "IN-USE"
+        "PROJECT",
+        "CACHE",
+        "LAYER",
+        if a.bytes { "BYTES" } else { "SIZE" },
+        "FILES",
+        "IN-USE"
     ));
     for r in rows {
         let keys: Vec<&str> = r.keys.iter().map(|k| k.as_str()).collect();
@@ -235,7 +219,7 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             r.project.as_str(),
             r.cache.as_str(),
             r.layer.as_str(),
-            r.bytes,
+            size(r.bytes, a.bytes),
             r.files,
             if r.in_use { "yes" } else { "no" },
             if keys.is_empty() {
@@ -245,7 +229,7 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             }
         ));
     }
-    // Remote tier (issue 14): one line on what the remote holds, when one is configured.
+    // Remote tier: one line on what the remote holds, when one is configured.
     if let Some(line) = super::remote_cmds::ls_note(global, &store, project_opt(&a.project)?) {
         emit(&line);
     }
@@ -257,35 +241,61 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
 /// Errors: [`Error::Invalid`] for a bad size/duration; store errors.
 pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
     let opts = GcOptions {
-        max_size: a.max_size.as_deref().map(gc::parse_size).transpose()?,
+        max_size: a.max_size.as_deref().map(units::parse_size).transpose()?,
         max_inodes: a
             .max_inodes
             .as_deref()
-            .map(|s| gc::parse_count(s).map_err(|e| Error::invalid(format!("--max-inodes: {e}"))))
+            .map(|s| {
+                units::parse_count(s).map_err(|e| Error::invalid(format!("--max-inodes: {e}")))
+            })
             .transpose()?,
-        max_age: a.max_age.as_deref().map(gc::parse_duration).transpose()?,
+        max_age: a
+            .max_age
+            .as_deref()
+            .map(units::parse_duration)
+            .transpose()?,
         dry_run: a.dry_run,
     };
     let r = open_existing(global)?.gc(&opts)?;
     if global.json {
         emit(&json(&r));
     } else {
+        let size = |b: u64| match a.bytes {
+            true => format!("{b} bytes"),
+            false => size(b, false),
+        };
+        // Each layer evicted (or that a dry run would evict), then the totals.
+        for layer in &r.evicted {
+            let verb = if r.dry_run { "would evict" } else { "evicted" };
+            emit(&format!("{verb} {layer}"));
+        }
         emit(&format!(
-            "{}evicted {} layer(s), removed {} object(s) ({} bytes), {} stale run(s), {} staging entr(ies), {} orphan layer(s); {} layer(s) in use kept; now {} bytes, {} inodes, {} layers",
+            "{}{} {} layer(s), removed {} object(s) ({}), {} stale run(s), {} staging entr(ies), {} orphan layer(s); {} layer(s) in use kept; now {}, {} inodes, {} layers",
             if r.dry_run { "(dry run) " } else { "" },
+            if r.dry_run { "would evict" } else { "evicted" },
             r.evicted.len(),
             r.removed_objects,
-            r.freed_bytes,
+            size(r.freed_bytes),
             r.removed_runs,
             r.removed_staging,
             r.removed_orphans,
             r.in_use,
-            r.after.bytes,
+            size(r.after.bytes),
             r.after.inodes,
             r.after.layers
         ));
     }
     Ok(0)
+}
+
+/// A size for `ls` and `gc`: `12.3 MiB` ([`crate::run::fmt_bytes`]), or with `--bytes` (for
+/// scripts) the bare count.
+fn size(bytes: u64, raw: bool) -> String {
+    if raw {
+        bytes.to_string()
+    } else {
+        crate::run::fmt_bytes(bytes)
+    }
 }
 
 /// `layercache clear`: exit 1 when a layer in use was refused.

@@ -13,10 +13,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use std::collections::HashSet;
-
 use fuser::Errno;
-use parking_lot::{Condvar, Mutex};
 
 use super::fs::{OpResult, OverlayFs, errno};
 use super::inode::{Backing, Loc, orphan_name};
@@ -122,38 +119,6 @@ fn copy_range(src: &File, dst: &File, start: i64, end: i64) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Per-node copy-up locks: a copy-up holds its node's lock, so two writers never copy the same
-/// file twice while copy-ups of different files run side by side.
-#[derive(Default)]
-pub struct CopyLocks {
-    busy: Mutex<HashSet<u64>>,
-    freed: Condvar,
-}
-
-/// A held [`CopyLocks`] entry; released on drop.
-pub struct CopyGuard<'a> {
-    locks: &'a CopyLocks,
-    id: u64,
-}
-
-impl CopyLocks {
-    /// Waits until no other copy-up of node `id` runs, then holds its lock.
-    pub fn lock(&self, id: u64) -> CopyGuard<'_> {
-        let mut busy = self.busy.lock();
-        while !busy.insert(id) {
-            self.freed.wait(&mut busy);
-        }
-        CopyGuard { locks: self, id }
-    }
-}
-
-impl Drop for CopyGuard<'_> {
-    fn drop(&mut self) {
-        self.locks.busy.lock().remove(&self.id);
-        self.locks.freed.notify_all();
-    }
 }
 
 fn times_of(st: &libc::stat) -> [libc::timespec; 2] {

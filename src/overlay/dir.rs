@@ -3,8 +3,11 @@
 //!
 //! The kernel is told not to open directories (opendir answers ENOSYS), so readdir is
 //! stateless: offsets index a per-directory listing kept while the kernel holds the directory.
-//! The listing only grows at its end and deleted names become tombstones, so offsets stay
-//! valid and no entry is returned twice or skipped while entries are deleted during iteration.
+//! The listing only grows at its end and deleted names become tombstones that keep their
+//! name: a name created again takes its old slot back. So offsets stay valid, and no entry
+//! is returned twice or skipped while entries are deleted, created or renamed during
+//! iteration — a reader that renames every entry it reads (away and back, xfstests
+//! generic/736) sees each once instead of chasing names re-added at the end.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -29,7 +32,8 @@ struct Slot {
 const _: () = assert!(std::mem::size_of::<Slot>() == 8);
 
 /// A directory's listing: names in offset order, packed into one buffer, plus a name index
-/// built on the first change (a read-only walk of a large tree never pays for it).
+/// (live and removed names) built on the first change (a read-only walk of a large tree never
+/// pays for it).
 #[derive(Default, Debug)]
 pub struct Listing {
     names: Vec<u8>,
@@ -78,7 +82,6 @@ impl Listing {
     fn index(&mut self) -> &mut HashMap<Box<[u8]>, usize> {
         if self.index.is_none() {
             let idx = (0..self.slots.len())
-                .filter(|&i| self.slots[i].live)
                 .map(|i| (self.name(&self.slots[i]).into(), i))
                 .collect();
             self.index = Some(idx);
@@ -86,9 +89,11 @@ impl Listing {
         self.index.as_mut().expect("just built")
     }
 
+    /// `name` exists (again): a removed name gets its old slot back, a new one goes at the end.
     fn add(&mut self, name: &OsStr, kind: Kind) {
         if let Some(&i) = self.index().get(name.as_bytes()) {
             self.slots[i].kind = kind;
+            self.slots[i].live = true;
             return;
         }
         let next = self.slots.len();
@@ -96,8 +101,9 @@ impl Listing {
         self.push(name, kind);
     }
 
+    /// `name` is gone: its slot becomes a tombstone that keeps the name (see [`Self::add`]).
     fn remove(&mut self, name: &OsStr) {
-        if let Some(i) = self.index().remove(name.as_bytes()) {
+        if let Some(&i) = self.index().get(name.as_bytes()) {
             self.slots[i].live = false;
         }
     }
@@ -153,11 +159,29 @@ mod tests {
         l.remove(OsStr::new("a"));
         assert_eq!(l.get(0), Some(None));
         assert_eq!(l.get(1), Some(Some(("b".into(), Kind::File))));
-        l.add(OsStr::new("a"), Kind::Dir);
-        assert_eq!(l.get(2), Some(Some(("a".into(), Kind::Dir))));
+        l.add(OsStr::new("c"), Kind::Dir);
+        assert_eq!(l.get(2), Some(Some(("c".into(), Kind::Dir))));
         assert_eq!(l.get(3), None);
         l.add(OsStr::new("b"), Kind::Symlink);
         assert_eq!(l.get(1), Some(Some(("b".into(), Kind::Symlink))));
+        assert_eq!(l.get(3), None);
+    }
+
+    #[test]
+    fn a_name_created_again_takes_its_old_slot_back() {
+        // rename("a", "T"); rename("T", "a"), as xfstests generic/736 does for every entry it
+        // reads: "a" stays at offset 0 and "T" leaves one tombstone, reused by the next such
+        // rename, instead of the listing growing by two entries per rename.
+        let mut l = Listing::new(vec![("a".into(), Kind::File), ("b".into(), Kind::File)]);
+        for name in ["a", "b", "a"] {
+            l.remove(OsStr::new(name));
+            l.add(OsStr::new("T"), Kind::File);
+            l.remove(OsStr::new("T"));
+            l.add(OsStr::new(name), Kind::File);
+        }
+        assert_eq!(l.get(0), Some(Some(("a".into(), Kind::File))));
+        assert_eq!(l.get(1), Some(Some(("b".into(), Kind::File))));
+        assert_eq!(l.get(2), Some(None));
         assert_eq!(l.get(3), None);
     }
 }

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FileType};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::OverlayConfig;
-use super::copy_up::CopyLocks;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
 use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
@@ -75,10 +74,13 @@ pub struct OverlayFs {
     tmp_seq: std::sync::atomic::AtomicU64,
     /// FUSE passthrough state (see `passthrough.rs`).
     pub(super) pt: Passthrough,
-    /// Ownership mapping (`squash_to_uid`/`squash_to_gid`, issue 12).
+    /// Ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as another user sees the
+    /// layers as its own).
     pub(super) squash: super::options::Squash,
     /// How each lower shows its hard links (`links.rs`), in layer order.
     links: Vec<Links>,
+    /// A read-only mount (`OverlayConfig::read_only`): every change is answered `EROFS`.
+    pub(super) read_only: bool,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -172,9 +174,22 @@ fn passthrough_wanted() -> bool {
 
 impl OverlayFs {
     /// Opens the layers of `cfg` and prepares the workdir (orphans of an earlier run are removed).
+    /// A read-only mount opens no workdir and writes nothing; without an upper (lowerdir-only)
+    /// the root is the top lower's directory.
     ///
     /// Errors: [`Error::Invalid`] naming a directory that cannot be opened.
     pub fn new(cfg: &OverlayConfig) -> Result<OverlayFs> {
+        if cfg.read_only {
+            let lowers: Vec<&std::path::Path> = cfg.lowerdirs.iter().map(|p| p.as_path()).collect();
+            let upper = cfg.has_upper().then_some(cfg.upperdir.as_path());
+            let stack = Stack::open_merge(upper, &lowers)
+                .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
+            let fs = OverlayFs::with_stack(cfg, stack)?;
+            if !cfg.has_upper() {
+                fs.nodes.update(super::inode::ROOT, |n| n.upper = false);
+            }
+            return Ok(fs);
+        }
         let stack = Stack::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
             .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
         let orphans = cfg.workdir.join(ORPHANS);
@@ -186,6 +201,13 @@ impl OverlayFs {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .map_err(|e| Error::io(&orphans, e))?;
+        OverlayFs::with_stack(cfg, stack)
+    }
+
+    /// The engine over the opened `stack` of `cfg`.
+    ///
+    /// Errors: [`Error::Invalid`] when a lower's link groups cannot be read.
+    fn with_stack(cfg: &OverlayConfig, stack: Stack) -> Result<OverlayFs> {
         let lowers = stack.root_lowers();
         let links = (0..cfg.lowerdirs.len())
             .map(|i| Links::load(cfg.lower_links.get(i).unwrap_or(&Default::default())))
@@ -206,6 +228,7 @@ impl OverlayFs {
             pt: Passthrough::new(passthrough_wanted()),
             squash: cfg.squash,
             links,
+            read_only: cfg.read_only,
         })
     }
 
@@ -584,5 +607,37 @@ impl OverlayFs {
         };
         f.write_all_at(data, offset).map_err(errno)?;
         Ok(data.len() as u32)
+    }
+}
+
+/// Per-node copy-up locks: a copy-up holds its node's lock, so two writers never copy the same
+/// file twice while copy-ups of different files run side by side.
+#[derive(Default)]
+pub struct CopyLocks {
+    busy: Mutex<std::collections::HashSet<u64>>,
+    freed: Condvar,
+}
+
+/// A held [`CopyLocks`] entry; released on drop.
+pub struct CopyGuard<'a> {
+    locks: &'a CopyLocks,
+    id: u64,
+}
+
+impl CopyLocks {
+    /// Waits until no other copy-up of node `id` runs, then holds its lock.
+    pub fn lock(&self, id: u64) -> CopyGuard<'_> {
+        let mut busy = self.busy.lock();
+        while !busy.insert(id) {
+            self.freed.wait(&mut busy);
+        }
+        CopyGuard { locks: self, id }
+    }
+}
+
+impl Drop for CopyGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.busy.lock().remove(&self.id);
+        self.locks.freed.notify_all();
     }
 }

@@ -51,6 +51,8 @@ pub fn user_allow_other(conf: &Path) -> bool {
 pub struct UserMount {
     /// `allow_other` was asked for.
     pub allow_other: bool,
+    /// A read-only mount (`-o ro`, or a lowerdir-only overlay): fusermount3 is passed `ro`.
+    pub read_only: bool,
 }
 
 /// Checks, before anything is mounted, that a user (not root) can mount at `mountpoint`
@@ -161,6 +163,9 @@ pub fn mount(helper: &Path, mountpoint: &Path, fsname: &OsStr, want: UserMount) 
     opts.extend_from_slice(b",subtype=layercache,default_permissions");
     if want.allow_other {
         opts.extend_from_slice(b",allow_other");
+    }
+    if want.read_only {
+        opts.extend_from_slice(b",ro");
     }
     let (ours, theirs) =
         std::os::unix::net::UnixStream::pair().map_err(|e| Error::io(helper, e))?;

@@ -10,6 +10,7 @@
 
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use fuser::{
@@ -23,6 +24,7 @@ use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
 use super::inode::{Backing, ROOT};
 use super::ops::{AttrChange, NewEntry, XattrReply};
 use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
+use super::privs::{self, Caller};
 use super::stack::{DirFds, Kind};
 
 const GEN: Generation = Generation(0);
@@ -77,6 +79,15 @@ fn empty(reply: ReplyEmpty, r: OpResult<()>) {
     }
 }
 
+/// The sender of `req` (for the set-id rule, `privs.rs`).
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
 fn dtype(k: Kind) -> fuser::FileType {
     match k {
         Kind::Dir => fuser::FileType::Directory,
@@ -93,8 +104,12 @@ impl OverlayFs {
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
         let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
         // SAFETY: valid fd and out pointer.
-        if unsafe { libc::fstatvfs(self.stack.fd(super::stack::Tree::Upper), sv.as_mut_ptr()) } < 0
-        {
+        let tree = if self.stack.fd(super::stack::Tree::Upper) >= 0 {
+            super::stack::Tree::Upper
+        } else {
+            super::stack::Tree::Lower(0)
+        };
+        if unsafe { libc::fstatvfs(self.stack.fd(tree), sv.as_mut_ptr()) } < 0 {
             return Err(errno(std::io::Error::last_os_error()));
         }
         // SAFETY: fstatvfs succeeded.
@@ -151,13 +166,22 @@ impl OverlayFs {
 }
 
 impl fuser::Filesystem for OverlayFs {
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let want = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
-            | InitFlags::FUSE_EXPORT_SUPPORT;
+            | InitFlags::FUSE_EXPORT_SUPPORT
+            // POSIX ACLs as a local filesystem has them (the kernel checks them, caches them
+            // and refreshes the mode after setfacl); with DONT_MASK the umask reaches the
+            // daemon, which applies it only where no default ACL does (`make_masked`).
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         if let Err(unsupported) = config.add_capabilities(want) {
             let _ = config.add_capabilities(want & !unsupported);
         }
@@ -209,7 +233,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -225,7 +249,7 @@ impl fuser::Filesystem for OverlayFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let change = AttrChange {
+        let mut change = AttrChange {
             mode,
             uid,
             gid,
@@ -234,7 +258,29 @@ impl fuser::Filesystem for OverlayFs {
             mtime,
         };
         match traced("setattr", ino.0, || {
-            OverlayFs::setattr(self, ino.0, &change)
+            if let Some(m) = mode
+                && m & libc::S_ISGID != 0
+            {
+                // The kernel's privilege drop before a write or truncate keeps S_ISGID of a
+                // file that is not group-executable: complete it (privs.rs).
+                let file_gid = match gid {
+                    Some(g) => g,
+                    None => {
+                        let _g = self.ns.read();
+                        self.getattr_node(ino.0)?.gid
+                    }
+                };
+                if !privs::may_keep_sgid(&caller(req), file_gid) {
+                    change.mode = Some(m & !libc::S_ISGID);
+                }
+            }
+            let mut a = OverlayFs::setattr(self, ino.0, &change)?;
+            if size.is_some()
+                && let Some(perm) = self.drop_setid(ino.0, &caller(req))?
+            {
+                a.perm = perm as u16;
+            }
+            Ok(a)
         }) {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
@@ -254,7 +300,7 @@ impl fuser::Filesystem for OverlayFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -264,7 +310,7 @@ impl fuser::Filesystem for OverlayFs {
             NewEntry::Special(mode, rdev as u64)
         };
         let r = traced("mknod", parent.0, || {
-            self.make(parent.0, name, req.uid(), req.gid(), what)
+            self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
         entry(reply, r);
     }
@@ -275,11 +321,12 @@ impl fuser::Filesystem for OverlayFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let r = traced("mkdir", parent.0, || {
-            self.make(parent.0, name, req.uid(), req.gid(), NewEntry::Dir(mode))
+            let what = NewEntry::Dir(mode);
+            self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
         entry(reply, r);
     }
@@ -415,7 +462,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -426,7 +473,9 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyWrite,
     ) {
         match traced("write", ino.0, || {
-            OverlayFs::write(self, ino.0, offset, data)
+            let n = OverlayFs::write(self, ino.0, offset, data)?;
+            self.drop_setid(ino.0, &caller(req))?;
+            Ok(n)
         }) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
@@ -558,7 +607,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -567,7 +616,19 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyEmpty,
     ) {
         let r = traced("setxattr", ino.0, || {
-            OverlayFs::setxattr(self, ino.0, name, value, flags)
+            OverlayFs::setxattr(self, ino.0, name, value, flags)?;
+            if name == "system.posix_acl_access" {
+                // Copied up by the setxattr: the upper file or directory.
+                let p = {
+                    let _g = self.ns.read();
+                    let l = self.backing(ino.0)?;
+                    self.stack.proc_path(l.tree, &l.path)
+                };
+                let p = std::path::Path::new(std::ffi::OsStr::from_bytes(p.as_bytes()));
+                let gid = |g| self.squash.gid.unwrap_or(g);
+                privs::drop_after_acl(p, &caller(req), gid).map_err(errno)?;
+            }
+            Ok(())
         });
         empty(reply, r);
     }
@@ -605,12 +666,13 @@ impl fuser::Filesystem for OverlayFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let r = traced("create", parent.0, || {
-            let a = self.make(parent.0, name, req.uid(), req.gid(), NewEntry::File(mode))?;
+            let what = NewEntry::File(mode);
+            let a = self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)?;
             if !self.pt.on() {
                 return Ok((a, OpenMode::Cached));
             }
@@ -650,7 +712,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -659,7 +721,8 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyEmpty,
     ) {
         let r = traced("fallocate", ino.0, || {
-            self.fallocate_node(ino.0, offset, length, mode)
+            self.fallocate_node(ino.0, offset, length, mode)?;
+            self.drop_setid(ino.0, &caller(req)).map(drop)
         });
         empty(reply, r);
     }
@@ -681,7 +744,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -693,7 +756,9 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyWrite,
     ) {
         let r = traced("copy_file_range", ino_out.0, || {
-            self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len)
+            let n = self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len)?;
+            self.drop_setid(ino_out.0, &caller(req))?;
+            Ok(n)
         });
         match r {
             Ok(n) => reply.written(n),
@@ -703,6 +768,18 @@ impl fuser::Filesystem for OverlayFs {
 }
 
 impl OverlayFs {
+    /// After a content change of node `id` (copied up) by `caller`: drops the set-id bits the
+    /// kernel would ([`privs::drop_after_write`]); returns the new permission bits if it did.
+    ///
+    /// Errors: the errno of opening, `fstat` or `fchmod` of the upper file.
+    fn drop_setid(&self, id: u64, caller: &Caller) -> OpResult<Option<u32>> {
+        let f = {
+            let _g = self.ns.read();
+            self.data_fd(id, true)?
+        };
+        privs::drop_after_write(&f, caller, |g| self.squash.gid.unwrap_or(g)).map_err(errno)
+    }
+
     fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {
         if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());

@@ -24,6 +24,7 @@ pub mod links;
 mod ops;
 pub mod options;
 mod passthrough;
+mod privs;
 mod ring;
 pub mod stack;
 pub mod whiteout;
@@ -143,6 +144,10 @@ fn threads() -> usize {
 /// `/dev/fuse`, `-o passthrough` without privilege, or what a user's mount lacks
 /// ([`fusermount::check_user_mount`]); nothing is mounted then.
 pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> Result<i32> {
+    if let Some(flags) = options::remount_flags(options) {
+        remount(mountpoint, flags)?;
+        return Ok(0);
+    }
     let asked = |want: &str| options.iter().flat_map(|o| o.split(',')).any(|o| o == want);
     if asked("passthrough") && !crate::sys::init_ns_admin() {
         return Err(Error::invalid(
@@ -266,9 +271,12 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 /// /dev/fuse descriptor: with mount(2) when this process has CAP_SYS_ADMIN (root, or root of a
 /// user namespace owning the mount namespace), else — or when mount(2) is refused with `EPERM`
 /// and the helper is there — through fusermount3 ([`fusermount::mount`]). Its source is
-/// `layercache:<upperdir>` (see [`upperdir_of`]). A mount(2) mount is
-/// `nosuid,nodev,allow_other,default_permissions`; a fusermount3 mount is
-/// `nosuid,nodev,default_permissions`, with `allow_other` only when `cfg.allow_other`.
+/// `layercache:<upperdir>` (see [`upperdir_of`]), `layercache:<top lowerdir>` for a
+/// lowerdir-only mount. A mount(2) mount is `nosuid,nodev,allow_other,default_permissions`
+/// (without `nodev` for [`OverlayConfig::dev`], without `nosuid` for [`OverlayConfig::suid`],
+/// and `ro` for [`OverlayConfig::read_only`]); a fusermount3 mount is
+/// `nosuid,nodev,default_permissions` (fusermount3 forces both for a user), with `allow_other`
+/// only when `cfg.allow_other` and `ro` for a read-only one.
 ///
 /// The mount is made here rather than by fuser so that nothing unmounts "whatever is at
 /// MOUNTPOINT" when the session ends: after `umount MNT` and a new mount at the same place, a
@@ -278,12 +286,13 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 /// reason.
 fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<OwnedFd> {
     let mut source = std::ffi::OsString::from(SOURCE_PREFIX);
-    source.push(&cfg.upperdir);
+    source.push(mount_named(cfg));
     let user = fusermount::UserMount {
         allow_other: cfg.allow_other,
+        read_only: cfg.read_only,
     };
     if crate::sys::has_cap_sys_admin() {
-        match mount_direct(mountpoint, &cfg.upperdir) {
+        match mount_direct(mountpoint, cfg) {
             Err(e) if e.1 == nix::errno::Errno::EPERM && fusermount::find_helper().is_some() => {
                 tracing::debug!("{}; mounting through fusermount3", e.0);
             }
@@ -298,7 +307,7 @@ fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<OwnedFd> {
 /// CAP_SYS_ADMIN over this mount namespace).
 fn mount_direct(
     mountpoint: &Path,
-    upperdir: &Path,
+    cfg: &OverlayConfig,
 ) -> std::result::Result<OwnedFd, (Error, nix::errno::Errno)> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
@@ -315,12 +324,22 @@ fn mount_direct(
         "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
         fd.as_raw_fd()
     );
-    let source = format!("{SOURCE_PREFIX}{}", upperdir.display());
+    let source = format!("{SOURCE_PREFIX}{}", mount_named(cfg).display());
+    let mut flags = nix::mount::MsFlags::empty();
+    if !cfg.suid {
+        flags |= nix::mount::MsFlags::MS_NOSUID;
+    }
+    if !cfg.dev {
+        flags |= nix::mount::MsFlags::MS_NODEV;
+    }
+    if cfg.read_only {
+        flags |= nix::mount::MsFlags::MS_RDONLY;
+    }
     nix::mount::mount(
         Some(source.as_str()),
         mountpoint,
         Some("fuse.layercache"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        flags,
         Some(data.as_str()),
     )
     .map_err(|e| {
@@ -337,6 +356,16 @@ fn mount_direct(
     Ok(fd)
 }
 
+/// The directory a mount's source names: the upperdir, or the top lowerdir of a lowerdir-only
+/// (read-only) mount.
+fn mount_named(cfg: &OverlayConfig) -> &Path {
+    if cfg.has_upper() {
+        &cfg.upperdir
+    } else {
+        &cfg.lowerdirs[0]
+    }
+}
+
 /// What is checked before a mount is attempted: /dev/fuse, what a user's mount needs
 /// ([`fusermount::check_user_mount`]; /dev/fuse access for root of a user namespace), the
 /// mountpoint free, the upper filesystem fit ([`stack::probe_upper`]).
@@ -351,6 +380,7 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
     if !crate::sys::has_cap_sys_admin() {
         let user = fusermount::UserMount {
             allow_other: cfg.allow_other,
+            read_only: cfg.read_only,
         };
         fusermount::check_user_mount(mountpoint, user)?;
     } else if !crate::sys::in_initial_user_ns() {
@@ -362,6 +392,10 @@ fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
             "mountpoint {} is busy: a layercache/FUSE filesystem is already mounted there",
             mountpoint.display()
         )));
+    }
+    if cfg.read_only {
+        // Nothing is written: no workdir to probe.
+        return Ok(());
     }
     stack::probe_upper(&cfg.upperdir, &cfg.workdir)
 }
@@ -642,6 +676,31 @@ fn fuse_mount_at(mountpoint: &Path) -> Result<Option<crate::sys::MountEntry>> {
     Ok(mounts.into_iter().find(|m| {
         (m.fs_type == "fuse" || m.fs_type.starts_with("fuse.")) && m.mount_point == canon
     }))
+}
+
+/// `mount -o remount,…` of a layercache mount, which mount(8) hands to mount.fuse3 and so to
+/// `layercache overlay -o …,remount,… MNT`: remounts the FUSE filesystem at `mountpoint` with
+/// mount(2) `MS_REMOUNT | flags` (read-only or writable, and its per-mount flags), as the kernel
+/// does for any filesystem; the daemon is not involved (a read-only configuration still answers
+/// EROFS after a remount,rw).
+///
+/// Errors: [`Error::Invalid`] when no FUSE filesystem is mounted there, or naming the mount(2)
+/// errno.
+fn remount(mountpoint: &Path, flags: nix::mount::MsFlags) -> Result<()> {
+    if fuse_mount_at(mountpoint)?.is_none() {
+        return Err(Error::invalid(format!(
+            "remount {}: no layercache mount there",
+            mountpoint.display()
+        )));
+    }
+    nix::mount::mount(
+        None::<&str>,
+        mountpoint,
+        None::<&str>,
+        nix::mount::MsFlags::MS_REMOUNT | flags,
+        None::<&str>,
+    )
+    .map_err(|e| Error::invalid(format!("remount {}: {e}", mountpoint.display())))
 }
 
 /// The mount source layercache's own mounts carry: `layercache:<upperdir>`, so the upper dir

@@ -104,6 +104,25 @@ impl OverlayFs {
         gid: u32,
         what: NewEntry<'_>,
     ) -> OpResult<FileAttr> {
+        self.make_masked(parent, name, uid, gid, what, 0)
+    }
+
+    /// [`Self::make`] of a file, directory or special file with the caller's `umask`, which
+    /// the kernel leaves to the daemon (FUSE_POSIX_ACL + FUSE_DONT_MASK): as on a local
+    /// filesystem with POSIX ACLs (acl(5), "object creation and default ACLs"), a parent
+    /// with a default ACL gives the new entry that ACL — and the mode it implies — instead of
+    /// the umask; otherwise the umask applies.
+    ///
+    /// Errors: as [`Self::make`].
+    pub fn make_masked(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        uid: u32,
+        gid: u32,
+        what: NewEntry<'_>,
+        umask: u32,
+    ) -> OpResult<FileAttr> {
         if let NewEntry::Special(mode, 0) = what
             && mode & libc::S_IFMT == libc::S_IFCHR
         {
@@ -133,6 +152,19 @@ impl OverlayFs {
         };
         let setgid = pst.st_mode & libc::S_ISGID != 0;
         let gid = if setgid { pst.st_gid } else { gid };
+        // The upper dir's filesystem applies a default ACL itself at creation (the daemon's
+        // umask is 0); without one, the caller's umask is applied here.
+        let umask = if umask != 0 && self.has_default_acl(&pdir.path) {
+            0
+        } else {
+            umask & 0o777
+        };
+        let what = match what {
+            NewEntry::File(m) => NewEntry::File(m & !umask),
+            NewEntry::Dir(m) => NewEntry::Dir(m & !umask),
+            NewEntry::Special(m, rdev) => NewEntry::Special(m & !umask, rdev),
+            other => other,
+        };
         let wh_form = self.stack.upper_whiteout(&rel).map_err(errno)?;
         let wh = wh_form.is_some();
         let (layer, at) = if wh {
@@ -167,10 +199,13 @@ impl OverlayFs {
                 }
             }
             if !matches!(what, NewEntry::Link(_)) {
+                // The mode the entry was made with: the requested one, or what a default ACL
+                // of the parent made of it (which a chmod to the requested mode would undo).
+                let made = self.stack.stat(layer, &at)?.st_mode & 0o7777;
                 self.stack.chown(layer, &at, uid, gid)?;
-                if let NewEntry::Dir(mode) | NewEntry::File(mode) = what {
-                    // chown may clear set-id bits; put the requested mode back.
-                    let m = (mode & 0o7777) | if setgid && is_dir { libc::S_ISGID } else { 0 };
+                if let NewEntry::Dir(_) | NewEntry::File(_) | NewEntry::Special(..) = what {
+                    // chown clears set-id bits of non-directories; put the mode back.
+                    let m = made | if setgid && is_dir { libc::S_ISGID } else { 0 };
                     self.stack.chmod(layer, &at, m)?;
                 }
             }
@@ -620,6 +655,15 @@ impl OverlayFs {
         let _g = self.ns.read();
         let l = self.backing(id)?;
         self.stack.readlink(l.tree, &l.path).map_err(errno)
+    }
+
+    /// Whether upper directory `rel` has a default POSIX ACL (`system.posix_acl_default`).
+    fn has_default_acl(&self, rel: &CStr) -> bool {
+        let p = self.stack.proc_path(Tree::Upper, rel);
+        let mut probe = [0u8; 0];
+        Xattrs::Path(&p)
+            .get_into(c"system.posix_acl_default", &mut probe)
+            .is_ok()
     }
 
     /// The xattr path to read xattrs of node `id`, or `None` for a removed directory held open,

@@ -12,10 +12,25 @@ use crate::error::{Error, Result};
 pub struct OverlayConfig {
     /// Read-only lower directories, topmost first (overlayfs `lowerdir=` order). Up to 63.
     pub lowerdirs: Vec<PathBuf>,
-    /// The writable upper directory that receives every change.
+    /// The writable upper directory that receives every change; empty for a lowerdir-only
+    /// mount (see [`OverlayConfig::has_upper`]), which is read-only.
     pub upperdir: PathBuf,
-    /// Scratch directory on the same filesystem as `upperdir` (copy-up staging, orphans).
+    /// Scratch directory on the same filesystem as `upperdir` (copy-up staging, orphans);
+    /// empty for a lowerdir-only mount.
     pub workdir: PathBuf,
+    /// Read-only mount (`-o ro`, or no `upperdir`, as kernel overlayfs): mounted `MS_RDONLY`,
+    /// and the daemon answers `EROFS` to every change (`Filesystem::read_only`) and writes
+    /// nothing, not even to the workdir.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Device nodes in the mount can be opened (`-o dev`; the mount is `nodev` otherwise).
+    /// Only `layercache overlay` sets it; the store's run views stay `nodev`.
+    #[serde(default)]
+    pub dev: bool,
+    /// Set-user-ID and set-group-ID programs in the mount run with their owner's ids (`-o suid`;
+    /// the mount is `nosuid` otherwise). Only `layercache overlay` sets it, as `dev`.
+    #[serde(default)]
+    pub suid: bool,
     /// Ownership mapping (issue 12; fuse-overlayfs's `squash_to_uid`/`squash_to_gid`,
     /// `squash_to_root` = 0/0): every entry is reported as owned by this uid/gid, and new
     /// entries are stored with the canonical owner 0:0 in the upper. The kernel still checks
@@ -52,6 +67,13 @@ pub struct Squash {
     pub gid: Option<u32>,
 }
 
+impl OverlayConfig {
+    /// Whether the mount has an upper layer (a lowerdir-only mount has none).
+    pub fn has_upper(&self) -> bool {
+        !self.upperdir.as_os_str().is_empty()
+    }
+}
+
 impl Squash {
     /// Whether any mapping is set.
     pub fn is_set(&self) -> bool {
@@ -60,9 +82,9 @@ impl Squash {
 }
 
 /// Generic mount options that are accepted and need no action here (the mount is always
-/// `nosuid,nodev`, `allow_other` and `default_permissions`; atime behaviour follows the upper).
+/// `allow_other` and `default_permissions`; atime behaviour follows the upper). `ro`/`rw`,
+/// `dev`/`nodev` and `suid`/`nosuid` are parsed in [`parse`].
 const GENERIC: &[&str] = &[
-    "rw",
     "noatime",
     "atime",
     "relatime",
@@ -75,10 +97,6 @@ const GENERIC: &[&str] = &[
     "allow_other",
     "allow_root",
     "default_permissions",
-    "nosuid",
-    "suid",
-    "nodev",
-    "dev",
     "exec",
     "noexec",
     "async",
@@ -132,10 +150,43 @@ const OVERLAY_NOOP: &[&str] = &[
     "noxattrs",
 ];
 
+/// When the `-o` strings ask for a remount (`remount` among them, as mount(8) passes them on
+/// for `mount -o remount,ro MNT`): the mount(2) flags they give (`ro`, `nosuid`, `nodev`,
+/// `noexec`, the atime flags, `sync`, `dirsync`, `lazytime`); other options are ignored then.
+pub fn remount_flags(options: &[String]) -> Option<nix::mount::MsFlags> {
+    use nix::mount::MsFlags as F;
+    let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
+    if !opts.contains(&"remount") {
+        return None;
+    }
+    let mut flags = F::empty();
+    for o in opts {
+        match o {
+            "ro" => flags.insert(F::MS_RDONLY),
+            "rw" => flags.remove(F::MS_RDONLY),
+            "nosuid" => flags.insert(F::MS_NOSUID),
+            "nodev" => flags.insert(F::MS_NODEV),
+            "noexec" => flags.insert(F::MS_NOEXEC),
+            "noatime" => flags.insert(F::MS_NOATIME),
+            "nodiratime" => flags.insert(F::MS_NODIRATIME),
+            "relatime" => flags.insert(F::MS_RELATIME),
+            "strictatime" => flags.insert(F::MS_STRICTATIME),
+            "sync" => flags.insert(F::MS_SYNCHRONOUS),
+            "dirsync" => flags.insert(F::MS_DIRSYNC),
+            "lazytime" => flags.insert(F::MS_LAZYTIME),
+            _ => {}
+        }
+    }
+    Some(flags)
+}
+
 /// Parses `-o` strings (each comma-separated; may repeat) into lower/upper/work directories.
 ///
-/// Errors: [`Error::Invalid`] naming an unknown option, a missing `lowerdir`/`upperdir`, or a
-/// `ro` request (the overlay is always writable).
+/// Without `upperdir` the mount is read-only (kernel overlayfs's lowerdir-only mount); `ro`
+/// makes one with an upper read-only too.
+///
+/// Errors: [`Error::Invalid`] naming an unknown option, a missing `lowerdir`, or a `workdir`
+/// without an `upperdir`.
 pub fn parse(options: &[String]) -> Result<RawOptions> {
     let mut raw = RawOptions::default();
     for opt in options
@@ -165,11 +216,12 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
             }
             ("squash_to_uid", Some(v)) => raw.squash.uid = Some(id_value(name, v)?),
             ("squash_to_gid", Some(v)) => raw.squash.gid = Some(id_value(name, v)?),
-            ("ro", None) => {
-                return Err(Error::invalid(
-                    "option 'ro' is not supported: layercache overlays are always writable (give an upperdir)",
-                ));
-            }
+            ("ro", None) => raw.read_only = true,
+            ("rw", None) => raw.read_only = false,
+            ("dev", None) => raw.dev = true,
+            ("nodev", None) => raw.dev = false,
+            ("suid", None) => raw.suid = true,
+            ("nosuid", None) => raw.suid = false,
             (n, None) if GENERIC.contains(&n) => {}
             (n, _) if OVERLAY_NOOP.contains(&n) => {}
             (n, Some(_))
@@ -189,9 +241,12 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
         return Err(Error::invalid("missing option lowerdir=DIR[:DIR...]"));
     }
     if raw.upperdir.is_none() {
-        return Err(Error::invalid(
-            "missing option upperdir=DIR (layercache overlays are writable)",
-        ));
+        if raw.workdir.is_some() {
+            return Err(Error::invalid(
+                "option workdir= needs an upperdir=DIR (without one the mount is read-only)",
+            ));
+        }
+        raw.read_only = true;
     }
     Ok(raw)
 }
@@ -215,6 +270,12 @@ pub struct RawOptions {
     pub workdir: Option<PathBuf>,
     /// `squash_to_uid=`, `squash_to_gid=`, `squash_to_root` (see [`OverlayConfig::squash`]).
     pub squash: Squash,
+    /// `ro` (see [`OverlayConfig::read_only`]); set when there is no `upperdir`.
+    pub read_only: bool,
+    /// `dev` (see [`OverlayConfig::dev`]).
+    pub dev: bool,
+    /// `suid` (see [`OverlayConfig::suid`]).
+    pub suid: bool,
 }
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
@@ -248,7 +309,9 @@ fn nested(a: &Path, b: &Path) -> bool {
 ///
 /// Checks: every directory exists; there are at most 63 lowers; upper and work are on the same
 /// filesystem, neither inside a lower nor a lower inside them; the mountpoint is an existing
-/// directory that is not inside the upper or work dir. The workdir is created if missing.
+/// directory that is not inside the upper or work dir. The workdir is created if missing
+/// (unless read-only: then a missing one is not needed). A lowerdir-only mount checks the
+/// lowers and the mountpoint only.
 ///
 /// Errors: [`Error::Invalid`] naming the offending input.
 pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
@@ -263,12 +326,23 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         .iter()
         .map(|p| existing_dir("lowerdir", p))
         .collect::<Result<Vec<_>>>()?;
-    let upper_given = raw
-        .upperdir
-        .as_deref()
-        .ok_or_else(|| Error::invalid("missing upperdir"))?;
+    let Some(upper_given) = raw.upperdir.as_deref() else {
+        return Ok(OverlayConfig {
+            lowerdirs,
+            upperdir: PathBuf::new(),
+            workdir: PathBuf::new(),
+            squash: raw.squash,
+            lower_links: Vec::new(),
+            allow_other: false,
+            read_only: true,
+            dev: raw.dev,
+            suid: raw.suid,
+        });
+    };
     let upperdir = existing_dir("upperdir", upper_given)?;
     let workdir = match &raw.workdir {
+        Some(w) if raw.read_only && !w.exists() => PathBuf::new(),
+        None if raw.read_only => PathBuf::new(),
         Some(w) => {
             if !w.exists() {
                 fs::create_dir_all(w).map_err(|e| {
@@ -309,6 +383,20 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             )));
         }
     }
+    if raw.read_only && workdir.as_os_str().is_empty() {
+        // A read-only mount with an upper needs no workdir (nothing is staged).
+        return Ok(OverlayConfig {
+            lowerdirs,
+            upperdir,
+            workdir,
+            squash: raw.squash,
+            lower_links: Vec::new(),
+            allow_other: false,
+            read_only: true,
+            dev: raw.dev,
+            suid: raw.suid,
+        });
+    }
     if workdir.starts_with(&upperdir) || upperdir.starts_with(&workdir) {
         return Err(Error::invalid(format!(
             "workdir {} and upperdir {} must be separate directories (neither inside the other)",
@@ -337,6 +425,9 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         squash: raw.squash,
         lower_links: Vec::new(),
         allow_other: false,
+        read_only: raw.read_only,
+        dev: raw.dev,
+        suid: raw.suid,
     })
 }
 
@@ -374,8 +465,32 @@ mod tests {
         assert!(e.contains("frobnicate"), "{e}");
         let e = parse(&s("upperdir=/u")).unwrap_err().to_string();
         assert!(e.contains("lowerdir"), "{e}");
-        let e = parse(&s("lowerdir=/a")).unwrap_err().to_string();
+        let e = parse(&s("lowerdir=/a,workdir=/w")).unwrap_err().to_string();
         assert!(e.contains("upperdir"), "{e}");
+    }
+
+    #[test]
+    fn remount_options_give_mount_flags() {
+        use nix::mount::MsFlags as F;
+        assert_eq!(remount_flags(&s("lowerdir=/a,upperdir=/u,ro")), None);
+        let f = remount_flags(&s("ro,nosuid,nodev,relatime,remount,user_id=0,allow_other"));
+        assert_eq!(
+            f,
+            Some(F::MS_RDONLY | F::MS_NOSUID | F::MS_NODEV | F::MS_RELATIME)
+        );
+        assert_eq!(remount_flags(&s("remount,ro,rw")), Some(F::empty()));
+    }
+
+    #[test]
+    fn ro_dev_and_lowerdir_only() {
+        let r = parse(&s("lowerdir=/a:/b")).unwrap();
+        assert!(r.read_only && r.upperdir.is_none(), "{r:?}");
+        let r = parse(&s("lowerdir=/a,upperdir=/u,workdir=/w,ro,dev")).unwrap();
+        assert!(r.read_only && r.dev, "{r:?}");
+        let r = parse(&s("ro,dev,suid,lowerdir=/a,upperdir=/u,rw,nodev")).unwrap();
+        assert!(!r.read_only && !r.dev && r.suid, "{r:?}");
+        let r = parse(&s("suid,lowerdir=/a,upperdir=/u,nosuid")).unwrap();
+        assert!(!r.suid, "{r:?}");
     }
 
     #[test]

@@ -25,11 +25,12 @@ use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::error::RemoteError;
 use crate::error::{Error, Result};
-use crate::store::gc::parse_duration;
+use crate::store::RemoteFile;
+use crate::units::{parse_duration, parse_size};
 
 /// Default per-request timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -41,33 +42,6 @@ pub const DEFAULT_PUSH_WAIT: Duration = Duration::from_secs(300);
 pub const DEFAULT_PACK_SIZE: u64 = 16 << 20;
 /// Default number of object transfers in flight.
 pub const DEFAULT_CONCURRENCY: usize = 32;
-
-/// `[remote]` of config.toml as written; every entry optional.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RemoteFile {
-    /// `s3://bucket[/prefix]` or `file:///dir`.
-    pub url: Option<String>,
-    /// S3 endpoint URL (default: AWS, or `AWS_ENDPOINT`).
-    pub endpoint: Option<String>,
-    /// S3 region (default `AWS_REGION`, else us-east-1).
-    pub region: Option<String>,
-    /// Allow a plain-http endpoint.
-    pub allow_http: Option<bool>,
-    /// `env` (default) or `instance` (the instance metadata service).
-    pub credentials: Option<String>,
-    /// Per-request timeout, e.g. "30s".
-    pub timeout: Option<String>,
-    /// Bound of a mount's remote lookup, e.g. "10s".
-    pub lookup_timeout: Option<String>,
-    /// Bound on waiting for a background push at a run's exit, e.g. "5m"; "0" = do not wait.
-    pub push_wait: Option<String>,
-    /// Object transfers in flight (1..=256).
-    pub concurrency: Option<usize>,
-    /// Target size of a pack of small objects, e.g. "16M"; objects above a quarter of it are
-    /// stored alone.
-    pub pack_size: Option<String>,
-}
 
 /// Where credentials come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -197,7 +171,7 @@ impl RemoteFile {
             concurrency,
             pack_size: match &self.pack_size {
                 None => DEFAULT_PACK_SIZE,
-                Some(v) => crate::store::gc::parse_size(v)
+                Some(v) => parse_size(v)
                     .map_err(|e| bad_config(format!("[remote] pack_size: {e}")))?
                     .unwrap_or(DEFAULT_PACK_SIZE),
             },

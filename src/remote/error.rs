@@ -5,9 +5,12 @@
 
 use std::error::Error as StdError;
 
-use super::config::RemoteConfig;
+use std::time::Duration;
 
-/// What the remote tier can fail with. Reaches callers as [`crate::Error::Remote`].
+use crate::error::{Error, RemoteKind};
+
+/// What the remote tier can fail with. Reaches callers as [`crate::Error::Remote`], which
+/// keeps its [`RemoteError::kind`] and its message.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     /// The server could not be connected to, or the connection broke (a transport error).
@@ -167,24 +170,27 @@ pub fn classify(e: &object_store::Error) -> Kind {
 }
 
 impl RemoteError {
-    /// Wraps object_store error `e` of the remote `cfg` describes, met while doing `what`, by
-    /// its [`classify`] kind.
-    pub fn from_store(cfg: &RemoteConfig, what: &str, e: object_store::Error) -> Self {
-        let (url, what) = (cfg.url.clone(), what.to_string());
+    /// Wraps object_store error `e` of the remote at `url` (S3 `endpoint`, per-request
+    /// `timeout`), met while doing `what`, by its `classify` kind.
+    pub fn from_store(
+        url: &str,
+        endpoint: Option<&str>,
+        timeout: Duration,
+        what: &str,
+        e: object_store::Error,
+    ) -> Self {
+        let (url, what) = (url.to_string(), what.to_string());
         match classify(&e) {
             Kind::Unreachable => RemoteError::Unreachable {
                 url,
                 what,
-                endpoint: cfg
-                    .endpoint
-                    .clone()
-                    .unwrap_or_else(|| "the AWS endpoint".into()),
+                endpoint: endpoint.unwrap_or("the AWS endpoint").to_string(),
                 source: e,
             },
             Kind::Timeout => RemoteError::Timeout {
                 url,
                 what,
-                secs: cfg.timeout.as_secs_f64(),
+                secs: timeout.as_secs_f64(),
                 source: Some(e),
             },
             Kind::Denied => RemoteError::Denied {
@@ -223,19 +229,26 @@ impl RemoteError {
         }
     }
 
-    /// True for errors a run works around as a local miss with one warning (unreachable, slow).
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            RemoteError::Unreachable { .. } | RemoteError::Timeout { .. }
-        )
-    }
-
-    /// The process exit status: 2 for bad configuration, else 1.
-    pub fn exit_code(&self) -> i32 {
+    /// Its kind, as [`crate::Error::Remote`] carries it.
+    pub fn kind(&self) -> RemoteKind {
         match self {
-            RemoteError::BadConfig(_) => 2,
-            _ => 1,
+            RemoteError::Unreachable { .. } => RemoteKind::Unreachable,
+            RemoteError::Timeout { .. } => RemoteKind::Timeout,
+            RemoteError::Denied { .. } => RemoteKind::Denied,
+            RemoteError::NotFound { .. } => RemoteKind::NotFound,
+            RemoteError::Conflict { .. } => RemoteKind::Conflict,
+            RemoteError::Corrupt { .. } => RemoteKind::Corrupt,
+            RemoteError::BadConfig(_) => RemoteKind::BadConfig,
+            RemoteError::Other { .. } => RemoteKind::Other,
+        }
+    }
+}
+
+impl From<RemoteError> for Error {
+    fn from(e: RemoteError) -> Self {
+        Error::Remote {
+            kind: e.kind(),
+            message: e.to_string(),
         }
     }
 }
@@ -243,6 +256,7 @@ impl RemoteError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::config::RemoteConfig;
     use object_store::client::{HttpError, HttpErrorKind};
     use std::io;
 
@@ -251,7 +265,7 @@ mod tests {
     }
 
     fn cfg(endpoint: &str) -> RemoteConfig {
-        super::super::config::RemoteFile {
+        crate::store::RemoteFile {
             endpoint: Some(endpoint.into()),
             allow_http: Some(true),
             ..Default::default()
@@ -259,6 +273,10 @@ mod tests {
         .resolve(Some("s3://b/p"))
         .unwrap()
         .unwrap()
+    }
+
+    fn from_cfg(cfg: &RemoteConfig, what: &str, e: object_store::Error) -> RemoteError {
+        RemoteError::from_store(&cfg.url, cfg.endpoint.as_deref(), cfg.timeout, what, e)
     }
 
     fn http(kind: HttpErrorKind) -> object_store::Error {
@@ -324,29 +342,39 @@ mod tests {
 
     #[test]
     fn messages_are_one_line_and_keep_the_source() {
-        let e = RemoteError::from_store(
+        let e = from_cfg(
             &cfg("http://127.0.0.1:9"),
             "reading key k",
             http(HttpErrorKind::Connect),
         );
-        assert!(e.is_transient());
+        assert!(e.kind().is_transient());
         let msg = e.to_string();
         assert_eq!(
             msg,
             "remote s3://b/p: cannot reach the server reading key k (is http://127.0.0.1:9 up?)"
         );
         assert!(e.source().is_some());
-        let slow = RemoteError::from_store(
+        // The crate's error keeps the kind and the message.
+        let crate_err = Error::from(e);
+        assert!(matches!(
+            crate_err,
+            Error::Remote {
+                kind: RemoteKind::Unreachable,
+                ..
+            }
+        ));
+        assert_eq!(crate_err.to_string(), msg);
+        let slow = from_cfg(
             &cfg("http://127.0.0.1:9"),
             "listing",
             http(HttpErrorKind::Timeout),
         );
-        assert!(slow.is_transient());
+        assert!(slow.kind().is_transient());
         assert_eq!(
             slow.to_string(),
             "remote s3://b/p: no answer within 30 s listing"
         );
-        let denied = RemoteError::from_store(
+        let denied = from_cfg(
             &cfg("http://x"),
             "listing",
             object_store::Error::PermissionDenied {
@@ -354,10 +382,10 @@ mod tests {
                 source: boxed("403"),
             },
         );
-        assert!(!denied.is_transient());
+        assert!(!denied.kind().is_transient());
         assert!(!denied.to_string().contains('\n'));
         assert!(denied.to_string().contains("AWS_SECRET_ACCESS_KEY"));
-        let other = RemoteError::from_store(
+        let other = from_cfg(
             &cfg("http://x"),
             "listing",
             object_store::Error::Generic {
@@ -367,7 +395,10 @@ mod tests {
         );
         let m = other.to_string();
         assert!(!m.contains('\n') && m.len() < 400, "{m}");
-        assert_eq!(RemoteError::BadConfig("x".into()).exit_code(), 2);
-        assert_eq!(other.exit_code(), 1);
+        assert_eq!(
+            Error::from(RemoteError::BadConfig("x".into())).exit_code(),
+            2
+        );
+        assert_eq!(Error::from(other).exit_code(), 1);
     }
 }

@@ -31,6 +31,25 @@ impl Refs {
     }
 }
 
+/// What the remote holds for one project.
+struct Inventory {
+    /// Objects stored alone, by id.
+    objects: HashMap<ObjectId, ObjectMeta>,
+    /// Pack id → its files (the .pack, and the .idx once written).
+    packs: HashMap<String, Vec<ObjectMeta>>,
+    /// Manifests, by layer.
+    manifests: HashMap<LayerId, ObjectMeta>,
+}
+
+impl Inventory {
+    /// True when pack `p`'s data file is there.
+    fn has_pack(&self, p: &str) -> bool {
+        self.packs
+            .get(p)
+            .is_some_and(|v| v.iter().any(|m| m.location.as_ref().ends_with(".pack")))
+    }
+}
+
 /// Default grace period: objects and manifests younger than this are kept.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(24 * 3600);
 
@@ -112,6 +131,15 @@ impl Remote {
         cutoff: i64,
         rep: &mut RemoteGcReport,
     ) -> Result<()> {
+        let inv = self.inventory(project).await?;
+        let (live, refs) = self.mark(project, &inv, rep).await?;
+        self.sweep(project, inv, &live, refs, cutoff, rep).await
+    }
+
+    /// Lists what the remote holds for `project`: objects, packs (by pack id) and manifests.
+    ///
+    /// Errors: [`super::RemoteError`] naming the remote.
+    async fn inventory(&self, project: &ProjectId) -> Result<Inventory> {
         let objects: HashMap<ObjectId, ObjectMeta> = self
             .list_all(&self.layout.objects(project))
             .await?
@@ -127,11 +155,6 @@ impl Remote {
             let id = name.split('.').next().unwrap_or(name).to_string();
             packs.entry(id).or_default().push(m);
         }
-        let has_pack = |p: &str| {
-            packs
-                .get(p)
-                .is_some_and(|v| v.iter().any(|m| m.location.as_ref().ends_with(".pack")))
-        };
         let manifests: HashMap<LayerId, ObjectMeta> = self
             .list_all(&self.layout.manifests(project))
             .await?
@@ -141,6 +164,24 @@ impl Remote {
                 Some((LayerId::new(name).ok()?, m))
             })
             .collect();
+        Ok(Inventory {
+            objects,
+            packs,
+            manifests,
+        })
+    }
+
+    /// Reads every key of `project`: a key whose manifest and objects are all there marks its
+    /// layer live and what it references; any other key is broken and removed (unless
+    /// `rep.dry_run`).
+    ///
+    /// Errors: [`super::RemoteError`] naming the remote.
+    async fn mark(
+        &self,
+        project: &ProjectId,
+        inv: &Inventory,
+        rep: &mut RemoteGcReport,
+    ) -> Result<(HashSet<LayerId>, Refs)> {
         let keys = self.list_all(&self.layout.caches(project)).await?;
         let mut live: HashSet<LayerId> = HashSet::new();
         let mut refs = Refs::default();
@@ -158,12 +199,12 @@ impl Remote {
                 .ok()
                 .map(|r| r.layer);
             let r = match &layer {
-                Some(l) if manifests.contains_key(l) => self.manifest_refs(project, l).await?,
+                Some(l) if inv.manifests.contains_key(l) => self.manifest_refs(project, l).await?,
                 _ => None,
             };
             let complete = r.as_ref().is_some_and(|r| {
-                r.objects.iter().all(|id| objects.contains_key(id))
-                    && r.packs.iter().all(|p| has_pack(p))
+                r.objects.iter().all(|id| inv.objects.contains_key(id))
+                    && r.packs.iter().all(|p| inv.has_pack(p))
             });
             match (layer, r) {
                 (Some(l), Some(r)) if complete => {
@@ -178,8 +219,25 @@ impl Remote {
                 }
             }
         }
+        Ok((live, refs))
+    }
+
+    /// Removes the manifests, objects and packs nothing live references and older than
+    /// `cutoff` (ms since the epoch); the young ones, a push in flight's, are kept with what
+    /// they reference.
+    ///
+    /// Errors: [`super::RemoteError`] naming the remote.
+    async fn sweep(
+        &self,
+        project: &ProjectId,
+        inv: Inventory,
+        live: &HashSet<LayerId>,
+        mut refs: Refs,
+        cutoff: i64,
+        rep: &mut RemoteGcReport,
+    ) -> Result<()> {
         // Manifests of pushes in flight (young) keep their objects too.
-        for (l, m) in &manifests {
+        for (l, m) in &inv.manifests {
             if live.contains(l) {
                 continue;
             }
@@ -195,7 +253,7 @@ impl Remote {
                 }
             }
         }
-        for (id, m) in &objects {
+        for (id, m) in &inv.objects {
             if refs.objects.contains(id) {
                 continue;
             }
@@ -209,7 +267,7 @@ impl Remote {
                 self.delete(&m.location).await?;
             }
         }
-        for (pack, mut files) in packs {
+        for (pack, mut files) in inv.packs {
             if refs.packs.contains(&pack) {
                 continue;
             }
@@ -270,5 +328,5 @@ impl Remote {
 }
 
 fn chrono_ms_now() -> i64 {
-    crate::store::layer::now_ms() as i64
+    crate::units::now_ms() as i64
 }

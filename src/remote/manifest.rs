@@ -13,9 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{LayerId, ObjectId};
 use crate::overlay::links::LinkGroups;
-use crate::store::ProjectDirs;
-use crate::store::layer::Manifest;
-use crate::store::object::{SharedMeta, content_xattrs, hash_file};
+use crate::store::{Manifest, ProjectDirs, SharedMeta, content_xattrs, hash_file};
 
 /// Remote manifest format written by this version.
 pub const REMOTE_MANIFEST_FORMAT: u32 = 1;
@@ -23,7 +21,7 @@ pub const REMOTE_MANIFEST_FORMAT: u32 = 1;
 /// `manifests/<layer>.json`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RemoteManifest {
-    /// [`REMOTE_MANIFEST_FORMAT`].
+    /// `REMOTE_MANIFEST_FORMAT`.
     pub remote_format: u32,
     /// The layer's local manifest (id, project, cache, key, parent, created, counts).
     pub layer: Manifest,
@@ -34,7 +32,7 @@ pub struct RemoteManifest {
     #[serde(default)]
     pub packs: std::collections::BTreeMap<String, Vec<(String, u64, u64)>>,
     /// The layer's link groups (`layers/<id>/links`, see `overlay::links`): regular files, by
-    /// path as in [`Entry::path`], that were one inode in the filled tree, two or more per
+    /// path as in `Entry::path`, that were one inode in the filled tree, two or more per
     /// group. Absent in manifests of layers without links (and of older pushes: their pulls
     /// show every file with one link).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -139,7 +137,7 @@ pub struct KeyRecord {
     /// The key's recorded inputs ([`crate::why`]), so a pulling store can say why a later
     /// key misses; absent in records of older versions or when none were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inputs: Option<crate::why::Inputs>,
+    pub inputs: Option<crate::store::Inputs>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -282,7 +280,7 @@ impl RemoteManifest {
     /// Where each packed object of the layer is.
     ///
     /// Errors: [`Error::Failed`] for a malformed object id.
-    pub fn pack_locations(&self) -> Result<HashMap<ObjectId, super::pack::Location>> {
+    pub fn pack_locations(&self) -> Result<HashMap<ObjectId, Location>> {
         let mut out = HashMap::new();
         for (pack, objs) in &self.packs {
             for (hex, offset, len) in objs {
@@ -292,7 +290,7 @@ impl RemoteManifest {
                         self.layer.layer
                     ))
                 })?;
-                let loc = super::pack::Location {
+                let loc = Location {
                     pack: pack.clone(),
                     offset: *offset,
                     len: *len,
@@ -398,11 +396,22 @@ impl RemoteManifest {
     }
 }
 
+/// Where a packed object is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Pack id (blake3 hex of the pack's bytes).
+    pub pack: String,
+    /// Byte offset in the pack.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ids::{CacheId, CacheKey, ProjectId};
-    use crate::store::layer::{MANIFEST_FORMAT, TreeCounts, new_layer_id};
+    use crate::store::{MANIFEST_FORMAT, TreeCounts, new_layer_id};
 
     /// A key record of a version before `inputs` still reads (no inputs), and one without
     /// inputs is written as before.

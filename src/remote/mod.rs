@@ -1,32 +1,36 @@
-//! The remote tier (issue 14): layers travel between machines through an S3-compatible object
-//! store (S3, GCS's S3 interface, Ceph RGW, MinIO, SeaweedFS) — or a shared directory — by way of
-//! Apache Arrow's `object_store` crate. Everything codes against one `Arc<dyn ObjectStore>` built
-//! from the configuration ([`config`]), so the same code runs over `LocalFileSystem`/`InMemory`
-//! in unit tests and over a real S3 server in the integration tests.
+//! The remote tier: layers travel between machines through an S3-compatible object store (S3,
+//! GCS's S3 interface, Ceph RGW, MinIO, SeaweedFS) — or a shared directory — by way of Apache
+//! Arrow's `object_store` crate. Everything codes against one `Arc<dyn ObjectStore>` built from
+//! the configuration (`config`, [`RemoteConfig`]), so the same code runs over
+//! `LocalFileSystem`/`InMemory` in unit tests and over a real S3 server in the integration tests.
 //!
-//! * Layout and guarantees: [`layout`] (per-project prefix; objects by blake3, a manifest per
-//!   layer, create-only keys written last).
-//! * Lookup + pull ([`pull`]): on a local miss of the exact key, `mount`/`run` ask the remote
+//! It stands above the store: it implements the store's port [`crate::store::RemoteTier`] (a
+//! local miss asks it, a publish pushes through it) and the store never names its types. Its
+//! modules are private; this module re-exports what the commands use.
+//!
+//! * Layout and guarantees: `layout` ([`Layout`]: per-project prefix; objects by blake3, a
+//!   manifest per layer, create-only keys written last).
+//! * Lookup + pull (`pull`): on a local miss of the exact key, `mount`/`run` ask the remote
 //!   for it, then (when nothing local matches a restore key either) for the newest key of each
 //!   restore prefix; a hit pulls the manifest and only the objects missing locally — bounded
 //!   parallel, streamed, blake3-verified on arrival — and publishes the layer through the
 //!   store's normal publish path ([`crate::store::Store::publish_built`]). Nothing is
 //!   published locally until every object is in place.
-//! * Push ([`push`]): after a local publish: objects the remote lacks, then the manifest, then
+//! * Push (`push`): after a local publish: objects the remote lacks, then the manifest, then
 //!   the key with a conditional create (`PutMode::Create`, `If-None-Match: *`). `run` pushes in
 //!   the background of COMMAND and its exit waits for the push (bounded by `push_wait`).
 //! * Faults: a remote that is unreachable, slow or refuses the credentials never fails a run:
-//!   the mount proceeds as a local miss and one warning line says why. `remote gc` ([`gc`])
+//!   the mount proceeds as a local miss and one warning line says why. `remote gc` (`gc`)
 //!   removes what an interrupted or losing push left behind.
 
-pub mod config;
-pub mod error;
-pub mod gc;
-pub mod layout;
-pub mod manifest;
-pub mod pack;
-pub mod pull;
-pub mod push;
+mod config;
+mod error;
+mod gc;
+mod layout;
+mod manifest;
+mod pack;
+mod pull;
+mod push;
 mod unpack;
 
 use std::sync::Arc;
@@ -37,11 +41,16 @@ use std::time::{Duration, Instant};
 use object_store::ObjectStore;
 use parking_lot::Mutex;
 
-use crate::error::{Error, Result};
-use crate::store::{Notice, Store};
-use config::RemoteConfig;
+use crate::error::{Error, RemoteKind, Result};
+use crate::ids::{CacheId, CacheKey, LayerId};
+use crate::store::{Notice, ProjectDirs, PullReport, RemoteTier, Store};
+pub use config::{Credentials, RemoteConfig, Target};
 pub use error::RemoteError;
-use layout::Layout;
+pub use gc::{DEFAULT_GRACE, RemoteGcReport};
+pub use layout::Layout;
+pub use manifest::{KeyRecord, RemoteManifest};
+pub use pull::Found;
+pub use push::PushReport;
 
 /// An open remote: the object store, its layout and the runtime its requests run on.
 pub struct Remote {
@@ -169,7 +178,14 @@ impl Remote {
     /// (one line naming the remote; wrong or missing credentials say which variables to check
     /// instead of an HTTP dump).
     pub fn error(&self, what: &str, e: object_store::Error) -> Error {
-        RemoteError::from_store(&self.cfg, what, e).into()
+        RemoteError::from_store(
+            &self.cfg.url,
+            self.cfg.endpoint.as_deref(),
+            self.cfg.timeout,
+            what,
+            e,
+        )
+        .into()
     }
 
     /// Sends `msg` as a [`Notice::Remote`] of `store` the first time only (a run with a broken
@@ -186,16 +202,65 @@ impl Remote {
     pub fn mark_unhealthy(&self) {
         self.healthy.store(false, Ordering::SeqCst);
     }
+}
+
+/// The store's port to this tier: a local miss asks [`RemoteTier::fetch_for_mount`], a publish
+/// starts [`RemoteTier::push_background`].
+impl RemoteTier for Remote {
+    /// The mount's remote step: find `key` (then `restore_keys`) on the remote within
+    /// `lookup_timeout` and pull what was found. Never fails: an unreachable, slow or refusing
+    /// remote, or a broken layer, costs one warning and the mount goes on as a local miss.
+    fn fetch_for_mount(
+        &self,
+        store: &Store,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        restore_keys: &[CacheKey],
+    ) -> Option<PullReport> {
+        let found = self.block_on(
+            Some(self.cfg.lookup_timeout),
+            self.find(&pd.project, cache, key, restore_keys),
+        );
+        let r = found.and_then(|f| match f {
+            Some(f) => self.pull(store, pd, cache, &f).map(Some),
+            None => Ok(None),
+        });
+        match r {
+            Ok(rep) => rep,
+            // Unreachable, slow or refusing: the remote is no use for the rest of this run.
+            Err(e @ Error::Remote { kind, .. })
+                if kind.is_transient() || kind == RemoteKind::Denied =>
+            {
+                self.mark_unhealthy();
+                self.warn_once(store, &format!(
+                    "{e}; going on without the remote (a local miss; nothing is pushed this run)"
+                ));
+                None
+            }
+            // A broken key or layer (corrupt, missing objects) or a local failure: this
+            // layer is skipped, the remote stays in use (the new layer is pushed).
+            Err(e) => {
+                store.notify(Notice::Remote {
+                    message: format!(
+                        "pulling {cache} key {key} from the remote failed: {e}; going on as a \
+                         local miss"
+                    ),
+                });
+                None
+            }
+        }
+    }
 
     /// Starts pushing layer `layer` of `pd` under `cache`/`key` on a thread of its own; the
-    /// result is collected by [`Remote::wait_pushes`]. Nothing happens once a lookup has failed
+    /// result is collected by [`RemoteTier::wait_pushes`]. Nothing happens once a lookup has failed
     /// in this process ([`Remote::mark_unhealthy`]).
-    pub fn push_background(
-        self: &Arc<Self>,
-        pd: crate::store::ProjectDirs,
-        cache: crate::ids::CacheId,
-        key: crate::ids::CacheKey,
-        layer: crate::ids::LayerId,
+    fn push_background(
+        self: Arc<Self>,
+        pd: ProjectDirs,
+        cache: CacheId,
+        key: CacheKey,
+        layer: LayerId,
     ) {
         if !self.healthy.load(Ordering::SeqCst) {
             return;
@@ -205,10 +270,9 @@ impl Remote {
             p.running += 1;
             p.done.get_or_insert_with(mpsc::channel).0.clone()
         };
-        let me = Arc::clone(self);
         let what = format!("{}/{cache} key {key}", pd.project);
         std::thread::spawn(move || {
-            let r = me.push_layer(&pd, &cache, &key, &layer);
+            let r = self.push_layer(&pd, &cache, &key, &layer);
             let _ = tx.send((what, r));
         });
     }
@@ -216,7 +280,7 @@ impl Remote {
     /// Waits for the background pushes, at most `push_wait` in all; reports each as one
     /// [`Notice::Remote`] of `store` and returns how many did not finish in time (they are
     /// abandoned: the remote then lacks those keys, never has a key without its objects).
-    pub fn wait_pushes(&self, store: &Store) -> usize {
+    fn wait_pushes(&self, store: &Store) -> usize {
         let say = |message: String| store.notify(Notice::Remote { message });
         let deadline = Instant::now() + self.cfg.push_wait;
         loop {
@@ -300,7 +364,7 @@ mod tests {
     use std::path::Path;
 
     fn remote_at(dir: &Path) -> Arc<Remote> {
-        let cfg = config::RemoteFile {
+        let cfg = crate::store::RemoteFile {
             concurrency: Some(4),
             ..Default::default()
         }
@@ -365,9 +429,9 @@ mod tests {
         fs::set_permissions(up.join("pkg"), fs::Permissions::from_mode(0o750)).unwrap();
         let pub1 = a.promote_dirs(&p, &c, &k1, None, Some(&up)).unwrap();
         let pda = a.project(&p).unwrap();
-        let inputs: crate::why::Inputs =
+        let inputs: crate::store::Inputs =
             [("key file package-lock.json".into(), "aa".into())].into();
-        crate::why::record(&pda, &c, "k1", &inputs);
+        pda.record_inputs(&c, "k1", &inputs);
         let rep = remote.push_layer(&pda, &c, &k1, &pub1.layer).unwrap();
         assert_eq!(
             (rep.result.as_str(), rep.objects, rep.uploaded_objects),
@@ -384,7 +448,7 @@ mod tests {
         let lb = pdb.read_key(&c, &k1).unwrap().unwrap();
         assert_eq!(lb, pub1.layer, "a pulled layer keeps its id");
         assert_eq!(
-            crate::why::read(&pdb, &c, "k1"),
+            pdb.read_inputs(&c, "k1"),
             Some(inputs),
             "its inputs came along"
         );

@@ -15,21 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use super::Remote;
 use super::error::RemoteError;
-use super::pull::writers_stopped;
-use super::unpack::Arrived;
+use super::manifest::Location;
+use super::unpack::{Arrived, writers_stopped};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{ObjectId, ProjectId};
-
-/// Where a packed object is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Location {
-    /// Pack id (blake3 hex of the pack's bytes).
-    pub pack: String,
-    /// Byte offset in the pack.
-    pub offset: u64,
-    /// Length in bytes.
-    pub len: u64,
-}
 
 /// `packs/<pack>.idx`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

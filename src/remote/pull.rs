@@ -15,12 +15,13 @@ use serde::Serialize;
 use super::Remote;
 use super::error::RemoteError;
 use super::manifest::{Entry, KeyRecord, Kind, RemoteManifest};
-use super::unpack::{Arrived, Plan, Temps, Unpack, apply_meta};
+use super::unpack::{Arrived, Plan, Temps, Unpack, apply_meta, writers_stopped};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ObjectId, ProjectId};
-use crate::store::object::ObjectStore as LocalObjects;
-use crate::store::promote::{TreeStats, undo_created_objects};
-use crate::store::{CommitResult, ProjectDirs, PublishSpec, Store};
+use crate::store::ObjectStore as LocalObjects;
+use crate::store::{
+    CommitResult, ProjectDirs, PublishSpec, PullReport, Store, TreeStats, undo_created_objects,
+};
 use crate::sys;
 
 /// A key found on the remote.
@@ -32,29 +33,6 @@ pub struct Found {
     pub exact: bool,
     /// Its record.
     pub record: KeyRecord,
-}
-
-/// What a pull did.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct PullReport {
-    /// The key pulled.
-    pub key: String,
-    /// The layer now published locally under it.
-    pub layer: String,
-    /// `published`, or `exists` when a local run published the key meanwhile.
-    pub result: String,
-    /// Distinct objects the layer needs.
-    pub objects: u64,
-    /// Objects downloaded.
-    pub pulled_objects: u64,
-    /// Bytes downloaded (object bytes; the manifest excluded).
-    pub pulled_bytes: u64,
-    /// Objects made from a local object with the same bytes (other metadata), not downloaded.
-    pub copied_objects: u64,
-    /// Manifest bytes.
-    pub manifest_bytes: u64,
-    /// Milliseconds for the whole pull.
-    pub ms: u64,
 }
 
 impl Remote {
@@ -231,11 +209,11 @@ impl Remote {
             ms = published.publish_ms,
             "pull: published (manifest, syncfs, rename, key)"
         );
-        // The key's inputs come with it, so a later miss here says what changed (issue 11).
+        // The key's inputs come with it, so a later miss here says what changed.
         if published.result == CommitResult::Published
             && let Some(inputs) = &found.record.inputs
         {
-            crate::why::record(pd, cache, found.key.as_str(), inputs);
+            pd.record_inputs(cache, found.key.as_str(), inputs);
         }
         report.layer = published.layer.to_string();
         report.result = match published.result {
@@ -448,58 +426,5 @@ impl Remote {
             .into());
         }
         Ok(())
-    }
-}
-
-/// The error a download returns when the writers closed the channel (one of them failed; its
-/// error is the one reported).
-pub(super) fn writers_stopped() -> Error {
-    Error::Failed("pull stopped: writing the pulled objects failed".into())
-}
-
-impl Remote {
-    /// The mount's remote step: find `key` (then `restore_keys`) on the remote within
-    /// `lookup_timeout` and pull what was found. Never fails: an unreachable, slow or refusing
-    /// remote, or a broken layer, costs one warning and the mount goes on as a local miss.
-    pub fn fetch_for_mount(
-        &self,
-        store: &Store,
-        pd: &ProjectDirs,
-        cache: &CacheId,
-        key: &CacheKey,
-        restore_keys: &[CacheKey],
-    ) -> Option<PullReport> {
-        let found = self.block_on(
-            Some(self.cfg.lookup_timeout),
-            self.find(&pd.project, cache, key, restore_keys),
-        );
-        let r = found.and_then(|f| match f {
-            Some(f) => self.pull(store, pd, cache, &f).map(Some),
-            None => Ok(None),
-        });
-        match r {
-            Ok(rep) => rep,
-            // Unreachable, slow or refusing: the remote is no use for the rest of this run.
-            Err(Error::Remote(e))
-                if e.is_transient() || matches!(*e, RemoteError::Denied { .. }) =>
-            {
-                self.mark_unhealthy();
-                self.warn_once(store, &format!(
-                    "{e}; going on without the remote (a local miss; nothing is pushed this run)"
-                ));
-                None
-            }
-            // A broken key or layer (corrupt, missing objects) or a local failure: this
-            // layer is skipped, the remote stays in use (the new layer is pushed).
-            Err(e) => {
-                store.notify(crate::store::Notice::Remote {
-                    message: format!(
-                        "pulling {cache} key {key} from the remote failed: {e}; going on as a \
-                         local miss"
-                    ),
-                });
-                None
-            }
-        }
     }
 }

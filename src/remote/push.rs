@@ -98,7 +98,7 @@ impl Remote {
             bytes: m.layer.counts.bytes,
             files: m.layer.counts.files,
             objects: files.len() as u64,
-            inputs: crate::why::read(pd, cache, key.as_str()),
+            inputs: pd.read_inputs(cache, key.as_str()),
         };
         let mut m = m;
         self.block_on(None, async {

@@ -22,7 +22,7 @@ use super::manifest::{Entry, Kind, RemoteManifest};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::ObjectId;
 use crate::overlay::whiteout::is_private_xattr;
-use crate::store::object::{ObjectStore as LocalObjects, SharedMeta, meta_tag};
+use crate::store::{ObjectStore as LocalObjects, SharedMeta, meta_tag};
 use crate::sys;
 
 /// Objects waiting in the channel between the downloads and the writers (bounds memory to
@@ -336,6 +336,12 @@ impl<'a> Unpack<'a> {
         }
         Ok(())
     }
+}
+
+/// The error a download returns when the writers closed the channel (one of them failed; its
+/// error is the one reported).
+pub(super) fn writers_stopped() -> Error {
+    Error::Failed("pull stopped: writing the pulled objects failed".into())
 }
 
 /// Writes `bytes` to the new file `tmp`, gives it `v`'s metadata through the open file,

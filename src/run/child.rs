@@ -272,8 +272,10 @@ fn layercache_mount_point(line: &mut [u8], own: &[&[u8]]) -> Option<usize> {
 /// Spawns `cmd` as the current child and waits; signals received meanwhile are forwarded.
 /// With `group`, the child leads a process group of its own: signals go to the whole group and
 /// whatever of it is left when the child exits is killed (SIGKILL), so no process of a script
-/// outlives it. The child is killed if layercache dies (`PR_SET_PDEATHSIG`).
-pub(super) fn run_child(mut cmd: Command, what: &str, group: bool) -> Result<i32> {
+/// outlives it. The child is killed if layercache dies (`PR_SET_PDEATHSIG`). With `init`, `cmd`
+/// runs under the init of a PID namespace ([`super::pidns::isolate`] was applied): signals go
+/// to that child alone, whose init passes them on.
+pub(super) fn run_child(mut cmd: Command, what: &str, group: bool, init: bool) -> Result<i32> {
     if group {
         cmd.process_group(0);
     }
@@ -331,7 +333,7 @@ pub(super) fn run_child(mut cmd: Command, what: &str, group: bool) -> Result<i32
         }
     };
     let pid = child.id() as i32;
-    let target = if group { -pid } else { pid };
+    let target = if group && !init { -pid } else { pid };
     CHILD_TARGET.store(target, Ordering::SeqCst);
     if let Some(sig) = stopped() {
         // SAFETY: kill(2) on our own child (or its group).

@@ -121,6 +121,7 @@ fn env(spec: &str, command: &[&str]) -> Env {
         run_id: "r".into(),
         docker: None,
         user: None,
+        rootless: None,
     };
     Env {
         work,

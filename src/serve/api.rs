@@ -15,17 +15,13 @@ use super::errors::{AppError, FieldError};
 use super::specs;
 use super::view::{self, ClearTarget, blocking};
 use crate::spec::Spec;
-use crate::store::{GcOptions, gc};
+use crate::store::GcOptions;
+use crate::units;
 
 /// Default and largest `limit` of `GET …/runs`.
 pub const RUNS_DEFAULT: usize = 100;
 /// The largest `limit` of `GET …/runs`.
 pub const RUNS_MAX: usize = 10_000;
-
-/// `GET /api/v1/openapi.json`.
-pub async fn openapi() -> Json<Value> {
-    Json(super::openapi::document())
-}
 
 /// `GET /api/v1/projects`.
 pub async fn projects(State(st): State<Arc<AppState>>) -> Result<Json<Value>, AppError> {
@@ -117,6 +113,34 @@ pub async fn runs(
     })
     .await?;
     Ok(Json(json!(rows)))
+}
+
+/// `GET /api/v1/projects/{project}/runs/{run}`: one run's preparations and totals
+/// ([`super::runs::RunDetail`]).
+///
+/// Errors: 404 for an unknown project or a run the project's event log does not have.
+pub async fn run(
+    State(st): State<Arc<AppState>>,
+    Path((project, run)): Path<(String, String)>,
+) -> Result<Json<Value>, AppError> {
+    let p = view::project_id(&project)?;
+    let detail = blocking(move || run_detail(&st, &p, &run)).await?;
+    Ok(Json(json!(detail)))
+}
+
+/// The run `run` of `p` from the event log, for the API and the run's page.
+///
+/// Errors: 404 naming the run (and pointing at the project's runs) or the project.
+pub fn run_detail(
+    st: &AppState,
+    p: &crate::ids::ProjectId,
+    run: &str,
+) -> Result<super::runs::RunDetail, AppError> {
+    let events = view::known_project_events(&st.store, p)?;
+    super::runs::run_detail(&events, p.as_str(), run).ok_or_else(|| AppError::NotFound {
+        what: format!("run {run:?} of project {p}"),
+        exists: vec![format!("/api/v1/projects/{p}/runs")],
+    })
 }
 
 /// `GET /api/v1/projects/{project}/stats`: what `layercache stats --project P --json` prints.
@@ -278,7 +302,7 @@ pub async fn get_spec(
     let p = view::project_id(&project)?;
     let v = blocking(move || {
         let pd = view::require_project(&st.store, &p)?;
-        let Some(stored) = specs::current(&pd)? else {
+        let Some(stored) = pd.current_spec()? else {
             return Err(AppError::NotFound {
                 what: format!("stored spec of project {p}"),
                 exists: Vec::new(),
@@ -290,7 +314,7 @@ pub async fn get_spec(
             .unwrap_or_default();
         Ok(json!({
             "project": stored.project, "version": stored.version, "format": stored.format,
-            "spec": stored.text, "versions": specs::versions(&pd)?, "caches": caches,
+            "spec": stored.text, "versions": pd.spec_versions()?, "caches": caches,
         }))
     })
     .await?;
@@ -311,7 +335,7 @@ pub async fn put_spec(
     same_project(&spec, &text, &p)?;
     let v = blocking(move || {
         let pd = st.store.project(&p)?;
-        let stored = specs::save(&pd, &text)?;
+        let stored = pd.save_spec(&text)?;
         let events = crate::telemetry::read(st.store.root())?;
         Ok(json!({
             "ok": true, "project": stored.project, "version": stored.version,
@@ -355,14 +379,14 @@ pub async fn gc(State(st): State<Arc<AppState>>, body: Bytes) -> Result<Json<Val
         max_size: b
             .max_size
             .as_deref()
-            .map(gc::parse_size)
+            .map(units::parse_size)
             .transpose()
             .map_err(|e| field("max_size", e.to_string()))?,
         max_inodes: b.max_inodes.map(|n| (n != 0).then_some(n)),
         max_age: b
             .max_age
             .as_deref()
-            .map(gc::parse_duration)
+            .map(units::parse_duration)
             .transpose()
             .map_err(|e| field("max_age", e.to_string()))?,
         dry_run: b.dry_run,

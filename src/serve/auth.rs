@@ -23,7 +23,7 @@ use serde::Deserialize;
 
 use super::AppState;
 use super::errors::AppError;
-use super::pages::layout;
+use super::pages::{layout, urlencode};
 
 /// The cookie the login form sets.
 pub const COOKIE: &str = "layercache_token";
@@ -177,18 +177,6 @@ pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
         return Redirect::to(&format!("/login?next={}", urlencode(&next_path))).into_response();
     }
     next.run(req).await
-}
-
-/// Percent-encodes everything but unreserved characters (RFC 3986 section 2.3).
-pub fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Where to go after logging in: a local path only (no `//host`, no scheme).

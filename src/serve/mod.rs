@@ -3,23 +3,24 @@
 //! SIGINT or SIGTERM and then finishes the requests in flight.
 //!
 //! There is no second database: every answer is computed from the store and the event log by
-//! the functions the CLI uses ([`view`]). Modules: [`api`] (JSON handlers), [`pages`] (HTML),
-//! [`auth`] (token, login cookie, same-origin and Host checks), [`errors`] (the one
-//! [`errors::AppError`]), [`specs`] (validation and the stored spec per project), [`runs`]
-//! (history and the chart), [`openapi`].
+//! the functions the CLI uses (`view`). Its modules are private; this one is the front door
+//! ([`Config`], [`router`], [`serve`]). Inside: `api` (JSON handlers), `pages` (HTML), `auth`
+//! (token, login cookie, same-origin and Host checks), `errors` (the one `AppError`), `specs`
+//! (spec validation with field and line; the stored specs are the store's), `runs` (history and
+//! the chart), `openapi` (the document and its route table).
 //!
 //! Security: loopback only unless `--token-file` is given ([`Config::new`] refuses any other
 //! address without one); ids are validated by [`crate::ids`]; bodies are limited to
 //! [`MAX_BODY`] bytes; the only files read or written are the store's.
 
-pub mod api;
-pub mod auth;
-pub mod errors;
-pub mod openapi;
-pub mod pages;
-pub mod runs;
-pub mod specs;
-pub mod view;
+mod api;
+mod auth;
+mod errors;
+mod openapi;
+mod pages;
+mod runs;
+mod specs;
+mod view;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,7 +60,7 @@ impl Config {
     /// Validates `--listen` and `--token-file`.
     ///
     /// Errors: [`Error::Invalid`] (exit 2) for an address that is not `IP:PORT`, an unreadable
-    /// or weak token file (see [`auth::read_token`]), or a non-loopback address without a
+    /// or weak token file (see `auth::read_token`), or a non-loopback address without a
     /// token.
     pub fn new(listen: &str, token_file: Option<&std::path::Path>) -> Result<Config> {
         let addr: SocketAddr = listen.parse().map_err(|_| {
@@ -84,7 +85,7 @@ impl Config {
 /// The router: API, pages, the auth middleware, the body limit, request tracing.
 pub fn router(state: Arc<AppState>) -> Router {
     let router = Router::new()
-        .route("/api/v1/openapi.json", get(api::openapi))
+        .route("/api/v1/openapi.json", get(openapi::serve))
         .route("/api/v1/projects", get(api::projects))
         .route(
             "/api/v1/projects/{project}/caches",
@@ -99,6 +100,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             delete(api::clear_key),
         )
         .route("/api/v1/projects/{project}/runs", get(api::runs))
+        .route("/api/v1/projects/{project}/runs/{run}", get(api::run))
         .route("/api/v1/projects/{project}/stats", get(api::stats))
         .route(
             "/api/v1/projects/{project}/spec",
@@ -113,6 +115,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(pages::clear_confirm).post(pages::clear),
         )
         .route("/projects/{project}/runs", get(pages::runs))
+        .route("/projects/{project}/runs/{run}", get(pages::run))
         .route(
             "/projects/{project}/spec",
             get(pages::spec).post(pages::spec_post),

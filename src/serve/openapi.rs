@@ -2,7 +2,13 @@
 //! [`ROUTES`]; a unit test sends every listed operation through the router and checks that it
 //! reaches a handler.
 
+use axum::Json;
 use serde_json::{Value, json};
+
+/// `GET /api/v1/openapi.json`: [`document`].
+pub async fn serve() -> Json<Value> {
+    Json(document())
+}
 
 /// One documented operation: path (OpenAPI template syntax), method, summary, success
 /// response schema name, whether it takes a body.
@@ -73,6 +79,13 @@ pub const ROUTES: &[Operation] = &[
         body: &[],
     },
     Operation {
+        path: "/api/v1/projects/{project}/runs/{run}",
+        method: "get",
+        summary: "One run: per cache its result, key, matched restore key, why, setup/maintenance/promote times, new files/bytes, time saved and exit status; and the run's totals (404 for an unknown run).",
+        schema: "Run",
+        body: &[],
+    },
+    Operation {
         path: "/api/v1/projects/{project}/stats",
         method: "get",
         summary: "What `layercache stats --project P --json` prints.",
@@ -121,6 +134,10 @@ fn params(path: &str) -> Vec<Value> {
                 "schema": {"type": "string", "pattern": "^[A-Za-z0-9_+=@,][A-Za-z0-9._+=@,:-]*$"},
                 "description": format!("A {name} id as the CLI takes it (no '..', '/', control characters); 400 otherwise.")}));
         }
+    }
+    if path.contains("{run}") {
+        out.push(json!({"name": "run", "in": "path", "required": true, "schema": {"type": "string"},
+            "description": "A run id as `layercache run` prints it (`t<time_ms>-<cache>` for events logged before run ids); 404 when the project has no such run."}));
     }
     if path.ends_with("/runs") {
         out.push(json!({"name": "limit", "in": "query", "required": false,
@@ -172,7 +189,18 @@ pub fn document() -> Value {
     }
     let s = |props: Value| json!({"type": "object", "properties": props});
     let ts = json!({"type": "string", "format": "date-time"});
-    json!({
+    // The row of `GET …/runs` (also the caches of `GET …/runs/{run}`), built apart: one json!
+    // this size exceeds the macro recursion limit.
+    let run_row = s(
+        json!({"run": {"type": "string"}, "time": ts, "time_ms": {"type": "integer"},
+                    "cache": {"type": "string"}, "result": {"enum": ["hit", "restore", "miss"]}, "key": {"type": "string"},
+                    "matched_key": {"type": ["string", "null"]}, "mount_ms": {"type": "integer"}, "setup_ms": {"type": "integer"},
+                    "maintenance_ms": {"type": "integer"}, "promote_ms": {"type": "integer"}, "prep_ms": {"type": "integer"},
+                    "bytes": {"type": "integer"}, "files": {"type": "integer"}, "exit_status": {"type": "integer"},
+                    "published": {"type": "boolean"}, "saved_ms": {"type": "integer"}, "new_files": {"type": "integer"},
+                    "new_bytes": {"type": "integer"}, "why": {"type": "array", "items": {"type": "string"}}}),
+    );
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {"title": "layercache", "version": env!("CARGO_PKG_VERSION"),
             "description": "The store of `layercache`: projects, caches, layers, runs and stored specs."},
@@ -196,12 +224,7 @@ pub fn document() -> Value {
                     "key": {"type": ["string", "null"]}, "layer": {"type": "string"}, "bytes": {"type": "integer"}, "files": {"type": "integer"},
                     "created": ts, "last_used": ts, "hits": {"type": "integer"}, "in_use": {"type": "boolean"}}))}}))},
                 "ClearReport": s(json!({"removed": {"type": "array", "items": {"type": "string"}}, "in_use": {"type": "array", "items": {"type": "string"}}, "removed_objects": {"type": "integer"}})),
-                "Runs": {"type": "array", "items": s(json!({"run": {"type": "string"}, "time": ts, "time_ms": {"type": "integer"},
-                    "cache": {"type": "string"}, "result": {"enum": ["hit", "restore", "miss"]}, "key": {"type": "string"},
-                    "matched_key": {"type": ["string", "null"]}, "mount_ms": {"type": "integer"}, "setup_ms": {"type": "integer"},
-                    "maintenance_ms": {"type": "integer"}, "promote_ms": {"type": "integer"}, "prep_ms": {"type": "integer"},
-                    "bytes": {"type": "integer"}, "files": {"type": "integer"}, "exit_status": {"type": "integer"},
-                    "published": {"type": "boolean"}, "saved_ms": {"type": "integer"}}))},
+                "Runs": {"type": "array", "items": run_row},
                 "Stats": s(json!({"results": {"type": "object"}, "failed": {"type": "integer"}, "saved_ms": {"type": "integer"}})),
                 "CacheSummary": s(json!({"id": {"type": "string"}, "key": {"type": ["string", "null"], "description": "The key of the project's last run for this cache."},
                     "restore_keys": {"type": "array", "items": {"type": "string"}}, "mountpoint": {"type": "string"}})),
@@ -216,5 +239,23 @@ pub fn document() -> Value {
                     "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "removed_orphans": {"type": "integer"}}))
             }
         }
-    })
+    });
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["Run"] = s(
+        json!({"run": {"type": "string"}, "project": {"type": "string"}, "time": ts,
+        "caches": {"type": "array", "items": run_row}, "prep_ms": {"type": "integer"},
+        "saved_ms": {"type": "integer"}, "exit_status": {"type": "integer"}}),
+    );
+    let cache_stats = s(
+        json!({"project": {"type": "string"}, "cache": {"type": "string"},
+        "hits": {"type": "integer"}, "restores": {"type": "integer"}, "misses": {"type": "integer"},
+        "failed": {"type": "integer"}, "median_miss_ms": {"type": "integer"},
+        "median_hit_ms": {"type": "integer"}, "saved_ms": {"type": "integer"}}),
+    );
+    schemas["Stats"] = s(
+        json!({"results": {"type": "object"}, "failed": {"type": "integer"},
+        "saved_ms": {"type": "integer"}, "remote_hits": {"type": "integer"},
+        "pulled_bytes": {"type": "integer"}, "caches": {"type": "array", "items": cache_stats}}),
+    );
+    doc
 }

@@ -13,7 +13,6 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde::Deserialize;
 
 use super::AppState;
-use super::auth::urlencode;
 use super::errors::{AppError, FieldError};
 use super::view::{self, CacheView, ClearTarget, blocking};
 use crate::run::fmt_bytes;
@@ -68,6 +67,7 @@ label { display: block; font-weight: 600; margin: .5rem 0 .2rem; }
 input[type=password] { font: inherit; padding: .3rem; width: min(100%, 24rem); }
 h2 .button { font-size: .85rem; font-weight: normal; margin-left: .4rem; }
 td.time { white-space: nowrap; }
+td.why { overflow-wrap: anywhere; }
 /* Phones: each table row becomes a card of labelled lines. */
 @media (max-width: 40rem) {
   .box { overflow-x: visible; border: 0; background: none; }
@@ -78,6 +78,18 @@ td.time { white-space: nowrap; }
   td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); }
 }
 "#;
+
+/// Percent-encodes everything but unreserved characters (RFC 3986 section 2.3).
+pub fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
 
 /// The page frame: title, navigation, inline CSS, a viewport for phones.
 pub fn layout(title: &str, body: Markup) -> Markup {
@@ -328,7 +340,7 @@ pub async fn runs(
             div.box { table #runs {
                 thead { tr { th { "time" } th { "cache" } th { "result" } th { "key" } th { "matched" } th.num { "preparation" } th.num { "saved" } th.num { "exit" } } }
                 tbody { @for r in shown { tr {
-                    td.time title={"run " (r.run)} { (human_time(&r.time)) } td data-label="cache" { (r.cache) }
+                    td.time title={"run " (r.run)} { a.run href={"/projects/" (urlencode(&project)) "/runs/" (urlencode(&r.run))} data-run=(r.run) { (human_time(&r.time)) } } td data-label="cache" { (r.cache) }
                     td data-label="result" { span class={"result-" (r.result)} { (r.result) } }
                     td data-label="key" { span.key { (r.key) } }
                     td data-label="matched" { span.key { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (m) } None => { "—" } } } }
@@ -336,6 +348,49 @@ pub async fn runs(
                     td.num data-label="saved" { (fmt_ms(r.saved_ms)) } td.num data-label="exit" { (r.exit_status) }
                 } } }
             } }
+        },
+    ))
+}
+
+/// `GET /projects/{project}/runs/{run}`: one run's own page (issue 24) — its "workspace
+/// preparation" panel: per cache the result, key, matched restore key, why, the setup,
+/// maintenance and promote times, what the promotion added, the time saved and the exit status;
+/// and the run's totals. The same numbers as `GET /api/v1/projects/{project}/runs/{run}`.
+pub async fn run(
+    State(st): State<Arc<AppState>>,
+    Path((project, run)): Path<(String, String)>,
+) -> Page {
+    let p = view::project_id(&project)?;
+    let d = blocking(move || super::api::run_detail(&st, &p, &run)).await?;
+    let ok = d.exit_status == 0;
+    Ok(layout(
+        &format!("Run {} of {project}", d.run),
+        html! {
+            h1 { "Run " span.key { (d.run) } " of " (project) }
+            (tabs(&project))
+            p #run-total {
+                (human_time(&d.time)) " UTC · " (d.caches.len()) " cache(s) · preparation "
+                strong { (fmt_ms(d.prep_ms)) } " · saved " strong { (fmt_ms(d.saved_ms)) } " · "
+                @if ok { span.result-hit { "succeeded" } } @else { span.result-miss { "failed (exit " (d.exit_status) ")" } }
+            }
+            h2 { "Workspace preparation" }
+            div.box { table #preparation {
+                thead { tr { th { "cache" } th { "result" } th { "key" } th { "matched" } th { "why" } th.num { "setup" } th.num { "maintenance" } th.num { "promote" } th.num { "new" } th.num { "saved" } th.num { "exit" } } }
+                tbody { @for r in &d.caches { tr data-cache=(r.cache) {
+                    td data-label="cache" { (r.cache) }
+                    td data-label="result" { span class={"result-" (r.result)} { (r.result) } }
+                    td data-label="key" { span.key { (r.key) } }
+                    td data-label="matched" { span.key { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (m) } None => { "—" } } } }
+                    td.why data-label="why" { @if r.why.is_empty() { "—" } @else { (r.why.join("; ")) } }
+                    td.num data-label="setup" { (fmt_ms(r.setup_ms)) }
+                    td.num data-label="maintenance" { (fmt_ms(r.maintenance_ms)) }
+                    td.num data-label="promote" { (fmt_ms(r.promote_ms)) }
+                    td.num data-label="new" { (r.new_files) " files, " (fmt_bytes(r.new_bytes)) }
+                    td.num data-label="saved" { (fmt_ms(r.saved_ms)) }
+                    td.num data-label="exit" { (r.exit_status) }
+                } } }
+            } }
+            p.muted { "Mount time " (fmt_ms(d.caches.iter().map(|r| r.mount_ms).sum())) " in all. " a href={"/projects/" (urlencode(&project)) "/runs"} { "All runs" } }
         },
     ))
 }
@@ -380,10 +435,10 @@ fn spec_page(
 async fn stored_spec(
     st: Arc<AppState>,
     p: crate::ids::ProjectId,
-) -> Result<Option<super::specs::Stored>, AppError> {
+) -> Result<Option<crate::store::StoredSpec>, AppError> {
     blocking(move || {
         let pd = view::require_project(&st.store, &p)?;
-        Ok(super::specs::current(&pd)?)
+        Ok(pd.current_spec()?)
     })
     .await
 }
@@ -435,7 +490,7 @@ pub async fn spec_post(
             let t = text.clone();
             let stored = blocking(move || {
                 let pd = st.store.project(&p)?;
-                Ok(super::specs::save(&pd, &t)?)
+                Ok(pd.save_spec(&t)?)
             })
             .await?;
             let notice = html! { p.notice role="status" { "Saved as version " (stored.version) " (" (spec.caches.len()) " cache(s))." } };

@@ -45,6 +45,12 @@ pub struct RunRow {
     pub published: bool,
     /// Time saved against the median successful miss of this project and cache, ms.
     pub saved_ms: u64,
+    /// Regular files the promotion stored as new objects.
+    pub new_files: u64,
+    /// Bytes the promotion added to the store.
+    pub new_bytes: u64,
+    /// On a miss or restore: what differs from the nearest layer's key inputs (its key first).
+    pub why: Vec<String>,
 }
 
 /// `project`'s preparations, newest first, at most `limit`.
@@ -80,6 +86,9 @@ pub fn history(events: &[Event], project: &str, limit: usize) -> Vec<RunRow> {
             exit_status: e.exit_status,
             published: e.published,
             saved_ms,
+            new_files: e.new_files,
+            new_bytes: e.new_bytes,
+            why: e.why.clone(),
         })
         .collect();
     // Stable: events of one instant keep their log order, reversed.
@@ -87,6 +96,50 @@ pub fn history(events: &[Event], project: &str, limit: usize) -> Vec<RunRow> {
     rows.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
     rows.truncate(limit);
     rows
+}
+
+/// One run: its preparations, cache by cache in the order the run prepared them, and its totals
+/// (issue 24: a run's own page; the "workspace preparation" panel of a Codex task). Durations
+/// in ms.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunDetail {
+    /// The run id.
+    pub run: String,
+    /// The project.
+    pub project: String,
+    /// When its first preparation ended, RFC 3339 UTC.
+    pub time: String,
+    /// Its preparations, in run order.
+    pub caches: Vec<RunRow>,
+    /// Their total preparation time, ms.
+    pub prep_ms: u64,
+    /// Their total time saved, ms.
+    pub saved_ms: u64,
+    /// The first non-zero exit status of a setup or maintenance (0 when every one succeeded).
+    pub exit_status: i32,
+}
+
+/// The run `run` of `project` in `events` (ids as [`RunRow::run`] shows them); `None` when no
+/// event has it.
+pub fn run_detail(events: &[Event], project: &str, run: &str) -> Option<RunDetail> {
+    let mut caches: Vec<RunRow> = history(events, project, usize::MAX)
+        .into_iter()
+        .filter(|r| r.run == run)
+        .collect();
+    // history is newest first; a run's page lists its caches in the order it prepared them.
+    caches.reverse();
+    let first = caches.first()?;
+    Some(RunDetail {
+        run: run.to_string(),
+        project: project.to_string(),
+        time: first.time.clone(),
+        prep_ms: caches.iter().map(|r| r.prep_ms).sum(),
+        saved_ms: caches.iter().map(|r| r.saved_ms).sum(),
+        exit_status: (caches.iter().map(|r| r.exit_status))
+            .find(|s| *s != 0)
+            .unwrap_or(0),
+        caches,
+    })
 }
 
 /// One UTC day of preparations.
@@ -223,6 +276,23 @@ mod tests {
         assert_eq!(have, documented);
     }
 
+    /// Likewise for `GET …/runs/{run}`.
+    #[test]
+    fn openapi_run_schema_matches_the_detail() {
+        let events = [Event {
+            run: "r".into(),
+            ..ev(1, CacheResult::Miss, 5)
+        }];
+        let d = serde_json::to_value(run_detail(&events, "p", "r").unwrap()).unwrap();
+        let mut have: Vec<&String> = d.as_object().unwrap().keys().collect();
+        let doc = super::super::openapi::document();
+        let props = &doc["components"]["schemas"]["Run"]["properties"];
+        let mut documented: Vec<&String> = props.as_object().unwrap().keys().collect();
+        have.sort();
+        documented.sort();
+        assert_eq!(have, documented);
+    }
+
     #[test]
     fn newest_first_with_savings_and_days() {
         let day = 86_400_000;
@@ -242,6 +312,33 @@ mod tests {
             telemetry::stats(&events, Some("p")).saved_ms
         );
         assert_eq!(history(&events, "p", 1).len(), 1);
+        // One run's page: its caches in run order, the totals, unknown runs none.
+        let mut two = vec![
+            Event {
+                run: "r1".into(),
+                cache: "nm".into(),
+                ..ev(day, CacheResult::Miss, 9_990)
+            },
+            Event {
+                run: "r1".into(),
+                cache: "npm".into(),
+                exit_status: 3,
+                ..ev(day + 1, CacheResult::Miss, 100)
+            },
+        ];
+        two.push(Event {
+            run: "r2".into(),
+            cache: "nm".into(),
+            ..ev(day + 9, CacheResult::Hit, 0)
+        });
+        let d = run_detail(&two, "p", "r1").unwrap();
+        let caches: Vec<&str> = d.caches.iter().map(|r| r.cache.as_str()).collect();
+        assert_eq!(caches, ["nm", "npm"]);
+        assert_eq!((d.prep_ms, d.exit_status), (10_000 + 110, 3));
+        let d = run_detail(&two, "p", "r2").unwrap();
+        assert_eq!((d.caches.len(), d.saved_ms), (1, 9_990));
+        assert!(run_detail(&two, "p", "r3").is_none());
+        assert!(run_detail(&two, "q", "r1").is_none());
         assert!(history(&events, "q", 10).is_empty());
         let days = per_day(&rows);
         assert_eq!(days.len(), 2);

@@ -1,27 +1,11 @@
-//! Spec validation for the API and the editor, and the stored spec of each project.
+//! Spec validation for the API and the editor.
 //!
 //! Validation is [`crate::spec::parse`], the CLI's own: its message `field: text` becomes a
-//! [`FieldError`] with the line of the spec the field is on.
-//!
-//! Stored specs live in the project's own directory of the store, versioned:
-//! ```text
-//! <store>/v1/projects/<project>/specs/<n>.toml|json   every saved version, never rewritten
-//! <store>/v1/projects/<project>/specs/current         "<n>.toml\n", replaced atomically (rename)
-//! ```
-//! A version file is created with `O_EXCL` (two saves never share a number) and fsynced before
-//! `current` points at it, so a reader sees the old spec or the new one, never a partial file.
-
-use std::fs;
-use std::io::Write;
-use std::path::Path;
-
-use serde::Serialize;
+//! [`FieldError`] with the line of the spec the field is on. The stored specs themselves are
+//! the store's (src/store/specs.rs).
 
 use super::errors::{AppError, FieldError};
-use crate::error::{Error, IoContext};
-use crate::ids::ProjectId;
 use crate::spec::Spec;
-use crate::store::ProjectDirs;
 
 /// The largest spec accepted, bytes.
 pub const MAX_SPEC_BYTES: usize = 256 * 1024;
@@ -124,177 +108,6 @@ fn syntax_line(msg: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-/// A stored spec version.
-#[derive(Clone, Debug, Serialize)]
-pub struct Stored {
-    /// The project.
-    pub project: ProjectId,
-    /// The version number (1, 2, …).
-    pub version: u64,
-    /// `toml` or `json`.
-    pub format: &'static str,
-    /// The spec text as it was saved.
-    pub text: String,
-}
-
-fn version_of(name: &str) -> Option<(u64, &'static str)> {
-    let (n, ext) = name.split_once('.')?;
-    let format = match ext {
-        "toml" => "toml",
-        "json" => "json",
-        _ => return None,
-    };
-    Some((n.parse().ok()?, format))
-}
-
-/// The saved versions of `pd`'s spec, ascending.
-///
-/// Errors: [`Error::Io`] reading `specs/`.
-pub fn versions(pd: &ProjectDirs) -> crate::Result<Vec<u64>> {
-    let dir = pd.specs_dir();
-    let rd = match fs::read_dir(&dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(&dir, e)),
-    };
-    let mut out = Vec::new();
-    for ent in rd {
-        let ent = ent.at(&dir)?;
-        if let Some((n, _)) = ent.file_name().to_str().and_then(version_of) {
-            out.push(n);
-        }
-    }
-    out.sort_unstable();
-    Ok(out)
-}
-
-/// The current stored spec of `pd`, if one was saved.
-///
-/// Errors: [`Error::Io`] reading it; [`Error::Failed`] when `current` names no version.
-pub fn current(pd: &ProjectDirs) -> crate::Result<Option<Stored>> {
-    let dir = pd.specs_dir();
-    let ptr = dir.join("current");
-    let name = match fs::read_to_string(&ptr) {
-        Ok(s) => s.trim().to_string(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&ptr, e)),
-    };
-    let (version, format) = version_of(&name)
-        .ok_or_else(|| Error::Failed(format!("{}: names no spec version", ptr.display())))?;
-    let path = dir.join(&name);
-    let text = fs::read_to_string(&path).at(&path)?;
-    Ok(Some(Stored {
-        project: pd.project.clone(),
-        version,
-        format,
-        text,
-    }))
-}
-
-/// The current stored spec of `project` in the store at `root`, parsed, for
-/// `layercache run --project P`.
-///
-/// Errors: [`Error::Invalid`] (exit 2) for a bad project id, no store, a project the store does
-/// not have, a project without a stored spec, or a stored spec that no longer validates (naming
-/// its version); [`Error::Io`] reading it.
-pub fn load_stored(root: &Path, project: &str) -> crate::Result<Spec> {
-    let p = ProjectId::new(project)?;
-    let store = crate::store::Store::open_existing(root)?.ok_or_else(|| {
-        Error::invalid(format!(
-            "--project {p}: no layercache store at {}",
-            root.display()
-        ))
-    })?;
-    let Some(pd) = store.projects(Some(&p))?.pop() else {
-        let known: Vec<String> = store
-            .projects(None)?
-            .iter()
-            .map(|pd| pd.project.to_string())
-            .collect();
-        return Err(crate::store::no_such_project(root, &p, &known));
-    };
-    let Some(stored) = current(&pd)? else {
-        return Err(Error::invalid(format!(
-            "--project {p}: the project has no stored spec (save one on the spec page of \
-             `layercache serve` or with PUT /api/v1/projects/{p}/spec), or pass --spec FILE"
-        )));
-    };
-    let spec = crate::spec::parse(&stored.text).map_err(|e| {
-        Error::invalid(format!(
-            "stored spec of {p} (version {}): {e}",
-            stored.version
-        ))
-    })?;
-    if spec.project != p {
-        return Err(Error::invalid(format!(
-            "stored spec of {p} (version {}) declares project {}",
-            stored.version, spec.project
-        )));
-    }
-    Ok(spec)
-}
-
-/// Saves `text` (already validated, for `pd`'s project) as the next version and points
-/// `current` at it; returns the new version.
-///
-/// Errors: [`Error::Io`] when `specs/` cannot be written.
-pub fn save(pd: &ProjectDirs, text: &str) -> crate::Result<Stored> {
-    let dir = pd.specs_dir();
-    match fs::DirBuilder::new().create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(Error::io(&dir, e)),
-    }
-    let format = if text.trim_start().starts_with('{') {
-        "json"
-    } else {
-        "toml"
-    };
-    let mut version = versions(pd)?.last().copied().unwrap_or(0) + 1;
-    let name = loop {
-        let name = format!("{version}.{format}");
-        let path = dir.join(&name);
-        match fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
-            Ok(mut f) => {
-                f.write_all(text.as_bytes()).at(&path)?;
-                f.sync_all().at(&path)?;
-                break name;
-            }
-            // Another save took this number: take the next.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => version += 1,
-            Err(e) => return Err(Error::io(&path, e)),
-        }
-    };
-    replace_atomically(&dir.join("current"), format!("{name}\n").as_bytes())?;
-    Ok(Stored {
-        project: pd.project.clone(),
-        version,
-        format,
-        text: text.to_string(),
-    })
-}
-
-/// Writes `bytes` to a temporary file next to `path`, fsyncs it and renames it over `path`.
-fn replace_atomically(path: &Path, bytes: &[u8]) -> crate::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".current-{}", crate::sys::random_hex(6)));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp).at(&tmp)?;
-        f.write_all(bytes).at(&tmp)?;
-        f.sync_all().at(&tmp)?;
-        fs::rename(&tmp, path).at(path)?;
-        fs::File::open(dir).and_then(|d| d.sync_all()).at(dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,7 +121,8 @@ mod tests {
         assert_eq!(errs[0].field, "cache[1].preset");
         assert_eq!(errs[0].line, Some(9));
         assert!(errs[0].message.contains("unknown preset"), "{errs:?}");
-        // Two bad caches: both are reported, each on its own line.
+        // Two bad caches: both are reported, each on its own line, and every bad field of
+        // each (cache[1] has neither setup nor key files; issue 24).
         let two =
             "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"x\"\n\n[[cache]]\nid = \"b\"\n";
         let AppError::Invalid(errs) = validate(two).unwrap_err() else {
@@ -317,7 +131,11 @@ mod tests {
         let fields: Vec<_> = errs.iter().map(|e| (e.field.as_str(), e.line)).collect();
         assert_eq!(
             fields,
-            [("cache[0].preset", Some(4)), ("cache[1].setup", Some(6))],
+            [
+                ("cache[0].preset", Some(4)),
+                ("cache[1].setup", Some(6)),
+                ("cache[1].key_files", Some(6))
+            ],
             "{errs:?}"
         );
         let AppError::Invalid(errs) = validate("project = \"a/b\"\n").unwrap_err() else {
@@ -333,21 +151,5 @@ mod tests {
             panic!()
         };
         assert_eq!((errs[0].field.as_str(), errs[0].line), ("user", Some(2)));
-    }
-
-    #[test]
-    fn save_versions_and_current() {
-        let d = tempfile::tempdir().unwrap();
-        let pd = ProjectDirs {
-            project: ProjectId::new("p").unwrap(),
-            root: d.path().to_path_buf(),
-        };
-        assert!(current(&pd).unwrap().is_none());
-        assert_eq!(save(&pd, "project = \"p\"\n").unwrap().version, 1);
-        let s = save(&pd, "{\"project\": \"p\"}").unwrap();
-        assert_eq!((s.version, s.format), (2, "json"));
-        let c = current(&pd).unwrap().unwrap();
-        assert_eq!((c.version, c.text.as_str()), (2, "{\"project\": \"p\"}"));
-        assert_eq!(versions(&pd).unwrap(), vec![1, 2]);
     }
 }

@@ -51,12 +51,24 @@ pnpm install --frozen-lockfile --prefer-offline --config.confirmModulesPurge=fal
 elif [ -f yarn.lock ]; then yarn install --frozen-lockfile --prefer-offline; \
 else npm install --prefer-offline --no-audit --no-fund --no-save; fi";
 
-/// The venv preset on a restore: `pip install -r` upgrades/adds what changed, then every
+/// The venv preset's setup (v2, issue 24): the venv is made by the tool of the lockfile it is
+/// keyed on — `uv sync --frozen` for uv.lock (uv makes `.venv` itself, from the lock alone),
+/// poetry for poetry.lock (`poetry install --no-root` into the venv made first, which poetry
+/// uses as the active one: `VIRTUAL_ENV` is the mount), else pip for requirements.txt; v1 ran
+/// pip in every case and failed in a uv or poetry project without a requirements.txt.
+const VENV_SETUP: &str = "if [ -f uv.lock ]; then uv sync --frozen; \
+elif [ -f poetry.lock ]; then python3 -m venv .venv && poetry install --no-root --no-interaction; \
+else python3 -m venv .venv && .venv/bin/pip install -r requirements.txt; fi";
+
+/// The venv preset on a restore: for uv.lock `uv sync --frozen` and for poetry.lock
+/// `poetry sync --no-root` (each brings the restored venv to exactly the lock: adds, upgrades
+/// and removes); for requirements.txt `pip install -r` upgrades/adds what changed, then every
 /// distribution no longer reachable from requirements.txt (its `-r` includes, extras and
 /// environment markers followed through the installed metadata) is uninstalled, as `pip-sync`
 /// does; `pip` itself (and `setuptools` before Python 3.12, as `python3 -m venv` installs it)
 /// stays. Written without braces, which are template syntax.
-pub(super) const VENV_RESTORE: &str = r#".venv/bin/pip install -r requirements.txt && .venv/bin/python - requirements.txt <<'LAYERCACHE_PY'
+pub(super) const VENV_RESTORE: &str = r#"if [ -f uv.lock ]; then uv sync --frozen; elif [ -f poetry.lock ]; then poetry sync --no-root --no-interaction; else
+.venv/bin/pip install -r requirements.txt && .venv/bin/python - requirements.txt <<'LAYERCACHE_PY'
 import os, re, subprocess, sys
 from importlib import metadata
 from pip._vendor.packaging.requirements import Requirement
@@ -89,7 +101,8 @@ gone = sorted(set(dists) - keep)
 if gone:
     print('layercache: uninstalling what requirements.txt no longer needs:', *gone, file=sys.stderr)
     subprocess.check_call([sys.executable, '-m', 'pip', 'uninstall', '-y', '-q'] + gone)
-LAYERCACHE_PY"#;
+LAYERCACHE_PY
+fi"#;
 
 /// Maintenance of a package manager's download cache on a hit: install the project's tree from
 /// the cache, unless that tree is a mount of its own (another cache of the run, e.g. the
@@ -287,7 +300,7 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "venv",
-        version: 1,
+        version: 2,
         description: "a Python virtualenv, mounted at <workdir>/.venv",
         key_files: &["requirements*.txt", "uv.lock", "poetry.lock"],
         env: &[
@@ -295,7 +308,7 @@ pub const PRESETS: &[Preset] = &[
             ("PATH", "{mount}/bin:{env:PATH}"),
         ],
         mountpoint: Some("{workdir}/.venv"),
-        setup: "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt",
+        setup: VENV_SETUP,
         restore_setup: Some(VENV_RESTORE),
         maintenance: None,
         tools: &["python3"],

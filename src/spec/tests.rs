@@ -48,15 +48,25 @@ fn mountpoints_stay_below_the_mount_root_or_the_workdir() {
         mount_root: "/cache".into(),
         workdir_view: None,
     };
+    // Refused when the spec is read (no paths needed: no mount root or workdir holds them),
+    // by `layercache run` and the API alike (issue 24).
     for mp in [
         "/etc",
         "/",
         "/usr/lib",
         "/proc/x",
-        "/cache",
-        "/w",
-        "/elsewhere/x",
+        "/tmp",
+        "/etc/{env:HOME}",
+        "{workdir}",
+        "{mount_root}/",
     ] {
+        let e = err(&format!(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"{mp}\"\n"
+        ));
+        assert!(e.contains("cache[0].mountpoint"), "{mp}: {e}");
+    }
+    // Refused when the run's paths are known.
+    for mp in ["/cache", "/w", "/elsewhere/x"] {
         let s = parse(&format!(
             "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"{mp}\"\n"
         ))
@@ -286,4 +296,43 @@ fn templates_expand() {
         expand("{env:LAYERCACHE_SURELY_UNSET_VAR}x", &paths, None),
         "x"
     );
+}
+
+/// Every bad field is listed, several of one cache included, not only the first (issue 24).
+#[test]
+fn every_bad_field_is_listed() {
+    let errors = parse_all(
+        "project = \"p q\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"/etc\"\n\
+         env = { \"1X\" = \"y\" }\nsetup = \"echo {nope}\"\n[[cache]]\nid = \"b/c\"\n\
+         preset = \"nope\"\n",
+    )
+    .unwrap_err();
+    let fields: Vec<&str> = errors
+        .iter()
+        .map(|e| e.split_once(": ").unwrap().0)
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "project",
+            "cache[0].env",
+            "cache[0].mountpoint",
+            "cache[0].setup",
+            "cache[1].id",
+            "cache[1].preset"
+        ],
+        "{errors:?}"
+    );
+    // A literal mountpoint below a legitimate directory and templated ones pass.
+    for mp in [
+        "/opt/tools/x",
+        "{workdir}/.venv",
+        "{mount_root}/x",
+        "/srv/{env:X}/y",
+    ] {
+        let text = format!(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"{mp}\"\n"
+        );
+        assert!(parse(&text).is_ok(), "{mp}");
+    }
 }

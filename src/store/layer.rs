@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::sys;
+use crate::units::now_ms;
 
 /// Manifest format written by this version.
 pub const MANIFEST_FORMAT: u32 = 1;
@@ -26,7 +27,7 @@ pub const MANIFEST_FORMAT: u32 = 1;
 /// `layers/<id>/manifest.json`: what a layer is and what it holds.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Manifest {
-    /// Manifest format version ([`MANIFEST_FORMAT`]).
+    /// Manifest format version (`MANIFEST_FORMAT`).
     pub format: u32,
     /// This layer.
     pub layer: LayerId,
@@ -66,14 +67,6 @@ pub struct TreeCounts {
     pub new_bytes: u64,
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// A fresh layer id: creation time (ms, 12 hex digits) + 64 random bits, so ids sort by age.
 pub fn new_layer_id() -> LayerId {
     LayerId::new(format!("{:012x}-{}", now_ms(), sys::random_hex(8)))
@@ -108,12 +101,12 @@ impl Layer {
         self.dir.join("manifest.json")
     }
 
-    /// `links`: the tree's link groups ([`links_of_tree`]).
+    /// `links`: the tree's link groups (`links_of_tree`).
     pub fn links_path(&self) -> PathBuf {
         links_of_tree(&self.tree())
     }
 
-    /// `lease` (see [`super::lease`]).
+    /// `lease` (see src/store/lease.rs).
     pub fn lease_path(&self) -> PathBuf {
         self.dir.join("lease")
     }

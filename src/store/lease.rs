@@ -15,7 +15,7 @@
 //! closed, including when a process dies (kill -9), so a crash never leaves a lease behind.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -87,7 +87,7 @@ impl Lease {
         }
     }
 
-    /// Removes the lock file while still holding the lock, then releases it (issue 11: a
+    /// Removes the lock file while still holding the lock, then releases it (so a
     /// finished fill leaves no `fills/<key>.lock` behind). A process blocked on the old file
     /// gets the lock on an unlinked inode, sees that ([`still_named`]) and takes a fresh file.
     /// Best effort: a file already gone or replaced is left alone.
@@ -161,16 +161,6 @@ impl Lease {
     pub fn dup_fd(&self) -> Result<OwnedFd> {
         self.file.as_fd().try_clone_to_owned().at(&self.path)
     }
-
-    /// The lock file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The raw descriptor number (recorded so another process can adopt the lock).
-    pub fn raw_fd(&self) -> i32 {
-        self.file.as_raw_fd()
-    }
 }
 
 impl AsFd for Lease {
@@ -193,6 +183,7 @@ pub fn is_held(path: &Path, mode: Mode) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn a_removed_lock_file_is_never_locked_by_a_waiter() {
@@ -253,7 +244,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("fill.lock");
         let a = Lease::acquire(&p, Mode::Exclusive).unwrap();
-        if let Some(b) = Lease::adopt(std::process::id(), a.raw_fd(), &p) {
+        if let Some(b) = Lease::adopt(std::process::id(), a.as_fd().as_raw_fd(), &p) {
             drop(a);
             assert!(is_held(&p, Mode::Exclusive).unwrap(), "adopted lease lost");
             drop(b);

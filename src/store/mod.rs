@@ -5,43 +5,35 @@
 //! [`crate::overlay::is_mountpoint_busy`]), and it knows nothing of the CLI (the command glue is
 //! in `crate::app`). docs/ARCHITECTURE.md has the module map and the on-disk format.
 //!
-//! Parts: [`paths`] (where things live), [`types`] (results), [`mount`] (lookup, fill wait,
-//! mount; the RAII [`Mount`] handle), [`runs`] (run records, umount), [`publish`] (commit,
-//! promote, publish), [`evict`] (ls, gc, clear), [`verify`]; [`layer`], [`object`], [`lease`],
-//! [`promote`] and [`gc`] (the eviction policy) below them.
-//!
-//! ```text
-//! <store>/v1/format.json                 {"format":1,"features":[…]}: refuse what we cannot read
-//! <store>/v1/config.toml                 limits (see gc::DEFAULT_CONFIG_TOML)
-//! <store>/v1/projects/<project>/         0700; nothing is shared across projects
-//!     lock                               flock: shared while publishing, exclusive for gc/clear
-//!     objects/<aa>/<blake3>-<meta>       immutable files (see object.rs)
-//!     layers/<layer-id>/{tree,manifest.json,links,lease,used}
-//!     caches/<cache>/keys/<key>          "<layer-id>\n", published with renameat2(NOREPLACE)
-//!     caches/<cache>/fills/<key>.lock    fill lock of a key being filled
-//!     runs/<run-id>/{upper,work,mnt,lease,run.json}   one mount's private state
-//!     staging/                           layers being built; garbage after a crash
-//!     quarantine/                        layers/objects `verify` found corrupt
-//!     empty/                             the lowerdir of a miss
-//! <store>/events.jsonl                   telemetry (written by crate::telemetry)
-//! ```
+//! Its front door is this module: the submodules are private and what callers use is
+//! re-exported here. Inside, by job: `paths` (where things live: [`ProjectDirs`]), `mount`
+//! (lookup, fill wait, mount; the RAII [`Mount`] handle), `runs` (run records, umount),
+//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `verify`, `inputs` (a key's
+//! recorded inputs), `specs` (stored specs), `config` (config.toml), `tier` (the port the
+//! remote tier implements, [`RemoteTier`]); below them `layer`, `object`, `lease`, `promote`
+//! and `gc` (the pure eviction plan). The on-disk layout is drawn once, in docs/ARCHITECTURE.md
+//! ("On-disk store format").
 //!
 //! Keys follow GitHub actions/cache: a key is immutable once published (a second publish of
 //! the same key reports `exists` and discards its copy); restore keys are prefixes tried in
 //! order, the most recently created matching layer first.
 
-pub mod evict;
-pub mod gc;
-pub mod layer;
-pub mod lease;
-pub mod mount;
-pub mod object;
-pub mod paths;
-pub mod promote;
-pub mod publish;
-pub mod runs;
-pub mod types;
-pub mod verify;
+mod config;
+mod gc;
+mod housekeeping;
+mod inputs;
+mod layer;
+mod lease;
+mod mount;
+mod object;
+mod paths;
+mod promote;
+mod publish;
+mod runs;
+mod specs;
+mod tier;
+mod types;
+mod verify;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -53,12 +45,27 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::sys;
+pub use config::{DEFAULT_MAX_AGE, DEFAULT_MAX_INODES, DEFAULT_MAX_SIZE, Limits, RemoteFile};
+pub use gc::Usage;
+pub use inputs::Inputs;
 use layer::write_synced;
+pub use layer::{Layer, Manifest, TreeCounts};
+#[cfg(test)]
+pub(crate) use layer::{MANIFEST_FORMAT, new_layer_id};
 pub use mount::Mount;
+// The object format and promotion's undo, which a pull shares with a local publish.
+pub(crate) use object::{ObjectStore, SharedMeta, content_xattrs, hash_file, meta_tag};
 pub use paths::{ProjectDirs, exists_at, store_of_run_upper};
 use paths::{mkdir_mode, read_names};
+pub use promote::{CREDENTIAL_FILES, CredentialPattern};
+pub(crate) use promote::{TreeStats, undo_created_objects};
 pub use runs::{RunRecord, StoreMount};
-pub use types::*;
+pub use specs::StoredSpec;
+pub use tier::{PullReport, RemoteTier};
+pub use types::{
+    ClearReport, CommitOutcome, CommitResult, GcOptions, GcReport, LayerInfo, Lookup, MountOutcome,
+    MountRequest, MountResult, PublishSpec, Published, UsageJson, VerifyReport,
+};
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).
 pub const FORMAT: u32 = 1;
@@ -170,11 +177,11 @@ pub type Notify = Arc<dyn Fn(&Notice) + Send + Sync>;
 pub struct Store {
     root: PathBuf,
     base: PathBuf,
-    limits: gc::Limits,
-    /// `[remote]` of config.toml, as written (remote tier, issue 14).
-    remote_file: Option<crate::remote::config::RemoteFile>,
+    limits: Limits,
+    /// `[remote]` of config.toml, as written (the remote tier validates it).
+    remote_file: Option<RemoteFile>,
     /// The remote tier attached with [`Store::set_remote`], if any.
-    remote: Option<std::sync::Arc<crate::remote::Remote>>,
+    remote: Option<Arc<dyn RemoteTier>>,
     notify: Option<Notify>,
     /// Removals of finished runs' directories still going on in the background (shared by
     /// clones; [`Store::wait_background`] joins them).
@@ -272,13 +279,13 @@ impl Store {
         let cfg = base.join("config.toml");
         if !cfg.exists() {
             let tmp = base.join(format!(".config-{}", sys::random_hex(6)));
-            write_synced(&tmp, gc::DEFAULT_CONFIG_TOML.as_bytes())?;
+            write_synced(&tmp, config::DEFAULT_CONFIG_TOML.as_bytes())?;
             if sys::rename_noreplace(&tmp, &cfg).is_err() {
                 let _ = fs::remove_file(&tmp);
             }
         }
         let text = fs::read_to_string(&cfg).at(&cfg)?;
-        let parsed: gc::ConfigFile =
+        let parsed: config::ConfigFile =
             toml::from_str(&text).map_err(|e| Error::invalid(format!("{}: {e}", cfg.display())))?;
         let limits = parsed
             .limits
@@ -306,19 +313,19 @@ impl Store {
         }
     }
 
-    /// `[remote]` of config.toml, if present (remote tier, issue 14).
-    pub fn remote_file(&self) -> Option<&crate::remote::config::RemoteFile> {
+    /// `[remote]` of config.toml, if present (the remote tier's entries, as written).
+    pub fn remote_file(&self) -> Option<&RemoteFile> {
         self.remote_file.as_ref()
     }
 
     /// Attaches the remote tier: `mount` then looks keys up there on a local miss and
-    /// `commit` pushes what it publishes (see [`crate::remote`]).
-    pub fn set_remote(&mut self, remote: std::sync::Arc<crate::remote::Remote>) {
+    /// `commit` pushes what it publishes (see [`RemoteTier`]; `crate::remote` implements it).
+    pub fn set_remote(&mut self, remote: Arc<dyn RemoteTier>) {
         self.remote = Some(remote);
     }
 
     /// The attached remote tier, if any.
-    pub fn remote(&self) -> Option<&std::sync::Arc<crate::remote::Remote>> {
+    pub fn remote(&self) -> Option<&Arc<dyn RemoteTier>> {
         self.remote.as_ref()
     }
 
@@ -342,7 +349,7 @@ impl Store {
     }
 
     /// The limits from config.toml.
-    pub fn limits(&self) -> &gc::Limits {
+    pub fn limits(&self) -> &Limits {
         &self.limits
     }
 
@@ -458,7 +465,7 @@ mod tests {
         .unwrap();
         let e = Store::open(Some(&root)).unwrap_err().to_string();
         assert!(e.contains("config.toml") && e.contains("huge"), "{e}");
-        fs::write(root.join("v1/config.toml"), gc::DEFAULT_CONFIG_TOML).unwrap();
+        fs::write(root.join("v1/config.toml"), config::DEFAULT_CONFIG_TOML).unwrap();
         fs::write(root.join("v1/format.json"), r#"{"format":2,"features":[]}"#).unwrap();
         let e = Store::open(Some(&root)).unwrap_err().to_string();
         assert!(e.contains("format 2"), "{e}");

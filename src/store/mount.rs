@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::lease::{Lease, Mode};
+use super::ms_since;
 use super::paths::{ProjectDirs, canonical_mountpoint, mkdir_mode, remove_tree};
 use super::runs::{RunRecord, write_record};
 use super::{Lookup, MountOutcome, MountRequest, MountResult, Notice, Store, UNMOUNT_WAIT};
-use super::{layer::now_ms, ms_since};
 use crate::error::{Error, Result};
 use crate::ids::{CacheKey, LayerId};
+use crate::units::now_ms;
 use crate::{overlay, sys};
 
 /// Leases this process holds for a mount: the fill lock (a miss or restore, until publish) and
@@ -40,8 +41,8 @@ pub struct Mount {
 
 impl Mount {
     /// Ends this process's part of a fill after the mount is gone (unmounted, daemon exited):
-    /// removes the fill lock file while holding it, then releases it (issue 11: no
-    /// `fills/<key>.lock` is left behind). Without a fill lock, only drops the leases.
+    /// removes the fill lock file while holding it, then releases it (so no
+    /// `fills/<key>.lock` is left behind for gc to find). Without a fill lock, only drops the leases.
     pub fn end_fill(self) {
         if let Some(f) = self.leases.fill {
             f.remove();
@@ -153,7 +154,7 @@ impl Store {
                 waited += w.elapsed();
                 continue;
             }
-            // Remote tier (issue 14): the exact key missed here; ask the remote once (under the
+            // Remote tier: the exact key missed here; ask the remote once (under the
             // fill lock), and look up again once a pull has published the layer locally. A
             // local restore match is kept rather than pulling another restore match.
             if !remote_tried && let Some(r) = &self.remote {
@@ -253,6 +254,7 @@ impl Store {
             upperdir: Some(upper),
             workdir: Some(work),
             squash: m.req.squash,
+            ..Default::default()
         };
         let mut cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
         // A layer's files are all object links: show the links its promoted tree had.

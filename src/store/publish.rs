@@ -8,9 +8,10 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::layer::{self, Layer, Manifest, now_ms, write_synced};
+use super::layer::{self, Layer, Manifest, write_synced};
 use super::lease::{Lease, Mode};
 use super::mount::{Leases, Mount, RunMount};
 use super::object::ObjectStore;
@@ -24,6 +25,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::overlay::links::LinkGroups;
 use crate::sys;
+use crate::units::now_ms;
 
 impl Store {
     /// `layercache commit`: promotes the merged view of the store mount at `mountpoint`
@@ -56,7 +58,7 @@ impl Store {
 
     /// [`Store::commit`] of a mount this process made: its own leases (the fill lock above
     /// all) are kept through publish. When it publishes, `inputs` are recorded as the key's
-    /// inputs ([`crate::why::record`]) before the push to the remote starts, so the remote key
+    /// inputs ([`ProjectDirs::record_inputs`]) before the push to the remote starts, so the remote key
     /// record carries them. Returns the outcome and the new mount (the published layer as a
     /// hit; the same mount back after a hit).
     ///
@@ -64,7 +66,7 @@ impl Store {
     pub fn commit_mount(
         &self,
         m: Mount,
-        inputs: Option<&crate::why::Inputs>,
+        inputs: Option<&super::Inputs>,
     ) -> Result<(CommitOutcome, Option<Mount>)> {
         let Some(sm) = self.find_run_id(&m.outcome.run)? else {
             return Err(Error::NotAStoreMount {
@@ -83,7 +85,7 @@ impl Store {
         &self,
         sm: StoreMount,
         mut held: Leases,
-        inputs: Option<&crate::why::Inputs>,
+        inputs: Option<&super::Inputs>,
     ) -> Result<(CommitOutcome, Option<Mount>)> {
         let t0 = Instant::now();
         let StoreMount {
@@ -177,18 +179,18 @@ impl Store {
         if let Some(f) = held.fill {
             f.remove();
         }
-        // Its inputs first (issue 11), so the push below sends them with the key.
+        // Its inputs first, so the push below sends them with the key.
         if published.result == CommitResult::Published
             && let Some(inputs) = inputs
         {
-            crate::why::record(&pd, &rec.cache, rec.key.as_str(), inputs);
+            pd.record_inputs(&rec.cache, rec.key.as_str(), inputs);
         }
-        // Remote tier (issue 14): push what this commit published, in the background (a run's
-        // exit or `layercache commit` waits for it: Remote::wait_pushes).
+        // Remote tier: push what this commit published, in the background (a run's exit or
+        // `layercache commit` waits for it: RemoteTier::wait_pushes).
         if published.result == CommitResult::Published
             && let Some(r) = &self.remote
         {
-            r.push_background(
+            Arc::clone(r).push_background(
                 pd.clone(),
                 rec.cache.clone(),
                 rec.key.clone(),
@@ -336,7 +338,7 @@ impl Store {
     /// published: manifest, syncfs, rename into `layers/`, key with `renameat2(NOREPLACE)`
     /// (`exists` when another run won; our copy is then discarded). The project lock is held
     /// shared throughout, so gc never sweeps objects `build` has created but not linked yet.
-    /// Used by promotion and by the remote tier's pull (issue 14).
+    /// Used by promotion and by the remote tier's pull.
     ///
     /// Errors: whatever `build` returns (it must remove the objects it created, as
     /// `promote::build_tree` does) and [`Error::Io`] publishing; nothing is published on error
@@ -350,19 +352,7 @@ impl Store {
         let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
-        let mut id = spec.layer.clone().unwrap_or_else(layer::new_layer_id);
-        let mut stage = Layer::new(&pd.staging(), id.clone());
-        // The staging directory is ours alone: one of the asked-for id already there is a
-        // crashed or concurrent build of that layer (a pull); this build takes a fresh id.
-        match fs::DirBuilder::new().mode(0o755).create(&stage.dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && spec.layer.is_some() => {
-                id = layer::new_layer_id();
-                stage = Layer::new(&pd.staging(), id.clone());
-                mkdir_mode(&stage.dir, 0o755)?;
-            }
-            Err(e) => return Err(Error::io(&stage.dir, e)),
-        }
+        let (id, stage) = new_stage(pd, spec.layer.as_ref())?;
         let objects = pd.objects();
         let built = build(&objects, &stage.tree());
         let stats = match built {
@@ -391,20 +381,7 @@ impl Store {
             counts: stats.counts,
             dropped: stats.dropped.clone(),
         };
-        let prep = (|| -> Result<()> {
-            stage.write_manifest(&manifest)?;
-            let groups: Vec<Vec<&[u8]>> = stats
-                .links
-                .iter()
-                .map(|g| g.iter().map(|p| p.as_os_str().as_bytes()).collect())
-                .collect();
-            LinkGroups::write(&stage.links_path(), &groups).at(stage.links_path())?;
-            fs::File::create(stage.lease_path()).at(stage.lease_path())?;
-            stage.touch_used()?;
-            // One syncfs makes every new object, directory and the manifest durable.
-            sys::syncfs(&stage.dir).at(&stage.dir)
-        })();
-        if let Err(e) = prep {
+        if let Err(e) = seal(&stage, &manifest, &stats) {
             return Err(undo(e, &stats, &stage.dir));
         }
         let final_layer = pd.layer(&id);
@@ -415,39 +392,7 @@ impl Store {
         if let Err(e) = sys::fsync_dir(&pd.layers()) {
             return Err(undo(Error::io(pd.layers(), e), &stats, &final_layer.dir));
         }
-        let published = (|| -> Result<Option<LayerId>> {
-            let keys = pd.keys_dir(cache);
-            fs::create_dir_all(&keys).at(&keys)?;
-            let tmp = keys.join(format!(".tmp-{}", sys::random_hex(8)));
-            write_synced(&tmp, format!("{id}\n").as_bytes())?;
-            let dst = keys.join(key.as_str());
-            match sys::rename_noreplace(&tmp, &dst) {
-                Ok(()) => match sys::fsync_dir(&keys) {
-                    Ok(()) => Ok(None),
-                    // The key is visible but maybe not durable. Take it back before the layer
-                    // is undone, so no key ever names a missing layer; if it cannot be taken
-                    // back, it stays published and so does its layer.
-                    Err(e) => match fs::remove_file(&dst) {
-                        Ok(()) => Err(Error::io(&keys, e)),
-                        Err(_) => {
-                            tracing::warn!(key = %dst.display(), "published, but fsync of its directory failed: {e}");
-                            Ok(None)
-                        }
-                    },
-                },
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    let _ = fs::remove_file(&tmp);
-                    let winner = pd
-                        .read_key(cache, key)?
-                        .ok_or_else(|| Error::Failed(format!("{}: vanished", dst.display())))?;
-                    Ok(Some(winner))
-                }
-                Err(e) => {
-                    let _ = fs::remove_file(&tmp);
-                    Err(Error::io(&dst, e))
-                }
-            }
-        })();
+        let published = publish_key(pd, cache, key, &id);
         let (result, layer) = match published {
             Ok(None) => (CommitResult::Published, id),
             Ok(Some(winner)) => {
@@ -466,6 +411,90 @@ impl Store {
             promote_ms,
             publish_ms: ms_since(tpub),
         })
+    }
+}
+
+/// A fresh staging directory `staging/<id>` for a layer build, with the id asked for (a pulled
+/// layer keeps its remote id) or a new one. The staging directory is ours alone: one of the
+/// asked-for id already there is a crashed or concurrent build of that layer (a pull); this
+/// build then takes a fresh id.
+///
+/// Errors: [`Error::Io`] creating it.
+fn new_stage(pd: &ProjectDirs, want: Option<&LayerId>) -> Result<(LayerId, Layer)> {
+    let mut id = want.cloned().unwrap_or_else(layer::new_layer_id);
+    let mut stage = Layer::new(&pd.staging(), id.clone());
+    match fs::DirBuilder::new().mode(0o755).create(&stage.dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && want.is_some() => {
+            id = layer::new_layer_id();
+            stage = Layer::new(&pd.staging(), id.clone());
+            mkdir_mode(&stage.dir, 0o755)?;
+        }
+        Err(e) => return Err(Error::io(&stage.dir, e)),
+    }
+    Ok((id, stage))
+}
+
+/// Writes a built layer's manifest, link groups, lease and `used` files into `stage`, then
+/// makes it all durable with one syncfs.
+///
+/// Errors: [`Error::Io`] naming the file.
+fn seal(stage: &Layer, manifest: &Manifest, stats: &promote::TreeStats) -> Result<()> {
+    stage.write_manifest(manifest)?;
+    let groups: Vec<Vec<&[u8]>> = stats
+        .links
+        .iter()
+        .map(|g| g.iter().map(|p| p.as_os_str().as_bytes()).collect())
+        .collect();
+    LinkGroups::write(&stage.links_path(), &groups).at(stage.links_path())?;
+    fs::File::create(stage.lease_path()).at(stage.lease_path())?;
+    stage.touch_used()?;
+    // One syncfs makes every new object, directory and the manifest durable.
+    sys::syncfs(&stage.dir).at(&stage.dir)
+}
+
+/// Publishes `key` of `cache` as naming layer `id` (durable in `layers/` already): a temp
+/// file renamed with `renameat2(NOREPLACE)`, then an fsync of `keys/`. `Ok(None)` when ours
+/// is published; `Ok(Some(winner))` when another publish of the key won.
+///
+/// Errors: [`Error::Io`]; a key that could not be made durable is taken back first, so no key
+/// ever names a layer the caller then removes.
+fn publish_key(
+    pd: &ProjectDirs,
+    cache: &CacheId,
+    key: &CacheKey,
+    id: &LayerId,
+) -> Result<Option<LayerId>> {
+    let keys = pd.keys_dir(cache);
+    fs::create_dir_all(&keys).at(&keys)?;
+    let tmp = keys.join(format!(".tmp-{}", sys::random_hex(8)));
+    write_synced(&tmp, format!("{id}\n").as_bytes())?;
+    let dst = keys.join(key.as_str());
+    match sys::rename_noreplace(&tmp, &dst) {
+        Ok(()) => match sys::fsync_dir(&keys) {
+            Ok(()) => Ok(None),
+            // The key is visible but maybe not durable. Take it back before the layer
+            // is undone, so no key ever names a missing layer; if it cannot be taken
+            // back, it stays published and so does its layer.
+            Err(e) => match fs::remove_file(&dst) {
+                Ok(()) => Err(Error::io(&keys, e)),
+                Err(_) => {
+                    tracing::warn!(key = %dst.display(), "published, but fsync of its directory failed: {e}");
+                    Ok(None)
+                }
+            },
+        },
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            let _ = fs::remove_file(&tmp);
+            let winner = pd
+                .read_key(cache, key)?
+                .ok_or_else(|| Error::Failed(format!("{}: vanished", dst.display())))?;
+            Ok(Some(winner))
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(Error::io(&dst, e))
+        }
     }
 }
 

@@ -80,7 +80,7 @@ pub struct StoreMount {
     pub(super) pd: ProjectDirs,
 }
 
-// (Read access for `sandbox-args --run`, issue 12.)
+// (Read access for `sandbox-args --run`, which binds a run's mount into a sandbox.)
 impl StoreMount {
     /// The run's record (project, cache, key, daemon pid).
     pub fn record(&self) -> &RunRecord {

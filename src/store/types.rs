@@ -55,7 +55,7 @@ impl MountResult {
     }
 }
 
-/// Inputs of [`Store::mount`].
+/// Inputs of [`super::Store::mount`].
 #[derive(Clone, Debug)]
 pub struct MountRequest {
     /// Project (isolation unit).
@@ -75,7 +75,7 @@ pub struct MountRequest {
     /// The process the mount belongs to: when it exits (even by `kill -9`) the overlay daemon
     /// ends the mount; `None` for a mount that lives until `umount`/`commit`.
     pub owner: Option<u32>,
-    /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`; issue 12: a run as
+    /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as
     /// another user sees the layer as its own; new files stay 0:0 in the upper).
     pub squash: crate::overlay::options::Squash,
 }
@@ -110,7 +110,7 @@ pub struct MountOutcome {
     pub fill_lock: bool,
     /// What the remote tier pulled for this mount (a remote hit or restore), if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote: Option<crate::remote::pull::PullReport>,
+    pub remote: Option<super::PullReport>,
     /// Milliseconds spent waiting for another run's fill.
     pub waited_ms: u64,
     /// Milliseconds for the lookup (including any wait).
@@ -171,7 +171,7 @@ pub struct CommitOutcome {
     pub gc: Option<GcReport>,
 }
 
-/// Result of a publish without a mount ([`Store::promote_dirs`]).
+/// Result of a publish without a mount ([`super::Store::promote_dirs`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct Published {
     /// published | exists.
@@ -188,7 +188,7 @@ pub struct Published {
     pub publish_ms: u64,
 }
 
-/// What [`Store::publish_built`] publishes.
+/// What [`super::Store::publish_built`] publishes.
 #[derive(Clone, Debug)]
 pub struct PublishSpec {
     /// Cache.
@@ -228,7 +228,7 @@ pub struct LayerInfo {
     pub in_use: bool,
 }
 
-/// Options of [`Store::gc`].
+/// Options of [`super::Store::gc`].
 #[derive(Clone, Debug, Default)]
 pub struct GcOptions {
     /// Override config.toml's byte limit (`Some(None)` = unlimited).

@@ -16,7 +16,7 @@ impl Store {
     /// it is unpublished and moved to `quarantine/` (a later mount of its key misses and
     /// refills).
     ///
-    /// Errors: [`Error::Invalid`] for an unknown project; [`Error::Io`] when the store cannot
+    /// Errors: [`crate::Error::Invalid`] for an unknown project; [`crate::Error::Io`] when the store cannot
     /// be read or changed.
     pub fn verify(&self, project: Option<&ProjectId>) -> Result<VerifyReport> {
         let pds = self.selected_projects(project)?;

@@ -15,7 +15,9 @@ const expect = (cond, what) => {
   if (!cond) throw new Error('check failed: ' + what);
 };
 
-const BAD_SPEC = 'project = "web-demo"\n\n[[cache]]\nid = "npm"\npreset = "nope"\n';
+const GOOD_SPEC = 'project = "web-demo"\n\n[[cache]]\nid = "npm"\npreset = "npm"\n';
+// Two bad fields of one cache: both are listed (issue 24), the mountpoint as `run` refuses it.
+const BAD_SPEC = GOOD_SPEC.replace('preset = "npm"', 'preset = "nope"\nmountpoint = "/etc"');
 
 async function main() {
   // A fresh temporary profile (--user-data-dir) is made by playwright for every launch and
@@ -60,10 +62,14 @@ async function main() {
     await err.waitFor();
     result.field_error = await err.innerText();
     expect(result.field_error.includes('unknown preset "nope"'), 'field error text');
-    expect((await page.locator('div.lines .err').innerText()).includes('preset = "nope"'),
-      'the erroneous line is marked');
+    const marked = await page.locator('div.lines .err').allInnerTexts();
+    expect(marked.length === 2 && marked[0].includes('preset = "nope"') &&
+      marked[1].includes('mountpoint = "/etc"'), 'both erroneous lines are marked: ' + marked);
+    const mp = page.locator('.field-error[data-field="cache[0].mountpoint"]');
+    expect((await mp.count()) === 1 && (await mp.innerText()).includes('"/etc" is refused'),
+      'the system-directory mountpoint is listed too');
     await shot(page, 'spec-error.png');
-    await page.locator('textarea#spec').fill(BAD_SPEC.replace('nope', 'npm'));
+    await page.locator('textarea#spec').fill(GOOD_SPEC);
     await page.locator('button[value="save"]').click();
     await page.locator('.notice').waitFor();
     expect((await page.locator('.notice').innerText()).includes('Saved as version 1'), 'saved');
@@ -75,6 +81,21 @@ async function main() {
     expect((await page.locator('svg#chart rect.saved').count()) >= 1, 'chart has saved bars');
     result.run_rows = await page.locator('table#runs tbody tr').count();
     await shot(page, 'runs.png');
+    // A run's own page, from its link in the runs table (issue 24).
+    const link = page.locator('table#runs a.run').first();
+    const runId = await link.getAttribute('data-run');
+    await link.click();
+    await page.waitForURL(new RegExp('/runs/' + runId + '$'));
+    expect((await page.locator('h1').innerText()).includes(runId), 'the run page names its run');
+    const prepRows = page.locator('table#preparation tbody tr');
+    result.run_caches = await prepRows.count();
+    const first = prepRows.first();
+    result.run_first_result = await first.locator('td[data-label="result"]').innerText();
+    result.run_first_key = await first.locator('td[data-label="key"]').innerText();
+    result.run_total = await page.locator('#run-total').innerText();
+    result.run_id = runId;
+    await shot(page, 'run.png');
+    console.log('ok run');
     const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true });
     const p2 = await phone.newPage();
     await p2.goto(base + '/projects/web-demo/runs');
@@ -84,7 +105,7 @@ async function main() {
     expect(overflow <= 390, 'the page does not scroll sideways on a phone: ' + overflow);
     await shot(p2, 'runs-phone.png');
     for (const [url, name] of [['/projects/web-demo', 'project-phone.png'], ['/', 'projects-phone.png'],
-      ['/projects/web-demo/spec', 'spec-phone.png']]) {
+      ['/projects/web-demo/spec', 'spec-phone.png'], ['/projects/web-demo/runs/' + result.run_id, 'run-phone.png']]) {
       await p2.goto(base + url);
       const width = await p2.evaluate(() => document.documentElement.scrollWidth);
       expect(width <= 390, url + ' does not scroll sideways on a phone: ' + width);

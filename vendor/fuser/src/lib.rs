@@ -411,6 +411,15 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Called on filesystem exit.
     fn destroy(&mut self) {}
 
+    /// Whether the filesystem is read-only now. While it is, every request that would change
+    /// it (SETATTR, MKNOD, MKDIR, UNLINK, RMDIR, SYMLINK, RENAME, RENAME2, LINK, WRITE, CREATE,
+    /// SETXATTR, REMOVEXATTR, FALLOCATE, COPY_FILE_RANGE, and OPEN for writing) is answered
+    /// `EROFS` before it reaches a method, in this one place, whatever the kernel's view of
+    /// the mount (a `remount,rw` the filesystem did not agree to, say). Default: false.
+    fn read_only(&self) -> bool {
+        false
+    }
+
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         warn!("[Not Implemented] lookup(parent: {parent:#x?}, name {name:?})");

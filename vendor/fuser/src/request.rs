@@ -121,6 +121,10 @@ impl<'a> RequestWithSender<'a> {
             return Err(Errno::EIO);
         };
 
+        if filesystem.read_only() && changes_filesystem(&op) {
+            return Err(Errno::EROFS);
+        }
+
         match op {
             // Filesystem initialization - should not happen after handshake completed
             ll::Operation::Init(_) => {
@@ -573,5 +577,28 @@ impl<'a> RequestWithSender<'a> {
     #[inline]
     fn request_header(&self) -> &Request {
         Request::ref_cast(self.request.header())
+    }
+}
+
+/// Whether `op` would change the filesystem (see [`Filesystem::read_only`]).
+fn changes_filesystem(op: &ll::Operation<'_>) -> bool {
+    match op {
+        ll::Operation::SetAttr(_)
+        | ll::Operation::MkNod(_)
+        | ll::Operation::MkDir(_)
+        | ll::Operation::Unlink(_)
+        | ll::Operation::RmDir(_)
+        | ll::Operation::SymLink(_)
+        | ll::Operation::Rename(_)
+        | ll::Operation::Rename2(_)
+        | ll::Operation::Link(_)
+        | ll::Operation::Write(_)
+        | ll::Operation::Create(_)
+        | ll::Operation::SetXAttr(_)
+        | ll::Operation::RemoveXAttr(_)
+        | ll::Operation::FAllocate(_)
+        | ll::Operation::CopyFileRange(_) => true,
+        ll::Operation::Open(x) => x.flags().0 & libc::O_ACCMODE != libc::O_RDONLY,
+        _ => false,
     }
 }

@@ -69,7 +69,7 @@ impl Store {
     /// Errors: [`Error::Io`] when the store cannot be read or changed.
     pub fn gc(&self, opts: &GcOptions) -> Result<GcReport> {
         let _span = tracing::info_span!("gc", dry_run = opts.dry_run).entered();
-        let limits = gc::Limits {
+        let limits = super::Limits {
             max_size: opts.max_size.unwrap_or(self.limits.max_size),
             max_inodes: opts.max_inodes.unwrap_or(self.limits.max_inodes),
             max_age: opts.max_age.unwrap_or(self.limits.max_age),
@@ -147,7 +147,7 @@ impl Store {
                 });
                 where_.push((pi, Doomable::Layer(id)));
             }
-            // Quarantined layers and objects (issue 11): garbage that still takes space.
+            // Quarantined layers and objects: garbage that still takes space.
             for (name, age) in quarantine_entries(pd)? {
                 let (objects, own_inodes) = tree_usage(&pd.quarantine().join(&name))?;
                 cands.push(gc::Candidate {
@@ -253,7 +253,7 @@ impl Store {
                 let _ = fs::remove_file(pd.keys_dir(&c).join(k.as_str()));
             }
         }
-        // issue 11: quarantined layers and objects go with the project's (or cache's) layers
+        // Quarantined layers and objects go with the project's (or cache's) layers
         // (a quarantined layer whose cache cannot be told is cleared with the project only).
         for (name, _) in quarantine_entries(&pd)? {
             let entry = pd.quarantine().join(&name);
