@@ -583,7 +583,7 @@ fn lowers_in_either_whiteout_form_are_read() {
 /// Every refusal comes before anything is mounted, in one line, with exit status 2.
 #[test]
 fn what_a_user_mount_lacks_is_refused_in_one_line_with_exit_2() {
-    let cases: [(&str, Machine, &str, &str); 5] = [
+    let cases: [(&str, Machine, &str, &str); 6] = [
         (
             "no-helper",
             Machine {
@@ -615,6 +615,16 @@ fn what_a_user_mount_lacks_is_refused_in_one_line_with_exit_2() {
             "/etc/fuse.conf",
         ),
         ("not-owned", Machine::default(), "", "belongs to uid 0"),
+        // Root of a user namespace opens /dev/fuse itself: a 0600 node is refused there too.
+        (
+            "userns-dev-fuse",
+            Machine {
+                dev_fuse: 0o600,
+                ..Default::default()
+            },
+            "",
+            "/dev/fuse is not readable and writable",
+        ),
     ];
     for (name, machine, extra, says) in cases {
         let Some(env) = Env::new(machine) else {
@@ -633,8 +643,13 @@ fn what_a_user_mount_lacks_is_refused_in_one_line_with_exit_2() {
             env: &env,
             mnt: mnt.clone(),
         };
+        let wrap = if name.starts_with("userns") {
+            "unshare -Urm "
+        } else {
+            ""
+        };
         let o = env.as_user(&format!(
-            "\"$LC\" overlay -o '{}{extra}' {}",
+            "{wrap}\"$LC\" overlay -o '{}{extra}' {}",
             d.opts(),
             shq(&mnt)
         ));
