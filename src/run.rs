@@ -22,8 +22,8 @@ use std::time::Instant;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::key::{self, CacheKeys, Environment};
-use crate::sandbox::{self, Binds};
-use crate::spec::{Paths, Spec};
+use crate::sandbox::{self, Binds, Sandbox};
+use crate::spec::{Cache, Paths, Spec};
 use crate::telemetry::{self, CacheResult, Event};
 
 /// What mounting a key found.
@@ -96,31 +96,6 @@ pub trait Mounter {
     }
 }
 
-/// Whether scripts and COMMAND run directly or inside bubblewrap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SandboxMode {
-    /// Run directly.
-    None,
-    /// Run inside `bwrap` (see [`sandbox::bwrap_command`]).
-    Bwrap,
-    /// Run each in a container (`docker run`, see [`sandbox::docker`]; issue 12).
-    Docker,
-}
-
-impl SandboxMode {
-    /// Parses `none` or `bwrap`. Errors: [`Error::Invalid`] naming `--sandbox`.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "none" => Ok(SandboxMode::None),
-            "bwrap" | "bubblewrap" => Ok(SandboxMode::Bwrap),
-            "docker" => Ok(SandboxMode::Docker),
-            _ => Err(Error::invalid(format!(
-                "--sandbox: unknown sandbox {s:?} (use none, bwrap or docker)"
-            ))),
-        }
-    }
-}
-
 /// The validated configuration of one run.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -131,8 +106,9 @@ pub struct RunConfig {
     /// The sandbox image id (environment fingerprint): `--image`, or with `--sandbox docker`
     /// the image's id from the engine (`sha256:…`), which then stands for the tools' versions.
     pub image: Option<String>,
-    /// Sandbox for setup, maintenance and COMMAND.
-    pub sandbox: SandboxMode,
+    /// Sandbox for setup, maintenance and COMMAND (with `--sandbox docker`, the image,
+    /// `--docker-arg`s and `--user` of the containers).
+    pub sandbox: Sandbox,
     /// COMMAND and its arguments (may be empty).
     pub command: Vec<OsString>,
     /// The store root (events go to `<store>/events.jsonl`).
@@ -141,8 +117,6 @@ pub struct RunConfig {
     pub json: bool,
     /// This run's id (in the summary and every event).
     pub run_id: String,
-    /// The image, `--docker-arg`s and `--user` of `--sandbox docker` (issue 12).
-    pub docker: Option<sandbox::docker::Docker>,
     /// `--sandbox none|bwrap`: the user setup, maintenance and COMMAND run as (`--user` or the
     /// spec's `user`, resolved on the host; issue 12). `None`: layercache's own user.
     pub user: Option<sandbox::user::RunUser>,
@@ -200,25 +174,25 @@ impl Mounts<'_> {
     /// are removed when it ends if still empty and no other run holds them
     /// ([`Mounts::remove_made`]): removing a directory another run's namespace has a mount on
     /// would detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
-    fn prepare_views(&mut self, cfg: &RunConfig, preps: &[Prep]) -> Result<()> {
+    fn prepare_views(&mut self, paths: &Paths, sandbox: &Sandbox, preps: &[Prep]) -> Result<()> {
         let mut need: Vec<PathBuf> = Vec::new();
-        let view_wd = cfg.paths.view_workdir();
+        let view_wd = paths.view_workdir();
         for p in preps {
             let v = &p.keys.mountpoint;
             if p.mounted.source == *v {
                 continue; // already there (no namespace needed)
             }
-            if v.starts_with(&cfg.paths.mount_root) {
-                if docker(cfg) {
+            if v.starts_with(&paths.mount_root) {
+                if !sandbox.host_view_dirs() {
                     continue;
                 }
-                need.push(cfg.paths.mount_root.clone());
+                need.push(paths.mount_root.clone());
             } else if let Ok(rel) = v.strip_prefix(view_wd) {
-                need.push(cfg.paths.workdir.join(rel));
+                need.push(paths.workdir.join(rel));
             }
         }
         // Docker (issue 12): the container has its own root; the host needs no view dirs there.
-        if let Some(v) = cfg.paths.workdir_view.as_ref().filter(|_| !docker(cfg)) {
+        if let Some(v) = (paths.workdir_view.as_ref()).filter(|_| sandbox.host_view_dirs()) {
             need.insert(0, v.clone());
         }
         for dir in need {
@@ -286,23 +260,78 @@ struct Prep {
 /// maintenance and COMMAND see it at its view path in a mount namespace of their own (native:
 /// [`child::Views`]; bwrap: `--bind`), so concurrent runs never see each other's mounts.
 ///
+/// The phases (docs/ARCHITECTURE.md, "Data flow of a run"): [`keys`] → [`mount_all`] (and the
+/// host's view directories) → per cache [`setup_or_maintenance`], then [`promote`] → the
+/// summary → [`command`].
+///
 /// Errors: [`Error::Invalid`] for a bad spec/key file (nothing mounted); [`Error::Child`] with
 /// the script's status when setup or maintenance fails (nothing published, everything
 /// unmounted); [`Error::Child`] with 128 + signal when interrupted; [`Error::Failed`] naming
 /// the cache when a mount's daemon died; store and I/O errors.
 pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let _signals = SignalGuard::install();
+    let steps = Steps::of(cfg);
     if cfg.spec.caches.is_empty() {
-        return run_command(cfg, &BTreeMap::new(), &Views::default());
+        return steps.command(&cfg.command, false, &BTreeMap::new(), &Views::default());
+    }
+    let all_keys = keys(&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref())?;
+    let mut mounts = Mounts {
+        mounter,
+        points: Vec::new(),
+        view_dirs: Vec::new(),
+    };
+    let mut preps = mount_all(
+        &mut mounts,
+        all_keys,
+        &cfg.spec.project,
+        &cfg.run_id,
+        &cfg.store,
+    )?;
+    mounts.prepare_views(&cfg.paths, &cfg.sandbox, &preps)?;
+
+    // Every script and COMMAND sees every cache's environment.
+    let mut run_env = BTreeMap::new();
+    for (cache, p) in cfg.spec.caches.iter().zip(&preps) {
+        run_env.extend(cache.env_for(&cfg.paths, &p.keys.mountpoint));
     }
 
-    let env = match (&cfg.docker, &cfg.image) {
+    for (ci, cache) in cfg.spec.caches.iter().enumerate() {
+        let views = views(&cfg.sandbox, &cfg.paths, &preps);
+        let p = &mut preps[ci];
+        if let Some(e) =
+            setup_or_maintenance(&steps, &mounts, cache, p, &run_env, &views, cfg.json)?
+        {
+            log_event(&cfg.store, &p.event);
+            mounts.unmount_all()?;
+            return Err(e);
+        }
+        if p.mounted.result != CacheResult::Hit {
+            promote(mounter, cache, p)?;
+        }
+        log_event(&cfg.store, &p.event);
+    }
+    print_summary(cfg, &preps);
+
+    let views = views(&cfg.sandbox, &cfg.paths, &preps);
+    command(&steps, &mut mounts, &cfg.command, &run_env, &views)
+}
+
+/// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
+/// Docker the image's id stands for the tools). Errors: [`Error::Invalid`] for a bad key file
+/// or two caches at one view path.
+fn keys(
+    spec: &Spec,
+    paths: &Paths,
+    sandbox: &Sandbox,
+    image: Option<&String>,
+) -> Result<Vec<CacheKeys>> {
+    let env = match (sandbox.docker(), image) {
         (Some(_), Some(id)) => Environment::in_image(id.clone()),
-        _ => Environment::host(cfg.image.clone()),
+        _ => Environment::host(image.cloned()),
     };
     let mut all_keys = Vec::new();
-    for cache in &cfg.spec.caches {
-        all_keys.push(key::compute(cache, &cfg.paths, &env)?);
+    for cache in &spec.caches {
+        all_keys.push(key::compute(cache, paths, &env)?);
     }
     let mut seen = BTreeMap::new();
     for k in &all_keys {
@@ -315,30 +344,31 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             )));
         }
     }
+    Ok(all_keys)
+}
 
-    let mut mounts = Mounts {
-        mounter,
-        points: Vec::new(),
-        view_dirs: Vec::new(),
-    };
+/// Phase 2, mounts: each key's layer mounted through `mounts`' mounter (in order; a signal
+/// stops it, everything unmounted), with the cache's event as far as the mount tells it.
+fn mount_all(
+    mounts: &mut Mounts<'_>,
+    all_keys: Vec<CacheKeys>,
+    project: &ProjectId,
+    run_id: &str,
+    store: &Path,
+) -> Result<Vec<Prep>> {
     let mut preps: Vec<Prep> = Vec::new();
     for k in all_keys {
         if let Some(sig) = stopped() {
-            return interrupted(&mut mounts, sig);
+            return interrupted(mounts, sig);
         }
         let t = Instant::now();
-        let mounted = mounter.mount(
-            &cfg.spec.project,
-            &k.id,
-            &k.key,
-            &k.restore_keys,
-            &k.mountpoint,
-        )?;
+        let mounted =
+            (mounts.mounter).mount(project, &k.id, &k.key, &k.restore_keys, &k.mountpoint)?;
         mounts.points.push(k.mountpoint.clone());
         let event = Event {
             time_ms: telemetry::now_ms(),
-            run: cfg.run_id.clone(),
-            project: cfg.spec.project.to_string(),
+            run: run_id.to_string(),
+            project: project.to_string(),
             cache: k.id.to_string(),
             key: k.key.to_string(),
             result: mounted.result,
@@ -360,8 +390,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             why: match mounted.result {
                 CacheResult::Hit => Vec::new(),
                 _ => crate::why::explain(
-                    &cfg.store,
-                    &cfg.spec.project,
+                    store,
+                    project,
                     &k.id,
                     mounted.matched_key.as_deref(),
                     &k.inputs,
@@ -374,142 +404,155 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             event,
         });
     }
-    mounts.prepare_views(cfg, &preps)?;
+    Ok(preps)
+}
 
-    // Every script and COMMAND sees every cache's environment.
-    let mut run_env = BTreeMap::new();
-    for (cache, p) in cfg.spec.caches.iter().zip(&preps) {
-        run_env.extend(cache.env_for(&cfg.paths, &p.keys.mountpoint));
+/// Phase 3, setup (miss, restore) or maintenance (hit) of one cache, in `views` with
+/// `run_env` plus `$LAYERCACHE_MOUNT`; its time and status go into `p.event`.
+///
+/// Returns `Some(error)` when the run must stop — interrupted, a mount's daemon died, the
+/// script exited non-zero — for the caller to log the event and unmount everything;
+/// `Err` when the script could not be started.
+fn setup_or_maintenance(
+    steps: &Steps<'_>,
+    mounts: &Mounts<'_>,
+    cache: &Cache,
+    p: &mut Prep,
+    run_env: &BTreeMap<String, String>,
+    views: &Views,
+    json: bool,
+) -> Result<Option<Error>> {
+    let (what, script) = match p.mounted.result {
+        CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
+        // issue 11: a restore brings the old tree up to date in place.
+        CacheResult::Restore => (
+            "setup",
+            cache.restore_setup.as_deref().or(Some(&cache.setup)),
+        ),
+        CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
+    };
+    let Some(script) = script else {
+        return Ok(None);
+    };
+    let label = format!("{what} of cache {:?}", cache.id.as_str());
+    let progress = Progress::start(
+        json,
+        &label,
+        p.mounted.upper.clone().filter(|_| what == "setup"),
+    );
+    // The script may name its own mount as `{mount}` (and `{workdir}`, `{mount_root}`,
+    // `{env:NAME}`, as in `env`), shell-quoted; it also gets it as $LAYERCACHE_MOUNT.
+    let view = p.keys.mountpoint.clone();
+    let script = crate::spec::expand_script(script, steps.paths, Some(&view));
+    let mut env = run_env.clone();
+    env.insert("LAYERCACHE_MOUNT".into(), view.display().to_string());
+    let t = Instant::now();
+    let status = steps.script(&env, views, &script, &label)?;
+    drop(progress);
+    let ms = t.elapsed().as_millis() as u64;
+    if what == "setup" {
+        p.event.setup_ms = ms;
+    } else {
+        p.event.maintenance_ms = ms;
     }
-
-    for ci in 0..preps.len() {
-        let cache = &cfg.spec.caches[ci];
-        let (what, script) = match preps[ci].mounted.result {
-            CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
-            // issue 11: a restore brings the old tree up to date in place.
-            CacheResult::Restore => (
-                "setup",
-                cache.restore_setup.as_deref().or(Some(&cache.setup)),
-            ),
-            CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
-        };
-        if let Some(script) = script {
-            let label = format!("{what} of cache {:?}", cache.id.as_str());
-            let progress = Progress::start(
-                cfg.json,
-                &label,
-                preps[ci].mounted.upper.clone().filter(|_| what == "setup"),
-            );
-            // The script may name its own mount as `{mount}` (and `{workdir}`, `{mount_root}`,
-            // `{env:NAME}`, as in `env`), shell-quoted; it also gets it as $LAYERCACHE_MOUNT.
-            let view = preps[ci].keys.mountpoint.clone();
-            let script = crate::spec::expand_script(script, &cfg.paths, Some(&view));
-            let mut env = run_env.clone();
-            env.insert("LAYERCACHE_MOUNT".into(), view.display().to_string());
-            let t = Instant::now();
-            let status = run_script(cfg, &env, &views(cfg, &preps), &script, &label)?;
-            drop(progress);
-            let p = &mut preps[ci];
-            let ms = t.elapsed().as_millis() as u64;
-            if what == "setup" {
-                p.event.setup_ms = ms;
-            } else {
-                p.event.maintenance_ms = ms;
-            }
-            p.event.exit_status = status;
-            if let Some(sig) = stopped() {
-                log_event(cfg, &p.event);
-                return interrupted(&mut mounts, sig);
-            }
-            if let Err(e) = mounts.check_all() {
-                log_event(cfg, &p.event);
-                mounts.unmount_all()?;
-                return Err(e);
-            }
-            if status != 0 {
-                log_event(cfg, &p.event);
-                mounts.unmount_all()?;
-                return Err(Error::Child {
-                    what: format!("{label} (nothing published)"),
-                    status,
-                });
-            }
-        }
-        let p = &mut preps[ci];
-        if p.mounted.result != CacheResult::Hit {
-            remove_excluded(&p.mounted.source, &cache.exclude)?;
-            let t = Instant::now();
-            let committed = mounter.commit(&p.keys.mountpoint, &p.keys.inputs)?;
-            p.event.promote_ms = t.elapsed().as_millis() as u64;
-            p.event.published = committed.published;
-            p.event.bytes = committed.bytes;
-            p.event.files = committed.files;
-            if let Some((source, run)) = committed.remount {
-                p.mounted.source = source;
-                p.mounted.run = run;
-            }
-            p.event.new_files = committed.new_files;
-            p.event.new_bytes = committed.new_bytes;
-            if committed.published && p.event.empty_layer() {
-                // issue 24: a hit of it would save nothing; say so where it happens.
-                eprintln!(
-                    "layercache: warning: cache {:?} published an empty layer (0 files, 0 B): its \
-                     setup wrote nothing to {} — the tool likely wrote its cache elsewhere (is \
-                     the variable it reads, e.g. the preset's env, set to {{mount}}?); a hit of \
-                     this layer saves nothing",
-                    cache.id.as_str(),
-                    p.keys.mountpoint.display(),
-                );
-            }
-        }
-        log_event(cfg, &p.event);
+    p.event.exit_status = status;
+    if let Some(sig) = stopped() {
+        return Ok(Some(interrupted_error(sig)));
     }
-    print_summary(cfg, &preps);
+    if let Err(e) = mounts.check_all() {
+        return Ok(Some(e));
+    }
+    if status != 0 {
+        return Ok(Some(Error::Child {
+            what: format!("{label} (nothing published)"),
+            status,
+        }));
+    }
+    Ok(None)
+}
 
-    let status = run_command(cfg, &run_env, &views(cfg, &preps))?;
+/// Phase 4, promote (after setup exits 0 on a miss or restore): `exclude` matches removed,
+/// then [`Mounter::commit`]; the new layer's figures go into `p.event` and its remount
+/// replaces `p.mounted`'s source. An empty published layer is warned about.
+fn promote(mounter: &dyn Mounter, cache: &Cache, p: &mut Prep) -> Result<()> {
+    remove_excluded(&p.mounted.source, &cache.exclude)?;
+    let t = Instant::now();
+    let committed = mounter.commit(&p.keys.mountpoint, &p.keys.inputs)?;
+    p.event.promote_ms = t.elapsed().as_millis() as u64;
+    p.event.published = committed.published;
+    p.event.bytes = committed.bytes;
+    p.event.files = committed.files;
+    if let Some((source, run)) = committed.remount {
+        p.mounted.source = source;
+        p.mounted.run = run;
+    }
+    p.event.new_files = committed.new_files;
+    p.event.new_bytes = committed.new_bytes;
+    if committed.published && p.event.empty_layer() {
+        // issue 24: a hit of it would save nothing; say so where it happens.
+        eprintln!(
+            "layercache: warning: cache {:?} published an empty layer (0 files, 0 B): its \
+             setup wrote nothing to {} — the tool likely wrote its cache elsewhere (is \
+             the variable it reads, e.g. the preset's env, set to {{mount}}?); a hit of \
+             this layer saves nothing",
+            cache.id.as_str(),
+            p.keys.mountpoint.display(),
+        );
+    }
+    Ok(())
+}
+
+/// Phase 6, COMMAND in `views` with `run_env`, then every cache unmounted. Its exit status,
+/// unless a signal stopped the run or a mount's daemon died meanwhile (then that error).
+fn command(
+    steps: &Steps<'_>,
+    mounts: &mut Mounts<'_>,
+    command: &[OsString],
+    run_env: &BTreeMap<String, String>,
+    views: &Views,
+) -> Result<i32> {
+    let status = steps.command(command, true, run_env, views)?;
     let died = mounts.check_all();
     mounts.unmount_all()?;
     if let Some(sig) = stopped() {
-        return Err(Error::Child {
-            what: format!("run (interrupted by signal {sig})"),
-            status: 128 + sig,
-        });
+        return Err(interrupted_error(sig));
     }
     died?;
     Ok(status)
 }
 
-fn interrupted(mounts: &mut Mounts<'_>, sig: i32) -> Result<i32> {
+fn interrupted<T>(mounts: &mut Mounts<'_>, sig: i32) -> Result<T> {
     mounts.unmount_all()?;
-    Err(Error::Child {
-        what: format!("run (interrupted by signal {sig})"),
-        status: 128 + sig,
-    })
+    Err(interrupted_error(sig))
 }
 
-fn log_event(cfg: &RunConfig, event: &Event) {
-    if let Err(e) = telemetry::append(&cfg.store, event) {
+fn interrupted_error(sig: i32) -> Error {
+    Error::Child {
+        what: format!("run (interrupted by signal {sig})"),
+        status: 128 + sig,
+    }
+}
+
+fn log_event(store: &Path, event: &Event) {
+    if let Err(e) = telemetry::append(store, event) {
         tracing::warn!("telemetry: {e}");
     }
 }
 
 /// What the children of the run see: the workdir at its view path, each cache's private mount
-/// at its view path (parents first), and a private tmpfs over the mount root when a view lies
+/// at its view path (parents first; one already there only when the sandbox binds it anyway,
+/// [`Sandbox::binds_in_place`]), and a private tmpfs over the mount root when a view lies
 /// below it.
-fn views(cfg: &RunConfig, preps: &[Prep]) -> Views {
+fn views(sandbox: &Sandbox, paths: &Paths, preps: &[Prep]) -> Views {
     let mut binds: Vec<(PathBuf, PathBuf)> = preps
         .iter()
-        .filter(|p| docker(cfg) || p.mounted.source != p.keys.mountpoint)
+        .filter(|p| sandbox.binds_in_place() || p.mounted.source != p.keys.mountpoint)
         .map(|p| (p.mounted.source.clone(), p.keys.mountpoint.clone()))
         .collect();
     binds.sort_by_key(|(_, v)| (v.components().count(), v.clone()));
-    let root = &cfg.paths.mount_root;
+    let root = &paths.mount_root;
     Views {
-        workdir: cfg
-            .paths
-            .workdir_view
-            .clone()
-            .map(|v| (cfg.paths.workdir.clone(), v)),
+        workdir: (paths.workdir_view.clone()).map(|v| (paths.workdir.clone(), v)),
         mount_root: binds
             .iter()
             .any(|(_, v)| v.starts_with(root))
@@ -518,192 +561,186 @@ fn views(cfg: &RunConfig, preps: &[Prep]) -> Views {
     }
 }
 
-/// The bubblewrap arguments of [`views`] plus the environment.
-fn binds(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -> Binds {
-    Binds {
-        workdir: cfg.paths.workdir.clone(),
-        workdir_view: cfg.paths.workdir_view.clone(),
-        tmpfs: views.mount_root.clone(),
-        mounts: views.binds.clone(),
-        env: env.clone(),
-    }
+/// What every step of a run is started with — the parts of [`RunConfig`] a step uses.
+struct Steps<'a> {
+    sandbox: &'a Sandbox,
+    paths: &'a Paths,
+    /// `--user` of none and bwrap, resolved on the host.
+    user: Option<sandbox::user::RunUser>,
+    rootless: Option<rootless::Rootless>,
+    run_id: &'a str,
 }
 
-/// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout → stderr)
-/// in its own process group and, natively, its own mount namespace.
-fn run_script(
-    cfg: &RunConfig,
-    env: &BTreeMap<String, String>,
-    views: &Views,
-    script: &str,
-    label: &str,
-) -> Result<i32> {
-    let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
-    if docker(cfg) {
-        return run_docker(cfg, env, views, &argv, label, true);
-    }
-    let mut cmd = host_command(cfg, env, views, &argv, true, true)?;
-    let stderr = std::io::stderr().as_fd_owned();
-    cmd.stdin(Stdio::null());
-    if let Some(fd) = stderr {
-        cmd.stdout(Stdio::from(fd));
-    }
-    run_child(cmd, label, true, pid_namespace(cfg))
-}
-
-/// Runs COMMAND with stdio inherited; no COMMAND = status 0. It leads a process group of its
-/// own unless it reads from a terminal (a job-control shell needs the terminal's group).
-fn run_command(cfg: &RunConfig, env: &BTreeMap<String, String>, views: &Views) -> Result<i32> {
-    let Some(program) = cfg.command.first() else {
-        return Ok(0);
-    };
-    if docker(cfg) {
-        let what = program.to_string_lossy().into_owned();
-        return run_docker(cfg, env, views, &cfg.command, &what, false);
-    }
-    let cwd = !cfg.spec.caches.is_empty();
-    let group = !std::io::stdin().is_terminal();
-    let cmd = host_command(cfg, env, views, &cfg.command, cwd, group)?;
-    run_child(cmd, &program.to_string_lossy(), group, pid_namespace(cfg))
-}
-
-/// `argv` (not empty) run directly (`--sandbox none`: in its own mount namespace holding
-/// `views`; in the workdir when `cwd`) or inside bubblewrap, as the run's `--user` when it has
-/// one (issue 12), under the init of a PID namespace of its own ([`pidns`]; `group`: the step
-/// leads a process group there, which forwarded signals reach).
-///
-/// Unprivileged (`cfg.rootless`, issue 22): natively, the step leaves the run namespace's root
-/// for a nested user namespace where it is the user ([`rootless::as_user`]); bwrap is started
-/// as that root and makes the same mapping itself (`--unshare-user --uid U --gid G`).
-///
-/// bwrap with `--user`: the views are set up first, as root, in a private mount namespace of
-/// the bwrap process ([`Views::apply`]), which then drops to the user and runs bubblewrap
-/// unprivileged, binding each view from its view path (its source, below the store's 0700
-/// project directory, is out of that user's reach).
-///
-/// Errors: [`Error::Invalid`] for a path with a NUL byte or an empty `argv`.
-fn host_command(
-    cfg: &RunConfig,
-    env: &BTreeMap<String, String>,
-    views: &Views,
-    argv: &[OsString],
-    cwd: bool,
-    group: bool,
-) -> Result<Command> {
-    // Unprivileged: the ids the steps have inside (themselves, unless `--user 0:0`).
-    let inner = (cfg.rootless.filter(|r| !r.as_root)).map(|r| sandbox::user::RunUser {
-        uid: r.uid,
-        gid: r.gid,
-    });
-    let mut cmd = match (cfg.sandbox, cfg.user) {
-        // uid 0 stays root: bwrap as root, without a user namespace of its own.
-        (SandboxMode::Bwrap, Some(user)) if user.uid != 0 => {
-            let view_wd = cfg.paths.view_workdir().to_path_buf();
-            let seen = Binds {
-                workdir: view_wd,
-                workdir_view: None,
-                tmpfs: views.mount_root.clone(),
-                mounts: (views.binds.iter())
-                    .map(|(_, v)| (v.clone(), v.clone()))
-                    .collect(),
-                env: env.clone(),
-            };
-            let mut c = sandbox::bwrap_command(&seen, argv, Some(user))?;
-            if !views.is_empty() {
-                views.apply(&mut c)?;
-            }
-            c
+impl<'a> Steps<'a> {
+    fn of(cfg: &'a RunConfig) -> Self {
+        Steps {
+            sandbox: &cfg.sandbox,
+            paths: &cfg.paths,
+            user: cfg.user,
+            rootless: cfg.rootless,
+            run_id: &cfg.run_id,
         }
-        (SandboxMode::Bwrap, _) => sandbox::bwrap_command(&binds(cfg, env, views), argv, inner)?,
-        _ => {
-            let mut c = Command::new(&argv[0]);
-            c.args(&argv[1..]).envs(env);
-            if cwd {
-                c.current_dir(&cfg.paths.workdir);
-            }
-            if !views.is_empty() {
-                views.apply(&mut c)?;
-            }
-            if let Some(r) = &cfg.rootless {
-                rootless::as_user(&mut c, r);
-            }
-            c
+    }
+
+    /// The sandbox's view of [`views`] plus the environment.
+    fn binds(&self, env: &BTreeMap<String, String>, views: &Views) -> Binds {
+        Binds {
+            workdir: self.paths.workdir.clone(),
+            workdir_view: self.paths.workdir_view.clone(),
+            tmpfs: views.mount_root.clone(),
+            mounts: views.binds.clone(),
+            env: env.clone(),
         }
-    };
-    if cwd {
-        // The shell keeps an inherited PWD naming the same directory as its cwd: with
-        // `--workdir-view` that would be the host path. Tools see the view.
-        cmd.env("PWD", cfg.paths.view_workdir());
     }
-    if pid_namespace(cfg) {
-        pidns::isolate(&mut cmd, group);
-    }
-    if let Some(user) = cfg.user {
-        user.drop_privileges(&mut cmd);
-    }
-    Ok(cmd)
-}
 
-/// Whether the steps get a PID namespace of their own ([`pidns`]): always as root and in an
-/// unprivileged run's namespace; not for an unprivileged run without caches (no namespace of
-/// the run, so no privilege to make one).
-fn pid_namespace(cfg: &RunConfig) -> bool {
-    cfg.rootless.is_some() || !rootless::needed()
-}
-
-/// Whether this run's children run in Docker containers.
-fn docker(cfg: &RunConfig) -> bool {
-    cfg.sandbox == SandboxMode::Docker
-}
-
-/// Runs `argv` in a new container of the run (issue 12, [`sandbox::docker`]); `script`: stdin
-/// closed and stdout → stderr, as for [`run_script`]. The container is removed by name when
-/// this returns, whatever happened.
-fn run_docker(
-    cfg: &RunConfig,
-    env: &BTreeMap<String, String>,
-    views: &Views,
-    argv: &[OsString],
-    what: &str,
-    script: bool,
-) -> Result<i32> {
-    let d = cfg
-        .docker
-        .as_ref()
-        .ok_or_else(|| Error::invalid("--sandbox docker needs --image IMAGE"))?;
-    let container = sandbox::docker::Container::new(&cfg.run_id);
-    let mut cmd = d.command(
-        &binds(cfg, env, views),
-        argv,
-        &container,
-        &cfg.run_id,
-        !script,
-    );
-    if script {
+    /// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout →
+    /// stderr) in its own process group and, natively, its own mount namespace.
+    fn script(
+        &self,
+        env: &BTreeMap<String, String>,
+        views: &Views,
+        script: &str,
+        label: &str,
+    ) -> Result<i32> {
+        let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
+        if let Sandbox::Docker(d) = self.sandbox {
+            return self.docker(d, env, views, &argv, label, true);
+        }
+        let mut cmd = self.host_command(env, views, &argv, true, true)?;
+        let stderr = std::io::stderr().as_fd_owned();
         cmd.stdin(Stdio::null());
-        if let Some(fd) = std::io::stderr().as_fd_owned() {
+        if let Some(fd) = stderr {
             cmd.stdout(Stdio::from(fd));
         }
+        run_child(cmd, label, true, self.pid_namespace())
     }
-    let group = script || !std::io::stdin().is_terminal();
-    let status = run_child(cmd, what, group, false)?;
-    if status == sandbox::docker::UNSEEN_STATUS
-        && stopped().is_none()
-        && let Some(view) = d.unseen(
-            &binds(cfg, env, views),
-            &sandbox::docker::Container::new(&cfg.run_id),
-            &cfg.run_id,
-        )?
-    {
-        let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
-        return Err(Error::invalid(format!(
-            "--sandbox docker: the Docker engine at {host} cannot see the cache mount bound at \
-             {view} (the container got an empty directory): dockerd must run in layercache's \
-             mount namespace or one its mounts propagate to (shared bind propagation), not \
-             rootless or remote; nothing was published"
-        )));
+
+    /// Runs COMMAND with stdio inherited (in the workdir when `cwd`: a run with caches); no
+    /// COMMAND = status 0. It leads a process group of its own unless it reads from a
+    /// terminal (a job-control shell needs the terminal's group).
+    fn command(
+        &self,
+        command: &[OsString],
+        cwd: bool,
+        env: &BTreeMap<String, String>,
+        views: &Views,
+    ) -> Result<i32> {
+        let Some(program) = command.first() else {
+            return Ok(0);
+        };
+        if let Sandbox::Docker(d) = self.sandbox {
+            let what = program.to_string_lossy().into_owned();
+            return self.docker(d, env, views, command, &what, false);
+        }
+        let group = !std::io::stdin().is_terminal();
+        let cmd = self.host_command(env, views, command, cwd, group)?;
+        run_child(cmd, &program.to_string_lossy(), group, self.pid_namespace())
     }
-    Ok(status)
+
+    /// `argv` (not empty) as the sandbox builds it ([`Sandbox::host_command`]: directly, in
+    /// its own mount namespace holding `views` and in the workdir when `cwd`, or inside
+    /// bubblewrap), as the run's `--user` when it has one (issue 12), under the init of a PID
+    /// namespace of its own ([`pidns`]; `group`: the step leads a process group there, which
+    /// forwarded signals reach).
+    ///
+    /// Unprivileged (`rootless`, issue 22): natively, the step leaves the run namespace's root
+    /// for a nested user namespace where it is the user ([`rootless::as_user`]); bwrap is
+    /// started as that root and makes the same mapping itself (`--unshare-user --uid U --gid G`).
+    ///
+    /// Errors: [`Error::Invalid`] for a path with a NUL byte or an empty `argv`.
+    fn host_command(
+        &self,
+        env: &BTreeMap<String, String>,
+        views: &Views,
+        argv: &[OsString],
+        cwd: bool,
+        group: bool,
+    ) -> Result<Command> {
+        // Unprivileged: the ids the steps have inside (themselves, unless `--user 0:0`).
+        let inner = (self.rootless.filter(|r| !r.as_root)).map(|r| sandbox::user::RunUser {
+            uid: r.uid,
+            gid: r.gid,
+        });
+        let binds = self.binds(env, views);
+        let step = sandbox::Step {
+            argv,
+            binds: &binds,
+            cwd,
+            user: self.user,
+            inner,
+        };
+        let built = self.sandbox.host_command(&step)?;
+        let mut cmd = built.cmd;
+        if built.views_here && !views.is_empty() {
+            views.apply(&mut cmd)?;
+        }
+        if built.native
+            && let Some(r) = &self.rootless
+        {
+            rootless::as_user(&mut cmd, r);
+        }
+        if cwd {
+            // The shell keeps an inherited PWD naming the same directory as its cwd: with
+            // `--workdir-view` that would be the host path. Tools see the view.
+            cmd.env("PWD", self.paths.view_workdir());
+        }
+        if self.pid_namespace() {
+            pidns::isolate(&mut cmd, group);
+        }
+        if let Some(user) = self.user {
+            user.drop_privileges(&mut cmd);
+        }
+        Ok(cmd)
+    }
+
+    /// Whether the steps get a PID namespace of their own ([`pidns`]): always as root and in
+    /// an unprivileged run's namespace; not for an unprivileged run without caches (no
+    /// namespace of the run, so no privilege to make one).
+    fn pid_namespace(&self) -> bool {
+        self.rootless.is_some() || !rootless::needed()
+    }
+
+    /// Runs `argv` in a new container of the run (issue 12, [`sandbox::docker`]); `script`:
+    /// stdin closed and stdout → stderr, as for [`Steps::script`]. The container is removed by
+    /// name when this returns, whatever happened.
+    fn docker(
+        &self,
+        d: &sandbox::docker::Docker,
+        env: &BTreeMap<String, String>,
+        views: &Views,
+        argv: &[OsString],
+        what: &str,
+        script: bool,
+    ) -> Result<i32> {
+        let container = sandbox::docker::Container::new(self.run_id);
+        let binds = self.binds(env, views);
+        let mut cmd = d.command(&binds, argv, &container, self.run_id, !script);
+        if script {
+            cmd.stdin(Stdio::null());
+            if let Some(fd) = std::io::stderr().as_fd_owned() {
+                cmd.stdout(Stdio::from(fd));
+            }
+        }
+        let group = script || !std::io::stdin().is_terminal();
+        let status = run_child(cmd, what, group, false)?;
+        if status == sandbox::docker::UNSEEN_STATUS
+            && stopped().is_none()
+            && let Some(view) = d.unseen(
+                &binds,
+                &sandbox::docker::Container::new(self.run_id),
+                self.run_id,
+            )?
+        {
+            let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
+            return Err(Error::invalid(format!(
+                "--sandbox docker: the Docker engine at {host} cannot see the cache mount bound \
+                 at {view} (the container got an empty directory): dockerd must run in \
+                 layercache's mount namespace or one its mounts propagate to (shared bind \
+                 propagation), not rootless or remote; nothing was published"
+            )));
+        }
+        Ok(status)
+    }
 }
 
 trait StderrFd {

@@ -1,6 +1,7 @@
-//! Sandboxes for setup, maintenance and COMMAND: the arguments a platform adds to its own
-//! bubblewrap or `docker run` (`layercache sandbox-args`), and the bubblewrap runner used by
-//! `layercache run --sandbox bwrap`.
+//! Sandboxes for setup, maintenance and COMMAND: [`Sandbox`] (none, bwrap, docker) and what
+//! each answers the run, the arguments a platform adds to its own bubblewrap or `docker run`
+//! (`layercache sandbox-args`), and shell quoting. bubblewrap's runner is `bwrap.rs`,
+//! Docker's `docker.rs`, the `--user` drop `user.rs`.
 //!
 //! Docker: the cache mounts must exist before the container starts and be mounted with
 //! `allow_other` (layercache's overlay always is), so the daemon can bind them:
@@ -10,12 +11,133 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::error::{Error, Result};
 
+mod bwrap;
 pub mod docker;
 pub mod user;
+
+pub use bwrap::{bwrap_command, bwrap_user_preflight};
+
+/// Where a run's setup, maintenance and COMMAND run (`--sandbox`, README "Sandboxes"), and
+/// the answers the run asks of it: which host directories its views need
+/// ([`Sandbox::host_view_dirs`]), which mounts it binds ([`Sandbox::binds_in_place`]), how a
+/// step's command is built ([`Sandbox::host_command`]; Docker: [`docker::Docker::command`]).
+#[derive(Debug, Clone)]
+pub enum Sandbox {
+    /// Directly, in a mount namespace of the step's own holding the views.
+    None,
+    /// Inside bubblewrap ([`bwrap_command`]).
+    Bwrap,
+    /// Each step in a container of the run's image ([`docker`]).
+    Docker(docker::Docker),
+}
+
+impl Sandbox {
+    /// Parses `none`, `bwrap` (or `bubblewrap`) or `docker`; `docker` comes with an empty
+    /// [`docker::Docker`] the caller fills in from the flags.
+    ///
+    /// Errors: [`Error::Invalid`] naming `--sandbox` and the valid names.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Sandbox::None),
+            "bwrap" | "bubblewrap" => Ok(Sandbox::Bwrap),
+            "docker" => Ok(Sandbox::Docker(docker::Docker::default())),
+            _ => Err(Error::invalid(format!(
+                "--sandbox: unknown sandbox {s:?} (use none, bwrap or docker)"
+            ))),
+        }
+    }
+
+    /// The Docker settings of `--sandbox docker`; `None` for none and bwrap.
+    pub fn docker(&self) -> Option<&docker::Docker> {
+        match self {
+            Sandbox::Docker(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Whether the host needs the directories of the views below the mount root and of the
+    /// `--workdir-view`: not for Docker, whose containers have a root of their own (views below
+    /// the workdir are bound inside the host's workdir by every sandbox).
+    pub fn host_view_dirs(&self) -> bool {
+        !matches!(self, Sandbox::Docker(_))
+    }
+
+    /// Whether a mount already at its view path on the host is bound too: only in a container,
+    /// which sees nothing of the host's mounts it is not given.
+    pub fn binds_in_place(&self) -> bool {
+        matches!(self, Sandbox::Docker(_))
+    }
+
+    /// The command of one step on the host (none and bwrap): `step.argv` with `step.binds`'
+    /// environment, in the workdir when `step.cwd` (bwrap: always its view). The caller adds
+    /// what belongs to the run: the views' mount namespace when [`HostCommand::views_here`],
+    /// an unprivileged run's nested user namespace when [`HostCommand::native`], the PID
+    /// namespace and the `--user` drop.
+    ///
+    /// Errors: [`Error::Invalid`] for an empty `argv`, or for Docker (its steps are containers:
+    /// [`docker::Docker::command`]).
+    pub fn host_command(&self, step: &Step<'_>) -> Result<HostCommand> {
+        match self {
+            Sandbox::None => {
+                let Some((program, rest)) = step.argv.split_first() else {
+                    return Err(Error::invalid("sandbox: nothing to run"));
+                };
+                let mut cmd = std::process::Command::new(program);
+                cmd.args(rest).envs(&step.binds.env);
+                if step.cwd {
+                    cmd.current_dir(&step.binds.workdir);
+                }
+                Ok(HostCommand {
+                    cmd,
+                    views_here: true,
+                    native: true,
+                })
+            }
+            Sandbox::Bwrap => {
+                let (cmd, views_here) = bwrap::step(step.binds, step.argv, step.user, step.inner)?;
+                Ok(HostCommand {
+                    cmd,
+                    views_here,
+                    native: false,
+                })
+            }
+            Sandbox::Docker(_) => Err(Error::invalid(
+                "--sandbox docker: a step runs in a container, not on the host",
+            )),
+        }
+    }
+}
+
+/// One step as [`Sandbox::host_command`] builds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a> {
+    /// The program and its arguments.
+    pub argv: &'a [OsString],
+    /// Workdir, its view, the mount root's tmpfs, each mount `(source, view path)`, the env.
+    pub binds: &'a Binds,
+    /// Run in the workdir (none; bwrap always runs in the workdir's view).
+    pub cwd: bool,
+    /// `--user` (resolved on the host): bwrap with a uid other than 0 runs unprivileged.
+    pub user: Option<user::RunUser>,
+    /// An unprivileged run's steps' ids inside (the user, unless `--user 0:0`): bwrap maps
+    /// them itself.
+    pub inner: Option<user::RunUser>,
+}
+
+/// A step's command on the host ([`Sandbox::host_command`]) and what the caller adds to it.
+#[derive(Debug)]
+pub struct HostCommand {
+    /// The command (not spawned).
+    pub cmd: std::process::Command,
+    /// The views are set up in this process's own mount namespace before exec (none, and
+    /// bwrap with `--user`).
+    pub views_here: bool,
+    /// The process is the step itself (none), not a sandbox starting it.
+    pub native: bool,
+}
 
 /// A sandbox driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,85 +227,6 @@ fn sorted(mounts: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
 pub fn shell_quote(words: &[String]) -> Result<String> {
     shlex::try_join(words.iter().map(String::as_str))
         .map_err(|e| Error::invalid(format!("cannot quote for a shell: {e}")))
-}
-
-/// A `bwrap` command running `argv` in a sandbox: the host root read-only, fresh `/dev`,
-/// `/proc` and `/tmp`, `$HOME` writable (package managers keep logs and config there), the
-/// workdir and each mount bound read-write, the env set, and the child killed with its parent.
-///
-/// With `user` (`--user`, issue 12), bwrap runs in a user namespace of its own
-/// (`--unshare-user --uid UID --gid GID`) with the same ids inside as outside: the caller makes
-/// the bwrap process itself run as that user ([`user::RunUser::drop_privileges`]), so the
-/// sandbox's processes really are that user (unprivileged user namespaces must be allowed).
-///
-/// Errors: [`Error::Invalid`] when `argv` is empty.
-pub fn bwrap_command(
-    binds: &Binds,
-    argv: &[OsString],
-    user: Option<user::RunUser>,
-) -> Result<Command> {
-    if argv.is_empty() {
-        return Err(Error::invalid("sandbox: nothing to run"));
-    }
-    let mut cmd = Command::new("bwrap");
-    cmd.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
-    cmd.args(["--tmpfs", "/tmp"]);
-    if let Some(u) = user {
-        cmd.arg("--unshare-user");
-        cmd.arg("--uid").arg(u.uid.to_string());
-        cmd.arg("--gid").arg(u.gid.to_string());
-    }
-    if let Some(home) = std::env::var_os("HOME").filter(|h| Path::new(h).is_dir()) {
-        cmd.arg("--bind").arg(&home).arg(&home);
-    }
-    cmd.args(args(Driver::Bwrap, binds));
-    // Its own PID namespace too: bwrap's `--proc /proc` must be of a PID namespace its user
-    // namespace owns (with --unshare-user), and its reaper is the sandbox's PID 1.
-    cmd.args(["--unshare-pid", "--die-with-parent", "--"]);
-    cmd.args(argv);
-    Ok(cmd)
-}
-
-/// Checks, before anything is mounted, that bubblewrap can run as `user` here: one
-/// `bwrap --unshare-user --uid U --gid G --ro-bind / / true` as that user (an unprivileged user
-/// namespace; see [`bwrap_command`]).
-///
-/// Errors: [`Error::Invalid`] (exit 2) naming the user as `source` gave it (`--user U:G` or
-/// `the spec's user U:G`) and bubblewrap's first line (e.g. user namespaces disabled by
-/// `kernel.unprivileged_userns_clone` or AppArmor), or a missing `bwrap`.
-pub fn bwrap_user_preflight(user: user::RunUser, source: user::UserSource) -> Result<()> {
-    let mut cmd = Command::new("bwrap");
-    cmd.args(["--unshare-user", "--uid", &user.uid.to_string()]);
-    cmd.args([
-        "--gid",
-        &user.gid.to_string(),
-        "--ro-bind",
-        "/",
-        "/",
-        "true",
-    ]);
-    user.drop_privileges(&mut cmd);
-    let what = format!("{source} {}:{} with --sandbox bwrap", user.uid, user.gid);
-    let out = cmd
-        .output()
-        .map_err(|e| Error::invalid(format!("{what}: cannot run bwrap: {e}")))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let err = String::from_utf8_lossy(&out.stderr);
-    let line = err
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default();
-    Err(Error::invalid(format!(
-        "{what}: bubblewrap cannot run as that user here ({}): it needs unprivileged user \
-         namespaces (or use --sandbox none)",
-        if line.is_empty() {
-            out.status.to_string()
-        } else {
-            line.trim().to_string()
-        }
-    )))
 }
 
 #[cfg(test)]
