@@ -260,9 +260,9 @@ struct Prep {
 /// maintenance and COMMAND see it at its view path in a mount namespace of their own (native:
 /// [`child::Views`]; bwrap: `--bind`), so concurrent runs never see each other's mounts.
 ///
-/// The phases (docs/ARCHITECTURE.md, "Data flow of a run"): [`keys`] → [`mount_all`] (and the
-/// host's view directories) → per cache [`setup_or_maintenance`], then [`promote`] → the
-/// summary → [`command`].
+/// The phases (docs/ARCHITECTURE.md, "Data flow of a run"): `keys` → `mount_all` (and the
+/// host's view directories) → per cache `setup_or_maintenance`, then `promote` → the summary
+/// → `command`.
 ///
 /// Errors: [`Error::Invalid`] for a bad spec/key file (nothing mounted); [`Error::Child`] with
 /// the script's status when setup or maintenance fails (nothing published, everything
