@@ -273,6 +273,50 @@ mod tests {
     }
 
     #[test]
+    fn each_sandbox_answers_the_run() {
+        let mut b = binds();
+        b.mounts = vec![("/store/runs/r/mnt".into(), "/cache/npm".into())];
+        let argv = vec![OsString::from("true")];
+        let step = Step {
+            argv: &argv,
+            binds: &b,
+            cwd: true,
+            user: None,
+            inner: None,
+        };
+        let words = |c: &std::process::Command| {
+            let a: Vec<String> = c.get_args().map(|a| a.to_string_lossy().into()).collect();
+            a.join(" ")
+        };
+        let none = Sandbox::None.host_command(&step).unwrap();
+        assert!(none.views_here && none.native);
+        assert_eq!(none.cmd.get_program(), "true");
+        assert_eq!(none.cmd.get_current_dir(), Some(Path::new("/w")));
+        // bwrap binds the mount's source itself.
+        let bw = Sandbox::Bwrap.host_command(&step).unwrap();
+        assert!(!bw.views_here && !bw.native);
+        assert_eq!(bw.cmd.get_program(), "bwrap");
+        assert!(words(&bw.cmd).contains("--bind /store/runs/r/mnt /cache/npm"));
+        // bwrap as a --user: unprivileged, it binds each view from its view path, which the
+        // caller has set up in the bwrap process's own namespace.
+        let user = Some(user::RunUser {
+            uid: 1000,
+            gid: 1000,
+        });
+        let bw = Sandbox::Bwrap.host_command(&Step { user, ..step }).unwrap();
+        assert!(bw.views_here && !bw.native);
+        let w = words(&bw.cmd);
+        assert!(w.contains("--unshare-user --uid 1000 --gid 1000"), "{w}");
+        assert!(w.contains("--bind /cache/npm /cache/npm"), "{w}");
+        assert!(!w.contains("/store/runs"), "{w}");
+        // Docker: containers, no host view dirs, every mount bound.
+        let docker = Sandbox::parse("docker").unwrap();
+        assert!(docker.host_command(&step).is_err());
+        assert!(!docker.host_view_dirs() && docker.binds_in_place());
+        assert!(Sandbox::None.host_view_dirs() && !Sandbox::Bwrap.binds_in_place());
+    }
+
+    #[test]
     fn quoting() {
         let words: Vec<String> = vec!["a".into(), "b c".into(), "it's".into(), "$(x)".into()];
         let q = shell_quote(&words).unwrap();
