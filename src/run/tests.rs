@@ -114,12 +114,11 @@ fn env(spec: &str, command: &[&str]) -> Env {
             workdir_view: None,
         },
         image: None,
-        sandbox: SandboxMode::None,
+        sandbox: Sandbox::None,
         command: command.iter().map(OsString::from).collect(),
         store,
         json: false,
         run_id: "r".into(),
-        docker: None,
         user: None,
         rootless: None,
     };
@@ -254,9 +253,13 @@ fn duplicate_mountpoints_are_rejected() {
 
 #[test]
 fn sandbox_mode_parses() {
-    assert_eq!(SandboxMode::parse("bwrap").unwrap(), SandboxMode::Bwrap);
+    assert!(matches!(Sandbox::parse("bwrap").unwrap(), Sandbox::Bwrap));
+    assert!(matches!(
+        Sandbox::parse("docker").unwrap(),
+        Sandbox::Docker(_)
+    ));
     assert!(
-        SandboxMode::parse("x")
+        Sandbox::parse("x")
             .unwrap_err()
             .to_string()
             .contains("--sandbox")

@@ -299,7 +299,7 @@ fn cmd_sandbox_args(
 /// `layercache run`: validates the flags into a [`crate::run::RunConfig`] and runs the job over
 /// the store.
 fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
-    let sandbox = crate::run::SandboxMode::parse(&args.sandbox)?;
+    let sandbox = crate::sandbox::Sandbox::parse(&args.sandbox)?;
     let flag = args
         .passthrough
         .as_deref()
@@ -319,13 +319,18 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         (Some(u), _) => (Some(u.clone()), UserSource::Flag),
         (None, u) => (u.clone(), UserSource::Spec),
     };
-    let docker =
-        (sandbox == crate::run::SandboxMode::Docker).then(|| crate::sandbox::docker::Docker {
-            image: args.image.clone().unwrap_or_default(),
-            args: args.docker_args.clone(),
-            user: user.clone(),
-            user_source,
-        });
+    let sandbox = match sandbox {
+        crate::sandbox::Sandbox::Docker(_) => {
+            crate::sandbox::Sandbox::Docker(crate::sandbox::docker::Docker {
+                image: args.image.clone().unwrap_or_default(),
+                args: args.docker_args.clone(),
+                user: user.clone(),
+                user_source,
+            })
+        }
+        other => other,
+    };
+    let docker = sandbox.docker();
     // Docker: the workdir is seen at a stable path by default, so path-bound trees hit.
     let default_view = docker.as_ref().map(|_| std::path::Path::new("/workspace"));
     if docker.is_none() && !args.docker_args.is_empty() {
@@ -346,7 +351,9 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         )?),
         false => None,
     };
-    if let Some(u) = run_user.filter(|u| sandbox == crate::run::SandboxMode::Bwrap && u.uid != 0) {
+    if let Some(u) =
+        run_user.filter(|u| matches!(sandbox, crate::sandbox::Sandbox::Bwrap) && u.uid != 0)
+    {
         crate::sandbox::bwrap_user_preflight(u, user_source)?;
     }
     // Docker: the image's id, not its name, enters the keys (with the tools in it).
@@ -396,7 +403,6 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         store: store_dir.clone(),
         json: global.json,
         run_id: crate::telemetry::new_run_id(),
-        docker,
         user: run_user,
         rootless,
     };

@@ -459,153 +459,46 @@ fn validate_cache(
     rc: RawCache,
     before: &[(usize, Cache)],
 ) -> std::result::Result<Cache, Vec<String>> {
-    let field = |f: &str| format!("cache[{i}].{f}");
-    let mut errors: Vec<String> = Vec::new();
-    let mut bad = |f: &str, msg: String| errors.push(format!("{}: {msg}", field(f)));
-    let id = match CacheId::new(rc.id) {
-        Ok(id) => Some(id),
-        Err(e) => {
-            bad("id", e.to_string());
-            None
-        }
+    let mut bad = Problems {
+        i,
+        errors: Vec::new(),
     };
-    if let Some(id) = &id
-        && let Some((j, _)) = before.iter().find(|(_, c)| c.id == *id)
-    {
-        bad(
-            "id",
-            format!("duplicate id {:?} (also cache[{j}].id)", id.as_str()),
-        );
-    }
-    let preset = match &rc.preset {
-        None => Ok(None),
-        Some(name) => preset(name).map(Some).ok_or_else(|| {
-            let known: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-            bad(
-                "preset",
-                format!("unknown preset {name:?} (known: {})", known.join(", ")),
-            )
-        }),
-    };
-    // An unknown preset's defaults are unknown: the fields it would fill are not checked.
-    let unknown_preset = preset.is_err();
-    let preset = preset.unwrap_or(None);
-    let setup = match (rc.setup, preset) {
-        (Some(s), _) if s.trim().is_empty() => {
-            bad("setup", "must not be empty".into());
-            String::new()
-        }
-        (Some(s), _) => s,
-        (None, Some(p)) => p.setup.to_string(),
-        (None, None) => {
-            if !unknown_preset {
-                bad(
-                    "setup",
-                    "missing: a cache without a preset needs a setup script".into(),
-                );
-            }
-            String::new()
-        }
-    };
-    let restore_setup = match (rc.restore_setup, preset) {
-        (Some(s), _) if s.trim().is_empty() => {
-            bad("restore_setup", "must not be empty".into());
-            None
-        }
-        (Some(s), _) => Some(s),
-        // A spec's own setup is also its restore script unless it names one.
-        (None, Some(p)) if setup == p.setup => p.restore_setup.map(str::to_string),
-        (None, _) => None,
-    };
-    let maintenance = match rc.maintenance {
-        Some(m) if m.trim().is_empty() => None,
-        Some(m) => Some(m),
-        None => preset.and_then(|p| p.maintenance.map(str::to_string)),
-    };
+    let id = cache_id(rc.id, before, &mut bad);
+    let (preset, unknown_preset) = cache_preset(rc.preset.as_deref(), &mut bad);
+    let (setup, restore_setup, maintenance) = scripts(
+        (rc.setup, rc.restore_setup, rc.maintenance),
+        preset,
+        unknown_preset,
+        &mut bad,
+    );
     let key_files_explicit = rc.key_files.is_some();
-    let key_files: Vec<String> = match rc.key_files {
-        Some(k) => k,
-        None => preset
-            .map(|p| p.key_files.iter().map(|s| s.to_string()).collect())
-            .unwrap_or_default(),
-    };
-    if key_files.is_empty() && !unknown_preset {
-        bad(
-            "key_files",
-            "missing: name at least one lockfile (or use a preset)".into(),
-        );
-    }
-    for k in &key_files {
-        if let Err(m) = check_relative(k) {
-            bad("key_files", format!("{k:?}: {m}"));
+    let key_files = key_inputs(
+        rc.key_files,
+        &rc.restore_keys,
+        preset,
+        unknown_preset,
+        &mut bad,
+    );
+    let env = cache_env(rc.env, preset, &mut bad);
+    let (mountpoint, exclude) = tree_paths(rc.mountpoint, rc.exclude, preset, &mut bad);
+    // Templates last: their messages follow every field's own.
+    let mut templates = vec![("setup", setup.as_str())];
+    templates.extend(restore_setup.as_deref().map(|r| ("restore_setup", r)));
+    templates.extend(maintenance.as_deref().map(|m| ("maintenance", m)));
+    for (f, t) in templates {
+        if let Err(m) = check_templates(t) {
+            bad.add(f, m);
         }
-    }
-    if let Some(rks) = &rc.restore_keys {
-        for rk in rks {
-            if let Err(e) = CacheKey::new(rk.clone()) {
-                bad("restore_keys", e.to_string());
-            }
-        }
-    }
-    let mut env: BTreeMap<String, String> = preset
-        .map(|p| {
-            p.env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .unwrap_or_default();
-    for (k, v) in rc.env {
-        let valid = !k.is_empty()
-            && !k.as_bytes()[0].is_ascii_digit()
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !valid {
-            bad(
-                "env",
-                format!("{k:?} is not a valid variable name (letters, digits, _)"),
-            );
-        }
-        env.insert(k, v);
-    }
-    let mountpoint = rc
-        .mountpoint
-        .or_else(|| preset.and_then(|p| p.mountpoint.map(str::to_string)));
-    if let Some(mp) = &mountpoint
-        && let Err(m) = check_mountpoint(mp)
-    {
-        bad("mountpoint", m);
-    }
-    let mut exclude: Vec<String> = preset
-        .map(|p| p.exclude.iter().map(|s| s.to_string()).collect())
-        .unwrap_or_default();
-    for x in rc.exclude {
-        if let Err(m) = check_relative(&x) {
-            bad("exclude", format!("{x:?}: {m}"));
-        }
-        exclude.push(x);
-    }
-    if let Err(m) = check_templates(&setup) {
-        bad("setup", m);
-    }
-    if let Some(r) = &restore_setup
-        && let Err(m) = check_templates(r)
-    {
-        bad("restore_setup", m);
-    }
-    if let Some(m) = &maintenance
-        && let Err(e) = check_templates(m)
-    {
-        bad("maintenance", e);
     }
     for (k, v) in &env {
         if let Err(m) = check_templates(v) {
-            bad("env", format!("{k}: {m}"));
+            bad.add("env", format!("{k}: {m}"));
         }
     }
     if let Some(mp) = &mountpoint
         && let Err(m) = check_templates(mp)
     {
-        bad("mountpoint", m);
+        bad.add("mountpoint", m);
     }
     let relocatable = rc
         .relocatable
@@ -615,13 +508,13 @@ fn validate_cache(
         Some(v) => match crate::overlay::options::PassthroughChoice::parse("passthrough", v) {
             Ok(p) => p,
             Err(_) => {
-                bad("passthrough", format!("{v:?}: want auto, on or off"));
+                bad.add("passthrough", format!("{v:?}: want auto, on or off"));
                 crate::overlay::options::PassthroughChoice::Auto
             }
         },
     };
     match id {
-        Some(id) if errors.is_empty() => Ok(Cache {
+        Some(id) if bad.errors.is_empty() => Ok(Cache {
             id,
             preset,
             setup,
@@ -636,8 +529,192 @@ fn validate_cache(
             relocatable,
             passthrough,
         }),
-        _ => Err(errors),
+        _ => Err(bad.errors),
     }
+}
+
+/// The messages of one cache's bad fields, in the order they are found.
+struct Problems {
+    i: usize,
+    errors: Vec<String>,
+}
+
+impl Problems {
+    /// Records `cache[i].<field>: <msg>`.
+    fn add(&mut self, field: &str, msg: String) {
+        self.errors
+            .push(format!("cache[{}].{field}: {msg}", self.i));
+    }
+}
+
+/// The cache's `id`: valid, and not one of `before`'s.
+fn cache_id(id: String, before: &[(usize, Cache)], bad: &mut Problems) -> Option<CacheId> {
+    let id = match CacheId::new(id) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            bad.add("id", e.to_string());
+            None
+        }
+    };
+    if let Some(id) = &id
+        && let Some((j, _)) = before.iter().find(|(_, c)| c.id == *id)
+    {
+        bad.add(
+            "id",
+            format!("duplicate id {:?} (also cache[{j}].id)", id.as_str()),
+        );
+    }
+    id
+}
+
+/// The named preset, and whether the name is unknown (then the fields it would fill are not
+/// checked: its defaults are unknown).
+fn cache_preset(name: Option<&str>, bad: &mut Problems) -> (Option<&'static Preset>, bool) {
+    let Some(name) = name else {
+        return (None, false);
+    };
+    match preset(name) {
+        Some(p) => (Some(p), false),
+        None => {
+            let known: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+            bad.add(
+                "preset",
+                format!("unknown preset {name:?} (known: {})", known.join(", ")),
+            );
+            (None, true)
+        }
+    }
+}
+
+/// `setup`, `restore_setup` and `maintenance` as written, else the preset's.
+fn scripts(
+    (setup, restore_setup, maintenance): (Option<String>, Option<String>, Option<String>),
+    preset: Option<&'static Preset>,
+    unknown_preset: bool,
+    bad: &mut Problems,
+) -> (String, Option<String>, Option<String>) {
+    let setup = match (setup, preset) {
+        (Some(s), _) if s.trim().is_empty() => {
+            bad.add("setup", "must not be empty".into());
+            String::new()
+        }
+        (Some(s), _) => s,
+        (None, Some(p)) => p.setup.to_string(),
+        (None, None) => {
+            if !unknown_preset {
+                bad.add(
+                    "setup",
+                    "missing: a cache without a preset needs a setup script".into(),
+                );
+            }
+            String::new()
+        }
+    };
+    let restore_setup = match (restore_setup, preset) {
+        (Some(s), _) if s.trim().is_empty() => {
+            bad.add("restore_setup", "must not be empty".into());
+            None
+        }
+        (Some(s), _) => Some(s),
+        // A spec's own setup is also its restore script unless it names one.
+        (None, Some(p)) if setup == p.setup => p.restore_setup.map(str::to_string),
+        (None, _) => None,
+    };
+    let maintenance = match maintenance {
+        Some(m) if m.trim().is_empty() => None,
+        Some(m) => Some(m),
+        None => preset.and_then(|p| p.maintenance.map(str::to_string)),
+    };
+    (setup, restore_setup, maintenance)
+}
+
+/// The key's inputs: `key_files` as written (else the preset's; at least one, each relative)
+/// and `restore_keys` (each a valid key).
+fn key_inputs(
+    key_files: Option<Vec<String>>,
+    restore_keys: &Option<Vec<String>>,
+    preset: Option<&'static Preset>,
+    unknown_preset: bool,
+    bad: &mut Problems,
+) -> Vec<String> {
+    let key_files: Vec<String> = match key_files {
+        Some(k) => k,
+        None => preset
+            .map(|p| p.key_files.iter().map(|s| s.to_string()).collect())
+            .unwrap_or_default(),
+    };
+    if key_files.is_empty() && !unknown_preset {
+        bad.add(
+            "key_files",
+            "missing: name at least one lockfile (or use a preset)".into(),
+        );
+    }
+    for k in &key_files {
+        if let Err(m) = check_relative(k) {
+            bad.add("key_files", format!("{k:?}: {m}"));
+        }
+    }
+    for rk in restore_keys.iter().flatten() {
+        if let Err(e) = CacheKey::new(rk.clone()) {
+            bad.add("restore_keys", e.to_string());
+        }
+    }
+    key_files
+}
+
+/// The preset's `env` with the spec's over it (each name a valid variable name).
+fn cache_env(
+    own: BTreeMap<String, String>,
+    preset: Option<&'static Preset>,
+    bad: &mut Problems,
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = preset
+        .map(|p| {
+            p.env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (k, v) in own {
+        let valid = !k.is_empty()
+            && !k.as_bytes()[0].is_ascii_digit()
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid {
+            bad.add(
+                "env",
+                format!("{k:?} is not a valid variable name (letters, digits, _)"),
+            );
+        }
+        env.insert(k, v);
+    }
+    env
+}
+
+/// Where the tree is seen (`mountpoint`, else the preset's; [`check_mountpoint`]) and what is
+/// left out of it (the preset's `exclude` plus the spec's, each relative).
+fn tree_paths(
+    mountpoint: Option<String>,
+    own_exclude: Vec<String>,
+    preset: Option<&'static Preset>,
+    bad: &mut Problems,
+) -> (Option<String>, Vec<String>) {
+    let mountpoint = mountpoint.or_else(|| preset.and_then(|p| p.mountpoint.map(str::to_string)));
+    if let Some(mp) = &mountpoint
+        && let Err(m) = check_mountpoint(mp)
+    {
+        bad.add("mountpoint", m);
+    }
+    let mut exclude: Vec<String> = preset
+        .map(|p| p.exclude.iter().map(|s| s.to_string()).collect())
+        .unwrap_or_default();
+    for x in own_exclude {
+        if let Err(m) = check_relative(&x) {
+            bad.add("exclude", format!("{x:?}: {m}"));
+        }
+        exclude.push(x);
+    }
+    (mountpoint, exclude)
 }
 
 /// The checks of a `mountpoint` template that need no paths, shared by `layercache run` (at
