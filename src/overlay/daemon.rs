@@ -8,10 +8,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use super::{
-    EXIT_NOW, OverlayConfig, fs, fusermount, mount_fuse, options, preflight, raise_read_ahead,
-    remount, ring, wait_pidfd,
-};
+use super::mount::{mount_fuse, preflight, raise_read_ahead, remount, wait_pidfd};
+use super::{OverlayConfig, fs, fusermount, options, ring};
 use crate::error::{Error, IoContext, Result};
 
 /// Worker threads reading FUSE requests from /dev/fuse (each with its own cloned fd); the
@@ -293,10 +291,10 @@ fn reader_gone(w: &OwnedFd) -> bool {
 /// lazily unmounts `mountpoint`; the session then sees ENODEV and `run` returns. Without this a
 /// killed daemon leaves a dead mount ("Transport endpoint is not connected").
 ///
-/// [`EXIT_NOW`] (SIGUSR1) is what [`unmount`] sends once the mount is unmounted here but the
-/// daemon keeps serving: copies of the mount in other mount namespaces (a run's children copy
-/// the host's mounts) keep the connection alive. The daemon then exits at once, which ends
-/// those copies (ENOTCONN) too.
+/// [`EXIT_NOW`] (SIGUSR1) is what [`unmount`](super::unmount) sends once the mount is
+/// unmounted here but the daemon keeps serving: copies of the mount in other mount namespaces
+/// (a run's children copy the host's mounts) keep the connection alive. The daemon then exits
+/// at once, which ends those copies (ENOTCONN) too.
 ///
 /// Errors: [`Error::Io`] if the signal mask cannot be set.
 fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
@@ -322,6 +320,10 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
         .map(drop)
         .at(mountpoint)
 }
+
+/// The signal that tells a daemon whose mount is gone here to exit now (see
+/// [`unmount_on_signal`]).
+const EXIT_NOW: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGUSR1;
 
 /// Mounts `cfg` at `mountpoint` by starting this binary again as a daemon
 /// (`layercache overlay-daemon --config-fd N --ready-fd N MOUNTPOINT`, in its own session), and
