@@ -157,8 +157,15 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         Some(st) => st.resolve(&a.mountpoint)?,
         None => None,
     };
+    let leftovers = match (&store, &found) {
+        // No record names it, but a killed mount or commit may have left mounts of this
+        // store's runs there (issue 25): those go.
+        (Some(st), None) => st.clear_leftover_mounts(&a.mountpoint, true)?,
+        _ => 0,
+    };
     match (store, found) {
         (Some(st), Some(m)) => st.umount_run(m)?,
+        _ if leftovers > 0 => {}
         _ => {
             // A plain `layercache overlay` mount — or a store mount of another store (a wrong
             // --store): say so, since its run directory then stays behind.

@@ -434,6 +434,14 @@ pub fn mount_foreground(
     if uring.is_some() {
         allow_fuse_uring();
     }
+    // A daemon whose starter died meanwhile (a `commit` killed while remounting) mounts
+    // nothing: nobody would record or unmount that mount, and it would stack over the next one.
+    if ready.as_ref().is_some_and(reader_gone) {
+        return Err(Error::Failed(format!(
+            "mount {}: the process that started this daemon is gone",
+            mountpoint.display()
+        )));
+    }
     let fd = mount_fuse(mountpoint, cfg)?;
     // from_fd completes the INIT handshake before returning.
     let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config(uring))
@@ -456,7 +464,12 @@ pub fn mount_foreground(
         served.set(true);
         if let Some(ready) = ready {
             let mut f = std::fs::File::from(ready);
-            let _ = f.write_all(b"1");
+            if f.write_all(b"1").is_err() {
+                // EPIPE: the starter died between our check above and now, so this mount is
+                // nobody's. It is the top one at `mountpoint` (mounted last); the session then
+                // ends with ENODEV.
+                let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            }
             drop(f);
             redirect_stdio();
         }
@@ -467,6 +480,19 @@ pub fn mount_foreground(
         let _ = fusermount::detach(mountpoint);
     }
     res.at(mountpoint)
+}
+
+/// True when nobody reads the pipe `w` writes to any more (`poll(2)` reports `POLLERR` on a
+/// pipe's write end once its read end is closed): the process that started the daemon is gone.
+fn reader_gone(w: &OwnedFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: w.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n == 1 && pfd.revents & libc::POLLERR != 0
 }
 
 /// Makes SIGINT, SIGTERM and SIGHUP end the mount the way libfuse daemons do: a dedicated

@@ -90,6 +90,19 @@ impl Store {
             }
             Ok(())
         };
+        // 0. Mounts a killed mount or commit left (issue 25): every mountpoint where this
+        // store's runs are mounted, cleared of leftovers (a stacked second mount above all).
+        if !dry {
+            let mut seen = HashSet::new();
+            for m in crate::sys::mounts().at("/proc/self/mountinfo")? {
+                if m.fs_type == "fuse.layercache"
+                    && m.source.starts_with("layercache:")
+                    && seen.insert(m.mount_point.clone())
+                {
+                    self.clear_leftover_mounts(&m.mount_point, false)?;
+                }
+            }
+        }
         // 1. Garbage from crashes: staging (no promotion runs: we hold the locks) and runs.
         // Their files may be the only links to objects (a killed pull's tree, a promoted
         // upper), which the sweep below then removes.

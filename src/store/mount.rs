@@ -95,6 +95,10 @@ impl Store {
         let mnt = match &req.mountpoint {
             Some(p) => {
                 let mnt = canonical_mountpoint(p)?;
+                // What a killed mount or commit left there goes first (issue 25).
+                if overlay::is_mountpoint_busy(&mnt)? {
+                    self.clear_leftover_mounts(&mnt, false)?;
+                }
                 if overlay::is_mountpoint_busy(&mnt)? {
                     return Err(Error::MountpointBusy { mountpoint: mnt });
                 }
@@ -290,12 +294,14 @@ impl Store {
             private: m.mnt.is_none(),
             owner_pid: m.req.owner,
             squash: m.req.squash,
+            mounter_pid: Some(std::process::id()),
         };
         write_record(&run_dir, &rec).map_err(cleanup)?;
         let tm = Instant::now();
         let pid = overlay::mount_daemon(&cfg, &mnt, hold, m.req.owner).map_err(cleanup)?;
         let mount_ms = ms_since(tm);
         rec.daemon_pid = pid;
+        rec.mounter_pid = None;
         if let Err(e) = write_record(&run_dir, &rec) {
             let _ = overlay::unmount(&mnt, Some(pid), UNMOUNT_WAIT);
             return Err(cleanup(e));

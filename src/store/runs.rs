@@ -51,6 +51,12 @@ pub struct RunRecord {
     /// The ownership mapping (see [`MountRequest::squash`]), kept for the remount.
     #[serde(default)]
     pub squash: crate::overlay::options::Squash,
+    /// The process mounting this run, while `daemon_pid` is still 0 (a `mount` or a
+    /// `commit`'s remount under way); `None` once the daemon pid is recorded. A record with
+    /// no daemon pid whose mounter is gone belongs to a killed mount: its mount is a leftover
+    /// (see [`Store::clear_leftover_mounts`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mounter_pid: Option<u32>,
 }
 
 impl RunRecord {
@@ -195,22 +201,108 @@ impl Store {
     /// Errors: [`Error::NotAStoreMount`] when it is not a store mount; [`Error::Unmount`] when
     /// busy.
     pub fn umount(&self, mountpoint: &Path) -> Result<()> {
-        let m = self
-            .resolve(mountpoint)?
-            .ok_or_else(|| Error::NotAStoreMount {
+        let Some(m) = self.resolve(mountpoint)? else {
+            // No record names it, but a killed mount or commit may have left mounts of this
+            // store's runs there: those go (issue 25).
+            if self.clear_leftover_mounts(mountpoint, true)? > 0 {
+                return Ok(());
+            }
+            return Err(Error::NotAStoreMount {
                 mountpoint: mountpoint.to_path_buf(),
                 detail: String::new(),
-            })?;
+            });
+        };
         self.umount_run(m)
     }
 
+    /// Unmounts the mounts of this store's runs stacked at `mnt` (canonicalised here; found in
+    /// /proc/self/mountinfo as `fuse.layercache` mounts whose source `layercache:<upperdir>`
+    /// names an upper in this store's `runs/`), top first, and removes their run directories.
+    /// With `all`, every such mount goes (`umount`); otherwise only leftovers of a process
+    /// killed while mounting (`mount`, `gc`): a run whose record is gone, whose daemon is
+    /// dead, or whose record has no daemon pid and a dead mounter
+    /// ([`RunRecord::mounter_pid`]). Stops at the first mount that is not cleared (what it covers
+    /// cannot be reached by path). Returns how many mounts were unmounted.
+    ///
+    /// Errors: [`Error::Io`] reading mountinfo or the store; [`Error::Unmount`] when a
+    /// leftover is busy (files open in it).
+    pub fn clear_leftover_mounts(&self, mnt: &Path, all: bool) -> Result<u32> {
+        let canon = canonical_mountpoint(mnt).unwrap_or_else(|_| mnt.to_path_buf());
+        let mnt = canon.as_path();
+        let pds = self.projects(None)?;
+        let mut n = 0;
+        // Bounded: each pass unmounts one mount or stops.
+        for _ in 0..64 {
+            let mounts = sys::mounts().at("/proc/self/mountinfo")?;
+            let Some(top) = mounts.iter().rev().find(|m| m.mount_point == mnt) else {
+                break;
+            };
+            let Some(run_dir) = (top.fs_type == "fuse.layercache")
+                .then(|| top.source.strip_prefix("layercache:"))
+                .flatten()
+                .map(|u| {
+                    Path::new(u)
+                        .parent()
+                        .unwrap_or(Path::new("/"))
+                        .to_path_buf()
+                })
+                .filter(|d| pds.iter().any(|pd| d.parent() == Some(pd.runs().as_path())))
+            else {
+                break; // not a mount of this store
+            };
+            let rec = read_record(&run_dir);
+            let leftover = all
+                || rec.as_ref().is_none_or(|r| {
+                    (r.daemon_pid != 0 && !sys::pid_alive(r.daemon_pid))
+                        || (r.daemon_pid == 0 && !r.mounter_pid.is_some_and(sys::pid_alive))
+                });
+            if !leftover {
+                break;
+            }
+            tracing::info!(mountpoint = %mnt.display(), run = %run_dir.display(),
+                "unmounting a leftover mount");
+            let daemon = rec.as_ref().map_or(0, |r| r.daemon_pid);
+            let pidfd = (daemon != 0)
+                .then(|| sys::pidfd_open(daemon).ok())
+                .flatten();
+            if let Err(e) = nix::mount::umount2(mnt, nix::mount::MntFlags::empty()) {
+                // A dead daemon's mount (ENOTCONN) or a transient EBUSY: detach it; nobody
+                // else has a use for it. EINVAL: it is gone already (a daemon whose starter
+                // died unmounts itself), so look again.
+                match nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH) {
+                    Ok(()) => {}
+                    Err(nix::errno::Errno::EINVAL) => continue,
+                    Err(_) => {
+                        return Err(Error::Unmount {
+                            mountpoint: mnt.to_path_buf(),
+                            source: e.into(),
+                        });
+                    }
+                }
+            }
+            if let Some(fd) = pidfd {
+                let _ = overlay::wait_pidfd(&fd, daemon, UNMOUNT_WAIT);
+            }
+            n += 1;
+            // The run is over; a record still naming another live mount stays.
+            if rec.as_ref().is_none_or(|r| r.mountpoint == mnt) && run_dir.exists() {
+                remove_tree(&run_dir)?;
+            }
+        }
+        Ok(n)
+    }
+
     /// Unmounts a store mount found by [`Store::store_mount`] (waiting for its daemon) and
-    /// deletes its run directory (the private upper is discarded).
+    /// deletes its run directory (the private upper is discarded); every other mount of this
+    /// store's runs stacked at its mountpoint goes too ([`Store::clear_leftover_mounts`]).
     ///
     /// Errors: [`Error::Unmount`] when busy (nothing changed); [`Error::Io`] removing the run.
     pub fn umount_run(&self, m: StoreMount) -> Result<()> {
         let _span = tracing::info_span!("umount", run = %m.rec.run).entered();
         unmount_and_wait(&m.mnt, m.rec.daemon_pid)?;
+        // Whatever else of this store is still mounted there (a dead commit's remount stacked
+        // under or over the recorded one) goes too: after `umount`, nothing of ours is left.
+        self.clear_leftover_mounts(&m.mnt, true)?;
         // issue 11: a discarded fill leaves no lock file (unless this process's own Mount
         // handle still holds it: Mount::end_fill removes it then).
         if m.rec.fill_lock_fd.is_some()
@@ -282,7 +374,12 @@ fn read_record(run_dir: &Path) -> Option<RunRecord> {
 pub(super) fn unmount_and_wait(mnt: &Path, pid: u32) -> Result<()> {
     let daemon = (pid != 0).then_some(pid);
     let gone = if overlay::is_mountpoint_busy(mnt)? {
-        overlay::unmount(mnt, daemon, UNMOUNT_WAIT)?
+        match overlay::unmount(mnt, daemon, UNMOUNT_WAIT) {
+            // Gone meanwhile (the daemon of a killed commit's remount unmounts itself); a busy
+            // mount stays listed, so EBUSY is still reported.
+            Err(_) if !overlay::is_mountpoint_busy(mnt)? => true,
+            r => r?,
+        }
     } else {
         // Already unmounted (by `umount`, say): its daemon may still be finishing.
         daemon
