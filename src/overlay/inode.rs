@@ -22,7 +22,7 @@
 //! `fuse_encode_fh`). To open a handle whose inode the kernel forgot, it sends LOOKUP(id, ".")
 //! (and LOOKUP(id, "..") to connect a directory), so a node the kernel forgets is not
 //! forgotten here: its name, (parent id, name), is parked ([`Nodes::parked`]) — up to
-//! [`PARKED_MAX`] of them, the oldest dropped first — and found again from there
+//! [`PARKED_MAX`] of them, the least recently parked dropped first — and found again from there
 //! (`OverlayFs::revive`), which checks that the name still resolves to the same id.
 
 use std::collections::HashMap;
@@ -177,9 +177,10 @@ fn path_in(map: &HashMap<u64, Box<Node>>, id: u64) -> Option<CString> {
     CString::new(buf).ok()
 }
 
-/// Forgotten nodes whose name is kept for file handles (a few tens of bytes each: a 16 MiB
-/// bound at names of 16 bytes); a handle of a node dropped from there opens ESTALE.
-pub const PARKED_MAX: usize = 1 << 18;
+/// Forgotten nodes whose name is kept for file handles: about 110 bytes each with a 16-byte
+/// name (the LRU entry, its bucket, the name), so at most ~14 MiB; nothing is allocated before
+/// the kernel forgets a node. A handle of a node dropped from there opens ESTALE.
+pub const PARKED_MAX: usize = 1 << 17;
 
 /// Where a forgotten node was last seen: its parent node id and its name there.
 pub type Parked = (u64, Box<OsStr>);
@@ -336,9 +337,9 @@ impl Nodes {
             next: AtomicU64::new(2),
             clashes: Default::default(),
             trim: Default::default(),
-            parked: Mutex::new(lru::LruCache::new(
-                std::num::NonZeroUsize::new(PARKED_MAX).expect("nonzero"),
-            )),
+            // Unbounded in type, bounded by `forget` (a bounded LruCache allocates its whole
+            // table up front).
+            parked: Mutex::new(lru::LruCache::unbounded()),
             generation: new_generation(),
         }
     }
@@ -438,7 +439,11 @@ impl Nodes {
                 ..
             }) = &gone
             {
-                self.parked.lock().put(id, (*parent, name.clone()));
+                let mut parked = self.parked.lock();
+                if parked.len() >= PARKED_MAX {
+                    parked.pop_lru();
+                }
+                parked.put(id, (*parent, name.clone()));
             }
             drop(map);
             self.trim.freed();
