@@ -259,3 +259,27 @@ fn a_directory_handle_walks_up_to_its_parent() {
     .unwrap();
     assert_eq!(link, fx.p("top/mid/leaf"));
 }
+
+/// Node ids of a new mount start again (counter ids), so a handle from an earlier mount may
+/// carry the id of another file now: the mount's generation makes it ESTALE (kernel overlayfs,
+/// whose handles survive a remount, opens the original file). It never opens the other file;
+/// a handle of this mount opens.
+#[test]
+fn a_handle_of_an_earlier_mount_never_opens_another_file() {
+    require_root!();
+    let mut fx = fixture(|_| {});
+    write(&fx.p("first"), "first mount");
+    let old = handle_of(&fx.p("first"));
+    fx.remount();
+    // The first upper file this mount sees gets the id "first" had in the last one.
+    write(&fx.p("second"), "another file");
+    let new = handle_of(&fx.p("second"));
+    drop_caches();
+    match open_handle(&fx.mnt, &old, libc::O_RDONLY).map(read_fd) {
+        Err(e) => assert_eq!(e, libc::ESTALE, "old handle"),
+        Ok(s) => assert_eq!(s, "first mount", "old handle opened another file"),
+    }
+    let fd = open_handle(&fx.mnt, &new, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("handle of this mount: errno {e}"));
+    assert_eq!(read_fd(fd), "another file");
+}
