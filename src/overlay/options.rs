@@ -422,19 +422,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         .map(|p| existing_dir("lowerdir", p))
         .collect::<Result<Vec<_>>>()?;
     let Some(upper_given) = raw.upperdir.as_deref() else {
-        return Ok(OverlayConfig {
-            lowerdirs,
-            upperdir: PathBuf::new(),
-            workdir: PathBuf::new(),
-            squash: raw.squash,
-            lower_links: Vec::new(),
-            allow_other: false,
-            passthrough: raw.passthrough,
-            mount_flags: raw.mount_flags,
-            read_only: true,
-            dev: raw.dev,
-            suid: raw.suid,
-        });
+        return Ok(config(raw, lowerdirs, PathBuf::new(), PathBuf::new(), true));
     };
     let upperdir = existing_dir("upperdir", upper_given)?;
     let workdir = match &raw.workdir {
@@ -482,19 +470,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
     }
     if raw.read_only && workdir.as_os_str().is_empty() {
         // A read-only mount with an upper needs no workdir (nothing is staged).
-        return Ok(OverlayConfig {
-            lowerdirs,
-            upperdir,
-            workdir,
-            squash: raw.squash,
-            lower_links: Vec::new(),
-            allow_other: false,
-            passthrough: raw.passthrough,
-            mount_flags: raw.mount_flags,
-            read_only: true,
-            dev: raw.dev,
-            suid: raw.suid,
-        });
+        return Ok(config(raw, lowerdirs, upperdir, workdir, true));
     }
     if workdir.starts_with(&upperdir) || upperdir.starts_with(&workdir) {
         return Err(Error::invalid(format!(
@@ -517,19 +493,31 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             upperdir.display()
         )));
     }
-    Ok(OverlayConfig {
+    Ok(config(raw, lowerdirs, upperdir, workdir, raw.read_only))
+}
+
+/// The checked configuration of `raw` over its checked directories (`upperdir` and `workdir`
+/// empty for a lowerdir-only mount); `allow_other` and `lower_links` are the caller's to set.
+fn config(
+    raw: &RawOptions,
+    lowerdirs: Vec<PathBuf>,
+    upperdir: PathBuf,
+    workdir: PathBuf,
+    read_only: bool,
+) -> OverlayConfig {
+    OverlayConfig {
         lowerdirs,
         upperdir,
         workdir,
         squash: raw.squash,
         lower_links: Vec::new(),
         allow_other: false,
-        read_only: raw.read_only,
+        read_only,
         dev: raw.dev,
         suid: raw.suid,
         passthrough: raw.passthrough,
         mount_flags: raw.mount_flags,
-    })
+    }
 }
 
 #[cfg(test)]
