@@ -272,7 +272,7 @@ fn key_inputs(
     for (k, v) in &cache.env {
         m.insert(format!("env {k}"), v.clone());
     }
-    // Only what enters the key (issue 24): a relocatable tree's key holds no path.
+    // Only what enters the key: a relocatable tree's key holds no path.
     if !cache.relocatable {
         m.insert("mountpoint".into(), mountpoint.display().to_string());
     }
@@ -465,7 +465,7 @@ mod tests {
         let v4 = compute(&venv.caches[0], &view(other.path()), &env).unwrap();
         assert_eq!(v3.key, v4.key);
         assert_eq!(v3.mountpoint, Path::new("/workspace/.venv"));
-        // The miss reason lists only inputs of the key (issue 24): a relocatable cache's
+        // The miss reason lists only inputs of the key: a relocatable cache's
         // mountpoint is none, a path-bound one's is.
         assert!(!a.inputs.contains_key("mountpoint"), "{:?}", a.inputs);
         assert!(crate::why::diff(&a.inputs, &w.inputs).is_empty());

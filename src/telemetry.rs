@@ -94,7 +94,7 @@ impl Event {
     }
 
     /// Whether the layer it mounted or published holds nothing (0 files, 0 bytes): a setup
-    /// that wrote outside its mount. A hit of it saves no time (issue 24).
+    /// that wrote outside its mount. A hit of it saves no time.
     pub fn empty_layer(&self) -> bool {
         self.files == 0 && self.bytes == 0
     }
@@ -189,7 +189,7 @@ pub struct Stats {
     pub remote_hits: u64,
     /// Remote tier: object bytes pulled by those preparations.
     pub pulled_bytes: u64,
-    /// Per project and cache (issue 24: one miss median over several caches says nothing),
+    /// Per project and cache (one miss median over several caches says nothing),
     /// in name order.
     pub caches: Vec<CacheStats>,
 }

@@ -341,7 +341,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         (None, Some(u)) => Some(RunUser::resolve(u, user_source)?),
         _ => None,
     };
-    // Without root (issue 22): refusals before anything is mounted; the steps run as the user
+    // Without root: refusals before anything is mounted; the steps run as the user
     // in the run's own user namespace ([`crate::run::rootless`]), so no `--user` drop.
     let rootless = match crate::run::rootless::needed() && !spec.caches.is_empty() {
         true => Some(crate::run::rootless::preflight(
@@ -406,7 +406,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         user: run_user,
         rootless,
     };
-    // A failing run's `--json` error line names it (issue 24).
+    // A failing run's `--json` error line names it.
     crate::telemetry::set_current_run(&cfg.run_id);
     if cfg.spec.caches.is_empty() {
         return crate::run::run(&cfg, &crate::run::NoMounts);

@@ -160,7 +160,7 @@ pub fn umount(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
     };
     let leftovers = match (&store, &found) {
         // No record names it, but a killed mount or commit may have left mounts of this
-        // store's runs there (issue 25): those go.
+        // store's runs there: those go.
         (Some(st), None) => st.clear_leftover_mounts(&a.mountpoint, true)?,
         _ => 0,
     };

@@ -16,7 +16,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use super::OverlayConfig;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
-use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS};
+use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS, ROOT};
 use super::links::{LinkGroups, Links};
 use super::passthrough::{FileKey, OpenMode, Passthrough};
 use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
@@ -456,6 +456,80 @@ impl OverlayFs {
     ) -> OpResult<Option<(u64, FileAttr)>> {
         let (_, r) = self.resolve_in(parent, name)?;
         Ok(r.map(|r| (r.id, self.remember(parent, name, &r))))
+    }
+
+    /// The generation sent with every entry of this mount ([`Nodes::generation`]).
+    pub(super) fn generation(&self) -> fuser::Generation {
+        fuser::Generation(self.nodes.generation().into())
+    }
+
+    /// LOOKUP(`id`, "."): node `id` itself, which the kernel may have forgotten (it opens a
+    /// file handle, fs/fuse/inode.c `fuse_get_dentry`), found again where it was last
+    /// attached; records a kernel reference to it.
+    ///
+    /// Errors: `ENOENT` (the kernel answers ESTALE) when the node is unknown, unlinked, no
+    /// longer at its last name, or its name was dropped from the parked names; or the errno
+    /// of resolving it.
+    pub(super) fn lookup_self(&self, id: u64) -> OpResult<FileAttr> {
+        self.revive(id, 0)
+    }
+
+    /// LOOKUP(`id`, ".."): the parent of directory node `id` (the kernel connects a
+    /// directory opened by handle to the tree, fs/fuse/inode.c `fuse_get_parent`); the root is
+    /// its own parent. Records a kernel reference to the parent and returns its id too.
+    ///
+    /// Errors: as [`Self::lookup_self`], for the parent.
+    pub(super) fn lookup_parent(&self, id: u64) -> OpResult<(u64, FileAttr)> {
+        let parent = if id == ROOT {
+            ROOT
+        } else {
+            match self.nodes.peek(id, |n| n.loc.parent()) {
+                Some(p) => p.ok_or(Errno::ENOENT)?,
+                None => self.nodes.parked(id).ok_or(Errno::ENOENT)?.0,
+            }
+        };
+        Ok((parent, self.revive(parent, 0)?))
+    }
+
+    /// Records one more kernel reference to node `id` and returns its attributes: a node in
+    /// the table must be attached; a forgotten one is resolved again at its parked name
+    /// (its parent revived the same way for the time it takes) and must resolve to `id`.
+    ///
+    /// Errors: as [`Self::lookup_self`].
+    fn revive(&self, id: u64, depth: u32) -> OpResult<FileAttr> {
+        if depth > 4096 {
+            return Err(Errno::ENOENT);
+        }
+        let live = self.nodes.update(id, |n| {
+            let attached = matches!(n.loc, Loc::Attached { .. });
+            if attached {
+                n.lookups += 1;
+            }
+            attached
+        });
+        match live {
+            Some(true) => {
+                return self
+                    .getattr_node(id)
+                    .inspect_err(|_| self.nodes.unremember(id));
+            }
+            Some(false) => return Err(Errno::ENOENT),
+            None => {}
+        }
+        let (parent, name) = self.nodes.parked(id).ok_or(Errno::ENOENT)?;
+        self.revive(parent, depth + 1)?;
+        let found = self.resolve_in(parent, &name);
+        let out = match found {
+            Ok((_, Some(r))) if r.id == id => Ok(self.remember(parent, &name, &r)),
+            Ok(_) => Err(Errno::ENOENT),
+            Err(e) => Err(e),
+        };
+        // Kept while the node lives when it was found (its dentry has no parent to pin it);
+        // the parent is a directory: never an orphan, so forgetting takes no namespace lock.
+        if out.is_err() || !self.nodes.pin(id, parent) {
+            self.forget(parent, 1);
+        }
+        out
     }
 
     /// Records a kernel reference to the resolved entry `name` of `parent` and returns the

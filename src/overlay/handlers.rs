@@ -26,8 +26,6 @@ use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
 use super::privs::{self, Caller};
 use super::stack::{DirFds, Kind};
 
-const GEN: Generation = Generation(0);
-
 /// Runs `f`, the work of FUSE operation `op` on node `node`, inside a debug-level span named
 /// `fuse` (fields `op`, `node`) and ends it with an event giving the errno (0 for success) and
 /// the duration in µs. Off by default: `LAYERCACHE_LOG=debug` or `RUST_LOG=debug` (or just the
@@ -64,9 +62,10 @@ fn dot_entry(id: u64) -> FileAttr {
     a
 }
 
-fn entry(reply: ReplyEntry, r: OpResult<FileAttr>) {
+/// Replies with entry `r` (node id = `attr.ino`) and the mount's generation `g`.
+fn entry(reply: ReplyEntry, r: OpResult<FileAttr>, g: Generation) {
     match r {
-        Ok(a) => reply.entry(&TTL, &a, GEN),
+        Ok(a) => reply.entry(&TTL, &a, g),
         Err(e) => reply.error(e),
     }
 }
@@ -203,11 +202,18 @@ impl fuser::Filesystem for OverlayFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let r = traced("lookup", parent.0, || {
             let _g = self.ns.read();
-            self.lookup_and_remember(parent.0, name)
+            // The VFS resolves "." and ".." itself: these come only from the FUSE module's
+            // export operations (FUSE_EXPORT_SUPPORT), for a file handle whose inode it forgot
+            // and for the parent of a directory opened by handle.
+            match name.as_bytes() {
+                b"." => Ok(Some((parent.0, self.lookup_self(parent.0)?))),
+                b".." => self.lookup_parent(parent.0).map(Some),
+                _ => self.lookup_and_remember(parent.0, name),
+            }
         });
         match r {
-            Ok(Some((id, a))) => reply.entry_of(INodeNo(id), &TTL, &a, GEN),
-            Ok(None) => reply.entry(&TTL, &negative_entry(), GEN),
+            Ok(Some((id, a))) => reply.entry_of(INodeNo(id), &TTL, &a, self.generation()),
+            Ok(None) => reply.entry(&TTL, &negative_entry(), self.generation()),
             Err(e) => reply.error(e),
         }
     }
@@ -311,7 +317,7 @@ impl fuser::Filesystem for OverlayFs {
         let r = traced("mknod", parent.0, || {
             self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
-        entry(reply, r);
+        entry(reply, r, self.generation());
     }
 
     fn mkdir(
@@ -327,7 +333,7 @@ impl fuser::Filesystem for OverlayFs {
             let what = NewEntry::Dir(mode);
             self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
-        entry(reply, r);
+        entry(reply, r, self.generation());
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -358,7 +364,7 @@ impl fuser::Filesystem for OverlayFs {
             let what = NewEntry::Symlink(target);
             self.make(parent.0, link_name, req.uid(), req.gid(), what)
         });
-        entry(reply, r);
+        entry(reply, r, self.generation());
     }
 
     fn rename(
@@ -389,7 +395,7 @@ impl fuser::Filesystem for OverlayFs {
             let what = NewEntry::Link(ino.0);
             self.make(newparent.0, newname, req.uid(), req.gid(), what)
         });
-        entry(reply, r);
+        entry(reply, r, self.generation());
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -559,13 +565,13 @@ impl fuser::Filesystem for OverlayFs {
                     // d_ino) and ignores the rest of the entry (fs/fuse/readdir.c,
                     // fuse_direntplus_link), so no stat is spent on them.
                     let a = dot_entry(id);
-                    return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN));
+                    return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation()));
                 }
                 let (id, a) = match self.resolve_at(dir, d, at, name)? {
                     Some(r) => (r.id, self.remember(dir, name, &r)),
                     None => return Ok(false),
                 };
-                let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, GEN);
+                let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
                 if full {
                     self.nodes.unremember(id);
                 }
@@ -689,7 +695,7 @@ impl fuser::Filesystem for OverlayFs {
             Ok((a, OpenMode::Passthrough(b))) => reply.created_passthrough(
                 &TTL,
                 &a,
-                GEN,
+                self.generation(),
                 FileHandle(FH_PASSTHROUGH),
                 FopenFlags::FOPEN_NOFLUSH,
                 &b,
@@ -702,7 +708,7 @@ impl fuser::Filesystem for OverlayFs {
             Ok((a, OpenMode::Cached)) => reply.created(
                 &TTL,
                 &a,
-                GEN,
+                self.generation(),
                 FileHandle(FH_CACHED),
                 FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
             ),

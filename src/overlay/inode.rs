@@ -19,6 +19,15 @@
 //! node id (a counter id) that shows the old one as `st_ino` ([`Nodes::supersede`]), and the
 //! old node follows the copy for everything the daemon serves (see `passthrough.rs`). Counter
 //! ids start at 2 (1 is the root) and stay below 2^56.
+//!
+//! No id is given to two files in one mount, so a node id plus the mount's generation
+//! ([`Nodes::generation`], different for every mount, since counter ids start again at 2) names
+//! one file for the life of the mount: the kernel's file handle (fs/fuse/inode.c,
+//! `fuse_encode_fh`). To open a handle whose inode the kernel forgot, it sends LOOKUP(id, ".")
+//! (and LOOKUP(id, "..") to connect a directory), so a node the kernel forgets is not
+//! forgotten here: its name, (parent id, name), is parked ([`Nodes::parked`]) — up to
+//! [`PARKED_MAX`] of them, the least recently parked dropped first — and found again from there
+//! (`OverlayFs::revive`), which checks that the name still resolves to the same id.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -91,6 +100,11 @@ pub struct Node {
     /// The node that took over this one's name at a copy-up by re-lookup
     /// ([`Nodes::supersede`]); 0 for none.
     pub succ: u64,
+    /// The directory node this one holds a lookup of (0: none). The kernel pins a dentry's
+    /// parent, so the parents of a node it looked up are in the table; a node found again for
+    /// a file handle has a dentry with no parent, so it holds its parent itself (which holds
+    /// its own, and so on), or its path could not be built ([`Nodes::path`]).
+    pub pin: u64,
 }
 
 /// Where a node's data is, as [`Nodes::locate`] found it (a snapshot taken under the table's
@@ -170,6 +184,14 @@ fn path_in(map: &HashMap<u64, Box<Node>>, id: u64) -> Option<CString> {
     CString::new(buf).ok()
 }
 
+/// Forgotten nodes whose name is kept for file handles: about 110 bytes each with a 16-byte
+/// name (the LRU entry, its bucket, the name), so at most ~14 MiB; nothing is allocated before
+/// the kernel forgets a node. A handle of a node dropped from there opens ESTALE.
+pub const PARKED_MAX: usize = 1 << 17;
+
+/// Where a forgotten node was last seen: its parent node id and its name there.
+pub type Parked = (u64, Box<OsStr>);
+
 /// Set in the ids of multiply-linked lower files ([`Nodes::path_id`]).
 const PATH_ID_BIT: u64 = 1 << 63;
 
@@ -199,6 +221,26 @@ pub struct Nodes {
     shown_as: RwLock<HashMap<u64, u64>>,
     /// Whether `shown_as` was ever used (the hot path then skips its lock).
     any_shown_as: std::sync::atomic::AtomicBool,
+    /// Names of attached nodes the kernel forgot (see the module docs), by node id.
+    parked: Mutex<lru::LruCache<u64, Parked>>,
+    /// The generation every node of this mount is given.
+    generation: u32,
+}
+
+/// A generation no earlier [`Nodes`] table of this process had and, by the clock and pid it is
+/// mixed from, most likely none of another: never 0.
+fn new_generation() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // RandomState's keys are random per process.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(now);
+    h.write_u32(std::process::id());
+    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+    (h.finish() as u32).max(1)
 }
 
 /// Nodes freed before a heap trim is worth it.
@@ -298,6 +340,7 @@ impl Nodes {
                 lowers,
                 lookups: 1,
                 succ: 0,
+                pin: 0,
             }),
         );
         Nodes {
@@ -308,7 +351,22 @@ impl Nodes {
             trim: Default::default(),
             shown_as: Default::default(),
             any_shown_as: Default::default(),
+            // Unbounded in type, bounded by `forget` (a bounded LruCache allocates its whole
+            // table up front).
+            parked: Mutex::new(lru::LruCache::unbounded()),
+            generation: new_generation(),
         }
+    }
+
+    /// The generation of every node id of this table (FUSE `fuse_entry_out.generation`; the
+    /// kernel puts it in file handles and compares it when one is opened).
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Where forgotten node `id` was last attached, if it was and is still kept.
+    pub fn parked(&self, id: u64) -> Option<Parked> {
+        self.parked.lock().peek(&id).cloned()
     }
 
     /// Reads node `id` through `f` under the table's read lock (no copy); `None` if absent.
@@ -341,6 +399,7 @@ impl Nodes {
                 lowers,
                 lookups: 0,
                 succ: 0,
+                pin: 0,
             })
         });
         let same = matches!(&node.loc, Loc::Attached { parent: p, name: n } if *p == parent && **n == *name);
@@ -353,7 +412,26 @@ impl Nodes {
         node.kind = kind;
         node.upper = upper;
         node.lowers = lowers;
+        if node.lookups == 0 {
+            // Live again: its name is the node's now.
+            let mut parked = self.parked.lock();
+            if !parked.is_empty() {
+                parked.pop(&id);
+            }
+        }
         node.lookups += 1;
+    }
+
+    /// Makes node `id` hold the lookup of its parent `parent` that the caller took (see
+    /// [`Node::pin`]); false (the caller gives it back) when `id` is gone or holds one already.
+    pub fn pin(&self, id: u64, parent: u64) -> bool {
+        self.update(id, |n| {
+            let free = n.pin == 0;
+            if free {
+                n.pin = parent;
+            }
+            free
+        }) == Some(true)
     }
 
     /// Undoes one [`Nodes::remember`] that the kernel did not receive.
@@ -371,6 +449,17 @@ impl Nodes {
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
             let gone = map.remove(&id).map(|b| *b);
+            if let Some(Node {
+                loc: Loc::Attached { parent, name },
+                ..
+            }) = &gone
+            {
+                let mut parked = self.parked.lock();
+                if parked.len() >= PARKED_MAX {
+                    parked.pop_lru();
+                }
+                parked.put(id, (*parent, name.clone()));
+            }
             drop(map);
             self.trim.freed();
             gone
@@ -562,6 +651,7 @@ impl Nodes {
                 lowers: 0,
                 lookups: 0,
                 succ: 0,
+                pin: 0,
             })
         });
         c.loc = Loc::Attached { parent, name };
@@ -634,6 +724,26 @@ mod tests {
         assert!(t.forget(11, 1).is_some());
         assert!(t.peek(11, |_| ()).is_none());
         assert!(t.forget(ROOT, 5).is_none());
+    }
+
+    #[test]
+    fn forgotten_attached_nodes_are_parked_until_looked_up_again() {
+        let t = Nodes::new(1);
+        t.remember(10, ROOT, OsStr::new("d"), Kind::Dir, false, 1);
+        t.remember(11, 10, OsStr::new("f"), Kind::File, false, 1);
+        t.remember(12, 10, OsStr::new("g"), Kind::File, true, 0);
+        t.update(12, |n| n.loc = Loc::Orphan { lower_path: None });
+        assert!(t.forget(11, 1).is_some());
+        assert!(t.forget(12, 1).is_some());
+        assert_eq!(t.parked(11), Some((10, OsStr::new("f").into())));
+        assert_eq!(t.parked(12), None, "an unlinked node keeps no name");
+        t.remember(11, 10, OsStr::new("f"), Kind::File, false, 1);
+        assert_eq!(t.parked(11), None, "live again");
+        assert!(t.pin(11, 10));
+        assert!(!t.pin(11, 10), "one pin per node");
+        assert_eq!(t.forget(11, 1).map(|n| n.pin), Some(10));
+        assert_ne!(t.generation(), 0);
+        assert_ne!(t.generation(), Nodes::new(1).generation(), "one per table");
     }
 
     #[test]

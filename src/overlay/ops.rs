@@ -327,12 +327,69 @@ impl OverlayFs {
         self.ensure_upper_dir(parent)?;
         let lower_has = self.lower_has(&pdir, name)?;
         let rel = child(&pdir.path, name).map_err(errno)?;
-        self.detach(&r, &rel, Leaving::Unlinked)?;
+        if !self.unlink_one_link(parent, name, &pdir, &r, &rel)? {
+            self.detach(&r, &rel, Leaving::Unlinked)?;
+        }
         if lower_has {
             self.whiteout(&rel)?;
         }
         self.listings.removed(parent, name);
         Ok(())
+    }
+
+    /// Unlinks name `name` (at `rel`) of upper file `r` in `parent` (`pdir`) when the node
+    /// keeps a name: the node is attached at another name already, or another hard link of the
+    /// inode is in the same directory (then the node moves there). Its data then needs no
+    /// orphan copy, and the node stays attached, so its file handle keeps opening it once the
+    /// kernel forgets it. Returns false (nothing done) otherwise.
+    ///
+    /// Errors: the errno of reading the directory or removing the entry.
+    fn unlink_one_link(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        pdir: &Backing,
+        r: &Resolved,
+        rel: &CString,
+    ) -> OpResult<bool> {
+        if !r.upper || r.st.st_nlink <= 1 || self.orphans.lock().contains(&r.id) {
+            return Ok(false);
+        }
+        let Some(at) = self.nodes.peek(r.id, |n| match &n.loc {
+            Loc::Attached {
+                parent: p,
+                name: nm,
+            } => Some(*p == parent && **nm == *name),
+            _ => None,
+        }) else {
+            // Not held: the plain unlink of `detach` is all there is to do.
+            return Ok(false);
+        };
+        let Some(here) = at else {
+            return Ok(false);
+        };
+        let other = if here {
+            match self
+                .stack
+                .other_link(Tree::Upper, &pdir.path, r.st.st_ino, name)
+                .map_err(errno)?
+            {
+                Some(o) => Some(o),
+                None => return Ok(false),
+            }
+        } else {
+            None
+        };
+        self.stack.unlink(Tree::Upper, rel, false).map_err(errno)?;
+        if let Some(o) = other {
+            self.nodes.update(r.id, |n| {
+                n.loc = Loc::Attached {
+                    parent,
+                    name: o.as_os_str().into(),
+                }
+            });
+        }
+        Ok(true)
     }
 
     /// Checks that directory `r` at `rel` has no entry in the merged view (whiteouts aside).
@@ -546,14 +603,24 @@ impl OverlayFs {
     fn moved(&self, id: u64, kind: Kind, newparent: u64, newname: &OsStr) {
         // A file superseded while it was brought up: its copy is what moved.
         let id = self.nodes.successor(id).unwrap_or(id);
-        self.nodes.update(id, |n| {
+        let pinned = self.nodes.update(id, |n| {
             n.loc = Loc::Attached {
                 parent: newparent,
                 name: newname.into(),
             };
             n.upper = true;
             n.lowers = 0;
+            let held = n.pin;
+            if held != 0 {
+                n.pin = newparent;
+            }
+            held
         });
+        if let Some(old) = pinned.filter(|&p| p != 0 && p != newparent) {
+            // The held parent lookup moves along (the kernel holds both parents here).
+            self.nodes.update(newparent, |n| n.lookups += 1);
+            self.forget(old, 1);
+        }
         if kind == Kind::Dir {
             for d in self.nodes.descendants(id) {
                 self.nodes.update(d, |n| {
@@ -765,6 +832,9 @@ impl OverlayFs {
     /// and listing, and the orphaned data of an unlinked file.
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(node) = self.nodes.forget(id, n) {
+            if node.pin != 0 {
+                self.forget(node.pin, 1);
+            }
             self.pt.forget(id);
             if node.succ != 0 {
                 // The daemon's own reference to the copy that superseded it.

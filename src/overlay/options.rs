@@ -55,6 +55,12 @@ pub struct OverlayConfig {
     /// environment overrides it (tests, benches).
     #[serde(default)]
     pub passthrough: bool,
+    /// The per-mount flags of the generic options given (`noatime`, `nodiratime`,
+    /// `relatime`, `strictatime`, `noexec`, `sync`, `dirsync`, `lazytime`), as mount(2)
+    /// `MS_*` bits ([`mount_flags`]): the kernel applies them to the mount itself, e.g. no
+    /// atime update at all under `noatime`, as on any filesystem (mount(8)).
+    #[serde(default)]
+    pub mount_flags: u64,
 }
 
 /// Whether the `-o` strings ask for `allow_other` or `allow_root` (libfuse's options; both
@@ -142,8 +148,9 @@ impl Squash {
     }
 }
 
-/// Generic mount options that are accepted and need no action here (the mount is always
-/// `allow_other` and `default_permissions`; atime behaviour follows the upper). `ro`/`rw`,
+/// Generic mount options that are accepted and need no action in the daemon (the mount is
+/// always `default_permissions`; the per-mount ones, such as `noatime`, become mount(2) flags:
+/// [`mount_flags`]). `ro`/`rw`,
 /// `dev`/`nodev` and `suid`/`nosuid` are parsed in [`parse`].
 const GENERIC: &[&str] = &[
     "noatime",
@@ -220,25 +227,45 @@ pub fn remount_flags(options: &[String]) -> Option<nix::mount::MsFlags> {
     if !opts.contains(&"remount") {
         return None;
     }
-    let mut flags = F::empty();
+    let mut flags = mount_flags(&opts);
     for o in opts {
         match o {
             "ro" => flags.insert(F::MS_RDONLY),
             "rw" => flags.remove(F::MS_RDONLY),
             "nosuid" => flags.insert(F::MS_NOSUID),
             "nodev" => flags.insert(F::MS_NODEV),
-            "noexec" => flags.insert(F::MS_NOEXEC),
-            "noatime" => flags.insert(F::MS_NOATIME),
-            "nodiratime" => flags.insert(F::MS_NODIRATIME),
-            "relatime" => flags.insert(F::MS_RELATIME),
-            "strictatime" => flags.insert(F::MS_STRICTATIME),
-            "sync" => flags.insert(F::MS_SYNCHRONOUS),
-            "dirsync" => flags.insert(F::MS_DIRSYNC),
-            "lazytime" => flags.insert(F::MS_LAZYTIME),
             _ => {}
         }
     }
     Some(flags)
+}
+
+/// The mount(2) flags of the per-mount generic options among `opts` (mount(8)): `noexec`,
+/// `noatime`, `nodiratime`, `relatime`, `strictatime`, `sync`, `dirsync`, `lazytime`; a later
+/// `exec`/`atime`/`norelatime`/`async`/`nolazytime` undoes its counterpart. Others give none.
+pub fn mount_flags(opts: &[&str]) -> nix::mount::MsFlags {
+    use nix::mount::MsFlags as F;
+    let mut flags = F::empty();
+    for o in opts {
+        match *o {
+            "noexec" => flags.insert(F::MS_NOEXEC),
+            "exec" => flags.remove(F::MS_NOEXEC),
+            "noatime" => flags.insert(F::MS_NOATIME),
+            "atime" => flags.remove(F::MS_NOATIME),
+            "nodiratime" => flags.insert(F::MS_NODIRATIME),
+            "diratime" => flags.remove(F::MS_NODIRATIME),
+            "relatime" => flags.insert(F::MS_RELATIME),
+            "norelatime" => flags.remove(F::MS_RELATIME),
+            "strictatime" => flags.insert(F::MS_STRICTATIME),
+            "sync" => flags.insert(F::MS_SYNCHRONOUS),
+            "async" => flags.remove(F::MS_SYNCHRONOUS),
+            "dirsync" => flags.insert(F::MS_DIRSYNC),
+            "lazytime" => flags.insert(F::MS_LAZYTIME),
+            "nolazytime" => flags.remove(F::MS_LAZYTIME),
+            _ => {}
+        }
+    }
+    flags
 }
 
 /// Parses `-o` strings (each comma-separated; may repeat) into lower/upper/work directories.
@@ -299,6 +326,8 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
             }
         }
     }
+    let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
+    raw.mount_flags = mount_flags(&opts).bits();
     if raw.lowerdirs.is_empty() {
         return Err(Error::invalid("missing option lowerdir=DIR[:DIR...]"));
     }
@@ -340,6 +369,8 @@ pub struct RawOptions {
     pub suid: bool,
     /// `passthrough` (see [`OverlayConfig::passthrough`]).
     pub passthrough: bool,
+    /// Per-mount flags (see [`OverlayConfig::mount_flags`]).
+    pub mount_flags: u64,
 }
 
 fn existing_dir(what: &str, p: &Path) -> Result<PathBuf> {
@@ -391,18 +422,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         .map(|p| existing_dir("lowerdir", p))
         .collect::<Result<Vec<_>>>()?;
     let Some(upper_given) = raw.upperdir.as_deref() else {
-        return Ok(OverlayConfig {
-            lowerdirs,
-            upperdir: PathBuf::new(),
-            workdir: PathBuf::new(),
-            squash: raw.squash,
-            lower_links: Vec::new(),
-            allow_other: false,
-            passthrough: raw.passthrough,
-            read_only: true,
-            dev: raw.dev,
-            suid: raw.suid,
-        });
+        return Ok(config(raw, lowerdirs, PathBuf::new(), PathBuf::new(), true));
     };
     let upperdir = existing_dir("upperdir", upper_given)?;
     let workdir = match &raw.workdir {
@@ -450,18 +470,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
     }
     if raw.read_only && workdir.as_os_str().is_empty() {
         // A read-only mount with an upper needs no workdir (nothing is staged).
-        return Ok(OverlayConfig {
-            lowerdirs,
-            upperdir,
-            workdir,
-            squash: raw.squash,
-            lower_links: Vec::new(),
-            allow_other: false,
-            passthrough: raw.passthrough,
-            read_only: true,
-            dev: raw.dev,
-            suid: raw.suid,
-        });
+        return Ok(config(raw, lowerdirs, upperdir, workdir, true));
     }
     if workdir.starts_with(&upperdir) || upperdir.starts_with(&workdir) {
         return Err(Error::invalid(format!(
@@ -484,18 +493,31 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             upperdir.display()
         )));
     }
-    Ok(OverlayConfig {
+    Ok(config(raw, lowerdirs, upperdir, workdir, raw.read_only))
+}
+
+/// The checked configuration of `raw` over its checked directories (`upperdir` and `workdir`
+/// empty for a lowerdir-only mount); `allow_other` and `lower_links` are the caller's to set.
+fn config(
+    raw: &RawOptions,
+    lowerdirs: Vec<PathBuf>,
+    upperdir: PathBuf,
+    workdir: PathBuf,
+    read_only: bool,
+) -> OverlayConfig {
+    OverlayConfig {
         lowerdirs,
         upperdir,
         workdir,
         squash: raw.squash,
         lower_links: Vec::new(),
         allow_other: false,
-        read_only: raw.read_only,
+        read_only,
         dev: raw.dev,
         suid: raw.suid,
         passthrough: raw.passthrough,
-    })
+        mount_flags: raw.mount_flags,
+    }
 }
 
 #[cfg(test)]
@@ -551,6 +573,21 @@ mod tests {
         assert!(PassthroughChoice::On.decide(0, 100_000));
         assert!(!PassthroughChoice::Off.decide(u64::MAX, 1));
         assert_eq!(PassthroughChoice::default(), PassthroughChoice::Off);
+    }
+
+    #[test]
+    fn per_mount_options_become_mount_flags() {
+        use nix::mount::MsFlags as F;
+        let r = parse(&s("lowerdir=/a,upperdir=/u,noatime,nodiratime,noexec")).unwrap();
+        assert_eq!(
+            F::from_bits_truncate(r.mount_flags),
+            F::MS_NOATIME | F::MS_NODIRATIME | F::MS_NOEXEC
+        );
+        let r = parse(&s("lowerdir=/a,upperdir=/u,noatime,atime,strictatime")).unwrap();
+        assert_eq!(F::from_bits_truncate(r.mount_flags), F::MS_STRICTATIME);
+        assert_eq!(parse(&s("lowerdir=/a,upperdir=/u")).unwrap().mount_flags, 0);
+        let f = remount_flags(&s("remount,ro,noatime")).unwrap();
+        assert_eq!(f, F::MS_RDONLY | F::MS_NOATIME);
     }
 
     #[test]

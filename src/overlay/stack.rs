@@ -443,6 +443,33 @@ impl Stack {
     }
 }
 
+impl Stack {
+    /// A name other than `except` in directory `rel` of `layer` whose entry has inode number
+    /// `ino` (another hard link of that inode in the same directory), if there is one: one
+    /// pass of getdents, no stat.
+    ///
+    /// Errors: the `openat`/`getdents` errno.
+    pub fn other_link(
+        &self,
+        layer: Tree,
+        rel: &CStr,
+        ino: u64,
+        except: &OsStr,
+    ) -> io::Result<Option<OsString>> {
+        let dir = self.open(layer, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let fd: OwnedFd = dir.into();
+        let mut d = nix::dir::Dir::from_fd(fd).map_err(io::Error::from)?;
+        for ent in d.iter() {
+            let ent = ent.map_err(io::Error::from)?;
+            let name = OsStr::from_bytes(ent.file_name().to_bytes());
+            if ent.ino() == ino && name != except && name != "." && name != ".." {
+                return Ok(Some(name.to_os_string()));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// The topmost (lowest-numbered) layer in a lower mask.
 pub fn top_lower(mask: u64) -> Option<u8> {
     (mask != 0).then(|| mask.trailing_zeros() as u8)

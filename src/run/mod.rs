@@ -118,9 +118,9 @@ pub struct RunConfig {
     /// This run's id (in the summary and every event).
     pub run_id: String,
     /// `--sandbox none|bwrap`: the user setup, maintenance and COMMAND run as (`--user` or the
-    /// spec's `user`, resolved on the host; issue 12). `None`: layercache's own user.
+    /// spec's `user`, resolved on the host). `None`: layercache's own user.
     pub user: Option<sandbox::user::RunUser>,
-    /// An unprivileged run (issue 22): the user's ids and who the steps run as; the run is
+    /// An unprivileged run: the user's ids and who the steps run as; the run is
     /// then in its own user and mount namespace ([`rootless::enter`]). `None` for root.
     pub rootless: Option<rootless::Rootless>,
 }
@@ -191,7 +191,7 @@ impl Mounts<'_> {
                 need.push(paths.workdir.join(rel));
             }
         }
-        // Docker (issue 12): the container has its own root; the host needs no view dirs there.
+        // Docker: the container has its own root; the host needs no view dirs there.
         if let Some(v) = (paths.workdir_view.as_ref()).filter(|_| sandbox.host_view_dirs()) {
             need.insert(0, v.clone());
         }
@@ -386,7 +386,7 @@ fn mount_all(
             pulled_objects: mounted.pulled.as_ref().map_or(0, |p| p.pulled_objects),
             new_files: 0,
             new_bytes: 0,
-            // issue 11: why a miss or restore, against the nearest layer's recorded inputs.
+            // Why a miss or restore, against the nearest layer's recorded inputs.
             why: match mounted.result {
                 CacheResult::Hit => Vec::new(),
                 _ => crate::why::explain(
@@ -424,7 +424,7 @@ fn setup_or_maintenance(
 ) -> Result<Option<Error>> {
     let (what, script) = match p.mounted.result {
         CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
-        // issue 11: a restore brings the old tree up to date in place.
+        // A restore brings the old tree up to date in place.
         CacheResult::Restore => (
             "setup",
             cache.restore_setup.as_deref().or(Some(&cache.setup)),
@@ -489,7 +489,7 @@ fn promote(mounter: &dyn Mounter, cache: &Cache, p: &mut Prep) -> Result<()> {
     p.event.new_files = committed.new_files;
     p.event.new_bytes = committed.new_bytes;
     if committed.published && p.event.empty_layer() {
-        // issue 24: a hit of it would save nothing; say so where it happens.
+        // A hit of it would save nothing; say so where it happens.
         eprintln!(
             "layercache: warning: cache {:?} published an empty layer (0 files, 0 B): its \
              setup wrote nothing to {} — the tool likely wrote its cache elsewhere (is \
@@ -639,11 +639,11 @@ impl<'a> Steps<'a> {
 
     /// `argv` (not empty) as the sandbox builds it ([`Sandbox::host_command`]: directly, in
     /// its own mount namespace holding `views` and in the workdir when `cwd`, or inside
-    /// bubblewrap), as the run's `--user` when it has one (issue 12), under the init of a PID
+    /// bubblewrap), as the run's `--user` when it has one, under the init of a PID
     /// namespace of its own ([`pidns`]; `group`: the step leads a process group there, which
     /// forwarded signals reach).
     ///
-    /// Unprivileged (`rootless`, issue 22): natively, the step leaves the run namespace's root
+    /// Unprivileged (`rootless`): natively, the step leaves the run namespace's root
     /// for a nested user namespace where it is the user ([`rootless::as_user`]); bwrap is
     /// started as that root and makes the same mapping itself (`--unshare-user --uid U --gid G`).
     ///
@@ -700,7 +700,7 @@ impl<'a> Steps<'a> {
         self.rootless.is_some() || !rootless::needed()
     }
 
-    /// Runs `argv` in a new container of the run (issue 12, [`sandbox::docker`]); `script`:
+    /// Runs `argv` in a new container of the run ([`sandbox::docker`]); `script`:
     /// stdin closed and stdout → stderr, as for [`Steps::script`]. The container is removed by
     /// name when this returns, whatever happened.
     fn docker(

@@ -15,7 +15,7 @@ pub struct StoreMounter {
     store: crate::store::Store,
     fill_wait: Duration,
     mounts: parking_lot::Mutex<BTreeMap<PathBuf, crate::store::Mount>>,
-    /// Ownership mapping of every mount (issue 12, `--user`).
+    /// Ownership mapping of every mount (`--user`).
     squash: crate::overlay::options::Squash,
     /// The passthrough choice of each cache (spec field `passthrough`, or `--passthrough`);
     /// a cache not listed is mounted with `Auto`.
@@ -44,7 +44,7 @@ impl StoreMounter {
         self
     }
 
-    /// Mounts every cache with this ownership mapping (`--user UID:GID`, issue 12).
+    /// Mounts every cache with this ownership mapping (`--user UID:GID`).
     pub fn with_squash(mut self, squash: crate::overlay::options::Squash) -> Self {
         self.squash = squash;
         self

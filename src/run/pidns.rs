@@ -1,4 +1,4 @@
-//! A PID namespace per step (issue 24 item 2): setup, maintenance and COMMAND each run as PID 2
+//! A PID namespace per step: setup, maintenance and COMMAND each run as PID 2
 //! of a PID namespace of their own under a tiny init, so that when the step ends — or
 //! `layercache run` is killed, even by `kill -9` — every process it started dies with it,
 //! including a daemon that left the process group and session (`setsid`, double fork). This

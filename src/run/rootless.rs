@@ -1,4 +1,4 @@
-//! `layercache run` without root (issue 22 part 2): the run enters a user namespace plus mount
+//! `layercache run` without root: the run enters a user namespace plus mount
 //! namespace of its own before it opens the store, and everything a root run does happens there.
 //!
 //! * **The run's namespaces** ([`enter`]): `unshare(CLONE_NEWUSER | CLONE_NEWNS)` with the one

@@ -75,7 +75,7 @@ pub(super) fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
                 line.push_str(&format!(" ({pulled})"));
             }
         }
-        // issue 11: what differs from the nearest layer (its key is in --json and events).
+        // What differs from the nearest layer (its key is in --json and events).
         let why: Vec<&str> = (e.why.iter().map(String::as_str))
             .filter(|w| !w.starts_with("nearest layer "))
             .collect();

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// `/proc` and `/tmp`, `$HOME` writable (package managers keep logs and config there), the
 /// workdir and each mount bound read-write, the env set, and the child killed with its parent.
 ///
-/// With `user` (`--user`, issue 12), bwrap runs in a user namespace of its own
+/// With `user` (`--user`), bwrap runs in a user namespace of its own
 /// (`--unshare-user --uid UID --gid GID`) with the same ids inside as outside: the caller makes
 /// the bwrap process itself run as that user ([`user::RunUser::drop_privileges`]), so the
 /// sandbox's processes really are that user (unprivileged user namespaces must be allowed).

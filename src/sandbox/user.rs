@@ -1,4 +1,4 @@
-//! `--user` (and the spec's `user`) for every driver (issue 12): its syntax ([`check_syntax`]);
+//! `--user` (and the spec's `user`) for every driver: its syntax ([`check_syntax`]);
 //! for `--sandbox none` and `--sandbox bwrap`, the user setup, maintenance and COMMAND run as,
 //! resolved on the host ([`RunUser::resolve`]), and the drop to it in the child before exec.
 //!

@@ -352,7 +352,7 @@ pub async fn runs(
     ))
 }
 
-/// `GET /projects/{project}/runs/{run}`: one run's own page (issue 24) — its "workspace
+/// `GET /projects/{project}/runs/{run}`: one run's own page — its "workspace
 /// preparation" panel: per cache the result, key, matched restore key, why, the setup,
 /// maintenance and promote times, what the promotion added, the time saved and the exit status;
 /// and the run's totals. The same numbers as `GET /api/v1/projects/{project}/runs/{run}`.

@@ -99,7 +99,7 @@ pub fn history(events: &[Event], project: &str, limit: usize) -> Vec<RunRow> {
 }
 
 /// One run: its preparations, cache by cache in the order the run prepared them, and its totals
-/// (issue 24: a run's own page; the "workspace preparation" panel of a Codex task). Durations
+/// (a run's own page; the "workspace preparation" panel of a Codex task). Durations
 /// in ms.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunDetail {

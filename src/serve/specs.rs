@@ -122,7 +122,7 @@ mod tests {
         assert_eq!(errs[0].line, Some(9));
         assert!(errs[0].message.contains("unknown preset"), "{errs:?}");
         // Two bad caches: both are reported, each on its own line, and every bad field of
-        // each (cache[1] has neither setup nor key files; issue 24).
+        // each (cache[1] has neither setup nor key files).
         let two =
             "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"x\"\n\n[[cache]]\nid = \"b\"\n";
         let AppError::Invalid(errs) = validate(two).unwrap_err() else {

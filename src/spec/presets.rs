@@ -51,7 +51,7 @@ pnpm install --frozen-lockfile --prefer-offline --config.confirmModulesPurge=fal
 elif [ -f yarn.lock ]; then yarn install --frozen-lockfile --prefer-offline; \
 else npm install --prefer-offline --no-audit --no-fund --no-save; fi";
 
-/// The venv preset's setup (v2, issue 24): the venv is made by the tool of the lockfile it is
+/// The venv preset's setup (v2): the venv is made by the tool of the lockfile it is
 /// keyed on — `uv sync --frozen` for uv.lock (uv makes `.venv` itself, from the lock alone),
 /// poetry for poetry.lock (`poetry install --no-root` into the venv made first, which poetry
 /// uses as the active one: `VIRTUAL_ENV` is the mount), else pip for requirements.txt; v1 ran
@@ -107,7 +107,7 @@ fi"#;
 /// Maintenance of a package manager's download cache on a hit: install the project's tree from
 /// the cache, unless that tree is a mount of its own (another cache of the run, e.g. the
 /// node_modules or venv preset), which is already the tree of these key files — reinstalling
-/// it would undo that cache's hit (issue 11).
+/// it would undo that cache's hit.
 macro_rules! unless_mounted {
     ($dir:literal, $install:literal) => {
         concat!("mountpoint -q ", $dir, " 2>/dev/null || ", $install)
@@ -133,7 +133,7 @@ const GRADLE_SETUP: &str = "init=$(mktemp) && printf '%s\\n' 'allprojects { task
 && if [ -x ./gradlew ]; then ./gradlew --no-daemon -q -I \"$init\" layercacheResolve; \
 else gradle --no-daemon -q -I \"$init\" layercacheResolve; fi; s=$?; rm -f \"$init\"; exit $s";
 
-/// The built-in presets (issue 5), in the order `layercache presets` lists them.
+/// The built-in presets, in the order `layercache presets` lists them.
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "npm",

@@ -49,7 +49,7 @@ fn mountpoints_stay_below_the_mount_root_or_the_workdir() {
         workdir_view: None,
     };
     // Refused when the spec is read (no paths needed: no mount root or workdir holds them),
-    // by `layercache run` and the API alike (issue 24).
+    // by `layercache run` and the API alike.
     for mp in [
         "/etc",
         "/",
@@ -316,7 +316,7 @@ fn templates_expand() {
     );
 }
 
-/// Every bad field is listed, several of one cache included, not only the first (issue 24).
+/// Every bad field is listed, several of one cache included, not only the first.
 #[test]
 fn every_bad_field_is_listed() {
     let errors = parse_all(

@@ -90,7 +90,7 @@ impl Store {
             }
             Ok(())
         };
-        // 0. Mounts a killed mount or commit left (issue 25): every mountpoint where this
+        // 0. Mounts a killed mount or commit left: every mountpoint where this
         // store's runs are mounted, cleared of leftovers (a stacked second mount above all).
         if !dry {
             let mut seen = HashSet::new();

@@ -95,7 +95,7 @@ impl Store {
         let mnt = match &req.mountpoint {
             Some(p) => {
                 let mnt = canonical_mountpoint(p)?;
-                // What a killed mount or commit left there goes first (issue 25).
+                // What a killed mount or commit left there goes first.
                 if overlay::is_mountpoint_busy(&mnt)? {
                     self.clear_leftover_mounts(&mnt, false)?;
                 }

@@ -19,7 +19,7 @@
 //!   kept (overlay-private xattrs are dropped);
 //! * every entry from the upper dir gets the **canonical owner** ([`canonical_owner`], 0:0 for
 //!   a root store) whatever uid filled it, so a layer filled by uid 1000 serves uid 1001 in a
-//!   later run through the overlay's `squash_to_uid`/`squash_to_gid` (issue 12; as
+//!   later run through the overlay's `squash_to_uid`/`squash_to_gid` (as
 //!   fuse-overlayfs's squash options, chown(2) clears set-user/group-ID bits of files); so do
 //!   the directories, symlinks and fifos built from the lower, while lower regular files are
 //!   linked as they are (a lower tree is never changed); regular files from the upper lose

@@ -208,7 +208,7 @@ impl Store {
     pub fn umount(&self, mountpoint: &Path) -> Result<()> {
         let Some(m) = self.resolve(mountpoint)? else {
             // No record names it, but a killed mount or commit may have left mounts of this
-            // store's runs there: those go (issue 25).
+            // store's runs there: those go.
             if self.clear_leftover_mounts(mountpoint, true)? > 0 {
                 return Ok(());
             }
@@ -308,7 +308,7 @@ impl Store {
         // Whatever else of this store is still mounted there (a dead commit's remount stacked
         // under or over the recorded one) goes too: after `umount`, nothing of ours is left.
         self.clear_leftover_mounts(&m.mnt, true)?;
-        // issue 11: a discarded fill leaves no lock file (unless this process's own Mount
+        // A discarded fill leaves no lock file (unless this process's own Mount
         // handle still holds it: Mount::end_fill removes it then).
         if m.rec.fill_lock_fd.is_some()
             && let Some(l) = lease::Lease::try_acquire(

@@ -1,0 +1,285 @@
+//! File handles on an overlay mount (issue 25, xfstests generic/426, 467, 756): a handle from
+//! name_to_handle_at(2) opens the same file with open_by_handle_at(2) after the kernel has
+//! forgotten the inode (`echo 2 > /proc/sys/vm/drop_caches`), across a copy-up and a rename,
+//! and gives ESTALE once the file is unlinked — as kernel overlayfs does with
+//! `nfs_export=on` (Documentation/filesystems/overlayfs.rst, "NFS export"). FUSE's side is
+//! fs/fuse/inode.c `fuse_export_operations`: a handle is the node id and generation, and an
+//! inode the kernel forgot is found again with LOOKUP(node id, ".") (and a directory's parent
+//! with LOOKUP(node id, "..")).
+//!
+//! `LAYERCACHE_TEST_IMPL=kernel` runs these on kernel overlayfs with `index=on,nfs_export=on`.
+
+#[macro_use]
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::*;
+
+/// Bytes of handle data asked for (MAX_HANDLE_SZ).
+const MAX_HANDLE: usize = 128;
+
+/// A `struct file_handle` with room for [`MAX_HANDLE`] bytes.
+#[repr(C)]
+struct Handle {
+    bytes: u32,
+    kind: i32,
+    data: [u8; MAX_HANDLE],
+}
+
+/// The fixture with the kernel options nfs export needs on kernel overlayfs.
+fn fixture(populate: impl FnOnce(&Path)) -> Fixture {
+    Fixture::builder()
+        .kernel_opt("index=on")
+        .kernel_opt("nfs_export=on")
+        .build(|l| populate(&l[0]))
+}
+
+/// name_to_handle_at(2) of `p` (not following a last symlink).
+fn handle_of(p: &Path) -> Handle {
+    let c = cstr(p);
+    let mut h = Handle {
+        bytes: MAX_HANDLE as u32,
+        kind: 0,
+        data: [0; MAX_HANDLE],
+    };
+    let mut mnt_id: libc::c_int = 0;
+    // SAFETY: `h` is a file_handle with `bytes` of room after its header; the path is NUL-ended.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &mut h as *mut Handle,
+            &mut mnt_id as *mut libc::c_int,
+            0,
+        )
+    };
+    assert_eq!(r, 0, "name_to_handle_at {}: errno {}", p.display(), errno());
+    h
+}
+
+/// open_by_handle_at(2) of `h` on the filesystem mounted at `mnt` (needs CAP_DAC_READ_SEARCH).
+fn open_handle(mnt: &Path, h: &Handle, flags: i32) -> Result<OwnedFd, i32> {
+    let m = fs::File::open(mnt).unwrap();
+    // SAFETY: `h` is a valid file_handle; the mount fd is open for the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            std::os::fd::AsRawFd::as_raw_fd(&m),
+            h as *const Handle,
+            flags,
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: a new fd the kernel just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Makes the kernel forget every unused inode and dentry (the FUSE module sends FORGET).
+fn drop_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "2").expect("drop caches");
+}
+
+fn read_fd(fd: OwnedFd) -> String {
+    let mut s = String::new();
+    fs::File::from(fd).read_to_string(&mut s).unwrap();
+    s
+}
+
+fn ino_of_fd(fd: &OwnedFd) -> (u64, u32) {
+    let f = fs::File::from(fd.try_clone().unwrap());
+    let m = f.metadata().unwrap();
+    (m.ino(), m.mode() & libc::S_IFMT)
+}
+
+/// A lower file, a file made in the mount (upper), a hard-linked upper file and a lower
+/// directory: each handle opens the right file after the kernel forgot them all, and the hard
+/// link still opens after its first name is unlinked.
+#[test]
+fn handles_open_lower_upper_linked_files_and_dirs_after_the_kernel_forgot_them() {
+    require_root!();
+    let fx = fixture(|l| {
+        write(&l.join("dir/lower.txt"), "lower data");
+    });
+    write(&fx.p("dir/upper.txt"), "upper data");
+    write(&fx.p("dir/linked"), "linked data");
+    fs::hard_link(fx.p("dir/linked"), fx.p("dir/second")).unwrap();
+    let cases = [
+        ("dir/lower.txt", "lower data"),
+        ("dir/upper.txt", "upper data"),
+        ("dir/linked", "linked data"),
+        ("dir/second", "linked data"),
+    ];
+    let handles: Vec<Handle> = cases.iter().map(|(p, _)| handle_of(&fx.p(p))).collect();
+    let dir_handle = handle_of(&fx.p("dir"));
+    let dir_ino = fs::metadata(fx.p("dir")).unwrap().ino();
+    drop_caches();
+    for ((p, want), h) in cases.iter().zip(&handles) {
+        let fd = open_handle(&fx.mnt, h, libc::O_RDONLY)
+            .unwrap_or_else(|e| panic!("open_by_handle_at {p}: errno {e}"));
+        assert_eq!(read_fd(fd), *want, "{p} by handle");
+    }
+    let d = open_handle(&fx.mnt, &dir_handle, libc::O_RDONLY | libc::O_DIRECTORY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at dir: errno {e}"));
+    assert_eq!(ino_of_fd(&d), (dir_ino, libc::S_IFDIR), "dir by handle");
+    drop(d);
+    // The first name goes; the handle opens the inode through the second.
+    fs::remove_file(fx.p("dir/linked")).unwrap();
+    drop_caches();
+    let fd = open_handle(&fx.mnt, &handles[2], libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at of a link whose first name went: {e}"));
+    assert_eq!(read_fd(fd), "linked data");
+}
+
+/// A lower file's handle, taken before its copy-up, opens the copy (new content) afterwards,
+/// and still does after a rename into another directory.
+#[test]
+fn a_handle_outlives_copy_up_and_rename() {
+    require_root!();
+    let fx = fixture(|l| {
+        write(&l.join("a/f"), "old");
+        fs::create_dir(l.join("b")).unwrap();
+    });
+    let h = handle_of(&fx.p("a/f"));
+    let ino = fs::metadata(fx.p("a/f")).unwrap().ino();
+    drop_caches();
+    fs::write(fx.p("a/f"), "new content").unwrap();
+    assert!(
+        fx.upper.join("a/f").exists(),
+        "the write copied the file up"
+    );
+    drop_caches();
+    let fd = open_handle(&fx.mnt, &h, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at after copy-up: errno {e}"));
+    assert_eq!(
+        ino_of_fd(&fd).0,
+        ino,
+        "same inode number as before the copy-up"
+    );
+    assert_eq!(read_fd(fd), "new content");
+    fs::rename(fx.p("a/f"), fx.p("b/g")).unwrap();
+    drop_caches();
+    let fd = open_handle(&fx.mnt, &h, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at after rename: errno {e}"));
+    assert_eq!(read_fd(fd), "new content");
+}
+
+/// Unlinked files (lower and upper) and a removed directory give ESTALE once the kernel
+/// forgot them, while a file left in place beside them, and one kept open through the unlink,
+/// still open by handle.
+#[test]
+fn handles_of_unlinked_files_are_stale() {
+    require_root!();
+    let fx = fixture(|l| {
+        write(&l.join("lower.txt"), "l");
+        write(&l.join("gone/x"), "x");
+    });
+    write(&fx.p("upper.txt"), "u");
+    write(&fx.p("kept"), "kept data");
+    write(&fx.p("stays"), "still here");
+    let hs = handle_of(&fx.p("stays"));
+    let hl = handle_of(&fx.p("lower.txt"));
+    let hu = handle_of(&fx.p("upper.txt"));
+    let hk = handle_of(&fx.p("kept"));
+    let hd = handle_of(&fx.p("gone"));
+    let open = fs::File::open(fx.p("kept")).unwrap();
+    fs::remove_file(fx.p("lower.txt")).unwrap();
+    fs::remove_file(fx.p("upper.txt")).unwrap();
+    fs::remove_file(fx.p("kept")).unwrap();
+    fs::remove_file(fx.p("gone/x")).unwrap();
+    fs::remove_dir(fx.p("gone")).unwrap();
+    // A new file under the old name is another file: the old handle must not open it.
+    write(&fx.p("upper.txt"), "another file");
+    drop_caches();
+    for (what, h) in [("lower", &hl), ("upper", &hu), ("directory", &hd)] {
+        let r = open_handle(&fx.mnt, h, libc::O_RDONLY).map(read_fd);
+        assert_eq!(r, Err(libc::ESTALE), "{what} handle after unlink");
+    }
+    let fd = open_handle(&fx.mnt, &hk, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("handle of an unlinked file still open: errno {e}"));
+    assert_eq!(read_fd(fd), "kept data");
+    drop(open);
+    let fd = open_handle(&fx.mnt, &hs, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("handle of a file left in place: errno {e}"));
+    assert_eq!(read_fd(fd), "still here");
+}
+
+/// A directory opened by handle after the kernel forgot it and its parents is connected:
+/// `..` from it is its parent, and names in it resolve (LOOKUP "..": the kernel walks up).
+#[test]
+fn a_directory_handle_walks_up_to_its_parent() {
+    require_root!();
+    let fx = fixture(|l| {
+        write(&l.join("top/mid/leaf/file"), "deep");
+    });
+    write(&fx.p("top/mid/leaf/new"), "made");
+    let h = handle_of(&fx.p("top/mid/leaf"));
+    let mid = fs::metadata(fx.p("top/mid")).unwrap().ino();
+    let top = fs::metadata(fx.p("top")).unwrap().ino();
+    drop_caches();
+    let d = open_handle(&fx.mnt, &h, libc::O_RDONLY | libc::O_DIRECTORY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at of a directory: errno {e}"));
+    let at = |fd: &OwnedFd, name: &str| -> OwnedFd {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a valid dir fd and a NUL-ended name.
+        let r = unsafe {
+            libc::openat(
+                std::os::fd::AsRawFd::as_raw_fd(fd),
+                c.as_ptr(),
+                libc::O_RDONLY,
+            )
+        };
+        assert!(r >= 0, "openat {name}: errno {}", errno());
+        // SAFETY: a new fd we own.
+        unsafe { OwnedFd::from_raw_fd(r) }
+    };
+    let up = at(&d, "..");
+    assert_eq!(
+        ino_of_fd(&up),
+        (mid, libc::S_IFDIR),
+        ".. of the handle's dir"
+    );
+    let upup = at(&up, "..");
+    assert_eq!(ino_of_fd(&upup), (top, libc::S_IFDIR), "../..");
+    assert_eq!(read_fd(at(&d, "file")), "deep");
+    assert_eq!(read_fd(at(&d, "new")), "made");
+    // The kernel names the reconnected directory by its real path.
+    let link = fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&d)
+    ))
+    .unwrap();
+    assert_eq!(link, fx.p("top/mid/leaf"));
+}
+
+/// Node ids of a new mount start again (counter ids), so a handle from an earlier mount may
+/// carry the id of another file now: the mount's generation makes it ESTALE (kernel overlayfs,
+/// whose handles survive a remount, opens the original file). It never opens the other file;
+/// a handle of this mount opens.
+#[test]
+fn a_handle_of_an_earlier_mount_never_opens_another_file() {
+    require_root!();
+    let mut fx = fixture(|_| {});
+    write(&fx.p("first"), "first mount");
+    let old = handle_of(&fx.p("first"));
+    fx.remount();
+    // The first upper file this mount sees gets the id "first" had in the last one.
+    write(&fx.p("second"), "another file");
+    let new = handle_of(&fx.p("second"));
+    drop_caches();
+    match open_handle(&fx.mnt, &old, libc::O_RDONLY).map(read_fd) {
+        Err(e) => assert_eq!(e, libc::ESTALE, "old handle"),
+        Ok(s) => assert_eq!(s, "first mount", "old handle opened another file"),
+    }
+    let fd = open_handle(&fx.mnt, &new, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("handle of this mount: errno {e}"));
+    assert_eq!(read_fd(fd), "another file");
+}
