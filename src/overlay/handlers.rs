@@ -9,7 +9,6 @@
 //! write/setattr/setxattr (never at open).
 
 use std::ffi::OsStr;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -771,98 +770,6 @@ impl fuser::Filesystem for OverlayFs {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }
-    }
-}
-
-impl OverlayFs {
-    /// After a content change of node `id` (copied up) by `caller`: drops the set-id bits the
-    /// kernel would ([`privs::drop_after_write`]); returns the new permission bits if it did.
-    ///
-    /// Errors: the errno of opening, `fstat` or `fchmod` of the upper file.
-    fn drop_setid(&self, id: u64, caller: &Caller) -> OpResult<Option<u32>> {
-        let f = {
-            let _g = self.ns.read();
-            self.data_fd(id, true)?
-        };
-        privs::drop_after_write(&f, caller, |g| self.squash.gid.unwrap_or(g)).map_err(errno)
-    }
-
-    /// How long the kernel may keep node `id`'s attributes: [`TTL`], or none for a node
-    /// superseded by a copy (copy-up by re-lookup): its metadata is the copy's, which changes
-    /// through another kernel inode, so the fds still open on it ask every time.
-    fn attr_ttl(&self, id: u64) -> std::time::Duration {
-        if self.nodes.successor(id).is_some() {
-            std::time::Duration::ZERO
-        } else {
-            TTL
-        }
-    }
-
-    fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {
-        if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
-            return Ok(());
-        }
-        let f = {
-            let _g = self.ns.read();
-            self.data_fd(id, true)?
-        };
-        let r = if datasync {
-            f.sync_data()
-        } else {
-            f.sync_all()
-        };
-        r.map_err(errno)
-    }
-
-    fn fallocate_node(&self, id: u64, offset: u64, length: u64, mode: i32) -> OpResult<()> {
-        let f = {
-            let _g = self.ns.read();
-            self.copy_up(id, None)?;
-            self.data_fd(id, true)?
-        };
-        // SAFETY: valid fd.
-        if unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) } < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        Ok(())
-    }
-
-    fn lseek_node(&self, id: u64, offset: i64, whence: i32) -> OpResult<i64> {
-        let f = {
-            let _g = self.ns.read();
-            self.data_fd(id, false)?
-        };
-        // SAFETY: valid fd; the shared fd's position is not used by pread/pwrite.
-        let r = unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
-        if r < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        Ok(r)
-    }
-
-    fn copy_range_nodes(
-        &self,
-        id_in: u64,
-        off_in: u64,
-        id_out: u64,
-        off_out: u64,
-        len: u64,
-    ) -> OpResult<u32> {
-        let (fi, fo) = {
-            let _g = self.ns.read();
-            self.copy_up(id_out, None)?;
-            (self.data_fd(id_in, false)?, self.data_fd(id_out, true)?)
-        };
-        let (mut oi, mut oo) = (off_in as i64, off_out as i64);
-        let len = len.min(1 << 30) as usize;
-        // SAFETY: valid fds and offset pointers.
-        let n = unsafe {
-            libc::copy_file_range(fi.as_raw_fd(), &mut oi, fo.as_raw_fd(), &mut oo, len, 0)
-        };
-        if n < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        Ok(n as u32)
     }
 }
 
