@@ -184,7 +184,9 @@ impl CacheKeys {
 /// Computes a cache's key and restore keys from the key files under `paths.workdir`.
 ///
 /// Errors: [`Error::Invalid`] naming `cache "<id>": key_files` when a literal key file of the
-/// spec is missing or no key file matches at all; [`Error::Io`] when a key file cannot be read.
+/// spec is missing or a directory, no key file matches at all, or a key file (or the directory
+/// a key-file glob walks) resolves through a symlink to a path outside the workdir (the outside
+/// file is never read); [`Error::Io`] when a key file cannot be read.
 pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheKeys> {
     let id = cache.id.as_str();
     let files = find_key_files(cache, &paths.workdir)?;
@@ -300,13 +302,34 @@ fn key_inputs(
 /// The key files of `cache` under `workdir`, relative and sorted.
 fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
     let id = cache.id.as_str();
+    let real_root = fs::canonicalize(workdir).at(workdir)?;
     let mut found: Vec<PathBuf> = Vec::new();
     for pattern in &cache.key_files {
         let before = found.len();
         let glob = Pattern::new(pattern)
             .map_err(|e| Error::invalid(format!("cache {id:?}: key_files: {e}")))?;
+        // The directory a glob walks (its literal leading components) or the literal file,
+        // then every match: none may resolve outside the workdir, nor is any outside file read.
+        let base: PathBuf = pattern
+            .split('/')
+            .take_while(|c| !c.contains(['*', '?', '[', '{']))
+            .collect();
+        if !base.as_os_str().is_empty() && fs::symlink_metadata(workdir.join(&base)).is_ok() {
+            check_inside(id, pattern, workdir, &real_root, &base)?;
+        }
         glob.walk(workdir, SKIP_DIRS, true, &mut found)?;
+        for rel in &found[before..] {
+            check_inside(id, pattern, workdir, &real_root, rel)?;
+        }
         if cache.key_files_explicit && glob.is_literal() && found.len() == before {
+            if workdir.join(&base).is_dir() {
+                return Err(Error::invalid(format!(
+                    "cache {id:?}: key_files: {pattern:?} is a directory in {}; name a file or \
+                     a glob such as \"{}/*\"",
+                    workdir.display(),
+                    pattern.trim_end_matches('/')
+                )));
+            }
             return Err(Error::invalid(format!(
                 "cache {id:?}: key_files: {pattern:?} not found in {}",
                 workdir.display()
@@ -323,6 +346,31 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
         )));
     }
     Ok(found)
+}
+
+/// Refuses `rel` (a key file, or the directory a key-file glob walks) of the key_files entry
+/// `pattern` when its real path (symlinks resolved) is not under `real_root`, the workdir's
+/// real path: a symlink must not carry a hash of an outside file (`/etc/shadow`) into the key's
+/// inputs, the store and the remote tier.
+fn check_inside(
+    id: &str,
+    pattern: &str,
+    workdir: &Path,
+    real_root: &Path,
+    rel: &Path,
+) -> Result<()> {
+    let abs = workdir.join(rel);
+    let real = fs::canonicalize(&abs).at(&abs)?;
+    if real.starts_with(real_root) {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "cache {id:?}: key_files {pattern:?}: {} -> {} leads outside the project ({}); key files \
+         must resolve to paths under the workdir",
+        rel.display(),
+        real.display(),
+        real_root.display()
+    )))
 }
 
 /// Paths under `root` matching `pattern` (relative, `*`/`?` within a name, `**` any directories;
@@ -502,6 +550,81 @@ mod tests {
         let e = keys(NPM, empty.path(), None).unwrap_err().to_string();
         assert!(
             e.contains("key_files") && e.contains("package-lock.json"),
+            "{e}"
+        );
+    }
+
+    /// A spec of one cache `k` whose key_files are `files` (a TOML array body).
+    fn with_key_files(files: &str) -> String {
+        format!("project = \"p\"\n[[cache]]\nid = \"k\"\npreset = \"npm\"\nkey_files = [{files}]\n")
+    }
+
+    #[test]
+    fn key_files_symlinked_outside_the_project_are_refused() {
+        use std::os::unix::fs::symlink;
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("shadow");
+        fs::write(&secret, b"root:secret").unwrap();
+        let real_secret = fs::canonicalize(&secret).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        symlink(&secret, d.path().join("lock")).unwrap();
+        let e = keys(&with_key_files("\"lock\""), d.path(), None).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "{e:?}");
+        let e = e.to_string();
+        let want = format!("key_files \"lock\": lock -> {}", real_secret.display());
+        assert!(
+            e.contains(&want) && e.contains("outside the project"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+
+        // A glob under a symlinked directory, and a glob whose walk enters one.
+        symlink(outside.path(), d.path().join("sub")).unwrap();
+        let e = keys(&with_key_files("\"sub/*\""), d.path(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key_files \"sub/*\": sub -> "), "{e}");
+        fs::remove_file(d.path().join("sub")).unwrap();
+        fs::create_dir(d.path().join("real")).unwrap();
+        fs::write(d.path().join("real/x.lock"), b"in").unwrap();
+        symlink(outside.path(), d.path().join("other")).unwrap();
+        fs::write(outside.path().join("x.lock"), b"out").unwrap();
+        let e = keys(&with_key_files("\"*/x.lock\""), d.path(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("other/x.lock -> ") && e.contains("outside"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn key_file_symlinks_inside_the_project_are_followed() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir(d.path().join("real")).unwrap();
+        fs::write(d.path().join("real/a.lock"), b"1").unwrap();
+        symlink("real/a.lock", d.path().join("lock")).unwrap();
+        symlink("real", d.path().join("sub")).unwrap();
+        let k = keys(&with_key_files("\"lock\", \"sub/*\""), d.path(), None).unwrap();
+        assert_eq!(
+            k.key_files,
+            [PathBuf::from("lock"), PathBuf::from("sub/a.lock")]
+        );
+        fs::write(d.path().join("real/a.lock"), b"2").unwrap();
+        let k2 = keys(&with_key_files("\"lock\", \"sub/*\""), d.path(), None).unwrap();
+        assert_ne!(k.key, k2.key);
+    }
+
+    #[test]
+    fn a_directory_as_key_file_says_so() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir(d.path().join("deps")).unwrap();
+        let e = keys(&with_key_files("\"deps\""), d.path(), None).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.contains("\"deps\" is a directory") && e.contains("\"deps/*\""),
             "{e}"
         );
     }

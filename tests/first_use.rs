@@ -2,7 +2,8 @@
 //! `--workdir-view`, the host view directories a run made, an empty layer's warning and its
 //! saving, per-cache stats, `ls`/`gc` sizes and the dry run's list, the `--json` error line's
 //! run id, `key` before a store exists, a `--workdir` that is a file, and spec validation that
-//! lists every error and refuses a system directory as a mountpoint before anything runs.
+//! lists every error and refuses a system directory as a mountpoint before anything runs, and a
+//! key file symlinked out of the project refused by `key`.
 //!
 //! Real FUSE mounts as root with /dev/fuse (a skip otherwise, a failure when `CI` is set); every
 //! path a run makes is below the test's sandbox, whose Drop unmounts anything left.
@@ -248,4 +249,62 @@ fn run_lists_every_spec_error_and_refuses_a_system_mountpoint() {
     );
     assert!(err.contains("cache[1].key_files"), "{err}");
     assert!(!sb.work().join("ran").exists() && !sb.work().join("ran-command").exists());
+}
+
+/// `key` with a key file that is a symlink out of the project (`lock -> <outside>/shadow`):
+/// exit 2 with one line naming the key_files entry, the path and where it leads; no hash of the
+/// outside file is printed or stored. A symlink that stays inside is followed.
+#[test]
+fn a_key_file_symlinked_outside_the_project_is_refused() {
+    let sb = Sandbox::new();
+    let secret = sb.path("shadow");
+    std::fs::write(&secret, "root:secret\n").unwrap();
+    std::os::unix::fs::symlink(&secret, sb.work().join("lock")).unwrap();
+    let spec_text = |file: &str| {
+        format!(
+            "project = \"p\"\n[[cache]]\nid = \"deps\"\nkey_files = [\"{file}\"]\n\
+             mountpoint = \"{{mount_root}}/deps\"\nsetup = 'true'\n"
+        )
+    };
+    let s = sb.write_spec("out.toml", &spec_text("lock"));
+    let key = |spec: &std::path::Path| {
+        let mut c = Command::new(BIN);
+        c.arg("--store")
+            .arg(sb.path("store"))
+            .arg("--json")
+            .args(["key", "--spec"])
+            .arg(spec)
+            .arg("--workdir")
+            .arg(sb.work());
+        let out = c.output().unwrap();
+        eprintln!("layercache key: {}", show(&out));
+        out
+    };
+    let out = key(&s);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = text(&out.stderr);
+    let real = std::fs::canonicalize(&secret).unwrap();
+    assert!(
+        err.contains(&format!("key_files \"lock\": lock -> {}", real.display()))
+            && err.contains("outside the project"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        !text(&out.stdout).contains("key file lock"),
+        "{}",
+        show(&out)
+    );
+
+    // Inside the project the symlink is followed.
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    std::fs::remove_file(sb.work().join("lock")).unwrap();
+    std::os::unix::fs::symlink("deps.lock", sb.work().join("lock")).unwrap();
+    let out = key(&s);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(
+        text(&out.stdout).contains("key file lock"),
+        "{}",
+        show(&out)
+    );
 }
