@@ -281,6 +281,34 @@ fn ro_mount_refuses_every_change() {
     );
 }
 
+/// xfstests generic/120 (and 003's atime cases): per-mount options given at mount time
+/// (`noatime`, `nodiratime`, `noexec`) are the mount's own flags, as on any filesystem; they
+/// were accepted and dropped (only a remount applied them), so reads updated atimes under
+/// `noatime`.
+#[test]
+fn per_mount_options_are_applied_at_mount() {
+    require_root!();
+    let mut fx = Fixture::builder().unmounted().build(|l| {
+        write(&l[0].join("f"), "lower\n");
+    });
+    let opts = format!("{},noatime,nodiratime,noexec", fx.options());
+    mount_opts(&mut fx, &opts);
+    let st = rustix::fs::statvfs(&fx.mnt).unwrap();
+    use rustix::fs::StatVfsMountFlags as M;
+    for (flag, name) in [
+        (M::NOATIME, "noatime"),
+        (M::NODIRATIME, "nodiratime"),
+        (M::NOEXEC, "noexec"),
+    ] {
+        assert!(
+            st.f_flag.contains(flag),
+            "statvfs shows {name}: {:?}",
+            st.f_flag
+        );
+    }
+    assert_eq!(read(&fx.p("f")), "lower\n");
+}
+
 /// Kernel overlayfs mounts lower layers alone (no upperdir) read-only: the merged view of the
 /// lowers, the root showing the top lower's directory, EROFS for changes.
 #[test]

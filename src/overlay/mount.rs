@@ -110,7 +110,8 @@ fn mount_direct(
         fd.as_raw_fd()
     );
     let source = format!("{SOURCE_PREFIX}{}", mount_named(cfg).display());
-    let mut flags = nix::mount::MsFlags::empty();
+    // The per-mount options given (noatime, noexec, …): the kernel applies them to the mount.
+    let mut flags = nix::mount::MsFlags::from_bits_truncate(cfg.mount_flags as libc::c_ulong);
     if !cfg.suid {
         flags |= nix::mount::MsFlags::MS_NOSUID;
     }
