@@ -148,7 +148,7 @@ impl OverlayFs {
         self.ensure_upper_dir(parent)?;
         let rel = child(&pdir.path, name).map_err(errno)?;
         let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
-        // squash_to_uid/gid (issue 12): the upper keeps the canonical owner 0:0.
+        // squash_to_uid/gid: the upper keeps the canonical owner 0:0.
         let (uid, gid) = if self.squash.is_set() {
             (0, 0)
         } else {

@@ -31,7 +31,7 @@ pub struct OverlayConfig {
     /// the mount is `nosuid` otherwise). Only `layercache overlay` sets it, as `dev`.
     #[serde(default)]
     pub suid: bool,
-    /// Ownership mapping (issue 12; fuse-overlayfs's `squash_to_uid`/`squash_to_gid`,
+    /// Ownership mapping (fuse-overlayfs's `squash_to_uid`/`squash_to_gid`,
     /// `squash_to_root` = 0/0): every entry is reported as owned by this uid/gid, and new
     /// entries are stored with the canonical owner 0:0 in the upper. The kernel still checks
     /// modes against the reported owner (`default_permissions`).
