@@ -583,7 +583,9 @@ fn lowers_in_either_whiteout_form_are_read() {
 /// Every refusal comes before anything is mounted, in one line, with exit status 2.
 #[test]
 fn what_a_user_mount_lacks_is_refused_in_one_line_with_exit_2() {
-    let cases: [(&str, Machine, &str, &str); 6] = [
+    let cases: [(&str, Machine, &str, &str); 8] = [
+        ("dev", Machine::default(), ",dev", "always nodev,nosuid"),
+        ("suid", Machine::default(), ",suid", "always nodev,nosuid"),
         (
             "no-helper",
             Machine {

@@ -164,6 +164,17 @@ pub(super) fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
         ));
     }
     if !crate::sys::has_cap_sys_admin() {
+        if let Some(opt) = [(cfg.dev, "dev"), (cfg.suid, "suid")]
+            .iter()
+            .find_map(|(asked, name)| asked.then_some(*name))
+        {
+            // fusermount3 (and the kernel, for a mount in a user namespace) make a user's
+            // FUSE mount nodev,nosuid whatever it asks: say so instead of ignoring it.
+            return Err(Error::invalid(format!(
+                "option {opt}: a user's FUSE mount is always nodev,nosuid (fusermount3's rule, \
+                 fuse(8)); mount as root for device nodes or set-id programs, or leave it out"
+            )));
+        }
         let user = fusermount::UserMount {
             allow_other: cfg.allow_other,
             read_only: cfg.read_only,
