@@ -111,6 +111,12 @@ pub fn new_run_id() -> String {
     format!("{:012x}-{}", now_ms(), crate::sys::random_hex(6))
 }
 
+/// Whether `s` has the shape [`new_run_id`] gives: 12 hex digits, `-`, 12 hex digits.
+pub fn is_run_id(s: &str) -> bool {
+    let hex = |p: &str| p.len() == 12 && p.bytes().all(|b| b.is_ascii_hexdigit());
+    s.split_once('-').is_some_and(|(t, r)| hex(t) && hex(r))
+}
+
 /// The run id of this process's `layercache run`, once it has one (for its `--json` error line).
 static CURRENT_RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
@@ -421,6 +427,22 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_ids_have_one_shape() {
+        let id = new_run_id();
+        assert!(is_run_id(&id), "{id}");
+        for bad in [
+            "",
+            "r",
+            "../../etc",
+            "01a2335c-x",
+            "01a23392b9a1-550dd4a599dz",
+            "01a23392b9a1550dd4a599da",
+        ] {
+            assert!(!is_run_id(bad), "{bad}");
+        }
+    }
 
     fn ev(project: &str, cache: &str, result: CacheResult, prep: u64, status: i32) -> Event {
         Event {

@@ -179,9 +179,25 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
         "{run}"
     );
     assert!(restored["new_files"].as_u64().unwrap() > 0, "{run}");
-    let (s, e) = get_json(a, "/api/v1/projects/web-demo/runs/no-such-run");
+    let (s, e) = get_json(
+        a,
+        "/api/v1/projects/web-demo/runs/000000000000-000000000000",
+    );
     assert_eq!(s, 404, "{e}");
-    assert!(e["error"].as_str().unwrap().contains("no-such-run"), "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("000000000000-000000000000"),
+        "{e}"
+    );
+    // Not a run id at all (a path, here): 400, as for a bad project id.
+    let (s, e) = get_json(a, "/api/v1/projects/web-demo/runs/..%2F..%2Fetc");
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("want 12 hex digits"),
+        "{e}"
+    );
     let stats = lc_json(&store, &["stats", "--project", PROJECT]);
     let saved: u64 = runs.iter().map(|r| r["saved_ms"].as_u64().unwrap()).sum();
     assert_eq!(saved, stats["saved_ms"].as_u64().unwrap());

@@ -130,12 +130,19 @@ pub async fn run(
 
 /// The run `run` of `p` from the event log, for the API and the run's page.
 ///
-/// Errors: 404 naming the run (and pointing at the project's runs) or the project.
+/// Errors: 400 for a `run` that is no run id (12 hex digits, `-`, 12 hex digits); 404 naming
+/// the run (and pointing at the project's runs) or the project.
 pub fn run_detail(
     st: &AppState,
     p: &crate::ids::ProjectId,
     run: &str,
 ) -> Result<super::runs::RunDetail, AppError> {
+    if !crate::telemetry::is_run_id(run) {
+        return Err(AppError::BadId(format!(
+            "run id {run:?}: want 12 hex digits, '-', 12 hex digits (as `layercache run --json` \
+             prints it)"
+        )));
+    }
     let events = view::known_project_events(&st.store, p)?;
     super::runs::run_detail(&events, p.as_str(), run).ok_or_else(|| AppError::NotFound {
         what: format!("run {run:?} of project {p}"),

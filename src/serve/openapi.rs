@@ -81,7 +81,7 @@ pub const ROUTES: &[Operation] = &[
     Operation {
         path: "/api/v1/projects/{project}/runs/{run}",
         method: "get",
-        summary: "One run: per cache its result, key, matched restore key, why, setup/maintenance/promote times, new files/bytes, time saved and exit status; and the run's totals (404 for an unknown run).",
+        summary: "One run: per cache its result, key, matched restore key, why, setup/maintenance/promote times, new files/bytes, time saved and exit status; and the run's totals (400 for a malformed run id, 404 for an unknown run).",
         schema: "Run",
         body: &[],
     },
