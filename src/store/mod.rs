@@ -78,24 +78,58 @@ pub const UNMOUNT_WAIT: Duration = Duration::from_secs(60);
 pub const RUN_GRACE: Duration = Duration::from_secs(120);
 
 /// The default store root: `/var/lib/layercache` as root, `$XDG_CACHE_HOME/layercache`
-/// (falling back to `$HOME/.cache/layercache`) otherwise.
+/// (falling back to `$HOME/.cache/layercache` when it is unset, empty or relative, as the XDG
+/// Base Directory specification says) otherwise.
 ///
 /// Errors: [`Error::Invalid`] when neither `XDG_CACHE_HOME` nor `HOME` is set for a non-root
 /// user.
 pub fn default_root() -> Result<PathBuf> {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    let root = unsafe { libc::geteuid() } == 0;
+    default_root_for(
+        root,
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+/// [`default_root`] for a process that is root or not, with these `XDG_CACHE_HOME` and `HOME`.
+fn default_root_for(
+    root: bool,
+    xdg: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Result<PathBuf> {
+    if root {
         return Ok(PathBuf::from("/var/lib/layercache"));
     }
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+    // The XDG Base Directory spec: a relative $XDG_CACHE_HOME is invalid and ignored.
+    if let Some(x) = xdg.filter(|x| Path::new(x).is_absolute()) {
         return Ok(PathBuf::from(x).join("layercache"));
     }
-    if let Some(h) = std::env::var_os("HOME").filter(|x| !x.is_empty()) {
+    if let Some(h) = home.filter(|x| !x.is_empty()) {
         return Ok(PathBuf::from(h).join(".cache/layercache"));
     }
     Err(Error::invalid(
         "no store given: pass --store DIR or set LAYERCACHE_STORE (XDG_CACHE_HOME and HOME are unset)",
     ))
+}
+
+#[cfg(test)]
+#[test]
+fn default_root_ignores_a_relative_xdg_cache_home() {
+    let os = |s: &str| Some(std::ffi::OsString::from(s));
+    let r = |x, h| default_root_for(false, x, h).unwrap();
+    assert_eq!(r(os("/x/c"), os("/h")), PathBuf::from("/x/c/layercache"));
+    assert_eq!(
+        r(os("rel/c"), os("/h")),
+        PathBuf::from("/h/.cache/layercache")
+    );
+    assert_eq!(r(os(""), os("/h")), PathBuf::from("/h/.cache/layercache"));
+    assert!(default_root_for(false, os("rel"), None).is_err());
+    assert_eq!(
+        default_root_for(true, os("/x"), os("/h")).unwrap(),
+        PathBuf::from("/var/lib/layercache")
+    );
 }
 
 #[derive(Serialize, Deserialize)]
