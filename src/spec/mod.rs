@@ -243,7 +243,9 @@ impl Cache {
     ///
     /// Errors: [`Error::Invalid`] naming `cache "<id>".mountpoint` when it is not absolute after
     /// substitution, contains `..`, or is not strictly below the mount root or the workdir
-    /// (`/`, `/etc`, anything outside is refused).
+    /// (`/`, `/etc`, anything outside is refused), also once the symlinks of its existing part
+    /// are resolved ([`resolve_existing`]; a path below the workdir's view is resolved below
+    /// the workdir on the host).
     pub fn mountpoint(&self, paths: &Paths) -> Result<PathBuf> {
         let mp = match &self.mountpoint {
             Some(t) => PathBuf::from(expand(t, paths, None)),
@@ -266,6 +268,34 @@ impl Cache {
                 mp.display(),
                 paths.mount_root.display(),
                 paths.view_workdir().display()
+            )));
+        }
+        // Where the path leads on the host (a path below the view of the workdir is that path
+        // below the workdir): its symlinks must not lead out of the mount root / workdir.
+        let (host, root, what) = if below(&paths.mount_root) {
+            (mp.clone(), paths.mount_root.as_path(), "mount root")
+        } else {
+            let rel = mp.strip_prefix(paths.view_workdir()).unwrap_or(&mp);
+            (paths.workdir.join(rel), paths.workdir.as_path(), "workdir")
+        };
+        let resolve = |p: &Path| {
+            resolve_existing(p).map_err(|e| {
+                Error::invalid(format!(
+                    "cache {:?}: mountpoint {}: cannot resolve its symlinks: {e}",
+                    self.id.as_str(),
+                    mp.display()
+                ))
+            })
+        };
+        let (to, root) = (resolve(&host)?, resolve(root)?);
+        if !to.starts_with(&root) || to == root {
+            return Err(Error::invalid(format!(
+                "cache {:?}: mountpoint {} is refused: a symlink leads it to {}, not below the \
+                 {what} ({})",
+                self.id.as_str(),
+                mp.display(),
+                to.display(),
+                root.display()
             )));
         }
         Ok(mp)
