@@ -475,6 +475,10 @@ fn bad_mountpoints_odd_workdirs_and_unknown_templates() {
     assert!(sb.mounts_below().is_empty());
 }
 
+/// One cache at its default view path `<mount-root>/x`, keyed by `deps.lock`.
+const PLAIN_SPEC: &str = "project = \"p\"\n[[cache]]\nid = \"x\"\nkey_files = [\"deps.lock\"]\n\
+                          setup = \"true\"\n";
+
 /// `layercache --store S --json run --spec SPEC --workdir W --mount-root R [EXTRA…] -- true`
 /// in a private mount namespace (so a wrong mount can never cover a host path).
 fn run_at(sb: &Sandbox, spec: &Path, work: &Path, root: &Path, extra: &[&str]) -> Output {
@@ -567,7 +571,7 @@ fn symlinks_cannot_lead_view_paths_out_of_the_workdir_or_mount_root() {
     // mount, naming the flag and where the symlink leads; /etc itself too.
     let etc = sb.path("etc-lnk");
     std::os::unix::fs::symlink("/etc", &etc).unwrap();
-    let spec = sb.write_spec("npm.toml", NPM_SPEC);
+    let spec = sb.write_spec("plain.toml", PLAIN_SPEC);
     for lnk in [etc.clone(), etc.join("sub")] {
         let l = lnk.to_str().unwrap();
         let o = run_at(&sb, &spec, &sb.work(), &lnk, &[]);
@@ -578,6 +582,50 @@ fn symlinks_cannot_lead_view_paths_out_of_the_workdir_or_mount_root() {
     let o = run_at(&sb, &spec, &sb.work(), Path::new("/etc"), &[]);
     assert_refused(&sb, &o, &["--mount-root /etc", "refused"]);
     assert!(!Path::new("/etc/sub").exists());
+}
+
+/// A mount root that is the workdir, inside it or holding it (also through a symlink), and a
+/// workdir view that is the mount root, inside it or holding it, are refused before any mount:
+/// one line, exit 2, naming both flags and paths.
+#[test]
+fn mount_root_workdir_and_view_may_not_overlap() {
+    if !can_mount() || !have_tool("unshare") {
+        return;
+    }
+    let sb = Sandbox::new();
+    let (work, root) = (sb.work(), sb.path("cache"));
+    std::fs::write(work.join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec("plain.toml", PLAIN_SPEC);
+    let lnk = sb.path("work-lnk");
+    std::os::unix::fs::symlink(&work, &lnk).unwrap();
+    for r in [work.clone(), work.join("inner"), sb.path(""), lnk.clone()] {
+        let o = run_at(&sb, &spec, &work, &r, &[]);
+        let w = work.to_str().unwrap();
+        assert_refused(
+            &sb,
+            &o,
+            &["--mount-root", r.to_str().unwrap(), "--workdir", w],
+        );
+        assert!(
+            !work.join("inner").exists(),
+            "nothing created in the workdir"
+        );
+    }
+    for v in [root.clone(), root.join("inner"), sb.path("")] {
+        let o = run_at(
+            &sb,
+            &spec,
+            &work,
+            &root,
+            &["--workdir-view", v.to_str().unwrap()],
+        );
+        let r = root.to_str().unwrap();
+        assert_refused(
+            &sb,
+            &o,
+            &["--workdir-view", v.to_str().unwrap(), "--mount-root", r],
+        );
+    }
 }
 
 #[test]
