@@ -475,6 +475,159 @@ fn bad_mountpoints_odd_workdirs_and_unknown_templates() {
     assert!(sb.mounts_below().is_empty());
 }
 
+/// One cache at its default view path `<mount-root>/x`, keyed by `deps.lock`.
+const PLAIN_SPEC: &str = "project = \"p\"\n[[cache]]\nid = \"x\"\nkey_files = [\"deps.lock\"]\n\
+                          setup = \"true\"\n";
+
+/// `layercache --store S --json run --spec SPEC --workdir W --mount-root R [EXTRA…] -- true`
+/// in a private mount namespace (so a wrong mount can never cover a host path).
+fn run_at(sb: &Sandbox, spec: &Path, work: &Path, root: &Path, extra: &[&str]) -> Output {
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "--", BIN, "--store"])
+        .arg(sb.path("store"))
+        .args(["--json", "run", "--spec"])
+        .arg(spec)
+        .arg("--workdir")
+        .arg(work)
+        .arg("--mount-root")
+        .arg(root)
+        .args(extra)
+        .args(["--", "true"]);
+    c.output().unwrap()
+}
+
+/// Asserts `o` is a one-line exit 2 whose message holds every needle; nothing stays mounted.
+fn assert_refused(sb: &Sandbox, o: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{needles:?}: {}", show(o));
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{n:?} in: {err}");
+    }
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A symlink in the workdir or a symlinked --mount-root / --workdir-view cannot lead a view
+/// path out of the workdir / mount root: `sub -> OUTSIDE` (a temp dir standing in for /etc)
+/// with `mountpoint = "{workdir}/sub/x"` would create OUTSIDE/x on the host, with
+/// `"{workdir}/sub"` would mount over OUTSIDE; `--mount-root LNK` / `--workdir-view LNK` with
+/// `LNK -> /etc` would mount below /etc. Each is a one-line exit 2 naming the cache or the
+/// flag, the path and where its symlink leads, and nothing is created outside.
+#[test]
+fn symlinks_cannot_lead_view_paths_out_of_the_workdir_or_mount_root() {
+    if !can_mount() || !have_tool("unshare") {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let outside = sb.path("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, sb.work().join("sub")).unwrap();
+    let (out, root) = (outside.to_str().unwrap(), sb.path("cache"));
+    for (mp, leads) in [
+        ("{workdir}/sub/x", format!("{out}/x")),
+        ("{workdir}/sub", out.to_string()),
+        ("{workdir}/sub/x/y", format!("{out}/x/y")),
+    ] {
+        let spec = sb.write_spec(
+            "lnk.toml",
+            &format!(
+                "project = \"p\"\n[[cache]]\nid = \"x\"\nkey_files = [\"deps.lock\"]\n\
+                 setup = \"true\"\nmountpoint = {mp:?}\n"
+            ),
+        );
+        let o = run_at(&sb, &spec, &sb.work(), &root, &[]);
+        assert_refused(&sb, &o, &["cache \"x\"", "mountpoint", &leads]);
+        assert!(
+            !outside.join("x").exists(),
+            "{mp}: created outside the workdir"
+        );
+        // The same through the workdir's view: resolved below the workdir on the host.
+        let view = sb.path("view");
+        let o = run_at(
+            &sb,
+            &spec,
+            &sb.work(),
+            &root,
+            &["--workdir-view", view.to_str().unwrap()],
+        );
+        assert_refused(&sb, &o, &["cache \"x\"", "mountpoint", &leads]);
+        assert!(
+            !outside.join("x").exists(),
+            "{mp}: created outside the workdir"
+        );
+    }
+    // A symlink inside the workdir that stays inside it is fine.
+    std::fs::create_dir_all(sb.work().join("real")).unwrap();
+    std::os::unix::fs::symlink(sb.work().join("real"), sb.work().join("in")).unwrap();
+    let spec = sb.write_spec(
+        "in.toml",
+        "project = \"p\"\n[[cache]]\nid = \"x\"\nkey_files = [\"deps.lock\"]\n\
+         setup = \"true\"\nmountpoint = \"{workdir}/in/x\"\n",
+    );
+    let o = run_at(&sb, &spec, &sb.work(), &root, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    // --mount-root / --workdir-view: a symlink to /etc (or below it) is refused before any
+    // mount, naming the flag and where the symlink leads; /etc itself too.
+    let etc = sb.path("etc-lnk");
+    std::os::unix::fs::symlink("/etc", &etc).unwrap();
+    let spec = sb.write_spec("plain.toml", PLAIN_SPEC);
+    for lnk in [etc.clone(), etc.join("sub")] {
+        let l = lnk.to_str().unwrap();
+        let o = run_at(&sb, &spec, &sb.work(), &lnk, &[]);
+        assert_refused(&sb, &o, &["--mount-root", l, "a symlink to /etc"]);
+        let o = run_at(&sb, &spec, &sb.work(), &root, &["--workdir-view", l]);
+        assert_refused(&sb, &o, &["--workdir-view", l, "a symlink to /etc"]);
+    }
+    let o = run_at(&sb, &spec, &sb.work(), Path::new("/etc"), &[]);
+    assert_refused(&sb, &o, &["--mount-root /etc", "refused"]);
+    assert!(!Path::new("/etc/sub").exists());
+}
+
+/// A mount root that is the workdir, inside it or holding it (also through a symlink), and a
+/// workdir view that is the mount root, inside it or holding it, are refused before any mount:
+/// one line, exit 2, naming both flags and paths.
+#[test]
+fn mount_root_workdir_and_view_may_not_overlap() {
+    if !can_mount() || !have_tool("unshare") {
+        return;
+    }
+    let sb = Sandbox::new();
+    let (work, root) = (sb.work(), sb.path("cache"));
+    std::fs::write(work.join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec("plain.toml", PLAIN_SPEC);
+    let lnk = sb.path("work-lnk");
+    std::os::unix::fs::symlink(&work, &lnk).unwrap();
+    for r in [work.clone(), work.join("inner"), sb.path(""), lnk.clone()] {
+        let o = run_at(&sb, &spec, &work, &r, &[]);
+        let w = work.to_str().unwrap();
+        assert_refused(
+            &sb,
+            &o,
+            &["--mount-root", r.to_str().unwrap(), "--workdir", w],
+        );
+        assert!(
+            !work.join("inner").exists(),
+            "nothing created in the workdir"
+        );
+    }
+    for v in [root.clone(), root.join("inner"), sb.path("")] {
+        let o = run_at(
+            &sb,
+            &spec,
+            &work,
+            &root,
+            &["--workdir-view", v.to_str().unwrap()],
+        );
+        let r = root.to_str().unwrap();
+        assert_refused(
+            &sb,
+            &o,
+            &["--workdir-view", v.to_str().unwrap(), "--mount-root", r],
+        );
+    }
+}
+
 #[test]
 fn commit_and_umount_take_a_run_id() {
     if !can_mount() {

@@ -566,6 +566,56 @@ fn bad_input_is_exit_2_and_names_it() {
     }
 }
 
+/// `layercache mount` refuses `/`, a system directory, and a symlink leading to one (or below
+/// one) with a one-line exit 2 naming the mountpoint and where the symlink leads, before
+/// anything is mounted or created: no store appears. Run in a private mount namespace so a
+/// wrong mount could never cover the host's /etc.
+#[test]
+fn mount_refuses_system_directories_before_mounting() {
+    if !can_mount() || !mounts::have_tool("unshare") {
+        return;
+    }
+    let env = Env::new();
+    let lnk = env.t.path().join("lnk");
+    std::os::unix::fs::symlink("/etc", &lnk).unwrap();
+    let via = lnk.join("newdir");
+    for (mp, needle) in [
+        ("/etc", None),
+        ("/", None),
+        ("/usr/share", None),
+        (lnk.to_str().unwrap(), Some("a symlink to /etc")),
+        (via.to_str().unwrap(), Some("a symlink to /etc/newdir")),
+    ] {
+        let lc = lc_command_at(
+            &env.store(),
+            &["mount", "--project", "p", "--cache", "c", "--key", "k", mp],
+        );
+        let o = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "--"])
+            .arg(lc.get_program())
+            .args(lc.get_args())
+            .env_remove("LAYERCACHE_STORE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{mp}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{mp}: one line: {err}");
+        assert!(
+            err.contains(&format!("mountpoint {mp}")) && err.contains("refused"),
+            "{mp}: {err}"
+        );
+        if let Some(n) = needle {
+            assert!(err.contains(n), "{mp}: {err}");
+        }
+        assert!(o.stdout.is_empty(), "{mp}: nothing mounted");
+        assert!(
+            !env.store().exists(),
+            "{mp}: refused before the store is created"
+        );
+    }
+    assert!(!Path::new("/etc/newdir").exists());
+}
+
 /// `umount` never creates a store: with `--store` at a missing directory, at a path that
 /// cannot be created (under /proc) or at a regular file, a plain `layercache overlay` mount is
 /// still unmounted (its upperdir kept) and no store appears; a path with nothing mounted is

@@ -448,8 +448,10 @@ fn absolute(what: &str, path: &std::path::Path) -> Result<std::path::PathBuf> {
 }
 
 /// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
-/// `default_view`), made absolute and checked: none may be `/` or a system directory
-/// ([`crate::spec::check_root`]).
+/// `default_view`), made absolute and checked: none may be `/` or a system directory, nor
+/// lead to one through a symlink ([`crate::spec::check_root`]); once their symlinks are
+/// resolved, the mount root may not overlap (equal, hold or sit inside) the workdir nor the
+/// workdir's view.
 ///
 /// Errors: [`Error::Invalid`] naming the flag.
 fn paths(
@@ -467,6 +469,37 @@ fn paths(
     crate::spec::check_root("--mount-root", &paths.mount_root)?;
     if let Some(v) = &paths.workdir_view {
         crate::spec::check_root("--workdir-view", v)?;
+    }
+    // Where the mount root and the view lead on the host: neither may overlap the other nor
+    // the workdir (a mount root over the workdir hides it; a view over the mount root hides
+    // the caches).
+    let resolve = |what: &str, p: &std::path::Path| {
+        crate::spec::resolve_existing(p).map_err(|e| {
+            Error::invalid(format!(
+                "{what} {}: cannot resolve its symlinks: {e}",
+                p.display()
+            ))
+        })
+    };
+    let root = resolve("--mount-root", &paths.mount_root)?;
+    let overlap = |a: &std::path::Path, b: &std::path::Path| a.starts_with(b) || b.starts_with(a);
+    if overlap(&root, &paths.workdir) {
+        return Err(Error::invalid(format!(
+            "--mount-root {} overlaps --workdir {}: the mount root must be a directory of its \
+             own, neither the workdir nor inside it nor containing it (such as /cache)",
+            paths.mount_root.display(),
+            paths.workdir.display()
+        )));
+    }
+    if let Some(v) = &paths.workdir_view
+        && overlap(&resolve("--workdir-view", v)?, &root)
+    {
+        return Err(Error::invalid(format!(
+            "--workdir-view {} overlaps --mount-root {}: the workdir's view must be neither the \
+             mount root nor inside it nor containing it (such as /workspace)",
+            v.display(),
+            paths.mount_root.display()
+        )));
     }
     Ok(paths)
 }

@@ -50,8 +50,14 @@ fn project_opt(p: &Option<String>) -> Result<Option<ProjectId>> {
 
 /// `layercache mount`: prints the [`st::MountOutcome`] as one JSON line.
 ///
-/// Errors: [`Error::Invalid`] (exit 2) for bad ids or mountpoint; store/mount errors.
+/// Errors: [`Error::Invalid`] (exit 2) for bad ids, or a mountpoint that is `/`, a system
+/// directory or a symlink to one ([`crate::spec::check_root`], checked before anything is
+/// mounted); store/mount errors.
 pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
+    // Refused before anything is mounted: `/`, a system directory, or a symlink to one.
+    let mp = std::path::absolute(&a.mountpoint)
+        .map_err(|e| Error::invalid(format!("mountpoint {}: {e}", a.mountpoint.display())))?;
+    crate::spec::check_root("mountpoint", &mp)?;
     let req = MountRequest {
         project: ProjectId::new(a.project.as_str())?,
         cache: CacheId::new(a.cache.as_str())?,

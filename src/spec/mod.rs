@@ -176,15 +176,55 @@ const TOP_DIRS: &[&str] = &[
     "/sbin", "/srv", "/tmp", "/var",
 ];
 
-/// Checks that `dir` (absolute, normalised) may be a mount root or workdir: not `/`, not a
-/// top-level system directory, nothing under `/proc`, `/sys`, `/dev`, `/etc`, `/usr`, `/boot`.
+/// `path` (absolute, without `..`) with the symlinks of its existing part resolved: the
+/// deepest existing ancestor canonicalised (`realpath(3)`), the components that do not exist yet
+/// re-appended as they are. A path that does not exist at all comes back unchanged.
 ///
-/// Errors: [`Error::Invalid`] naming `what` (`--mount-root`, `--workdir`, `--workdir-view`).
+/// Errors: the `std::io::Error` of `canonicalize` for an existing entry that cannot be resolved
+/// (a dangling or looping symlink: ENOENT, ELOOP; EACCES).
+pub fn resolve_existing(path: &Path) -> std::io::Result<PathBuf> {
+    let mut base = path;
+    let mut rest = Vec::new();
+    loop {
+        if base.symlink_metadata().is_ok() {
+            let mut out = std::fs::canonicalize(base)?;
+            out.extend(rest.iter().rev());
+            return Ok(out);
+        }
+        match (base.parent(), base.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                base = parent;
+            }
+            _ => return Ok(path.to_path_buf()),
+        }
+    }
+}
+
+/// Checks that `dir` (absolute, normalised) may be a mount root or workdir: not `/`, not a
+/// top-level system directory, nothing under `/proc`, `/sys`, `/dev`, `/etc`, `/usr`, `/boot`
+/// — neither `dir` itself nor where its symlinks lead ([`resolve_existing`]).
+///
+/// Errors: [`Error::Invalid`] naming `what` (`--mount-root`, `--workdir`, `--workdir-view`,
+/// `mountpoint`), the path and, when it differs, where its symlinks lead.
 pub fn check_root(what: &str, dir: &Path) -> Result<()> {
-    let under_system = SYSTEM_DIRS.iter().any(|d| dir.starts_with(d));
-    if under_system || TOP_DIRS.iter().any(|d| dir == Path::new(d)) {
+    let resolved = resolve_existing(dir).map_err(|e| {
+        Error::invalid(format!(
+            "{what} {}: cannot resolve its symlinks: {e}",
+            dir.display()
+        ))
+    })?;
+    let refused = |d: &Path| {
+        SYSTEM_DIRS.iter().any(|s| d.starts_with(s)) || TOP_DIRS.iter().any(|t| d == Path::new(t))
+    };
+    if refused(dir) || refused(&resolved) {
+        let via = if resolved != dir {
+            format!(" (a symlink to {})", resolved.display())
+        } else {
+            String::new()
+        };
         return Err(Error::invalid(format!(
-            "{what} {}: refused: a system directory (or /) cannot hold cache mounts; use a \
+            "{what} {}{via}: refused: a system directory (or /) cannot hold cache mounts; use a \
              directory of its own such as /cache or /workspace",
             dir.display()
         )));
@@ -203,7 +243,9 @@ impl Cache {
     ///
     /// Errors: [`Error::Invalid`] naming `cache "<id>".mountpoint` when it is not absolute after
     /// substitution, contains `..`, or is not strictly below the mount root or the workdir
-    /// (`/`, `/etc`, anything outside is refused).
+    /// (`/`, `/etc`, anything outside is refused), also once the symlinks of its existing part
+    /// are resolved ([`resolve_existing`]; a path below the workdir's view is resolved below
+    /// the workdir on the host).
     pub fn mountpoint(&self, paths: &Paths) -> Result<PathBuf> {
         let mp = match &self.mountpoint {
             Some(t) => PathBuf::from(expand(t, paths, None)),
@@ -226,6 +268,34 @@ impl Cache {
                 mp.display(),
                 paths.mount_root.display(),
                 paths.view_workdir().display()
+            )));
+        }
+        // Where the path leads on the host (a path below the view of the workdir is that path
+        // below the workdir): its symlinks must not lead out of the mount root / workdir.
+        let (host, root, what) = if below(&paths.mount_root) {
+            (mp.clone(), paths.mount_root.as_path(), "mount root")
+        } else {
+            let rel = mp.strip_prefix(paths.view_workdir()).unwrap_or(&mp);
+            (paths.workdir.join(rel), paths.workdir.as_path(), "workdir")
+        };
+        let resolve = |p: &Path| {
+            resolve_existing(p).map_err(|e| {
+                Error::invalid(format!(
+                    "cache {:?}: mountpoint {}: cannot resolve its symlinks: {e}",
+                    self.id.as_str(),
+                    mp.display()
+                ))
+            })
+        };
+        let (to, root) = (resolve(&host)?, resolve(root)?);
+        if !to.starts_with(&root) || to == root {
+            return Err(Error::invalid(format!(
+                "cache {:?}: mountpoint {} is refused: a symlink leads it to {}, not below the \
+                 {what} ({})",
+                self.id.as_str(),
+                mp.display(),
+                to.display(),
+                root.display()
             )));
         }
         Ok(mp)

@@ -354,3 +354,24 @@ fn every_bad_field_is_listed() {
         assert!(parse(&text).is_ok(), "{mp}");
     }
 }
+
+#[test]
+fn resolve_existing_follows_the_symlinks_of_the_existing_part() {
+    let t = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(t.path()).unwrap();
+    std::os::unix::fs::symlink("/etc", base.join("lnk")).unwrap();
+    std::fs::create_dir(base.join("real")).unwrap();
+    assert_eq!(
+        resolve_existing(&base.join("lnk/a/b")).unwrap(),
+        Path::new("/etc/a/b")
+    );
+    assert_eq!(
+        resolve_existing(&base.join("real/new")).unwrap(),
+        base.join("real/new")
+    );
+    assert!(check_root("--mount-root", &base.join("lnk")).is_err());
+    assert!(check_root("--mount-root", &base.join("real")).is_ok());
+    // A dangling symlink cannot be resolved: an error, not a path taken as not existing.
+    std::os::unix::fs::symlink(base.join("gone"), base.join("dangling")).unwrap();
+    assert!(resolve_existing(&base.join("dangling/x")).is_err());
+}
