@@ -423,12 +423,8 @@ fn bad_mountpoints_odd_workdirs_and_unknown_templates() {
             serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
         assert_eq!(j["exit"], 2, "errors as JSON: {j}");
     }
-    let spec = sb.write_spec("root.toml", NPM_SPEC);
-    let o = run_cmd(&sb, &sb.work(), &spec, &["--mount-root", "/etc"], &["true"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--mount-root"));
+    // (`--mount-root /etc` is refused in symlinks_cannot_lead_view_paths_out_of_the_workdir_or_
+    // mount_root, through run_at: run_cmd already passes a --mount-root of its own.)
     // An unknown template names the field and the template.
     let spec = sb.write_spec(
         "tpl.toml",
