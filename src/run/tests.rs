@@ -242,8 +242,14 @@ fn excluded_paths_are_removed_before_commit() {
 
 #[test]
 fn duplicate_mountpoints_are_rejected() {
-    let spec = format!(
+    // The same template is refused when the spec is read (spec::parse_all)…
+    let same = format!(
         "{SPEC}[[cache]]\nid = \"b\"\nkey_files = [\"deps.lock\"]\nsetup = \"true\"\nmountpoint = \"{{mount_root}}/deps\"\n"
+    );
+    assert!(crate::spec::parse(&same).is_err());
+    // …and templates that differ as written but meet at one path when the run starts.
+    let spec = format!(
+        "{SPEC}[[cache]]\nid = \"b\"\nkey_files = [\"deps.lock\"]\nsetup = \"true\"\nmountpoint = \"{{mount_root}}/./deps\"\n"
     );
     let e = env(&spec, &[]);
     let err = run(&e.cfg, &e.fake).unwrap_err().to_string();

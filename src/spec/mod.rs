@@ -502,12 +502,17 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
         errors.push(format!("user: {p}"));
     }
     let mut caches: Vec<(usize, Cache)> = Vec::new();
+    // Every earlier id as written, valid caches or not, so a duplicate is named either way.
+    let mut ids: Vec<(usize, String)> = Vec::new();
     for (i, rc) in raw.cache.into_iter().enumerate() {
-        match validate_cache(i, rc, &caches) {
+        let id = rc.id.clone();
+        match validate_cache(i, rc, &ids) {
             Ok(c) => caches.push((i, c)),
             Err(e) => errors.extend(e),
         }
+        ids.push((i, id));
     }
+    errors.extend(shared_mountpoints(&caches));
     match project {
         Some(project) if errors.is_empty() => Ok(Spec {
             project,
@@ -518,8 +523,31 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     }
 }
 
-/// Validates `cache[i]`; `before` are the valid caches declared before it with their indices
-/// (for duplicate ids).
+/// Two caches whose mountpoints are the same template (a cache's default is
+/// `{mount_root}/<id>`) would mount at one view path: one message per later cache. Mountpoints
+/// that differ as written but meet once the run's paths are known are refused by the run.
+fn shared_mountpoints(caches: &[(usize, Cache)]) -> Vec<String> {
+    let template = |c: &Cache| {
+        let t =
+            (c.mountpoint.clone()).unwrap_or_else(|| format!("{{mount_root}}/{}", c.id.as_str()));
+        t.trim_end_matches('/').to_string()
+    };
+    let mut errors = Vec::new();
+    for (k, (i, c)) in caches.iter().enumerate() {
+        if let Some((j, first)) = caches[..k].iter().find(|(_, b)| template(b) == template(c)) {
+            errors.push(format!(
+                "cache[{i}].mountpoint: {:?} is also cache[{j}]'s (cache {:?}): give each cache \
+                 its own",
+                template(c),
+                first.id.as_str()
+            ));
+        }
+    }
+    errors
+}
+
+/// Validates `cache[i]`; `before` are the ids of the caches declared before it, as written,
+/// with their indices (for duplicate ids).
 ///
 /// Errors: one message `cache[i].<field>: …` per bad field (every one, in field order; a field
 /// that cannot be checked because an earlier one is bad, such as `setup` of an unknown preset,
@@ -527,7 +555,7 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
 fn validate_cache(
     i: usize,
     rc: RawCache,
-    before: &[(usize, Cache)],
+    before: &[(usize, String)],
 ) -> std::result::Result<Cache, Vec<String>> {
     let mut bad = Problems {
         i,
@@ -618,7 +646,7 @@ impl Problems {
 }
 
 /// The cache's `id`: valid, and not one of `before`'s.
-fn cache_id(id: String, before: &[(usize, Cache)], bad: &mut Problems) -> Option<CacheId> {
+fn cache_id(id: String, before: &[(usize, String)], bad: &mut Problems) -> Option<CacheId> {
     let id = match CacheId::new(id) {
         Ok(id) => Some(id),
         Err(e) => {
@@ -627,7 +655,7 @@ fn cache_id(id: String, before: &[(usize, Cache)], bad: &mut Problems) -> Option
         }
     };
     if let Some(id) = &id
-        && let Some((j, _)) = before.iter().find(|(_, c)| c.id == *id)
+        && let Some((j, _)) = before.iter().find(|(_, b)| b == id.as_str())
     {
         bad.add(
             "id",

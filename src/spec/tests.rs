@@ -375,3 +375,41 @@ fn resolve_existing_follows_the_symlinks_of_the_existing_part() {
     std::os::unix::fs::symlink(base.join("gone"), base.join("dangling")).unwrap();
     assert!(resolve_existing(&base.join("dangling/x")).is_err());
 }
+
+/// A duplicate id is named even when the earlier cache of that id is bad itself, and two
+/// caches with one mountpoint (as written, or by default `{mount_root}/<id>`) are refused when
+/// the spec is read, as `layercache run` refuses them, so the API's validation agrees.
+#[test]
+fn duplicate_ids_and_shared_mountpoints_are_listed() {
+    let errors = parse_all(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"/etc\"\n\
+         [[cache]]\nid = \"a\"\npreset = \"npm\"\n",
+    )
+    .unwrap_err();
+    assert!(
+        errors.iter().any(|e| e.starts_with("cache[0].mountpoint")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("cache[1].id") && e.contains("also cache[0].id")),
+        "{errors:?}"
+    );
+    let errors = parse_all(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nmountpoint = \"{mount_root}/x\"\n\
+         [[cache]]\nid = \"b\"\npreset = \"npm\"\nmountpoint = \"{mount_root}/x/\"\n\
+         [[cache]]\nid = \"x\"\npreset = \"npm\"\n",
+    )
+    .unwrap_err();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors[0].starts_with("cache[1].mountpoint") && errors[0].contains("cache \"a\""));
+    assert!(errors[1].starts_with("cache[2].mountpoint"), "{errors:?}");
+    assert!(
+        parse_all(
+            "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\n[[cache]]\nid = \"b\"\n\
+             preset = \"npm\"\n"
+        )
+        .is_ok()
+    );
+}
