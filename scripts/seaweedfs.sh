@@ -37,33 +37,48 @@ start() {
 {"identities":[{"name":"layercache","credentials":[{"accessKey":"$KEY","secretKey":"$SECRET"}],
   "actions":["Admin","Read","Write","List","Tagging"]}]}
 JSON
-  local base ok
-  for _ in $(seq 1 50); do
-    base=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
-    ok=1
-    for i in $(seq 0 9); do port_free $((base + i)) || { ok=0; break; }; done
-    [ $ok = 1 ] && break
-  done
-  [ $ok = 1 ] || { echo "seaweedfs.sh: no free ports found" >&2; exit 1; }
-  local s3=$((base + 6))
-  setsid "$(weed_bin)" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-    -master.port=$base -master.port.grpc=$((base + 1)) \
-    -volume.port=$((base + 2)) -volume.port.grpc=$((base + 3)) \
-    -filer.port=$((base + 4)) -filer.port.grpc=$((base + 5)) \
-    -s3.port=$s3 -s3.port.grpc=$((base + 7)) \
-    -admin.port=$((base + 8)) -admin.port.grpc=$((base + 9)) -admin.ui=false \
-    -webdav=false -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false \
-    -s3.config="$dir/s3.json" -bucket=$BUCKET \
-    </dev/null >"$dir/log" 2>&1 &
-  local pid=$!
-  echo $pid > "$dir/pid"
-  # Ready when the bucket exists: an anonymous HEAD of it is refused (403), not 404/no answer.
-  local code=000
-  for _ in $(seq 1 600); do
-    kill -0 $pid 2>/dev/null || { echo "seaweedfs.sh: weed exited; log:" >&2; tail -20 "$dir/log" >&2; exit 1; }
-    code=$(curl -s -o /dev/null -w '%{http_code}' -I "http://127.0.0.1:$s3/$BUCKET" 2>/dev/null || true)
-    [ "$code" = 403 ] || [ "$code" = 200 ] && break
-    sleep 0.1
+  # Free ports can be taken between the check and weed's bind (another server starting beside
+  # this one): weed then exits with "Port allocation failed", and a new set is tried (5 sets).
+  local base ok pid code s3 attempt
+  for attempt in 1 2 3 4 5; do
+    for _ in $(seq 1 50); do
+      base=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+      ok=1
+      for i in $(seq 0 9); do port_free $((base + i)) || { ok=0; break; }; done
+      [ $ok = 1 ] && break
+    done
+    [ $ok = 1 ] || { echo "seaweedfs.sh: no free ports found" >&2; exit 1; }
+    s3=$((base + 6))
+    setsid "$(weed_bin)" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+      -master.port=$base -master.port.grpc=$((base + 1)) \
+      -volume.port=$((base + 2)) -volume.port.grpc=$((base + 3)) \
+      -filer.port=$((base + 4)) -filer.port.grpc=$((base + 5)) \
+      -s3.port=$s3 -s3.port.grpc=$((base + 7)) \
+      -admin.port=$((base + 8)) -admin.port.grpc=$((base + 9)) -admin.ui=false \
+      -webdav=false -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false \
+      -s3.config="$dir/s3.json" -bucket=$BUCKET \
+      </dev/null >"$dir/log" 2>&1 &
+    pid=$!
+    echo $pid > "$dir/pid"
+    # Ready when the bucket exists: an anonymous HEAD of it is refused (403), not 404/no answer.
+    code=000
+    for _ in $(seq 1 600); do
+      if ! kill -0 $pid 2>/dev/null; then
+        code=exited
+        break
+      fi
+      code=$(curl -s -o /dev/null -w '%{http_code}' -I "http://127.0.0.1:$s3/$BUCKET" 2>/dev/null || true)
+      [ "$code" = 403 ] || [ "$code" = 200 ] && break
+      sleep 0.1
+    done
+    if [ "$code" = exited ]; then
+      if [ $attempt -lt 5 ] && grep -q "Port allocation failed" "$dir/log"; then
+        echo "seaweedfs.sh: a port was taken before weed bound it; trying other ports" >&2
+        continue
+      fi
+      echo "seaweedfs.sh: weed exited; log:" >&2; tail -20 "$dir/log" >&2; exit 1
+    fi
+    break
   done
   if [ "$code" != 403 ] && [ "$code" != 200 ]; then
     echo "seaweedfs.sh: bucket not ready after 60 s (last HTTP $code); log:" >&2
