@@ -24,6 +24,11 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+# The overlay conformance tests run xfs_io (fallocate, punch-hole, zero-range) and setfacl/getfacl.
+command -v xfs_io >/dev/null 2>&1 || need+=(xfsprogs)
+command -v setfacl >/dev/null 2>&1 || need+=(acl)
+# The rootless tests create their own users.
+command -v useradd >/dev/null 2>&1 || need+=(passwd)
 # The serve browser tests drive Debian's chromium (tests/serve_browser.rs).
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v curl >/dev/null 2>&1 || need+=(curl)
