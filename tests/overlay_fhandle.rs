@@ -283,3 +283,172 @@ fn a_handle_of_an_earlier_mount_never_opens_another_file() {
         .unwrap_or_else(|e| panic!("handle of this mount: errno {e}"));
     assert_eq!(read_fd(fd), "another file");
 }
+
+/// Opens `h` on `mnt` and reads it; the errno when it does not open.
+fn read_handle(mnt: &Path, h: &Handle) -> Result<String, i32> {
+    open_handle(mnt, h, libc::O_RDONLY).map(read_fd)
+}
+
+/// Handles survive a clean remount of the same upperdir and workdir (xfstests generic/477,
+/// 777): a file made in the mount, a lower file, a lower file copied up before the handle was
+/// taken and one copied up after, and a directory made in the mount, which opens connected.
+#[test]
+fn handles_survive_a_remount() {
+    require_root!();
+    let mut fx = fixture(|l| {
+        write(&l.join("d/lower.txt"), "lower data");
+        write(&l.join("d/early.txt"), "early old");
+        write(&l.join("d/late.txt"), "late old");
+    });
+    write(&fx.p("d/upper.txt"), "upper data");
+    write(&fx.p("d/early.txt"), "early new");
+    write(&fx.p("new/dir/f"), "in a new dir");
+    let cases = [
+        ("d/upper.txt", "upper data"),
+        ("d/lower.txt", "lower data"),
+        ("d/early.txt", "early new"),
+        ("d/late.txt", "late new"),
+        ("new/dir/f", "in a new dir"),
+    ];
+    let handles: Vec<Handle> = cases.iter().map(|(p, _)| handle_of(&fx.p(p))).collect();
+    let inos: Vec<u64> = cases
+        .iter()
+        .map(|(p, _)| fs::metadata(fx.p(p)).unwrap().ino())
+        .collect();
+    let dir = handle_of(&fx.p("new/dir"));
+    // Copied up after its handle was taken.
+    fs::write(fx.p("d/late.txt"), "late new").unwrap();
+    fx.remount();
+    for (((p, want), h), ino) in cases.iter().zip(&handles).zip(&inos) {
+        let fd = open_handle(&fx.mnt, h, libc::O_RDONLY)
+            .unwrap_or_else(|e| panic!("open_by_handle_at {p} after remount: errno {e}"));
+        assert_eq!(ino_of_fd(&fd).0, *ino, "{p}: the inode number it had");
+        assert_eq!(read_fd(fd), *want, "{p} by handle after remount");
+    }
+    let d = open_handle(&fx.mnt, &dir, libc::O_RDONLY | libc::O_DIRECTORY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at of a directory after remount: errno {e}"));
+    let link = fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&d)
+    ))
+    .unwrap();
+    assert_eq!(link, fx.p("new/dir"), "connected to its path");
+    drop(d);
+    // Names looked up normally give the same inodes (one node per file).
+    assert_eq!(fs::metadata(fx.p("d/upper.txt")).unwrap().ino(), inos[0]);
+    // And again through a second remount, made at once after the umount (xfstests'
+    // _test_cycle_mount: the new mount waits for the old daemon's index).
+    fx.cycle_mount();
+    for ((p, want), h) in cases.iter().zip(&handles) {
+        assert_eq!(
+            read_handle(&fx.mnt, h).as_deref(),
+            Ok(*want),
+            "{p} after a cycle mount"
+        );
+    }
+}
+
+/// A file renamed while mounted, and one whose parent directory was renamed, open by their
+/// handles after a remount; a file unlinked (and one replaced by a new file of the same
+/// name) gives ESTALE, and a file deleted and made again offline in the upper dir, whose
+/// inode number the upper filesystem may give again, never opens by the old handle.
+#[test]
+fn after_a_remount_renamed_files_open_and_unlinked_ones_are_stale() {
+    require_root!();
+    let mut fx = fixture(|l| {
+        write(&l.join("low"), "lower, renamed");
+    });
+    write(&fx.p("a/moved"), "moved data");
+    write(&fx.p("dir/inner"), "inner data");
+    write(&fx.p("gone"), "gone data");
+    write(&fx.p("replaced"), "old data");
+    write(&fx.p("offline"), "offline old");
+    let hm = handle_of(&fx.p("a/moved"));
+    let hi = handle_of(&fx.p("dir/inner"));
+    let hl = handle_of(&fx.p("low"));
+    let hg = handle_of(&fx.p("gone"));
+    let hr = handle_of(&fx.p("replaced"));
+    let ho = handle_of(&fx.p("offline"));
+    fs::create_dir(fx.p("b")).unwrap();
+    fs::rename(fx.p("a/moved"), fx.p("b/there")).unwrap();
+    fs::rename(fx.p("dir"), fx.p("renamed-dir")).unwrap();
+    fs::rename(fx.p("low"), fx.p("b/low")).unwrap();
+    fs::remove_file(fx.p("gone")).unwrap();
+    fs::remove_file(fx.p("replaced")).unwrap();
+    write(&fx.p("replaced"), "new file");
+    fx.unmount();
+    fs::remove_file(fx.upper.join("offline")).unwrap();
+    write(&fx.upper.join("offline"), "offline new");
+    fx.mount();
+    assert_eq!(read_handle(&fx.mnt, &hm).as_deref(), Ok("moved data"));
+    assert_eq!(read_handle(&fx.mnt, &hi).as_deref(), Ok("inner data"));
+    assert_eq!(read_handle(&fx.mnt, &hl).as_deref(), Ok("lower, renamed"));
+    assert_eq!(read_handle(&fx.mnt, &hg), Err(libc::ESTALE), "unlinked");
+    assert_eq!(read_handle(&fx.mnt, &hr), Err(libc::ESTALE), "replaced");
+    if Impl::current() != Impl::Kernel {
+        // Kernel overlayfs follows the upper inode's own handle; an offline change of the
+        // upper dir is outside what it promises too.
+        assert_eq!(
+            read_handle(&fx.mnt, &ho),
+            Err(libc::ESTALE),
+            "made again offline"
+        );
+    }
+    assert_eq!(fs::read_to_string(fx.p("offline")).unwrap(), "offline new");
+}
+
+/// A damaged node index, or none at all after a daemon was killed, makes the earlier mount's
+/// handles ESTALE, never another file's — even once the new mount has given out as many
+/// counter ids as the old one.
+#[test]
+fn a_corrupt_or_missing_index_gives_estale_not_another_file() {
+    require_root!();
+    if Impl::current() != Impl::Layercache {
+        return;
+    }
+    let mut fx = fixture(|_| {});
+    for i in 0..8 {
+        write(&fx.p(&format!("f{i}")), format!("file {i}"));
+    }
+    let old: Vec<Handle> = (0..8).map(|i| handle_of(&fx.p(&format!("f{i}")))).collect();
+    fx.unmount();
+    let index = fx.work.join("node-index");
+    let mut bytes = fs::read(&index).expect("a clean unmount writes the node index");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    fs::write(&index, &bytes).unwrap();
+    fx.mount();
+    assert!(!index.exists(), "read once, removed");
+    // New files: with counter ids starting again, some get the old files' ids.
+    for i in 0..8 {
+        fs::remove_file(fx.p(&format!("f{i}"))).unwrap();
+        write(&fx.p(&format!("g{i}")), format!("other {i}"));
+    }
+    let newer: Vec<Handle> = (0..8).map(|i| handle_of(&fx.p(&format!("g{i}")))).collect();
+    drop_caches();
+    for h in &old {
+        assert_eq!(read_handle(&fx.mnt, h), Err(libc::ESTALE), "corrupt index");
+    }
+    // This mount's handles: a kill -9 leaves no index (it was removed at mount), so they are
+    // ESTALE in the next mount too, never another file.
+    for pid in daemon_pids(&fx.mnt) {
+        // SAFETY: kill takes a pid and a signal.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert!(wait_exit(pid, 10_000), "daemon {pid} killed");
+    }
+    fx.unmount();
+    assert!(!index.exists(), "a killed daemon writes no index");
+    fx.mount();
+    for i in 0..8 {
+        fs::remove_file(fx.p(&format!("g{i}"))).unwrap();
+        write(&fx.p(&format!("h{i}")), format!("third {i}"));
+    }
+    drop_caches();
+    for h in old.iter().chain(&newer) {
+        assert_eq!(
+            read_handle(&fx.mnt, h),
+            Err(libc::ESTALE),
+            "after a killed daemon"
+        );
+    }
+}

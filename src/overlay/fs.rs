@@ -16,7 +16,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use super::OverlayConfig;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
-use super::inode::{Backing, IdKey, Loc, Nodes, ORPHANS, ROOT};
+use super::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
 use super::links::{LinkGroups, Links};
 use super::passthrough::{FileKey, OpenMode, Passthrough};
 use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
@@ -84,6 +84,9 @@ pub struct OverlayFs {
     /// The private noatime views the lowers are read through in passthrough mode
     /// ([`Stack::lowers_noatime`]), kept open for the life of the mount.
     _lower_views: Vec<std::os::fd::OwnedFd>,
+    /// Held when this mount keeps file handles across a remount (`handles.rs`): it read the
+    /// workdir's node index and writes it again when the session ends.
+    pub(super) handle_lock: Option<super::handles::IndexLock>,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -220,7 +223,11 @@ impl OverlayFs {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .map_err(|e| Error::io(&orphans, e))?;
-        OverlayFs::with_stack(cfg, stack)
+        let mut fs = OverlayFs::with_stack(cfg, stack)?;
+        if cfg.persist_handles {
+            fs.load_handles();
+        }
+        Ok(fs)
     }
 
     /// The engine over the opened `stack` of `cfg`.
@@ -260,6 +267,7 @@ impl OverlayFs {
             squash: cfg.squash,
             links,
             read_only: cfg.read_only,
+            handle_lock: None,
         })
     }
 
@@ -362,7 +370,7 @@ impl OverlayFs {
         let id = match (e.upper, top_lower(e.lowers), e.lower_ino) {
             // A merged directory: identity from the top lower dir.
             (true, Some(l), Some(ino)) => self.nodes.lower_id(l, ino),
-            (true, _, _) => self.nodes.keyed(IdKey::Upper(e.st.st_ino)),
+            (true, _, _) => self.nodes.upper_id(e.st.st_ino),
             (false, Some(l), _) if e.kind == Kind::Dir || e.st.st_nlink <= 1 => {
                 self.nodes.lower_id(l, e.st.st_ino)
             }

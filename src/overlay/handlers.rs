@@ -199,6 +199,11 @@ impl fuser::Filesystem for OverlayFs {
         Ok(())
     }
 
+    fn destroy(&mut self) {
+        // The session has ended (unmounted): no request runs any more.
+        self.save_handles();
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let r = traced("lookup", parent.0, || {
             let _g = self.ns.read();

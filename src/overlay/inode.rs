@@ -223,6 +223,12 @@ pub struct Nodes {
     any_shown_as: std::sync::atomic::AtomicBool,
     /// Names of attached nodes the kernel forgot (see the module docs), by node id.
     parked: Mutex<lru::LruCache<u64, Parked>>,
+    /// Upper inodes given their id again from an earlier mount's node index (`handles.rs`):
+    /// upper inode number → (node id, the id it shows as `st_ino`), taken by
+    /// [`Nodes::upper_id`] when the inode is first resolved.
+    restored: Mutex<HashMap<u64, (u64, u64)>>,
+    /// Whether `restored` was ever filled (the hot path then skips its lock).
+    any_restored: std::sync::atomic::AtomicBool,
     /// The generation every node of this mount is given.
     generation: u32,
 }
@@ -354,8 +360,105 @@ impl Nodes {
             // Unbounded in type, bounded by `forget` (a bounded LruCache allocates its whole
             // table up front).
             parked: Mutex::new(lru::LruCache::unbounded()),
+            restored: Default::default(),
+            any_restored: Default::default(),
             generation: new_generation(),
         }
+    }
+
+    /// Continues the mount whose node index (`handles.rs`) was read: its `generation`, counter
+    /// ids from `next` on (none of its ids goes to another file), the names of its nodes
+    /// `parked` (least recently used first; each (node id, parent id, name)) and the upper
+    /// inodes `uppers` (each (upper inode number, node id, id shown as `st_ino`)) given their
+    /// old ids when resolved. Called before the mount serves requests.
+    pub fn restore(
+        &mut self,
+        generation: u32,
+        next: u64,
+        parked: impl IntoIterator<Item = (u64, u64, Box<OsStr>)>,
+        uppers: impl IntoIterator<Item = (u64, u64, u64)>,
+    ) {
+        self.generation = generation.max(1);
+        *self.next.get_mut() = next.clamp(2, 1 << LOWER_SHIFT);
+        let lru = self.parked.get_mut();
+        for (id, parent, name) in parked {
+            if lru.len() >= PARKED_MAX {
+                lru.pop_lru();
+            }
+            lru.put(id, (parent, name));
+        }
+        let restored = self.restored.get_mut();
+        restored.extend(
+            uppers
+                .into_iter()
+                .map(|(ino, id, shown)| (ino, (id, shown))),
+        );
+        *self.any_restored.get_mut() = !restored.is_empty();
+    }
+
+    /// What a node index (`handles.rs`) records of this mount: the names of the nodes the
+    /// kernel may hold a handle of, least recently used first — the parked ones, then the
+    /// live attached ones (the root excepted) — at most `max` (the most recent), each (node
+    /// id, parent id, name); and the next counter id.
+    pub fn index_names(&self, max: usize) -> (Vec<(u64, u64, Box<OsStr>)>, u64) {
+        let mut out: Vec<(u64, u64, Box<OsStr>)> = {
+            let parked = self.parked.lock();
+            parked
+                .iter()
+                .map(|(&id, (p, n))| (id, *p, n.clone()))
+                .collect()
+        };
+        // LruCache iterates most recent first.
+        out.reverse();
+        for (&id, n) in self.map.read().iter() {
+            if let Loc::Attached { parent, name } = &n.loc
+                && id != ROOT
+            {
+                out.push((id, *parent, name.clone()));
+            }
+        }
+        let cut = out.len().saturating_sub(max);
+        out.drain(..cut);
+        (out, self.next.load(Ordering::Relaxed))
+    }
+
+    /// The node id of upper inode `ino` and the id it shows as `st_ino`, if it has one: the
+    /// one registered for it (by resolving it, or at copy-up), or the one an earlier mount
+    /// gave it that is not taken yet ([`Nodes::restore`]).
+    pub fn upper_known(&self, ino: u64) -> Option<(u64, u64)> {
+        let registered = self.ids.lock().get(&IdKey::Upper(ino)).copied();
+        match registered {
+            Some(id) => Some((id, self.shown_id(id))),
+            None if self.any_restored.load(Ordering::Relaxed) => {
+                self.restored.lock().get(&ino).copied()
+            }
+            None => None,
+        }
+    }
+
+    /// The node id of upper inode `ino`: the one registered for it, else the one an earlier
+    /// mount gave it ([`Nodes::restore`]), else a new counter id, registered.
+    pub fn upper_id(&self, ino: u64) -> u64 {
+        if !self.any_restored.load(Ordering::Relaxed) {
+            return self.keyed(IdKey::Upper(ino));
+        }
+        let mut ids = self.ids.lock();
+        if let Some(&id) = ids.get(&IdKey::Upper(ino)) {
+            return id;
+        }
+        let id = match self.restored.lock().remove(&ino) {
+            Some((id, shown)) => {
+                if shown != id {
+                    // Under the ids lock: nobody resolves the inode to `id` before it shows
+                    // `shown`.
+                    self.show_as(id, shown);
+                }
+                id
+            }
+            None => self.next.fetch_add(1, Ordering::Relaxed),
+        };
+        ids.insert(IdKey::Upper(ino), id);
+        id
     }
 
     /// The generation of every node id of this table (FUSE `fuse_entry_out.generation`; the
@@ -604,6 +707,9 @@ impl Nodes {
 
     /// Forgets the id of upper inode `ino` (the inode was deleted; its number may be reused).
     pub fn drop_upper(&self, ino: u64) {
+        if self.any_restored.load(Ordering::Relaxed) {
+            self.restored.lock().remove(&ino);
+        }
         let gone = self.ids.lock().remove(&IdKey::Upper(ino));
         if let Some(id) = gone
             && self.any_shown_as.load(Ordering::Relaxed)

@@ -20,6 +20,7 @@ pub mod errno;
 mod fs;
 pub mod fusermount;
 mod handlers;
+mod handles;
 mod inode;
 pub mod links;
 mod mount;

@@ -61,6 +61,13 @@ pub struct OverlayConfig {
     /// atime update at all under `noatime`, as on any filesystem (mount(8)).
     #[serde(default)]
     pub mount_flags: u64,
+    /// File handles (name_to_handle_at(2)) stay valid across a clean remount of the same
+    /// upperdir and lowerdirs, as on kernel overlayfs with `nfs_export=on`: the daemon writes a
+    /// node index into the workdir when its session ends and the next mount reads it
+    /// (`handles.rs`). Set for writable `layercache overlay` mounts; the store's mounts (run
+    /// views, `layercache mount`) have private per-run uppers and keep none.
+    #[serde(default)]
+    pub persist_handles: bool,
 }
 
 /// Whether the `-o` strings ask for `allow_other` or `allow_root` (libfuse's options; both
@@ -506,6 +513,7 @@ fn config(
     read_only: bool,
 ) -> OverlayConfig {
     OverlayConfig {
+        persist_handles: !read_only && !upperdir.as_os_str().is_empty(),
         lowerdirs,
         upperdir,
         workdir,

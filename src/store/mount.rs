@@ -263,6 +263,8 @@ impl Store {
             ..Default::default()
         };
         let mut cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
+        // The upper is this run's alone: no file handle outlives its mount.
+        cfg.persist_handles = false;
         // A layer's files are all object links: show the links its promoted tree had.
         if let Some((id, _)) = &m.layer {
             let links = overlay::links::LowerLinks::Recorded(m.pd.layer(id).links_path());

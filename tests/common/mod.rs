@@ -310,6 +310,14 @@ impl Fixture {
         self.assert_lower_unchanged();
     }
 
+    /// Unmounts and mounts again at once, without waiting for the old daemon to exit, as
+    /// xfstests' `_test_cycle_mount` does.
+    pub fn cycle_mount(&mut self) {
+        let guard = self.mount.take().expect("not mounted");
+        guard.unmount_checked();
+        self.mount();
+    }
+
     /// Unmount and mount again on the same upper (persistence checks).
     pub fn remount(&mut self) {
         self.unmount();
