@@ -21,8 +21,9 @@
 //! ids start at 2 (1 is the root) and stay below 2^56.
 //!
 //! No id is given to two files in one mount, so a node id plus the mount's generation
-//! ([`Nodes::generation`], different for every mount, since counter ids start again at 2) names
-//! one file for the life of the mount: the kernel's file handle (fs/fuse/inode.c,
+//! ([`Nodes::generation`], random for every mount that does not continue an earlier one from
+//! its node index, `handles.rs` and [`Nodes::restore`], since counter ids start again at 2)
+//! names one file for the life of the mount: the kernel's file handle (fs/fuse/inode.c,
 //! `fuse_encode_fh`). To open a handle whose inode the kernel forgot, it sends LOOKUP(id, ".")
 //! (and LOOKUP(id, "..") to connect a directory), so a node the kernel forgets is not
 //! forgotten here: its name, (parent id, name), is parked ([`Nodes::parked`]) — up to
