@@ -854,6 +854,53 @@ mod tests {
     }
 
     #[test]
+    fn a_restored_table_continues_the_indexed_mount() {
+        let t = Nodes::new(1);
+        t.remember(10, ROOT, OsStr::new("d"), Kind::Dir, false, 1);
+        let f = t.upper_id(500);
+        t.remember(f, 10, OsStr::new("f"), Kind::File, true, 0);
+        t.remember(11, ROOT, OsStr::new("live"), Kind::File, false, 1);
+        assert!(t.forget(f, 1).is_some());
+        let (names, next) = t.index_names(PARKED_MAX);
+        assert_eq!(next, f + 1);
+        assert_eq!(
+            names.first(),
+            Some(&(f, 10, OsStr::new("f").into())),
+            "parked first"
+        );
+        assert_eq!(names.len(), 3, "and the live ones, root excepted");
+        assert_eq!(t.index_names(1).0.len(), 1, "bounded, most recent kept");
+        let mut n = Nodes::new(1);
+        n.restore(
+            t.generation(),
+            next,
+            vec![(f, 10, OsStr::new("f").into())],
+            [(500, f, 7)],
+        );
+        assert_eq!(n.generation(), t.generation());
+        assert_eq!(n.parked(f), Some((10, OsStr::new("f").into())));
+        assert_eq!(
+            n.upper_known(500),
+            Some((f, 7)),
+            "known before it is resolved"
+        );
+        assert_eq!(
+            n.upper_id(501),
+            next,
+            "new inodes: counter ids from the old next"
+        );
+        assert_eq!(n.upper_id(500), f, "the restored inode gets its old id");
+        assert_eq!(n.shown_id(f), 7);
+        assert_eq!(n.upper_id(500), f);
+        n.drop_upper(500);
+        assert_ne!(
+            n.upper_id(500),
+            f,
+            "taken once; a deleted inode's number is another file"
+        );
+    }
+
+    #[test]
     fn ids_are_stable_and_distinct() {
         let t = Nodes::new(1);
         let a = t.lower_id(0, 42);

@@ -666,4 +666,29 @@ mod tests {
                 .contains("nope")
         );
     }
+
+    #[test]
+    fn writable_mounts_keep_handles_across_a_remount_read_only_ones_do_not() {
+        let t = tempfile::tempdir().unwrap();
+        let (lower, mnt) = (t.path().join("lower"), t.path().join("mnt"));
+        fs::create_dir_all(&lower).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        let mut raw = RawOptions {
+            lowerdirs: vec![lower],
+            upperdir: Some(t.path().join("up")),
+            workdir: Some(t.path().join("work")),
+            ..Default::default()
+        };
+        fs::create_dir(t.path().join("up")).unwrap();
+        assert!(validate(&raw, &mnt).unwrap().persist_handles);
+        raw.read_only = true;
+        assert!(!validate(&raw, &mnt).unwrap().persist_handles);
+        raw.read_only = false;
+        raw.upperdir = None;
+        raw.workdir = None;
+        assert!(
+            !validate(&raw, &mnt).unwrap().persist_handles,
+            "lowerdir only"
+        );
+    }
 }
