@@ -1,8 +1,8 @@
-//! File handles on an overlay mount (issue 25, xfstests generic/426, 467, 756): a handle from
-//! name_to_handle_at(2) opens the same file with open_by_handle_at(2) after the kernel has
-//! forgotten the inode (`echo 2 > /proc/sys/vm/drop_caches`), across a copy-up and a rename,
-//! and gives ESTALE once the file is unlinked — as kernel overlayfs does with
-//! `nfs_export=on` (Documentation/filesystems/overlayfs.rst, "NFS export"). FUSE's side is
+//! File handles on an overlay mount (issue 25, xfstests generic/426, 467, 477, 756, 777): a
+//! handle from name_to_handle_at(2) opens the same file with open_by_handle_at(2) after the
+//! kernel has forgotten the inode (`echo 2 > /proc/sys/vm/drop_caches`), across a copy-up, a
+//! rename and a clean remount, and gives ESTALE once the file is unlinked — as kernel overlayfs
+//! does with `nfs_export=on` (Documentation/filesystems/overlayfs.rst, "NFS export"). FUSE's side is
 //! fs/fuse/inode.c `fuse_export_operations`: a handle is the node id and generation, and an
 //! inode the kernel forgot is found again with LOOKUP(node id, ".") (and a directory's parent
 //! with LOOKUP(node id, "..")).
@@ -260,10 +260,10 @@ fn a_directory_handle_walks_up_to_its_parent() {
     assert_eq!(link, fx.p("top/mid/leaf"));
 }
 
-/// Node ids of a new mount start again (counter ids), so a handle from an earlier mount may
-/// carry the id of another file now: the mount's generation makes it ESTALE (kernel overlayfs,
-/// whose handles survive a remount, opens the original file). It never opens the other file;
-/// a handle of this mount opens.
+/// A handle from an earlier mount opens its own file (the node index carries the ids over a
+/// clean remount, as kernel overlayfs's index does) or, where a new mount starts its counter
+/// ids again, is ESTALE by the generation; it never opens the new file that may have its id. A
+/// handle of this mount opens.
 #[test]
 fn a_handle_of_an_earlier_mount_never_opens_another_file() {
     require_root!();
