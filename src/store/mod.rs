@@ -64,8 +64,9 @@ pub use specs::StoredSpec;
 pub use tier::{PullReport, RemoteTier};
 pub use types::{
     ClearReport, CommitOutcome, CommitResult, GcOptions, GcReport, LayerInfo, Lookup, MountOutcome,
-    MountRequest, MountResult, PublishSpec, Published, UsageJson, VerifyReport,
+    MountRequest, MountResult, PublishSpec, Published, UsageJson,
 };
+pub use verify::VerifyReport;
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).
 pub const FORMAT: u32 = 1;

@@ -1,5 +1,5 @@
-//! The store's result and option types: what `mount`, `commit`, `ls`, `gc`, `clear` and
-//! `verify` return (the JSON their commands print), and what a lookup found.
+//! The store's result and option types: what `mount`, `commit`, `ls`, `gc` and `clear`
+//! return (the JSON their commands print), and what a lookup found.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -299,15 +299,4 @@ pub struct ClearReport {
     pub in_use: Vec<LayerId>,
     /// Objects removed afterwards.
     pub removed_objects: u64,
-}
-
-/// What verify found.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct VerifyReport {
-    /// Objects re-hashed.
-    pub objects_checked: u64,
-    /// Objects whose bytes do not match their name (`project/path`), moved to quarantine.
-    pub bad_objects: Vec<String>,
-    /// Layers that link a bad object: unpublished and moved to `quarantine/`.
-    pub quarantined: Vec<String>,
 }
