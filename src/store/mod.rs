@@ -54,6 +54,7 @@ pub use layer::{Layer, Manifest, TreeCounts};
 pub(crate) use layer::{MANIFEST_FORMAT, new_layer_id};
 pub use mount::Mount;
 // The object format and promotion's undo, which a pull shares with a local publish.
+pub use housekeeping::{ClearReport, GcOptions, GcReport, LayerInfo, UsageJson};
 pub(crate) use object::{ObjectStore, SharedMeta, content_xattrs, hash_file, meta_tag};
 pub use paths::{ProjectDirs, exists_at, store_of_run_upper};
 use paths::{mkdir_mode, read_names};
@@ -63,8 +64,8 @@ pub use runs::{RunRecord, StoreMount};
 pub use specs::StoredSpec;
 pub use tier::{PullReport, RemoteTier};
 pub use types::{
-    ClearReport, CommitOutcome, CommitResult, GcOptions, GcReport, LayerInfo, Lookup, MountOutcome,
-    MountRequest, MountResult, PublishSpec, Published, UsageJson,
+    CommitOutcome, CommitResult, Lookup, MountOutcome, MountRequest, MountResult, PublishSpec,
+    Published,
 };
 pub use verify::VerifyReport;
 

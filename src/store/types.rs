@@ -1,12 +1,12 @@
-//! The store's result and option types: what `mount`, `commit`, `ls`, `gc` and `clear`
-//! return (the JSON their commands print), and what a lookup found.
+//! The store's result and option types: what `mount` and `commit` return (the JSON their
+//! commands print), and what a lookup found.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::gc;
+use super::GcReport;
 use super::layer::Manifest;
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 
@@ -204,99 +204,4 @@ pub struct PublishSpec {
     pub parent: Option<LayerId>,
     /// Creation time for the manifest, ms since the epoch; `None` = now.
     pub created_ms: Option<u64>,
-}
-
-/// One row of `layercache ls`.
-#[derive(Clone, Debug, Serialize)]
-pub struct LayerInfo {
-    /// Project.
-    pub project: ProjectId,
-    /// Cache.
-    pub cache: CacheId,
-    /// Layer id.
-    pub layer: LayerId,
-    /// Keys publishing it (empty: an orphan gc will remove).
-    pub keys: Vec<CacheKey>,
-    /// Parent layer.
-    pub parent: Option<LayerId>,
-    /// Created, ms since the epoch.
-    pub created_ms: u64,
-    /// Last mounted, ms since the epoch.
-    pub last_used_ms: u64,
-    /// Apparent bytes.
-    pub bytes: u64,
-    /// Regular files.
-    pub files: u64,
-    /// Mounted right now.
-    pub in_use: bool,
-}
-
-/// Options of [`super::Store::gc`].
-#[derive(Clone, Debug, Default)]
-pub struct GcOptions {
-    /// Override config.toml's byte limit (`Some(None)` = unlimited).
-    pub max_size: Option<Option<u64>>,
-    /// Override the inode limit.
-    pub max_inodes: Option<Option<u64>>,
-    /// Override the age limit.
-    pub max_age: Option<Option<Duration>>,
-    /// Report only.
-    pub dry_run: bool,
-}
-
-/// What gc did (or would do, with `dry_run`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct GcReport {
-    /// Report only.
-    pub dry_run: bool,
-    /// Usage before.
-    pub before: UsageJson,
-    /// Usage after.
-    pub after: UsageJson,
-    /// Layers evicted: `project/layer`.
-    pub evicted: Vec<String>,
-    /// Layers kept because mounted (that the limits would have evicted are not singled out).
-    pub in_use: u64,
-    /// Unreferenced objects removed.
-    pub removed_objects: u64,
-    /// Bytes freed by removing objects.
-    pub freed_bytes: u64,
-    /// Stale staging entries removed.
-    pub removed_staging: u64,
-    /// Stale run directories removed (daemon dead).
-    pub removed_runs: u64,
-    /// Unpublished (orphan) layers removed.
-    pub removed_orphans: u64,
-}
-
-/// [`gc::Usage`] in a report.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-pub struct UsageJson {
-    /// Bytes of objects.
-    pub bytes: u64,
-    /// Inodes.
-    pub inodes: u64,
-    /// Layers.
-    pub layers: u64,
-}
-
-impl From<gc::Usage> for UsageJson {
-    fn from(u: gc::Usage) -> Self {
-        UsageJson {
-            bytes: u.bytes,
-            inodes: u.inodes,
-            layers: u.layers,
-        }
-    }
-}
-
-/// What clear did.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ClearReport {
-    /// Layers removed.
-    pub removed: Vec<LayerId>,
-    /// Layers refused because mounted.
-    pub in_use: Vec<LayerId>,
-    /// Objects removed afterwards.
-    pub removed_objects: u64,
 }
