@@ -60,13 +60,11 @@ pub use paths::{ProjectDirs, exists_at, store_of_run_upper};
 use paths::{mkdir_mode, read_names};
 pub use promote::{CREDENTIAL_FILES, CredentialPattern};
 pub(crate) use promote::{TreeStats, undo_created_objects};
+pub use publish::{CommitOutcome, CommitResult, PublishSpec, Published};
 pub use runs::{RunRecord, StoreMount};
 pub use specs::StoredSpec;
 pub use tier::{PullReport, RemoteTier};
-pub use types::{
-    CommitOutcome, CommitResult, Lookup, MountOutcome, MountRequest, MountResult, PublishSpec,
-    Published,
-};
+pub use types::{Lookup, MountOutcome, MountRequest, MountResult};
 pub use verify::VerifyReport;
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).

@@ -1,13 +1,11 @@
-//! The store's result and option types: what `mount` and `commit` return (the JSON their
-//! commands print), and what a lookup found.
+//! The store's result and option types: what `mount` returns (the JSON `layercache mount`
+//! prints), and what a lookup found.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::GcReport;
-use super::layer::Manifest;
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 
 /// What a lookup found (actions/cache semantics).
@@ -122,86 +120,4 @@ pub struct MountOutcome {
     pub mount_ms: u64,
     /// Total milliseconds.
     pub total_ms: u64,
-}
-
-/// `published`, `exists` or `noop`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CommitResult {
-    /// A new layer was published under the key.
-    Published,
-    /// The key was already published (another run won); our copy was discarded and the
-    /// published layer is mounted instead.
-    Exists,
-    /// The mount was a hit: nothing to promote.
-    Noop,
-}
-
-/// The JSON line `layercache commit` prints; also returned to `layercache run`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CommitOutcome {
-    /// published | exists | noop.
-    pub result: CommitResult,
-    /// The mount's primary key.
-    pub key: CacheKey,
-    /// The layer now published under the key (ours or the winner's).
-    pub layer: Option<LayerId>,
-    /// The lower layer promoted on top of (restore), if any.
-    pub parent: Option<LayerId>,
-    /// Apparent bytes of the promoted tree.
-    pub bytes: u64,
-    /// Regular files in the promoted tree.
-    pub files: u64,
-    /// Objects added to the store.
-    pub new_objects: u64,
-    /// Bytes added to the store.
-    pub new_bytes: u64,
-    /// Credential files dropped (paths relative to the mount).
-    pub dropped: Vec<String>,
-    /// Sockets/device nodes dropped.
-    pub skipped: Vec<String>,
-    /// The mount made afterwards (a hit on the published layer), when there was a remount.
-    pub remount: Option<MountOutcome>,
-    /// Milliseconds to unmount (daemon exit included).
-    pub unmount_ms: u64,
-    /// Milliseconds to build the new tree.
-    pub promote_ms: u64,
-    /// Milliseconds to sync and publish.
-    pub publish_ms: u64,
-    /// Total milliseconds.
-    pub total_ms: u64,
-    /// The automatic gc run, if the store was over a limit.
-    pub gc: Option<GcReport>,
-}
-
-/// Result of a publish without a mount ([`super::Store::promote_dirs`]).
-#[derive(Clone, Debug, Serialize)]
-pub struct Published {
-    /// published | exists.
-    pub result: CommitResult,
-    /// The layer published under the key (ours, or the winner's on `exists`).
-    pub layer: LayerId,
-    /// Our manifest (discarded on `exists`).
-    pub manifest: Manifest,
-    /// Sockets/devices skipped.
-    pub skipped: Vec<String>,
-    /// Milliseconds to build the tree.
-    pub promote_ms: u64,
-    /// Milliseconds to sync and publish.
-    pub publish_ms: u64,
-}
-
-/// What [`super::Store::publish_built`] publishes.
-#[derive(Clone, Debug)]
-pub struct PublishSpec {
-    /// Cache.
-    pub cache: CacheId,
-    /// The key to publish under.
-    pub key: CacheKey,
-    /// The layer id to use (a pulled layer keeps its remote id); `None` = a fresh one.
-    pub layer: Option<LayerId>,
-    /// The parent recorded in the manifest.
-    pub parent: Option<LayerId>,
-    /// Creation time for the manifest, ms since the epoch; `None` = now.
-    pub created_ms: Option<u64>,
 }
