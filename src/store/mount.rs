@@ -9,15 +9,124 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use super::lease::{Lease, Mode};
 use super::ms_since;
 use super::paths::{ProjectDirs, canonical_mountpoint, mkdir_mode, remove_tree};
-use super::runs::{RunRecord, write_record};
-use super::{Lookup, MountOutcome, MountRequest, MountResult, Notice, Store, UNMOUNT_WAIT};
+use super::runs::{MountResult, RunRecord, write_record};
+use super::{Notice, Store, UNMOUNT_WAIT};
 use crate::error::{Error, Result};
-use crate::ids::{CacheKey, LayerId};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::units::now_ms;
 use crate::{overlay, sys};
+
+/// What a lookup found (actions/cache semantics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The exact key is published.
+    Hit {
+        /// Its layer.
+        layer: LayerId,
+    },
+    /// A restore-key prefix matched: the most recently created layer of the first prefix that
+    /// matches anything.
+    Restore {
+        /// The published key that matched.
+        matched_key: CacheKey,
+        /// Its layer.
+        layer: LayerId,
+    },
+    /// Nothing matched.
+    Miss,
+}
+
+/// Inputs of [`super::Store::mount`].
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    /// Project (isolation unit).
+    pub project: ProjectId,
+    /// Cache id within the project.
+    pub cache: CacheId,
+    /// The primary key (published by a later commit).
+    pub key: CacheKey,
+    /// Restore-key prefixes, tried in order.
+    pub restore_keys: Vec<CacheKey>,
+    /// How long to wait for another run filling the same key before filling ourselves.
+    pub fill_wait: Duration,
+    /// Existing directory to mount on (host-visible, `layercache mount`); `None` mounts at the
+    /// run's own `runs/<run>/mnt`, a place no other run uses (`layercache run`: the run binds it
+    /// at the cache's view path in a mount namespace of its own).
+    pub mountpoint: Option<PathBuf>,
+    /// The process the mount belongs to: when it exits (even by `kill -9`) the overlay daemon
+    /// ends the mount; `None` for a mount that lives until `umount`/`commit`.
+    pub owner: Option<u32>,
+    /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as
+    /// another user sees the layer as its own; new files stay 0:0 in the upper).
+    pub squash: crate::overlay::options::Squash,
+    /// Whether the overlay uses FUSE passthrough; `Auto` decides from the mounted layer's
+    /// manifest ([`crate::overlay::options::PassthroughChoice::decide`]).
+    pub passthrough: crate::overlay::options::PassthroughChoice,
+}
+
+impl MountRequest {
+    /// The request of `rec`'s mount, to mount again at once (no fill wait) at the same
+    /// mountpoint.
+    pub(super) fn remount(rec: &RunRecord) -> MountRequest {
+        MountRequest {
+            project: rec.project.clone(),
+            cache: rec.cache.clone(),
+            key: rec.key.clone(),
+            restore_keys: rec.restore_keys.clone(),
+            fill_wait: Duration::ZERO,
+            mountpoint: (!rec.private).then(|| rec.mountpoint.clone()),
+            owner: rec.owner_pid,
+            squash: rec.squash,
+            passthrough: rec.passthrough,
+        }
+    }
+}
+
+/// The JSON line `layercache mount` prints; also returned to `layercache run`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountOutcome {
+    /// hit | restore | miss.
+    pub result: MountResult,
+    /// Project.
+    pub project: ProjectId,
+    /// Cache id.
+    pub cache: CacheId,
+    /// The primary key.
+    pub key: CacheKey,
+    /// The key whose layer is mounted (the key itself on a hit), if any.
+    pub matched_key: Option<CacheKey>,
+    /// The mounted layer, if any (none on a miss).
+    pub layer: Option<LayerId>,
+    /// Apparent bytes of the mounted layer (0 on a miss).
+    pub bytes: u64,
+    /// Regular files in the mounted layer.
+    pub files: u64,
+    /// Canonical mountpoint.
+    pub mountpoint: PathBuf,
+    /// Run id (`runs/<run>`).
+    pub run: String,
+    /// The overlay daemon's pid.
+    #[serde(default)]
+    pub daemon_pid: u32,
+    /// True when this mount holds the key's fill lock (others wait for its commit).
+    pub fill_lock: bool,
+    /// What the remote tier pulled for this mount (a remote hit or restore), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<super::PullReport>,
+    /// Milliseconds spent waiting for another run's fill.
+    pub waited_ms: u64,
+    /// Milliseconds for the lookup (including any wait).
+    pub lookup_ms: u64,
+    /// Milliseconds to mount (overlay ready).
+    pub mount_ms: u64,
+    /// Total milliseconds.
+    pub total_ms: u64,
+}
 
 /// Leases this process holds for a mount: the fill lock (a miss or restore, until publish) and
 /// the others (the run lease, the shared lease on the lower layer). Dropping them releases
@@ -66,6 +175,44 @@ pub(super) struct RunMount<'a> {
 }
 
 impl Store {
+    /// Looks `key` up in (`project`, `cache`): exact key → [`Lookup::Hit`]; else each prefix
+    /// of `restore_keys` in order, the most recently created matching layer first →
+    /// [`Lookup::Restore`]; else [`Lookup::Miss`]. Scoped to the cache: a prefix never matches
+    /// another cache's or project's keys. Keys whose layer is gone are ignored.
+    ///
+    /// Errors: [`Error::Io`] reading the keys directory.
+    pub fn lookup(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        restore_keys: &[CacheKey],
+    ) -> Result<Lookup> {
+        if let Some(id) = pd.read_key(cache, key)?
+            && pd.layer(&id).tree().is_dir()
+        {
+            return Ok(Lookup::Hit { layer: id });
+        }
+        if restore_keys.is_empty() {
+            return Ok(Lookup::Miss);
+        }
+        let keys = pd.keys(cache)?;
+        for prefix in restore_keys {
+            let best = keys
+                .iter()
+                .filter(|(k, _)| k.as_str().starts_with(prefix.as_str()))
+                .filter_map(|(k, id)| {
+                    let m = pd.layer(id).manifest().ok()?;
+                    Some((m.created_ms, id.clone(), k.clone()))
+                })
+                .max();
+            if let Some((_, layer, matched_key)) = best {
+                return Ok(Lookup::Restore { matched_key, layer });
+            }
+        }
+        Ok(Lookup::Miss)
+    }
+
     /// Takes a shared lease on layer `id`; `None` if the layer is gone (evicted meanwhile).
     pub(super) fn lease_layer(&self, pd: &ProjectDirs, id: &LayerId) -> Result<Option<Lease>> {
         let l = pd.layer(id);

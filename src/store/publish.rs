@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::layer::{self, Layer, Manifest, write_synced};
 use super::lease::{Lease, Mode};
-use super::mount::{Leases, Mount, RunMount};
+use super::mount::{Leases, Mount, MountRequest, RunMount};
 use super::object::ObjectStore;
 use super::paths::{ProjectDirs, mkdir_mode, remove_tree};
 use super::runs::{StoreMount, unmount_and_wait};
@@ -215,7 +215,7 @@ impl Store {
                 Ok(p) => p,
                 Err(e) => {
                     // Nothing was published: put the previous mount back (same lower and upper).
-                    let req = rec.remount_request();
+                    let req = MountRequest::remount(&rec);
                     let layer = match &rec.lower {
                         Some(id) => self.lease_layer(&pd, id)?.map(|l| (id.clone(), l)),
                         None => None,
@@ -242,7 +242,7 @@ impl Store {
         // The old run is done: its upper's files now live in the store.
         drop(held.others);
         self.remove_run_dir(&pd, &run_dir)?;
-        let req = rec.remount_request();
+        let req = MountRequest::remount(&rec);
         let remount = match self.lease_layer(&pd, &published.layer)? {
             Some(lease) => Some(self.mount_run(RunMount {
                 pd: &pd,
