@@ -107,63 +107,14 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     for cache in &spec.caches {
         all.push(crate::key::compute(cache, &paths, &env)?);
     }
-    // What each key would match now. Never creates a store: without one each key reports a
-    // miss, "no store yet" (a run would create it); with one that cannot be read, "unknown"
-    // with the reason.
-    let mut no_store = None;
-    let store = store_root(global).and_then(|r| {
-        crate::store::Store::open_existing(&r)?.ok_or_else(|| {
-            let e = Error::invalid(format!("no store at {}", r.display()));
-            no_store = Some(r);
-            e
-        })
-    });
-    // The project's directories only if they exist: `key` creates nothing (a project the
-    // store has never seen matches nothing).
-    let project = match &store {
-        Ok(st) => st.projects(Some(&spec.project))?.pop(),
-        Err(_) => None,
-    };
+    // What each key would match now.
+    let store = KeyStore::open(global, &spec.project)?;
     let mut matches = Vec::new();
     for k in &all {
-        let found = match &store {
-            Ok(st) => {
-                let lookup = match &project {
-                    Some(pd) => st.lookup(pd, &k.id, &k.key, &k.restore_keys)?,
-                    None => crate::store::Lookup::Miss,
-                };
-                let mut found = match lookup {
-                    crate::store::Lookup::Hit { layer } => {
-                        serde_json::json!({"result": "hit", "matched_key": k.key, "layer": layer})
-                    }
-                    crate::store::Lookup::Restore { matched_key, layer } => {
-                        serde_json::json!({"result": "restore", "matched_key": matched_key, "layer": layer})
-                    }
-                    crate::store::Lookup::Miss => serde_json::json!({"result": "miss"}),
-                };
-                // Why not a hit: the diff against the nearest layer's recorded inputs.
-                if found["result"] != "hit" {
-                    let matched = found["matched_key"].as_str().map(str::to_string);
-                    found["why"] = serde_json::json!(crate::why::explain(
-                        st.root(),
-                        &spec.project,
-                        &k.id,
-                        matched.as_deref(),
-                        &k.inputs,
-                    ));
-                }
-                found
-            }
-            Err(_) if no_store.is_some() => serde_json::json!({
-                "result": "miss",
-                "reason": format!(
-                    "no store yet at {} (a run creates it)",
-                    no_store.as_deref().unwrap_or(std::path::Path::new("")).display()
-                ),
-            }),
-            Err(e) => serde_json::json!({"result": "unknown", "error": e.to_string()}),
-        };
-        matches.push(found);
+        matches.push(match &store {
+            KeyStore::Open(st, pd) => would_match(st, pd.as_ref(), &spec.project, k)?,
+            KeyStore::Answer(answer) => answer.clone(),
+        });
     }
     if global.json {
         let caches: Vec<serde_json::Value> = all
@@ -180,31 +131,110 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
         return Ok(0);
     }
     for (k, m) in all.iter().zip(&matches) {
-        println!("{}", k.id);
-        println!("  key:          {}", k.key);
-        let rks: Vec<&str> = k.restore_keys.iter().map(|r| r.as_str()).collect();
-        println!("  restore keys: {}", rks.join(", "));
-        let files: Vec<String> = k
-            .key_files
-            .iter()
-            .map(|f| f.display().to_string())
-            .collect();
-        println!("  key files:    {}", files.join(", "));
-        println!("  mountpoint:   {}", k.mountpoint.display());
-        let result = m["result"].as_str().unwrap_or("unknown");
-        match (m["matched_key"].as_str())
-            .or(m["reason"].as_str())
-            .or(m["error"].as_str())
-        {
-            Some(mk) => println!("  would match:  {result} ({mk})"),
-            None => println!("  would match:  {result}"),
-        }
-        if let Some(why) = m["why"].as_array() {
-            let why: Vec<&str> = why.iter().filter_map(|w| w.as_str()).collect();
-            println!("  why:          {}", why.join("; "));
-        }
+        print_key(k, m);
     }
     Ok(0)
+}
+
+/// Where `layercache key` looks keys up.
+enum KeyStore {
+    /// The store, and the project's directories if they exist (a project the store has never
+    /// seen matches nothing).
+    Open(Box<crate::store::Store>, Option<crate::store::ProjectDirs>),
+    /// No store to look in: what every key would match (a miss "no store yet", or
+    /// "unknown" with the reason the store cannot be read).
+    Answer(serde_json::Value),
+}
+
+impl KeyStore {
+    /// The store of `global` and `project`'s directories in it. Never creates a store or a
+    /// project: without a store each key reports a miss, "no store yet" (a run would create
+    /// it); with one that cannot be read, "unknown" with the reason.
+    ///
+    /// Errors: [`Error::Io`] listing the store's projects.
+    fn open(global: &crate::cli::GlobalArgs, project: &crate::ids::ProjectId) -> Result<KeyStore> {
+        let opened = store_root(global)
+            .and_then(|r| crate::store::Store::open_existing(&r).map(|st| st.ok_or(r)));
+        Ok(match opened {
+            Ok(Ok(st)) => {
+                let pd = st.projects(Some(project))?.pop();
+                KeyStore::Open(Box::new(st), pd)
+            }
+            Ok(Err(root)) => KeyStore::Answer(serde_json::json!({
+                "result": "miss",
+                "reason": format!("no store yet at {} (a run creates it)", root.display()),
+            })),
+            Err(e) => {
+                KeyStore::Answer(serde_json::json!({"result": "unknown", "error": e.to_string()}))
+            }
+        })
+    }
+}
+
+/// What `k` would match in `st` now (`pd`: `project`'s directories, if they exist): `hit`,
+/// `restore` (with the matched key and layer) or `miss`, and unless a hit, `why`: the diff
+/// against the nearest layer's recorded inputs.
+///
+/// Errors: [`Error::Io`] reading the keys.
+fn would_match(
+    st: &crate::store::Store,
+    pd: Option<&crate::store::ProjectDirs>,
+    project: &crate::ids::ProjectId,
+    k: &crate::key::CacheKeys,
+) -> Result<serde_json::Value> {
+    let lookup = match pd {
+        Some(pd) => st.lookup(pd, &k.id, &k.key, &k.restore_keys)?,
+        None => crate::store::Lookup::Miss,
+    };
+    let mut found = match lookup {
+        crate::store::Lookup::Hit { layer } => {
+            serde_json::json!({"result": "hit", "matched_key": k.key, "layer": layer})
+        }
+        crate::store::Lookup::Restore { matched_key, layer } => {
+            serde_json::json!({"result": "restore", "matched_key": matched_key, "layer": layer})
+        }
+        crate::store::Lookup::Miss => serde_json::json!({"result": "miss"}),
+    };
+    // Why not a hit: the diff against the nearest layer's recorded inputs.
+    if found["result"] != "hit" {
+        let matched = found["matched_key"].as_str().map(str::to_string);
+        found["why"] = serde_json::json!(crate::why::explain(
+            st.root(),
+            project,
+            &k.id,
+            matched.as_deref(),
+            &k.inputs,
+        ));
+    }
+    Ok(found)
+}
+
+/// Prints `layercache key`'s text form of one cache's keys `k` and what they would match
+/// (`m`, from [`would_match`]).
+fn print_key(k: &crate::key::CacheKeys, m: &serde_json::Value) {
+    println!("{}", k.id);
+    println!("  key:          {}", k.key);
+    let rks: Vec<&str> = k.restore_keys.iter().map(|r| r.as_str()).collect();
+    println!("  restore keys: {}", rks.join(", "));
+    let files: Vec<String> = k
+        .key_files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect();
+    println!("  key files:    {}", files.join(", "));
+    println!("  mountpoint:   {}", k.mountpoint.display());
+    let result = m["result"].as_str().unwrap_or("unknown");
+    match (m["matched_key"].as_str())
+        .or(m["reason"].as_str())
+        .or(m["error"].as_str())
+    {
+        Some(mk) => println!("  would match:  {result} ({mk})"),
+        None => println!("  would match:  {result}"),
+    }
+    if let Some(why) = m["why"].as_array() {
+        let why: Vec<&str> = why.iter().filter_map(|w| w.as_str()).collect();
+        println!("  why:          {}", why.join("; "));
+    }
 }
 
 /// `layercache stats [--project P]`: like `ls`, exit 2 when there is no store or when `P` is
@@ -314,7 +344,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     // --sandbox docker: the workdir is seen at a stable path by default, and the
     // engine, image and user are checked before anything is mounted.
     // --user, else the spec's `user`; errors name the one given.
-    use crate::sandbox::user::{RunUser, UserSource};
+    use crate::sandbox::user::UserSource;
     let (user, user_source) = match (&args.user, &spec.user) {
         (Some(u), _) => (Some(u.clone()), UserSource::Flag),
         (None, u) => (u.clone(), UserSource::Spec),
@@ -336,14 +366,78 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if docker.is_none() && !args.docker_args.is_empty() {
         return Err(Error::invalid("--docker-arg needs --sandbox docker"));
     }
+    let pre = run_preflight(
+        &sandbox,
+        !spec.caches.is_empty(),
+        user.as_deref(),
+        user_source,
+        args.image.clone(),
+    )?;
+    let paths = paths(&args.paths, default_view)?;
+    if pre.rootless.is_some() {
+        crate::run::rootless::check_view_dirs(&spec, &paths)?;
+    }
+    let store_dir = store_root(global)?;
+    if docker.is_some() {
+        docker_bind_check(&paths, &store_dir)?;
+    }
+    let cfg = crate::run::RunConfig {
+        spec,
+        paths,
+        image: pre.image,
+        sandbox,
+        command: args.command.iter().map(std::ffi::OsString::from).collect(),
+        store: store_dir.clone(),
+        json: global.json,
+        run_id: crate::telemetry::new_run_id(),
+        user: pre.run_user,
+        rootless: pre.rootless,
+    };
+    // A failing run's `--json` error line names it.
+    crate::telemetry::set_current_run(&cfg.run_id);
+    if cfg.spec.caches.is_empty() {
+        return crate::run::run(&cfg, &crate::run::NoMounts);
+    }
+    let fill_wait = std::time::Duration::from_secs(args.fill_wait);
+    run_over_store(&cfg, global.remote.as_deref(), flag, pre.squash, fill_wait)
+}
+
+/// What [`run_preflight`] settled before anything is mounted.
+struct RunPreflight {
+    /// The user the steps run as (`--sandbox none|bwrap`, as root).
+    run_user: Option<crate::sandbox::user::RunUser>,
+    /// The rootless set-up, when not root and there are caches to mount.
+    rootless: Option<crate::run::rootless::Rootless>,
+    /// The image that enters the keys: Docker's image id, else `--image` as given.
+    image: Option<String>,
+    /// The overlay's ownership mapping for the run's user (Docker: the image's user).
+    squash: crate::overlay::options::Squash,
+}
+
+/// The checks of `layercache run` before anything is mounted, for `sandbox` and `user` (from
+/// `source`): the user resolved on the host (`--sandbox none|bwrap`); without root, the
+/// rootless refusals (only when the spec `has_caches`: the steps then run as the user in
+/// the run's own user namespace, [`crate::run::rootless`], so no `--user` drop); bwrap's
+/// check that it can run as that user; Docker's engine, image and user (the image's id, not
+/// its name, enters the keys, with the tools in it). `image` is `--image`.
+///
+/// Errors: [`Error::Invalid`] naming the user, the image or what the machine refuses.
+fn run_preflight(
+    sandbox: &crate::sandbox::Sandbox,
+    has_caches: bool,
+    user: Option<&str>,
+    user_source: crate::sandbox::user::UserSource,
+    image: Option<String>,
+) -> Result<RunPreflight> {
+    let docker = sandbox.docker();
     // --sandbox none|bwrap: resolved on the host before anything is mounted.
-    let mut run_user = match (&docker, &user) {
-        (None, Some(u)) => Some(RunUser::resolve(u, user_source)?),
+    let mut run_user = match (&docker, user) {
+        (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u, user_source)?),
         _ => None,
     };
     // Without root: refusals before anything is mounted; the steps run as the user
     // in the run's own user namespace ([`crate::run::rootless`]), so no `--user` drop.
-    let rootless = match crate::run::rootless::needed() && !spec.caches.is_empty() {
+    let rootless = match crate::run::rootless::needed() && has_caches {
         true => Some(crate::run::rootless::preflight(
             docker.is_some(),
             run_user.take(),
@@ -362,7 +456,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
             let (id, ids) = d.preflight()?;
             (Some(id), ids)
         }
-        None => (args.image.clone(), run_user.map(|u| (u.uid, u.gid))),
+        None => (image, run_user.map(|u| (u.uid, u.gid))),
     };
     let squash = squash
         .map(|(uid, gid)| crate::overlay::options::Squash {
@@ -370,70 +464,75 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
             gid: Some(gid),
         })
         .unwrap_or_default();
-    let paths = paths(&args.paths, default_view)?;
-    if rootless.is_some() {
-        crate::run::rootless::check_view_dirs(&spec, &paths)?;
-    }
-    let store_dir = store_root(global)?;
-    if docker.is_some() {
-        // `docker run -v SRC:DST` splits at ':': such a path would fail only at the first step.
-        let named = [
-            ("--workdir", paths.workdir.as_path()),
-            ("--mount-root", paths.mount_root.as_path()),
-            ("--workdir-view", paths.view_workdir()),
-            ("--store", store_dir.as_path()),
-        ];
-        if let Some((flag, p)) = named
-            .iter()
-            .find(|(_, p)| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&b':'))
-        {
-            return Err(Error::invalid(format!(
-                "{flag} {}: --sandbox docker cannot bind a path with ':' (docker run -v splits \
-                 at it); use a path without one",
-                p.display()
-            )));
-        }
-    }
-    let cfg = crate::run::RunConfig {
-        spec,
-        paths,
-        image,
-        sandbox,
-        command: args.command.iter().map(std::ffi::OsString::from).collect(),
-        store: store_dir.clone(),
-        json: global.json,
-        run_id: crate::telemetry::new_run_id(),
-        user: run_user,
+    Ok(RunPreflight {
+        run_user,
         rootless,
-    };
-    // A failing run's `--json` error line names it.
-    crate::telemetry::set_current_run(&cfg.run_id);
-    if cfg.spec.caches.is_empty() {
-        return crate::run::run(&cfg, &crate::run::NoMounts);
+        image,
+        squash,
+    })
+}
+
+/// `--sandbox docker`: refuses a run path (`paths`' workdir, mount root and workdir view, or
+/// the store `store_dir`) with a ':' in it, which `docker run -v SRC:DST` would split at (it
+/// would fail only at the first step).
+///
+/// Errors: [`Error::Invalid`] naming the flag and the path.
+fn docker_bind_check(paths: &crate::spec::Paths, store_dir: &std::path::Path) -> Result<()> {
+    let named = [
+        ("--workdir", paths.workdir.as_path()),
+        ("--mount-root", paths.mount_root.as_path()),
+        ("--workdir-view", paths.view_workdir()),
+        ("--store", store_dir),
+    ];
+    if let Some((flag, p)) = named
+        .iter()
+        .find(|(_, p)| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&b':'))
+    {
+        return Err(Error::invalid(format!(
+            "{flag} {}: --sandbox docker cannot bind a path with ':' (docker run -v splits \
+             at it); use a path without one",
+            p.display()
+        )));
     }
+    Ok(())
+}
+
+/// Runs `cfg` (a spec with caches) over its store: enters the rootless namespace first
+/// (before the store is opened and any thread starts), opens the store with the remote tier
+/// (`remote`, `--remote`) attached, mounts each cache with `passthrough` (`--passthrough`,
+/// else the cache's own), `squash` and `fill_wait`, reaps what a killed run left, and at the
+/// end waits (bounded) for the remote pushes and the background removals.
+///
+/// Errors: as [`crate::run::run`], and opening the store or the remote tier.
+fn run_over_store(
+    cfg: &crate::run::RunConfig,
+    remote: Option<&str>,
+    passthrough: Option<crate::overlay::options::PassthroughChoice>,
+    squash: crate::overlay::options::Squash,
+    fill_wait: std::time::Duration,
+) -> Result<i32> {
     if let Some(r) = &cfg.rootless {
         // Before the store is opened and before any thread starts (the remote tier's runtime).
         crate::run::rootless::enter(r)?;
     }
     let mut store =
-        crate::store::Store::open(Some(&store_dir))?.with_notify(store_cmds::stderr_notices());
-    crate::remote::attach(&mut store, global.remote.as_deref())?;
+        crate::store::Store::open(Some(&cfg.store))?.with_notify(store_cmds::stderr_notices());
+    crate::remote::attach(&mut store, remote)?;
     let remote = store.remote().cloned();
     let passthrough = cfg
         .spec
         .caches
         .iter()
-        .map(|c| (c.id.clone(), flag.unwrap_or(c.passthrough)))
+        .map(|c| (c.id.clone(), passthrough.unwrap_or(c.passthrough)))
         .collect();
-    let mounter =
-        crate::run::StoreMounter::new(store, std::time::Duration::from_secs(args.fill_wait))
-            .with_squash(squash)
-            .with_passthrough(passthrough);
+    let mounter = crate::run::StoreMounter::new(store, fill_wait)
+        .with_squash(squash)
+        .with_passthrough(passthrough);
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);
     }
-    let status = crate::run::run(&cfg, &mounter);
+    let status = crate::run::run(cfg, &mounter);
     // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
     if let Some(r) = remote {
         r.wait_pushes(mounter.store());

@@ -177,61 +177,12 @@ impl OverlayFs {
             (Tree::Upper, rel.clone())
         };
         let is_dir = matches!(what, NewEntry::Dir(_));
-        let made = (|| -> std::io::Result<()> {
-            match what {
-                NewEntry::File(mode) => {
-                    self.stack.open(
-                        layer,
-                        &at,
-                        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
-                        mode & 0o7777,
-                    )?;
-                }
-                NewEntry::Dir(mode) => {
-                    let mode = (mode & 0o7777) | if setgid { libc::S_ISGID } else { 0 };
-                    self.stack.mkdir(layer, &at, mode)?;
-                }
-                NewEntry::Symlink(target) => {
-                    self.stack.symlink(&cstr(target.as_os_str())?, layer, &at)?;
-                }
-                NewEntry::Special(mode, rdev) => self.stack.mknod(layer, &at, mode, rdev)?,
-                NewEntry::Link(src) => {
-                    let s = self
-                        .backing(src)
-                        .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
-                    self.stack.link(s.tree, &s.path, layer, &at)?;
-                }
-            }
-            if !matches!(what, NewEntry::Link(_)) {
-                // The mode the entry was made with: the requested one, or what a default ACL
-                // of the parent made of it (which a chmod to the requested mode would undo).
-                let made = self.stack.stat(layer, &at)?.st_mode & 0o7777;
-                self.stack.chown(layer, &at, uid, gid)?;
-                if let NewEntry::Dir(_) | NewEntry::File(_) | NewEntry::Special(..) = what {
-                    // chown clears set-id bits of non-directories; put the mode back.
-                    let m = made | if setgid && is_dir { libc::S_ISGID } else { 0 };
-                    self.stack.chmod(layer, &at, m)?;
-                }
-            }
-            if let Some(form) = wh_form {
-                if is_dir {
-                    self.stack.set_opaque(layer, &at)?;
-                }
-                if is_dir && form == whiteout::Form::Device {
-                    // Swap the new directory with the whiteout, then drop the whiteout.
-                    self.stack
-                        .rename(Tree::Work, &at, Tree::Upper, &rel, libc::RENAME_EXCHANGE)?;
-                    self.stack.unlink(Tree::Work, &at, false)?;
-                } else {
-                    // Over a 0/0 device (replaced), or beside a `.wh.` file (removed next).
-                    self.stack.rename(Tree::Work, &at, Tree::Upper, &rel, 0)?;
-                }
-                if form == whiteout::Form::File {
-                    self.stack.remove_marker(&rel)?;
-                }
-            }
-            Ok(())
-        })();
+        let made = self
+            .create_entry(layer, &at, &what, uid, gid, setgid)
+            .and_then(|()| match wh_form {
+                Some(form) => self.replace_whiteout(layer, &at, &rel, form, is_dir),
+                None => Ok(()),
+            });
         if let Err(e) = made {
             if wh {
                 let _ = self.stack.unlink(Tree::Work, &at, is_dir);
@@ -242,6 +193,90 @@ impl OverlayFs {
         let kind = self.nodes.peek(id, |n| n.kind).unwrap_or(Kind::File);
         self.listings.added(parent, name, kind);
         Ok(attr)
+    }
+
+    /// Creates `what` (its mode already masked) at `at` in `layer` for
+    /// [`Self::make_masked`], owned by `uid`:`gid`; a directory is set-group-ID when
+    /// `setgid` (its parent is).
+    ///
+    /// Errors: the upper or work dir's syscall error.
+    fn create_entry(
+        &self,
+        layer: Tree,
+        at: &CString,
+        what: &NewEntry<'_>,
+        uid: u32,
+        gid: u32,
+        setgid: bool,
+    ) -> std::io::Result<()> {
+        let is_dir = matches!(what, NewEntry::Dir(_));
+        match *what {
+            NewEntry::File(mode) => {
+                self.stack.open(
+                    layer,
+                    at,
+                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                    mode & 0o7777,
+                )?;
+            }
+            NewEntry::Dir(mode) => {
+                let mode = (mode & 0o7777) | if setgid { libc::S_ISGID } else { 0 };
+                self.stack.mkdir(layer, at, mode)?;
+            }
+            NewEntry::Symlink(target) => {
+                self.stack.symlink(&cstr(target.as_os_str())?, layer, at)?;
+            }
+            NewEntry::Special(mode, rdev) => self.stack.mknod(layer, at, mode, rdev)?,
+            NewEntry::Link(src) => {
+                let s = self
+                    .backing(src)
+                    .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
+                self.stack.link(s.tree, &s.path, layer, at)?;
+            }
+        }
+        if !matches!(what, NewEntry::Link(_)) {
+            // The mode the entry was made with: the requested one, or what a default ACL
+            // of the parent made of it (which a chmod to the requested mode would undo).
+            let made = self.stack.stat(layer, at)?.st_mode & 0o7777;
+            self.stack.chown(layer, at, uid, gid)?;
+            if let NewEntry::Dir(_) | NewEntry::File(_) | NewEntry::Special(..) = what {
+                // chown clears set-id bits of non-directories; put the mode back.
+                let m = made | if setgid && is_dir { libc::S_ISGID } else { 0 };
+                self.stack.chmod(layer, at, m)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the entry [`Self::create_entry`] made at `at` in `layer` (the workdir) to `rel`
+    /// in the upper dir, where a whiteout of form `form` is: a new directory is opaque and,
+    /// over a 0/0 device, swapped with it; a `.wh.` marker is removed after.
+    ///
+    /// Errors: the upper or work dir's syscall error.
+    fn replace_whiteout(
+        &self,
+        layer: Tree,
+        at: &CString,
+        rel: &CString,
+        form: whiteout::Form,
+        is_dir: bool,
+    ) -> std::io::Result<()> {
+        if is_dir {
+            self.stack.set_opaque(layer, at)?;
+        }
+        if is_dir && form == whiteout::Form::Device {
+            // Swap the new directory with the whiteout, then drop the whiteout.
+            self.stack
+                .rename(Tree::Work, at, Tree::Upper, rel, libc::RENAME_EXCHANGE)?;
+            self.stack.unlink(Tree::Work, at, false)?;
+        } else {
+            // Over a 0/0 device (replaced), or beside a `.wh.` file (removed next).
+            self.stack.rename(Tree::Work, at, Tree::Upper, rel, 0)?;
+        }
+        if form == whiteout::Form::File {
+            self.stack.remove_marker(rel)?;
+        }
+        Ok(())
     }
 
     /// Name `rel` of `r` leaves the merged view (unlink, rmdir, or the target of a rename):
@@ -493,26 +528,7 @@ impl OverlayFs {
         self.bring_up(parent, name, &src)?;
         if exchange {
             let d = dst.as_ref().ok_or(Errno::ENOENT)?;
-            self.bring_up(newparent, newname, d)?;
-            for (r, p) in [(&src, &srel), (d, &drel)] {
-                if r.kind == Kind::Dir {
-                    self.set_opaque(p)?;
-                }
-            }
-            self.stack
-                .rename(
-                    Tree::Upper,
-                    &srel,
-                    Tree::Upper,
-                    &drel,
-                    libc::RENAME_EXCHANGE,
-                )
-                .map_err(errno)?;
-            self.moved(src.id, src.kind, newparent, newname);
-            self.moved(d.id, d.kind, parent, name);
-            self.listings.added(newparent, newname, src.kind);
-            self.listings.added(parent, name, d.kind);
-            return Ok(());
+            return self.exchange((parent, name, &src, &srel), (newparent, newname, d, &drel));
         }
         let src_lower = self.lower_has(&pdir, name)?;
         let dst_lower = self.lower_has(&npdir, newname)?;
@@ -539,29 +555,8 @@ impl OverlayFs {
                 .unlink(Tree::Upper, &drel, false)
                 .map_err(errno)?;
         }
-        let device_form = self.stack.whiteout_form() == whiteout::Form::Device;
         if src_lower {
-            match self.stack.rename(
-                Tree::Upper,
-                &srel,
-                Tree::Upper,
-                &drel,
-                if device_form {
-                    libc::RENAME_WHITEOUT
-                } else {
-                    0
-                },
-            ) {
-                Ok(()) if device_form => {}
-                Ok(()) => self.whiteout(&srel)?,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) => {
-                    self.stack
-                        .rename(Tree::Upper, &srel, Tree::Upper, &drel, 0)
-                        .map_err(errno)?;
-                    self.whiteout(&srel)?;
-                }
-                Err(e) => return Err(errno(e)),
-            }
+            self.move_leaving_whiteout(&srel, &drel)?;
         } else {
             self.stack
                 .rename(Tree::Upper, &srel, Tree::Upper, &drel, 0)
@@ -574,6 +569,64 @@ impl OverlayFs {
         self.listings.removed(parent, name);
         self.listings.removed(newparent, newname);
         self.listings.added(newparent, newname, src.kind);
+        Ok(())
+    }
+
+    /// The `RENAME_EXCHANGE` of [`Self::rename`], both entries resolved (`src` at `srel`,
+    /// named `name` in `parent`; `d` at `drel`, `newname` in `newparent`) and the source
+    /// brought up: brings the target up, makes each directory opaque, exchanges them in the
+    /// upper dir and keeps the books.
+    ///
+    /// Errors: the errno of copy-up or of the upper dir's syscalls.
+    fn exchange(
+        &self,
+        (parent, name, src, srel): (u64, &OsStr, &Resolved, &CString),
+        (newparent, newname, d, drel): (u64, &OsStr, &Resolved, &CString),
+    ) -> OpResult<()> {
+        self.bring_up(newparent, newname, d)?;
+        for (r, p) in [(src, srel), (d, drel)] {
+            if r.kind == Kind::Dir {
+                self.set_opaque(p)?;
+            }
+        }
+        self.stack
+            .rename(Tree::Upper, srel, Tree::Upper, drel, libc::RENAME_EXCHANGE)
+            .map_err(errno)?;
+        self.moved(src.id, src.kind, newparent, newname);
+        self.moved(d.id, d.kind, parent, name);
+        self.listings.added(newparent, newname, src.kind);
+        self.listings.added(parent, name, d.kind);
+        Ok(())
+    }
+
+    /// Moves the upper entry `srel`, whose name a lower layer also has, to `drel` and leaves a
+    /// whiteout at `srel`: in one `RENAME_WHITEOUT` with the device form, else (or where the
+    /// upper filesystem refuses it: `EINVAL`, `EPERM`) a rename and then a whiteout.
+    ///
+    /// Errors: the errno of the rename or of making the whiteout.
+    fn move_leaving_whiteout(&self, srel: &CString, drel: &CString) -> OpResult<()> {
+        let device_form = self.stack.whiteout_form() == whiteout::Form::Device;
+        match self.stack.rename(
+            Tree::Upper,
+            srel,
+            Tree::Upper,
+            drel,
+            if device_form {
+                libc::RENAME_WHITEOUT
+            } else {
+                0
+            },
+        ) {
+            Ok(()) if device_form => {}
+            Ok(()) => self.whiteout(srel)?,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) => {
+                self.stack
+                    .rename(Tree::Upper, srel, Tree::Upper, drel, 0)
+                    .map_err(errno)?;
+                self.whiteout(srel)?;
+            }
+            Err(e) => return Err(errno(e)),
+        }
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::Remote;
 use super::error::{self, classify};
-use super::manifest::{KeyRecord, Kind, from_layer};
+use super::manifest::{KeyRecord, Kind, RemoteManifest, from_layer};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ObjectId, ProjectId};
 use crate::store::ProjectDirs;
@@ -58,6 +58,33 @@ impl PushReport {
     }
 }
 
+/// The objects a layer's regular files link, one local path each (the tree's file).
+struct LayerObjects {
+    /// Object id → (its file in the layer's tree, bytes).
+    files: HashMap<ObjectId, (PathBuf, u64)>,
+    /// The ids in tree order: a pack then holds neighbouring files.
+    order: Vec<ObjectId>,
+}
+
+impl LayerObjects {
+    /// The objects of manifest `m`, whose tree is at `tree`.
+    ///
+    /// Errors: [`Error::Failed`] for an entry with a malformed object id.
+    fn of(m: &RemoteManifest, tree: &Path) -> Result<LayerObjects> {
+        let mut files: HashMap<ObjectId, (PathBuf, u64)> = HashMap::new();
+        let mut order = Vec::new();
+        for e in &m.entries {
+            if let (Kind::File { size, .. }, Some((id, _))) = (&e.kind, e.object()?) {
+                files.entry(id).or_insert_with(|| {
+                    order.push(id);
+                    (tree.join(&e.path), *size)
+                });
+            }
+        }
+        Ok(LayerObjects { files, order })
+    }
+}
+
 impl Remote {
     /// Pushes local layer `layer` of `pd` under `cache`/`key` (see the module docs).
     ///
@@ -71,75 +98,31 @@ impl Remote {
         layer: &LayerId,
     ) -> Result<PushReport> {
         let t0 = Instant::now();
-        let m = from_layer(pd, layer)?;
+        let mut m = from_layer(pd, layer)?;
         let project = &pd.project;
         let mut report = PushReport {
             key: key.to_string(),
             layer: layer.to_string(),
             ..Default::default()
         };
-        // One local path per object (the tree's file).
-        let tree = pd.layer(layer).tree();
-        let mut files: HashMap<ObjectId, (PathBuf, u64)> = HashMap::new();
-        let mut order = Vec::new(); // tree order: a pack then holds neighbouring files
-        for e in &m.entries {
-            if let (Kind::File { size, .. }, Some((id, _))) = (&e.kind, e.object()?) {
-                files.entry(id).or_insert_with(|| {
-                    order.push(id);
-                    (tree.join(&e.path), *size)
-                });
-            }
-        }
-        let small = |size: u64| size <= self.cfg.pack_size / 4;
-        report.objects = files.len() as u64;
+        let objects = LayerObjects::of(&m, &pd.layer(layer).tree())?;
+        report.objects = objects.files.len() as u64;
         let record = KeyRecord {
             layer: layer.clone(),
             created_ms: m.layer.created_ms,
             bytes: m.layer.counts.bytes,
             files: m.layer.counts.files,
-            objects: files.len() as u64,
+            objects: objects.files.len() as u64,
             inputs: pd.read_inputs(cache, key.as_str()),
         };
-        let mut m = m;
         self.block_on(None, async {
             if self.key_record(project, cache, key).await?.is_some() {
                 report.result = "exists".into();
                 return Ok(());
             }
-            // Small objects: reuse any pack that holds them, pack the rest.
-            let mut located = self.pack_locations(project).await?;
-            let new_small: Vec<(ObjectId, PathBuf, u64)> = order
-                .iter()
-                .filter(|id| small(files[*id].1) && !located.contains_key(*id))
-                .map(|id| (*id, files[id].0.clone(), files[id].1))
-                .collect();
-            located.extend(self.upload_packs(project, &new_small).await?);
-            // Large objects: alone, uploaded unless the remote has them.
-            let large: Vec<&ObjectId> = order.iter().filter(|id| !small(files[*id].1)).collect();
-            let have = self.remote_objects(project, large.iter().copied()).await?;
-            let mut todo: Vec<(ObjectId, PathBuf, u64)> = large
-                .into_iter()
-                .filter(|id| !have.contains(*id))
-                .map(|id| (*id, files[id].0.clone(), files[id].1))
-                .collect();
-            todo.sort_by_key(|t| t.0);
-            futures::stream::iter(
-                todo.iter()
-                    .map(|(id, p, s)| self.upload(project, id, p, *s)),
-            )
-            .buffer_unordered(self.cfg.concurrency)
-            .try_collect::<Vec<()>>()
-            .await?;
-            report.uploaded_objects = (todo.len() + new_small.len()) as u64;
-            report.uploaded_bytes = todo.iter().chain(&new_small).map(|t| t.2).sum();
-            for id in order.iter().filter(|id| small(files[*id].1)) {
-                let loc = &located[id];
-                m.packs.entry(loc.pack.clone()).or_default().push((
-                    id.to_hex(),
-                    loc.offset,
-                    loc.len,
-                ));
-            }
+            let (n, bytes) = self.upload_objects(project, &objects, &mut m).await?;
+            report.uploaded_objects = n;
+            report.uploaded_bytes = bytes;
             let body = serde_json::to_vec(&m).map_err(|e| Error::Failed(e.to_string()))?;
             report.manifest_bytes = body.len() as u64;
             let mpath = self.layout.manifest(project, layer);
@@ -147,26 +130,90 @@ impl Remote {
                 .put(&mpath, PutPayload::from(body))
                 .await
                 .map_err(|e| self.error("writing the manifest", e))?;
-            let kpath = self.layout.key(project, cache, key);
-            let rec = serde_json::to_vec(&record).map_err(|e| Error::Failed(e.to_string()))?;
-            let opts = PutOptions {
-                mode: PutMode::Create,
-                ..Default::default()
-            };
-            match self
-                .store
-                .put_opts(&kpath, PutPayload::from(rec), opts)
-                .await
-            {
-                Ok(_) => report.result = "pushed".into(),
-                // Create-only: 409/412 means another runner's key is there already.
-                Err(e) if classify(&e) == error::Kind::Conflict => report.result = "exists".into(),
-                Err(e) => return Err(self.error(&format!("creating key {key}"), e)),
-            }
+            report.result = self.create_key(project, cache, key, &record).await?.into();
             Ok(())
         })?;
         report.ms = t0.elapsed().as_millis() as u64;
         Ok(report)
+    }
+
+    /// Uploads the `objects` of manifest `m` the remote lacks, small ones (up to a quarter of
+    /// the pack size) in packs (reusing any pack that holds them already), large ones alone,
+    /// `concurrency` at a time; records in `m` the pack that holds each small object. Returns
+    /// the objects and bytes uploaded.
+    ///
+    /// Errors: [`super::RemoteError`] naming the remote; [`Error::Failed`] when a local file
+    /// no longer matches its object id.
+    async fn upload_objects(
+        &self,
+        project: &ProjectId,
+        objects: &LayerObjects,
+        m: &mut RemoteManifest,
+    ) -> Result<(u64, u64)> {
+        let LayerObjects { files, order } = objects;
+        let small = |size: u64| size <= self.cfg.pack_size / 4;
+        // Small objects: reuse any pack that holds them, pack the rest.
+        let mut located = self.pack_locations(project).await?;
+        let new_small: Vec<(ObjectId, PathBuf, u64)> = order
+            .iter()
+            .filter(|id| small(files[*id].1) && !located.contains_key(*id))
+            .map(|id| (*id, files[id].0.clone(), files[id].1))
+            .collect();
+        located.extend(self.upload_packs(project, &new_small).await?);
+        // Large objects: alone, uploaded unless the remote has them.
+        let large: Vec<&ObjectId> = order.iter().filter(|id| !small(files[*id].1)).collect();
+        let have = self.remote_objects(project, large.iter().copied()).await?;
+        let mut todo: Vec<(ObjectId, PathBuf, u64)> = large
+            .into_iter()
+            .filter(|id| !have.contains(*id))
+            .map(|id| (*id, files[id].0.clone(), files[id].1))
+            .collect();
+        todo.sort_by_key(|t| t.0);
+        futures::stream::iter(
+            todo.iter()
+                .map(|(id, p, s)| self.upload(project, id, p, *s)),
+        )
+        .buffer_unordered(self.cfg.concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+        for id in order.iter().filter(|id| small(files[*id].1)) {
+            let loc = &located[id];
+            m.packs
+                .entry(loc.pack.clone())
+                .or_default()
+                .push((id.to_hex(), loc.offset, loc.len));
+        }
+        let n = (todo.len() + new_small.len()) as u64;
+        Ok((n, todo.iter().chain(&new_small).map(|t| t.2).sum()))
+    }
+
+    /// Creates the key `cache`/`key` of `project` on the remote with `record`, create-only:
+    /// `pushed`, or `exists` when another runner's key is there already (409/412).
+    ///
+    /// Errors: [`super::RemoteError`] naming the remote and the key.
+    async fn create_key(
+        &self,
+        project: &ProjectId,
+        cache: &CacheId,
+        key: &CacheKey,
+        record: &KeyRecord,
+    ) -> Result<&'static str> {
+        let kpath = self.layout.key(project, cache, key);
+        let rec = serde_json::to_vec(record).map_err(|e| Error::Failed(e.to_string()))?;
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&kpath, PutPayload::from(rec), opts)
+            .await
+        {
+            Ok(_) => Ok("pushed"),
+            // Create-only: 409/412 means another runner's key is there already.
+            Err(e) if classify(&e) == error::Kind::Conflict => Ok("exists"),
+            Err(e) => Err(self.error(&format!("creating key {key}"), e)),
+        }
     }
 
     /// Which of `ids` the remote has: one listing per fan-out directory they fall in (at most

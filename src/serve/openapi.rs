@@ -146,46 +146,53 @@ fn params(path: &str) -> Vec<Value> {
     out
 }
 
+/// The OpenAPI operation object of `op`: its summary, parameters, responses (200 with its
+/// schema; 400/404 for a path with ids, 409 for a delete, 422 for a body, 401 always) and
+/// request body.
+fn operation(op: &Operation) -> Value {
+    let mut responses = serde_json::Map::new();
+    responses.insert("200".into(), json!({"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{}", op.schema)}}}}));
+    if op.path.contains('{') {
+        responses.insert("400".into(), error_response("A bad id, named."));
+        responses.insert(
+            "404".into(),
+            error_response("Unknown project/cache/key; `exists` lists what there is."),
+        );
+    }
+    if op.method == "delete" {
+        responses.insert(
+            "409".into(),
+            error_response("Layers in use (mounted) were refused; `in_use` lists them."),
+        );
+    }
+    if !op.body.is_empty() {
+        responses.insert(
+            "422".into(),
+            error_response("Invalid body; `errors` = [{field, message, line}]."),
+        );
+    }
+    responses.insert(
+        "401".into(),
+        error_response("A token is required (Bearer header or login cookie)."),
+    );
+    let mut o =
+        json!({"summary": op.summary, "parameters": params(op.path), "responses": responses});
+    if !op.body.is_empty() {
+        let content: serde_json::Map<String, Value> = op.body.iter()
+            .map(|t| (t.to_string(), json!({"schema": {"type": if *t == "application/json" && op.schema == "GcReport" { "object" } else { "string" }}})))
+            .collect();
+        o["requestBody"] = json!({"required": op.schema != "GcReport", "content": content});
+    }
+    o
+}
+
 /// The document (OpenAPI 3.1).
 pub fn document() -> Value {
     let mut paths = serde_json::Map::new();
     for op in ROUTES {
-        let mut responses = serde_json::Map::new();
-        responses.insert("200".into(), json!({"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{}", op.schema)}}}}));
-        if op.path.contains('{') {
-            responses.insert("400".into(), error_response("A bad id, named."));
-            responses.insert(
-                "404".into(),
-                error_response("Unknown project/cache/key; `exists` lists what there is."),
-            );
-        }
-        if op.method == "delete" {
-            responses.insert(
-                "409".into(),
-                error_response("Layers in use (mounted) were refused; `in_use` lists them."),
-            );
-        }
-        if !op.body.is_empty() {
-            responses.insert(
-                "422".into(),
-                error_response("Invalid body; `errors` = [{field, message, line}]."),
-            );
-        }
-        responses.insert(
-            "401".into(),
-            error_response("A token is required (Bearer header or login cookie)."),
-        );
-        let mut o =
-            json!({"summary": op.summary, "parameters": params(op.path), "responses": responses});
-        if !op.body.is_empty() {
-            let content: serde_json::Map<String, Value> = op.body.iter()
-                .map(|t| (t.to_string(), json!({"schema": {"type": if *t == "application/json" && op.schema == "GcReport" { "object" } else { "string" }}})))
-                .collect();
-            o["requestBody"] = json!({"required": op.schema != "GcReport", "content": content});
-        }
         paths
             .entry(op.path.to_string())
-            .or_insert_with(|| json!({}))[op.method] = o;
+            .or_insert_with(|| json!({}))[op.method] = operation(op);
     }
     let s = |props: Value| json!({"type": "object", "properties": props});
     let ts = json!({"type": "string", "format": "date-time"});

@@ -8,12 +8,110 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::lease::{self, Lease, Mode};
 use super::paths::{ProjectDirs, read_names, remove_tree};
-use super::{ClearReport, GcOptions, GcReport, LayerInfo, Store, gc, one_of};
+use super::{Store, gc, one_of};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
+
+/// One row of `layercache ls`.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerInfo {
+    /// Project.
+    pub project: ProjectId,
+    /// Cache.
+    pub cache: CacheId,
+    /// Layer id.
+    pub layer: LayerId,
+    /// Keys publishing it (empty: an orphan gc will remove).
+    pub keys: Vec<CacheKey>,
+    /// Parent layer.
+    pub parent: Option<LayerId>,
+    /// Created, ms since the epoch.
+    pub created_ms: u64,
+    /// Last mounted, ms since the epoch.
+    pub last_used_ms: u64,
+    /// Apparent bytes.
+    pub bytes: u64,
+    /// Regular files.
+    pub files: u64,
+    /// Mounted right now.
+    pub in_use: bool,
+}
+
+/// Options of [`super::Store::gc`].
+#[derive(Clone, Debug, Default)]
+pub struct GcOptions {
+    /// Override config.toml's byte limit (`Some(None)` = unlimited).
+    pub max_size: Option<Option<u64>>,
+    /// Override the inode limit.
+    pub max_inodes: Option<Option<u64>>,
+    /// Override the age limit.
+    pub max_age: Option<Option<Duration>>,
+    /// Report only.
+    pub dry_run: bool,
+}
+
+/// What gc did (or would do, with `dry_run`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct GcReport {
+    /// Report only.
+    pub dry_run: bool,
+    /// Usage before.
+    pub before: UsageJson,
+    /// Usage after.
+    pub after: UsageJson,
+    /// Layers evicted: `project/layer`.
+    pub evicted: Vec<String>,
+    /// Layers kept because mounted (that the limits would have evicted are not singled out).
+    pub in_use: u64,
+    /// Unreferenced objects removed.
+    pub removed_objects: u64,
+    /// Bytes freed by removing objects.
+    pub freed_bytes: u64,
+    /// Stale staging entries removed.
+    pub removed_staging: u64,
+    /// Stale run directories removed (daemon dead).
+    pub removed_runs: u64,
+    /// Unpublished (orphan) layers removed.
+    pub removed_orphans: u64,
+}
+
+/// [`gc::Usage`] in a report.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct UsageJson {
+    /// Bytes of objects.
+    pub bytes: u64,
+    /// Inodes.
+    pub inodes: u64,
+    /// Layers.
+    pub layers: u64,
+}
+
+impl From<gc::Usage> for UsageJson {
+    fn from(u: gc::Usage) -> Self {
+        UsageJson {
+            bytes: u.bytes,
+            inodes: u.inodes,
+            layers: u.layers,
+        }
+    }
+}
+
+/// What clear did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ClearReport {
+    /// Layers removed.
+    pub removed: Vec<LayerId>,
+    /// Layers refused because mounted.
+    pub in_use: Vec<LayerId>,
+    /// Objects removed afterwards.
+    pub removed_objects: u64,
+}
 
 impl Store {
     /// `layercache ls`: every layer (of `project`, or all), newest first.
@@ -81,137 +179,36 @@ impl Store {
             dry_run: dry,
             ..GcReport::default()
         };
-        // Links into objects from trees this gc removes: a dry run counts the objects those
-        // removals would leave unreferenced (per project: inode → links).
-        let mut doomed: Vec<HashMap<u64, u64>> = vec![HashMap::new(); pds.len()];
-        let mut doom = |pi: usize, tree: &Path| -> Result<()> {
-            for (ino, _) in tree_usage(tree)?.0 {
-                *doomed[pi].entry(ino).or_default() += 1;
-            }
-            Ok(())
-        };
-        // 0. Mounts a killed mount or commit left: every mountpoint where this
-        // store's runs are mounted, cleared of leftovers (a stacked second mount above all).
+        let mut doomed = Doomed::new(pds.len());
+        // 0. Mounts a killed mount or commit left.
         if !dry {
-            let mut seen = HashSet::new();
-            for m in crate::sys::mounts().at("/proc/self/mountinfo")? {
-                if m.fs_type == "fuse.layercache"
-                    && m.source.starts_with("layercache:")
-                    && seen.insert(m.mount_point.clone())
-                {
-                    self.clear_leftover_mounts(&m.mount_point, false)?;
-                }
-            }
+            self.clear_all_leftover_mounts()?;
         }
         // 1. Garbage from crashes: staging (no promotion runs: we hold the locks) and runs.
         // Their files may be the only links to objects (a killed pull's tree, a promoted
         // upper), which the sweep below then removes.
         for (pi, pd) in pds.iter().enumerate() {
-            for name in read_names(&pd.staging())? {
-                report.removed_staging += 1;
-                let dir = pd.staging().join(name);
-                if dry {
-                    doom(pi, &dir)?;
-                } else {
-                    remove_tree(&dir)?;
-                }
-            }
-            for name in read_names(&pd.runs())? {
-                let dir = pd.runs().join(&name);
-                if self.run_is_stale(&dir)? {
-                    report.removed_runs += 1;
-                    if dry {
-                        doom(pi, &dir)?;
-                    } else {
-                        super::runs::remove_stale_run(&dir)?;
-                    }
-                }
-            }
-            if !dry {
-                remove_free_fill_locks(pd)?;
-            }
+            let (staging, runs) = self.remove_crash_garbage(pd, dry, &mut doomed.of(pi))?;
+            report.removed_staging += staging;
+            report.removed_runs += runs;
         }
-        // 2. Candidates; unpublished layers are orphans of a crash between rename and publish.
-        let mut cands = Vec::new();
-        let mut where_: Vec<(usize, Doomable)> = Vec::new();
+        // 2. Candidates (orphans removed on the way), the plan under the limits, eviction.
+        let mut cands = Candidates::default();
         for (pi, pd) in pds.iter().enumerate() {
-            let published: HashSet<LayerId> =
-                pd.all_keys()?.into_iter().map(|(_, _, l)| l).collect();
-            for id in pd.layer_ids()? {
-                let l = pd.layer(&id);
-                let in_use = lease::is_held(&l.lease_path(), Mode::Exclusive)?;
-                if !published.contains(&id) && !in_use {
-                    report.removed_orphans += 1;
-                    if dry {
-                        doom(pi, &l.tree())?;
-                    } else {
-                        pd.remove_layer(&id)?;
-                    }
-                    continue;
-                }
-                let (objects, own_inodes) = tree_usage(&l.tree())?;
-                cands.push(gc::Candidate {
-                    index: where_.len(),
-                    idle: l.idle(),
-                    in_use,
-                    objects,
-                    own_inodes,
-                    project: pi,
-                });
-                where_.push((pi, Doomable::Layer(id)));
-            }
-            // Quarantined layers and objects: garbage that still takes space.
-            for (name, age) in quarantine_entries(pd)? {
-                let (objects, own_inodes) = tree_usage(&pd.quarantine().join(&name))?;
-                cands.push(gc::Candidate {
-                    index: where_.len(),
-                    idle: age,
-                    in_use: false,
-                    objects,
-                    own_inodes,
-                    project: pi,
-                });
-                where_.push((pi, Doomable::Quarantined(name)));
-            }
+            report.removed_orphans += cands.add_project(pi, pd, dry, &mut doomed.of(pi))?;
         }
-        report.in_use = cands.iter().filter(|c| c.in_use).count() as u64;
-        let before = gc::usage(&cands);
-        report.before = before.into();
-        let (evict, after) = gc::plan(&cands, &limits);
+        report.in_use = cands.list.iter().filter(|c| c.in_use).count() as u64;
+        report.before = gc::usage(&cands.list).into();
+        let (evict, after) = gc::plan(&cands.list, &limits);
         report.after = after.into();
-        for i in evict {
-            let (pi, what) = &where_[i];
-            let pd = &pds[*pi];
-            let gone = match what {
-                // Re-check under an exclusive lease: a mount may have started meanwhile.
-                Doomable::Layer(id) => dry || pd.evict(id)?,
-                Doomable::Quarantined(name) => {
-                    if !dry {
-                        remove_tree(&pd.quarantine().join(name))?;
-                    }
-                    true
-                }
-            };
-            if !gone {
-                continue;
-            }
-            if dry {
-                for &(ino, _) in &cands[i].objects {
-                    *doomed[*pi].entry(ino).or_default() += 1;
-                }
-            }
-            report.evicted.push(match what {
-                Doomable::Layer(id) => format!("{}/{id}", pd.project),
-                Doomable::Quarantined(name) => format!("{}/quarantine/{name}", pd.project),
-            });
-        }
+        report.evicted = cands.evict(&pds, &evict, dry, &mut doomed)?;
         // 3. Objects no tree links any more (in a dry run: none but doomed trees).
         for (pi, pd) in pds.iter().enumerate() {
             if !dry {
                 remove_stale_inputs(pd)?;
             }
             let (n, b) = if dry {
-                would_sweep(pd, &doomed[pi])?
+                would_sweep(pd, &doomed.0[pi])?
             } else {
                 pd.objects().sweep_unreferenced(false)?
             };
@@ -219,6 +216,62 @@ impl Store {
             report.freed_bytes += b;
         }
         Ok(report)
+    }
+
+    /// Clears the leftovers a killed mount or commit left at every mountpoint where this
+    /// store's runs are mounted (a stacked second mount above all; see
+    /// [`Store::clear_leftover_mounts`]).
+    ///
+    /// Errors: [`Error::Io`] reading `/proc/self/mountinfo` or unmounting.
+    fn clear_all_leftover_mounts(&self) -> Result<()> {
+        let mut seen = HashSet::new();
+        for m in crate::sys::mounts().at("/proc/self/mountinfo")? {
+            if m.fs_type == "fuse.layercache"
+                && m.source.starts_with("layercache:")
+                && seen.insert(m.mount_point.clone())
+            {
+                self.clear_leftover_mounts(&m.mount_point, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase 1 of [`Store::gc`] for one project (its lock held): removes every staging entry,
+    /// the directories of stale runs and free fill locks; with `dry`, removes nothing and
+    /// counts the trees in `doomed`. Returns (staging entries, run directories) removed.
+    ///
+    /// Errors: [`Error::Io`] reading or removing them.
+    fn remove_crash_garbage(
+        &self,
+        pd: &ProjectDirs,
+        dry: bool,
+        doomed: &mut DoomedLinks<'_>,
+    ) -> Result<(u64, u64)> {
+        let (mut staging, mut runs) = (0, 0);
+        for name in read_names(&pd.staging())? {
+            staging += 1;
+            let dir = pd.staging().join(name);
+            if dry {
+                doomed.tree(&dir)?;
+            } else {
+                remove_tree(&dir)?;
+            }
+        }
+        for name in read_names(&pd.runs())? {
+            let dir = pd.runs().join(&name);
+            if self.run_is_stale(&dir)? {
+                runs += 1;
+                if dry {
+                    doomed.tree(&dir)?;
+                } else {
+                    super::runs::remove_stale_run(&dir)?;
+                }
+            }
+        }
+        if !dry {
+            remove_free_fill_locks(pd)?;
+        }
+        Ok((staging, runs))
     }
 
     /// `layercache clear`: removes the layers of `project` (or of one `cache` of it) and the
@@ -384,6 +437,149 @@ enum Doomable {
     Layer(LayerId),
     /// An entry of `quarantine/` (a layer directory, or `objects`).
     Quarantined(String),
+}
+
+/// Links into objects from the trees a gc removes, per project (inode → links): a dry run
+/// counts the objects those removals would leave unreferenced.
+struct Doomed(Vec<HashMap<u64, u64>>);
+
+impl Doomed {
+    fn new(projects: usize) -> Doomed {
+        Doomed(vec![HashMap::new(); projects])
+    }
+
+    /// The counts of project `pi`.
+    fn of(&mut self, pi: usize) -> DoomedLinks<'_> {
+        DoomedLinks(&mut self.0[pi])
+    }
+}
+
+/// [`Doomed`] of one project.
+struct DoomedLinks<'a>(&'a mut HashMap<u64, u64>);
+
+impl DoomedLinks<'_> {
+    /// Counts one link to each of `objects` ((inode, bytes), as [`tree_usage`] lists them).
+    fn objects(&mut self, objects: &[(u64, u64)]) {
+        for &(ino, _) in objects {
+            *self.0.entry(ino).or_default() += 1;
+        }
+    }
+
+    /// Counts the links of the tree at `tree`.
+    ///
+    /// Errors: [`Error::Io`] reading it.
+    fn tree(&mut self, tree: &Path) -> Result<()> {
+        self.objects(&tree_usage(tree)?.0);
+        Ok(())
+    }
+}
+
+/// What gc may evict, across projects: each candidate of the eviction plan and what it is
+/// (`place[c.index]` is the project index and the layer or quarantine entry of `list[c]`).
+#[derive(Default)]
+struct Candidates {
+    list: Vec<gc::Candidate>,
+    place: Vec<(usize, Doomable)>,
+}
+
+impl Candidates {
+    /// Adds the layers and quarantine entries of project `pi` (`pd`, its lock held).
+    /// Unpublished layers that are not mounted are orphans of a crash between rename and
+    /// publish: they are removed (with `dry`, counted in `doomed`), not added. Returns the
+    /// number of orphans.
+    ///
+    /// Errors: [`Error::Io`] reading the project or removing an orphan.
+    fn add_project(
+        &mut self,
+        pi: usize,
+        pd: &ProjectDirs,
+        dry: bool,
+        doomed: &mut DoomedLinks<'_>,
+    ) -> Result<u64> {
+        let mut orphans = 0;
+        let published: HashSet<LayerId> = pd.all_keys()?.into_iter().map(|(_, _, l)| l).collect();
+        for id in pd.layer_ids()? {
+            let l = pd.layer(&id);
+            let in_use = lease::is_held(&l.lease_path(), Mode::Exclusive)?;
+            if !published.contains(&id) && !in_use {
+                orphans += 1;
+                if dry {
+                    doomed.tree(&l.tree())?;
+                } else {
+                    pd.remove_layer(&id)?;
+                }
+                continue;
+            }
+            self.push(pi, Doomable::Layer(id), &l.tree(), l.idle(), in_use)?;
+        }
+        // Quarantined layers and objects: garbage that still takes space.
+        for (name, age) in quarantine_entries(pd)? {
+            let tree = pd.quarantine().join(&name);
+            self.push(pi, Doomable::Quarantined(name), &tree, age, false)?;
+        }
+        Ok(orphans)
+    }
+
+    fn push(
+        &mut self,
+        pi: usize,
+        what: Doomable,
+        tree: &Path,
+        idle: std::time::Duration,
+        in_use: bool,
+    ) -> Result<()> {
+        let (objects, own_inodes) = tree_usage(tree)?;
+        self.list.push(gc::Candidate {
+            index: self.place.len(),
+            idle,
+            in_use,
+            objects,
+            own_inodes,
+            project: pi,
+        });
+        self.place.push((pi, what));
+        Ok(())
+    }
+
+    /// Evicts the candidates `evict` (indices the plan chose) of the projects `pds`; with
+    /// `dry`, removes nothing and counts their links in `doomed`. A layer is re-checked under
+    /// an exclusive lease (a mount may have started meanwhile) and skipped when mounted.
+    /// Returns what went, as `project/layer` or `project/quarantine/name`.
+    ///
+    /// Errors: [`Error::Io`] removing a tree.
+    fn evict(
+        &self,
+        pds: &[ProjectDirs],
+        evict: &[usize],
+        dry: bool,
+        doomed: &mut Doomed,
+    ) -> Result<Vec<String>> {
+        let mut evicted = Vec::new();
+        for &i in evict {
+            let (pi, what) = &self.place[i];
+            let pd = &pds[*pi];
+            let gone = match what {
+                Doomable::Layer(id) => dry || pd.evict(id)?,
+                Doomable::Quarantined(name) => {
+                    if !dry {
+                        remove_tree(&pd.quarantine().join(name))?;
+                    }
+                    true
+                }
+            };
+            if !gone {
+                continue;
+            }
+            if dry {
+                doomed.of(*pi).objects(&self.list[i].objects);
+            }
+            evicted.push(match what {
+                Doomable::Layer(id) => format!("{}/{id}", pd.project),
+                Doomable::Quarantined(name) => format!("{}/quarantine/{name}", pd.project),
+            });
+        }
+        Ok(evicted)
+    }
 }
 
 /// Entries of `quarantine/` with the time since they were quarantined (their ctime: the

@@ -32,7 +32,6 @@ mod publish;
 mod runs;
 mod specs;
 mod tier;
-mod types;
 mod verify;
 
 use std::fs;
@@ -52,20 +51,19 @@ use layer::write_synced;
 pub use layer::{Layer, Manifest, TreeCounts};
 #[cfg(test)]
 pub(crate) use layer::{MANIFEST_FORMAT, new_layer_id};
-pub use mount::Mount;
+pub use mount::{Lookup, Mount, MountOutcome, MountRequest};
 // The object format and promotion's undo, which a pull shares with a local publish.
+pub use housekeeping::{ClearReport, GcOptions, GcReport, LayerInfo, UsageJson};
 pub(crate) use object::{ObjectStore, SharedMeta, content_xattrs, hash_file, meta_tag};
 pub use paths::{ProjectDirs, exists_at, store_of_run_upper};
 use paths::{mkdir_mode, read_names};
 pub use promote::{CREDENTIAL_FILES, CredentialPattern};
 pub(crate) use promote::{TreeStats, undo_created_objects};
-pub use runs::{RunRecord, StoreMount};
+pub use publish::{CommitOutcome, CommitResult, PublishSpec, Published};
+pub use runs::{MountResult, RunRecord, StoreMount};
 pub use specs::StoredSpec;
 pub use tier::{PullReport, RemoteTier};
-pub use types::{
-    ClearReport, CommitOutcome, CommitResult, GcOptions, GcReport, LayerInfo, Lookup, MountOutcome,
-    MountRequest, MountResult, PublishSpec, Published, UsageJson, VerifyReport,
-};
+pub use verify::VerifyReport;
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).
 pub const FORMAT: u32 = 1;
@@ -442,44 +440,6 @@ impl Store {
             }
             _ => Ok(pds),
         }
-    }
-
-    /// Looks `key` up in (`project`, `cache`): exact key → [`Lookup::Hit`]; else each prefix
-    /// of `restore_keys` in order, the most recently created matching layer first →
-    /// [`Lookup::Restore`]; else [`Lookup::Miss`]. Scoped to the cache: a prefix never matches
-    /// another cache's or project's keys. Keys whose layer is gone are ignored.
-    ///
-    /// Errors: [`Error::Io`] reading the keys directory.
-    pub fn lookup(
-        &self,
-        pd: &ProjectDirs,
-        cache: &CacheId,
-        key: &CacheKey,
-        restore_keys: &[CacheKey],
-    ) -> Result<Lookup> {
-        if let Some(id) = pd.read_key(cache, key)?
-            && pd.layer(&id).tree().is_dir()
-        {
-            return Ok(Lookup::Hit { layer: id });
-        }
-        if restore_keys.is_empty() {
-            return Ok(Lookup::Miss);
-        }
-        let keys = pd.keys(cache)?;
-        for prefix in restore_keys {
-            let best = keys
-                .iter()
-                .filter(|(k, _)| k.as_str().starts_with(prefix.as_str()))
-                .filter_map(|(k, id)| {
-                    let m = pd.layer(id).manifest().ok()?;
-                    Some((m.created_ms, id.clone(), k.clone()))
-                })
-                .max();
-            if let Some((_, layer, matched_key)) = best {
-                return Ok(Lookup::Restore { matched_key, layer });
-            }
-        }
-        Ok(Lookup::Miss)
     }
 }
 

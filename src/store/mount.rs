@@ -9,15 +9,124 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use super::lease::{Lease, Mode};
 use super::ms_since;
 use super::paths::{ProjectDirs, canonical_mountpoint, mkdir_mode, remove_tree};
-use super::runs::{RunRecord, write_record};
-use super::{Lookup, MountOutcome, MountRequest, MountResult, Notice, Store, UNMOUNT_WAIT};
+use super::runs::{MountResult, RunRecord, write_record};
+use super::{Notice, PullReport, Store, TreeCounts, UNMOUNT_WAIT};
 use crate::error::{Error, Result};
-use crate::ids::{CacheKey, LayerId};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::units::now_ms;
 use crate::{overlay, sys};
+
+/// What a lookup found (actions/cache semantics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The exact key is published.
+    Hit {
+        /// Its layer.
+        layer: LayerId,
+    },
+    /// A restore-key prefix matched: the most recently created layer of the first prefix that
+    /// matches anything.
+    Restore {
+        /// The published key that matched.
+        matched_key: CacheKey,
+        /// Its layer.
+        layer: LayerId,
+    },
+    /// Nothing matched.
+    Miss,
+}
+
+/// Inputs of [`super::Store::mount`].
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    /// Project (isolation unit).
+    pub project: ProjectId,
+    /// Cache id within the project.
+    pub cache: CacheId,
+    /// The primary key (published by a later commit).
+    pub key: CacheKey,
+    /// Restore-key prefixes, tried in order.
+    pub restore_keys: Vec<CacheKey>,
+    /// How long to wait for another run filling the same key before filling ourselves.
+    pub fill_wait: Duration,
+    /// Existing directory to mount on (host-visible, `layercache mount`); `None` mounts at the
+    /// run's own `runs/<run>/mnt`, a place no other run uses (`layercache run`: the run binds it
+    /// at the cache's view path in a mount namespace of its own).
+    pub mountpoint: Option<PathBuf>,
+    /// The process the mount belongs to: when it exits (even by `kill -9`) the overlay daemon
+    /// ends the mount; `None` for a mount that lives until `umount`/`commit`.
+    pub owner: Option<u32>,
+    /// The overlay's ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as
+    /// another user sees the layer as its own; new files stay 0:0 in the upper).
+    pub squash: crate::overlay::options::Squash,
+    /// Whether the overlay uses FUSE passthrough; `Auto` decides from the mounted layer's
+    /// manifest ([`crate::overlay::options::PassthroughChoice::decide`]).
+    pub passthrough: crate::overlay::options::PassthroughChoice,
+}
+
+impl MountRequest {
+    /// The request of `rec`'s mount, to mount again at once (no fill wait) at the same
+    /// mountpoint.
+    pub(super) fn remount(rec: &RunRecord) -> MountRequest {
+        MountRequest {
+            project: rec.project.clone(),
+            cache: rec.cache.clone(),
+            key: rec.key.clone(),
+            restore_keys: rec.restore_keys.clone(),
+            fill_wait: Duration::ZERO,
+            mountpoint: (!rec.private).then(|| rec.mountpoint.clone()),
+            owner: rec.owner_pid,
+            squash: rec.squash,
+            passthrough: rec.passthrough,
+        }
+    }
+}
+
+/// The JSON line `layercache mount` prints; also returned to `layercache run`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountOutcome {
+    /// hit | restore | miss.
+    pub result: MountResult,
+    /// Project.
+    pub project: ProjectId,
+    /// Cache id.
+    pub cache: CacheId,
+    /// The primary key.
+    pub key: CacheKey,
+    /// The key whose layer is mounted (the key itself on a hit), if any.
+    pub matched_key: Option<CacheKey>,
+    /// The mounted layer, if any (none on a miss).
+    pub layer: Option<LayerId>,
+    /// Apparent bytes of the mounted layer (0 on a miss).
+    pub bytes: u64,
+    /// Regular files in the mounted layer.
+    pub files: u64,
+    /// Canonical mountpoint.
+    pub mountpoint: PathBuf,
+    /// Run id (`runs/<run>`).
+    pub run: String,
+    /// The overlay daemon's pid.
+    #[serde(default)]
+    pub daemon_pid: u32,
+    /// True when this mount holds the key's fill lock (others wait for its commit).
+    pub fill_lock: bool,
+    /// What the remote tier pulled for this mount (a remote hit or restore), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<super::PullReport>,
+    /// Milliseconds spent waiting for another run's fill.
+    pub waited_ms: u64,
+    /// Milliseconds for the lookup (including any wait).
+    pub lookup_ms: u64,
+    /// Milliseconds to mount (overlay ready).
+    pub mount_ms: u64,
+    /// Total milliseconds.
+    pub total_ms: u64,
+}
 
 /// Leases this process holds for a mount: the fill lock (a miss or restore, until publish) and
 /// the others (the run lease, the shared lease on the lower layer). Dropping them releases
@@ -66,6 +175,44 @@ pub(super) struct RunMount<'a> {
 }
 
 impl Store {
+    /// Looks `key` up in (`project`, `cache`): exact key → [`Lookup::Hit`]; else each prefix
+    /// of `restore_keys` in order, the most recently created matching layer first →
+    /// [`Lookup::Restore`]; else [`Lookup::Miss`]. Scoped to the cache: a prefix never matches
+    /// another cache's or project's keys. Keys whose layer is gone are ignored.
+    ///
+    /// Errors: [`Error::Io`] reading the keys directory.
+    pub fn lookup(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        restore_keys: &[CacheKey],
+    ) -> Result<Lookup> {
+        if let Some(id) = pd.read_key(cache, key)?
+            && pd.layer(&id).tree().is_dir()
+        {
+            return Ok(Lookup::Hit { layer: id });
+        }
+        if restore_keys.is_empty() {
+            return Ok(Lookup::Miss);
+        }
+        let keys = pd.keys(cache)?;
+        for prefix in restore_keys {
+            let best = keys
+                .iter()
+                .filter(|(k, _)| k.as_str().starts_with(prefix.as_str()))
+                .filter_map(|(k, id)| {
+                    let m = pd.layer(id).manifest().ok()?;
+                    Some((m.created_ms, id.clone(), k.clone()))
+                })
+                .max();
+            if let Some((_, layer, matched_key)) = best {
+                return Ok(Lookup::Restore { matched_key, layer });
+            }
+        }
+        Ok(Lookup::Miss)
+    }
+
     /// Takes a shared lease on layer `id`; `None` if the layer is gone (evicted meanwhile).
     pub(super) fn lease_layer(&self, pd: &ProjectDirs, id: &LayerId) -> Result<Option<Lease>> {
         let l = pd.layer(id);
@@ -93,17 +240,7 @@ impl Store {
         let _e = span.enter();
         let t0 = Instant::now();
         let mnt = match &req.mountpoint {
-            Some(p) => {
-                let mnt = canonical_mountpoint(p)?;
-                // What a killed mount or commit left there goes first.
-                if overlay::is_mountpoint_busy(&mnt)? {
-                    self.clear_leftover_mounts(&mnt, false)?;
-                }
-                if overlay::is_mountpoint_busy(&mnt)? {
-                    return Err(Error::MountpointBusy { mountpoint: mnt });
-                }
-                Some(mnt)
-            }
+            Some(p) => Some(self.free_mountpoint(p)?),
             None => None,
         };
         let pd = self.project(&req.project)?;
@@ -111,77 +248,9 @@ impl Store {
         if let Some(parent) = fill_path.parent() {
             fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         }
-        let deadline = t0 + req.fill_wait;
-        let mut fill: Option<Lease> = None;
-        let mut gave_up = false;
-        let mut waited = Duration::ZERO;
-        let (mut remote_tried, mut pulled) = (false, None);
-        let (found, lower_lease) = loop {
-            let found = self.lookup(&pd, &req.cache, &req.key, &req.restore_keys)?;
-            if let Lookup::Hit { layer } = &found {
-                match self.lease_layer(&pd, layer)? {
-                    Some(l) => {
-                        // A hit needs no fill: a lock taken for one (then a pull published
-                        // the key) goes with its file, as when a fill ends.
-                        if let Some(f) = fill.take() {
-                            f.remove();
-                        }
-                        break (found, Some(l));
-                    }
-                    None => continue,
-                }
-            }
-            if fill.is_none() && !gave_up {
-                if let Some(l) = Lease::try_acquire(&fill_path, Mode::Exclusive)? {
-                    fill = Some(l);
-                    continue; // look up again under the lock: the filler may have published
-                }
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                if !remaining.is_zero() {
-                    self.notify(Notice::WaitingForFill {
-                        project: req.project.clone(),
-                        cache: req.cache.clone(),
-                        key: req.key.clone(),
-                        wait: remaining,
-                    });
-                }
-                let w = Instant::now();
-                match Lease::acquire_timeout(&fill_path, Mode::Exclusive, remaining)? {
-                    Some(l) => fill = Some(l),
-                    None => {
-                        self.notify(Notice::FillTimedOut {
-                            key: req.key.clone(),
-                        });
-                        gave_up = true;
-                    }
-                }
-                waited += w.elapsed();
-                continue;
-            }
-            // Remote tier: the exact key missed here; ask the remote once (under the
-            // fill lock), and look up again once a pull has published the layer locally. A
-            // local restore match is kept rather than pulling another restore match.
-            if !remote_tried && let Some(r) = &self.remote {
-                remote_tried = true;
-                let restore: &[CacheKey] = match found {
-                    Lookup::Restore { .. } => &[],
-                    _ => &req.restore_keys,
-                };
-                pulled = r.fetch_for_mount(self, &pd, &req.cache, &req.key, restore);
-                if pulled.is_some() {
-                    continue;
-                }
-            }
-            match &found {
-                Lookup::Restore { layer, .. } => match self.lease_layer(&pd, layer)? {
-                    Some(l) => break (found, Some(l)),
-                    None => continue,
-                },
-                _ => break (found, None),
-            }
-        };
+        let found = self.settle_lookup(&pd, req, &fill_path, t0 + req.fill_wait)?;
         let lookup_ms = ms_since(t0);
-        let (result, matched_key, layer) = match found {
+        let (result, matched_key, layer) = match found.lookup {
             Lookup::Hit { layer } => (MountResult::Hit, Some(req.key.clone()), Some(layer)),
             Lookup::Restore { matched_key, layer } => {
                 (MountResult::Restore, Some(matched_key), Some(layer))
@@ -194,17 +263,129 @@ impl Store {
             mnt: mnt.as_deref(),
             result,
             matched_key,
-            layer: layer.zip(lower_lease),
-            fill,
+            layer: layer.zip(found.lower_lease),
+            fill: found.fill,
             reuse: None,
         })?;
-        m.outcome.waited_ms = waited.as_millis() as u64;
-        m.outcome.remote = pulled;
+        m.outcome.waited_ms = found.waited.as_millis() as u64;
+        m.outcome.remote = found.pulled;
         m.outcome.lookup_ms = lookup_ms;
         m.outcome.total_ms = ms_since(t0);
         tracing::info!(result = ?m.outcome.result, run = %m.outcome.run,
             ms = m.outcome.total_ms, "mounted");
         Ok(m)
+    }
+
+    /// The canonical form of `mountpoint`, cleared of what a killed mount or commit left
+    /// there.
+    ///
+    /// Errors: [`Error::Invalid`] for a bad mountpoint; [`Error::MountpointBusy`] when
+    /// something else is mounted there.
+    fn free_mountpoint(&self, mountpoint: &Path) -> Result<PathBuf> {
+        let mnt = canonical_mountpoint(mountpoint)?;
+        if overlay::is_mountpoint_busy(&mnt)? {
+            self.clear_leftover_mounts(&mnt, false)?;
+        }
+        if overlay::is_mountpoint_busy(&mnt)? {
+            return Err(Error::MountpointBusy { mountpoint: mnt });
+        }
+        Ok(mnt)
+    }
+
+    /// The lookup phase of [`Store::mount`]: looks `req`'s key up until the answer is one to
+    /// mount. A hit is leased and mounted; otherwise the key's fill lock (`fill_path`) is
+    /// taken, waiting until `deadline` for another run's fill (then this run fills too), the
+    /// lookup repeated under it, the remote tier asked once, and a restore match leased.
+    ///
+    /// Errors: [`Error::Io`] reading keys or taking leases.
+    fn settle_lookup(
+        &self,
+        pd: &ProjectDirs,
+        req: &MountRequest,
+        fill_path: &Path,
+        deadline: Instant,
+    ) -> Result<Settled> {
+        let mut fill: Option<Lease> = None;
+        let mut gave_up = false;
+        let mut waited = Duration::ZERO;
+        let (mut remote_tried, mut pulled) = (false, None);
+        loop {
+            let found = self.lookup(pd, &req.cache, &req.key, &req.restore_keys)?;
+            if let Lookup::Hit { layer } = &found {
+                match self.lease_layer(pd, layer)? {
+                    Some(l) => {
+                        // A hit needs no fill: a lock taken for one (then a pull published
+                        // the key) goes with its file, as when a fill ends.
+                        if let Some(f) = fill.take() {
+                            f.remove();
+                        }
+                        return Ok(Settled::new(found, Some(l), fill, waited, pulled));
+                    }
+                    None => continue,
+                }
+            }
+            if fill.is_none() && !gave_up {
+                if let Some(l) = Lease::try_acquire(fill_path, Mode::Exclusive)? {
+                    fill = Some(l);
+                    continue; // look up again under the lock: the filler may have published
+                }
+                let w = Instant::now();
+                fill = self.wait_for_fill(req, fill_path, deadline)?;
+                gave_up = fill.is_none();
+                waited += w.elapsed();
+                continue;
+            }
+            // Remote tier: the exact key missed here; ask the remote once (under the
+            // fill lock), and look up again once a pull has published the layer locally. A
+            // local restore match is kept rather than pulling another restore match.
+            if !remote_tried && let Some(r) = &self.remote {
+                remote_tried = true;
+                let restore: &[CacheKey] = match found {
+                    Lookup::Restore { .. } => &[],
+                    _ => &req.restore_keys,
+                };
+                pulled = r.fetch_for_mount(self, pd, &req.cache, &req.key, restore);
+                if pulled.is_some() {
+                    continue;
+                }
+            }
+            match &found {
+                Lookup::Restore { layer, .. } => match self.lease_layer(pd, layer)? {
+                    Some(l) => return Ok(Settled::new(found, Some(l), fill, waited, pulled)),
+                    None => continue,
+                },
+                _ => return Ok(Settled::new(found, None, fill, waited, pulled)),
+            }
+        }
+    }
+
+    /// Waits until `deadline` for the fill lock at `fill_path` that another run of `req`'s
+    /// key holds, telling [`Notice::WaitingForFill`] (and [`Notice::FillTimedOut`] when it
+    /// gives up). Returns the lock, or `None` when the wait timed out.
+    ///
+    /// Errors: [`Error::Io`] taking the lock.
+    fn wait_for_fill(
+        &self,
+        req: &MountRequest,
+        fill_path: &Path,
+        deadline: Instant,
+    ) -> Result<Option<Lease>> {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if !remaining.is_zero() {
+            self.notify(Notice::WaitingForFill {
+                project: req.project.clone(),
+                cache: req.cache.clone(),
+                key: req.key.clone(),
+                wait: remaining,
+            });
+        }
+        let fill = Lease::acquire_timeout(fill_path, Mode::Exclusive, remaining)?;
+        if fill.is_none() {
+            self.notify(Notice::FillTimedOut {
+                key: req.key.clone(),
+            });
+        }
+        Ok(fill)
     }
 
     /// Creates (or reuses, when `m.reuse` names an existing run dir) a run and mounts it.
@@ -226,97 +407,18 @@ impl Store {
                 (id, d)
             }
         };
-        let cleanup = |e: Error| {
+        let started = start_daemon(&m, &run_id, &run_dir).inspect_err(|_| {
             if m.reuse.is_none() {
                 let _ = remove_tree(&run_dir);
             }
-            e
-        };
-        let upper = run_dir.join("upper");
-        let work = run_dir.join("work");
-        let mnt = match m.mnt {
-            Some(p) => p.to_path_buf(),
-            None => {
-                let p = run_dir.join("mnt");
-                mkdir_mode(&p, 0o755).map_err(cleanup)?;
-                p
-            }
-        };
-        mkdir_mode(&upper, 0o755).map_err(cleanup)?;
-        mkdir_mode(&work, 0o700).map_err(cleanup)?;
-        let run_lease = Lease::acquire(&run_dir.join("lease"), Mode::Exclusive).map_err(cleanup)?;
-        let (lower_dir, bytes, files, large_bytes) = match &m.layer {
-            Some((id, _)) => {
-                let l = m.pd.layer(id);
-                let man = l.manifest().map_err(cleanup)?;
-                let c = man.counts;
-                (l.tree(), c.bytes, c.files, c.large_bytes)
-            }
-            None => (m.pd.empty(), 0, 0, 0),
-        };
-        let raw = overlay::options::RawOptions {
-            lowerdirs: vec![lower_dir],
-            upperdir: Some(upper),
-            workdir: Some(work),
-            squash: m.req.squash,
-            passthrough: m.req.passthrough.decide(large_bytes, files),
-            ..Default::default()
-        };
-        let mut cfg = overlay::options::validate(&raw, &mnt).map_err(cleanup)?;
-        // The upper is this run's alone: no file handle outlives its mount.
-        cfg.persist_handles = false;
-        // A layer's files are all object links: show the links its promoted tree had.
-        if let Some((id, _)) = &m.layer {
-            let links = overlay::links::LowerLinks::Recorded(m.pd.layer(id).links_path());
-            cfg.lower_links = vec![links];
-        }
-        let mut hold: Vec<OwnedFd> = Vec::new();
-        let mut fill_lock_fd = None;
-        if let Some(f) = &m.fill {
-            let d = f.dup_fd().map_err(cleanup)?;
-            fill_lock_fd = Some(d.as_raw_fd());
-            hold.push(d);
-        }
-        if let Some((_, l)) = &m.layer {
-            hold.push(l.dup_fd().map_err(cleanup)?);
-        }
-        hold.push(run_lease.dup_fd().map_err(cleanup)?);
+        })?;
         let layer = m.layer.as_ref().map(|(id, _)| id.clone());
-        let mut rec = RunRecord {
-            run: run_id.clone(),
-            project: m.pd.project.clone(),
-            cache: m.req.cache.clone(),
-            key: m.req.key.clone(),
-            restore_keys: m.req.restore_keys.clone(),
-            result: m.result,
-            matched_key: m.matched_key.clone(),
-            lower: layer.clone(),
-            mountpoint: mnt.clone(),
-            daemon_pid: 0,
-            fill_lock_fd,
-            mounted_ms: now_ms(),
-            private: m.mnt.is_none(),
-            owner_pid: m.req.owner,
-            squash: m.req.squash,
-            passthrough: m.req.passthrough,
-            mounter_pid: Some(std::process::id()),
-        };
-        write_record(&run_dir, &rec).map_err(cleanup)?;
-        let tm = Instant::now();
-        let pid = overlay::mount_daemon(&cfg, &mnt, hold, m.req.owner).map_err(cleanup)?;
-        let mount_ms = ms_since(tm);
-        rec.daemon_pid = pid;
-        rec.mounter_pid = None;
-        if let Err(e) = write_record(&run_dir, &rec) {
-            let _ = overlay::unmount(&mnt, Some(pid), UNMOUNT_WAIT);
-            return Err(cleanup(e));
-        }
         if let Some(id) = &layer
             && let Err(e) = m.pd.layer(id).touch_used()
         {
             tracing::warn!(error = %e, "could not record the layer's last use");
         }
-        let mut others = vec![run_lease];
+        let mut others = vec![started.run_lease];
         others.extend(m.layer.map(|(_, l)| l));
         let has_fill = m.fill.is_some();
         Ok(Mount {
@@ -327,16 +429,16 @@ impl Store {
                 key: m.req.key.clone(),
                 matched_key: m.matched_key,
                 layer,
-                bytes,
-                files,
-                mountpoint: mnt,
+                bytes: started.counts.bytes,
+                files: started.counts.files,
+                mountpoint: started.mnt,
                 run: run_id,
-                daemon_pid: pid,
+                daemon_pid: started.pid,
                 fill_lock: has_fill,
                 remote: None,
                 waited_ms: 0,
                 lookup_ms: 0,
-                mount_ms,
+                mount_ms: started.mount_ms,
                 total_ms: ms_since(t0),
             },
             leases: Leases {
@@ -345,6 +447,142 @@ impl Store {
             },
         })
     }
+}
+
+/// What the lookup phase of [`Store::mount`] settled on: the answer, the lease on its layer
+/// (a hit or restore), the fill lock (a miss or restore), the time waited for another fill
+/// and what the remote tier pulled.
+struct Settled {
+    lookup: Lookup,
+    lower_lease: Option<Lease>,
+    fill: Option<Lease>,
+    waited: Duration,
+    pulled: Option<PullReport>,
+}
+
+impl Settled {
+    fn new(
+        lookup: Lookup,
+        lower_lease: Option<Lease>,
+        fill: Option<Lease>,
+        waited: Duration,
+        pulled: Option<PullReport>,
+    ) -> Settled {
+        Settled {
+            lookup,
+            lower_lease,
+            fill,
+            waited,
+            pulled,
+        }
+    }
+}
+
+/// An overlay daemon [`start_daemon`] started for a run.
+struct Started {
+    /// Where it is mounted.
+    mnt: PathBuf,
+    /// The run's lease (the daemon holds a duplicate).
+    run_lease: Lease,
+    /// The daemon's pid.
+    pid: u32,
+    /// Milliseconds until the overlay was ready.
+    mount_ms: u64,
+    /// The lower layer's counts (zero for an empty lower).
+    counts: TreeCounts,
+}
+
+/// The mount of [`Store::mount_run`] in the run directory `run_dir` (run `run_id`): creates
+/// its upper, work dir and (for a private mount) `mnt`, takes the run lease, writes the run
+/// record and starts the overlay daemon over `m`'s layer (or the empty lower), handing it
+/// duplicates of the leases, then records the daemon's pid. The caller removes a new run
+/// directory on error.
+///
+/// Errors: as [`Store::mount`].
+fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path) -> Result<Started> {
+    let upper = run_dir.join("upper");
+    let work = run_dir.join("work");
+    let mnt = match m.mnt {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let p = run_dir.join("mnt");
+            mkdir_mode(&p, 0o755)?;
+            p
+        }
+    };
+    mkdir_mode(&upper, 0o755)?;
+    mkdir_mode(&work, 0o700)?;
+    let run_lease = Lease::acquire(&run_dir.join("lease"), Mode::Exclusive)?;
+    let (lower_dir, counts) = match &m.layer {
+        Some((id, _)) => {
+            let l = m.pd.layer(id);
+            (l.tree(), l.manifest()?.counts)
+        }
+        None => (m.pd.empty(), TreeCounts::default()),
+    };
+    let raw = overlay::options::RawOptions {
+        lowerdirs: vec![lower_dir],
+        upperdir: Some(upper),
+        workdir: Some(work),
+        squash: m.req.squash,
+        passthrough: m.req.passthrough.decide(counts.large_bytes, counts.files),
+        ..Default::default()
+    };
+    let mut cfg = overlay::options::validate(&raw, &mnt)?;
+    // The upper is this run's alone: no file handle outlives its mount.
+    cfg.persist_handles = false;
+    // A layer's files are all object links: show the links its promoted tree had.
+    if let Some((id, _)) = &m.layer {
+        let links = overlay::links::LowerLinks::Recorded(m.pd.layer(id).links_path());
+        cfg.lower_links = vec![links];
+    }
+    let mut hold: Vec<OwnedFd> = Vec::new();
+    let mut fill_lock_fd = None;
+    if let Some(f) = &m.fill {
+        let d = f.dup_fd()?;
+        fill_lock_fd = Some(d.as_raw_fd());
+        hold.push(d);
+    }
+    if let Some((_, l)) = &m.layer {
+        hold.push(l.dup_fd()?);
+    }
+    hold.push(run_lease.dup_fd()?);
+    let mut rec = RunRecord {
+        run: run_id.to_string(),
+        project: m.pd.project.clone(),
+        cache: m.req.cache.clone(),
+        key: m.req.key.clone(),
+        restore_keys: m.req.restore_keys.clone(),
+        result: m.result,
+        matched_key: m.matched_key.clone(),
+        lower: m.layer.as_ref().map(|(id, _)| id.clone()),
+        mountpoint: mnt.clone(),
+        daemon_pid: 0,
+        fill_lock_fd,
+        mounted_ms: now_ms(),
+        private: m.mnt.is_none(),
+        owner_pid: m.req.owner,
+        squash: m.req.squash,
+        passthrough: m.req.passthrough,
+        mounter_pid: Some(std::process::id()),
+    };
+    write_record(run_dir, &rec)?;
+    let tm = Instant::now();
+    let pid = overlay::mount_daemon(&cfg, &mnt, hold, m.req.owner)?;
+    let mount_ms = ms_since(tm);
+    rec.daemon_pid = pid;
+    rec.mounter_pid = None;
+    if let Err(e) = write_record(run_dir, &rec) {
+        let _ = overlay::unmount(&mnt, Some(pid), UNMOUNT_WAIT);
+        return Err(e);
+    }
+    Ok(Started {
+        mnt,
+        run_lease,
+        pid,
+        mount_ms,
+        counts,
+    })
 }
 
 impl Mount {

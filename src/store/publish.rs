@@ -11,21 +11,102 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
+
 use super::layer::{self, Layer, Manifest, write_synced};
 use super::lease::{Lease, Mode};
-use super::mount::{Leases, Mount, RunMount};
+use super::mount::{Leases, Mount, MountRequest, RunMount};
 use super::object::ObjectStore;
 use super::paths::{ProjectDirs, mkdir_mode, remove_tree};
-use super::runs::{StoreMount, unmount_and_wait};
-use super::{
-    CommitOutcome, CommitResult, GcOptions, GcReport, MountResult, Notice, PublishSpec, Published,
-    Store, gc, ms_since, promote,
-};
+use super::runs::{RunRecord, StoreMount, unmount_and_wait};
+use super::{GcOptions, GcReport, MountOutcome, MountResult, Notice, Store, gc, ms_since, promote};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::overlay::links::LinkGroups;
 use crate::sys;
 use crate::units::now_ms;
+
+/// `published`, `exists` or `noop`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitResult {
+    /// A new layer was published under the key.
+    Published,
+    /// The key was already published (another run won); our copy was discarded and the
+    /// published layer is mounted instead.
+    Exists,
+    /// The mount was a hit: nothing to promote.
+    Noop,
+}
+
+/// The JSON line `layercache commit` prints; also returned to `layercache run`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CommitOutcome {
+    /// published | exists | noop.
+    pub result: CommitResult,
+    /// The mount's primary key.
+    pub key: CacheKey,
+    /// The layer now published under the key (ours or the winner's).
+    pub layer: Option<LayerId>,
+    /// The lower layer promoted on top of (restore), if any.
+    pub parent: Option<LayerId>,
+    /// Apparent bytes of the promoted tree.
+    pub bytes: u64,
+    /// Regular files in the promoted tree.
+    pub files: u64,
+    /// Objects added to the store.
+    pub new_objects: u64,
+    /// Bytes added to the store.
+    pub new_bytes: u64,
+    /// Credential files dropped (paths relative to the mount).
+    pub dropped: Vec<String>,
+    /// Sockets/device nodes dropped.
+    pub skipped: Vec<String>,
+    /// The mount made afterwards (a hit on the published layer), when there was a remount.
+    pub remount: Option<MountOutcome>,
+    /// Milliseconds to unmount (daemon exit included).
+    pub unmount_ms: u64,
+    /// Milliseconds to build the new tree.
+    pub promote_ms: u64,
+    /// Milliseconds to sync and publish.
+    pub publish_ms: u64,
+    /// Total milliseconds.
+    pub total_ms: u64,
+    /// The automatic gc run, if the store was over a limit.
+    pub gc: Option<GcReport>,
+}
+
+/// Result of a publish without a mount ([`super::Store::promote_dirs`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct Published {
+    /// published | exists.
+    pub result: CommitResult,
+    /// The layer published under the key (ours, or the winner's on `exists`).
+    pub layer: LayerId,
+    /// Our manifest (discarded on `exists`).
+    pub manifest: Manifest,
+    /// Sockets/devices skipped.
+    pub skipped: Vec<String>,
+    /// Milliseconds to build the tree.
+    pub promote_ms: u64,
+    /// Milliseconds to sync and publish.
+    pub publish_ms: u64,
+}
+
+/// What [`super::Store::publish_built`] publishes.
+#[derive(Clone, Debug)]
+pub struct PublishSpec {
+    /// Cache.
+    pub cache: CacheId,
+    /// The key to publish under.
+    pub key: CacheKey,
+    /// The layer id to use (a pulled layer keeps its remote id); `None` = a fresh one.
+    pub layer: Option<LayerId>,
+    /// The parent recorded in the manifest.
+    pub parent: Option<LayerId>,
+    /// Creation time for the manifest, ms since the epoch; `None` = now.
+    pub created_ms: Option<u64>,
+}
 
 impl Store {
     /// `layercache commit`: promotes the merged view of the store mount at `mountpoint`
@@ -96,34 +177,10 @@ impl Store {
         } = sm;
         let _span = tracing::info_span!("commit", run = %rec.run, key = %rec.key).entered();
         if rec.result == MountResult::Hit {
-            let out = CommitOutcome {
-                result: CommitResult::Noop,
-                key: rec.key.clone(),
-                layer: rec.lower.clone(),
-                parent: None,
-                bytes: 0,
-                files: 0,
-                new_objects: 0,
-                new_bytes: 0,
-                dropped: vec![],
-                skipped: vec![],
-                remount: None,
-                unmount_ms: 0,
-                promote_ms: 0,
-                publish_ms: 0,
-                total_ms: ms_since(t0),
-                gc: None,
-            };
-            return Ok((out, None));
+            return Ok((CommitOutcome::noop(&rec, ms_since(t0)), None));
         }
         let fill_path = pd.fill_lock(&rec.cache, &rec.key);
-        // Mark the run as recently active (gc's grace period).
-        let _ = fs::File::open(run_dir.join("lease"))
-            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-        let _ = sys::syncfs(&mnt);
-        let tu = Instant::now();
-        unmount_and_wait(&mnt, rec.daemon_pid)?;
-        let unmount_ms = ms_since(tu);
+        let unmount_ms = unmount_run(&mnt, &run_dir, rec.daemon_pid)?;
         if held.fill.is_none() && rec.fill_lock_fd.is_some() {
             held.fill = Lease::try_acquire(&fill_path, Mode::Exclusive)?;
         }
@@ -134,68 +191,20 @@ impl Store {
                 Ok(p) => p,
                 Err(e) => {
                     // Nothing was published: put the previous mount back (same lower and upper).
-                    let req = rec.remount_request();
-                    let layer = match &rec.lower {
-                        Some(id) => self.lease_layer(&pd, id)?.map(|l| (id.clone(), l)),
-                        None => None,
-                    };
-                    drop(held.others);
-                    if let Err(e2) = self.mount_run(RunMount {
-                        pd: &pd,
-                        req: &req,
-                        mnt: req.mountpoint.as_deref(),
-                        result: rec.result,
-                        matched_key: rec.matched_key.clone(),
-                        layer,
-                        fill: held.fill,
-                        reuse: Some(&run_dir),
-                    }) {
-                        self.notify(Notice::RemountFailed {
-                            mountpoint: mnt.clone(),
-                            error: e2.to_string(),
-                        });
-                    }
+                    self.mount_again(&pd, &rec, &mnt, &run_dir, held)?;
                     return Err(e);
                 }
             };
         // The old run is done: its upper's files now live in the store.
         drop(held.others);
         self.remove_run_dir(&pd, &run_dir)?;
-        let req = rec.remount_request();
-        let remount = match self.lease_layer(&pd, &published.layer)? {
-            Some(lease) => Some(self.mount_run(RunMount {
-                pd: &pd,
-                req: &req,
-                mnt: req.mountpoint.as_deref(),
-                result: MountResult::Hit,
-                matched_key: Some(rec.key.clone()),
-                layer: Some((published.layer.clone(), lease)),
-                fill: None,
-                reuse: None,
-            })?),
-            None => None,
-        };
+        let remount = self.mount_published(&pd, &rec, &published.layer)?;
         // The fill is over; its lock file goes with it.
         if let Some(f) = held.fill {
             f.remove();
         }
-        // Its inputs first, so the push below sends them with the key.
-        if published.result == CommitResult::Published
-            && let Some(inputs) = inputs
-        {
-            pd.record_inputs(&rec.cache, rec.key.as_str(), inputs);
-        }
-        // Remote tier: push what this commit published, in the background (a run's exit or
-        // `layercache commit` waits for it: RemoteTier::wait_pushes).
-        if published.result == CommitResult::Published
-            && let Some(r) = &self.remote
-        {
-            Arc::clone(r).push_background(
-                pd.clone(),
-                rec.cache.clone(),
-                rec.key.clone(),
-                published.layer.clone(),
-            );
+        if published.result == CommitResult::Published {
+            self.after_publish(&pd, &rec, &published.layer, inputs);
         }
         let gc = self.auto_gc();
         let m = &published.manifest;
@@ -219,6 +228,95 @@ impl Store {
         };
         tracing::info!(result = ?out.result, ms = out.total_ms, "committed");
         Ok((out, remount))
+    }
+
+    /// After a failed promotion of run `rec` (nothing was published): mounts its previous
+    /// lower and upper (`run_dir`) again at `mnt`, with the fill lock of `held`. A failed
+    /// mount is told as [`Notice::RemountFailed`] (the files stay in the run directory until
+    /// gc).
+    ///
+    /// Errors: [`Error::Io`] taking the lease on the lower layer.
+    fn mount_again(
+        &self,
+        pd: &ProjectDirs,
+        rec: &RunRecord,
+        mnt: &Path,
+        run_dir: &Path,
+        held: Leases,
+    ) -> Result<()> {
+        let req = MountRequest::remount(rec);
+        let layer = match &rec.lower {
+            Some(id) => self.lease_layer(pd, id)?.map(|l| (id.clone(), l)),
+            None => None,
+        };
+        drop(held.others);
+        if let Err(e2) = self.mount_run(RunMount {
+            pd,
+            req: &req,
+            mnt: req.mountpoint.as_deref(),
+            result: rec.result,
+            matched_key: rec.matched_key.clone(),
+            layer,
+            fill: held.fill,
+            reuse: Some(run_dir),
+        }) {
+            self.notify(Notice::RemountFailed {
+                mountpoint: mnt.to_path_buf(),
+                error: e2.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Mounts `layer`, just published under run `rec`'s key, as a hit where `rec` was
+    /// mounted; `None` when the layer is gone already (a gc between publish and lease).
+    ///
+    /// Errors: as [`Store::mount`].
+    fn mount_published(
+        &self,
+        pd: &ProjectDirs,
+        rec: &RunRecord,
+        layer: &LayerId,
+    ) -> Result<Option<Mount>> {
+        let req = MountRequest::remount(rec);
+        let Some(lease) = self.lease_layer(pd, layer)? else {
+            return Ok(None);
+        };
+        self.mount_run(RunMount {
+            pd,
+            req: &req,
+            mnt: req.mountpoint.as_deref(),
+            result: MountResult::Hit,
+            matched_key: Some(rec.key.clone()),
+            layer: Some((layer.clone(), lease)),
+            fill: None,
+            reuse: None,
+        })
+        .map(Some)
+    }
+
+    /// What follows a publish of `layer` under run `rec`'s key: the key's `inputs` are
+    /// recorded first, so the remote tier's push (in the background: a run's exit or
+    /// `layercache commit` waits for it, [`super::RemoteTier::wait_pushes`]) sends them with
+    /// the key.
+    fn after_publish(
+        &self,
+        pd: &ProjectDirs,
+        rec: &RunRecord,
+        layer: &LayerId,
+        inputs: Option<&super::Inputs>,
+    ) {
+        if let Some(inputs) = inputs {
+            pd.record_inputs(&rec.cache, rec.key.as_str(), inputs);
+        }
+        if let Some(r) = &self.remote {
+            Arc::clone(r).push_background(
+                pd.clone(),
+                rec.cache.clone(),
+                rec.key.clone(),
+                layer.clone(),
+            );
+        }
     }
 
     /// Removes a finished run's directory off the commit's path: it is renamed into
@@ -496,6 +594,44 @@ fn publish_key(
             Err(Error::io(&dst, e))
         }
     }
+}
+
+impl CommitOutcome {
+    /// The outcome of a commit of a hit (`rec`): nothing to promote.
+    fn noop(rec: &RunRecord, total_ms: u64) -> CommitOutcome {
+        CommitOutcome {
+            result: CommitResult::Noop,
+            key: rec.key.clone(),
+            layer: rec.lower.clone(),
+            parent: None,
+            bytes: 0,
+            files: 0,
+            new_objects: 0,
+            new_bytes: 0,
+            dropped: vec![],
+            skipped: vec![],
+            remount: None,
+            unmount_ms: 0,
+            promote_ms: 0,
+            publish_ms: 0,
+            total_ms,
+            gc: None,
+        }
+    }
+}
+
+/// Unmounts a run's mount at `mnt` (served by `daemon_pid`) for its commit: marks the run
+/// directory `run_dir` recently active (gc's grace period), syncs, unmounts and waits for the
+/// daemon. Returns the milliseconds it took to unmount.
+///
+/// Errors: as [`unmount_and_wait`].
+fn unmount_run(mnt: &Path, run_dir: &Path, daemon_pid: u32) -> Result<u64> {
+    let _ = fs::File::open(run_dir.join("lease"))
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    let _ = sys::syncfs(mnt);
+    let tu = Instant::now();
+    unmount_and_wait(mnt, daemon_pid)?;
+    Ok(ms_since(tu))
 }
 
 #[cfg(test)]

@@ -4,16 +4,40 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::lease::{self, Mode};
 use super::paths::{ProjectDirs, canonical_mountpoint, read_names, remove_tree};
-use super::{MountRequest, MountResult, RUN_GRACE, Store, UNMOUNT_WAIT};
+use super::{RUN_GRACE, Store, UNMOUNT_WAIT};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::{overlay, sys};
+
+/// What a mount found for its key, `hit`, `restore` or `miss` (GitHub `actions/cache`: exact
+/// hit, restore-key hit, miss); serialised lowercase, as events and `--json` show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountResult {
+    /// The exact key's layer is mounted; nothing to fill (a run runs maintenance, or nothing).
+    Hit,
+    /// An older layer matched by a restore key is mounted; fill incrementally (a run's restore
+    /// setup), then commit.
+    Restore,
+    /// An empty lower is mounted; fill (a run's setup), then commit.
+    Miss,
+}
+
+impl MountResult {
+    /// `hit`, `restore` or `miss`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountResult::Hit => "hit",
+            MountResult::Restore => "restore",
+            MountResult::Miss => "miss",
+        }
+    }
+}
 
 /// `runs/<run>/run.json`: how to find and undo a mount.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -42,16 +66,16 @@ pub struct RunRecord {
     pub fill_lock_fd: Option<i32>,
     /// Mount time, ms since the epoch.
     pub mounted_ms: u64,
-    /// Mounted at the run's own `runs/<run>/mnt` (see [`MountRequest::mountpoint`]).
+    /// Mounted at the run's own `runs/<run>/mnt` (see [`super::MountRequest::mountpoint`]).
     #[serde(default)]
     pub private: bool,
-    /// The process the mount belongs to (see [`MountRequest::owner`]).
+    /// The process the mount belongs to (see [`super::MountRequest::owner`]).
     #[serde(default)]
     pub owner_pid: Option<u32>,
-    /// The ownership mapping (see [`MountRequest::squash`]), kept for the remount.
+    /// The ownership mapping (see [`super::MountRequest::squash`]), kept for the remount.
     #[serde(default)]
     pub squash: crate::overlay::options::Squash,
-    /// The passthrough choice of the mount (see [`MountRequest::passthrough`]), kept for the
+    /// The passthrough choice of the mount (see [`super::MountRequest::passthrough`]), kept for the
     /// remount.
     #[serde(default)]
     pub passthrough: crate::overlay::options::PassthroughChoice,
@@ -61,24 +85,6 @@ pub struct RunRecord {
     /// (see [`Store::clear_leftover_mounts`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mounter_pid: Option<u32>,
-}
-
-impl RunRecord {
-    /// The request of this run's mount, to mount again at once (no fill wait) at the same
-    /// mountpoint.
-    pub(super) fn remount_request(&self) -> MountRequest {
-        MountRequest {
-            project: self.project.clone(),
-            cache: self.cache.clone(),
-            key: self.key.clone(),
-            restore_keys: self.restore_keys.clone(),
-            fill_wait: Duration::ZERO,
-            mountpoint: (!self.private).then(|| self.mountpoint.clone()),
-            owner: self.owner_pid,
-            squash: self.squash,
-            passthrough: self.passthrough,
-        }
-    }
 }
 
 /// A store mount found by [`Store::store_mount`]: its canonical mountpoint, run record and

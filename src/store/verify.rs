@@ -6,9 +6,22 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::{Store, VerifyReport, object};
+use serde::Serialize;
+
+use super::{Store, object};
 use crate::error::{IoContext, Result};
 use crate::ids::ProjectId;
+
+/// What verify found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VerifyReport {
+    /// Objects re-hashed.
+    pub objects_checked: u64,
+    /// Objects whose bytes do not match their name (`project/path`), moved to quarantine.
+    pub bad_objects: Vec<String>,
+    /// Layers that link a bad object: unpublished and moved to `quarantine/`.
+    pub quarantined: Vec<String>,
+}
 
 impl Store {
     /// `layercache verify`: re-hashes every object (of `project`, or all); an object whose
