@@ -989,6 +989,18 @@ impl SignalSet {
     }
 }
 
+/// Sets the calling thread's scheduling policy (`SCHED_OTHER`, `SCHED_IDLE`, `SCHED_BATCH`;
+/// `priority` 0 for these) with `sched_setscheduler(0, …)`; rustix has no such call.
+///
+/// Errors: its errno (`EPERM` for a policy the thread may not take, `EINVAL`).
+pub fn sched_setscheduler_self(policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
+    let p = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 is the calling thread; `p` is a valid sched_param.
+    check_ok(unsafe { libc::sched_setscheduler(0, policy, &p) })
+}
+
 // ---- The allocator (glibc).
 
 /// Limits glibc's malloc to `n` arenas (`mallopt(M_ARENA_MAX)`); nothing elsewhere. Call it
@@ -1129,6 +1141,59 @@ mod tests {
         assert_eq!(e.fs_type, "fuse.layercache");
         assert_eq!(e.source, "layercache:/s/v1/projects/p/runs/r/upper");
         assert!(parse_mountinfo_line("garbage").is_none());
+    }
+
+    #[test]
+    fn users_and_groups_are_looked_up() {
+        // Every passwd and group database has root, uid 0 / gid 0.
+        assert_eq!(user_by_name("root").unwrap(), Some((0, 0)));
+        assert_eq!(user_by_uid(0).unwrap(), Some((0, 0)));
+        assert_eq!(group_by_name("root").unwrap(), Some(0));
+        assert_eq!(user_by_name("no-such-user-layercache").unwrap(), None);
+        assert_eq!(group_by_name("no-such-group-layercache").unwrap(), None);
+        assert_eq!(user_by_name("ro\0ot").unwrap(), None);
+    }
+
+    #[test]
+    fn at_wrappers_report_their_errno() {
+        let t = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(t.path()).unwrap();
+        let fd = d.as_raw_fd();
+        mkdirat(fd, c"sub", 0o755).unwrap();
+        let e = mkdirat(fd, c"sub", 0o755).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        symlinkat(c"sub", fd, c"lnk").unwrap();
+        assert_eq!(readlinkat(fd, c"lnk").unwrap(), b"sub");
+        let st = fstatat(fd, c"lnk", libc::AT_SYMLINK_NOFOLLOW).unwrap();
+        assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFLNK);
+        let e = openat(fd, c"lnk", libc::O_RDONLY | libc::O_NOFOLLOW, 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        renameat2(fd, c"lnk", fd, c"sub", libc::RENAME_NOREPLACE)
+            .map(drop)
+            .unwrap_err();
+        unlinkat(fd, c"sub", libc::AT_REMOVEDIR).unwrap();
+        let e = fstatat(fd, c"sub", 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        // A missing layer's fd (-1) is only EBADF.
+        let e = fstatat(-1, c"x", 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[test]
+    fn poll_one_sees_a_closed_reader_and_unshare_refuses_clone_files() {
+        let (r, w) = std::io::pipe().unwrap();
+        use std::os::fd::AsFd;
+        assert_eq!(
+            poll_one(w.as_fd(), libc::POLLOUT, 0).unwrap() & libc::POLLERR,
+            0
+        );
+        drop(r);
+        assert_ne!(
+            poll_one(w.as_fd(), libc::POLLOUT, 0).unwrap() & libc::POLLERR,
+            0
+        );
+        let e = unshare(libc::CLONE_FILES).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]
