@@ -1,7 +1,12 @@
-//! Thin, safe wrappers over the Linux syscalls layercache needs that `std` does not offer:
-//! `renameat2(RENAME_NOREPLACE)`, `utimensat(AT_SYMLINK_NOFOLLOW)`, `l*xattr`, `syncfs`,
-//! `mknod` of fifos, `getrandom`, and `pidfd_open(2)`/`pidfd_getfd(2)` (through rustix) to
-//! watch a daemon and adopt a lock it holds.
+//! Thin, safe wrappers over the Linux syscalls layercache needs that `std` does not offer, and
+//! the one home of `unsafe` for them: the descriptor-relative `*at` calls of the overlay's
+//! layer stack and whiteouts, `renameat2(RENAME_NOREPLACE)`, `utimensat(AT_SYMLINK_NOFOLLOW)`,
+//! `l*xattr`/`f*xattr`, `mount(2)` and `unshare(2)` (alloc-free, for `pre_exec` hooks),
+//! signal masks and handlers, `poll`, `kill`, the `SCM_RIGHTS` receive of fusermount3's
+//! descriptor, passwd/group lookups, `syncfs`, `mknod` of fifos, `getrandom`, and
+//! `pidfd_open(2)`/`pidfd_getfd(2)` (through rustix) to watch a daemon and adopt a lock it
+//! holds. Where rustix has a safe call (unmount, `Dir`, ids, affinity…) callers use it
+//! directly; libc is underneath this file otherwise.
 //! Every function returns the raw `io::Error` (callers add the path with `IoContext`).
 
 use std::ffi::{CStr, CString, OsStr};
