@@ -1,12 +1,17 @@
-//! Thin, safe wrappers over the Linux syscalls layercache needs that `std` does not offer:
-//! `renameat2(RENAME_NOREPLACE)`, `utimensat(AT_SYMLINK_NOFOLLOW)`, `l*xattr`, `syncfs`,
-//! `mknod` of fifos, `getrandom`, and `pidfd_open(2)`/`pidfd_getfd(2)` (through rustix) to
-//! watch a daemon and adopt a lock it holds.
+//! Thin, safe wrappers over the Linux syscalls layercache needs that `std` does not offer, and
+//! the one home of `unsafe` for them: the descriptor-relative `*at` calls of the overlay's
+//! layer stack and whiteouts, `renameat2(RENAME_NOREPLACE)`, `utimensat(AT_SYMLINK_NOFOLLOW)`,
+//! `l*xattr`/`f*xattr`, `mount(2)` and `unshare(2)` (alloc-free, for `pre_exec` hooks),
+//! signal masks and handlers, `poll`, `kill`, the `SCM_RIGHTS` receive of fusermount3's
+//! descriptor, passwd/group lookups, `syncfs`, `mknod` of fifos, `getrandom`, and
+//! `pidfd_open(2)`/`pidfd_getfd(2)` (through rustix) to watch a daemon and adopt a lock it
+//! holds. Where rustix has a safe call (unmount, `Dir`, ids, affinity…) callers use it
+//! directly; libc is underneath this file otherwise.
 //! Every function returns the raw `io::Error` (callers add the path with `IoContext`).
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
@@ -479,7 +484,6 @@ pub fn init_ns_admin() -> bool {
 /// Errors: the `open_tree`/`mount_setattr`/`openat` errno (`EPERM` without CAP_SYS_ADMIN,
 /// `ENOSYS` before Linux 5.12).
 pub fn noatime_view(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
-    use std::os::fd::FromRawFd;
     /// `struct mount_attr` (include/uapi/linux/mount.h).
     #[repr(C)]
     struct MountAttr {
@@ -540,6 +544,581 @@ pub fn noatime_view(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((tree, unsafe { OwnedFd::from_raw_fd(d) }))
 }
 
+// ---- Descriptor-relative file syscalls (`*at`), for the overlay's layer stack and whiteouts.
+// `dir` is a directory descriptor (or `libc::AT_FDCWD`) the caller keeps open for the call; a
+// closed or bad one is only `EBADF`. `rel` is a path relative to it.
+
+/// `openat(dir, rel, flags, mode)` (flags as given: add `O_CLOEXEC` yourself).
+///
+/// Errors: the `openat(2)` errno (`ENOENT`, `ELOOP` for a symlink with `O_NOFOLLOW`, `EEXIST`
+/// with `O_CREAT | O_EXCL`…).
+pub fn openat(
+    dir: RawFd,
+    rel: &CStr,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    // SAFETY: `rel` is NUL-terminated and outlives the call; openat retains no pointer.
+    let fd = check(unsafe { libc::openat(dir, rel.as_ptr(), flags, mode as libc::c_uint) })?;
+    // SAFETY: openat just returned this descriptor; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, rel, flags)` (`AT_SYMLINK_NOFOLLOW`, `AT_EMPTY_PATH`…).
+///
+/// Errors: the `fstatat(2)` errno (`ENOENT`, `ENOTDIR`, `ENAMETOOLONG`…).
+pub fn fstatat(dir: RawFd, rel: &CStr, flags: libc::c_int) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid C string and out pointer to a stat buffer.
+    check(unsafe { libc::fstatat(dir, rel.as_ptr(), st.as_mut_ptr(), flags) })?;
+    // SAFETY: fstatat succeeded, so it filled the buffer.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `statx(dir, rel, flags, mask)`.
+///
+/// Errors: the `statx(2)` errno (`ENOENT`, `ENOSYS` before Linux 4.11…).
+pub fn statx(dir: RawFd, rel: &CStr, flags: libc::c_int, mask: u32) -> io::Result<libc::statx> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::uninit();
+    // SAFETY: `rel` is NUL-terminated and `stx` is a statx buffer the call fills on success.
+    check(unsafe { libc::statx(dir, rel.as_ptr(), flags, mask, stx.as_mut_ptr()) })?;
+    // SAFETY: statx succeeded, so it filled the buffer.
+    Ok(unsafe { stx.assume_init() })
+}
+
+/// An all-zero `struct stat` (what a negative FUSE entry is built from).
+pub fn empty_stat() -> libc::stat {
+    // SAFETY: struct stat is plain integers; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// `mkdirat(dir, rel, mode)`. Errors: its errno (`EEXIST`, `ENOENT`…).
+pub fn mkdirat(dir: RawFd, rel: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid C string.
+    check_ok(unsafe { libc::mkdirat(dir, rel.as_ptr(), mode as libc::mode_t) })
+}
+
+/// `mknodat(dir, rel, mode, rdev)`; `mode` holds the file type (`S_IFCHR`, `S_IFIFO`…).
+///
+/// Errors: its errno (`EEXIST`, `EPERM` where the device is not allowed…).
+pub fn mknodat(dir: RawFd, rel: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+    // SAFETY: valid C string; mknodat retains no pointer.
+    check_ok(unsafe { libc::mknodat(dir, rel.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })
+}
+
+/// `symlinkat(target, dir, rel)`. Errors: its errno (`EEXIST`…).
+pub fn symlinkat(target: &CStr, dir: RawFd, rel: &CStr) -> io::Result<()> {
+    // SAFETY: valid C strings.
+    check_ok(unsafe { libc::symlinkat(target.as_ptr(), dir, rel.as_ptr()) })
+}
+
+/// `readlinkat(dir, rel)`: the link's target, at most `PATH_MAX` bytes.
+///
+/// Errors: its errno (`EINVAL` for anything but a symlink).
+pub fn readlinkat(dir: RawFd, rel: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: the buffer is valid for writes of its length.
+    let n = unsafe { libc::readlinkat(dir, rel.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `unlinkat(dir, rel, flags)` (`AT_REMOVEDIR` for a directory, else 0).
+///
+/// Errors: its errno (`ENOENT`, `ENOTEMPTY`, `EISDIR`…).
+pub fn unlinkat(dir: RawFd, rel: &CStr, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: valid C string.
+    check_ok(unsafe { libc::unlinkat(dir, rel.as_ptr(), flags) })
+}
+
+/// `renameat2(from_dir, from, to_dir, to, flags)` (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`,
+/// `RENAME_WHITEOUT`, or 0).
+///
+/// Errors: its errno (`EEXIST` with `RENAME_NOREPLACE`, `EXDEV`, `EINVAL`…).
+pub fn renameat2(
+    from_dir: RawFd,
+    from: &CStr,
+    to_dir: RawFd,
+    to: &CStr,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: valid C strings.
+    check_ok(unsafe { libc::renameat2(from_dir, from.as_ptr(), to_dir, to.as_ptr(), flags) })
+}
+
+/// `linkat(from_dir, from, to_dir, to, flags)`. Errors: its errno (`EEXIST`, `EMLINK`…).
+pub fn linkat(
+    from_dir: RawFd,
+    from: &CStr,
+    to_dir: RawFd,
+    to: &CStr,
+    flags: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: valid C strings.
+    check_ok(unsafe { libc::linkat(from_dir, from.as_ptr(), to_dir, to.as_ptr(), flags) })
+}
+
+/// `fchownat(dir, rel, uid, gid, flags)`; `u32::MAX` leaves an id unchanged.
+///
+/// Errors: its errno (`EPERM`…).
+pub fn fchownat(dir: RawFd, rel: &CStr, uid: u32, gid: u32, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: valid C string.
+    check_ok(unsafe { libc::fchownat(dir, rel.as_ptr(), uid, gid, flags) })
+}
+
+/// `fchmodat(dir, rel, mode, flags)`. Errors: its errno (`EPERM`, `EOPNOTSUPP`…).
+pub fn fchmodat(dir: RawFd, rel: &CStr, mode: u32, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: valid C string.
+    check_ok(unsafe { libc::fchmodat(dir, rel.as_ptr(), mode as libc::mode_t, flags) })
+}
+
+/// `utimensat(dir, rel, [atime, mtime], flags)` (`UTIME_NOW`/`UTIME_OMIT` in `tv_nsec`).
+///
+/// Errors: its errno (`EPERM`, `EACCES`…).
+pub fn utimensat(
+    dir: RawFd,
+    rel: &CStr,
+    times: &[libc::timespec; 2],
+    flags: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: valid C string and a two-element timespec array.
+    check_ok(unsafe { libc::utimensat(dir, rel.as_ptr(), times.as_ptr(), flags) })
+}
+
+/// `getdents64(fd, buf)`: fills `buf` with `struct linux_dirent64` records from the directory
+/// open at `fd` and returns the bytes written (0 at the end).
+///
+/// Errors: its errno (`EINVAL` when `buf` cannot hold one record, `ENOTDIR`).
+pub fn getdents64(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the buffer is valid for its length; the kernel writes at most that much.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+// ---- Open files.
+
+/// `lseek(fd, offset, whence)` (`SEEK_SET`, `SEEK_DATA`, `SEEK_HOLE`…): the new offset.
+///
+/// Errors: its errno (`ENXIO` past the last data with `SEEK_DATA`, `EINVAL`).
+pub fn lseek(fd: &impl AsRawFd, offset: i64, whence: libc::c_int) -> io::Result<i64> {
+    // SAFETY: plain integers; a bad fd is EBADF.
+    let r = unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+/// `fallocate(fd, mode, offset, len)` (bytes).
+///
+/// Errors: its errno (`EOPNOTSUPP` for a mode the filesystem lacks, `ENOSPC`).
+pub fn fallocate(fd: &impl AsRawFd, mode: libc::c_int, offset: i64, len: i64) -> io::Result<()> {
+    // SAFETY: plain integers.
+    check_ok(unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset, len) })
+}
+
+/// `copy_file_range(fd_in, off_in, fd_out, off_out, len, 0)`: bytes copied (0 at the end of
+/// the source); both offsets advance by that much, the files' own offsets do not move.
+///
+/// Errors: its errno (`EXDEV` across filesystems on older kernels, `EINVAL`, `EOPNOTSUPP`).
+pub fn copy_file_range(
+    fd_in: &impl AsRawFd,
+    off_in: &mut i64,
+    fd_out: &impl AsRawFd,
+    off_out: &mut i64,
+    len: usize,
+) -> io::Result<usize> {
+    // SAFETY: the offsets are valid i64s the call may update.
+    let n = unsafe {
+        libc::copy_file_range(
+            fd_in.as_raw_fd(),
+            off_in,
+            fd_out.as_raw_fd(),
+            off_out,
+            len,
+            0,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// `fstatvfs(fd)`. Errors: its errno (`EBADF`, `ENOSYS`).
+pub fn fstatvfs(fd: &impl AsRawFd) -> io::Result<libc::statvfs> {
+    let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: valid out pointer.
+    check(unsafe { libc::fstatvfs(fd.as_raw_fd(), sv.as_mut_ptr()) })?;
+    // SAFETY: fstatvfs succeeded, so it filled the buffer.
+    Ok(unsafe { sv.assume_init() })
+}
+
+/// `poll(2)` of one descriptor for `events` (`POLLIN`, `POLLOUT`) for up to `timeout_ms`
+/// (negative: no limit): the `revents` it reports, 0 when the time ran out.
+///
+/// Errors: its errno (`EINTR` when a signal handler ran meanwhile).
+pub fn poll_one(fd: BorrowedFd<'_>, events: i16, timeout_ms: libc::c_int) -> io::Result<i16> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = check(unsafe { libc::poll(&mut pfd, 1, timeout_ms) })?;
+    Ok(if n == 1 { pfd.revents } else { 0 })
+}
+
+/// Clears (`inheritable`) or sets `FD_CLOEXEC` on `fd`. Async-signal-safe (for a `pre_exec`
+/// hook).
+///
+/// Errors: the `fcntl(2)` errno (`EBADF`).
+pub fn set_inheritable(fd: RawFd, inheritable: bool) -> io::Result<()> {
+    // SAFETY: F_GETFD/F_SETFD take and return plain integers.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    let flags = if inheritable {
+        flags & !libc::FD_CLOEXEC
+    } else {
+        flags | libc::FD_CLOEXEC
+    };
+    // SAFETY: as above.
+    check_ok(unsafe { libc::fcntl(fd, libc::F_SETFD, flags) })
+}
+
+/// `close_range(first, u32::MAX, flags)`: closes every descriptor from `first` up (flags 0),
+/// or marks them close-on-exec (`CLOSE_RANGE_CLOEXEC`, Linux 5.11). Async-signal-safe (for a
+/// `pre_exec` hook or a forked child); the caller must own every descriptor in the range and
+/// use none of them afterwards when closing.
+///
+/// Errors: its errno (`ENOSYS` before Linux 5.9, `EINVAL` for unknown flags).
+pub fn close_range_from(first: u32, flags: u32) -> io::Result<()> {
+    // SAFETY: plain integers; the caller's contract covers the descriptors.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, flags) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one descriptor sent with `SCM_RIGHTS` on the socket `sock` (unix(7)), retrying
+/// after `EINTR`; the descriptor is close-on-exec (`MSG_CMSG_CLOEXEC`).
+///
+/// Errors: the `recvmsg` errno; `ENODATA` when the peer closed without sending one.
+pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Room for one cmsghdr carrying one int, u64-aligned.
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    let n = loop {
+        // SAFETY: `msg` points at valid buffers of the sizes it states.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        break n;
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled `msg`; the CMSG macros walk the buffer it describes.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let fd: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                if fd >= 0 {
+                    return Ok(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ENODATA))
+}
+
+// ---- Mounts and namespaces.
+
+/// `mount(2)` with C strings only (no allocation: usable in a `pre_exec` hook). `None` passes
+/// NULL; `flags` are `MS_*` (`MS_REMOUNT`, `MS_BIND`, `MS_REC | MS_PRIVATE`…).
+///
+/// Errors: its errno (`EPERM` without CAP_SYS_ADMIN over the mount namespace, `ENOENT`,
+/// `EINVAL`, `EBUSY`…).
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let ptr = |c: Option<&CStr>| c.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: every pointer is NULL or a NUL-terminated string that outlives the call.
+    check_ok(unsafe {
+        libc::mount(
+            ptr(source),
+            target.as_ptr(),
+            ptr(fstype),
+            flags,
+            ptr(data).cast(),
+        )
+    })
+}
+
+/// `unshare(flags)` for new namespaces (`CLONE_NEWNS`, `CLONE_NEWUSER`, `CLONE_NEWPID`…).
+/// `CLONE_FILES` (which would split the descriptor table under other threads) is refused.
+/// Async-signal-safe.
+///
+/// Errors: `EINVAL` for `CLONE_FILES`, or the `unshare(2)` errno (`EPERM`, `ENOSPC`, `EUSERS`,
+/// `EINVAL` for a user namespace in a multithreaded process).
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    if flags & libc::CLONE_FILES != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: only namespace flags: no descriptor or memory changes under other threads.
+    check_ok(unsafe { libc::unshare(flags) })
+}
+
+// ---- Processes and signals.
+
+/// `kill(pid, sig)`: a process (`pid > 0`) or the process group `-pid` (`pid < 0`); signal 0
+/// only probes. Async-signal-safe (for a signal handler).
+///
+/// Errors: its errno (`ESRCH`, `EPERM`).
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill takes plain integers.
+    check_ok(unsafe { libc::kill(pid, sig) })
+}
+
+/// Reaps `pid` if it is an exited child of this process (`waitpid(pid, WNOHANG)`); returns
+/// whether it did. Not our child (`ECHILD`) or still running: false.
+pub fn reap_nohang(pid: u32) -> bool {
+    // SAFETY: a NULL status pointer is allowed; plain integers otherwise.
+    unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) > 0 }
+}
+
+/// A signal disposition saved by [`catch_signal`], for [`restore_signal`].
+pub struct SavedAction(libc::sigaction);
+
+/// Installs `handler` for `sig` with `SA_RESTART` and an empty mask, returning the disposition
+/// it replaces.
+///
+/// # Safety
+/// `handler` runs in signal context, interrupting any code of this process: it may only make
+/// async-signal-safe calls (atomics, `kill(2)`, [`kill`]) — no allocation, no locks.
+///
+/// Errors: the `sigaction(2)` errno (`EINVAL` for SIGKILL/SIGSTOP or a bad number).
+pub unsafe fn catch_signal(
+    sig: libc::c_int,
+    handler: extern "C" fn(libc::c_int),
+) -> io::Result<SavedAction> {
+    // SAFETY: sigaction is plain data; all-zero is a valid (empty) value.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler as usize;
+    act.sa_flags = libc::SA_RESTART;
+    let mut old = std::mem::MaybeUninit::<libc::sigaction>::uninit();
+    // SAFETY: valid pointers; sigemptyset initialises the mask; the caller vouches for the
+    // handler.
+    unsafe {
+        libc::sigemptyset(&mut act.sa_mask);
+        check(libc::sigaction(sig, &act, old.as_mut_ptr()))?;
+        Ok(SavedAction(old.assume_init()))
+    }
+}
+
+/// Puts back the disposition [`catch_signal`] replaced.
+///
+/// Errors: the `sigaction(2)` errno.
+pub fn restore_signal(sig: libc::c_int, saved: &SavedAction) -> io::Result<()> {
+    // SAFETY: `saved` is a disposition the kernel handed out for `sig`, so reinstating it runs
+    // no handler this process did not already have.
+    check_ok(unsafe { libc::sigaction(sig, &saved.0, std::ptr::null_mut()) })
+}
+
+/// A set of signals (`sigset_t`), for blocking them in a thread and waiting for them there.
+#[derive(Clone, Copy)]
+pub struct SignalSet(libc::sigset_t);
+
+impl SignalSet {
+    /// The set of `sigs` (signal numbers; an invalid one is left out).
+    pub fn of(sigs: &[libc::c_int]) -> SignalSet {
+        let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigemptyset initialises the set; sigaddset sets one bit of it.
+        unsafe {
+            libc::sigemptyset(set.as_mut_ptr());
+            for &s in sigs {
+                libc::sigaddset(set.as_mut_ptr(), s);
+            }
+            SignalSet(set.assume_init())
+        }
+    }
+
+    /// Blocks the set in the calling thread (`pthread_sigmask(SIG_BLOCK)`); threads started
+    /// afterwards inherit the mask.
+    ///
+    /// Errors: its errno (`EINVAL`).
+    pub fn block_in_thread(&self) -> io::Result<()> {
+        // SAFETY: a valid set; the old mask is not asked for.
+        let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &self.0, std::ptr::null_mut()) };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        Ok(())
+    }
+
+    /// Waits until one of the set (blocked in this thread) is pending, takes it and returns
+    /// its number (`sigwait(3)`).
+    ///
+    /// Errors: its errno (`EINVAL`).
+    pub fn wait(&self) -> io::Result<libc::c_int> {
+        let mut sig = 0;
+        // SAFETY: a valid set and out pointer.
+        let r = unsafe { libc::sigwait(&self.0, &mut sig) };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        Ok(sig)
+    }
+}
+
+/// Sets the calling thread's scheduling policy (`SCHED_OTHER`, `SCHED_IDLE`, `SCHED_BATCH`;
+/// `priority` 0 for these) with `sched_setscheduler(0, …)`; rustix has no such call.
+///
+/// Errors: its errno (`EPERM` for a policy the thread may not take, `EINVAL`).
+pub fn sched_setscheduler_self(policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
+    let p = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 is the calling thread; `p` is a valid sched_param.
+    check_ok(unsafe { libc::sched_setscheduler(0, policy, &p) })
+}
+
+// ---- The allocator (glibc).
+
+/// Limits glibc's malloc to `n` arenas (`mallopt(M_ARENA_MAX)`); nothing elsewhere. Call it
+/// before other threads allocate.
+pub fn malloc_arena_max(n: libc::c_int) {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, n);
+    }
+    let _ = n;
+}
+
+/// Returns freed heap memory to the system (`malloc_trim(0)`, glibc); nothing elsewhere.
+pub fn malloc_trim() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+// ---- The user and group databases (NSS: files, LDAP, systemd-userdb…).
+
+/// The passwd entry's (uid, primary gid) of user `name` (`getpwnam_r(3)`); `None` when there is
+/// none (or `name` holds a NUL).
+///
+/// Errors: the lookup's errno (`EIO`, `EMFILE`…: the database could not be read).
+pub fn user_by_name(name: &str) -> io::Result<Option<(u32, u32)>> {
+    let Ok(c) = CString::new(name) else {
+        return Ok(None);
+    };
+    passwd_lookup(|pw, buf, len, out| {
+        // SAFETY: valid pointers to a passwd struct, a buffer of `len` bytes and an out slot.
+        unsafe { libc::getpwnam_r(c.as_ptr(), pw, buf, len, out) }
+    })
+}
+
+/// The passwd entry's (uid, primary gid) of `uid` (`getpwuid_r(3)`); `None` when there is none.
+///
+/// Errors: as [`user_by_name`].
+pub fn user_by_uid(uid: u32) -> io::Result<Option<(u32, u32)>> {
+    passwd_lookup(|pw, buf, len, out| {
+        // SAFETY: as in user_by_name.
+        unsafe { libc::getpwuid_r(uid, pw, buf, len, out) }
+    })
+}
+
+/// The largest buffer a user or group lookup grows to (bytes); the entry of a group with
+/// thousands of members needs this much.
+const NSS_BUF_MAX: usize = 1 << 20;
+
+fn passwd_lookup(
+    call: impl Fn(*mut libc::passwd, *mut libc::c_char, usize, *mut *mut libc::passwd) -> libc::c_int,
+) -> io::Result<Option<(u32, u32)>> {
+    let mut buf = vec![0 as libc::c_char; 1024];
+    loop {
+        let mut pw = std::mem::MaybeUninit::<libc::passwd>::uninit();
+        let mut out = std::ptr::null_mut();
+        let r = call(pw.as_mut_ptr(), buf.as_mut_ptr(), buf.len(), &mut out);
+        if r == libc::ERANGE && buf.len() < NSS_BUF_MAX {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        if out.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: the lookup succeeded and filled `pw` (`out` points at it).
+        let pw = unsafe { pw.assume_init() };
+        return Ok(Some((pw.pw_uid, pw.pw_gid)));
+    }
+}
+
+/// The gid of group `name` (`getgrnam_r(3)`); `None` when there is none (or `name` holds a
+/// NUL).
+///
+/// Errors: as [`user_by_name`].
+pub fn group_by_name(name: &str) -> io::Result<Option<u32>> {
+    let Ok(c) = CString::new(name) else {
+        return Ok(None);
+    };
+    let mut buf = vec![0 as libc::c_char; 1024];
+    loop {
+        let mut gr = std::mem::MaybeUninit::<libc::group>::uninit();
+        let mut out = std::ptr::null_mut();
+        // SAFETY: valid pointers to a group struct, a buffer of its length and an out slot.
+        let r = unsafe {
+            libc::getgrnam_r(
+                c.as_ptr(),
+                gr.as_mut_ptr(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut out,
+            )
+        };
+        if r == libc::ERANGE && buf.len() < NSS_BUF_MAX {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        if out.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: the lookup succeeded and filled `gr`.
+        return Ok(Some(unsafe { gr.assume_init() }.gr_gid));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,6 +1146,59 @@ mod tests {
         assert_eq!(e.fs_type, "fuse.layercache");
         assert_eq!(e.source, "layercache:/s/v1/projects/p/runs/r/upper");
         assert!(parse_mountinfo_line("garbage").is_none());
+    }
+
+    #[test]
+    fn users_and_groups_are_looked_up() {
+        // Every passwd and group database has root, uid 0 / gid 0.
+        assert_eq!(user_by_name("root").unwrap(), Some((0, 0)));
+        assert_eq!(user_by_uid(0).unwrap(), Some((0, 0)));
+        assert_eq!(group_by_name("root").unwrap(), Some(0));
+        assert_eq!(user_by_name("no-such-user-layercache").unwrap(), None);
+        assert_eq!(group_by_name("no-such-group-layercache").unwrap(), None);
+        assert_eq!(user_by_name("ro\0ot").unwrap(), None);
+    }
+
+    #[test]
+    fn at_wrappers_report_their_errno() {
+        let t = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(t.path()).unwrap();
+        let fd = d.as_raw_fd();
+        mkdirat(fd, c"sub", 0o755).unwrap();
+        let e = mkdirat(fd, c"sub", 0o755).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        symlinkat(c"sub", fd, c"lnk").unwrap();
+        assert_eq!(readlinkat(fd, c"lnk").unwrap(), b"sub");
+        let st = fstatat(fd, c"lnk", libc::AT_SYMLINK_NOFOLLOW).unwrap();
+        assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFLNK);
+        let e = openat(fd, c"lnk", libc::O_RDONLY | libc::O_NOFOLLOW, 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        renameat2(fd, c"lnk", fd, c"sub", libc::RENAME_NOREPLACE)
+            .map(drop)
+            .unwrap_err();
+        unlinkat(fd, c"sub", libc::AT_REMOVEDIR).unwrap();
+        let e = fstatat(fd, c"sub", 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        // A missing layer's fd (-1) is only EBADF.
+        let e = fstatat(-1, c"x", 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[test]
+    fn poll_one_sees_a_closed_reader_and_unshare_refuses_clone_files() {
+        let (r, w) = std::io::pipe().unwrap();
+        use std::os::fd::AsFd;
+        assert_eq!(
+            poll_one(w.as_fd(), libc::POLLOUT, 0).unwrap() & libc::POLLERR,
+            0
+        );
+        drop(r);
+        assert_ne!(
+            poll_one(w.as_fd(), libc::POLLOUT, 0).unwrap() & libc::POLLERR,
+            0
+        );
+        let e = unshare(libc::CLONE_FILES).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]

@@ -241,7 +241,7 @@ fn signal_of_the_run_removes_its_container(project: &str, sig: i32) {
     std::fs::create_dir_all(&w).unwrap();
     std::fs::write(w.join("k"), "1").unwrap();
     let fifo = sb.path("ready");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    layercache::sys::mkfifo(&fifo, 0o600).unwrap();
     // COMMAND signals readiness through a fifo in the workdir, then sleeps.
     std::fs::rename(&fifo, w.join("ready")).unwrap();
     let mut child = docker_run(&sb, &w, &image, &[], "echo up > ready; exec sleep 600")

@@ -1062,8 +1062,10 @@ fn removed_directory_held_open_keeps_answering_fstat_and_fchmod() {
         assert!(fd >= 0, "open . in removed {d}: errno {}", errno());
         // SAFETY: fd was just opened here and is used nowhere else.
         let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let mut listing = nix::dir::Dir::from_fd(owned).unwrap();
-        let names: Vec<_> = listing.iter().filter_map(|e| e.ok()).collect();
+        let mut listing = rustix::fs::Dir::new(owned).unwrap();
+        let names: Vec<_> = std::iter::from_fn(|| listing.read())
+            .filter_map(|e| e.ok())
+            .collect();
         assert!(
             names.is_empty(),
             "removed {d} lists {} entries",

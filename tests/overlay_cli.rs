@@ -347,17 +347,19 @@ fn old_daemon_exit_does_not_unmount_a_new_mount() {
         let old = daemon_pids(&fx.mnt);
         assert!(!old.is_empty(), "no daemon found for {}", fx.mnt.display());
         let out = Command::new("umount").arg(&fx.mnt).output().unwrap();
+        // Checked before stopping the daemon: a failed umount (EBUSY under load) leaves the
+        // mount, and the guard's unmount would wait forever on a stopped daemon.
+        assert!(
+            out.status.success(),
+            "umount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         // SAFETY: signalling processes this test started.
         let stopped: Vec<i32> = old
             .iter()
             .copied()
             .filter(|p| unsafe { libc::kill(*p, libc::SIGSTOP) } == 0)
             .collect();
-        assert!(
-            out.status.success(),
-            "umount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         fx.forget_mount();
         if stopped.is_empty() {
             continue; // the old daemon was already gone: try again

@@ -177,11 +177,7 @@ fn eight_runs_with_bwrap_share_one_layer_and_see_only_their_own_files() {
 /// A spec whose setup signals through the fifo `ready` in the workdir, then blocks.
 fn blocking_spec(sb: &Sandbox, setup: &str) -> PathBuf {
     std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
-    nix::unistd::mkfifo(
-        &sb.work().join("ready"),
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-    )
-    .unwrap();
+    layercache::sys::mkfifo(&sb.work().join("ready"), 0o600).unwrap();
     sb.write_spec(
         "spec.toml",
         &format!(
@@ -277,7 +273,7 @@ fn kill_9_of_a_daemon_fails_the_run_naming_the_cache() {
     }
     let sb = Sandbox::new();
     let go = sb.work().join("go");
-    nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    layercache::sys::mkfifo(&go, 0o600).unwrap();
     let spec = blocking_spec(
         &sb,
         "echo ready > ready; cat go; echo late > {mount}/late; true",
@@ -676,7 +672,7 @@ fn a_long_run_does_not_hold_a_short_runs_mounts() {
     }
     let sb = Sandbox::new();
     let short_go = sb.work().join("go");
-    nix::unistd::mkfifo(&short_go, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    layercache::sys::mkfifo(&short_go, 0o600).unwrap();
     let spec = blocking_spec(&sb, "echo ready > ready; cat go; echo done > {mount}/done");
     let short = run_cmd(&sb, &sb.work(), &spec, &[], &["true"])
         .stdout(Stdio::null())
@@ -689,11 +685,7 @@ fn a_long_run_does_not_hold_a_short_runs_mounts() {
     std::fs::create_dir_all(&long_work).unwrap();
     std::fs::write(long_work.join("deps.lock"), "b=1\n").unwrap();
     for f in ["started", "release"] {
-        nix::unistd::mkfifo(
-            &long_work.join(f),
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-        )
-        .unwrap();
+        layercache::sys::mkfifo(&long_work.join(f), 0o600).unwrap();
     }
     let long_spec = sb.write_spec(
         "long.toml",

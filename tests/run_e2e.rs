@@ -313,7 +313,7 @@ fn sigterm_during_setup_unmounts_and_publishes_nothing() {
     let sb = Sandbox::new();
     std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
     let fifo = sb.work().join("ready");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    layercache::sys::mkfifo(&fifo, 0o600).unwrap();
     let spec = sb.write_spec(
         "spec.toml",
         &deps_spec(
@@ -339,11 +339,7 @@ fn sigterm_during_setup_unmounts_and_publishes_nothing() {
     let ready = std::fs::read_to_string(&fifo).unwrap();
     assert_eq!(ready, "ready\n");
     assert!(!sb.mounts_below().is_empty(), "setup runs on a mount");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    layercache::sys::kill(child.id() as i32, libc::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + 15));
     assert!(sb.mounts_below().is_empty(), "left mounted after SIGTERM");

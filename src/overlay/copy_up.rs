@@ -9,7 +9,7 @@
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -19,7 +19,7 @@ use super::fs::{OpResult, OverlayFs, errno};
 use super::inode::{Backing, Loc, orphan_name};
 use super::stack::{Kind, Tree, top_lower};
 use super::whiteout;
-use crate::sys::{Xattrs, child, cstr};
+use crate::sys::{self, Xattrs, child, cstr};
 
 /// Copies xattrs from `src` to `dst` (fds, or paths for symlinks and special files), skipping
 /// overlay-private names. Errors on `user.*` names propagate; other namespaces are best effort
@@ -44,27 +44,19 @@ fn copy_xattrs(src: Xattrs<'_>, dst: Xattrs<'_>) -> io::Result<()> {
 /// Copies bytes `[0, len)` of `src` to `dst`, keeping holes (SEEK_DATA/SEEK_HOLE) and letting
 /// the kernel move data (copy_file_range, falling back to pread/pwrite across filesystems).
 pub fn copy_data(src: &File, dst: &File, len: u64) -> io::Result<()> {
-    let s = src.as_raw_fd();
     let mut off: i64 = 0;
     while (off as u64) < len {
-        // SAFETY: lseek on an owned fd.
-        let data = unsafe { libc::lseek(s, off, libc::SEEK_DATA) };
-        if data < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENXIO) {
-                break;
-            }
-            return Err(e);
-        }
+        let data = match sys::lseek(src, off, libc::SEEK_DATA) {
+            Ok(data) => data,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
+            Err(e) => return Err(e),
+        };
         if data as u64 >= len {
             break;
         }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(s, data, libc::SEEK_HOLE) };
-        let end = if hole < 0 {
-            len as i64
-        } else {
-            (hole as u64).min(len) as i64
+        let end = match sys::lseek(src, data, libc::SEEK_HOLE) {
+            Err(_) => len as i64,
+            Ok(hole) => (hole as u64).min(len) as i64,
         };
         copy_range(src, dst, data, end)?;
         off = end;
@@ -78,25 +70,15 @@ fn copy_range(src: &File, dst: &File, start: i64, end: i64) -> io::Result<()> {
     while pos < end {
         let mut off_in = pos;
         let mut off_out = pos;
-        // SAFETY: fds valid; offsets are local variables.
-        let n = unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut off_in,
-                dst.as_raw_fd(),
-                &mut off_out,
-                (end - pos) as usize,
-                0,
-            )
-        };
-        if n > 0 {
-            pos += n as i64;
-            continue;
-        }
-        if n == 0 {
-            break; // source shrank
-        }
-        let e = io::Error::last_os_error();
+        let e =
+            match sys::copy_file_range(src, &mut off_in, dst, &mut off_out, (end - pos) as usize) {
+                Ok(0) => break, // source shrank
+                Ok(n) => {
+                    pos += n as i64;
+                    continue;
+                }
+                Err(e) => e,
+            };
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EXDEV)

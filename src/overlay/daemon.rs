@@ -4,7 +4,7 @@
 //! owner's exit). Mounting and unmounting themselves are in `mount.rs`.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -104,8 +104,7 @@ pub fn cli_daemon(
     mountpoint: &Path,
 ) -> Result<i32> {
     // Shown by ps/pgrep/pidof as "layercache" rather than "exe" (it runs /proc/self/exe).
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, c"layercache".as_ptr()) };
+    let _ = rustix::thread::set_name(c"layercache");
     // SAFETY: the parent passed these descriptors (a memfd and the write end of a pipe) for us
     // to own.
     let (config, ready) = unsafe {
@@ -197,11 +196,8 @@ fn fuse_config(uring: Option<usize>) -> fuser::Config {
 /// walk was forgotten stayed at 33-45 MB of heap instead of 7 MB (scripts/node-rss.sh). The
 /// daemon's allocations are small and short, so one arena costs no measurable walk time.
 fn one_heap_arena() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes allocator parameters (before the request threads start).
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
+    // Before the request threads start.
+    crate::sys::malloc_arena_max(1);
 }
 
 /// Mounts `cfg` at `mountpoint` and serves requests on this thread until unmounted. When
@@ -216,8 +212,8 @@ pub fn mount_foreground(
     ready: Option<OwnedFd>,
 ) -> Result<()> {
     preflight(cfg, mountpoint)?;
-    // SAFETY: umask has no preconditions; the daemon applies the kernel-provided modes as given.
-    unsafe { libc::umask(0) };
+    // The daemon applies the kernel-provided modes as given.
+    rustix::process::umask(rustix::fs::Mode::empty());
     raise_nofile_limit();
     one_heap_arena();
     let fs = fs::OverlayFs::new(cfg)?;
@@ -259,7 +255,7 @@ pub fn mount_foreground(
                 // EPIPE: the starter died between our check above and now, so this mount is
                 // nobody's. It is the top one at `mountpoint` (mounted last); the session then
                 // ends with ENODEV.
-                let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                let _ = rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH);
             }
             drop(f);
             redirect_stdio();
@@ -276,14 +272,8 @@ pub fn mount_foreground(
 /// True when nobody reads the pipe `w` writes to any more (`poll(2)` reports `POLLERR` on a
 /// pipe's write end once its read end is closed): the process that started the daemon is gone.
 fn reader_gone(w: &OwnedFd) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: w.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n == 1 && pfd.revents & libc::POLLERR != 0
+    crate::sys::poll_one(w.as_fd(), libc::POLLOUT, 0)
+        .is_ok_and(|revents| revents & libc::POLLERR != 0)
 }
 
 /// Makes SIGINT, SIGTERM and SIGHUP end the mount the way libfuse daemons do: a dedicated
@@ -298,13 +288,9 @@ fn reader_gone(w: &OwnedFd) -> bool {
 ///
 /// Errors: [`Error::Io`] if the signal mask cannot be set.
 fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
-    use nix::sys::signal::{SigSet, Signal};
-    let mut set = SigSet::empty();
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, EXIT_NOW] {
-        set.add(sig);
-    }
-    set.thread_block()
-        .map_err(|e| Error::io(mountpoint, std::io::Error::from(e)))?;
+    let set = crate::sys::SignalSet::of(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, EXIT_NOW]);
+    set.block_in_thread()
+        .map_err(|e| Error::io(mountpoint, e))?;
     let mnt = mountpoint.to_path_buf();
     std::thread::Builder::new()
         .name("signals".into())
@@ -323,7 +309,7 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
 
 /// The signal that tells a daemon whose mount is gone here to exit now (see
 /// [`unmount_on_signal`]).
-const EXIT_NOW: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGUSR1;
+const EXIT_NOW: libc::c_int = libc::SIGUSR1;
 
 /// Mounts `cfg` at `mountpoint` by starting this binary again as a daemon
 /// (`layercache overlay-daemon --config-fd N --ready-fd N MOUNTPOINT`, in its own session), and
@@ -373,21 +359,13 @@ pub fn mount_daemon(
     // exec.
     unsafe {
         cmd.pre_exec(move || {
-            libc::setsid();
+            let _ = rustix::process::setsid();
             // Descriptors the caller left inheritable (a shell's `9>lock` held with flock, say)
             // must not live on in the daemon until unmount: mark everything above stderr
             // close-on-exec (CLOSE_RANGE_CLOEXEC, Linux 5.11), then let through what it needs.
-            libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            );
+            let _ = crate::sys::close_range_from(3, libc::CLOSE_RANGE_CLOEXEC);
             for &fd in &keep {
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                if flags >= 0 {
-                    libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-                }
+                let _ = crate::sys::set_inheritable(fd, true);
             }
             Ok(())
         });
@@ -451,25 +429,18 @@ fn redirect_stdio() {
         .open(target);
     let null = std::fs::File::open("/dev/null");
     if let (Ok(out), Ok(null)) = (out, null) {
-        // SAFETY: dup2 onto the standard descriptors of this process.
-        unsafe {
-            libc::dup2(null.as_raw_fd(), 0);
-            libc::dup2(out.as_raw_fd(), 1);
-            libc::dup2(out.as_raw_fd(), 2);
-        }
+        let _ = rustix::stdio::dup2_stdin(&null);
+        let _ = rustix::stdio::dup2_stdout(&out);
+        let _ = rustix::stdio::dup2_stderr(&out);
     }
 }
 
 fn raise_nofile_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointer to an rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut lim = getrlimit(Resource::Nofile);
+    let value = |v: Option<u64>| v.unwrap_or(libc::RLIM_INFINITY); // None: no limit
+    if value(lim.current) < value(lim.maximum) {
+        lim.current = lim.maximum;
+        let _ = setrlimit(Resource::Nofile, lim);
     }
 }

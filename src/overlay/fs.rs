@@ -191,7 +191,7 @@ fn root_in_initial_namespace() -> bool {
         let f: Vec<&str> = m.split_whitespace().collect();
         f == ["0", "0", "4294967295"]
     });
-    identity && nix::unistd::geteuid().is_root()
+    identity && rustix::process::geteuid().is_root()
 }
 
 impl OverlayFs {

@@ -14,7 +14,7 @@
 
 use std::ffi::OsStr;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -63,8 +63,7 @@ pub struct UserMount {
 /// by this user, a mountpoint this user neither owns nor may write (or a sticky one of another
 /// user), `allow_other` without `user_allow_other` in [`FUSE_CONF`].
 pub fn check_user_mount(mountpoint: &Path, want: UserMount) -> Result<PathBuf> {
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
+    let uid = rustix::process::getuid().as_raw();
     let helper = find_helper().ok_or_else(|| {
         Error::invalid(format!(
             "{HELPER} is missing: mounting as a user (uid {uid}) needs it (Debian: apt-get install fuse3)"
@@ -102,9 +101,9 @@ pub fn check_dev_fuse(uid: u32) -> Result<()> {
             "/dev/fuse: {e}: load the fuse module or pass the device into the container"
         ))
     })?;
-    let c = crate::sys::cstr(dev.as_os_str()).map_err(|e| Error::io(dev, e))?;
-    // SAFETY: valid C string; access(2) checks with the real ids, as fusermount3's open does.
-    if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+    // access(2) checks with the real ids, as fusermount3's open does.
+    use rustix::fs::Access;
+    if rustix::fs::access(dev, Access::READ_OK | Access::WRITE_OK).is_err() {
         return Err(Error::invalid(format!(
             "/dev/fuse is not readable and writable by uid {uid} (mode {:o}, owner {}): a mount without root needs mode 0666, as udev's default rule sets it",
             m.permissions().mode() & 0o777,
@@ -125,9 +124,7 @@ fn check_mountpoint(mountpoint: &Path, uid: u32) -> Result<()> {
     if m.uid() == uid {
         return Ok(());
     }
-    let c = crate::sys::cstr(mountpoint.as_os_str()).map_err(|e| Error::io(mountpoint, e))?;
-    // SAFETY: valid C string.
-    let writable = unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0;
+    let writable = rustix::fs::access(mountpoint, rustix::fs::Access::WRITE_OK).is_ok();
     if writable && m.mode() & libc::S_ISVTX == 0 {
         return Ok(());
     }
@@ -182,17 +179,14 @@ pub fn mount(helper: &Path, mountpoint: &Path, fsname: &OsStr, want: UserMount) 
     // SAFETY: only fcntl (async-signal-safe) runs between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            let flags = libc::fcntl(their_fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(their_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-            }
+            let _ = crate::sys::set_inheritable(their_fd, true);
             Ok(())
         });
     }
     let mut child = cmd.spawn().map_err(|e| Error::io(helper, e))?;
     drop(cmd);
     drop(theirs);
-    let fd = recv_fd(ours.as_raw_fd());
+    let fd = crate::sys::recv_fd(ours.as_fd());
     drop(ours);
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -211,50 +205,6 @@ pub fn mount(helper: &Path, mountpoint: &Path, fsname: &OsStr, want: UserMount) 
             )))
         }
     }
-}
-
-/// Receives one descriptor sent with `SCM_RIGHTS` on the socket `sock` (unix(7)).
-///
-/// Errors: the `recvmsg` errno; `ENODATA` when the peer closed without sending one.
-fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // Room for one cmsghdr carrying one int, u64-aligned.
-    let mut cbuf = [0u64; 8];
-    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    let n = loop {
-        // SAFETY: `msg` points at valid buffers of the sizes it states.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        break n;
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel filled `msg`; the CMSG macros walk the buffer it describes.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let fd: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                if fd >= 0 {
-                    return Ok(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Err(io::Error::from_raw_os_error(libc::ENODATA))
 }
 
 /// Unmounts the user's FUSE mount at `mountpoint` with `fusermount3 -u` (`-z`: lazily, for
@@ -296,9 +246,9 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
 ///
 /// Errors: the `umount2` errno, or as [`unmount`] when that was `EPERM`.
 pub fn detach(mountpoint: &Path) -> io::Result<()> {
-    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH) {
+    match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH) {
         Ok(()) => Ok(()),
-        Err(nix::errno::Errno::EPERM) => unmount(mountpoint, true),
+        Err(rustix::io::Errno::PERM) => unmount(mountpoint, true),
         Err(e) => Err(e.into()),
     }
 }
@@ -350,15 +300,15 @@ mod tests {
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<std::os::fd::RawFd>(), fd);
             assert_eq!(libc::sendmsg(a.as_raw_fd(), &msg, 0), 1);
         }
-        let got = recv_fd(b.as_raw_fd()).unwrap();
+        let got = crate::sys::recv_fd(b.as_fd()).unwrap();
         let same = |x: &dyn AsRawFd| crate::sys::fstat(&x.as_raw_fd()).unwrap().st_ino;
         assert_eq!(same(&got), same(&f));
         drop(a);
         assert_eq!(
-            recv_fd(b.as_raw_fd()).unwrap_err().raw_os_error(),
+            crate::sys::recv_fd(b.as_fd()).unwrap_err().raw_os_error(),
             Some(libc::ENODATA)
         );
     }

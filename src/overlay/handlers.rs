@@ -47,8 +47,7 @@ fn traced<T>(op: &'static str, node: u64, f: impl FnOnce() -> OpResult<T>) -> Op
 }
 
 fn negative_entry() -> FileAttr {
-    // SAFETY: an all-zero stat is a valid value.
-    let st: libc::stat = unsafe { std::mem::zeroed() };
+    let st = crate::sys::empty_stat();
     attr_from_stat(0, &st, 0)
 }
 
@@ -100,18 +99,12 @@ fn dtype(k: Kind) -> fuser::FileType {
 
 impl OverlayFs {
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
-        let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-        // SAFETY: valid fd and out pointer.
         let tree = if self.stack.fd(super::stack::Tree::Upper) >= 0 {
             super::stack::Tree::Upper
         } else {
             super::stack::Tree::Lower(0)
         };
-        if unsafe { libc::fstatvfs(self.stack.fd(tree), sv.as_mut_ptr()) } < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        // SAFETY: fstatvfs succeeded.
-        Ok(unsafe { sv.assume_init() })
+        crate::sys::fstatvfs(&self.stack.fd(tree)).map_err(errno)
     }
 
     /// Walks "." and ".." then the listing of `dir` from `offset`. `add` gets the entry's id

@@ -324,11 +324,7 @@ impl HeapTrim {
 /// node allocations otherwise, and the daemon's RSS would not fall after a walk of a large
 /// tree).
 fn trim_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free memory of the allocator.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::sys::malloc_trim();
 }
 
 impl Nodes {

@@ -3,7 +3,7 @@
 //! and waiting for the daemon of a mountpoint. Nothing here starts or serves a daemon (that is
 //! `daemon.rs`, which calls in here).
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -23,21 +23,14 @@ pub(super) fn raise_read_ahead(mountpoint: &Path) {
     let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) else {
         return;
     };
-    // SAFETY: statx is plain data; the call writes at most its size.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: `path` is NUL-terminated and `stx` is a valid statx buffer.
-    let r = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            libc::AT_STATX_DONT_SYNC | libc::AT_NO_AUTOMOUNT,
-            0,
-            &mut stx,
-        )
-    };
-    if r != 0 {
+    let Ok(stx) = crate::sys::statx(
+        libc::AT_FDCWD,
+        &path,
+        libc::AT_STATX_DONT_SYNC | libc::AT_NO_AUTOMOUNT,
+        0,
+    ) else {
         return;
-    }
+    };
     let knob = format!(
         "/sys/class/bdi/{}:{}/read_ahead_kb",
         stx.stx_dev_major, stx.stx_dev_minor
@@ -78,7 +71,7 @@ pub(super) fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<Owned
     };
     if crate::sys::has_cap_sys_admin() {
         match mount_direct(mountpoint, cfg) {
-            Err(e) if e.1 == nix::errno::Errno::EPERM && fusermount::find_helper().is_some() => {
+            Err(e) if e.1 == libc::EPERM && fusermount::find_helper().is_some() => {
                 tracing::debug!("{}; mounting through fusermount3", e.0);
             }
             r => return r.map_err(|e| e.0),
@@ -93,50 +86,58 @@ pub(super) fn mount_fuse(mountpoint: &Path, cfg: &OverlayConfig) -> Result<Owned
 fn mount_direct(
     mountpoint: &Path,
     cfg: &OverlayConfig,
-) -> std::result::Result<OwnedFd, (Error, nix::errno::Errno)> {
+) -> std::result::Result<OwnedFd, (Error, i32)> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/fuse")
         .map_err(|e| {
-            let errno = nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
             (Error::invalid(format!("/dev/fuse: {e}")), errno)
         })?;
     let fd: OwnedFd = dev.into();
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
     let data = format!(
         "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
         fd.as_raw_fd()
     );
     let source = format!("{SOURCE_PREFIX}{}", mount_named(cfg).display());
     // The per-mount options given (noatime, noexec, …): the kernel applies them to the mount.
-    let mut flags = nix::mount::MsFlags::from_bits_truncate(cfg.mount_flags as libc::c_ulong);
+    let mut flags = cfg.mount_flags as libc::c_ulong;
     if !cfg.suid {
-        flags |= nix::mount::MsFlags::MS_NOSUID;
+        flags |= libc::MS_NOSUID;
     }
     if !cfg.dev {
-        flags |= nix::mount::MsFlags::MS_NODEV;
+        flags |= libc::MS_NODEV;
     }
     if cfg.read_only {
-        flags |= nix::mount::MsFlags::MS_RDONLY;
+        flags |= libc::MS_RDONLY;
     }
-    nix::mount::mount(
-        Some(source.as_str()),
-        mountpoint,
-        Some("fuse.layercache"),
-        flags,
-        Some(data.as_str()),
-    )
-    .map_err(|e| {
-        let hint = if e == nix::errno::Errno::EPERM {
+    let c = |s: &str| crate::sys::cstr(s.as_ref());
+    let mounted = c(&source).and_then(|src| {
+        let target = crate::sys::cstr(mountpoint.as_os_str())?;
+        let data = c(&data)?;
+        crate::sys::mount(
+            Some(&src),
+            &target,
+            Some(c"fuse.layercache"),
+            flags,
+            Some(&data),
+        )
+    });
+    mounted.map_err(|e| {
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        let hint = if errno == libc::EPERM {
             " (mounting needs root, or fusermount3 from Debian's fuse3 for a user)"
         } else {
             ""
         };
         (
             Error::invalid(format!("mount {}: {e}{hint}", mountpoint.display())),
-            e,
+            errno,
         )
     })?;
     Ok(fd)
@@ -181,8 +182,7 @@ pub(super) fn preflight(cfg: &OverlayConfig, mountpoint: &Path) -> Result<()> {
         };
         fusermount::check_user_mount(mountpoint, user)?;
     } else if !crate::sys::in_initial_user_ns() {
-        // SAFETY: getuid has no preconditions.
-        fusermount::check_dev_fuse(unsafe { libc::getuid() })?;
+        fusermount::check_dev_fuse(rustix::process::getuid().as_raw())?;
     }
     if is_mountpoint_busy(mountpoint)? {
         return Err(Error::invalid(format!(
@@ -227,21 +227,19 @@ fn fuse_mount_at(mountpoint: &Path) -> Result<Option<crate::sys::MountEntry>> {
 ///
 /// Errors: [`Error::Invalid`] when no FUSE filesystem is mounted there, or naming the mount(2)
 /// errno.
-pub(super) fn remount(mountpoint: &Path, flags: nix::mount::MsFlags) -> Result<()> {
+pub(super) fn remount(mountpoint: &Path, flags: rustix::mount::MountFlags) -> Result<()> {
     if fuse_mount_at(mountpoint)?.is_none() {
         return Err(Error::invalid(format!(
             "remount {}: no layercache mount there",
             mountpoint.display()
         )));
     }
-    nix::mount::mount(
-        None::<&str>,
-        mountpoint,
-        None::<&str>,
-        nix::mount::MsFlags::MS_REMOUNT | flags,
-        None::<&str>,
-    )
-    .map_err(|e| Error::invalid(format!("remount {}: {e}", mountpoint.display())))
+    crate::sys::cstr(mountpoint.as_os_str())
+        .and_then(|target| {
+            let flags = libc::MS_REMOUNT | libc::c_ulong::from(flags.bits());
+            crate::sys::mount(None, &target, None, flags, None)
+        })
+        .map_err(|e| Error::invalid(format!("remount {}: {e}", mountpoint.display())))
 }
 
 /// The mount source layercache's own mounts carry: `layercache:<upperdir>`, so the upper dir
@@ -270,8 +268,8 @@ pub fn unmount(mountpoint: &Path, daemon: Option<u32>, wait: Duration) -> Result
     // is released a moment later), so retry briefly before reporting it.
     let busy_until = Instant::now() + Duration::from_secs(2);
     // A user's mount is unmounted by fusermount3 where umount2 is refused.
-    let umount = || match nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()) {
-        Err(nix::errno::Errno::EPERM) => fusermount::unmount(mountpoint, false),
+    let umount = || match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::empty()) {
+        Err(rustix::io::Errno::PERM) => fusermount::unmount(mountpoint, false),
         r => r.map_err(std::io::Error::from),
     };
     loop {
@@ -327,26 +325,19 @@ pub fn upperdir_of(mountpoint: &Path) -> Option<std::path::PathBuf> {
 /// Waits up to `timeout` for the process behind `pidfd` to exit; reaps it if it is our child.
 /// Returns true once it has exited.
 pub fn wait_pidfd(pidfd: &OwnedFd, pid: u32, timeout: std::time::Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
     // poll is never restarted after a signal handler ran (a second Ctrl-C during `run`'s
     // teardown), so wait again for the time that is left.
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let ms = left.as_millis().min(i32::MAX as u128) as libc::c_int;
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n == 1 {
-            // SAFETY: non-blocking reap of a child we may own; ECHILD otherwise, ignored.
-            unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+        let n = crate::sys::poll_one(pidfd.as_fd(), libc::POLLIN, ms);
+        if n.as_ref().is_ok_and(|revents| *revents != 0) {
+            // Reap it if it is our child (not ours: ECHILD, ignored).
+            crate::sys::reap_nohang(pid);
             return true;
         }
-        let interrupted =
-            n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+        let interrupted = n.is_err_and(|e| e.kind() == std::io::ErrorKind::Interrupted);
         if !interrupted || left.is_zero() {
             return false;
         }

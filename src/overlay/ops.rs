@@ -4,7 +4,6 @@
 //! returning `Result<_, Errno>`.
 
 use std::ffi::{CStr, CString, OsStr};
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::SystemTime;
@@ -997,11 +996,7 @@ impl OverlayFs {
             self.copy_up(id, None)?;
             self.data_fd(id, true)?
         };
-        // SAFETY: valid fd.
-        if unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) } < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        Ok(())
+        crate::sys::fallocate(&f, mode, offset as i64, length as i64).map_err(errno)
     }
 
     pub(super) fn lseek_node(&self, id: u64, offset: i64, whence: i32) -> OpResult<i64> {
@@ -1009,12 +1004,8 @@ impl OverlayFs {
             let _g = self.ns.read();
             self.data_fd(id, false)?
         };
-        // SAFETY: valid fd; the shared fd's position is not used by pread/pwrite.
-        let r = unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
-        if r < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
-        Ok(r)
+        // The shared fd's position is not used by pread/pwrite.
+        crate::sys::lseek(&f, offset, whence).map_err(errno)
     }
 
     pub(super) fn copy_range_nodes(
@@ -1032,13 +1023,7 @@ impl OverlayFs {
         };
         let (mut oi, mut oo) = (off_in as i64, off_out as i64);
         let len = len.min(1 << 30) as usize;
-        // SAFETY: valid fds and offset pointers.
-        let n = unsafe {
-            libc::copy_file_range(fi.as_raw_fd(), &mut oi, fo.as_raw_fd(), &mut oo, len, 0)
-        };
-        if n < 0 {
-            return Err(errno(std::io::Error::last_os_error()));
-        }
+        let n = crate::sys::copy_file_range(&fi, &mut oi, &fo, &mut oo, len).map_err(errno)?;
         Ok(n as u32)
     }
 }

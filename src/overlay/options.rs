@@ -228,8 +228,8 @@ const OVERLAY_NOOP: &[&str] = &[
 /// When the `-o` strings ask for a remount (`remount` among them, as mount(8) passes them on
 /// for `mount -o remount,ro MNT`): the mount(2) flags they give (`ro`, `nosuid`, `nodev`,
 /// `noexec`, the atime flags, `sync`, `dirsync`, `lazytime`); other options are ignored then.
-pub fn remount_flags(options: &[String]) -> Option<nix::mount::MsFlags> {
-    use nix::mount::MsFlags as F;
+pub fn remount_flags(options: &[String]) -> Option<rustix::mount::MountFlags> {
+    use rustix::mount::MountFlags as F;
     let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
     if !opts.contains(&"remount") {
         return None;
@@ -237,10 +237,10 @@ pub fn remount_flags(options: &[String]) -> Option<nix::mount::MsFlags> {
     let mut flags = mount_flags(&opts);
     for o in opts {
         match o {
-            "ro" => flags.insert(F::MS_RDONLY),
-            "rw" => flags.remove(F::MS_RDONLY),
-            "nosuid" => flags.insert(F::MS_NOSUID),
-            "nodev" => flags.insert(F::MS_NODEV),
+            "ro" => flags.insert(F::RDONLY),
+            "rw" => flags.remove(F::RDONLY),
+            "nosuid" => flags.insert(F::NOSUID),
+            "nodev" => flags.insert(F::NODEV),
             _ => {}
         }
     }
@@ -250,25 +250,25 @@ pub fn remount_flags(options: &[String]) -> Option<nix::mount::MsFlags> {
 /// The mount(2) flags of the per-mount generic options among `opts` (mount(8)): `noexec`,
 /// `noatime`, `nodiratime`, `relatime`, `strictatime`, `sync`, `dirsync`, `lazytime`; a later
 /// `exec`/`atime`/`norelatime`/`async`/`nolazytime` undoes its counterpart. Others give none.
-pub fn mount_flags(opts: &[&str]) -> nix::mount::MsFlags {
-    use nix::mount::MsFlags as F;
+pub fn mount_flags(opts: &[&str]) -> rustix::mount::MountFlags {
+    use rustix::mount::MountFlags as F;
     let mut flags = F::empty();
     for o in opts {
         match *o {
-            "noexec" => flags.insert(F::MS_NOEXEC),
-            "exec" => flags.remove(F::MS_NOEXEC),
-            "noatime" => flags.insert(F::MS_NOATIME),
-            "atime" => flags.remove(F::MS_NOATIME),
-            "nodiratime" => flags.insert(F::MS_NODIRATIME),
-            "diratime" => flags.remove(F::MS_NODIRATIME),
-            "relatime" => flags.insert(F::MS_RELATIME),
-            "norelatime" => flags.remove(F::MS_RELATIME),
-            "strictatime" => flags.insert(F::MS_STRICTATIME),
-            "sync" => flags.insert(F::MS_SYNCHRONOUS),
-            "async" => flags.remove(F::MS_SYNCHRONOUS),
-            "dirsync" => flags.insert(F::MS_DIRSYNC),
-            "lazytime" => flags.insert(F::MS_LAZYTIME),
-            "nolazytime" => flags.remove(F::MS_LAZYTIME),
+            "noexec" => flags.insert(F::NOEXEC),
+            "exec" => flags.remove(F::NOEXEC),
+            "noatime" => flags.insert(F::NOATIME),
+            "atime" => flags.remove(F::NOATIME),
+            "nodiratime" => flags.insert(F::NODIRATIME),
+            "diratime" => flags.remove(F::NODIRATIME),
+            "relatime" => flags.insert(F::RELATIME),
+            "norelatime" => flags.remove(F::RELATIME),
+            "strictatime" => flags.insert(F::STRICTATIME),
+            "sync" => flags.insert(F::SYNCHRONOUS),
+            "async" => flags.remove(F::SYNCHRONOUS),
+            "dirsync" => flags.insert(F::DIRSYNC),
+            "lazytime" => flags.insert(F::LAZYTIME),
+            "nolazytime" => flags.remove(F::LAZYTIME),
             _ => {}
         }
     }
@@ -334,7 +334,7 @@ pub fn parse(options: &[String]) -> Result<RawOptions> {
         }
     }
     let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
-    raw.mount_flags = mount_flags(&opts).bits();
+    raw.mount_flags = mount_flags(&opts).bits().into();
     if raw.lowerdirs.is_empty() {
         return Err(Error::invalid("missing option lowerdir=DIR[:DIR...]"));
     }
@@ -585,17 +585,17 @@ mod tests {
 
     #[test]
     fn per_mount_options_become_mount_flags() {
-        use nix::mount::MsFlags as F;
+        use rustix::mount::MountFlags as F;
         let r = parse(&s("lowerdir=/a,upperdir=/u,noatime,nodiratime,noexec")).unwrap();
         assert_eq!(
-            F::from_bits_truncate(r.mount_flags),
-            F::MS_NOATIME | F::MS_NODIRATIME | F::MS_NOEXEC
+            F::from_bits_truncate(r.mount_flags as u32),
+            F::NOATIME | F::NODIRATIME | F::NOEXEC
         );
         let r = parse(&s("lowerdir=/a,upperdir=/u,noatime,atime,strictatime")).unwrap();
-        assert_eq!(F::from_bits_truncate(r.mount_flags), F::MS_STRICTATIME);
+        assert_eq!(F::from_bits_truncate(r.mount_flags as u32), F::STRICTATIME);
         assert_eq!(parse(&s("lowerdir=/a,upperdir=/u")).unwrap().mount_flags, 0);
         let f = remount_flags(&s("remount,ro,noatime")).unwrap();
-        assert_eq!(f, F::MS_RDONLY | F::MS_NOATIME);
+        assert_eq!(f, F::RDONLY | F::NOATIME);
     }
 
     #[test]
@@ -612,13 +612,10 @@ mod tests {
 
     #[test]
     fn remount_options_give_mount_flags() {
-        use nix::mount::MsFlags as F;
+        use rustix::mount::MountFlags as F;
         assert_eq!(remount_flags(&s("lowerdir=/a,upperdir=/u,ro")), None);
         let f = remount_flags(&s("ro,nosuid,nodev,relatime,remount,user_id=0,allow_other"));
-        assert_eq!(
-            f,
-            Some(F::MS_RDONLY | F::MS_NOSUID | F::MS_NODEV | F::MS_RELATIME)
-        );
+        assert_eq!(f, Some(F::RDONLY | F::NOSUID | F::NODEV | F::RELATIME));
         assert_eq!(remount_flags(&s("remount,ro,rw")), Some(F::empty()));
     }
 

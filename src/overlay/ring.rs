@@ -35,6 +35,7 @@
 use std::io;
 
 use fuser::{RingHooks, RingThread};
+use rustix::thread::CpuSet;
 
 /// READs of at least this many bytes (512 KiB, a quarter of the mount's readahead window
 /// [`super::READ_AHEAD_KB`]) are readahead of a file being streamed: the kernel grows a
@@ -126,12 +127,7 @@ fn cap_in_status(status: &str, cap: u32) -> bool {
 ///
 /// Errors: the `sched_setscheduler` errno (`EPERM`).
 fn set_policy(policy: i32) -> io::Result<()> {
-    let p = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; `p` is a valid sched_param.
-    if unsafe { libc::sched_setscheduler(0, policy, &p) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    crate::sys::sched_setscheduler_self(policy, 0)
 }
 
 /// The hooks of one entry thread.
@@ -213,43 +209,31 @@ impl RingThread for EntryThread {
     }
 }
 
-/// The calling thread's CPU affinity mask.
-fn affinity() -> libc::cpu_set_t {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size. On failure
-    // the zeroed set is returned and set_affinity then fails harmlessly (EINVAL).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set);
-        set
-    }
+/// The calling thread's CPU affinity mask. On failure the empty set is returned and
+/// set_affinity then fails harmlessly (EINVAL).
+fn affinity() -> CpuSet {
+    rustix::thread::sched_getaffinity(None).unwrap_or_else(|_| CpuSet::new())
 }
 
 /// Sets the calling thread's CPU affinity mask. Errors: `EINVAL` if no CPU of `set` is allowed
 /// (a cpuset that excludes them).
-fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
-    // SAFETY: sched_setaffinity only reads `set`.
-    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn set_affinity(set: &CpuSet) -> io::Result<()> {
+    Ok(rustix::thread::sched_setaffinity(None, set)?)
 }
 
 /// The set holding only `cpu`.
-fn only_cpu(cpu: usize) -> libc::cpu_set_t {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes one bit of it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        set
-    }
+fn only_cpu(cpu: usize) -> CpuSet {
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    set
 }
 
 /// Where an entry thread may run (see the module docs).
 struct Placement {
     /// The affinity the thread started with (the daemon's; a cpuset or taskset may narrow it).
-    home: libc::cpu_set_t,
+    home: CpuSet,
     /// Only the queue's CPU.
-    own: libc::cpu_set_t,
+    own: CpuSet,
     /// Whether pinning worked at all (if not, the thread stays where it was allowed to run).
     pinned: bool,
     /// Whether the thread is currently spread over `home`.
@@ -264,9 +248,8 @@ impl Placement {
     fn pin(qid: u16) -> Self {
         let home = affinity();
         let cpu = usize::from(qid);
-        // SAFETY: CPU_ISSET reads one bit of a plain-data set.
-        let allowed = cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &home) };
-        let own = only_cpu(cpu.min(libc::CPU_SETSIZE as usize - 1));
+        let allowed = cpu < CpuSet::MAX_CPU && home.is_set(cpu);
+        let own = only_cpu(cpu.min(CpuSet::MAX_CPU - 1));
         let pinned = allowed
             && match set_affinity(&own) {
                 Ok(()) => true,

@@ -22,13 +22,13 @@ use std::collections::HashSet;
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::whiteout;
 use crate::error::{Error, Result};
-use crate::sys::{check, child};
+use crate::sys::{self, child};
 
 /// Checks that the upper/work filesystem supports what the overlay needs: d_type, opaque
 /// marks (an xattr, or the marker file where xattrs are missing), whiteouts in the form the
@@ -135,18 +135,12 @@ pub struct Stack {
 fn open_dir(p: &Path) -> io::Result<OwnedFd> {
     let c = CString::new(p.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid C string; the returned fd is owned below.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by open and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    sys::openat(
+        libc::AT_FDCWD,
+        &c,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        0,
+    )
 }
 
 impl Stack {
@@ -271,15 +265,12 @@ impl Stack {
         mode: libc::mode_t,
     ) -> io::Result<File> {
         let at = |flags: libc::c_int| {
-            // SAFETY: valid dirfd and C string.
-            check(unsafe {
-                libc::openat(
-                    self.fd(layer),
-                    rel.as_ptr(),
-                    flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                    mode as libc::c_uint,
-                )
-            })
+            sys::openat(
+                self.fd(layer),
+                rel,
+                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                mode,
+            )
         };
         // A lower layer is read-only: reading it (data, listings, copy-up) never writes its
         // atimes, as on kernel overlayfs. O_NOATIME needs the file's owner or CAP_FOWNER.
@@ -298,8 +289,7 @@ impl Stack {
         } else {
             at(flags)
         }?;
-        // SAFETY: fd is fresh and owned by the File.
-        Ok(unsafe { File::from_raw_fd(fd) })
+        Ok(File::from(fd))
     }
 
     /// `/proc/self/fd/<root>/<rel>`: a path for the xattr syscalls that have no *at form.
@@ -311,107 +301,53 @@ impl Stack {
 
     /// `mkdirat`. Errors: its errno.
     pub fn mkdir(&self, layer: Tree, rel: &CStr, mode: u32) -> io::Result<()> {
-        // SAFETY: valid dirfd and C string.
-        check(unsafe { libc::mkdirat(self.fd(layer), rel.as_ptr(), mode as libc::mode_t) })
-            .map(drop)
+        sys::mkdirat(self.fd(layer), rel, mode)
     }
 
     /// `mknodat`. Errors: its errno.
     pub fn mknod(&self, layer: Tree, rel: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
-        // SAFETY: valid dirfd and C string.
-        check(unsafe {
-            libc::mknodat(
-                self.fd(layer),
-                rel.as_ptr(),
-                mode as libc::mode_t,
-                rdev as libc::dev_t,
-            )
-        })
-        .map(drop)
+        sys::mknodat(self.fd(layer), rel, mode, rdev)
     }
 
     /// `symlinkat(target, layer, rel)`. Errors: its errno.
     pub fn symlink(&self, target: &CStr, layer: Tree, rel: &CStr) -> io::Result<()> {
-        // SAFETY: valid C strings and dirfd.
-        check(unsafe { libc::symlinkat(target.as_ptr(), self.fd(layer), rel.as_ptr()) }).map(drop)
+        sys::symlinkat(target, self.fd(layer), rel)
     }
 
     /// `readlinkat`. Errors: its errno.
     pub fn readlink(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-        // SAFETY: buffer valid for its length.
-        let n = unsafe {
-            libc::readlinkat(
-                self.fd(layer),
-                rel.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        buf.truncate(n as usize);
-        Ok(buf)
+        sys::readlinkat(self.fd(layer), rel)
     }
 
     /// `unlinkat` (with `AT_REMOVEDIR` when `dir`). Errors: its errno.
     pub fn unlink(&self, layer: Tree, rel: &CStr, dir: bool) -> io::Result<()> {
         let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
-        // SAFETY: valid dirfd and C string.
-        check(unsafe { libc::unlinkat(self.fd(layer), rel.as_ptr(), flags) }).map(drop)
+        sys::unlinkat(self.fd(layer), rel, flags)
     }
 
     /// `renameat2(from_layer/from, to_layer/to, flags)`. Errors: its errno.
     pub fn rename(&self, fl: Tree, from: &CStr, tl: Tree, to: &CStr, flags: u32) -> io::Result<()> {
-        // SAFETY: valid dirfds and C strings.
-        check(unsafe {
-            libc::renameat2(self.fd(fl), from.as_ptr(), self.fd(tl), to.as_ptr(), flags)
-        })
-        .map(drop)
+        sys::renameat2(self.fd(fl), from, self.fd(tl), to, flags)
     }
 
     /// `linkat(from_layer/from, to_layer/to, 0)`. Errors: its errno (`EMLINK`…).
     pub fn link(&self, fl: Tree, from: &CStr, tl: Tree, to: &CStr) -> io::Result<()> {
-        // SAFETY: valid dirfds and C strings.
-        check(unsafe { libc::linkat(self.fd(fl), from.as_ptr(), self.fd(tl), to.as_ptr(), 0) })
-            .map(drop)
+        sys::linkat(self.fd(fl), from, self.fd(tl), to, 0)
     }
 
     /// `fchownat(…, AT_SYMLINK_NOFOLLOW)`; `u32::MAX` leaves an id unchanged. Errors: its errno.
     pub fn chown(&self, layer: Tree, rel: &CStr, uid: u32, gid: u32) -> io::Result<()> {
-        // SAFETY: valid dirfd and C string.
-        check(unsafe {
-            libc::fchownat(
-                self.fd(layer),
-                rel.as_ptr(),
-                uid,
-                gid,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })
-        .map(drop)
+        sys::fchownat(self.fd(layer), rel, uid, gid, libc::AT_SYMLINK_NOFOLLOW)
     }
 
     /// `fchmodat` (never on a symlink). Errors: its errno.
     pub fn chmod(&self, layer: Tree, rel: &CStr, mode: u32) -> io::Result<()> {
-        // SAFETY: valid dirfd and C string.
-        check(unsafe { libc::fchmodat(self.fd(layer), rel.as_ptr(), mode as libc::mode_t, 0) })
-            .map(drop)
+        sys::fchmodat(self.fd(layer), rel, mode, 0)
     }
 
     /// `utimensat(…, AT_SYMLINK_NOFOLLOW)` with [atime, mtime]. Errors: its errno.
     pub fn utimens(&self, layer: Tree, rel: &CStr, times: &[libc::timespec; 2]) -> io::Result<()> {
-        // SAFETY: valid dirfd, C string and 2-element array.
-        check(unsafe {
-            libc::utimensat(
-                self.fd(layer),
-                rel.as_ptr(),
-                times.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })
-        .map(drop)
+        sys::utimensat(self.fd(layer), rel, times, libc::AT_SYMLINK_NOFOLLOW)
     }
 
     /// Names in the directory `rel` of `layer` with their `d_type` (`DT_UNKNOWN` possible),
@@ -419,23 +355,24 @@ impl Stack {
     pub fn read_dir(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<(OsString, u8)>> {
         let dir = self.open(layer, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         let fd: OwnedFd = dir.into();
-        let mut d = nix::dir::Dir::from_fd(fd).map_err(io::Error::from)?;
+        let mut d = rustix::fs::Dir::new(fd)?;
         let mut out = Vec::new();
-        for ent in d.iter() {
-            let ent = ent.map_err(io::Error::from)?;
+        while let Some(ent) = d.read() {
+            let ent = ent?;
             let name = ent.file_name().to_bytes();
             if name == b"." || name == b".." {
                 continue;
             }
+            use rustix::fs::FileType as T;
             let dtype = match ent.file_type() {
-                Some(nix::dir::Type::Directory) => libc::DT_DIR,
-                Some(nix::dir::Type::File) => libc::DT_REG,
-                Some(nix::dir::Type::Symlink) => libc::DT_LNK,
-                Some(nix::dir::Type::CharacterDevice) => libc::DT_CHR,
-                Some(nix::dir::Type::BlockDevice) => libc::DT_BLK,
-                Some(nix::dir::Type::Fifo) => libc::DT_FIFO,
-                Some(nix::dir::Type::Socket) => libc::DT_SOCK,
-                None => libc::DT_UNKNOWN,
+                T::Directory => libc::DT_DIR,
+                T::RegularFile => libc::DT_REG,
+                T::Symlink => libc::DT_LNK,
+                T::CharacterDevice => libc::DT_CHR,
+                T::BlockDevice => libc::DT_BLK,
+                T::Fifo => libc::DT_FIFO,
+                T::Socket => libc::DT_SOCK,
+                T::Unknown => libc::DT_UNKNOWN,
             };
             out.push((OsStr::from_bytes(name).to_os_string(), dtype));
         }
@@ -458,9 +395,9 @@ impl Stack {
     ) -> io::Result<Option<OsString>> {
         let dir = self.open(layer, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         let fd: OwnedFd = dir.into();
-        let mut d = nix::dir::Dir::from_fd(fd).map_err(io::Error::from)?;
-        for ent in d.iter() {
-            let ent = ent.map_err(io::Error::from)?;
+        let mut d = rustix::fs::Dir::new(fd)?;
+        while let Some(ent) = d.read() {
+            let ent = ent?;
             let name = OsStr::from_bytes(ent.file_name().to_bytes());
             if ent.ino() == ino && name != except && name != "." && name != ".." {
                 return Ok(Some(name.to_os_string()));
@@ -719,18 +656,7 @@ fn merge_lookup(
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`. Errors: its errno.
 fn fstatat(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: valid dirfd, C string and out pointer.
-    check(unsafe {
-        libc::fstatat(
-            dir,
-            name.as_ptr(),
-            st.as_mut_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
-    // SAFETY: fstatat succeeded and filled the struct.
-    Ok(unsafe { st.assume_init() })
+    sys::fstatat(dir, name, libc::AT_SYMLINK_NOFOLLOW)
 }
 
 /// [`fstatat`], `Ok(None)` for `ENOENT`/`ENOTDIR`.
@@ -750,26 +676,21 @@ const DENTS_BUF: usize = 16 << 10;
 ///
 /// Errors: the `lseek`/`getdents64` errno.
 fn read_dir_fd(fd: RawFd, rewind: bool) -> io::Result<Vec<(OsString, u8)>> {
-    // SAFETY: lseek on an owned directory fd.
-    if rewind && unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
-        return Err(io::Error::last_os_error());
+    if rewind {
+        sys::lseek(&fd, 0, libc::SEEK_SET)?;
     }
     let mut buf = [0u8; DENTS_BUF];
     let mut out = Vec::new();
     loop {
-        // SAFETY: the buffer is valid for its length; the kernel writes at most that much.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let n = sys::getdents64(fd, &mut buf)?;
         if n == 0 {
             return Ok(out);
         }
         let mut off = 0usize;
         // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
-        while off + 19 <= n as usize {
+        while off + 19 <= n {
             let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
-            if reclen == 0 || off + reclen > n as usize {
+            if reclen == 0 || off + reclen > n {
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
             let dtype = buf[off + 18];

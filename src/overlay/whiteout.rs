@@ -22,10 +22,10 @@
 //! Overlay-private xattrs (`trusted.overlay.*`, `user.overlay.*`, `user.fuseoverlayfs.*`) are
 //! hidden from the merged view and never copied up.
 
-use crate::sys::{Xattrs, cstr};
+use crate::sys::{self, Xattrs, cstr};
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 /// xattr marking an opaque directory when the daemon is privileged (kernel overlayfs default).
 pub const OPAQUE_XATTR_TRUSTED: &CStr = c"trusted.overlay.opaque";
@@ -57,12 +57,10 @@ impl Form {
             return Form::File;
         }
         let name = c".layercache-whiteout-probe";
-        // SAFETY: valid dirfd and NUL-terminated name.
-        unsafe { libc::unlinkat(work.as_raw_fd(), name.as_ptr(), 0) };
+        let _ = sys::unlinkat(work.as_raw_fd(), name, 0);
         match create_whiteout_at(work.as_raw_fd(), name) {
             Ok(()) => {
-                // SAFETY: as above.
-                unsafe { libc::unlinkat(work.as_raw_fd(), name.as_ptr(), 0) };
+                let _ = sys::unlinkat(work.as_raw_fd(), name, 0);
                 Form::Device
             }
             Err(e) => {
@@ -112,23 +110,12 @@ pub fn marker_path(rel: &CStr) -> io::Result<CString> {
 
 /// Whether `rel` below the directory fd `dir` exists (`fstatat`, not following a symlink).
 fn exists_at(dir: RawFd, rel: &CStr) -> io::Result<bool> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: valid C string and out pointer; a bad fd is only EBADF.
-    let rc = unsafe {
-        libc::fstatat(
-            dir,
-            rel.as_ptr(),
-            st.as_mut_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG) => Ok(false),
-        _ => Err(e),
+    match sys::fstatat(dir, rel, libc::AT_SYMLINK_NOFOLLOW) {
+        Ok(_) => Ok(true),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG) => Ok(false),
+            _ => Err(e),
+        },
     }
 }
 
@@ -158,12 +145,7 @@ pub fn create_whiteout(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
 ///
 /// Errors: as [`create_whiteout`]; `ENOENT`/`ENOTDIR` for a missing parent.
 pub fn create_whiteout_at(dir: RawFd, rel: &CStr) -> io::Result<()> {
-    // SAFETY: `rel` is NUL-terminated; mknodat does not retain pointers; a bad fd is EBADF.
-    let rc = unsafe { libc::mknodat(dir, rel.as_ptr(), libc::S_IFCHR, 0) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    sys::mknodat(dir, rel, libc::S_IFCHR, 0)
 }
 
 /// Creates a whiteout of `rel` below the directory fd `dir` in `form`: a 0/0 device at `rel`,
@@ -180,26 +162,16 @@ pub fn create_whiteout_in(dir: RawFd, rel: &CStr, form: Form) -> io::Result<()> 
 
 /// Creates the empty marker file `rel` below `dir` (mode 0600); an existing one is success.
 fn create_marker(dir: RawFd, rel: &CStr) -> io::Result<()> {
-    // SAFETY: valid C string; the fd returned is closed right away.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            rel.as_ptr(),
-            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::EEXIST) {
-            Ok(())
-        } else {
-            Err(e)
-        };
+    match sys::openat(
+        dir,
+        rel,
+        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0o600,
+    ) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(e),
     }
-    // SAFETY: fd was just returned by openat and is owned by nobody else.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    Ok(())
 }
 
 /// Removes a `.wh.` file whiteout of `rel` below `dir`, if there is one (done wherever a name
@@ -209,14 +181,10 @@ fn create_marker(dir: RawFd, rel: &CStr) -> io::Result<()> {
 /// Errors: the `unlinkat` errno other than `ENOENT`.
 pub fn remove_marker(dir: RawFd, rel: &CStr) -> io::Result<()> {
     let p = marker_path(rel)?;
-    // SAFETY: valid C string.
-    if unsafe { libc::unlinkat(dir, p.as_ptr(), 0) } < 0 {
-        let e = io::Error::last_os_error();
-        if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) {
-            return Err(e);
-        }
+    match sys::unlinkat(dir, &p, 0) {
+        Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => Err(e),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// True when the directory open at `dir` is opaque: one of the opaque xattrs is `y`, or it
@@ -254,20 +222,12 @@ pub fn dir_is_opaque_at(dir: RawFd, rel: &CStr) -> io::Result<bool> {
 }
 
 fn opaque_at(dir: RawFd, rel: &CStr, flags: libc::c_int) -> io::Result<bool> {
-    // SAFETY: `dir` is a directory fd or AT_FDCWD and `rel` is NUL-terminated; a bad fd is
-    // only an error (EBADF).
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            rel.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | flags,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by openat and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = sys::openat(
+        dir,
+        rel,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | flags,
+        0,
+    )?;
     is_opaque(fd.as_fd())
 }
 
@@ -284,8 +244,7 @@ static TRUSTED_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 /// Errors: the `fsetxattr(2)` errno, or the marker's `openat` errno.
 pub fn set_opaque(dir: BorrowedFd<'_>) -> io::Result<()> {
     use std::sync::atomic::Ordering::Relaxed;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 && !TRUSTED_REFUSED.load(Relaxed) {
+    if rustix::process::geteuid().is_root() && !TRUSTED_REFUSED.load(Relaxed) {
         match Xattrs::Fd(dir).set(OPAQUE_XATTR_TRUSTED, b"y", 0) {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => TRUSTED_REFUSED.store(true, Relaxed),
             Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => {
@@ -382,21 +341,7 @@ mod tests {
         assert!(st(".wh.gone").is_none());
         // Device form, where mknod allows it (an unprivileged user may make 0/0 since 5.8).
         if create_whiteout_in(fd, c"dev", Form::Device).is_ok() {
-            let mut s = std::mem::MaybeUninit::<libc::stat>::uninit();
-            // SAFETY: valid fd, name and out pointer.
-            assert_eq!(
-                unsafe {
-                    libc::fstatat(
-                        fd,
-                        c"dev".as_ptr(),
-                        s.as_mut_ptr(),
-                        libc::AT_SYMLINK_NOFOLLOW,
-                    )
-                },
-                0
-            );
-            // SAFETY: fstatat succeeded.
-            let s = unsafe { s.assume_init() };
+            let s = crate::sys::fstatat(fd, c"dev", libc::AT_SYMLINK_NOFOLLOW).unwrap();
             assert!(whited_out(fd, c"dev", Some(&s)).unwrap());
         }
         // The opaque forms fuse-overlayfs writes: its xattr, and the marker file.

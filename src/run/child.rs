@@ -12,6 +12,7 @@ use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::error::{Error, IoContext, Result};
+use crate::sys;
 
 /// The signal that asked the run to stop (0 = none).
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -23,8 +24,8 @@ extern "C" fn on_signal(sig: libc::c_int) {
     STOP_SIGNAL.store(sig, Ordering::SeqCst);
     let target = CHILD_TARGET.load(Ordering::SeqCst);
     if target != 0 {
-        // SAFETY: kill(2) is async-signal-safe; the target is our own child or its group.
-        unsafe { libc::kill(target, sig) };
+        // Async-signal-safe; the target is our own child or its group.
+        let _ = sys::kill(target, sig);
     }
 }
 
@@ -32,22 +33,16 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// child, and the run unwinds: unmount, exit 128 + signal); restores the previous handlers on
 /// drop.
 pub(super) struct SignalGuard {
-    old: Vec<(nix::sys::signal::Signal, nix::sys::signal::SigAction)>,
+    old: Vec<(libc::c_int, sys::SavedAction)>,
 }
 
 impl SignalGuard {
     pub(super) fn install() -> Self {
-        use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
         STOP_SIGNAL.store(0, Ordering::SeqCst);
-        let action = SigAction::new(
-            SigHandler::Handler(on_signal),
-            SaFlags::SA_RESTART,
-            SigSet::empty(),
-        );
         let mut old = Vec::new();
-        for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             // SAFETY: the handler only touches atomics and calls kill(2).
-            if let Ok(prev) = unsafe { sigaction(sig, &action) } {
+            if let Ok(prev) = unsafe { sys::catch_signal(sig, on_signal) } {
                 old.push((sig, prev));
             }
         }
@@ -58,8 +53,7 @@ impl SignalGuard {
 impl Drop for SignalGuard {
     fn drop(&mut self) {
         for (sig, prev) in self.old.drain(..) {
-            // SAFETY: restoring the handler that was installed before.
-            let _ = unsafe { nix::sys::signal::sigaction(sig, &prev) };
+            let _ = sys::restore_signal(sig, &prev);
         }
     }
 }
@@ -119,60 +113,41 @@ impl Views {
         // Read by the child after unshare (no allocation may happen between fork and exec).
         let mut mountinfo = vec![0u8; MOUNTINFO_MAX];
         // SAFETY: between fork and exec only async-signal-safe system calls run (unshare,
-        // mount, mkdir, chdir) on strings prepared above.
+        // mount, mkdir, chdir, through sys and rustix: no allocation) on strings prepared above.
         unsafe {
             cmd.pre_exec(move || {
-                let check = |rc: libc::c_int| {
-                    if rc < 0 {
-                        Err(std::io::Error::last_os_error())
-                    } else {
-                        Ok(())
-                    }
-                };
-                check(libc::unshare(libc::CLONE_NEWNS))?;
-                check(libc::mount(
-                    c"none".as_ptr(),
-                    c"/".as_ptr(),
-                    std::ptr::null(),
+                sys::unshare(libc::CLONE_NEWNS)?;
+                sys::mount(
+                    Some(c"none"),
+                    c"/",
+                    None,
                     libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ))?;
+                    None,
+                )?;
                 let own: Vec<&[u8]> = binds.iter().map(|(src, _)| src.to_bytes()).collect();
                 detach_other_layercache_mounts(&mut mountinfo, &own);
                 if let Some((host, view)) = &workdir {
-                    check(libc::mount(
-                        host.as_ptr(),
-                        view.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND | libc::MS_REC,
-                        std::ptr::null(),
-                    ))?;
+                    sys::mount(Some(host), view, None, libc::MS_BIND | libc::MS_REC, None)?;
                 }
                 if let Some(root) = &root {
-                    check(libc::mount(
-                        c"layercache".as_ptr(),
-                        root.as_ptr(),
-                        c"tmpfs".as_ptr(),
+                    sys::mount(
+                        Some(c"layercache"),
+                        root,
+                        Some(c"tmpfs"),
                         libc::MS_NOSUID | libc::MS_NODEV,
-                        c"mode=755".as_ptr().cast(),
-                    ))?;
+                        Some(c"mode=755"),
+                    )?;
                 }
                 for (src, dst) in &binds {
-                    if libc::mkdir(dst.as_ptr(), 0o755) < 0
-                        && *libc::__errno_location() != libc::EEXIST
+                    match rustix::fs::mkdir(dst.as_c_str(), rustix::fs::Mode::from_raw_mode(0o755))
                     {
-                        return Err(std::io::Error::last_os_error());
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(e.into()),
                     }
-                    check(libc::mount(
-                        src.as_ptr(),
-                        dst.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND,
-                        std::ptr::null(),
-                    ))?;
+                    sys::mount(Some(src), dst, None, libc::MS_BIND, None)?;
                 }
                 if let Some((_, view)) = &workdir {
-                    check(libc::chdir(view.as_ptr()))?;
+                    rustix::process::chdir(view.as_c_str())?;
                 }
                 Ok(())
             });
@@ -194,27 +169,22 @@ const MOUNTINFO_MAX: usize = 1 << 20;
 ///
 /// Runs between fork and exec: only read(2), umount2(2) and in-place parsing of `buf`.
 fn detach_other_layercache_mounts(buf: &mut [u8], own: &[&[u8]]) {
-    // SAFETY: a NUL-terminated literal path; the descriptor is closed below.
-    let fd = unsafe {
-        libc::open(
-            c"/proc/self/mountinfo".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
+    use rustix::fs::{Mode, OFlags};
+    let Ok(fd) = rustix::fs::open(
+        c"/proc/self/mountinfo",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
         return;
-    }
+    };
     let mut n = 0;
     while n < buf.len() {
-        // SAFETY: reads into the unused tail of `buf`.
-        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) };
-        if r <= 0 {
-            break;
+        match rustix::io::read(&fd, &mut buf[n..]) {
+            Ok(r) if r > 0 => n += r,
+            _ => break,
         }
-        n += r as usize;
     }
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(fd) };
+    drop(fd);
     let mut start = 0;
     while start < n {
         let end = buf[start..n]
@@ -222,8 +192,10 @@ fn detach_other_layercache_mounts(buf: &mut [u8], own: &[&[u8]]) {
             .position(|b| *b == b'\n')
             .map_or(n, |i| start + i);
         if let Some(mp_len) = layercache_mount_point(&mut buf[start..end], own) {
-            // SAFETY: `layercache_mount_point` NUL-terminated the mount point in place.
-            unsafe { libc::umount2(buf[start..].as_ptr().cast(), libc::MNT_DETACH) };
+            // `layercache_mount_point` NUL-terminated the mount point in place.
+            if let Ok(mp) = std::ffi::CStr::from_bytes_until_nul(&buf[start..end]) {
+                let _ = rustix::mount::unmount(mp, rustix::mount::UnmountFlags::DETACH);
+            }
             let _ = mp_len;
         }
         start = end + 1;
@@ -336,15 +308,15 @@ pub(super) fn run_child(mut cmd: Command, what: &str, group: bool, init: bool) -
     let target = if group && !init { -pid } else { pid };
     CHILD_TARGET.store(target, Ordering::SeqCst);
     if let Some(sig) = stopped() {
-        // SAFETY: kill(2) on our own child (or its group).
-        unsafe { libc::kill(target, sig) };
+        // Our own child (or its group).
+        let _ = sys::kill(target, sig);
     }
     let status = child.wait();
     CHILD_TARGET.store(0, Ordering::SeqCst);
     if group {
-        // What the script left running (a daemon it started, `sleep` in the background).
-        // SAFETY: kill(2) on the process group our child led.
-        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        // What the script left running (a daemon it started, `sleep` in the background): the
+        // process group our child led.
+        let _ = sys::kill(-pid, libc::SIGKILL);
     }
     Ok(status_code(status.at(what)?))
 }

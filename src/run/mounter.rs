@@ -141,8 +141,7 @@ impl Mounter for StoreMounter {
         };
         let pid = m.outcome.daemon_pid;
         // Reap it if it is our exited child, so the probe below does not see a zombie.
-        // SAFETY: non-blocking waitpid on one pid; ECHILD when it is not our child.
-        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+        crate::sys::reap_nohang(pid);
         if crate::sys::pid_alive(pid) {
             return Ok(());
         }

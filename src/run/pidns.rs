@@ -41,8 +41,8 @@ extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
     let sent = info.is_null() || unsafe { (*info).si_code } <= 0;
     let to = FORWARD_TO.load(Ordering::SeqCst);
     if to != 0 && sent {
-        // SAFETY: kill(2) is async-signal-safe; the target is our own child (or its group).
-        unsafe { libc::kill(to, sig) };
+        // Async-signal-safe; the target is our own child (or its group).
+        let _ = crate::sys::kill(to, sig);
     }
 }
 

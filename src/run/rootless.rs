@@ -183,9 +183,8 @@ pub fn check_view_dirs(spec: &crate::spec::Spec, paths: &crate::spec::Paths) -> 
 /// namespace (EPERM, ENOSPC, EUSERS: user namespaces off, over the limit, or an LSM policy);
 /// [`Error::Failed`] for any other failure (a thread already running: EINVAL).
 pub fn enter(r: &Rootless) -> Result<()> {
-    // SAFETY: unshare(2) with flags only; the caller runs it before any thread is started.
-    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } < 0 {
-        let e = std::io::Error::last_os_error();
+    // Before any thread is started.
+    if let Err(e) = crate::sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) {
         return Err(match e.raw_os_error() {
             Some(libc::EPERM | libc::ENOSPC | libc::EUSERS) => {
                 userns_off(&format!("unshare(CLONE_NEWUSER) was refused: {e}"))
@@ -203,14 +202,8 @@ pub fn enter(r: &Rootless) -> Result<()> {
     write("/proc/self/setgroups", "deny".into())?;
     write("/proc/self/uid_map", format!("0 {} 1", r.uid))?;
     write("/proc/self/gid_map", format!("0 {} 1", r.gid))?;
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| Error::Failed(format!("making / private in the run's namespace: {e}")))
+    crate::sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(|e| Error::Failed(format!("making / private in the run's namespace: {e}")))
 }
 
 /// Makes `cmd` (a step of an unprivileged run, spawned from the run's namespace, where it is

@@ -5,7 +5,7 @@
 //! Forms (docker-run(1)'s): `UID:GID` (taken as given, like docker: the ids need no passwd
 //! entry), `UID` (its primary group from the passwd database), `NAME` (uid and primary group
 //! from the passwd database), `NAME:GROUP` / `UID:GROUP` / `NAME:GID` (the group from the group
-//! database). Names are resolved with getpwnam_r(3)/getgrnam_r(3) (nix), so NSS sources count.
+//! database). Names are resolved with getpwnam_r(3)/getgrnam_r(3) (libc), so NSS sources count.
 //! Ids are 0 to [`MAX_ID`]: 4294967295 is `(uid_t)-1`, "unchanged" to setresuid(2), refused.
 //!
 //! The drop follows the order privilege-separation code uses (e.g. OpenSSH's
@@ -15,6 +15,7 @@ use std::ops::Not;
 use std::process::Command;
 
 use crate::error::{Error, Result};
+use crate::sys;
 
 /// Where a user value came from, so its errors name it: the `--user` flag or the spec's
 /// `user` field. Displays as `--user` / `the spec's user`.
@@ -98,18 +99,17 @@ impl RunUser {
     /// INPUT` or `the spec's user INPUT`): bad syntax, a user name or a bare UID with no passwd
     /// entry, a group name with no group entry, or a lookup error.
     pub fn resolve(input: &str, source: UserSource) -> Result<RunUser> {
-        use nix::unistd::{Group, User};
         check_syntax(input, source)?;
         let bad = |what: String| Error::invalid(format!("{source} {input}: {what}"));
-        let lookup = |e: nix::Error| bad(format!("looking it up failed: {e}"));
+        let lookup = |e: std::io::Error| bad(format!("looking it up failed: {e}"));
         let (u, g) = match input.split_once(':') {
             Some((u, g)) => (u, Some(g)),
             None => (input, None),
         };
         let (uid, primary) = match u.parse::<u32>() {
             Ok(uid) if g.is_some_and(|g| g.parse::<u32>().is_ok()) => (uid, None),
-            Ok(uid) => match User::from_uid(uid.into()).map_err(lookup)? {
-                Some(pw) => (uid, Some(pw.gid.as_raw())),
+            Ok(uid) => match sys::user_by_uid(uid).map_err(lookup)? {
+                Some((_, gid)) => (uid, Some(gid)),
                 None if g.is_some() => (uid, None),
                 None => {
                     return Err(bad(format!(
@@ -117,8 +117,8 @@ impl RunUser {
                     )));
                 }
             },
-            Err(_) => match User::from_name(u).map_err(lookup)? {
-                Some(pw) => (pw.uid.as_raw(), Some(pw.gid.as_raw())),
+            Err(_) => match sys::user_by_name(u).map_err(lookup)? {
+                Some((uid, gid)) => (uid, Some(gid)),
                 None => {
                     return Err(bad(format!(
                         "no such user {u:?} in the passwd database (use UID:GID or an existing \
@@ -131,8 +131,8 @@ impl RunUser {
             None => primary.unwrap_or_default(),
             Some(g) => match g.parse::<u32>() {
                 Ok(gid) => gid,
-                Err(_) => match Group::from_name(g).map_err(lookup)? {
-                    Some(gr) => gr.gid.as_raw(),
+                Err(_) => match sys::group_by_name(g).map_err(lookup)? {
+                    Some(gid) => gid,
                     None => {
                         return Err(bad(format!(
                             "no such group {g:?} in the group database (use a GID or an \

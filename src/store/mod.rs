@@ -82,8 +82,7 @@ pub const RUN_GRACE: Duration = Duration::from_secs(120);
 /// Errors: [`Error::Invalid`] when neither `XDG_CACHE_HOME` nor `HOME` is set for a non-root
 /// user.
 pub fn default_root() -> Result<PathBuf> {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     default_root_for(
         root,
         std::env::var_os("XDG_CACHE_HOME"),

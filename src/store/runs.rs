@@ -276,13 +276,14 @@ impl Store {
             let pidfd = (daemon != 0)
                 .then(|| sys::pidfd_open(daemon).ok())
                 .flatten();
-            if let Err(e) = nix::mount::umount2(mnt, nix::mount::MntFlags::empty()) {
+            use rustix::mount::{UnmountFlags, unmount};
+            if let Err(e) = unmount(mnt, UnmountFlags::empty()) {
                 // A dead daemon's mount (ENOTCONN) or a transient EBUSY: detach it; nobody
                 // else has a use for it. EINVAL: it is gone already (a daemon whose starter
                 // died unmounts itself), so look again.
-                match nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH) {
+                match unmount(mnt, UnmountFlags::DETACH) {
                     Ok(()) => {}
-                    Err(nix::errno::Errno::EINVAL) => continue,
+                    Err(rustix::io::Errno::INVAL) => continue,
                     Err(_) => {
                         return Err(Error::Unmount {
                             mountpoint: mnt.to_path_buf(),
@@ -364,7 +365,7 @@ pub(super) fn remove_stale_run(dir: &Path) -> Result<()> {
         && rec.private
         && overlay::is_mountpoint_busy(&rec.mountpoint)?
     {
-        let _ = nix::mount::umount2(&rec.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        let _ = rustix::mount::unmount(&rec.mountpoint, rustix::mount::UnmountFlags::DETACH);
     }
     remove_tree(dir)
 }
