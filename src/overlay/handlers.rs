@@ -99,6 +99,17 @@ fn dtype(k: Kind) -> fuser::FileType {
 }
 
 impl OverlayFs {
+    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
+    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
+    /// reader's first read reaches the daemon and updates the upper file's atime.
+    fn cached_open_flags(&self) -> FopenFlags {
+        if self.strict_atime {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
+        }
+    }
+
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
         let mut sv = std::mem::MaybeUninit::<libc::statvfs>::uninit();
         // SAFETY: valid fd and out pointer.
@@ -399,9 +410,12 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if !self.pt.on() {
+        if !self.pt.on() && !self.strict_atime {
             // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
             return reply.error(Errno::ENOSYS);
+        }
+        if !self.pt.on() {
+            return reply.opened(FileHandle(FH_CACHED), self.cached_open_flags());
         }
         let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let r = traced("open", ino.0, || {
@@ -412,10 +426,7 @@ impl fuser::Filesystem for OverlayFs {
                 reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::FOPEN_NOFLUSH, &b)
             }
             Ok(OpenMode::Busy) => reply.error(Errno::ETXTBSY),
-            Ok(OpenMode::Cached) => reply.opened(
-                FileHandle(FH_CACHED),
-                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
-            ),
+            Ok(OpenMode::Cached) => reply.opened(FileHandle(FH_CACHED), self.cached_open_flags()),
             Err(e) => reply.error(e),
         }
     }
@@ -710,7 +721,7 @@ impl fuser::Filesystem for OverlayFs {
                 &a,
                 self.generation(),
                 FileHandle(FH_CACHED),
-                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                self.cached_open_flags(),
             ),
             Err(e) => reply.error(e),
         }
