@@ -407,6 +407,121 @@ fn reads_follow_the_mounts_atime_rule() {
     }
 }
 
+/// Clears the immutable and append-only flags of the files it names when dropped, so that a
+/// failing test still lets its temp dir be removed.
+struct ClearFlags(Vec<std::path::PathBuf>);
+
+impl Drop for ClearFlags {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("chattr").arg("-ia").arg(p).output();
+        }
+    }
+}
+
+/// `lsattr -d p`'s flag column.
+fn lsattr(p: &Path) -> String {
+    let out = run_ok(Command::new("lsattr").arg("-d").arg(p));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// xfstests generic/545, 555: `chattr +i`/`+a` (FS_IOC_SETFLAGS) and `xfs_io chattr +ia`
+/// (FS_IOC_FSSETXATTR), which the kernel sends a FUSE daemon as FUSE_IOCTL, were answered
+/// ENOSYS ("Function not implemented": the tests did not run). Now a lower file is copied up and
+/// its upper file gets the flags, which lsattr shows through the mount, and the upper's
+/// filesystem enforces: an immutable file refuses writes, unlinks and renames with EPERM
+/// until `chattr -i`; a caller without CAP_LINUX_IMMUTABLE cannot change either flag.
+#[test]
+fn chattr_immutable_and_append_only_apply_to_the_upper_file() {
+    require_root!();
+    // e2fsprogs' chattr/lsattr answer no --version: look them up on PATH.
+    let on_path = |t: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !on_path("chattr") && skip_or_fail("needs chattr and lsattr (e2fsprogs)") {
+        return;
+    }
+    let fx = Fixture::new(|l| {
+        write(&l.join("f"), "lower\n");
+        write(&l.join("g"), "lower\n");
+    });
+    let _clear = ClearFlags(vec![
+        fx.p("f"),
+        fx.p("g"),
+        fx.upper.join("f"),
+        fx.upper.join("g"),
+    ]);
+    let chattr = |flags: &str, p: &Path| run_ok(Command::new("chattr").arg(flags).arg(p));
+    chattr("+i", &fx.p("f"));
+    assert!(
+        lsattr(&fx.p("f")).contains('i'),
+        "lsattr: {}",
+        lsattr(&fx.p("f"))
+    );
+    let eperm = |r: std::io::Result<()>, op: &str| {
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("{op} of an immutable file succeeded"));
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{op}: {e}");
+    };
+    use std::io::Write;
+    eperm(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(fx.p("f"))
+            .and_then(|mut f| f.write_all(b"x")),
+        "append",
+    );
+    eperm(fs::remove_file(fx.p("f")), "unlink");
+    eperm(fs::rename(fx.p("f"), fx.p("h")), "rename");
+    assert_eq!(read(&fx.p("f")), "lower\n");
+    if Impl::current() == Impl::Layercache {
+        assert!(
+            lsattr(&fx.upper.join("f")).contains('i'),
+            "the upper copy holds the flag"
+        );
+    }
+    if on_path("capsh") {
+        for (flags, p) in [("+i", fx.p("g")), ("+a", fx.p("g")), ("-i", fx.p("f"))] {
+            let out = Command::new("capsh")
+                .arg("--drop=cap_linux_immutable")
+                .arg("--")
+                .arg("-c")
+                .arg(format!("chattr {flags} {}", p.display()))
+                .output()
+                .unwrap();
+            assert!(
+                !out.status.success()
+                    && String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"),
+                "chattr {flags} without CAP_LINUX_IMMUTABLE: {out:?}"
+            );
+        }
+    }
+    chattr("-i", &fx.p("f"));
+    assert!(!lsattr(&fx.p("f")).contains('i'));
+    fs::write(fx.p("f"), "changed\n").unwrap();
+    assert_eq!(read(&fx.p("f")), "changed\n");
+    chattr("+a", &fx.p("g"));
+    assert!(
+        lsattr(&fx.p("g")).contains('a'),
+        "lsattr: {}",
+        lsattr(&fx.p("g"))
+    );
+    eperm(
+        fs::write(fx.p("g"), "over\n"),
+        "truncating write of an append-only file",
+    );
+    chattr("-a", &fx.p("g"));
+    fs::remove_file(fx.p("g")).unwrap();
+}
+
 /// Kernel overlayfs mounts lower layers alone (no upperdir) read-only: the merged view of the
 /// lowers, the root showing the top lower's directory, EROFS for changes.
 #[test]

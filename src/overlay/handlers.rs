@@ -526,6 +526,23 @@ impl fuser::Filesystem for OverlayFs {
         );
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        match traced("ioctl", ino.0, || self.fileattr_ioctl(ino.0, cmd, in_data)) {
+            Ok(out) => reply.ioctl(0, &out),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // No-opendir mode: readdir is stateless over the engine's per-directory listing.
         reply.error(Errno::ENOSYS);
