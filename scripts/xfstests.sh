@@ -223,6 +223,15 @@ export TEST_DIR=$W/base-test/ovl-mnt
 export SCRATCH_DEV=$W/base-scratch
 export SCRATCH_MNT=$W/base-scratch/ovl-mnt
 EOF
+      # xfstests checks the base's d_type with common/xfs's _xfs_has_feature for an XFS base
+      # (common/rc _supports_filetype) but sources common/xfs only for FSTYP=xfs: without this
+      # every overlay test is "not run: upper fs needs to support d_type".
+      [ "$BASE_FS" != xfs ] || cat >>"$cfg" <<'EOF'
+type _xfs_has_feature >/dev/null 2>&1 || {
+  _xfs_has_feature() { xfs_info "$(stat -c %m "$1")" 2>/dev/null | grep -qw "$2=1"; }
+  export -f _xfs_has_feature
+}
+EOF
       ;;
   esac
   log "$impl: ${#LIST[@]} tests (log: $W/$impl.log)"
