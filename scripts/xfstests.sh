@@ -13,12 +13,19 @@
 # * layercache: xfstests' FSTYP=fuse with FUSE_SUBTYP=.layercache. mount(8) → mount.fuse3 runs
 #   `layercache SOURCE MNT -o lowerdir=…,upperdir=…,workdir=…`; mount(8) drops PATH, so a small
 #   wrapper /usr/local/bin/layercache (removed at exit) execs the binary under test. The lowerdir
-#   holds a few files; upper and work sit on a loop-mounted ext4 image (one for the test mount, one
-#   for the scratch mount). TEST_DEV/SCRATCH_DEV are the mount sources /proc/mounts shows
+#   holds a few files; upper and work sit on a loop-mounted XFS image (one for the test mount, one
+#   for the scratch mount; see XFSTESTS_BASE_FS below). TEST_DEV/SCRATCH_DEV are the mount sources /proc/mounts shows
 #   (`layercache:<upperdir>`), and a `df` wrapper first in PATH reports `fuse.layercache` as `fuse`
 #   (xfstests compares df -T's type column with FSTYP).
 # * kernel overlayfs: xfstests' own FSTYP=overlay, with base directories (legacy OVL_BASE_* form)
 #   on the same two loop-mounted images; the same few files are put in its test lowerdir.
+#
+# The images are XFS (mkfs.xfs -m reflink=0), XFSTESTS_BASE_FS=ext4 gives ext4 (the reports
+# before 2026-12-02): xfstests sizes its xattr tests by FSTYP, and for FSTYP=fuse it assumes
+# what XFS holds (generic/020: 1000 xattrs a file, 64 KiB values), which an ext4 upper cannot
+# (one 4 KiB block of xattrs, about 100); kernel overlayfs runs on the same images. reflink is
+# off so that both implementations see ext4's feature set otherwise (FUSE has no
+# remap_file_range: clone tests would run on kernel overlayfs alone).
 #
 # xfstests is not built here: XFSTESTS_DIR (default /var/tmp/xfstests) must be a kdave/xfstests
 # (git.kernel.org fs/xfs/xfstests-dev) tree built as its README says. This script installs the
@@ -50,7 +57,7 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD="" ;;
     --bin) BIN=$2; BUILD=""; shift ;;
     --timeout) TIMEOUT_MIN=$2; shift ;;
-    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,43p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -101,7 +108,13 @@ trap xt_cleanup EXIT
   || die "XFSTESTS_DIR=$XT is not a built xfstests tree (./check and ltp/fsstress); build xfstests as its README says and point XFSTESTS_DIR at it"
 [ -f "$LC_REPO/benches/xfstests-exclude.txt" ] || die "benches/xfstests-exclude.txt is missing"
 
-lc_need mount.fuse3:fuse3 losetup:mount mkfs.ext4:e2fsprogs
+BASE_FS=${XFSTESTS_BASE_FS:-xfs}
+case $BASE_FS in
+  xfs) MKFS=(mkfs.xfs -q -f -m reflink=0) ;;
+  ext4) MKFS=(mkfs.ext4 -q -F) ;;
+  *) die "XFSTESTS_BASE_FS=$BASE_FS: want xfs or ext4" ;;
+esac
+lc_need mount.fuse3:fuse3 losetup:mount mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs
 XT_PKGS=(acl attr bc dump e2fsprogs fio gawk libacl1 libaio1 liburing2 psmisc python3 quota sed uuid-runtime xfsprogs)
 missing=()
 for p in "${XT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -139,13 +152,13 @@ else
 fi
 [ ${#LIST[@]} -gt 0 ] || die "the test list is empty"
 
-# Two bounded filesystems (sparse ext4 images on loop devices): never the machine's disk.
+# Two bounded filesystems (sparse images of $BASE_FS on loop devices): never the machine's disk.
 mkdir -p "$W/mnt/test" "$W/mnt/scratch" "$W/base-test" "$W/base-scratch"
 for n in test scratch; do
   lc_is_mounted "$W/base-$n" && die "$W/base-$n is already mounted (another run of this script?)"
   rm -f "$W/$n.img"
   truncate -s "${XFSTESTS_IMAGE_SIZE:-4G}" "$W/$n.img"
-  mkfs.ext4 -q -F "$W/$n.img"
+  "${MKFS[@]}" "$W/$n.img"
   dev=$(losetup -f --show "$W/$n.img")
   LOOPS+=("$dev")
   mount "$dev" "$W/base-$n"
@@ -210,6 +223,15 @@ export TEST_DIR=$W/base-test/ovl-mnt
 export SCRATCH_DEV=$W/base-scratch
 export SCRATCH_MNT=$W/base-scratch/ovl-mnt
 EOF
+      # xfstests checks the base's d_type with common/xfs's _xfs_has_feature for an XFS base
+      # (common/rc _supports_filetype) but sources common/xfs only for FSTYP=xfs: without this
+      # every overlay test is "not run: upper fs needs to support d_type".
+      [ "$BASE_FS" != xfs ] || cat >>"$cfg" <<'EOF'
+type _xfs_has_feature >/dev/null 2>&1 || {
+  _xfs_has_feature() { xfs_info "$(stat -c %m "$1")" 2>/dev/null | grep -qw "$2=1"; }
+  export -f _xfs_has_feature
+}
+EOF
       ;;
   esac
   log "$impl: ${#LIST[@]} tests (log: $W/$impl.log)"
@@ -266,7 +288,7 @@ cause() { awk -v t="$1" '$1 == t { $1 = ""; sub(/^ +/, ""); print; exit }' "$LC_
   echo "# xfstests: layercache and kernel overlayfs ($(date -u +%Y-%m-%d), commit $COMMIT_ID)"
   echo
   echo "\`bash scripts/xfstests.sh${LIST_FILE:+ --list $LIST_FILE}\` — xfstests $XVER, $LIST_DESC."
-  echo "One harness, one list; upper/work on loop-mounted ext4 images of ${XFSTESTS_IMAGE_SIZE:-4G} each."
+  echo "One harness, one list; upper/work on loop-mounted $BASE_FS images (\`${MKFS[*]}\`) of ${XFSTESTS_IMAGE_SIZE:-4G} each."
   [ -z "$WRAPPER_LOST" ] || echo "**Warning: $WRAPPER was replaced during the layercache run; some mounts may have run another binary.**"
   echo
   lc_machine | sed 's/^/    /'

@@ -474,16 +474,93 @@ pub fn init_ns_admin() -> bool {
     in_initial_user_ns() && has_cap_sys_admin()
 }
 
-/// A private `noatime` view of directory `dir`: a detached clone of its mount
-/// (`open_tree(OPEN_TREE_CLONE)`, attached nowhere, seen by no other process) with
-/// `MOUNT_ATTR_NOATIME` (`mount_setattr(2)`), and a directory fd of `dir` through it. Reads of
-/// files opened below that fd never write their atime, whatever flags open them — what FUSE
-/// passthrough needs, whose backing files are opened with the reader's own flags (no
-/// `O_NOATIME`). The clone lives while either fd (or a file opened through them) is open.
+/// How reads through a mount update atimes: the kernel's per-mount atime rule (mount(8)
+/// `relatime`, `strictatime`, `noatime`, `nodiratime`; `touch_atime` and
+/// `relatime_need_update` in fs/inode.c apply it), as `mount_setattr(2)` `MOUNT_ATTR_*` bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtimeRule {
+    /// Which atime mode.
+    pub mode: AtimeMode,
+    /// `nodiratime`: directories never get an atime update.
+    pub nodiratime: bool,
+}
+
+/// The atime mode of a mount (exactly one holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// `relatime` (the kernel's default): update when the atime is not newer than the mtime
+    /// or ctime, or is more than 24 h old.
+    Relatime,
+    /// `strictatime`: update on every access.
+    Strict,
+    /// `noatime`: never update.
+    Never,
+}
+
+impl AtimeRule {
+    /// No atime update at all (`noatime`).
+    pub const NEVER: AtimeRule = AtimeRule {
+        mode: AtimeMode::Never,
+        nodiratime: false,
+    };
+
+    /// The rule mount(2) gives a mount made with `MS_*` flags `flags`, as `do_mount`
+    /// (fs/namespace.c) decides it: relatime unless `MS_NOATIME`; `MS_STRICTATIME` clears
+    /// both; `MS_NODIRATIME` adds nodiratime.
+    pub fn from_ms_flags(flags: u64) -> AtimeRule {
+        let has = |f: libc::c_ulong| flags & f != 0;
+        let mode = if has(libc::MS_STRICTATIME) {
+            AtimeMode::Strict
+        } else if has(libc::MS_NOATIME) {
+            AtimeMode::Never
+        } else {
+            AtimeMode::Relatime
+        };
+        AtimeRule {
+            mode,
+            nodiratime: has(libc::MS_NODIRATIME),
+        }
+    }
+
+    /// The `mount_setattr(2)` bits to set (include/uapi/linux/mount.h).
+    fn mount_attr(self) -> u64 {
+        const MOUNT_ATTR_RELATIME: u64 = 0x00;
+        const MOUNT_ATTR_NOATIME: u64 = 0x10;
+        const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
+        const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+        let mode = match self.mode {
+            AtimeMode::Relatime => MOUNT_ATTR_RELATIME,
+            AtimeMode::Strict => MOUNT_ATTR_STRICTATIME,
+            AtimeMode::Never => MOUNT_ATTR_NOATIME,
+        };
+        mode | if self.nodiratime {
+            MOUNT_ATTR_NODIRATIME
+        } else {
+            0
+        }
+    }
+}
+
+/// A private `noatime` view of directory `dir` ([`atime_view`] with [`AtimeRule::NEVER`]):
+/// reads of files opened below it never write their atime, whatever flags open them — what
+/// FUSE passthrough needs, whose backing files are opened with the reader's own flags (no
+/// `O_NOATIME`).
 ///
-/// Errors: the `open_tree`/`mount_setattr`/`openat` errno (`EPERM` without CAP_SYS_ADMIN,
-/// `ENOSYS` before Linux 5.12).
+/// Errors: as [`atime_view`].
 pub fn noatime_view(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
+    atime_view(dir, AtimeRule::NEVER)
+}
+
+/// A private view of directory `dir` with atime rule `rule`: a detached clone of its mount
+/// (`open_tree(OPEN_TREE_CLONE)`, attached nowhere, seen by no other process) whose atime
+/// flags are set by `mount_setattr(2)`, and a directory fd of `dir` through it. The kernel then
+/// applies `rule` to every read of a file opened below that fd (fs/inode.c `touch_atime` checks
+/// the mount of the file read), as kernel overlayfs applies its own mount's rule to its upper
+/// files. The clone lives while either fd (or a file opened through them) is open.
+///
+/// Errors: the `open_tree`/`mount_setattr`/`openat` errno (`EPERM` without CAP_SYS_ADMIN or
+/// for a mount whose atime flags are locked, `ENOSYS` before Linux 5.12).
+pub fn atime_view(dir: BorrowedFd<'_>, rule: AtimeRule) -> io::Result<(OwnedFd, OwnedFd)> {
     /// `struct mount_attr` (include/uapi/linux/mount.h).
     #[repr(C)]
     struct MountAttr {
@@ -493,8 +570,8 @@ pub fn noatime_view(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
         userns_fd: u64,
     }
     const OPEN_TREE_CLONE: libc::c_uint = 1;
-    const MOUNT_ATTR_NOATIME: u64 = 0x10;
     const MOUNT_ATTR_ATIME_MASK: u64 = 0x70;
+    const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
     // SAFETY: open_tree with a valid dirfd and an empty NUL-terminated path.
     let t = unsafe {
         libc::syscall(
@@ -510,8 +587,8 @@ pub fn noatime_view(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: open_tree returned a new fd that we own.
     let tree = unsafe { OwnedFd::from_raw_fd(t as i32) };
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_NOATIME,
-        attr_clr: MOUNT_ATTR_ATIME_MASK,
+        attr_set: rule.mount_attr(),
+        attr_clr: MOUNT_ATTR_ATIME_MASK | MOUNT_ATTR_NODIRATIME,
         propagation: 0,
         userns_fd: 0,
     };
@@ -542,6 +619,23 @@ pub fn noatime_view(dir: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: openat returned a new fd that we own.
     Ok((tree, unsafe { OwnedFd::from_raw_fd(d) }))
+}
+
+/// `ioctl(fd, cmd, buf)` for the inode-flag commands, whose argument is a buffer the command
+/// reads or writes in place: `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` (an int, 4 bytes, as the
+/// kernel passes it) and `FS_IOC_FSGETXATTR`/`FS_IOC_FSSETXATTR` (`struct fsxattr`, 28 bytes;
+/// include/uapi/linux/fs.h). `buf` must hold at least 28 bytes, so any of the four fits.
+///
+/// Errors: `EINVAL` for a `buf` shorter than 28 bytes; otherwise the `ioctl(2)` errno
+/// (`ENOTTY`/`EOPNOTSUPP` where the filesystem has no inode flags, `EPERM`…).
+pub fn ioctl_fileattr(fd: BorrowedFd<'_>, cmd: u32, buf: &mut [u8]) -> io::Result<()> {
+    if buf.len() < 28 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: valid fd; `buf` is at least the 28 bytes the largest of these commands reads or
+    // writes, and the kernel keeps no pointer to it after the call.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), cmd as _, buf.as_mut_ptr()) })?;
+    Ok(())
 }
 
 // ---- Descriptor-relative file syscalls (`*at`), for the overlay's layer stack and whiteouts.
@@ -1122,6 +1216,28 @@ pub fn group_by_name(name: &str) -> io::Result<Option<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// mount(2)'s defaults (fs/namespace.c `do_mount`): relatime unless noatime, strictatime
+    /// over both, nodiratime on its own.
+    #[test]
+    fn atime_rule_follows_do_mount() {
+        let rule = |f: libc::c_ulong| AtimeRule::from_ms_flags(f);
+        assert_eq!(rule(0).mode, AtimeMode::Relatime);
+        assert_eq!(rule(libc::MS_RELATIME).mode, AtimeMode::Relatime);
+        assert_eq!(rule(libc::MS_NOATIME).mode, AtimeMode::Never);
+        assert_eq!(rule(libc::MS_STRICTATIME).mode, AtimeMode::Strict);
+        assert_eq!(
+            rule(libc::MS_NOATIME | libc::MS_STRICTATIME).mode,
+            AtimeMode::Strict
+        );
+        assert!(rule(libc::MS_NODIRATIME).nodiratime);
+        assert!(!rule(libc::MS_NOATIME).nodiratime);
+        assert_eq!(rule(libc::MS_NOATIME).mount_attr(), 0x10);
+        assert_eq!(
+            rule(libc::MS_STRICTATIME | libc::MS_NODIRATIME).mount_attr(),
+            0xa0
+        );
+    }
 
     #[test]
     fn privilege_is_parsed_from_proc_texts() {

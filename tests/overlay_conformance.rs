@@ -309,6 +309,219 @@ fn per_mount_options_are_applied_at_mount() {
     assert_eq!(read(&fx.p("f")), "lower\n");
 }
 
+/// Sets `p`'s atime and mtime (seconds since the epoch) with utimensat(2).
+fn set_times(p: &Path, atime: i64, mtime: i64) {
+    let c = cstr(p);
+    let ts = [
+        libc::timespec {
+            tv_sec: atime,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: mtime,
+            tv_nsec: 0,
+        },
+    ];
+    // SAFETY: valid C string and two timespecs.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) };
+    assert_eq!(r, 0, "utimensat {}: errno {}", p.display(), errno());
+}
+
+/// xfstests generic/003: reads through the mount follow the mount's own atime rule
+/// (mount(8) `relatime`, `strictatime`, `noatime`, `nodiratime`, `ro`), as kernel overlayfs
+/// applies it to its upper files. FUSE inodes never get an atime update from the kernel
+/// (fs/fuse/inode.c sets `S_NOATIME`), so layercache's reads of the upper file decided, under
+/// the rule of the mount the upper dir sits on (relatime here): a read under `noatime` updated
+/// a new file's atime, and `strictatime` did not update one newer than its mtime (nor a second
+/// open's, served from the page cache). Files sit in the upper dir: a "stale" one (atime 2001,
+/// older than its mtime: every rule but noatime updates it) and a "fresh" one (atime an hour
+/// ahead, newer than its mtime and ctime: only strictatime updates it) — no clock in the test.
+#[test]
+fn reads_follow_the_mounts_atime_rule() {
+    require_root!();
+    const STALE: i64 = 1_000_000_000;
+    let ahead = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        now + 3600
+    };
+    // (extra mount options, stale file updated, fresh file updated, stale dir updated)
+    let cases = [
+        ("", true, false, true),
+        ("relatime", true, false, true),
+        ("noatime", false, false, false),
+        ("strictatime", true, true, true),
+        ("nodiratime", true, false, false),
+        ("strictatime,nodiratime", true, true, false),
+        ("ro,strictatime", false, false, false),
+    ];
+    for (extra, stale_up, fresh_up, dir_up) in cases {
+        let mut fx = Fixture::builder().unmounted().build(|_| {});
+        write(&fx.upper.join("stale"), "stale\n");
+        write(&fx.upper.join("fresh"), "fresh\n");
+        fs::create_dir(fx.upper.join("d")).unwrap();
+        write(&fx.upper.join("d/x"), "x");
+        set_times(&fx.upper.join("stale"), STALE, STALE + 100);
+        let fresh_at = ahead();
+        set_times(&fx.upper.join("fresh"), fresh_at, STALE);
+        set_times(&fx.upper.join("d"), STALE, STALE + 100);
+        let opts = if extra.is_empty() {
+            fx.options()
+        } else {
+            format!("{},{extra}", fx.options())
+        };
+        mount_opts(&mut fx, &opts);
+        let atime = |rel: &str| fs::metadata(fx.p(rel)).unwrap().atime();
+        assert_eq!(read(&fx.p("stale")), "stale\n");
+        assert_eq!(read(&fx.p("fresh")), "fresh\n");
+        assert_eq!(names(&fx.p("d")), vec!["x".to_string()]);
+        let case = if extra.is_empty() { "(default)" } else { extra };
+        assert_eq!(
+            atime("stale") != STALE,
+            stale_up,
+            "-o {case}: stale file's atime updated"
+        );
+        assert_eq!(
+            atime("fresh") != fresh_at,
+            fresh_up,
+            "-o {case}: fresh file's atime updated"
+        );
+        assert_eq!(
+            atime("d") != STALE,
+            dir_up,
+            "-o {case}: stale directory's atime updated"
+        );
+        if fresh_up {
+            // Every open's read counts, not only the first one the page cache misses.
+            let again = ahead() + 60;
+            set_times(&fx.p("fresh"), again, STALE);
+            assert_eq!(read(&fx.p("fresh")), "fresh\n");
+            assert_ne!(
+                atime("fresh"),
+                again,
+                "-o {case}: second read updates the atime"
+            );
+        }
+    }
+}
+
+/// Clears the immutable and append-only flags of the files it names when dropped, so that a
+/// failing test still lets its temp dir be removed.
+struct ClearFlags(Vec<std::path::PathBuf>);
+
+impl Drop for ClearFlags {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("chattr").arg("-ia").arg(p).output();
+        }
+    }
+}
+
+/// `lsattr -d p`'s flag column.
+fn lsattr(p: &Path) -> String {
+    let out = run_ok(Command::new("lsattr").arg("-d").arg(p));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// xfstests generic/545, 555: `chattr +i`/`+a` (FS_IOC_SETFLAGS) and `xfs_io chattr +ia`
+/// (FS_IOC_FSSETXATTR), which the kernel sends a FUSE daemon as FUSE_IOCTL, were answered
+/// ENOSYS ("Function not implemented": the tests did not run). Now a lower file is copied up and
+/// its upper file gets the flags, which lsattr shows through the mount, and the upper's
+/// filesystem enforces: an immutable file refuses writes, unlinks and renames with EPERM
+/// until `chattr -i`; a caller without CAP_LINUX_IMMUTABLE cannot change either flag.
+#[test]
+fn chattr_immutable_and_append_only_apply_to_the_upper_file() {
+    require_root!();
+    // e2fsprogs' chattr/lsattr answer no --version: look them up on PATH.
+    let on_path = |t: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !on_path("chattr") && skip_or_fail("needs chattr and lsattr (e2fsprogs)") {
+        return;
+    }
+    let fx = Fixture::new(|l| {
+        write(&l.join("f"), "lower\n");
+        write(&l.join("g"), "lower\n");
+    });
+    let _clear = ClearFlags(vec![
+        fx.p("f"),
+        fx.p("g"),
+        fx.upper.join("f"),
+        fx.upper.join("g"),
+    ]);
+    let chattr = |flags: &str, p: &Path| run_ok(Command::new("chattr").arg(flags).arg(p));
+    chattr("+i", &fx.p("f"));
+    assert!(
+        lsattr(&fx.p("f")).contains('i'),
+        "lsattr: {}",
+        lsattr(&fx.p("f"))
+    );
+    let eperm = |r: std::io::Result<()>, op: &str| {
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("{op} of an immutable file succeeded"));
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{op}: {e}");
+    };
+    use std::io::Write;
+    eperm(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(fx.p("f"))
+            .and_then(|mut f| f.write_all(b"x")),
+        "append",
+    );
+    eperm(fs::remove_file(fx.p("f")), "unlink");
+    eperm(fs::rename(fx.p("f"), fx.p("h")), "rename");
+    assert_eq!(read(&fx.p("f")), "lower\n");
+    if Impl::current() == Impl::Layercache {
+        assert!(
+            lsattr(&fx.upper.join("f")).contains('i'),
+            "the upper copy holds the flag"
+        );
+    }
+    if on_path("capsh") {
+        for (flags, p) in [("+i", fx.p("g")), ("+a", fx.p("g")), ("-i", fx.p("f"))] {
+            let out = Command::new("capsh")
+                .arg("--drop=cap_linux_immutable")
+                .arg("--")
+                .arg("-c")
+                .arg(format!("chattr {flags} {}", p.display()))
+                .output()
+                .unwrap();
+            assert!(
+                !out.status.success()
+                    && String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"),
+                "chattr {flags} without CAP_LINUX_IMMUTABLE: {out:?}"
+            );
+        }
+    }
+    chattr("-i", &fx.p("f"));
+    assert!(!lsattr(&fx.p("f")).contains('i'));
+    fs::write(fx.p("f"), "changed\n").unwrap();
+    assert_eq!(read(&fx.p("f")), "changed\n");
+    chattr("+a", &fx.p("g"));
+    assert!(
+        lsattr(&fx.p("g")).contains('a'),
+        "lsattr: {}",
+        lsattr(&fx.p("g"))
+    );
+    eperm(
+        fs::write(fx.p("g"), "over\n"),
+        "truncating write of an append-only file",
+    );
+    chattr("-a", &fx.p("g"));
+    fs::remove_file(fx.p("g")).unwrap();
+}
+
 /// Kernel overlayfs mounts lower layers alone (no upperdir) read-only: the merged view of the
 /// lowers, the root showing the top lower's directory, EROFS for changes.
 #[test]

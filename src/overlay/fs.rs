@@ -81,12 +81,19 @@ pub struct OverlayFs {
     links: Vec<Links>,
     /// A read-only mount (`OverlayConfig::read_only`): every change is answered `EROFS`.
     pub(super) read_only: bool,
-    /// The private noatime views the lowers are read through in passthrough mode
-    /// ([`Stack::lowers_noatime`]), kept open for the life of the mount.
+    /// The private views the layers are read through, kept open for the life of the mount:
+    /// noatime views of the lowers in passthrough mode ([`Stack::lowers_noatime`]) and the
+    /// view of the upper dir and workdir with the mount's atime rule
+    /// ([`Stack::upper_atime`]).
     _lower_views: Vec<std::os::fd::OwnedFd>,
     /// Held when this mount keeps file handles across a remount (`handles.rs`): it read the
     /// workdir's node index and writes it again when the session ends.
     pub(super) handle_lock: Option<super::handles::IndexLock>,
+    /// The mount is `strictatime` and not read-only: every read must reach the upper file,
+    /// so cached opens do not keep the page cache (`FOPEN_KEEP_CACHE`) and no-open mode is
+    /// off — a read served from the page cache reaches no daemon, and FUSE inodes never get
+    /// an atime update from the kernel itself (fs/fuse/inode.c `fuse_iget` sets `S_NOATIME`).
+    pub(super) strict_atime: bool,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -245,6 +252,23 @@ impl OverlayFs {
         } else {
             Vec::new()
         };
+        let mut views = views;
+        // Reads of upper files follow the mount's atime rule (a read-only mount updates none),
+        // not the rule of the mount the upper dir sits on.
+        let rule = if cfg.read_only {
+            crate::sys::AtimeRule::NEVER
+        } else {
+            crate::sys::AtimeRule::from_ms_flags(cfg.mount_flags)
+        };
+        if stack.has_upper() {
+            let work = (!cfg.read_only).then_some(cfg.workdir.as_path());
+            match stack.upper_atime(&cfg.upperdir, work, rule) {
+                Ok(v) => views.push(v),
+                Err(e) => {
+                    tracing::debug!("no view of the upper dir with the mount's atime rule: {e}")
+                }
+            }
+        }
         let lowers = stack.root_lowers();
         let links = (0..cfg.lowerdirs.len())
             .map(|i| Links::load(cfg.lower_links.get(i).unwrap_or(&Default::default())))
@@ -264,6 +288,7 @@ impl OverlayFs {
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough),
             _lower_views: views,
+            strict_atime: rule.mode == crate::sys::AtimeMode::Strict,
             squash: cfg.squash,
             links,
             read_only: cfg.read_only,

@@ -98,6 +98,17 @@ fn dtype(k: Kind) -> fuser::FileType {
 }
 
 impl OverlayFs {
+    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
+    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
+    /// reader's first read reaches the daemon and updates the upper file's atime.
+    fn cached_open_flags(&self) -> FopenFlags {
+        if self.strict_atime {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
+        }
+    }
+
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
         let tree = if self.stack.fd(super::stack::Tree::Upper) >= 0 {
             super::stack::Tree::Upper
@@ -397,9 +408,12 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if !self.pt.on() {
+        if !self.pt.on() && !self.strict_atime {
             // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
             return reply.error(Errno::ENOSYS);
+        }
+        if !self.pt.on() {
+            return reply.opened(FileHandle(FH_CACHED), self.cached_open_flags());
         }
         let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let r = traced("open", ino.0, || {
@@ -410,10 +424,7 @@ impl fuser::Filesystem for OverlayFs {
                 reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::FOPEN_NOFLUSH, &b)
             }
             Ok(OpenMode::Busy) => reply.error(Errno::ETXTBSY),
-            Ok(OpenMode::Cached) => reply.opened(
-                FileHandle(FH_CACHED),
-                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
-            ),
+            Ok(OpenMode::Cached) => reply.opened(FileHandle(FH_CACHED), self.cached_open_flags()),
             Err(e) => reply.error(e),
         }
     }
@@ -511,6 +522,23 @@ impl fuser::Filesystem for OverlayFs {
             reply,
             traced("fsync", ino.0, || self.fsync_node(ino.0, datasync)),
         );
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        match traced("ioctl", ino.0, || self.fileattr_ioctl(ino.0, cmd, in_data)) {
+            Ok(out) => reply.ioctl(0, &out),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -708,7 +736,7 @@ impl fuser::Filesystem for OverlayFs {
                 &a,
                 self.generation(),
                 FileHandle(FH_CACHED),
-                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                self.cached_open_flags(),
             ),
             Err(e) => reply.error(e),
         }

@@ -791,6 +791,70 @@ impl OverlayFs {
             .is_ok()
     }
 
+    /// The inode flags ioctls the kernel sends a FUSE daemon for `chattr`, `lsattr` and
+    /// `xfs_io chattr` (its fileattr calls, fs/fuse/ioctl.c `fuse_fileattr_get`/`_set`):
+    /// `FS_IOC_GETFLAGS`/`FS_IOC_FSGETXATTR` read node `id`'s file (its upper copy, or its lower
+    /// one) and answer the flags (`in_data` unused, a 4-byte int or a 28-byte `struct fsxattr`),
+    /// `FS_IOC_SETFLAGS`/`FS_IOC_FSSETXATTR` copy the node up and set `in_data` on its upper
+    /// file, whose filesystem then keeps and enforces the flags: an immutable or append-only
+    /// upper file refuses the daemon's changes with `EPERM`, as kernel overlayfs's upper does
+    /// (it copies the flags to its own inode; fs/overlayfs/inode.c `ovl_fileattr_set`). The
+    /// kernel has already checked the caller (owner or CAP_FOWNER, CAP_LINUX_IMMUTABLE to
+    /// change `i`/`a`: fs/file_attr.c `fileattr_set_prepare`). A cached writable fd of the node
+    /// is dropped after a set, so the next write opens the file again and meets the new flags.
+    /// Append-only files therefore refuse appends through the mount too (the daemon writes
+    /// through an fd opened without `O_APPEND`).
+    ///
+    /// Errors: `ENOTTY` for any other ioctl or another kind of node (as the kernel answers for
+    /// those itself), `EINVAL` for `in_data` of the wrong size, the upper filesystem's errno
+    /// (`EOPNOTSUPP`, `EPERM`…), `ENOENT` for a node that is gone.
+    pub fn fileattr_ioctl(&self, id: u64, cmd: u32, in_data: &[u8]) -> OpResult<Vec<u8>> {
+        // include/uapi/linux/fs.h: _IOR('f', 1, long), _IOW('f', 2, long) (the kernel passes
+        // an int), _IOR('X', 31, struct fsxattr), _IOW('X', 32, struct fsxattr).
+        const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+        const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+        const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+        const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+        const FSXATTR_SIZE: usize = 28;
+        let (set, size) = match cmd {
+            FS_IOC_GETFLAGS => (false, 4),
+            FS_IOC_SETFLAGS => (true, 4),
+            FS_IOC_FSGETXATTR => (false, FSXATTR_SIZE),
+            FS_IOC_FSSETXATTR => (true, FSXATTR_SIZE),
+            _ => return Err(Errno::ENOTTY),
+        };
+        if set && in_data.len() < size {
+            return Err(Errno::EINVAL);
+        }
+        if set && self.read_only {
+            return Err(Errno::EROFS);
+        }
+        let _g = self.ns.read();
+        if set {
+            self.copy_up(id, None)?;
+        }
+        let n = self.backing(id)?;
+        let dir = match n.kind {
+            Kind::Dir => libc::O_DIRECTORY,
+            Kind::File => 0,
+            _ => return Err(Errno::ENOTTY),
+        };
+        let f = self
+            .stack
+            .open(n.tree, &n.path, libc::O_RDONLY | libc::O_NONBLOCK | dir, 0)
+            .map_err(errno)?;
+        let mut buf = [0u8; FSXATTR_SIZE];
+        if set {
+            buf[..size].copy_from_slice(&in_data[..size]);
+        }
+        crate::sys::ioctl_fileattr(std::os::fd::AsFd::as_fd(&f), cmd, &mut buf).map_err(errno)?;
+        if set {
+            self.drop_fd(id);
+            return Ok(Vec::new());
+        }
+        Ok(buf[..size].to_vec())
+    }
+
     /// The xattr path to read xattrs of node `id`, or `None` for a removed directory held open,
     /// which has none left (`ls -l` asks for security.selinux and POSIX ACLs on it).
     fn xattr_read_path(&self, id: u64) -> OpResult<Option<CString>> {

@@ -163,6 +163,73 @@ impl Stack {
         Ok(views)
     }
 
+    /// Makes the upper dir (and the workdir, `work`, when the stack has one) be reached
+    /// through one private view of the mount holding them ([`crate::sys::atime_view`]) with
+    /// atime rule `rule`, so that the kernel applies the overlay mount's own atime rule to
+    /// every read of an upper file or directory — the daemon's reads and FUSE passthrough
+    /// reads alike — instead of the rule of the mount the upper dir happens to sit on. Kernel
+    /// overlayfs does the same with its private clone of the upper mount (it clears the clone's
+    /// atime flags and applies its own mount's rule in `ovl_file_accessed`,
+    /// fs/overlayfs/file.c). `upper` and `work` are the directories' paths; both are reached
+    /// through one clone (of their deepest common directory) so that renames between them
+    /// stay within one mount. The view's mount fd is returned: keep it for the life of the
+    /// stack.
+    ///
+    /// Errors: the errno of making the view; `EXDEV` when a path does not reach the directory
+    /// already open (another mount in between). The stack is unchanged then.
+    pub fn upper_atime(
+        &mut self,
+        upper: &Path,
+        work: Option<&Path>,
+        rule: crate::sys::AtimeRule,
+    ) -> io::Result<OwnedFd> {
+        let upper = std::fs::canonicalize(upper)?;
+        let work = work.map(std::fs::canonicalize).transpose()?;
+        let base: PathBuf = match &work {
+            Some(w) => upper
+                .components()
+                .zip(w.components())
+                .take_while(|(a, b)| a == b)
+                .map(|(a, _)| a)
+                .collect(),
+            None => upper.clone(),
+        };
+        let (tree, dir) = crate::sys::atime_view(open_dir(&base)?.as_fd(), rule)?;
+        let reopen = |path: &Path, open: Option<&OwnedFd>| -> io::Result<Option<OwnedFd>> {
+            let Some(open) = open else { return Ok(None) };
+            let rel = path.strip_prefix(&base).unwrap_or(Path::new(""));
+            let rel = if rel.as_os_str().is_empty() {
+                CString::from(c".")
+            } else {
+                CString::new(rel.as_os_str().as_bytes())
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?
+            };
+            let fd = crate::sys::openat(
+                dir.as_raw_fd(),
+                &rel,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                0,
+            )?;
+            let (a, b) = (crate::sys::fstat(&fd)?, crate::sys::fstat(open)?);
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
+                return Err(io::Error::from_raw_os_error(libc::EXDEV));
+            }
+            Ok(Some(fd))
+        };
+        let new_upper = reopen(&upper, self.upper.as_ref())?;
+        let new_work = match &work {
+            Some(w) => reopen(w, self.work.as_ref())?,
+            None => None,
+        };
+        if new_upper.is_some() {
+            self.upper = new_upper;
+        }
+        if new_work.is_some() {
+            self.work = new_work;
+        }
+        Ok(tree)
+    }
+
     /// Opens the layers of a mount: `lowers` top first, the upper dir and the workdir.
     /// Whiteouts are written in the form [`whiteout::Form::choose`] picks for the workdir's
     /// filesystem.
