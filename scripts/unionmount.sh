@@ -59,6 +59,21 @@ if [ "${1:-}" = --inner ]; then
     layercache) how+=(--fuse=layercache); env_extra=(LAYERCACHE_PASSTHROUGH=0) ;;
     layercache-pt) how+=(--fuse=layercache); env_extra=(LAYERCACHE_PASSTHROUGH=1) ;;
   esac
+  # The mode must be the one asked for: an fd opened before a copy-up keeps the lower content in
+  # passthrough mode only (README, the one rule), so a probe mount tells the two apart.
+  if [ "$impl" != kernel ]; then
+    p=$base/probe
+    mkdir -p "$p/l" "$p/u" "$p/w" "$p/m" && echo lower >"$p/l/f"
+    env "${env_extra[@]}" "$LC_BIN" overlay -o "lowerdir=$p/l,upperdir=$p/u,workdir=$p/w" "$p/m" >/dev/null
+    exec 3<"$p/m/f"
+    echo upper >"$p/m/f"
+    read -r seen <&3 || true
+    exec 3<&-
+    umount "$p/m"
+    want=upper
+    [ "$impl" = layercache-pt ] && want=lower
+    [ "$seen" = "$want" ] || { echo "$impl: an fd opened before a copy-up read '$seen', not '$want': not the mode asked for" >&2; exit 1; }
+  fi
   for t in "$@"; do
     rc=0
     (cd "$UM" && env PATH="$W/bin:$PATH" UNIONMOUNT_BASEDIR="$base" "${env_extra[@]}" \
@@ -153,7 +168,7 @@ declare -A SECS=()
 for impl in "${IMPLS[@]}"; do
   log "unionmount-testsuite on $impl (${#TESTS[@]} tests)"
   t0=$(date +%s)
-  unshare --mount --propagation private bash "$0" --inner "$impl" "$OUT/$impl" "$LAYERS" "${TESTS[@]}" \
+  LAYERCACHE_BIN=$LC_BIN unshare --mount --propagation private bash "$0" --inner "$impl" "$OUT/$impl" "$LAYERS" "${TESTS[@]}" \
     || die "the run on $impl failed to start (see $OUT/$impl)"
   SECS[$impl]=$(($(date +%s) - t0))
 done
