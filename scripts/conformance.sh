@@ -2,8 +2,8 @@
 # POSIX conformance: pjdfstest inside a fresh layercache mount, with the same run on kernel
 # overlayfs (the bar), fuse-overlayfs and a native directory for reference.
 #
-#   bash scripts/conformance.sh [--impls native,kernel,fuse-overlayfs,layercache] [--worktree]
-#                               [--no-build] [-- TEST_PATTERNS…]
+#   bash scripts/conformance.sh [--impls native,kernel,fuse-overlayfs,layercache,layercache-pt]
+#                               [--worktree] [--no-build] [-- TEST_PATTERNS…]
 #
 # pjdfstest is the Rust rewrite of github.com/pjd/pjdfstest published on crates.io (crate
 # `pjdfstest`, pinned below); it is built once with `cargo install` into
@@ -12,16 +12,18 @@
 # Each implementation gets a fresh mount at /var/tmp/lcc-IMPL (lower: a few files, empty upper)
 # and a tmpfs as the secondary filesystem (EXDEV tests). Kernel overlayfs refuses to create
 # character devices 0:0 (its whiteout format) with EPERM, which pjdfstest uses for its `char`
-# cases; such failures are the reference's, not bugs. Prints each summary, the tests each implementation fails,
-# and the differences between layercache and kernel overlayfs. Exit status: 0 when layercache
-# fails no test that kernel overlayfs passes, 1 when it does, 3 when layercache could not be
-# tested (the reason is printed), 2 on a setup error.
+# cases; such failures are the reference's, not bugs. layercache-pt is layercache in FUSE
+# passthrough mode (LAYERCACHE_PASSTHROUGH=1, as `-o passthrough`); it is in the default list.
+# Prints each summary, the tests each implementation fails, and the differences between each
+# layercache mode and kernel overlayfs. Exit status: 0 when no layercache mode fails a test that
+# kernel overlayfs passes, 1 when one does, 3 when layercache could not be tested (the reason is
+# printed), 2 on a setup error.
 set -euo pipefail
 # shellcheck source=scripts/lib-bench.sh
 . "$(dirname "$0")/lib-bench.sh"
 
 PJD_VERSION=0.2.2
-IMPLS=(native kernel fuse-overlayfs layercache)
+IMPLS=(native kernel fuse-overlayfs layercache layercache-pt)
 BUILD=1 BUILD_FROM="" PATTERNS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -29,7 +31,7 @@ while [ $# -gt 0 ]; do
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
     --) shift; PATTERNS=("$@"); break ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -67,7 +69,9 @@ EOF
 
 LC_STATUS="not requested"
 has_impl() { [[ " ${IMPLS[*]} " == *" $1 "* ]]; }
-if has_impl layercache; then
+LC_IMPLS=()
+for impl in layercache layercache-pt; do has_impl "$impl" && LC_IMPLS+=("$impl"); done
+if [ ${#LC_IMPLS[@]} -gt 0 ]; then
   if [ -n "$BUILD" ] && ! lc_build $BUILD_FROM; then
     LC_STATUS="release build failed (see $B/build.log)"
   elif [ ! -x "$LC_BIN" ]; then
@@ -88,7 +92,7 @@ OUT=$B/results/conformance-$STAMP
 mkdir -p "$OUT"
 declare -A SUMMARY=()
 for impl in "${IMPLS[@]}"; do
-  if [ "$impl" = layercache ] && [[ $LC_STATUS != ok* ]]; then SUMMARY[$impl]="not run: $LC_STATUS"; continue; fi
+  if [[ $impl == layercache* ]] && [[ $LC_STATUS != ok* ]]; then SUMMARY[$impl]="not run: $LC_STATUS"; continue; fi
   r=$B/conformance/$impl
   # a short mountpoint: socket tests bind() paths below it, and sun_path holds only 108 bytes
   m=/var/tmp/lcc-$impl
@@ -98,7 +102,7 @@ for impl in "${IMPLS[@]}"; do
   [ "$impl" = native ] && lower=$r/native && mkdir -p "$lower"
   if ! lc_mount "$impl" "$lower" "$r/upper" "$r/work" "$m"; then
     SUMMARY[$impl]="not run: mount failed: $(lc_mount_error)"
-    [ "$impl" != layercache ] || LC_STATUS="mount failed: $(lc_mount_error)"
+    [[ $impl != layercache* ]] || LC_STATUS="mount failed: $(lc_mount_error)"
     lc_umount "$m"; rmdir "$m" 2>/dev/null || true; continue
   fi
   mkdir -p "$m/t" "$SEC/$impl"
@@ -129,23 +133,26 @@ done
     echo
     echo "$impl fails ($(wc -l <"$f")): $(tr '\n' ' ' <"$f")"
   done
-  if [ -f "$OUT/layercache.failed" ] && [ -f "$OUT/kernel.failed" ]; then
+  for impl in "${LC_IMPLS[@]}"; do
+    [ -f "$OUT/$impl.failed" ] && [ -f "$OUT/kernel.failed" ] || continue
     echo
-    echo "layercache fails, kernel overlayfs passes: $(comm -23 "$OUT/layercache.failed" "$OUT/kernel.failed" | tr '\n' ' ')"
-    echo "kernel overlayfs fails, layercache passes: $(comm -13 "$OUT/layercache.failed" "$OUT/kernel.failed" | tr '\n' ' ')"
-  fi
+    echo "$impl fails, kernel overlayfs passes: $(comm -23 "$OUT/$impl.failed" "$OUT/kernel.failed" | tr '\n' ' ')"
+    echo "kernel overlayfs fails, $impl passes: $(comm -13 "$OUT/$impl.failed" "$OUT/kernel.failed" | tr '\n' ' ')"
+  done
   echo
   echo "logs: $OUT/<implementation>.log"
 } | tee "$OUT/report.md"
 
-if [[ $LC_STATUS != ok* ]] && has_impl layercache; then
+if [[ $LC_STATUS != ok* ]] && [ ${#LC_IMPLS[@]} -gt 0 ]; then
   log "layercache could not be tested: $LC_STATUS"; exit 3
 fi
-if has_impl layercache && [[ ${SUMMARY[layercache]} != *failed* ]]; then
-  log "layercache's pjdfstest run ended without a summary"; exit 1
-fi
-if [ -f "$OUT/layercache.failed" ] && [ -f "$OUT/kernel.failed" ] \
-    && [ -n "$(comm -23 "$OUT/layercache.failed" "$OUT/kernel.failed")" ]; then
-  exit 1
-fi
-exit 0
+status=0
+for impl in "${LC_IMPLS[@]}"; do
+  if [[ ${SUMMARY[$impl]} != *failed* ]]; then
+    log "$impl's pjdfstest run ended without a summary"; status=1
+  elif [ -f "$OUT/$impl.failed" ] && [ -f "$OUT/kernel.failed" ] \
+      && [ -n "$(comm -23 "$OUT/$impl.failed" "$OUT/kernel.failed")" ]; then
+    status=1
+  fi
+done
+exit "$status"

@@ -429,21 +429,6 @@ pub(crate) fn queues(per_queue: usize) -> Vec<u16> {
         .collect()
 }
 
-/// Touches every page of the `len`-byte buffer at `buf` before the kernel gets it: a fresh
-/// buffer's pages are only mapped (and zeroed, `clear_page`) at their first write, which would
-/// otherwise be the first large READ that lands in them — a cost of every first pass over a
-/// new mount, paid here at mount time instead.
-fn prefault(buf: *mut u8, len: usize) {
-    let page = page_size::get();
-    let mut at = 0;
-    while at < len {
-        // SAFETY: `at < len`, inside the buffer, which nobody else holds yet; the value
-        // written is the zero the buffer already holds.
-        unsafe { std::ptr::write_volatile(buf.add(at), 0) };
-        at += page;
-    }
-}
-
 /// Serves one ring entry of queue `qid` until the connection ends (`ENOTCONN`/`ENODEV` on the
 /// command), with a payload buffer of `payload_sz` bytes (at least the kernel's
 /// `max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)`).
@@ -465,7 +450,6 @@ pub(crate) fn serve_entry<FS: Filesystem>(
     let payload = Box::into_raw(vec![0u8; payload_sz].into_boxed_slice());
     // SAFETY: both pointers come from Box::into_raw just above.
     let (hdr, pl) = unsafe { ((*header).0.as_mut_ptr(), (*payload).as_mut_ptr()) };
-    prefault(pl, payload_sz);
     let mut hooks: Box<dyn RingThread> = match hooks {
         Some(h) => h.0.thread(qid),
         None => Box::new(NoHooks),
