@@ -130,6 +130,11 @@ pub struct Cache {
     /// Whether the key files were written in the spec (each literal one must exist) or come from
     /// a preset (at least one must match).
     pub key_files_explicit: bool,
+    /// The preset's [`Preset::key_files_first`] when the key files are the preset's; `false`
+    /// for a spec's own `key_files`.
+    pub key_files_first: bool,
+    /// The preset's [`Preset::requirement_includes`] (also for a spec's own `key_files`).
+    pub requirement_includes: bool,
     /// Restore-key prefixes from the spec; `None` means the default (the key up to its hash).
     pub restore_keys: Option<Vec<String>>,
     /// Environment templates: the preset's, overridden by the spec's.
@@ -620,6 +625,8 @@ fn validate_cache(
             maintenance,
             key_files,
             key_files_explicit,
+            key_files_first: !key_files_explicit && preset.is_some_and(|p| p.key_files_first),
+            requirement_includes: preset.is_some_and(|p| p.requirement_includes),
             restore_keys: rc.restore_keys,
             env,
             mountpoint,
