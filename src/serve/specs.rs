@@ -159,7 +159,11 @@ mod tests {
         let fields: Vec<_> = errs.iter().map(|e| (e.field.as_str(), e.line)).collect();
         assert_eq!(
             fields,
-            [("cache[0].setup", Some(4)), ("cache[1].preset", Some(7))],
+            [
+                ("cache[0].setup", Some(4)),
+                ("cache[0].key_files", Some(2)),
+                ("cache[1].preset", Some(7))
+            ],
             "{errs:?}"
         );
     }
