@@ -433,6 +433,8 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);
     }
+    // …and the empty view directories such a run made on the host.
+    let _ = crate::store::reap_made_views(&store_dir);
     let status = crate::run::run(&cfg, &mounter);
     // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
     if let Some(r) = remote {

@@ -60,7 +60,8 @@ impl Store {
     }
 
     /// `layercache gc`: removes stale staging and run directories (daemon dead), fill locks
-    /// nobody holds and unpublished layers, then evicts least-recently-mounted layers (never a
+    /// nobody holds, empty host view directories a killed run made ([`super::reap_made_views`])
+    /// and unpublished layers, then evicts least-recently-mounted layers (never a
     /// mounted one) and quarantined entries (aged from when `verify` quarantined them; they
     /// count against the limits like layers) until under the limits (config.toml, overridden
     /// by `opts`), and removes objects no layer references. A dry run removes nothing and
@@ -130,6 +131,10 @@ impl Store {
             if !dry {
                 remove_free_fill_locks(pd)?;
             }
+        }
+        // Empty host view directories killed runs made (their records say which).
+        if !dry {
+            report.removed_view_dirs = super::views::reap_made_views(&self.root)?;
         }
         // 2. Candidates; unpublished layers are orphans of a crash between rename and publish.
         let mut cands = Vec::new();

@@ -8,7 +8,7 @@
 //! Its front door is this module: the submodules are private and what callers use is
 //! re-exported here. Inside, by job: `paths` (where things live: [`ProjectDirs`]), `mount`
 //! (lookup, fill wait, mount; the RAII [`Mount`] handle), `runs` (run records, umount),
-//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `verify`, `inputs` (a key's
+//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `views` (host view directories a killed run left), `verify`, `inputs` (a key's
 //! recorded inputs), `specs` (stored specs), `config` (config.toml), `tier` (the port the
 //! remote tier implements, [`RemoteTier`]); below them `layer`, `object`, `lease`, `promote`
 //! and `gc` (the pure eviction plan). The on-disk layout is drawn once, in docs/ARCHITECTURE.md
@@ -34,6 +34,7 @@ mod specs;
 mod tier;
 mod types;
 mod verify;
+mod views;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,7 @@ pub use types::{
     ClearReport, CommitOutcome, CommitResult, GcOptions, GcReport, LayerInfo, Lookup, MountOutcome,
     MountRequest, MountResult, PublishSpec, Published, UsageJson, VerifyReport,
 };
+pub use views::{forget_made_views, reap_made_views, record_made_views};
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).
 pub const FORMAT: u32 = 1;

@@ -267,6 +267,10 @@ pub struct GcReport {
     pub removed_runs: u64,
     /// Unpublished (orphan) layers removed.
     pub removed_orphans: u64,
+    /// Empty host view directories that killed runs made and left, removed
+    /// ([`super::reap_made_views`]).
+    #[serde(default)]
+    pub removed_view_dirs: u64,
 }
 
 /// [`gc::Usage`] in a report.
