@@ -13,7 +13,8 @@
 //!   image, toolchain or view path never restores an old layer; a relocatable tree (a package
 //!   manager's cache, `node_modules`) keys on no path, so per-run workspaces share its layers;
 //! * `hash` — 32 hex digits of blake3 over the cache id, the preset name and version, the setup
-//!   script, the env templates, the view path (path-bound trees only), the exclude list, the key files' relative paths and
+//!   script, the env templates, the values of the `{env:NAME}` variables of setup,
+//!   restore_setup and env (`PATH` excepted: [`crate::spec::Cache::key_variables`]), the view path (path-bound trees only), the exclude list, the key files' relative paths and
 //!   contents (sorted by path), and the environment fingerprint. The key files are every
 //!   match of the spec's or preset's patterns, or, for a preset whose patterns are
 //!   alternatives ([`crate::spec::Preset::key_files_first`], venv), those of the first pattern
@@ -60,6 +61,8 @@ pub struct Environment {
     /// image id stands for them.
     tools_in_image: bool,
     versions: Mutex<BTreeMap<String, String>>,
+    /// The variables `{env:NAME}` reads, when not the process's own (tests).
+    variables: Option<BTreeMap<String, String>>,
 }
 
 impl Environment {
@@ -72,6 +75,7 @@ impl Environment {
             image: image.filter(|i| !i.is_empty()),
             tools_in_image: false,
             versions: Mutex::new(BTreeMap::new()),
+            variables: None,
         }
     }
 
@@ -93,6 +97,22 @@ impl Environment {
             }
         }
         env
+    }
+
+    /// This environment with `{env:NAME}` variables read from `vars` instead of the process's
+    /// environment (tests; a name not listed is unset).
+    pub fn with_variables(mut self, vars: &[(&str, &str)]) -> Self {
+        let map = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        self.variables = Some(map.collect());
+        self
+    }
+
+    /// The value of variable `name` for `{env:NAME}` (`None`: unset).
+    fn variable(&self, name: &str) -> Option<String> {
+        match &self.variables {
+            Some(vars) => vars.get(name).cloned(),
+            None => std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()),
+        }
     }
 
     /// The first line `tool --version` prints (`go version` for Go), or `none` when the tool is
@@ -171,7 +191,8 @@ pub struct CacheKeys {
     /// The environment fingerprint text (see the module docs).
     pub fingerprint: String,
     /// What went into the key, by name ([`crate::why::Inputs`]: `key file <path>` → blake3
-    /// of its content (16 hex), `setup` → blake3 of the script, `env <NAME>`, `mountpoint`,
+    /// of its content (16 hex), `setup` → blake3 of the script, `env <NAME>`, `variable <NAME>`
+    /// → blake3 of an `{env:NAME}` value (16 hex) or `unset`, `mountpoint`,
     /// `exclude`, `preset`, `tool <t>`, `image`), so a miss can say what differs from the
     /// nearest layer (`layercache key` and the run summary show it).
     pub inputs: crate::why::Inputs,
@@ -230,6 +251,11 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     for x in &cache.exclude {
         field("exclude", x.as_bytes());
     }
+    for (name, value) in variables(cache, env) {
+        field("variable", name.as_bytes());
+        field("value", value.as_deref().unwrap_or_default().as_bytes());
+        field("set", &[value.is_some() as u8]);
+    }
     for rel in &files {
         let abs = paths.workdir.join(rel);
         let content = fs::read(&abs).at(&abs)?;
@@ -238,7 +264,7 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     }
     field("environment", fingerprint.as_bytes());
     let hash = h.finalize().to_hex();
-    let inputs = key_inputs(cache, paths, &files, &mountpoint, &fingerprint)?;
+    let inputs = key_inputs(cache, paths, env, &files, &mountpoint, &fingerprint)?;
 
     let prefix = format!("{id}-{}-{}-{env8}-", env.os, env.arch);
     let key = CacheKey::new(format!("{prefix}{}", &hash[..HASH_HEX]))?;
@@ -260,11 +286,23 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     })
 }
 
+/// The values of the cache's key variables ([`Cache::key_variables`]) in layercache's own
+/// environment (`None`: unset), by name.
+fn variables(cache: &Cache, env: &Environment) -> Vec<(String, Option<String>)> {
+    (cache.key_variables().into_iter())
+        .map(|n| {
+            let v = env.variable(&n);
+            (n, v)
+        })
+        .collect()
+}
+
 /// The named inputs of a key (see [`CacheKeys::inputs`]); the fingerprint's `name=value` lines
 /// become `tool <name>` (and `os`, `arch`, `image`).
 fn key_inputs(
     cache: &Cache,
     paths: &Paths,
+    env: &Environment,
     files: &[PathBuf],
     mountpoint: &Path,
     fingerprint: &str,
@@ -284,6 +322,11 @@ fn key_inputs(
     }
     if !cache.exclude.is_empty() {
         m.insert("exclude".into(), cache.exclude.join(" "));
+    }
+    // A digest, never the value: a variable may hold a token, and inputs travel to the remote.
+    for (name, value) in variables(cache, env) {
+        let shown = value.map_or_else(|| "unset".to_string(), |v| digest(v.as_bytes()));
+        m.insert(format!("variable {name}"), shown);
     }
     for rel in files {
         let abs = paths.workdir.join(rel);
@@ -931,6 +974,63 @@ mod tests {
         let got: Vec<(usize, &str, &str)> =
             got.iter().map(|(n, o, f)| (*n, *o, f.as_str())).collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn env_templates_of_setup_and_env_are_key_inputs() {
+        let d = setup_dir();
+        let spec = format!(
+            "{NPM}setup = \"npm ci --registry {{env:LC_REGISTRY}}\"\n\
+             env = {{ NPM_PIN = \"{{env:LC_PIN}}\", NPM_PATH = \"{{env:PATH}}\" }}\n\
+             maintenance = \"echo {{env:LC_MAINT}}\"\n"
+        );
+        let s = spec::parse(&spec).unwrap();
+        assert_eq!(s.caches[0].key_variables(), ["LC_PIN", "LC_REGISTRY"]);
+        let k = |vars: &[(&str, &str)]| {
+            let env = Environment::with_versions(None, &[("node", "v20.0.0")]).with_variables(vars);
+            compute(&s.caches[0], &paths(d.path(), "/cache"), &env).unwrap()
+        };
+        let base = [
+            ("LC_REGISTRY", "https://a"),
+            ("LC_PIN", "1"),
+            ("PATH", "/bin"),
+        ];
+        let a = k(&base);
+        let b = k(&[
+            ("LC_REGISTRY", "https://b"),
+            ("LC_PIN", "1"),
+            ("PATH", "/bin"),
+        ]);
+        assert_ne!(a.key, b.key, "the registry shapes what setup installs");
+        assert_eq!(a.prefix(), b.prefix(), "a restore across it is fine");
+        assert_ne!(k(&base[..1]).key, a.key, "LC_PIN unset is another key");
+        assert_ne!(
+            k(&[("LC_PIN", "1"), ("LC_REGISTRY", "")]).key,
+            k(&base[1..2]).key
+        );
+        // PATH and maintenance's variables are not inputs.
+        let c = k(&[
+            ("LC_REGISTRY", "https://a"),
+            ("LC_PIN", "1"),
+            ("PATH", "/usr/bin"),
+        ]);
+        assert_eq!(a.key, c.key);
+        let e = k(&[
+            ("LC_REGISTRY", "https://a"),
+            ("LC_PIN", "1"),
+            ("PATH", "/bin"),
+            ("LC_MAINT", "x"),
+        ]);
+        assert_eq!(a.key, e.key);
+        // The inputs name the variable and hold a digest, never the value; a miss says which.
+        let shown = &a.inputs["variable LC_REGISTRY"];
+        assert_eq!(shown.len(), 16);
+        assert!(!shown.contains("https"));
+        assert_eq!(k(&base[..1]).inputs["variable LC_PIN"], "unset");
+        assert_eq!(
+            crate::why::diff(&a.inputs, &b.inputs),
+            ["variable LC_REGISTRY changed"]
+        );
     }
 
     #[test]

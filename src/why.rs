@@ -42,13 +42,19 @@ pub fn explain(
 /// Empty when the inputs are equal (the nearest layer was built from the same inputs).
 pub fn diff(old: &Inputs, new: &Inputs) -> Vec<String> {
     let mut out = Vec::new();
-    let digest = |name: &str| name.starts_with("key file ") || name == "setup";
+    let digest = |name: &str| {
+        name.starts_with("key file ") || name.starts_with("variable ") || name == "setup"
+    };
     for (name, v) in new {
         match old.get(name) {
             Some(o) if o == v => {}
             Some(_) if digest(name) => out.push(format!(
                 "{} changed",
-                name.strip_prefix("key file ").unwrap_or("setup script")
+                match name.strip_prefix("key file ") {
+                    Some(file) => file,
+                    None if name == "setup" => "setup script",
+                    None => name,
+                }
             )),
             Some(o) => out.push(format!("{name}: {o} → {v}")),
             None => out.push(format!("{name} added")),

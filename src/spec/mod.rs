@@ -20,7 +20,10 @@
 //! Templates: `env` values, `mountpoint`, `setup`, `restore_setup` and `maintenance` may use `{mount}` (the cache's
 //! mountpoint; scripts also get it as `$LAYERCACHE_MOUNT`),
 //! `{workdir}` (the project directory), `{mount_root}` and `{env:NAME}` (the variable in
-//! layercache's own environment, empty when unset).
+//! layercache's own environment, empty when unset). The value of every `{env:NAME}` in
+//! `setup`, `restore_setup` and `env` enters the cache's key, `PATH` excepted
+//! ([`Cache::key_variables`]); a variable a script reads as `$NAME` does not: write
+//! `{env:NAME}` to make it an input.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -231,6 +234,28 @@ pub fn check_root(what: &str, dir: &Path) -> Result<()> {
 }
 
 impl Cache {
+    /// The variables whose values enter the key: every `NAME` of an `{env:NAME}` template in
+    /// `setup`, `restore_setup` and the `env` values (the preset's and the spec's), which
+    /// shape what setup installs (an index URL, a version pin), sorted — except `PATH`, which
+    /// differs between hosts and shells and only finds the tools (their versions are the
+    /// key's input). `maintenance` and `mountpoint` are not read: maintenance does not make
+    /// the layer, and a path-bound tree's mountpoint is in the key as expanded.
+    pub fn key_variables(&self) -> Vec<String> {
+        let mut texts: Vec<&str> = vec![self.setup.as_str()];
+        texts.extend(self.restore_setup.as_deref());
+        texts.extend(self.env.values().map(String::as_str));
+        let mut names: Vec<String> = texts
+            .into_iter()
+            .flat_map(template_names)
+            .filter_map(|n| n.strip_prefix("env:"))
+            .filter(|n| *n != "PATH")
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// The tools whose versions enter the environment fingerprint (the preset's).
     pub fn tools(&self) -> &'static [&'static str] {
         self.preset.map(|p| p.tools).unwrap_or(&[])
