@@ -4,7 +4,7 @@
 //! namespace of its own where the run's private mounts are bound at their view paths
 //! ([`Views`]).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -163,13 +163,20 @@ impl Views {
                     {
                         return Err(std::io::Error::last_os_error());
                     }
-                    check(libc::mount(
+                    // Resolved once, into a descriptor, and mounted through it: a view path
+                    // swapped for a symlink after it was checked is refused (ENOTDIR), and the
+                    // mount lands on exactly the directory opened.
+                    let fd = open_view(dst)?;
+                    let mut at = [0u8; FD_PATH_MAX];
+                    let rc = libc::mount(
                         src.as_ptr(),
-                        dst.as_ptr(),
+                        fd_path(fd, &mut at).as_ptr(),
                         std::ptr::null(),
                         libc::MS_BIND,
                         std::ptr::null(),
-                    ))?;
+                    );
+                    libc::close(fd);
+                    check(rc)?;
                 }
                 if let Some((_, view)) = &workdir {
                     check(libc::chdir(view.as_ptr()))?;
@@ -179,6 +186,51 @@ impl Views {
         }
         Ok(())
     }
+}
+
+/// Opens view path `dst` as an `O_PATH` directory descriptor, never through a symlink as its
+/// last component (`O_NOFOLLOW | O_DIRECTORY`: a symlink there fails with `ENOTDIR`), for a
+/// mount through [`fd_path`] (the way runc mounts onto a target it has resolved). Runs
+/// between fork and exec: open(2) only. The caller closes the descriptor.
+///
+/// Errors: the open(2) errno (`ENOTDIR` for a symlink or a file, `ENOENT`).
+fn open_view(dst: &CStr) -> std::io::Result<libc::c_int> {
+    // SAFETY: a NUL-terminated path; the descriptor is the caller's.
+    let fd = unsafe {
+        libc::open(
+            dst.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Room for `/proc/self/fd/<i32>` and its NUL.
+const FD_PATH_MAX: usize = 32;
+
+/// `/proc/self/fd/<fd>` written into `buf`, NUL-terminated, without allocating (it runs
+/// between fork and exec): mount(2) onto it mounts onto the directory `fd` refers to.
+fn fd_path(fd: libc::c_int, buf: &mut [u8; FD_PATH_MAX]) -> &CStr {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd.max(0) as u32, 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    CStr::from_bytes_until_nul(&buf[..]).unwrap_or(c"/proc/self/fd/")
 }
 
 /// Bytes of /proc/self/mountinfo a child reads (a machine with more mounts than fit keeps the
@@ -352,6 +404,68 @@ pub(super) fn run_child(mut cmd: Command, what: &str, group: bool, init: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_view_is_opened_once_never_through_a_symlink_and_named_by_its_fd() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, d.path().join("link")).unwrap();
+        let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+        let fd = open_view(&c(&real)).unwrap();
+        let mut buf = [0u8; FD_PATH_MAX];
+        let p = fd_path(fd, &mut buf);
+        assert_eq!(p.to_str().unwrap(), format!("/proc/self/fd/{fd}"));
+        let target = std::fs::read_link(p.to_str().unwrap()).unwrap();
+        assert_eq!(target, std::fs::canonicalize(&real).unwrap());
+        // SAFETY: fd is ours.
+        unsafe { libc::close(fd) };
+        let e = open_view(&c(&d.path().join("link"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
+        let mut big = [0u8; FD_PATH_MAX];
+        assert_eq!(
+            fd_path(i32::MAX, &mut big).to_str().unwrap(),
+            "/proc/self/fd/2147483647"
+        );
+        assert_eq!(fd_path(0, &mut big).to_str().unwrap(), "/proc/self/fd/0");
+    }
+
+    /// As root: a view bound through its descriptor shows the mount at the view path, and a
+    /// view path that is a symlink (swapped after its check) is refused, nothing mounted where
+    /// it leads. The child's namespace is private: a wrong mount cannot reach the host.
+    #[test]
+    fn a_view_swapped_for_a_symlink_is_not_mounted_through() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let (src, view, elsewhere) = (
+            d.path().join("src"),
+            d.path().join("view"),
+            d.path().join("elsewhere"),
+        );
+        for p in [&src, &view, &elsewhere] {
+            std::fs::create_dir(p).unwrap();
+        }
+        std::fs::write(src.join("marker"), b"x").unwrap();
+        let ls = |dst: &Path, look: &Path| {
+            let views = Views {
+                binds: vec![(src.clone(), dst.to_path_buf())],
+                ..Views::default()
+            };
+            let mut cmd = Command::new("ls");
+            cmd.arg(look);
+            views.apply(&mut cmd).unwrap();
+            cmd.output()
+        };
+        let out = ls(&view, &view).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "marker\n");
+        std::fs::remove_dir(&view).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &view).unwrap();
+        let e = ls(&view, &elsewhere).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
 
     #[test]
     fn finds_other_layercache_mounts_in_mountinfo_lines() {
