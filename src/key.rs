@@ -13,8 +13,13 @@
 //!   image, toolchain or view path never restores an old layer; a relocatable tree (a package
 //!   manager's cache, `node_modules`) keys on no path, so per-run workspaces share its layers;
 //! * `hash` — 32 hex digits of blake3 over the cache id, the preset name and version, the setup
-//!   script, the env templates, the view path (path-bound trees only), the exclude list, the key files' relative paths and
-//!   contents (sorted by path), and the environment fingerprint.
+//!   script, the env templates, the values of the `{env:NAME}` variables of setup,
+//!   restore_setup and env (`PATH` excepted: [`crate::spec::Cache::key_variables`]), the view path (path-bound trees only), the exclude list, the key files' relative paths and
+//!   contents (sorted by path), and the environment fingerprint. The key files are every
+//!   match of the spec's or preset's patterns, or, for a preset whose patterns are
+//!   alternatives ([`crate::spec::Preset::key_files_first`], venv), those of the first pattern
+//!   that matches; for the pip and venv presets the `-r`/`-c` includes of requirements files
+//!   join them (recursively, relative to the including file, never outside the workdir).
 //!
 //! The default restore key is the key up to its hash (`<id>-<os>-<arch>-<env8>-`), so a changed
 //! lockfile or setup script falls back to the nearest layer of the same environment.
@@ -56,6 +61,8 @@ pub struct Environment {
     /// image id stands for them.
     tools_in_image: bool,
     versions: Mutex<BTreeMap<String, String>>,
+    /// The variables `{env:NAME}` reads, when not the process's own (tests).
+    variables: Option<BTreeMap<String, String>>,
 }
 
 impl Environment {
@@ -68,6 +75,7 @@ impl Environment {
             image: image.filter(|i| !i.is_empty()),
             tools_in_image: false,
             versions: Mutex::new(BTreeMap::new()),
+            variables: None,
         }
     }
 
@@ -89,6 +97,22 @@ impl Environment {
             }
         }
         env
+    }
+
+    /// This environment with `{env:NAME}` variables read from `vars` instead of the process's
+    /// environment (tests; a name not listed is unset).
+    pub fn with_variables(mut self, vars: &[(&str, &str)]) -> Self {
+        let map = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        self.variables = Some(map.collect());
+        self
+    }
+
+    /// The value of variable `name` for `{env:NAME}` (`None`: unset).
+    fn variable(&self, name: &str) -> Option<String> {
+        match &self.variables {
+            Some(vars) => vars.get(name).cloned(),
+            None => std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()),
+        }
     }
 
     /// The first line `tool --version` prints (`go version` for Go), or `none` when the tool is
@@ -167,7 +191,8 @@ pub struct CacheKeys {
     /// The environment fingerprint text (see the module docs).
     pub fingerprint: String,
     /// What went into the key, by name ([`crate::why::Inputs`]: `key file <path>` → blake3
-    /// of its content (16 hex), `setup` → blake3 of the script, `env <NAME>`, `mountpoint`,
+    /// of its content (16 hex), `setup` → blake3 of the script, `env <NAME>`, `variable <NAME>`
+    /// → blake3 of an `{env:NAME}` value (16 hex) or `unset`, `mountpoint`,
     /// `exclude`, `preset`, `tool <t>`, `image`), so a miss can say what differs from the
     /// nearest layer (`layercache key` and the run summary show it).
     pub inputs: crate::why::Inputs,
@@ -226,6 +251,11 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     for x in &cache.exclude {
         field("exclude", x.as_bytes());
     }
+    for (name, value) in variables(cache, env) {
+        field("variable", name.as_bytes());
+        field("value", value.as_deref().unwrap_or_default().as_bytes());
+        field("set", &[value.is_some() as u8]);
+    }
     for rel in &files {
         let abs = paths.workdir.join(rel);
         let content = fs::read(&abs).at(&abs)?;
@@ -234,7 +264,7 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     }
     field("environment", fingerprint.as_bytes());
     let hash = h.finalize().to_hex();
-    let inputs = key_inputs(cache, paths, &files, &mountpoint, &fingerprint)?;
+    let inputs = key_inputs(cache, paths, env, &files, &mountpoint, &fingerprint)?;
 
     let prefix = format!("{id}-{}-{}-{env8}-", env.os, env.arch);
     let key = CacheKey::new(format!("{prefix}{}", &hash[..HASH_HEX]))?;
@@ -256,11 +286,23 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
     })
 }
 
+/// The values of the cache's key variables ([`Cache::key_variables`]) in layercache's own
+/// environment (`None`: unset), by name.
+fn variables(cache: &Cache, env: &Environment) -> Vec<(String, Option<String>)> {
+    (cache.key_variables().into_iter())
+        .map(|n| {
+            let v = env.variable(&n);
+            (n, v)
+        })
+        .collect()
+}
+
 /// The named inputs of a key (see [`CacheKeys::inputs`]); the fingerprint's `name=value` lines
 /// become `tool <name>` (and `os`, `arch`, `image`).
 fn key_inputs(
     cache: &Cache,
     paths: &Paths,
+    env: &Environment,
     files: &[PathBuf],
     mountpoint: &Path,
     fingerprint: &str,
@@ -280,6 +322,11 @@ fn key_inputs(
     }
     if !cache.exclude.is_empty() {
         m.insert("exclude".into(), cache.exclude.join(" "));
+    }
+    // A digest, never the value: a variable may hold a token, and inputs travel to the remote.
+    for (name, value) in variables(cache, env) {
+        let shown = value.map_or_else(|| "unset".to_string(), |v| digest(v.as_bytes()));
+        m.insert(format!("variable {name}"), shown);
     }
     for rel in files {
         let abs = paths.workdir.join(rel);
@@ -305,6 +352,10 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
     let real_root = fs::canonicalize(workdir).at(workdir)?;
     let mut found: Vec<PathBuf> = Vec::new();
     for pattern in &cache.key_files {
+        // Alternatives (the venv preset): the first pattern with a match is the installer's input.
+        if cache.key_files_first && !found.is_empty() {
+            break;
+        }
         let before = found.len();
         let glob = Pattern::new(pattern)
             .map_err(|e| Error::invalid(format!("cache {id:?}: key_files: {e}")))?;
@@ -336,6 +387,9 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
             )));
         }
     }
+    if cache.requirement_includes {
+        follow_includes(id, workdir, &real_root, &mut found)?;
+    }
     found.sort();
     found.dedup();
     if found.is_empty() {
@@ -346,6 +400,137 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
         )));
     }
     Ok(found)
+}
+
+/// How deep `-r`/`-c` includes of requirements files may nest below a key file.
+const MAX_INCLUDE_DEPTH: usize = 8;
+/// How many files includes may add to one cache's key files.
+const MAX_INCLUDED_FILES: usize = 64;
+
+/// Adds to `found` (key files relative to `workdir`) every file the requirements files among
+/// them include with `-r`/`--requirement` or `-c`/`--constraint`, recursively, each read
+/// relative to the file that names it (as pip does). A requirements file is a key file ending
+/// in `.txt` or `.in`; included files are requirements files whatever their name. A URL include
+/// is not followed (a warning on stderr says so: the key cannot cover it).
+///
+/// Errors: [`Error::Invalid`] naming the cache, the including file, its line and the include
+/// when the included file is missing, resolves (symlinks followed) outside the workdir's real
+/// path `real_root` (the outside file is never read: same rule as the key files' own), or the
+/// includes nest deeper than 8 or add more than 64 files; [`Error::Io`] when a requirements
+/// file cannot be read.
+fn follow_includes(
+    id: &str,
+    workdir: &Path,
+    real_root: &Path,
+    found: &mut Vec<PathBuf>,
+) -> Result<()> {
+    let is_requirements = |p: &Path| p.extension().is_some_and(|e| e == "txt" || e == "in");
+    let mut todo: Vec<(PathBuf, usize)> = found
+        .iter()
+        .filter(|p| is_requirements(p))
+        .map(|p| (p.clone(), 0))
+        .collect();
+    let mut added = 0;
+    while let Some((rel, depth)) = todo.pop() {
+        let abs = workdir.join(&rel);
+        let text = String::from_utf8_lossy(&fs::read(&abs).at(&abs)?).into_owned();
+        for (line, opt, target) in requirement_includes(&text) {
+            let at = format!(
+                "cache {id:?}: key file {} line {line}: {opt} {target}",
+                rel.display()
+            );
+            if target.contains("://") {
+                eprintln!(
+                    "layercache: warning: {at}: a URL is not followed into the key; a change \
+                     behind it does not change the key"
+                );
+                continue;
+            }
+            let inc_abs = abs.parent().unwrap_or(workdir).join(&target);
+            let real = fs::canonicalize(&inc_abs).map_err(|e| {
+                Error::invalid(format!(
+                    "{at}: cannot read {}: {e}; an include is read relative to the file that \
+                     names it and must be a file of the project",
+                    inc_abs.display()
+                ))
+            })?;
+            let Ok(inside) = real.strip_prefix(real_root) else {
+                return Err(Error::invalid(format!(
+                    "{at}: {} leads outside the project ({}); included requirements files must \
+                     resolve to paths under the workdir",
+                    real.display(),
+                    real_root.display()
+                )));
+            };
+            if !real.is_file() {
+                return Err(Error::invalid(format!(
+                    "{at}: {} is not a file; an include names a requirements file",
+                    real.display()
+                )));
+            }
+            let inside = inside.to_path_buf();
+            if found.contains(&inside) {
+                continue;
+            }
+            if depth + 1 > MAX_INCLUDE_DEPTH || added == MAX_INCLUDED_FILES {
+                return Err(Error::invalid(format!(
+                    "{at}: includes nest deeper than {MAX_INCLUDE_DEPTH} or add more than \
+                     {MAX_INCLUDED_FILES} files; name the requirements files in key_files instead"
+                )));
+            }
+            added += 1;
+            found.push(inside.clone());
+            todo.push((inside, depth + 1));
+        }
+    }
+    Ok(())
+}
+
+/// The include options of a pip requirements file, as `(line number, option, file)` (the
+/// line 1-based, the option as written: `-r`, `--constraint`, …): `-r`/`--requirement` and `-c`/`--constraint`, each
+/// with its file after a space, `=` or (short forms) directly. Comments (`#` at the start or
+/// after whitespace) and `\` line continuations are handled as pip's requirements-file format
+/// does (pip's docs, "Requirements File Format").
+fn requirement_includes(text: &str) -> Vec<(usize, &'static str, String)> {
+    let mut out = Vec::new();
+    let mut joined = String::new();
+    let mut first_line = 0;
+    for (n, raw) in text.lines().enumerate() {
+        if joined.is_empty() {
+            first_line = n + 1;
+        }
+        if let Some(cont) = raw.strip_suffix('\\') {
+            joined.push_str(cont);
+            continue;
+        }
+        joined.push_str(raw);
+        let line = std::mem::take(&mut joined);
+        let line = match line.find('#') {
+            Some(0) => "",
+            Some(at) if line[..at].ends_with(char::is_whitespace) => &line[..at],
+            _ => line.as_str(),
+        }
+        .trim();
+        let file = ["--requirement", "--constraint", "-r", "-c"]
+            .iter()
+            .find_map(|opt| {
+                let rest = line.strip_prefix(opt)?;
+                let long = opt.starts_with("--");
+                let rest = if let Some(r) = rest.strip_prefix('=') {
+                    r
+                } else if rest.starts_with(char::is_whitespace) || !long {
+                    rest
+                } else {
+                    return None;
+                };
+                let rest = rest.trim().trim_matches(['"', '\'']);
+                (!rest.is_empty()).then(|| (*opt, rest.to_string()))
+            });
+        if let Some((opt, f)) = file {
+            out.push((first_line, opt, f));
+        }
+    }
+    out
 }
 
 /// Refuses `rel` (a key file, or the directory a key-file glob walks) of the key_files entry
@@ -660,6 +845,192 @@ mod tests {
         assert!(m("a?c", "abc"));
         let e = Pattern::new("a[").unwrap_err();
         assert!(e.contains("a["), "{e}");
+    }
+
+    const VENV: &str = "project = \"p\"\n[[cache]]\nid = \"venv\"\npreset = \"venv\"\n";
+    const PIP: &str = "project = \"p\"\n[[cache]]\nid = \"pip\"\npreset = \"pip\"\n";
+
+    #[test]
+    fn requirements_includes_join_the_key() {
+        let d = tempfile::tempdir().unwrap();
+        let w = d.path();
+        fs::create_dir(w.join("sub")).unwrap();
+        fs::write(
+            w.join("requirements.txt"),
+            "# deps\n-r base.txt\nrequests==2.0  # -r not-this.txt\n--constraint=sub/c.txt\n",
+        )
+        .unwrap();
+        fs::write(w.join("sub/c.txt"), "-r ../common.txt\n").unwrap();
+        for spec in [VENV, PIP] {
+            fs::write(w.join("base.txt"), "six==1.0\n-r requirements.txt\n").unwrap();
+            fs::write(w.join("common.txt"), "idna==1.0\n").unwrap();
+            let a = keys(spec, w, None).unwrap();
+            let want: Vec<PathBuf> = ["base.txt", "common.txt", "requirements.txt", "sub/c.txt"]
+                .iter()
+                .map(PathBuf::from)
+                .collect();
+            assert_eq!(a.key_files, want, "{spec}");
+            assert!(
+                a.inputs.contains_key("key file common.txt"),
+                "{:?}",
+                a.inputs
+            );
+            // An edit of an included file (two levels down) is another key.
+            fs::write(w.join("common.txt"), "idna==2.0\n").unwrap();
+            let b = keys(spec, w, None).unwrap();
+            assert_ne!(a.key, b.key, "{spec}");
+            fs::write(w.join("base.txt"), "six==2.0\n-r requirements.txt\n").unwrap();
+            assert_ne!(keys(spec, w, None).unwrap().key, b.key, "{spec}");
+        }
+    }
+
+    #[test]
+    fn requirements_includes_outside_the_project_are_refused() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let w = d.path().join("proj");
+        fs::create_dir(&w).unwrap();
+        fs::write(d.path().join("secret.txt"), "x\n").unwrap();
+        fs::write(w.join("requirements.txt"), "six\n\n-r ../secret.txt\n").unwrap();
+        let e = keys(VENV, &w, None).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.contains("key file requirements.txt line 3: -r ../secret.txt")
+                && e.contains("outside the project"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        // Through a symlink inside the project, and as an absolute path.
+        symlink(d.path().join("secret.txt"), w.join("link.txt")).unwrap();
+        fs::write(w.join("requirements.txt"), "-c link.txt\n").unwrap();
+        let e = keys(VENV, &w, None).unwrap_err().to_string();
+        assert!(e.contains("-c link.txt") && e.contains("outside"), "{e}");
+        let abs = d.path().join("secret.txt");
+        fs::write(w.join("requirements.txt"), format!("-r{}\n", abs.display())).unwrap();
+        let e = keys(VENV, &w, None).unwrap_err().to_string();
+        assert!(e.contains("outside the project"), "{e}");
+        // A missing include names itself and where it was looked for.
+        fs::write(w.join("requirements.txt"), "-r nope.txt\n").unwrap();
+        let e = keys(VENV, &w, None).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1: -r nope.txt: cannot read") && e.contains("nope.txt"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn requirements_includes_are_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let w = d.path();
+        fs::write(w.join("requirements.txt"), "-r r0.txt\n").unwrap();
+        for n in 0..20 {
+            fs::write(w.join(format!("r{n}.txt")), format!("-r r{}.txt\n", n + 1)).unwrap();
+        }
+        let e = keys(VENV, w, None).unwrap_err().to_string();
+        assert!(e.contains("nest deeper than 8"), "{e}");
+    }
+
+    #[test]
+    fn venv_keys_on_the_installer_its_setup_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let w = d.path();
+        fs::write(w.join("requirements.txt"), "six\n").unwrap();
+        fs::write(w.join("requirements-dev.txt"), "pytest\n").unwrap();
+        let pip = keys(VENV, w, None).unwrap();
+        assert_eq!(pip.key_files, [PathBuf::from("requirements.txt")]);
+        fs::write(w.join("poetry.lock"), "p\n").unwrap();
+        let poetry = keys(VENV, w, None).unwrap();
+        assert_eq!(poetry.key_files, [PathBuf::from("poetry.lock")]);
+        fs::write(w.join("uv.lock"), "u\n").unwrap();
+        let uv = keys(VENV, w, None).unwrap();
+        assert_eq!(uv.key_files, [PathBuf::from("uv.lock")]);
+        // uv sync reads uv.lock, not requirements.txt: editing that is the same key.
+        fs::write(w.join("requirements.txt"), "six==9\n").unwrap();
+        assert_eq!(keys(VENV, w, None).unwrap().key, uv.key);
+        // A spec's own key_files are all read.
+        let own = format!("{VENV}key_files = [\"uv.lock\", \"requirements.txt\"]\n");
+        let k = keys(&own, w, None).unwrap();
+        assert_eq!(
+            k.key_files,
+            [PathBuf::from("requirements.txt"), PathBuf::from("uv.lock")]
+        );
+    }
+
+    #[test]
+    fn requirement_include_lines() {
+        let text = "a\n-r x.txt\n--requirement=y.txt\n--requirement  z.txt\n-cw.txt\n\
+                    --constraint \"q.txt\"\n--require-hashes\n# -r no.txt\nb # -r no.txt\n\
+                    -r \\\n  cont.txt\n-r\n";
+        let got = requirement_includes(text);
+        let want = [
+            (2, "-r", "x.txt"),
+            (3, "--requirement", "y.txt"),
+            (4, "--requirement", "z.txt"),
+            (5, "-c", "w.txt"),
+            (6, "--constraint", "q.txt"),
+            (10, "-r", "cont.txt"),
+        ];
+        let got: Vec<(usize, &str, &str)> =
+            got.iter().map(|(n, o, f)| (*n, *o, f.as_str())).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn env_templates_of_setup_and_env_are_key_inputs() {
+        let d = setup_dir();
+        let spec = format!(
+            "{NPM}setup = \"npm ci --registry {{env:LC_REGISTRY}}\"\n\
+             env = {{ NPM_PIN = \"{{env:LC_PIN}}\", NPM_PATH = \"{{env:PATH}}\" }}\n\
+             maintenance = \"echo {{env:LC_MAINT}}\"\n"
+        );
+        let s = spec::parse(&spec).unwrap();
+        assert_eq!(s.caches[0].key_variables(), ["LC_PIN", "LC_REGISTRY"]);
+        let k = |vars: &[(&str, &str)]| {
+            let env = Environment::with_versions(None, &[("node", "v20.0.0")]).with_variables(vars);
+            compute(&s.caches[0], &paths(d.path(), "/cache"), &env).unwrap()
+        };
+        let base = [
+            ("LC_REGISTRY", "https://a"),
+            ("LC_PIN", "1"),
+            ("PATH", "/bin"),
+        ];
+        let a = k(&base);
+        let b = k(&[
+            ("LC_REGISTRY", "https://b"),
+            ("LC_PIN", "1"),
+            ("PATH", "/bin"),
+        ]);
+        assert_ne!(a.key, b.key, "the registry shapes what setup installs");
+        assert_eq!(a.prefix(), b.prefix(), "a restore across it is fine");
+        assert_ne!(k(&base[..1]).key, a.key, "LC_PIN unset is another key");
+        assert_ne!(
+            k(&[("LC_PIN", "1"), ("LC_REGISTRY", "")]).key,
+            k(&base[1..2]).key
+        );
+        // PATH and maintenance's variables are not inputs.
+        let c = k(&[
+            ("LC_REGISTRY", "https://a"),
+            ("LC_PIN", "1"),
+            ("PATH", "/usr/bin"),
+        ]);
+        assert_eq!(a.key, c.key);
+        let e = k(&[
+            ("LC_REGISTRY", "https://a"),
+            ("LC_PIN", "1"),
+            ("PATH", "/bin"),
+            ("LC_MAINT", "x"),
+        ]);
+        assert_eq!(a.key, e.key);
+        // The inputs name the variable and hold a digest, never the value; a miss says which.
+        let shown = &a.inputs["variable LC_REGISTRY"];
+        assert_eq!(shown.len(), 16);
+        assert!(!shown.contains("https"));
+        assert_eq!(k(&base[..1]).inputs["variable LC_PIN"], "unset");
+        assert_eq!(
+            crate::why::diff(&a.inputs, &b.inputs),
+            ["variable LC_REGISTRY changed"]
+        );
     }
 
     #[test]

@@ -23,13 +23,18 @@ pub fn explain(
     matched: Option<&str>,
     inputs: &Inputs,
 ) -> Vec<String> {
-    match ProjectDirs::at(store_root, project).nearest_inputs(cache, matched) {
+    let pd = ProjectDirs::at(store_root, project);
+    match pd.nearest_inputs(cache, matched) {
         None if matched.is_some() => vec!["the restored layer's inputs were not recorded".into()],
         None => vec!["no earlier layer of this cache".into()],
         Some((k, old)) => {
             let mut d = diff(&old, inputs);
             if d.is_empty() {
-                d.push("same inputs as the nearest layer, whose key is gone".into());
+                // Its key is gone: verify may have quarantined its layer (else gc or clear).
+                d.push(match pd.quarantine_note(cache, &k) {
+                    Some(note) => format!("same inputs as the nearest layer, but {note}"),
+                    None => "same inputs as the nearest layer, whose key is gone".into(),
+                });
             }
             d.insert(0, format!("nearest layer {k}"));
             d
@@ -42,13 +47,19 @@ pub fn explain(
 /// Empty when the inputs are equal (the nearest layer was built from the same inputs).
 pub fn diff(old: &Inputs, new: &Inputs) -> Vec<String> {
     let mut out = Vec::new();
-    let digest = |name: &str| name.starts_with("key file ") || name == "setup";
+    let digest = |name: &str| {
+        name.starts_with("key file ") || name.starts_with("variable ") || name == "setup"
+    };
     for (name, v) in new {
         match old.get(name) {
             Some(o) if o == v => {}
             Some(_) if digest(name) => out.push(format!(
                 "{} changed",
-                name.strip_prefix("key file ").unwrap_or("setup script")
+                match name.strip_prefix("key file ") {
+                    Some(file) => file,
+                    None if name == "setup" => "setup script",
+                    None => name,
+                }
             )),
             Some(o) => out.push(format!("{name}: {o} → {v}")),
             None => out.push(format!("{name} added")),
@@ -70,6 +81,46 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_layer_verify_quarantined_is_said_so() {
+        let root = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(Some(root.path())).unwrap();
+        let (p, c) = (ProjectId::new("p").unwrap(), CacheId::new("c").unwrap());
+        let key = crate::ids::CacheKey::new("c-k1").unwrap();
+        let upper = root.path().join("upper");
+        std::fs::create_dir(&upper).unwrap();
+        std::fs::write(upper.join("f"), b"good bytes").unwrap();
+        let published = store
+            .promote_dirs(&p, &c, &key, None, Some(&upper))
+            .unwrap();
+        let pd = store.project(&p).unwrap();
+        let mine = inputs(&[("setup", "aa")]);
+        pd.record_inputs(&c, key.as_str(), &mine);
+        let before = explain(root.path(), &p, &c, None, &mine);
+        assert_eq!(
+            before[1],
+            "same inputs as the nearest layer, whose key is gone"
+        );
+        // The object changes under its name (same inode as the layer's file): verify
+        // quarantines the layer and unpublishes its key.
+        let tree_file = pd.layer(&published.layer).tree().join("f");
+        std::fs::write(&tree_file, b"evil bytes").unwrap();
+        let report = store.verify(Some(&p)).unwrap();
+        assert_eq!(report.quarantined.len(), 1, "{report:?}");
+        let why = explain(root.path(), &p, &c, None, &mine);
+        assert_eq!(why[0], "nearest layer c-k1", "{why:?}");
+        let want = format!(
+            "same inputs as the nearest layer, but its layer {} was quarantined by \
+             `layercache verify` ",
+            published.layer
+        );
+        assert!(why[1].starts_with(&want), "{why:?}");
+        assert!(
+            why[1].contains("it linked object ") && why[1].contains("no longer match its hash"),
+            "{why:?}"
+        );
     }
 
     #[test]

@@ -308,3 +308,70 @@ fn a_key_file_symlinked_outside_the_project_is_refused() {
         show(&out)
     );
 }
+
+/// A user whose default store would be under a `HOME` that does not exist: bad input (exit 2),
+/// one line naming the store, the missing HOME and what to pass instead (issue 24's newcomer
+/// check). Runs as `nobody` (65534) through setpriv; skipped unless root.
+#[test]
+fn a_user_store_under_a_missing_home_is_bad_input() {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("layercache-home-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("deps.lock"), "a=1\n").unwrap();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let home = dir.path().join("no-such-home");
+    let mut child = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(BIN)
+        .args(["run", "--spec", "-", "--workdir"])
+        .arg(&work)
+        .arg("--mount-root")
+        .arg(&cache)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("LAYERCACHE_STORE")
+        .env("HOME", &home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(spec("p", "{mount_root}/deps", "true").as_bytes())
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    eprintln!("{}", show(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = text(&out.stderr);
+    let want = format!(
+        "store {}/.cache/layercache: cannot create it: ",
+        home.display()
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(
+        err.contains(&format!("(HOME={} does not exist)", home.display()))
+            && err.contains("--store DIR"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!home.exists());
+}

@@ -354,6 +354,82 @@ fn sigterm_during_setup_unmounts_and_publishes_nothing() {
 }
 
 #[test]
+fn gc_removes_the_empty_view_dirs_a_killed_run_made_and_nothing_else() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let work = sb.work();
+    std::fs::write(work.join("deps.lock"), "a=1\n").unwrap();
+    std::fs::create_dir(work.join("pre")).unwrap();
+    let fifo = work.join("ready");
+    layercache::sys::mkfifo(&fifo, 0o600).unwrap();
+    // Views the run makes on the host: the mount root `root/deep` (two levels) and
+    // `{workdir}/nm/inner` (two levels); `{workdir}/pre` is there before it.
+    let spec = sb.write_spec(
+        "spec.toml",
+        r#"project = "p"
+[[cache]]
+id = "nm"
+key_files = ["deps.lock"]
+mountpoint = "{workdir}/nm/inner"
+setup = "true"
+[[cache]]
+id = "pre"
+key_files = ["deps.lock"]
+mountpoint = "{workdir}/pre"
+setup = "true"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+setup = "echo ready > ready; exec sleep 120"
+"#,
+    );
+    let root = sb.path("root/deep");
+    let mut child = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["run", "--spec"])
+        .arg(&spec)
+        .arg("--workdir")
+        .arg(&work)
+        .arg("--mount-root")
+        .arg(&root)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Blocks until the last cache's setup runs: every view directory is made.
+    assert_eq!(std::fs::read_to_string(&fifo).unwrap(), "ready\n");
+    child.kill().unwrap(); // SIGKILL: no cleanup of its own runs
+    child.wait().unwrap();
+    assert!(
+        root.is_dir() && work.join("nm/inner").is_dir(),
+        "left behind"
+    );
+    // Something of the user's lands in one of them: that one (and its parent) stays.
+    std::fs::write(work.join("nm/inner/mine"), "x").unwrap();
+    let out = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["--json", "gc"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", run_common::show(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["removed_view_dirs"], 2, "{report}");
+    assert!(
+        !sb.path("root").exists(),
+        "the made mount root and its parent are removed"
+    );
+    assert!(work.join("nm/inner/mine").exists());
+    assert!(
+        work.join("pre").is_dir(),
+        "a directory the run did not make stays"
+    );
+    assert!(sb.mounts_below().is_empty());
+}
+
+#[test]
 fn bwrap_sandbox_sees_the_mounts_and_nothing_else_writable() {
     if !can_mount() || !have_tool("bwrap") {
         return;

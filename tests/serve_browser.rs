@@ -168,6 +168,7 @@ fn pages_in_headless_chromium() {
         "runs",
         "runs-phone",
         "run",
+        "run-900",
         "run-phone",
     ] {
         let png = std::fs::read(out.join(format!("{name}.png"))).unwrap();

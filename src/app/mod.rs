@@ -532,6 +532,8 @@ fn run_over_store(
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);
     }
+    // …and the empty view directories such a run made on the host.
+    let _ = crate::store::reap_made_views(&cfg.store);
     let status = crate::run::run(cfg, &mounter);
     // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
     if let Some(r) = remote {

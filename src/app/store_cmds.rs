@@ -284,7 +284,7 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
             emit(&format!("{verb} {layer}"));
         }
         emit(&format!(
-            "{}{} {} layer(s), removed {} object(s) ({}), {} stale run(s), {} staging entr(ies), {} orphan layer(s); {} layer(s) in use kept; now {}, {} inodes, {} layers",
+            "{}{} {} layer(s), removed {} object(s) ({}), {} stale run(s), {} staging entr(ies), {} orphan layer(s), {} view dir(s); {} layer(s) in use kept; now {}, {} inodes, {} layers",
             if r.dry_run { "(dry run) " } else { "" },
             if r.dry_run { "would evict" } else { "evicted" },
             r.evicted.len(),
@@ -293,6 +293,7 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
             r.removed_runs,
             r.removed_staging,
             r.removed_orphans,
+            r.removed_view_dirs,
             r.in_use,
             size(r.after.bytes),
             r.after.inodes,

@@ -201,6 +201,29 @@ fn root_in_initial_namespace() -> bool {
     identity && rustix::process::geteuid().is_root()
 }
 
+/// The error for layer directories the stack could not open (`e`): one line naming the first
+/// of `dirs` (option name, path; in the order the stack opens them) that `open(2)` refuses
+/// now, with its errno and what would do; `e` alone when none does (a race).
+fn layer_dir_error(dirs: &[(&str, &std::path::Path)], e: io::Error) -> Error {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refused = dirs.iter().find_map(|(opt, dir)| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(dir)
+            .err()
+            .map(|err| (opt, dir, err))
+    });
+    match refused {
+        Some((opt, dir, err)) => Error::invalid(format!(
+            "{opt} {}: cannot open it: {err}; a layer directory must be a directory this user \
+             can read and search",
+            dir.display()
+        )),
+        None => Error::invalid(format!("cannot open layer directories: {e}")),
+    }
+}
+
 impl OverlayFs {
     /// Opens the layers of `cfg` and prepares the workdir (orphans of an earlier run are removed).
     /// A read-only mount opens no workdir and writes nothing; without an upper (lowerdir-only)
@@ -211,16 +234,26 @@ impl OverlayFs {
         if cfg.read_only {
             let lowers: Vec<&std::path::Path> = cfg.lowerdirs.iter().map(|p| p.as_path()).collect();
             let upper = cfg.has_upper().then_some(cfg.upperdir.as_path());
-            let stack = Stack::open_merge(upper, &lowers)
-                .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
+            let stack = Stack::open_merge(upper, &lowers).map_err(|e| {
+                let mut dirs: Vec<(&str, &std::path::Path)> =
+                    upper.map(|u| ("upperdir", u)).into_iter().collect();
+                dirs.extend(lowers.iter().map(|l| ("lowerdir", *l)));
+                layer_dir_error(&dirs, e)
+            })?;
             let fs = OverlayFs::with_stack(cfg, stack)?;
             if !cfg.has_upper() {
                 fs.nodes.update(super::inode::ROOT, |n| n.upper = false);
             }
             return Ok(fs);
         }
-        let stack = Stack::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir)
-            .map_err(|e| Error::invalid(format!("cannot open layer directories: {e}")))?;
+        let stack = Stack::new(&cfg.lowerdirs, &cfg.upperdir, &cfg.workdir).map_err(|e| {
+            let mut dirs = vec![
+                ("workdir", cfg.workdir.as_path()),
+                ("upperdir", cfg.upperdir.as_path()),
+            ];
+            dirs.extend(cfg.lowerdirs.iter().map(|l| ("lowerdir", l.as_path())));
+            layer_dir_error(&dirs, e)
+        })?;
         let orphans = cfg.workdir.join(ORPHANS);
         let _ = std::fs::remove_dir_all(&orphans);
         std::fs::create_dir_all(&orphans).map_err(|e| Error::io(&orphans, e))?;
@@ -792,5 +825,38 @@ impl Drop for CopyGuard<'_> {
     fn drop(&mut self) {
         self.locks.busy.lock().remove(&self.id);
         self.locks.freed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_dir_that_cannot_be_opened_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let gone = d.path().join("gone");
+        let dirs = [
+            ("workdir", d.path()),
+            ("lowerdir", file.as_path()),
+            ("lowerdir", gone.as_path()),
+        ];
+        let e = layer_dir_error(&dirs, io::Error::from_raw_os_error(libc::ENOTDIR));
+        assert!(matches!(e, Error::Invalid(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("lowerdir {}: cannot open it: ", file.display()))
+                && msg.contains("os error 20"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "{msg}");
+        // Every directory opens now (a race): the stack's error alone.
+        let e = layer_dir_error(&dirs[..1], io::Error::from_raw_os_error(libc::EACCES));
+        assert!(
+            e.to_string().contains("cannot open layer directories"),
+            "{e}"
+        );
     }
 }

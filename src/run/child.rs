@@ -4,7 +4,8 @@
 //! namespace of its own where the run's private mounts are bound at their view paths
 //! ([`Views`]).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -144,7 +145,14 @@ impl Views {
                         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                         Err(e) => return Err(e.into()),
                     }
-                    sys::mount(Some(src), dst, None, libc::MS_BIND, None)?;
+                    // Resolved once, into a descriptor, and mounted through it: a view path
+                    // swapped for a symlink after it was checked is refused (ENOTDIR), and the
+                    // mount lands on exactly the directory opened.
+                    let fd = open_view(dst)?;
+                    let mut at = [0u8; FD_PATH_MAX];
+                    let target = fd_path(fd.as_raw_fd(), &mut at);
+                    sys::mount(Some(src), target, None, libc::MS_BIND, None)?;
+                    drop(fd);
                 }
                 if let Some((_, view)) = &workdir {
                     rustix::process::chdir(view.as_c_str())?;
@@ -154,6 +162,43 @@ impl Views {
         }
         Ok(())
     }
+}
+
+/// Opens view path `dst` as an `O_PATH` directory descriptor, never through a symlink as its
+/// last component (`O_NOFOLLOW | O_DIRECTORY`: a symlink there fails with `ENOTDIR`), for a
+/// mount through [`fd_path`] (the way runc mounts onto a target it has resolved). Runs
+/// between fork and exec: open(2) only; the descriptor closes when dropped.
+///
+/// Errors: the open(2) errno (`ENOTDIR` for a symlink or a file, `ENOENT`).
+fn open_view(dst: &CStr) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(rustix::fs::open(dst, flags, Mode::empty())?)
+}
+
+/// Room for `/proc/self/fd/<i32>` and its NUL.
+const FD_PATH_MAX: usize = 32;
+
+/// `/proc/self/fd/<fd>` written into `buf`, NUL-terminated, without allocating (it runs
+/// between fork and exec): mount(2) onto it mounts onto the directory `fd` refers to.
+fn fd_path(fd: libc::c_int, buf: &mut [u8; FD_PATH_MAX]) -> &CStr {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd.max(0) as u32, 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    CStr::from_bytes_until_nul(&buf[..]).unwrap_or(c"/proc/self/fd/")
 }
 
 /// Bytes of /proc/self/mountinfo a child reads (a machine with more mounts than fit keeps the
@@ -324,6 +369,70 @@ pub(super) fn run_child(mut cmd: Command, what: &str, group: bool, init: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_view_is_opened_once_never_through_a_symlink_and_named_by_its_fd() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, d.path().join("link")).unwrap();
+        let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+        let fd = open_view(&c(&real)).unwrap();
+        let mut buf = [0u8; FD_PATH_MAX];
+        let p = fd_path(fd.as_raw_fd(), &mut buf);
+        assert_eq!(
+            p.to_str().unwrap(),
+            format!("/proc/self/fd/{}", fd.as_raw_fd())
+        );
+        let target = std::fs::read_link(p.to_str().unwrap()).unwrap();
+        assert_eq!(target, std::fs::canonicalize(&real).unwrap());
+        drop(fd);
+        let e = open_view(&c(&d.path().join("link"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
+        let mut big = [0u8; FD_PATH_MAX];
+        assert_eq!(
+            fd_path(i32::MAX, &mut big).to_str().unwrap(),
+            "/proc/self/fd/2147483647"
+        );
+        assert_eq!(fd_path(0, &mut big).to_str().unwrap(), "/proc/self/fd/0");
+    }
+
+    /// As root: a view bound through its descriptor shows the mount at the view path, and a
+    /// view path that is a symlink (swapped after its check) is refused, nothing mounted where
+    /// it leads. The child's namespace is private: a wrong mount cannot reach the host.
+    #[test]
+    fn a_view_swapped_for_a_symlink_is_not_mounted_through() {
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let (src, view, elsewhere) = (
+            d.path().join("src"),
+            d.path().join("view"),
+            d.path().join("elsewhere"),
+        );
+        for p in [&src, &view, &elsewhere] {
+            std::fs::create_dir(p).unwrap();
+        }
+        std::fs::write(src.join("marker"), b"x").unwrap();
+        let ls = |dst: &Path, look: &Path| {
+            let views = Views {
+                binds: vec![(src.clone(), dst.to_path_buf())],
+                ..Views::default()
+            };
+            let mut cmd = Command::new("ls");
+            cmd.arg(look);
+            views.apply(&mut cmd).unwrap();
+            cmd.output()
+        };
+        let out = ls(&view, &view).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "marker\n");
+        std::fs::remove_dir(&view).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &view).unwrap();
+        let e = ls(&view, &elsewhere).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
 
     #[test]
     fn finds_other_layercache_mounts_in_mountinfo_lines() {

@@ -145,6 +145,10 @@ use summary::print_summary;
 /// removes the view directories the run made on the host ([`Mounts::remove_made`]).
 struct Mounts<'a> {
     mounter: &'a dyn Mounter,
+    /// The store root and run id the made view directories are recorded under
+    /// ([`crate::store::record_made_views`]), so `gc` removes them after a `kill -9`.
+    store: &'a Path,
+    run_id: &'a str,
     points: Vec<PathBuf>,
     /// The host view directories of [`Mounts::prepare_views`], each open with a shared flock
     /// for the whole run, and whether this run created it.
@@ -216,13 +220,32 @@ impl Mounts<'_> {
                 last.1 = held;
             }
         }
+        self.record_made();
         Ok(())
+    }
+
+    /// Records the view directories this run made that still exist (or forgets the record when
+    /// none is left); best effort: a record that cannot be written is a warning.
+    fn record_made(&self) {
+        let made: Vec<PathBuf> = (self.view_dirs.iter())
+            .filter(|(_, _, made)| *made)
+            .map(|(d, _, _)| d.clone())
+            .collect();
+        if made.is_empty() {
+            return;
+        }
+        if let Err(e) = crate::store::record_made_views(self.store, self.run_id, &made) {
+            tracing::warn!("recording the run's view directories: {e}");
+        }
     }
 
     /// After the unmounts: removes the view directories this run created (innermost first)
     /// when empty and held by no other run (an exclusive flock taken without waiting; a run
     /// that still uses one holds it shared). Best effort: anything else stays as it is.
+    /// What is left (held by another run) stays recorded for `gc`.
     fn remove_made(&mut self) {
+        let any = self.view_dirs.iter().any(|(_, _, made)| *made);
+        let mut left = Vec::new();
         while let Some((dir, held, made)) = self.view_dirs.pop() {
             drop(held);
             if !made {
@@ -234,6 +257,13 @@ impl Mounts<'_> {
             if crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
                 let _ = std::fs::remove_dir(&dir);
             }
+            if dir.exists() {
+                left.push(dir);
+            }
+        }
+        if any {
+            left.reverse();
+            let _ = crate::store::record_made_views(self.store, self.run_id, &left);
         }
     }
 }
@@ -277,6 +307,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let all_keys = keys(&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref())?;
     let mut mounts = Mounts {
         mounter,
+        store: &cfg.store,
+        run_id: &cfg.run_id,
         points: Vec::new(),
         view_dirs: Vec::new(),
     };

@@ -243,7 +243,7 @@ pub fn document() -> Value {
                     "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
                 "GcReport": s(json!({"dry_run": {"type": "boolean"}, "before": {"type": "object"}, "after": {"type": "object"},
                     "evicted": {"type": "array", "items": {"type": "string"}}, "in_use": {"type": "integer"}, "removed_objects": {"type": "integer"},
-                    "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "removed_orphans": {"type": "integer"}}))
+                    "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "removed_orphans": {"type": "integer"}, "removed_view_dirs": {"type": "integer"}}))
             }
         }
     });

@@ -68,6 +68,10 @@ input[type=password] { font: inherit; padding: .3rem; width: min(100%, 24rem); }
 h2 .button { font-size: .85rem; font-weight: normal; margin-left: .4rem; }
 td.time { white-space: nowrap; }
 td.why { overflow-wrap: anywhere; }
+/* A key breaks only after a '-' (key_parts puts <wbr> there), never inside its hash: in a narrow
+   window the table scrolls sideways in its box instead of stacking a key a few letters a line. */
+.key.parts { overflow-wrap: normal; word-break: normal; }
+table#preparation td.why { min-width: 14rem; }
 /* Phones: each table row becomes a card of labelled lines. */
 @media (max-width: 40rem) {
   .box { overflow-x: visible; border: 0; background: none; }
@@ -78,6 +82,17 @@ td.why { overflow-wrap: anywhere; }
   td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); }
 }
 "#;
+
+/// A key (`<id>-<os>-<arch>-<env8>-<hash>`) with a `<wbr>` after each `-`: with the `.key.parts`
+/// style it breaks only there, never inside its hash.
+fn key_parts(key: &str) -> Markup {
+    html! {
+        @for (i, part) in key.split_inclusive('-').enumerate() {
+            @if i > 0 { wbr; }
+            (part)
+        }
+    }
+}
 
 /// Percent-encodes everything but unreserved characters (RFC 3986 section 2.3).
 pub fn urlencode(s: &str) -> String {
@@ -342,8 +357,8 @@ pub async fn runs(
                 tbody { @for r in shown { tr {
                     td.time title={"run " (r.run)} { a.run href={"/projects/" (urlencode(&project)) "/runs/" (urlencode(&r.run))} data-run=(r.run) { (human_time(&r.time)) } } td data-label="cache" { (r.cache) }
                     td data-label="result" { span class={"result-" (r.result)} { (r.result) } }
-                    td data-label="key" { span.key { (r.key) } }
-                    td data-label="matched" { span.key { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (m) } None => { "—" } } } }
+                    td data-label="key" { span.key.parts { (key_parts(&r.key)) } }
+                    td data-label="matched" { span.key.parts { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (key_parts(m)) } None => { "—" } } } }
                     td.num data-label="preparation" title={"mount " (r.mount_ms) " ms, setup " (r.setup_ms) " ms, maintenance " (r.maintenance_ms) " ms, promote " (r.promote_ms) " ms"} { (fmt_ms(r.prep_ms)) }
                     td.num data-label="saved" { (fmt_ms(r.saved_ms)) } td.num data-label="exit" { (r.exit_status) }
                 } } }
@@ -379,8 +394,8 @@ pub async fn run(
                 tbody { @for r in &d.caches { tr data-cache=(r.cache) {
                     td data-label="cache" { (r.cache) }
                     td data-label="result" { span class={"result-" (r.result)} { (r.result) } }
-                    td data-label="key" { span.key { (r.key) } }
-                    td data-label="matched" { span.key { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (m) } None => { "—" } } } }
+                    td data-label="key" { span.key.parts { (key_parts(&r.key)) } }
+                    td data-label="matched" { span.key.parts { @match r.matched_key.as_deref() { Some(m) if m == r.key => { "the key" } Some(m) => { (key_parts(m)) } None => { "—" } } } }
                     td.why data-label="why" { @if r.why.is_empty() { "—" } @else { (r.why.join("; ")) } }
                     td.num data-label="setup" { (fmt_ms(r.setup_ms)) }
                     td.num data-label="maintenance" { (fmt_ms(r.maintenance_ms)) }

@@ -45,7 +45,7 @@ pub fn field_error(text: &str, msg: &str) -> FieldError {
             message: msg,
         };
     }
-    // A syntax error or an unknown field from serde/toml: `TOML parse error at line 3, …` or
+    // A syntax error: `TOML syntax error at line 3, column 5: …` or JSON's
     // `… at line 3 column 5`.
     FieldError {
         field: "spec".into(),
@@ -151,5 +151,20 @@ mod tests {
             panic!()
         };
         assert_eq!((errs[0].field.as_str(), errs[0].line), ("user", Some(2)));
+        // A type error is a field error with its line, and hides no other cache's error.
+        let typed = "project = \"p\"\n[[cache]]\nid = \"a\"\nsetup = 5\n[[cache]]\nid = \"b\"\npreset = \"x\"\n";
+        let AppError::Invalid(errs) = validate(typed).unwrap_err() else {
+            panic!()
+        };
+        let fields: Vec<_> = errs.iter().map(|e| (e.field.as_str(), e.line)).collect();
+        assert_eq!(
+            fields,
+            [
+                ("cache[0].setup", Some(4)),
+                ("cache[0].key_files", Some(2)),
+                ("cache[1].preset", Some(7))
+            ],
+            "{errs:?}"
+        );
     }
 }

@@ -20,7 +20,10 @@
 //! Templates: `env` values, `mountpoint`, `setup`, `restore_setup` and `maintenance` may use `{mount}` (the cache's
 //! mountpoint; scripts also get it as `$LAYERCACHE_MOUNT`),
 //! `{workdir}` (the project directory), `{mount_root}` and `{env:NAME}` (the variable in
-//! layercache's own environment, empty when unset).
+//! layercache's own environment, empty when unset). The value of every `{env:NAME}` in
+//! `setup`, `restore_setup` and `env` enters the cache's key, `PATH` excepted
+//! ([`Cache::key_variables`]); a variable a script reads as `$NAME` does not: write
+//! `{env:NAME}` to make it an input.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -37,16 +40,6 @@ mod stored;
 pub use pattern::Pattern;
 pub use presets::{PRESETS, Preset, preset, presets_text};
 pub use stored::load_stored;
-
-/// The spec as written (raw serde input; unknown fields are rejected by name).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSpec {
-    project: String,
-    user: Option<RawUser>,
-    #[serde(default, alias = "caches")]
-    cache: Vec<RawCache>,
-}
 
 /// The spec's `user` as written: a string, or an integer taken as a UID (`user = 1000` means
 /// what `user = "1000"` and `--user 1000` mean).
@@ -78,6 +71,9 @@ impl<'de> Deserialize<'de> for RawUser {
     }
 }
 
+/// One `[[cache]]` as written (raw serde input; unknown fields are rejected by name). The
+/// spec's top level (`project`, `user`, `cache` or its alias `caches`) is read field by field in
+/// [`parse_all`], so a bad field of one part never hides another's.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCache {
@@ -130,6 +126,11 @@ pub struct Cache {
     /// Whether the key files were written in the spec (each literal one must exist) or come from
     /// a preset (at least one must match).
     pub key_files_explicit: bool,
+    /// The preset's [`Preset::key_files_first`] when the key files are the preset's; `false`
+    /// for a spec's own `key_files`.
+    pub key_files_first: bool,
+    /// The preset's [`Preset::requirement_includes`] (also for a spec's own `key_files`).
+    pub requirement_includes: bool,
     /// Restore-key prefixes from the spec; `None` means the default (the key up to its hash).
     pub restore_keys: Option<Vec<String>>,
     /// Environment templates: the preset's, overridden by the spec's.
@@ -233,6 +234,28 @@ pub fn check_root(what: &str, dir: &Path) -> Result<()> {
 }
 
 impl Cache {
+    /// The variables whose values enter the key: every `NAME` of an `{env:NAME}` template in
+    /// `setup`, `restore_setup` and the `env` values (the preset's and the spec's), which
+    /// shape what setup installs (an index URL, a version pin), sorted — except `PATH`, which
+    /// differs between hosts and shells and only finds the tools (their versions are the
+    /// key's input). `maintenance` and `mountpoint` are not read: maintenance does not make
+    /// the layer, and a path-bound tree's mountpoint is in the key as expanded.
+    pub fn key_variables(&self) -> Vec<String> {
+        let mut texts: Vec<&str> = vec![self.setup.as_str()];
+        texts.extend(self.restore_setup.as_deref());
+        texts.extend(self.env.values().map(String::as_str));
+        let mut names: Vec<String> = texts
+            .into_iter()
+            .flat_map(template_names)
+            .filter_map(|n| n.strip_prefix("env:"))
+            .filter(|n| *n != "PATH")
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// The tools whose versions enter the environment fingerprint (the preset's).
     pub fn tools(&self) -> &'static [&'static str] {
         self.preset.map(|p| p.tools).unwrap_or(&[])
@@ -462,9 +485,11 @@ pub fn parse(text: &str) -> Result<Spec> {
 }
 
 /// Parses and validates a spec like [`parse`], reporting every bad field: on error one message
-/// per problem, in spec order, each naming its field (`project: …`, `cache[i].<field>: …`; every
-/// bad field of each cache), or a single message for a syntax error or an unknown
-/// field (serde's text, which may span lines).
+/// per problem, in spec order, each one line naming its field (`project: …`,
+/// `cache[i].<field>: …`; every bad field of each cache, a field of the wrong type or an
+/// unknown one included: a type error in one cache hides nothing of another), or a single
+/// message for a syntax error (`TOML syntax error at line L, column C: …`; JSON's
+/// `… at line L column C`).
 ///
 /// The fields checked: `project`, `user`, `cache[i].id` (invalid or duplicate), `cache[i].preset`
 /// (unknown), `cache[i].setup` (missing without a preset), `cache[i].restore_setup` (empty),
@@ -473,16 +498,33 @@ pub fn parse(text: &str) -> Result<Spec> {
 /// `cache[i].exclude`, and the templates of `setup`, `restore_setup`, `maintenance`, `env` and
 /// `mountpoint`.
 pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
-    let raw: RawSpec = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| vec![e.to_string()])?
-    } else {
-        toml::from_str(text).map_err(|e| vec![e.to_string().trim_end().to_string()])?
-    };
+    let mut doc = document(text).map_err(|e| vec![e])?;
     let mut errors: Vec<String> = Vec::new();
-    let project = ProjectId::new(raw.project)
-        .map_err(|e| errors.push(format!("project: {e}")))
-        .ok();
-    let user = match raw.user {
+    let known = ["project", "user", "cache", "caches"];
+    for k in doc.keys().filter(|k| !known.contains(&k.as_str())) {
+        errors.push(format!(
+            "{k}: unknown field (a spec has project, user and [[cache]] tables)"
+        ));
+    }
+    let project = match doc.remove("project") {
+        None => {
+            errors.push("project: missing: name the project, e.g. project = \"acme-web\"".into());
+            None
+        }
+        Some(v) => String::deserialize(v)
+            .map_err(|e| e.to_string())
+            .and_then(|p| ProjectId::new(p).map_err(|e| e.to_string()))
+            .map_err(|e| errors.push(format!("project: {e}")))
+            .ok(),
+    };
+    let raw_user = match doc.remove("user").map(RawUser::deserialize).transpose() {
+        Ok(u) => u,
+        Err(e) => {
+            errors.push(format!("user: {e}"));
+            None
+        }
+    };
+    let user = match raw_user {
         Some(RawUser::Text(s)) => Some(s),
         Some(RawUser::Uid(n)) if n < 0 => {
             let max = crate::sandbox::user::MAX_ID;
@@ -501,14 +543,42 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     {
         errors.push(format!("user: {p}"));
     }
+    let list = match (doc.remove("cache"), doc.remove("caches")) {
+        (Some(_), Some(_)) => {
+            errors.push("caches: give either cache or caches (its alias), not both".into());
+            Vec::new()
+        }
+        (Some(v), None) | (None, Some(v)) => Vec::<serde_json::Value>::deserialize(v)
+            .map_err(|e| errors.push(format!("cache: {e} (want [[cache]] tables)")))
+            .unwrap_or_default(),
+        (None, None) => Vec::new(),
+    };
     let mut caches: Vec<(usize, Cache)> = Vec::new();
     // Every earlier id as written, valid caches or not, so a duplicate is named either way.
     let mut ids: Vec<(usize, String)> = Vec::new();
-    for (i, rc) in raw.cache.into_iter().enumerate() {
+    for (i, value) in list.into_iter().enumerate() {
+        let (rc, mut typed, bad_fields) = raw_cache(i, value);
+        let Some(rc) = rc else {
+            errors.append(&mut typed);
+            continue;
+        };
         let id = rc.id.clone();
         match validate_cache(i, rc, &ids) {
-            Ok(c) => caches.push((i, c)),
-            Err(e) => errors.extend(e),
+            Ok(c) if typed.is_empty() => caches.push((i, c)),
+            Ok(_) => errors.append(&mut typed),
+            Err(e) => {
+                // A field of the wrong type was left out: its own checks (`setup: missing`)
+                // would only repeat its type error.
+                errors.append(&mut typed);
+                let field = |m: &str| {
+                    m.split_once(": ")
+                        .and_then(|(h, _)| h.split_once("].").map(|(_, f)| f.to_string()))
+                };
+                errors.extend(
+                    e.into_iter()
+                        .filter(|m| field(m).is_none_or(|f| !bad_fields.contains(&f))),
+                );
+            }
         }
         ids.push((i, id));
     }
@@ -520,6 +590,85 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
             user,
         }),
         _ => Err(errors),
+    }
+}
+
+/// The spec's top-level table: JSON when `text` starts with `{`, TOML otherwise (TOML tables
+/// become JSON objects, so one reader checks both).
+///
+/// Errors: one line for a syntax error: `TOML syntax error at line L, column C: …` (1-based,
+/// columns in characters), or serde_json's `… at line L column C`.
+fn document(text: &str) -> std::result::Result<serde_json::Map<String, serde_json::Value>, String> {
+    let value = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| format!("JSON syntax error: {e}"))?
+    } else {
+        let table: toml::Table = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| {
+                let before = &text[..s.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let col = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+                format!(" at line {line}, column {col}")
+            });
+            let msg = e
+                .message()
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim_end()
+                .to_string();
+            format!("TOML syntax error{}: {msg}", at.unwrap_or_default())
+        })?;
+        serde_json::to_value(table).map_err(|e| format!("spec: {e}"))?
+    };
+    match value {
+        serde_json::Value::Object(m) => Ok(m),
+        other => Err(format!(
+            "spec: a spec is a table (TOML) or an object (JSON), not {other}"
+        )),
+    }
+}
+
+/// `cache[i]` as written, read field by field when it does not read whole: the cache (`None`
+/// when even its `id` cannot be read), a message `cache[i].<field>: …` per field of the wrong
+/// type or unknown, and those fields' names (left out of the cache returned).
+fn raw_cache(i: usize, value: serde_json::Value) -> (Option<RawCache>, Vec<String>, Vec<String>) {
+    let mut obj = match value {
+        serde_json::Value::Object(m) => m,
+        other => {
+            return (
+                None,
+                vec![format!("cache[{i}]: want a table of fields, not {other}")],
+                Vec::new(),
+            );
+        }
+    };
+    if let Ok(rc) = RawCache::deserialize(serde_json::Value::Object(obj.clone())) {
+        return (Some(rc), Vec::new(), Vec::new());
+    }
+    let (mut errors, mut bad) = (Vec::new(), Vec::new());
+    for (k, v) in &obj {
+        // The field alone (beside a placeholder id): its own type error, or serde's
+        // `unknown field`, naming the known ones.
+        let mut probe = serde_json::Map::new();
+        probe.insert("id".into(), serde_json::Value::String("x".into()));
+        probe.insert(k.clone(), v.clone());
+        if let Err(e) = RawCache::deserialize(serde_json::Value::Object(probe)) {
+            errors.push(format!("cache[{i}].{k}: {e}"));
+            bad.push(k.clone());
+        }
+    }
+    for k in &bad {
+        obj.remove(k);
+    }
+    if !obj.contains_key("id") && !bad.iter().any(|k| k == "id") {
+        errors.push(format!(
+            "cache[{i}].id: missing: every cache needs an id, e.g. id = \"npm\""
+        ));
+    }
+    match RawCache::deserialize(serde_json::Value::Object(obj)) {
+        Ok(rc) => (Some(rc), errors, bad),
+        Err(e) if errors.is_empty() => (None, vec![format!("cache[{i}]: {e}")], bad),
+        Err(_) => (None, errors, bad),
     }
 }
 
@@ -620,6 +769,8 @@ fn validate_cache(
             maintenance,
             key_files,
             key_files_explicit,
+            key_files_first: !key_files_explicit && preset.is_some_and(|p| p.key_files_first),
+            requirement_includes: preset.is_some_and(|p| p.requirement_includes),
             restore_keys: rc.restore_keys,
             env,
             mountpoint,

@@ -15,6 +15,16 @@ pub struct Preset {
     /// Key file patterns relative to the workdir (`*` within a name, `**/` any directories);
     /// at least one file must match.
     pub key_files: &'static [&'static str],
+    /// Whether `key_files` are alternatives tried in order, as the setup's `if … elif` picks
+    /// its installer: the first pattern that matches a file gives the key files, the later ones
+    /// are left out of the key (the venv preset: uv.lock, else poetry.lock, else
+    /// requirements.txt). `false`: every match is a key file. Applies to the preset's own
+    /// `key_files` only; a spec's `key_files` are all read.
+    pub key_files_first: bool,
+    /// Whether key files ending in `.txt` or `.in` are pip requirements files whose `-r` /
+    /// `--requirement` and `-c` / `--constraint` includes (relative to the including file, as
+    /// pip reads them) join the key, recursively (see [`crate::key::compute`]).
+    pub requirement_includes: bool,
     /// Environment the package manager reads its cache location from (templates, module docs).
     pub env: &'static [(&'static str, &'static str)],
     /// Where the cache is mounted when the spec names no `mountpoint`; `None` means
@@ -140,6 +150,8 @@ pub const PRESETS: &[Preset] = &[
         version: 2,
         description: "npm's download cache (npm_config_cache)",
         key_files: &["package-lock.json", "npm-shrinkwrap.json"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("npm_config_cache", "{mount}")],
         mountpoint: None,
         setup: NPM_SETUP,
@@ -158,6 +170,8 @@ pub const PRESETS: &[Preset] = &[
         version: 1,
         description: "pnpm's content-addressed store (npm_config_store_dir)",
         key_files: &["pnpm-lock.yaml"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("npm_config_store_dir", "{mount}")],
         mountpoint: None,
         setup: "pnpm install --frozen-lockfile",
@@ -175,6 +189,8 @@ pub const PRESETS: &[Preset] = &[
         version: 1,
         description: "yarn's download cache (YARN_CACHE_FOLDER)",
         key_files: &["yarn.lock"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("YARN_CACHE_FOLDER", "{mount}")],
         mountpoint: None,
         setup: "yarn install --frozen-lockfile",
@@ -192,6 +208,8 @@ pub const PRESETS: &[Preset] = &[
         version: 2,
         description: "pip's HTTP and wheel cache (PIP_CACHE_DIR)",
         key_files: &["requirements*.txt", "constraints*.txt"],
+        key_files_first: false,
+        requirement_includes: true,
         env: &[("PIP_CACHE_DIR", "{mount}")],
         mountpoint: None,
         // Fills the cache without installing anything: a bare `pip install` would install into
@@ -210,6 +228,8 @@ pub const PRESETS: &[Preset] = &[
         version: 1,
         description: "uv's cache (UV_CACHE_DIR)",
         key_files: &["uv.lock"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("UV_CACHE_DIR", "{mount}")],
         mountpoint: None,
         setup: "uv sync --frozen",
@@ -224,6 +244,8 @@ pub const PRESETS: &[Preset] = &[
         version: 1,
         description: "Go module and build caches (GOMODCACHE={mount}/mod, GOCACHE={mount}/build)",
         key_files: &["**/go.sum", "**/go.mod"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("GOMODCACHE", "{mount}/mod"), ("GOCACHE", "{mount}/build")],
         mountpoint: None,
         setup: "go mod download",
@@ -238,6 +260,8 @@ pub const PRESETS: &[Preset] = &[
         version: 1,
         description: "Cargo's registry and git caches (CARGO_HOME; bin/ and credentials are dropped)",
         key_files: &["Cargo.lock"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("CARGO_HOME", "{mount}")],
         mountpoint: None,
         setup: "cargo fetch --locked",
@@ -252,6 +276,8 @@ pub const PRESETS: &[Preset] = &[
         version: 1,
         description: "Maven's local repository (-Dmaven.repo.local via MAVEN_OPTS)",
         key_files: &["**/pom.xml"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("MAVEN_OPTS", "-Dmaven.repo.local={mount} {env:MAVEN_OPTS}")],
         mountpoint: None,
         setup: "mvn -B -q dependency:go-offline",
@@ -270,6 +296,8 @@ pub const PRESETS: &[Preset] = &[
             "**/gradle-wrapper.properties",
             "**/libs.versions.toml",
         ],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("GRADLE_USER_HOME", "{mount}")],
         mountpoint: None,
         setup: GRADLE_SETUP,
@@ -289,6 +317,8 @@ pub const PRESETS: &[Preset] = &[
             "pnpm-lock.yaml",
             "yarn.lock",
         ],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[],
         mountpoint: Some("{workdir}/node_modules"),
         setup: NODE_SETUP,
@@ -300,9 +330,13 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "venv",
-        version: 2,
+        // v3: keyed on the inputs of the installer its setup runs (the first of uv.lock,
+        // poetry.lock, requirements.txt with its includes), not on all of them.
+        version: 3,
         description: "a Python virtualenv, mounted at <workdir>/.venv",
-        key_files: &["requirements*.txt", "uv.lock", "poetry.lock"],
+        key_files: &["uv.lock", "poetry.lock", "requirements.txt"],
+        key_files_first: true,
+        requirement_includes: true,
         env: &[
             ("VIRTUAL_ENV", "{mount}"),
             ("PATH", "{mount}/bin:{env:PATH}"),
@@ -320,6 +354,8 @@ pub const PRESETS: &[Preset] = &[
         version: 1,
         description: "Cargo's build output (CARGO_TARGET_DIR), so dependencies are not rebuilt",
         key_files: &["Cargo.lock"],
+        key_files_first: false,
+        requirement_includes: false,
         env: &[("CARGO_TARGET_DIR", "{mount}")],
         mountpoint: None,
         setup: "cargo build",
@@ -347,6 +383,8 @@ pub fn presets_text(json: bool) -> String {
                     "version": p.version,
                     "description": p.description,
                     "key_files": p.key_files,
+                    "key_files_first": p.key_files_first,
+                    "requirement_includes": p.requirement_includes,
                     "env": p.env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
                     "mountpoint": p.mountpoint.unwrap_or("{mount_root}/{id}"),
                     "setup": p.setup,
@@ -364,9 +402,19 @@ pub fn presets_text(json: bool) -> String {
     for p in PRESETS {
         out.push_str(&format!("{:<13} {}\n", p.name, p.description));
         out.push_str(&format!(
-            "{:<13}   key files: {}\n",
+            "{:<13}   key files: {}{}{}\n",
             "",
-            p.key_files.join(", ")
+            if p.key_files_first {
+                "the first found of "
+            } else {
+                ""
+            },
+            p.key_files.join(", "),
+            if p.requirement_includes {
+                " (with their -r/-c includes)"
+            } else {
+                ""
+            }
         ));
         let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         if !env.is_empty() {

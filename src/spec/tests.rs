@@ -278,10 +278,63 @@ fn every_bad_field_is_reported_in_spec_order() {
     // The duplicate names the index in the spec, though an invalid cache came before it.
     assert!(errors[3].contains("also cache[1].id"), "{errors:#?}");
     assert_eq!(parse(text).unwrap_err().to_string(), errors.join("\n"));
-    // A syntax error is one message, however many lines serde gives it.
-    let syntax = parse_all("project = \n").unwrap_err();
+    // A syntax error is one message of one line, with its line and column.
+    let syntax = parse_all("project = \"p\"\n[[cache]]\nid = \"a\"\nsetup = \n").unwrap_err();
     assert_eq!(syntax.len(), 1, "{syntax:?}");
-    assert!(syntax[0].contains('\n'), "{syntax:?}");
+    assert!(!syntax[0].contains('\n'), "{syntax:?}");
+    assert!(
+        syntax[0].starts_with("TOML syntax error at line 4, column 9: "),
+        "{syntax:?}"
+    );
+}
+
+#[test]
+fn a_type_error_hides_no_other_error() {
+    // cache[0] has two fields of the wrong type and an unknown one; cache[1] an unknown
+    // preset; the project is an integer: every one is reported, each on one line.
+    let text = "project = 5\n[[cache]]\nid = \"a\"\nsetup = 5\nkey_files = \"x\"\nbogus = 1\n\
+                [[cache]]\nid = \"b\"\npreset = \"nope\"\n";
+    let errors = parse_all(text).unwrap_err();
+    let heads: Vec<&str> = errors
+        .iter()
+        .map(|e| e.split_once(": ").unwrap().0)
+        .collect();
+    assert_eq!(
+        heads,
+        [
+            "project",
+            "cache[0].bogus",
+            "cache[0].key_files",
+            "cache[0].setup",
+            "cache[1].preset"
+        ],
+        "{errors:#?}"
+    );
+    assert!(errors.iter().all(|e| !e.contains('\n')), "{errors:#?}");
+    assert!(errors[0].contains("expected a string"), "{errors:#?}");
+    assert!(errors[1].contains("unknown field `bogus`"), "{errors:#?}");
+    assert!(errors[3].contains("integer `5`"), "{errors:#?}");
+    // The same in JSON; a missing id is named; a good cache beside bad ones still parses.
+    let json =
+        r#"{"project": "p", "cache": [{"setup": 5}, {"id": "b", "preset": "npm", "env": 1}]}"#;
+    let errors = parse_all(json).unwrap_err();
+    let heads: Vec<&str> = errors
+        .iter()
+        .map(|e| e.split_once(": ").unwrap().0)
+        .collect();
+    assert_eq!(
+        heads,
+        ["cache[0].setup", "cache[0].id", "cache[1].env"],
+        "{errors:#?}"
+    );
+    // An unknown top-level field beside a good spec.
+    let errors = parse_all("project = \"p\"\nprojekt = 1\n").unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("projekt: unknown field"),
+        "{errors:?}"
+    );
+    assert!(parse_all("project = \"p\"\n[[caches]]\nid = \"a\"\npreset = \"npm\"\n").is_ok());
 }
 
 #[test]

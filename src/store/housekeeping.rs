@@ -79,6 +79,10 @@ pub struct GcReport {
     pub removed_runs: u64,
     /// Unpublished (orphan) layers removed.
     pub removed_orphans: u64,
+    /// Empty host view directories that killed runs made and left, removed
+    /// ([`super::reap_made_views`]).
+    #[serde(default)]
+    pub removed_view_dirs: u64,
 }
 
 /// [`gc::Usage`] in a report.
@@ -158,7 +162,8 @@ impl Store {
     }
 
     /// `layercache gc`: removes stale staging and run directories (daemon dead), fill locks
-    /// nobody holds and unpublished layers, then evicts least-recently-mounted layers (never a
+    /// nobody holds, empty host view directories a killed run made ([`super::reap_made_views`])
+    /// and unpublished layers, then evicts least-recently-mounted layers (never a
     /// mounted one) and quarantined entries (aged from when `verify` quarantined them; they
     /// count against the limits like layers) until under the limits (config.toml, overridden
     /// by `opts`), and removes objects no layer references. A dry run removes nothing and
@@ -191,6 +196,10 @@ impl Store {
             let (staging, runs) = self.remove_crash_garbage(pd, dry, &mut doomed.of(pi))?;
             report.removed_staging += staging;
             report.removed_runs += runs;
+        }
+        // Empty host view directories killed runs made (their records say which).
+        if !dry {
+            report.removed_view_dirs = super::views::reap_made_views(&self.root)?;
         }
         // 2. Candidates (orphans removed on the way), the plan under the limits, eviction.
         let mut cands = Candidates::default();

@@ -8,7 +8,7 @@
 //! Its front door is this module: the submodules are private and what callers use is
 //! re-exported here. Inside, by job: `paths` (where things live: [`ProjectDirs`]), `mount`
 //! (lookup, fill wait, mount; the RAII [`Mount`] handle), `runs` (run records, umount),
-//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `verify`, `inputs` (a key's
+//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `views` (host view directories a killed run left), `verify`, `inputs` (a key's
 //! recorded inputs), `specs` (stored specs), `config` (config.toml), `tier` (the port the
 //! remote tier implements, [`RemoteTier`]); below them `layer`, `object`, `lease`, `promote`
 //! and `gc` (the pure eviction plan). The on-disk layout is drawn once, in docs/ARCHITECTURE.md
@@ -33,6 +33,7 @@ mod runs;
 mod specs;
 mod tier;
 mod verify;
+mod views;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,7 @@ pub use runs::{MountResult, RunRecord, StoreMount};
 pub use specs::StoredSpec;
 pub use tier::{PullReport, RemoteTier};
 pub use verify::VerifyReport;
+pub use views::{forget_made_views, reap_made_views, record_made_views};
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).
 pub const FORMAT: u32 = 1;
@@ -88,6 +90,34 @@ pub fn default_root() -> Result<PathBuf> {
         std::env::var_os("XDG_CACHE_HOME"),
         std::env::var_os("HOME"),
     )
+}
+
+/// The error for a store directory `root` that `create_dir_all` could not make: bad input
+/// (exit 2, one line naming the directory, the reason and what would do) when the reason is
+/// where it is — EACCES, EPERM, ENOENT, ENOTDIR, EEXIST (a file in the way), EROFS — with the
+/// `HOME` (or `XDG_CACHE_HOME`) that does not exist named when the store is below it; else
+/// [`Error::Io`].
+fn root_not_creatable(root: &Path, e: std::io::Error) -> Error {
+    let bad_place = matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EACCES | libc::EPERM | libc::ENOENT | libc::ENOTDIR | libc::EEXIST | libc::EROFS
+        )
+    );
+    if !bad_place {
+        return Error::io(root, e);
+    }
+    let missing = ["XDG_CACHE_HOME", "HOME"].iter().find_map(|var| {
+        let dir = PathBuf::from(std::env::var_os(var)?);
+        (dir.is_absolute() && root.starts_with(&dir) && !dir.is_dir())
+            .then(|| format!(" ({var}={} does not exist)", dir.display()))
+    });
+    Error::invalid(format!(
+        "store {}: cannot create it: {e}{}; pass --store DIR or set LAYERCACHE_STORE to a \
+         directory you can write",
+        root.display(),
+        missing.unwrap_or_default()
+    ))
 }
 
 /// [`default_root`] for a process that is root or not, with these `XDG_CACHE_HOME` and `HOME`.
@@ -269,13 +299,16 @@ impl Store {
     /// Creates `v1/`, `format.json` and a default `config.toml`, and reads the limits.
     ///
     /// Errors: [`Error::Invalid`] for a store of another format or a bad config.toml (naming
-    /// the file); [`Error::Io`] when the directories cannot be created.
+    /// the file), and for a store directory that cannot be made because of where it is
+    /// ([`root_not_creatable`]: a missing or unwritable parent, a file in the way, a read-only
+    /// filesystem — a default user store under a `HOME` that does not exist among them);
+    /// [`Error::Io`] when the directories cannot be created otherwise.
     pub fn open(root: Option<&Path>) -> Result<Store> {
         let root = match root {
             Some(r) => r.to_path_buf(),
             None => default_root()?,
         };
-        fs::create_dir_all(&root).at(&root)?;
+        fs::create_dir_all(&root).map_err(|e| root_not_creatable(&root, e))?;
         let base = root.join("v1");
         mkdir_mode(&base, 0o755)?;
         mkdir_mode(&base.join("projects"), 0o711)?;

@@ -1,16 +1,29 @@
 //! `layercache verify`: re-hash every object; quarantine what does not match its name and
 //! unpublish every layer that links it (a later mount of its key misses and refills).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::{Store, object};
+use super::{ProjectDirs, Store, object};
 use crate::error::{IoContext, Result};
-use crate::ids::ProjectId;
+use crate::ids::{CacheId, CacheKey, ProjectId};
+
+/// `quarantine/<layer>/verify.json`: why verify quarantined the layer, so a later miss of its
+/// keys says so ([`ProjectDirs::quarantine_note`]) instead of "its key is gone".
+#[derive(Debug, Serialize, Deserialize)]
+struct QuarantineNote {
+    cache: Option<CacheId>,
+    /// The keys that published the layer (unpublished by verify).
+    keys: Vec<CacheKey>,
+    /// When, ms since the epoch.
+    quarantined_ms: u64,
+    /// A corrupt object the layer linked (`<aa>/<name>` under `objects/`).
+    object: String,
+}
 
 /// What verify found.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -36,13 +49,15 @@ impl Store {
         let _locks = self.lock_projects(&pds)?;
         let mut report = VerifyReport::default();
         for pd in &pds {
-            let mut bad: HashSet<(u64, u64)> = HashSet::new();
+            let mut bad: HashMap<(u64, u64), String> = HashMap::new();
             let mut bad_paths = Vec::new();
             for (path, id, meta) in pd.objects().list()? {
                 report.objects_checked += 1;
                 let ok = object::hash_file(&path).map(|h| h == id).unwrap_or(false);
                 if !ok {
-                    bad.insert((meta.dev(), meta.ino()));
+                    let dir = pd.root.join("objects");
+                    let shown = path.strip_prefix(&dir).unwrap_or(&path);
+                    bad.insert((meta.dev(), meta.ino()), shown.display().to_string());
                     bad_paths.push(path);
                 }
             }
@@ -53,10 +68,23 @@ impl Store {
             fs::create_dir_all(q.join("objects")).at(&q)?;
             for id in pd.layer_ids()? {
                 let l = pd.layer(&id);
-                if tree_links_any(&l.tree(), &bad)? {
-                    pd.unpublish(&id)?;
+                if let Some(object) = tree_links_any(&l.tree(), &bad)? {
+                    let keys = pd.unpublish(&id)?;
                     let to = q.join(id.as_str());
                     fs::rename(&l.dir, &to).at(&l.dir)?;
+                    let note = QuarantineNote {
+                        cache: super::layer::Layer::new(&q, id.clone())
+                            .manifest()
+                            .ok()
+                            .map(|m| m.cache),
+                        keys,
+                        quarantined_ms: crate::units::now_ms(),
+                        object,
+                    };
+                    // Best effort: without it a later miss only says its key is gone.
+                    if let Ok(body) = serde_json::to_vec(&note) {
+                        let _ = fs::write(to.join("verify.json"), body);
+                    }
                     report.quarantined.push(format!("{}/{id}", pd.project));
                 }
             }
@@ -72,7 +100,45 @@ impl Store {
     }
 }
 
-fn tree_links_any(root: &Path, bad: &HashSet<(u64, u64)>) -> Result<bool> {
+impl ProjectDirs {
+    /// Why key `key` of `cache` has no layer when `layercache verify` quarantined its layer:
+    /// one line naming the layer, when, and the corrupt object it linked; `None` when no
+    /// quarantined layer was published under it.
+    pub fn quarantine_note(&self, cache: &CacheId, key: &str) -> Option<String> {
+        let q = self.quarantine();
+        for ent in fs::read_dir(&q).ok()?.flatten() {
+            let Ok(body) = fs::read(ent.path().join("verify.json")) else {
+                continue;
+            };
+            let Ok(note) = serde_json::from_slice::<QuarantineNote>(&body) else {
+                continue;
+            };
+            if note.cache.as_ref().is_none_or(|c| c == cache)
+                && note.keys.iter().any(|k| k.as_str() == key)
+            {
+                let s = crate::units::now_ms().saturating_sub(note.quarantined_ms) / 1000;
+                let ago = match s {
+                    0..120 => format!("{s} s"),
+                    120..7200 => format!("{} min", s / 60),
+                    7200..172_800 => format!("{} h", s / 3600),
+                    _ => format!("{} days", s / 86_400),
+                };
+                return Some(format!(
+                    "its layer {} was quarantined by `layercache verify` {} ago: it linked \
+                     object {}, whose bytes no longer match its hash",
+                    ent.file_name().to_string_lossy(),
+                    ago,
+                    note.object
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// The first of the `bad` objects (by device and inode, with their names) that the tree at
+/// `root` links, by name.
+fn tree_links_any(root: &Path, bad: &HashMap<(u64, u64), String>) -> Result<Option<String>> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for ent in fs::read_dir(&dir).at(&dir)? {
@@ -80,10 +146,12 @@ fn tree_links_any(root: &Path, bad: &HashSet<(u64, u64)>) -> Result<bool> {
             let m = ent.metadata().at(ent.path())?;
             if m.is_dir() {
                 stack.push(ent.path());
-            } else if m.is_file() && bad.contains(&(m.dev(), m.ino())) {
-                return Ok(true);
+            } else if m.is_file()
+                && let Some(name) = bad.get(&(m.dev(), m.ino()))
+            {
+                return Ok(Some(name.clone()));
             }
         }
     }
-    Ok(false)
+    Ok(None)
 }

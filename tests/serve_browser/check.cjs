@@ -95,6 +95,20 @@ async function main() {
     result.run_total = await page.locator('#run-total').innerText();
     result.run_id = runId;
     await shot(page, 'run.png');
+    // At ~900 px a key breaks only at its '-'s (a few lines at most, never a column of letters)
+    // and the table scrolls in its box, not the page.
+    const mid = await browser.newContext({ viewport: { width: 900, height: 900 } });
+    const p3 = await mid.newPage();
+    await p3.goto(base + '/projects/web-demo/runs/' + runId);
+    const keySpan = p3.locator('table#preparation td[data-label="key"] .key').first();
+    const keyBox = await keySpan.boundingBox();
+    const lineH = await keySpan.evaluate((e) => parseFloat(getComputedStyle(e).lineHeight) || 20);
+    result.run_key_lines_900 = keyBox ? Math.round(keyBox.height / lineH) : -1;
+    expect(keyBox && keyBox.height <= 3 * lineH + 2, 'a key takes at most 3 lines at 900 px: ' + JSON.stringify(keyBox) + ' line ' + lineH);
+    const midWidth = await p3.evaluate(() => document.documentElement.scrollWidth);
+    expect(midWidth <= 900, 'the run page scrolls in its table box, not the page: ' + midWidth);
+    await shot(p3, 'run-900.png');
+    await mid.close();
     console.log('ok run');
     const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true });
     const p2 = await phone.newPage();
