@@ -638,6 +638,43 @@ pub fn ioctl_fileattr(fd: BorrowedFd<'_>, cmd: u32, buf: &mut [u8]) -> io::Resul
     Ok(())
 }
 
+/// `fsync(2)` of descriptor `fd` (a directory too: its entries reach the disk).
+///
+/// Errors: the `fsync` errno (`EBADF`, `EIO`, `EINVAL` where the file cannot be synced).
+pub fn fsync_fd(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fsync takes any descriptor and retains nothing; a bad one is only EBADF.
+    check_ok(unsafe { libc::fsync(fd) })
+}
+
+/// The filesystem's own handle of the inode at `rel` below directory `dir`, not following a
+/// last symlink: `name_to_handle_at(2)`'s `(handle_type, f_handle bytes)`, at most 128 bytes
+/// (MAX_HANDLE_SZ).
+///
+/// Errors: the `name_to_handle_at` errno (`EOPNOTSUPP` for a filesystem without handles,
+/// `EOVERFLOW` for a handle longer than 128 bytes, `ENOENT`).
+pub fn name_to_handle(dir: RawFd, rel: &CStr) -> io::Result<(i32, Vec<u8>)> {
+    /// `struct file_handle` with MAX_HANDLE_SZ bytes of room (include/linux/exportfs.h).
+    #[repr(C)]
+    struct Fh {
+        bytes: u32,
+        kind: i32,
+        data: [u8; 128],
+    }
+    let mut h = Fh {
+        bytes: 128,
+        kind: 0,
+        data: [0; 128],
+    };
+    let mut mnt: libc::c_int = 0;
+    // SAFETY: `h` is a file_handle whose `bytes` says how much room follows its header; `rel`
+    // is NUL-terminated; the kernel keeps no pointer after the call.
+    check(unsafe {
+        libc::name_to_handle_at(dir, rel.as_ptr(), (&mut h as *mut Fh).cast(), &mut mnt, 0)
+    })?;
+    let n = (h.bytes as usize).min(h.data.len());
+    Ok((h.kind, h.data[..n].to_vec()))
+}
+
 // ---- Descriptor-relative file syscalls (`*at`), for the overlay's layer stack and whiteouts.
 // `dir` is a directory descriptor (or `libc::AT_FDCWD`) the caller keeps open for the call; a
 // closed or bad one is only `EBADF`. `rel` is a path relative to it.

@@ -86,9 +86,10 @@ pub struct OverlayFs {
     /// view of the upper dir and workdir with the mount's atime rule
     /// ([`Stack::upper_atime`]).
     _lower_views: Vec<std::os::fd::OwnedFd>,
-    /// Held when this mount keeps file handles across a remount (`handles.rs`): it read the
-    /// workdir's node index and writes it again when the session ends.
-    pub(super) handle_lock: Option<super::handles::IndexLock>,
+    /// Held when this mount keeps file handles across a remount (`handles.rs`): the flock'd
+    /// lock file of the workdir's node index (`handles::IndexLock::into_fd`); this mount read
+    /// the index and writes it again when the session ends.
+    pub(super) handle_lock: Option<std::os::fd::OwnedFd>,
     /// The mount is `strictatime` and not read-only: every read must reach the upper file,
     /// so cached opens do not keep the page cache (`FOPEN_KEEP_CACHE`) and no-open mode is
     /// off — a read served from the page cache reaches no daemon, and FUSE inodes never get

@@ -40,7 +40,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr};
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
@@ -273,54 +273,22 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 /// (st_dev, st_ino) of the open directory `fd`.
 ///
 /// Errors: the `fstat` errno.
 pub fn dir_identity(fd: RawFd) -> io::Result<(u64, u64)> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: an fd and an out pointer to a stat.
-    check(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
-    // SAFETY: fstat succeeded.
-    let st = unsafe { st.assume_init() };
+    let st = crate::sys::fstat(&fd)?;
     Ok((st.st_dev, st.st_ino))
 }
 
 /// The identity of the inode at `rel` below directory `dir` (not following a last symlink),
 /// whose `stat` is `st`: its upper filesystem's handle where it has them.
 pub fn upper_identity(dir: RawFd, rel: &CStr, st: &libc::stat) -> UpperIdentity {
-    #[repr(C)]
-    struct Fh {
-        bytes: u32,
-        kind: i32,
-        data: [u8; 128],
-    }
-    let mut h = Fh {
-        bytes: 128,
-        kind: 0,
-        data: [0; 128],
-    };
-    let mut mnt: libc::c_int = 0;
-    // SAFETY: `h` is a file_handle with `bytes` of room after its header; `rel` is NUL-ended.
-    let r = unsafe {
-        libc::name_to_handle_at(dir, rel.as_ptr(), (&mut h as *mut Fh).cast(), &mut mnt, 0)
-    };
-    let fh = if r == 0 && h.bytes as usize <= h.data.len() {
-        h.data[..h.bytes as usize].to_vec()
-    } else {
-        Vec::new()
-    };
+    let (kind, fh) = crate::sys::name_to_handle(dir, rel).unwrap_or((0, Vec::new()));
     UpperIdentity {
         ino: st.st_ino,
         ctime: (st.st_ctime, st.st_ctime_nsec),
-        fh_type: if fh.is_empty() { 0 } else { h.kind },
+        fh_type: if fh.is_empty() { 0 } else { kind },
         fh,
     }
 }
@@ -333,31 +301,28 @@ pub struct IndexLock {
 }
 
 impl IndexLock {
+    /// The locked descriptor: the lock is held while it is open.
+    pub fn into_fd(self) -> OwnedFd {
+        self._fd
+    }
+
     /// Takes the lock of the workdir open at `work`, waiting up to `wait`; `Ok(None)` when
     /// another process still holds it then.
     ///
     /// Errors: the errno of creating or locking the lock file.
     pub fn acquire(work: RawFd, wait: Duration) -> io::Result<Option<IndexLock>> {
-        // SAFETY: a dir fd and a NUL-ended name.
-        let fd = check(unsafe {
-            libc::openat(
-                work,
-                LOCK.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                0o600,
-            )
-        })?;
-        // SAFETY: a new fd owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = crate::sys::openat(
+            work,
+            LOCK,
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0o600,
+        )?;
         let until = Instant::now() + wait;
         loop {
-            // SAFETY: flock on an fd we own.
-            if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(Some(IndexLock { _fd: fd }));
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(e);
+            match crate::sys::flock(&fd, libc::LOCK_EX | libc::LOCK_NB) {
+                Ok(()) => return Ok(Some(IndexLock { _fd: fd })),
+                Err(e) if e.raw_os_error() != Some(libc::EWOULDBLOCK) => return Err(e),
+                Err(_) => {}
             }
             if Instant::now() >= until {
                 return Ok(None);
@@ -374,31 +339,17 @@ impl IndexLock {
 /// Errors: the errno of reading, removing it or syncing the workdir (the caller must then not
 /// use it: it might be read again after a crash).
 pub fn take(work: RawFd) -> io::Result<Option<Index>> {
-    // SAFETY: a dir fd and a NUL-ended name.
-    let _ = unsafe { libc::unlinkat(work, INDEX_TMP.as_ptr(), 0) };
-    // SAFETY: as above.
-    let fd = unsafe {
-        libc::openat(
-            work,
-            INDEX.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-        )
+    let _ = crate::sys::unlinkat(work, INDEX_TMP, 0);
+    let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW;
+    let f = match crate::sys::openat(work, INDEX, flags, 0) {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
     };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENOENT) => Ok(None),
-            _ => Err(e),
-        };
-    }
-    // SAFETY: a new fd owned by nobody else.
-    let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let mut bytes = Vec::new();
     let read = io::Read::read_to_end(&mut io::Read::take(&f, MAX_BYTES + 1), &mut bytes);
-    // SAFETY: a dir fd and a NUL-ended name.
-    check(unsafe { libc::unlinkat(work, INDEX.as_ptr(), 0) })?;
-    // SAFETY: an fd we hold.
-    check(unsafe { libc::fsync(work) })?;
+    crate::sys::unlinkat(work, INDEX, 0)?;
+    crate::sys::fsync_fd(work)?;
     read?;
     if bytes.len() as u64 > MAX_BYTES {
         return Ok(None);
@@ -413,27 +364,16 @@ pub fn take(work: RawFd) -> io::Result<Option<Index>> {
 pub fn write(work: RawFd, index: &Index) -> io::Result<()> {
     let bytes = index.encode();
     let res = (|| {
-        // SAFETY: a dir fd and a NUL-ended name.
-        let fd = check(unsafe {
-            libc::openat(
-                work,
-                INDEX_TMP.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                0o600,
-            )
-        })?;
-        // SAFETY: a new fd owned by nobody else.
-        let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW;
+        let mut f = std::fs::File::from(crate::sys::openat(work, INDEX_TMP, flags, 0o600)?);
         f.write_all(&bytes)?;
         f.sync_all()?;
-        // SAFETY: dir fds and NUL-ended names.
-        check(unsafe { libc::renameat(work, INDEX_TMP.as_ptr(), work, INDEX.as_ptr()) })?;
-        // SAFETY: an fd we hold.
-        check(unsafe { libc::fsync(work) })
+        crate::sys::renameat2(work, INDEX_TMP, work, INDEX, 0)?;
+        crate::sys::fsync_fd(work)
     })();
     if res.is_err() {
-        // SAFETY: a dir fd and a NUL-ended name.
-        let _ = unsafe { libc::unlinkat(work, INDEX_TMP.as_ptr(), 0) };
+        let _ = crate::sys::unlinkat(work, INDEX_TMP, 0);
     }
     res.map(drop)
 }
@@ -522,7 +462,7 @@ impl OverlayFs {
                 return;
             }
         };
-        self.handle_lock = Some(lock);
+        self.handle_lock = Some(lock.into_fd());
         let Some(index) = index else {
             return;
         };
@@ -634,6 +574,7 @@ impl OverlayFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     fn sample() -> Index {
         Index {
