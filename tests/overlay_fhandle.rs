@@ -218,7 +218,7 @@ fn handles_of_unlinked_files_are_stale() {
 /// hold the directory chain for it. Before the fix the daemon answered ENOENT to the file's
 /// OPEN/READ once the grandparent was forgotten (the flake of generic/467 and of
 /// `a_handle_outlives_copy_up_and_rename` under load, where a delayed FORGET made the daemon
-/// see a node as live in the same way).
+/// see a node as live in the same way), and ESTALE to a handle of another file there.
 #[test]
 fn a_file_opened_by_handle_keeps_its_directories_after_the_kernel_forgets_them() {
     require_root!();
@@ -226,6 +226,8 @@ fn a_file_opened_by_handle_keeps_its_directories_after_the_kernel_forgets_them()
         write(&l.join("a/x/lower"), "lower data");
     });
     write(&fx.p("a/x/upper"), "upper data");
+    write(&fx.p("a/x/later"), "opened later");
+    let hl = handle_of(&fx.p("a/x/later"));
     let cases = [("lower", "lower data"), ("upper", "upper data")];
     let handles: Vec<Handle> = cases
         .iter()
@@ -242,6 +244,11 @@ fn a_file_opened_by_handle_keeps_its_directories_after_the_kernel_forgets_them()
     // Now the kernel forgets "a/x" and "a" (nothing of its own holds them any more).
     drop(dir);
     drop_caches();
+    // A file first opened now: its directory is live in the daemon (the held files pin it),
+    // its grandparent forgotten (ESTALE before the fix: its name could not be resolved).
+    let fd = open_handle(&fx.mnt, &hl, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at of a file in a held directory: errno {e}"));
+    assert_eq!(read_fd(fd), "opened later");
     for (((name, want), h), fd) in cases.iter().zip(&handles).zip(held) {
         let again = open_handle(&fx.mnt, h, libc::O_RDONLY)
             .unwrap_or_else(|e| panic!("open_by_handle_at {name} again: errno {e}"));
