@@ -212,6 +212,52 @@ fn handles_of_unlinked_files_are_stale() {
     assert_eq!(read_fd(fd), "still here");
 }
 
+/// A file opened by handle while its directory is still held by the kernel (so the daemon finds
+/// that directory live, not parked) stays reachable after the kernel forgets the directory and
+/// its parent: the kernel holds the file through a dentry with no parent, so the daemon must
+/// hold the directory chain for it. Before the fix the daemon answered ENOENT to the file's
+/// OPEN/READ once the grandparent was forgotten (the flake of generic/467 and of
+/// `a_handle_outlives_copy_up_and_rename` under load, where a delayed FORGET made the daemon
+/// see a node as live in the same way), and ESTALE to a handle of another file there.
+#[test]
+fn a_file_opened_by_handle_keeps_its_directories_after_the_kernel_forgets_them() {
+    require_root!();
+    let fx = fixture(|l| {
+        write(&l.join("a/x/lower"), "lower data");
+    });
+    write(&fx.p("a/x/upper"), "upper data");
+    write(&fx.p("a/x/later"), "opened later");
+    let hl = handle_of(&fx.p("a/x/later"));
+    let cases = [("lower", "lower data"), ("upper", "upper data")];
+    let handles: Vec<Handle> = cases
+        .iter()
+        .map(|(n, _)| handle_of(&fx.p(&format!("a/x/{n}"))))
+        .collect();
+    // The directory stays in the kernel's cache while the files are forgotten.
+    let dir = fs::File::open(fx.p("a/x")).unwrap();
+    drop_caches();
+    // Opened by handle: the files' inodes now live on dentries with no parent. Not read yet.
+    let held: Vec<OwnedFd> = handles
+        .iter()
+        .map(|h| open_handle(&fx.mnt, h, libc::O_RDONLY).unwrap())
+        .collect();
+    // Now the kernel forgets "a/x" and "a" (nothing of its own holds them any more).
+    drop(dir);
+    drop_caches();
+    // A file first opened now: its directory is live in the daemon (the held files pin it),
+    // its grandparent forgotten (ESTALE before the fix: its name could not be resolved).
+    let fd = open_handle(&fx.mnt, &hl, libc::O_RDONLY)
+        .unwrap_or_else(|e| panic!("open_by_handle_at of a file in a held directory: errno {e}"));
+    assert_eq!(read_fd(fd), "opened later");
+    for (((name, want), h), fd) in cases.iter().zip(&handles).zip(held) {
+        let again = open_handle(&fx.mnt, h, libc::O_RDONLY)
+            .unwrap_or_else(|e| panic!("open_by_handle_at {name} again: errno {e}"));
+        assert_eq!(read_fd(again), *want, "{name} by a second handle open");
+        assert_eq!(read_fd(fd), *want, "{name} through the fd opened first");
+    }
+    assert_eq!(fs::read_to_string(fx.p("a/x/lower")).unwrap(), "lower data");
+}
+
 /// A directory opened by handle after the kernel forgot it and its parents is connected:
 /// `..` from it is its parent, and names in it resolve (LOOKUP "..": the kernel walks up).
 #[test]

@@ -560,27 +560,44 @@ impl OverlayFs {
 
     /// Records one more kernel reference to node `id` and returns its attributes: a node in
     /// the table must be attached; a forgotten one is resolved again at its parked name
-    /// (its parent revived the same way for the time it takes) and must resolve to `id`.
+    /// (its parent revived the same way) and must resolve to `id`. Either way the node then
+    /// holds a lookup of its parent ([`Node::pin`](super::inode::Node::pin)), revived the
+    /// same way, since the kernel's dentry of it has no parent to hold one.
     ///
     /// Errors: as [`Self::lookup_self`].
     fn revive(&self, id: u64, depth: u32) -> OpResult<FileAttr> {
         if depth > 4096 {
             return Err(Errno::ENOENT);
         }
-        let live = self.nodes.update(id, |n| {
-            let attached = matches!(n.loc, Loc::Attached { .. });
-            if attached {
+        let live = self.nodes.update(id, |n| match n.loc {
+            Loc::Attached { parent, .. } => {
                 n.lookups += 1;
+                Some((parent, n.pin))
             }
-            attached
+            _ => None,
         });
         match live {
-            Some(true) => {
+            Some(Some((parent, pin))) => {
+                // The kernel gets this node on a dentry with no parent, so nothing of the
+                // kernel's may hold its directory: the node holds it (as one found at its
+                // parked name does), or the kernel's forgetting that directory leaves it with
+                // no path. It is live here while the kernel holds only such dentries of it
+                // (opened by handle earlier), or while the kernel's FORGET of it is still
+                // on its way.
+                if pin == 0 && parent != ROOT && id != ROOT {
+                    if let Err(e) = self.revive(parent, depth + 1) {
+                        self.nodes.unremember(id);
+                        return Err(e);
+                    }
+                    if !self.nodes.pin(id, parent) {
+                        self.forget(parent, 1);
+                    }
+                }
                 return self
                     .getattr_node(id)
                     .inspect_err(|_| self.nodes.unremember(id));
             }
-            Some(false) => return Err(Errno::ENOENT),
+            Some(None) => return Err(Errno::ENOENT),
             None => {}
         }
         let (parent, name) = self.nodes.parked(id).ok_or(Errno::ENOENT)?;
