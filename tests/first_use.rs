@@ -375,3 +375,49 @@ fn a_user_store_under_a_missing_home_is_bad_input() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(!home.exists());
 }
+
+/// A relative `--store` names the store below the directory the command runs in, also for the
+/// setup, whose writes land in the published layer (the daemon and steps work elsewhere: the
+/// store used to be published empty), and the next run hits it with the file in its view.
+#[test]
+fn a_relative_store_path_keeps_the_setups_writes() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "spec.toml",
+        &spec(
+            "p",
+            "{mount_root}/deps",
+            "echo hi > \"$LAYERCACHE_MOUNT/f\"",
+        ),
+    );
+    let run = || {
+        let out = Command::new(BIN)
+            .current_dir(sb.path(""))
+            .args(["--store", "relstore", "--json", "run", "--spec"])
+            .arg(&s)
+            .arg("--workdir")
+            .arg(sb.work())
+            .arg("--mount-root")
+            .arg(sb.path("cache"))
+            .args(["--", "cat"])
+            .arg(sb.path("cache").join("deps/f"))
+            .output()
+            .unwrap();
+        eprintln!("run: {}", show(&out));
+        out
+    };
+    for want in ["miss", "hit"] {
+        let out = run();
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        assert!(
+            text(&out.stdout).lines().any(|l| l == "hi"),
+            "{want}: {}",
+            show(&out)
+        );
+    }
+    assert!(sb.path("relstore").join("v1").is_dir());
+}

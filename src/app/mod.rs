@@ -610,7 +610,14 @@ fn paths(
 /// Errors: [`Error::Invalid`] when no default can be derived.
 pub(crate) fn store_root(global: &crate::cli::GlobalArgs) -> Result<std::path::PathBuf> {
     match &global.store {
-        Some(s) => Ok(s.clone()),
+        // Made absolute here, once: the run's steps, daemons and views work in other
+        // directories, where a relative store path would name another (empty) store.
+        Some(s) => std::path::absolute(s).map_err(|e| {
+            crate::error::Error::invalid(format!(
+                "--store / LAYERCACHE_STORE {}: cannot make it an absolute path: {e}",
+                s.display()
+            ))
+        }),
         None => crate::store::default_root(),
     }
 }

@@ -134,6 +134,13 @@ fn default_root_for(
         return Ok(PathBuf::from(x).join("layercache"));
     }
     if let Some(h) = home.filter(|x| !x.is_empty()) {
+        if !Path::new(&h).is_absolute() {
+            return Err(Error::invalid(format!(
+                "HOME={} is not an absolute path, so there is no default store: pass --store DIR \
+                 or set LAYERCACHE_STORE (or XDG_CACHE_HOME) to an absolute path",
+                Path::new(&h).display()
+            )));
+        }
         return Ok(PathBuf::from(h).join(".cache/layercache"));
     }
     Err(Error::invalid(
@@ -152,6 +159,8 @@ fn default_root_ignores_a_relative_xdg_cache_home() {
         PathBuf::from("/h/.cache/layercache")
     );
     assert_eq!(r(os(""), os("/h")), PathBuf::from("/h/.cache/layercache"));
+    // A relative HOME is refused, not taken relative to wherever the command runs.
+    assert!(default_root_for(false, None, os("rel/h")).is_err());
     assert!(default_root_for(false, os("rel"), None).is_err());
     assert_eq!(
         default_root_for(true, os("/x"), os("/h")).unwrap(),
@@ -305,7 +314,9 @@ impl Store {
     /// [`Error::Io`] when the directories cannot be created otherwise.
     pub fn open(root: Option<&Path>) -> Result<Store> {
         let root = match root {
-            Some(r) => r.to_path_buf(),
+            // Absolute, so the paths the store hands to daemons and runs (which work in other
+            // directories) name this store.
+            Some(r) => std::path::absolute(r).map_err(|e| Error::io(r, e))?,
             None => default_root()?,
         };
         fs::create_dir_all(&root).map_err(|e| root_not_creatable(&root, e))?;
