@@ -37,6 +37,11 @@ fn child(dir: &Path) {
         store
             .promote_dirs(&p, &c, &key, None, Some(&upper))
             .unwrap();
+        if n == 0 {
+            // The parent's last round waits for this: at least one publish completes however
+            // slow the machine is.
+            fs::write(dir.join(format!("published-{}", std::process::id())), "").unwrap();
+        }
     }
 }
 
@@ -67,6 +72,17 @@ fn kill_9_mid_publish_leaves_the_store_consistent() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));
+        }
+        if round == 11 {
+            // The last round kills only after a publish completed (bounded), so the check
+            // below has a layer to look at on a loaded machine too.
+            let published = t.path().join(format!("published-{}", ch.id()));
+            while !published.exists() && std::time::Instant::now() < deadline {
+                if ch.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
         std::thread::sleep(Duration::from_millis(20 + (round * 37) % 200));
         let kill = ch.kill(); // SIGKILL
