@@ -63,6 +63,20 @@ lc_build() {
   fi
 }
 
+# lc_pick_binary BIN BUILD BUILD_FROM: sets LC_BIN and LC_COMMIT for a script's --bin PATH (BIN
+# non-empty), a release build of HEAD (BUILD non-empty; BUILD_FROM --worktree builds the work
+# tree) or --no-build (the last build); exits 2 when there is no binary then.
+lc_pick_binary() {
+  if [ -n "$1" ]; then
+    LC_BIN=$(realpath "$1") LC_COMMIT="$(git -C "$LC_REPO" rev-parse --short=12 HEAD) ($1)"
+  elif [ -n "$2" ]; then
+    lc_build $3 || exit 2
+  else
+    LC_COMMIT=$(lc_prebuilt_commit)
+  fi
+  [ -x "$LC_BIN" ] || die "no layercache binary at $LC_BIN"
+}
+
 # lc_prebuilt_commit: describes a binary used with --no-build (the last commit lc_build exported).
 lc_prebuilt_commit() {
   if [ -f "$LC_SRC/.lc-commit" ] && [ "$LC_BIN" = "$LC_TARGET/release/layercache" ]; then

@@ -118,14 +118,7 @@ done
 lc_init unionmount.sh
 lc_need python3:python3 unshare:util-linux
 [ -x "$UM/run" ] || die "UNIONMOUNT_DIR=$UM holds no unionmount-testsuite tree (its run script; github.com/amir73il/unionmount-testsuite)"
-if [ -n "$BIN" ]; then
-  LC_BIN=$(realpath "$BIN") LC_COMMIT="$(git -C "$LC_REPO" rev-parse --short=12 HEAD) ($BIN)"
-elif [ -n "$BUILD" ]; then
-  lc_build $BUILD_FROM || exit 2
-else
-  LC_COMMIT=$(lc_prebuilt_commit)
-fi
-[ -x "$LC_BIN" ] || die "no layercache binary at $LC_BIN"
+lc_pick_binary "$BIN" "$BUILD" "$BUILD_FROM"
 UMVER=$(git -C "$UM" rev-parse --short=8 HEAD 2>/dev/null || head -c 12 "$UM/.commit" 2>/dev/null || echo "(revision unknown)")
 
 # The suite's own list (tests/*.py, as `run` orders them) when none is given.

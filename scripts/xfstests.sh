@@ -128,14 +128,7 @@ getent passwd fsgqa >/dev/null || useradd -m -g fsgqa fsgqa
 getent passwd fsgqa2 >/dev/null || useradd -m fsgqa2
 getent passwd 123456-fsgqa >/dev/null || useradd -m 123456-fsgqa
 
-if [ -n "$BIN" ]; then
-  LC_BIN=$(realpath "$BIN") LC_COMMIT="$(git -C "$LC_REPO" rev-parse --short=12 HEAD) ($BIN)"
-elif [ -n "$BUILD" ]; then
-  lc_build $BUILD_FROM || exit 2
-else
-  LC_COMMIT=$(lc_prebuilt_commit)
-fi
-[ -x "$LC_BIN" ] || die "no layercache binary at $LC_BIN"
+lc_pick_binary "$BIN" "$BUILD" "$BUILD_FROM"
 COMMIT_ID=$(git -C "$LC_REPO" rev-parse --short=7 HEAD)
 # The xfstests revision: its git HEAD, or the commit id in .commit of an exported tree.
 XVER=$(git -C "$XT" rev-parse --short=8 HEAD 2>/dev/null || head -c 12 "$XT/.commit" 2>/dev/null || echo "(revision unknown)")
