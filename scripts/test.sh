@@ -24,9 +24,11 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
-# The overlay conformance tests run xfs_io (fallocate, punch-hole, zero-range) and setfacl/getfacl.
+# The overlay conformance tests run xfs_io (fallocate, punch-hole, zero-range), setfacl/getfacl
+# and chattr/lsattr.
 command -v xfs_io >/dev/null 2>&1 || need+=(xfsprogs)
 command -v setfacl >/dev/null 2>&1 || need+=(acl)
+command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
 # The rootless tests create their own users.
 command -v useradd >/dev/null 2>&1 || need+=(passwd)
 # The serve browser tests drive Debian's chromium (tests/serve_browser.rs).
