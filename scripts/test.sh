@@ -29,6 +29,8 @@ command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v xfs_io >/dev/null 2>&1 || need+=(xfsprogs)
 command -v setfacl >/dev/null 2>&1 || need+=(acl)
 command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
+# …and capsh, to check chattr +i/+a is refused without CAP_LINUX_IMMUTABLE.
+command -v capsh >/dev/null 2>&1 || need+=(libcap2-bin)
 # The rootless tests create their own users.
 command -v useradd >/dev/null 2>&1 || need+=(passwd)
 # The serve browser tests drive Debian's chromium (tests/serve_browser.rs).
