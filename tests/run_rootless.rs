@@ -596,6 +596,8 @@ fn setsid_escapee_dies_with_a_killed_run(as_user: bool) {
     let mut cmd = if as_user {
         h.run_cmd(&spec, "w1", &[], &["true"])
     } else {
+        // Root's mount root must be root's: the user's `cache` is refused (hostpath.rs).
+        std::fs::create_dir_all(h.path("root-cache")).unwrap();
         let mut c = Command::new(BIN);
         c.arg("--store")
             .arg(h.path("root-store"))
@@ -604,7 +606,7 @@ fn setsid_escapee_dies_with_a_killed_run(as_user: bool) {
             .arg("--workdir")
             .arg(h.path("w1"))
             .arg("--mount-root")
-            .arg(h.path("cache"))
+            .arg(h.path("root-cache"))
             .args(["--", "true"]);
         c
     };
@@ -876,4 +878,170 @@ fn sigint_reaches_the_step_through_its_init() {
             "the step's trap ran (as_user {as_user})"
         );
     }
+}
+
+/// `layercache --store root-store --json run --spec SPEC --workdir WORK --mount-root ROOT --
+/// ARGV…` as root, inside a private mount namespace of the test (`unshare -m`: a wrong mount
+/// cannot cover a host path).
+fn root_run(h: &Home, spec: &Path, work: &Path, root: &Path, argv: &[&str]) -> Output {
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", BIN, "--store"])
+        .arg(h.path("root-store"))
+        .args(["--json", "run", "--spec"])
+        .arg(spec)
+        .arg("--workdir")
+        .arg(work)
+        .arg("--mount-root")
+        .arg(root)
+        .arg("--")
+        .args(argv)
+        .output()
+        .unwrap();
+    eprintln!("root run --mount-root {}: {}", root.display(), show(&out));
+    out
+}
+
+/// `(name, what it is)` of every entry of `dir`, sorted: `-> target` for a symlink, `dir`, or
+/// a file's content.
+fn entries(dir: &Path) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let what = if m.file_type().is_symlink() {
+                format!("-> {}", std::fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                "dir".into()
+            } else {
+                std::fs::read_to_string(&p).unwrap_or_default()
+            };
+            (e.file_name().to_string_lossy().into_owned(), what)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Issue 29 item 4: README's `mkdir -m 1777 /cache` shared by every user. Another user plants
+/// symlinks at root's view paths (`npm -> a directory of theirs`, `deps -> /etc`) and a
+/// directory of its own in the mount root: root's run neither refuses (it used to, exit 2) nor
+/// follows them — its steps see the mount root as a tmpfs of their own holding only the run's
+/// views — and nothing outside (the user's directory, /etc) or of the planted entries changes;
+/// the user's own run over the same mount root works too. A mount root another user could
+/// replace (in a directory that user owns, or may write without the sticky bit) is refused
+/// before anything is made, naming the directory.
+#[test]
+fn entries_planted_in_a_shared_mount_root_do_not_reach_other_users_runs() {
+    if !ready() {
+        return;
+    }
+    let h = Home::new();
+    let shared = h.path("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let outside = h.path("w2/outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("keep"), "mine\n").unwrap();
+    h.chown("w2");
+    // The user plants them with no capabilities.
+    let plant = format!(
+        "ln -s {out} {s}/npm && ln -s /etc {s}/deps && mkdir {s}/other && echo u > {s}/other/f",
+        out = outside.display(),
+        s = shared.display()
+    );
+    run_ok(Command::new("setpriv").args([
+        &format!("--reuid={}", h.user.uid),
+        &format!("--regid={}", h.user.gid),
+        "--clear-groups",
+        "--inh-caps=-all",
+        "sh",
+        "-c",
+        &plant,
+    ]));
+    let planted = entries(&shared);
+    let outside_before = entries(&outside);
+    let spec = h.write_spec(
+        "project = \"shared\"\n\
+         [[cache]]\nid = \"npm\"\nkey_files = [\"lock\"]\nsetup = \"echo filled > {mount}/f\"\n\
+         [[cache]]\nid = \"deps\"\nkey_files = [\"lock\"]\nsetup = \"echo filled > {mount}/f\"\n",
+    );
+    let work = h.path("root-work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("lock"), "1\n").unwrap();
+    let look = format!(
+        "cat {s}/npm/f {s}/deps/f && ls -A {s} | tr '\\n' ' '",
+        s = shared.display()
+    );
+    for want in ["miss", "hit"] {
+        let o = root_run(&h, &spec, &work, &shared, &["sh", "-c", &look]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let sum = summary(&o);
+        for c in sum["caches"].as_array().unwrap() {
+            assert_eq!(c["result"], want, "{sum}");
+        }
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            stdout.contains("filled\nfilled\ndeps npm "),
+            "the steps see only the run's views: {stdout}"
+        );
+    }
+    assert_eq!(
+        entries(&shared),
+        planted,
+        "the planted entries are as they were"
+    );
+    assert_eq!(entries(&outside), outside_before, "nothing written outside");
+    assert!(!Path::new("/etc/f").exists());
+    // The user's own run over the same shared mount root.
+    std::fs::write(h.path("w1/lock"), "1\n").unwrap();
+    h.chown("w1");
+    let user_spec = h.path("user-spec.toml");
+    std::fs::copy(&spec, &user_spec).unwrap();
+    let mut args: Vec<String> = ["--json", "run", "--spec"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(user_spec.display().to_string());
+    for (flag, p) in [
+        ("--workdir", h.path("w1")),
+        ("--mount-root", shared.clone()),
+    ] {
+        args.push(flag.into());
+        args.push(p.display().to_string());
+    }
+    args.extend(["--".into(), "sh".into(), "-c".into(), look.clone()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = h.command(&args).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("filled\nfilled\ndeps npm "));
+    assert_eq!(entries(&shared), planted);
+    assert_eq!(entries(&outside), outside_before);
+    // Mount roots another user could replace: refused, naming why, nothing made.
+    let open = h.path("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for (root, why) in [
+        (h.path("cache/r"), format!("is owned by uid {}", h.user.uid)),
+        (
+            open.join("r"),
+            "(mode 777) may be written by other users".into(),
+        ),
+    ] {
+        let o = root_run(&h, &spec, &work, &root, &["true"]);
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        let err = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            err.contains(&format!("--mount-root {}: refused", root.display()))
+                && err.contains(&why),
+            "{err}"
+        );
+        assert!(!root.exists(), "nothing made");
+    }
+    assert!(host_fuse_mounts_below(h.dir.path()).is_empty());
 }

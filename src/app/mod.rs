@@ -374,6 +374,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         args.image.clone(),
     )?;
     let paths = paths(&args.paths, default_view)?;
+    crate::run::hostpath::check_host_views(&spec, &paths, sandbox.host_view_dirs())?;
     if pre.rootless.is_some() {
         crate::run::rootless::check_view_dirs(&spec, &paths)?;
     }

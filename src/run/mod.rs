@@ -126,6 +126,7 @@ pub struct RunConfig {
 }
 
 mod child;
+pub mod hostpath;
 mod mounter;
 mod pidns;
 mod progress;

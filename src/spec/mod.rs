@@ -266,9 +266,10 @@ impl Cache {
     ///
     /// Errors: [`Error::Invalid`] naming `cache "<id>".mountpoint` when it is not absolute after
     /// substitution, contains `..`, or is not strictly below the mount root or the workdir
-    /// (`/`, `/etc`, anything outside is refused), also once the symlinks of its existing part
-    /// are resolved ([`resolve_existing`]; a path below the workdir's view is resolved below
-    /// the workdir on the host).
+    /// (`/`, `/etc`, anything outside is refused), and, for a path below the workdir's view,
+    /// also once the symlinks of its existing part below the workdir on the host are resolved
+    /// ([`resolve_existing`]). A path below the mount root is checked as written: what the
+    /// host holds there is never used (each step covers the mount root with a tmpfs of its own).
     pub fn mountpoint(&self, paths: &Paths) -> Result<PathBuf> {
         let mp = match &self.mountpoint {
             Some(t) => PathBuf::from(expand(t, paths, None)),
@@ -293,11 +294,17 @@ impl Cache {
                 paths.view_workdir().display()
             )));
         }
-        // Where the path leads on the host (a path below the view of the workdir is that path
-        // below the workdir): its symlinks must not lead out of the mount root / workdir.
-        let (host, root, what) = if below(&paths.mount_root) {
-            (mp.clone(), paths.mount_root.as_path(), "mount root")
-        } else {
+        // Below the mount root nothing of the host is followed: every step sees the mount
+        // root as a tmpfs of its own namespace (bwrap: `--tmpfs`; Docker: the container's
+        // root), so entries another user made in a shared mount root (`/cache`, 1777) are
+        // never seen, and cannot refuse or redirect a view (issue 29 item 4). The mount root
+        // itself is checked by the run (`run::hostpath`).
+        if below(&paths.mount_root) {
+            return Ok(mp);
+        }
+        // Below the workdir's view: that path below the workdir on the host; its symlinks must
+        // not lead out of the workdir.
+        let (host, root, what) = {
             let rel = mp.strip_prefix(paths.view_workdir()).unwrap_or(&mp);
             (paths.workdir.join(rel), paths.workdir.as_path(), "workdir")
         };
