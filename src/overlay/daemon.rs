@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -423,9 +424,13 @@ fn redirect_stdio() {
         .as_deref()
         .map(Path::new)
         .unwrap_or(Path::new("/dev/null"));
+    // The log is often named in /tmp, where another user could plant a symlink to a file a
+    // root daemon would then append to: never followed (ELOOP: no log), and private (0600).
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(target);
     let null = std::fs::File::open("/dev/null");
     if let (Ok(out), Ok(null)) = (out, null) {
