@@ -48,7 +48,10 @@ pub fn explain(
 pub fn diff(old: &Inputs, new: &Inputs) -> Vec<String> {
     let mut out = Vec::new();
     let digest = |name: &str| {
-        name.starts_with("key file ") || name.starts_with("variable ") || name == "setup"
+        name.starts_with("key file ")
+            || name.starts_with("variable ")
+            || name.starts_with("config ")
+            || name == "setup"
     };
     for (name, v) in new {
         match old.get(name) {

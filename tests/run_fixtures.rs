@@ -605,3 +605,83 @@ preset = "cargo-target"
     assert_miss_then_fast_hit(&sb, "cargo (CARGO_HOME, cargo fetch)", "cargo", 0);
     assert!(sb.mounts_below().is_empty());
 }
+
+/// A workspace of the `file:`-dependency project below (no registry needed): `dep/` is a
+/// local package, package.json depends on it with `extra` fields spliced in, and the lockfile
+/// is the one `npm install` writes for it (npm 9-11, lockfileVersion 3).
+fn file_dep_workspace(sb: &Sandbox, name: &str, extra: &str) -> std::path::PathBuf {
+    let w = sb.path(name);
+    std::fs::create_dir_all(w.join("dep")).unwrap();
+    std::fs::write(
+        w.join("dep/package.json"),
+        r#"{"name":"dep","version":"1.0.0"}"#,
+    )
+    .unwrap();
+    std::fs::write(w.join("dep/index.js"), "module.exports = 'orig';\n").unwrap();
+    std::fs::write(
+        w.join("package.json"),
+        format!(r#"{{"name":"app","version":"1.0.0",{extra}"dependencies":{{"dep":"file:dep"}}}}"#),
+    )
+    .unwrap();
+    std::fs::write(
+        w.join("package-lock.json"),
+        r#"{"name":"app","version":"1.0.0","lockfileVersion":3,"requires":true,"packages":{
+"":{"name":"app","version":"1.0.0","dependencies":{"dep":"file:dep"}},
+"dep":{"version":"1.0.0"},"node_modules/dep":{"resolved":"dep","link":true}}}"#,
+    )
+    .unwrap();
+    w
+}
+
+/// Issue 29 item 2, with the real binary and npm: two workspaces of one project with the same
+/// lockfile. A's package.json has a `postinstall` that writes into node_modules; after A's
+/// miss and publish, B (no postinstall) must not get A's tree — neither a hit of A's key nor
+/// a restore from A's layer (an incremental `npm install` would keep the planted file): B
+/// misses, says why (`config package.json changed`), and its tree has no trace of A's script.
+/// A third workspace with A's package.json hits A's layer.
+#[test]
+fn a_postinstall_is_part_of_the_node_modules_key() {
+    if !can_mount() || !have_tool("npm") {
+        return;
+    }
+    let sb = Sandbox::new();
+    let evil = r#""scripts":{"postinstall":"echo evil > node_modules/planted.js"},"#;
+    let a = file_dep_workspace(&sb, "wa", evil);
+    let b = file_dep_workspace(&sb, "wb", r#""description":"no scripts","#);
+    let c = file_dep_workspace(&sb, "wc", evil);
+    let spec = sb.write_spec(
+        "spec.toml",
+        "project = \"p29\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n",
+    );
+    let look = [
+        "sh",
+        "-c",
+        "cat node_modules/dep/index.js; cat node_modules/planted.js 2>/dev/null || echo clean",
+    ];
+    let run = |w: &std::path::Path| {
+        let o = sb.run_flags(&spec, w, &["--sandbox", "none"], &look);
+        assert_eq!(o.status.code(), Some(0));
+        let s = summary(&o);
+        (s["caches"][0].clone(), stdout(&o))
+    };
+    let (ca, out) = run(&a);
+    assert_eq!(ca["result"], "miss", "{ca}");
+    assert!(out.contains("orig") && out.contains("evil"), "{out}");
+    let (cb, out) = run(&b);
+    assert_eq!(
+        cb["result"], "miss",
+        "B neither hits nor restores A's layer: {cb}"
+    );
+    assert_ne!(cb["key"], ca["key"]);
+    assert!(
+        cb["why"]
+            .to_string()
+            .contains("config package.json changed"),
+        "{cb}"
+    );
+    assert!(out.contains("orig") && out.contains("clean"), "{out}");
+    let (cc, out) = run(&c);
+    assert_eq!(cc["result"], "hit", "{cc}");
+    assert_eq!(cc["key"], ca["key"]);
+    assert!(out.contains("evil"), "{out}");
+}

@@ -38,7 +38,7 @@ mod pattern;
 mod presets;
 mod stored;
 pub use pattern::Pattern;
-pub use presets::{PRESETS, Preset, preset, presets_text};
+pub use presets::{ConfigPart, PRESETS, Preset, preset, presets_text};
 pub use stored::load_stored;
 
 /// The spec's `user` as written: a string, or an integer taken as a UID (`user = 1000` means

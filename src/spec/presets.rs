@@ -42,12 +42,81 @@ pub struct Preset {
     pub tools: &'static [&'static str],
     /// Paths (patterns relative to the mount) removed before promotion.
     pub exclude: &'static [&'static str],
+    /// The tool configuration files its setup's tool reads that shape the tree (patterns
+    /// relative to the workdir, each with how much of it counts: [`ConfigPart`]); each that
+    /// exists enters the key as a digest (an `.npmrc` may hold a token) and, for what decides
+    /// what setup may do to the tree (lifecycle scripts, tool config), the restore-key prefix
+    /// too. Missing ones are fine. Read also when the spec names its own `key_files`.
+    pub config_files: &'static [(&'static str, ConfigPart)],
     /// Whether the tree it fills can be used at another path: a package manager's download
     /// cache or a `node_modules` can (its key leaves the view path out, so per-run workspaces
     /// share layers); a venv or cargo's target dir embed absolute paths (their key includes
     /// the view path — see `--workdir-view`).
     pub relocatable: bool,
 }
+
+/// How much of a tool configuration file ([`Preset::config_files`]) enters the key. The key
+/// holds digests only; a part is either *trusted config* — what decides what setup may run or
+/// change (lifecycle scripts, hooks, registry and tool settings): it enters the restore-key
+/// prefix too, so a tree made under other such config is never restored from (an incremental
+/// install keeps a postinstall's edits) — or *shape* — what changes with the lockfile
+/// (declared dependencies): the key's hash only, so a dependency bump still restores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigPart {
+    /// The whole file, as trusted config (`.npmrc`, `.yarnrc.yml`, `pnpm-workspace.yaml`,
+    /// `.pnpmfile.cjs`, `uv.toml`, `.cargo/config.toml`, `rust-toolchain.toml`…).
+    Whole,
+    /// The whole file, as shape (`Cargo.toml`: its dependencies change with `Cargo.lock`).
+    WholeShape,
+    /// A `package.json` (npm's package.json docs, "scripts" and the fields `npm ci`, pnpm and
+    /// yarn read to install): its install lifecycle scripts (`preinstall`, `install`,
+    /// `postinstall`, `prepublish`, `preprepare`, `prepare`, `postprepare`, `dependencies`),
+    /// `packageManager` and the `pnpm` field as trusted config; `name`, `bin`, `workspaces`,
+    /// the dependency fields, `overrides`, `resolutions`, `dependenciesMeta`, `installConfig`
+    /// as shape; never `description`, `version`, other scripts… The same parts of every
+    /// workspace package it names (`workspaces`, or `packages` of `pnpm-workspace.yaml`) join.
+    PackageJson,
+    /// A `pyproject.toml` (PEP 517/518/621/735): `[build-system]` and `[tool.uv]` as trusted
+    /// config; `[project]`, `[dependency-groups]` and `[tool.poetry]` without their
+    /// descriptive fields (description, readme, authors, keywords, classifiers, urls, license…)
+    /// as shape.
+    Pyproject,
+}
+
+/// The node presets' configuration: what npm, pnpm and yarn read in the project.
+const NODE_CONFIG: &[(&str, ConfigPart)] = &[
+    ("package.json", ConfigPart::PackageJson),
+    (".npmrc", ConfigPart::Whole),
+    (".yarnrc", ConfigPart::Whole),
+    (".yarnrc.yml", ConfigPart::Whole),
+    ("pnpm-workspace.yaml", ConfigPart::Whole),
+    (".pnpmfile.cjs", ConfigPart::Whole),
+    (".pnpmfile.mjs", ConfigPart::Whole),
+];
+
+/// The Python presets' configuration: what uv, poetry and pip read in the project.
+const PYTHON_CONFIG: &[(&str, ConfigPart)] = &[
+    ("pyproject.toml", ConfigPart::Pyproject),
+    ("uv.toml", ConfigPart::Whole),
+    ("poetry.toml", ConfigPart::Whole),
+    ("pip.conf", ConfigPart::Whole),
+    (".python-version", ConfigPart::Whole),
+];
+
+/// Cargo's configuration in the project (the cargo preset: where crates come from).
+const CARGO_CONFIG: &[(&str, ConfigPart)] = &[
+    (".cargo/config.toml", ConfigPart::Whole),
+    (".cargo/config", ConfigPart::Whole),
+];
+
+/// The cargo-target preset: also the workspace's manifests and the pinned toolchain.
+const CARGO_TARGET_CONFIG: &[(&str, ConfigPart)] = &[
+    ("**/Cargo.toml", ConfigPart::WholeShape),
+    (".cargo/config.toml", ConfigPart::Whole),
+    (".cargo/config", ConfigPart::Whole),
+    ("rust-toolchain.toml", ConfigPart::Whole),
+    ("rust-toolchain", ConfigPart::Whole),
+];
 
 const NODE_SETUP: &str = "if [ -f pnpm-lock.yaml ]; then pnpm install --frozen-lockfile; \
 elif [ -f yarn.lock ]; then yarn install --frozen-lockfile; \
@@ -147,7 +216,8 @@ else gradle --no-daemon -q -I \"$init\" layercacheResolve; fi; s=$?; rm -f \"$in
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "npm",
-        version: 2,
+        // v3: keyed on the tool configuration it reads too (config_files).
+        version: 3,
         description: "npm's download cache (npm_config_cache)",
         key_files: &["package-lock.json", "npm-shrinkwrap.json"],
         key_files_first: false,
@@ -163,11 +233,13 @@ pub const PRESETS: &[Preset] = &[
         tools: &["node"],
         // npm's debug logs of the setup run (`_logs/<time>-debug-0.log`): not cache content.
         exclude: &["_logs"],
+        config_files: NODE_CONFIG,
         relocatable: true,
     },
     Preset {
         name: "pnpm",
-        version: 1,
+        // v2: keyed on the tool configuration it reads too (config_files).
+        version: 2,
         description: "pnpm's content-addressed store (npm_config_store_dir)",
         key_files: &["pnpm-lock.yaml"],
         key_files_first: false,
@@ -182,11 +254,13 @@ pub const PRESETS: &[Preset] = &[
         )),
         tools: &["node"],
         exclude: &[],
+        config_files: NODE_CONFIG,
         relocatable: true,
     },
     Preset {
         name: "yarn",
-        version: 1,
+        // v2: keyed on the tool configuration it reads too (config_files).
+        version: 2,
         description: "yarn's download cache (YARN_CACHE_FOLDER)",
         key_files: &["yarn.lock"],
         key_files_first: false,
@@ -201,6 +275,7 @@ pub const PRESETS: &[Preset] = &[
         )),
         tools: &["node"],
         exclude: &[],
+        config_files: NODE_CONFIG,
         relocatable: true,
     },
     Preset {
@@ -221,11 +296,13 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["python3"],
         exclude: &[],
+        config_files: &[],
         relocatable: true,
     },
     Preset {
         name: "uv",
-        version: 1,
+        // v2: keyed on the tool configuration it reads too (config_files).
+        version: 2,
         description: "uv's cache (UV_CACHE_DIR)",
         key_files: &["uv.lock"],
         key_files_first: false,
@@ -237,6 +314,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: Some(unless_mounted!(".venv", "uv sync --frozen --offline")),
         tools: &["python3"],
         exclude: &[],
+        config_files: PYTHON_CONFIG,
         relocatable: true,
     },
     Preset {
@@ -253,11 +331,13 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["go"],
         exclude: &[],
+        config_files: &[],
         relocatable: true,
     },
     Preset {
         name: "cargo",
-        version: 1,
+        // v2: keyed on the tool configuration it reads too (config_files).
+        version: 2,
         description: "Cargo's registry and git caches (CARGO_HOME; bin/ and credentials are dropped)",
         key_files: &["Cargo.lock"],
         key_files_first: false,
@@ -269,6 +349,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["rustc"],
         exclude: &["bin", "credentials", "credentials.toml", ".package-cache"],
+        config_files: CARGO_CONFIG,
         relocatable: true,
     },
     Preset {
@@ -285,6 +366,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["java"],
         exclude: &[],
+        config_files: &[],
         relocatable: true,
     },
     Preset {
@@ -305,11 +387,13 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["java"],
         exclude: &["gradle.properties"],
+        config_files: &[],
         relocatable: true,
     },
     Preset {
         name: "node_modules",
-        version: 1,
+        // v2: keyed on the tool configuration it reads too (config_files).
+        version: 2,
         description: "the installed node_modules tree, mounted at <workdir>/node_modules",
         key_files: &[
             "package-lock.json",
@@ -326,13 +410,15 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["node"],
         exclude: &[],
+        config_files: NODE_CONFIG,
         relocatable: true,
     },
     Preset {
         name: "venv",
         // v3: keyed on the inputs of the installer its setup runs (the first of uv.lock,
-        // poetry.lock, requirements.txt with its includes), not on all of them.
-        version: 3,
+        // poetry.lock, requirements.txt with its includes), not on all of them; v4: keyed on
+        // the tool configuration it reads too (config_files).
+        version: 4,
         description: "a Python virtualenv, mounted at <workdir>/.venv",
         key_files: &["uv.lock", "poetry.lock", "requirements.txt"],
         key_files_first: true,
@@ -347,11 +433,13 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["python3"],
         exclude: &[],
+        config_files: PYTHON_CONFIG,
         relocatable: false,
     },
     Preset {
         name: "cargo-target",
-        version: 1,
+        // v2: keyed on the tool configuration it reads too (config_files).
+        version: 2,
         description: "Cargo's build output (CARGO_TARGET_DIR), so dependencies are not rebuilt",
         key_files: &["Cargo.lock"],
         key_files_first: false,
@@ -363,6 +451,7 @@ pub const PRESETS: &[Preset] = &[
         maintenance: None,
         tools: &["rustc"],
         exclude: &[],
+        config_files: CARGO_TARGET_CONFIG,
         relocatable: false,
     },
 ];

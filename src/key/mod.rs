@@ -34,6 +34,8 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey};
 use crate::spec::{Cache, Paths, Pattern};
 
+mod config;
+
 /// Directories never searched for key files under a `**` pattern (installed trees, VCS data,
 /// build output).
 const SKIP_DIRS: &[&str] = &[
@@ -63,6 +65,23 @@ pub struct Environment {
     versions: Mutex<BTreeMap<String, String>>,
     /// The variables `{env:NAME}` reads, when not the process's own (tests).
     variables: Option<BTreeMap<String, String>>,
+    /// The project's key salt ([`KeySalt`]); `None` (tests of what a key covers) digests
+    /// with plain blake3.
+    salt: Option<KeySalt>,
+}
+
+/// A project's key salt: 32 random bytes (the store keeps them with the project, mode 0600,
+/// and in the remote tier so runners agree), the key of every digest a key is made of and
+/// every digest its recorded inputs hold — blake3's keyed mode (`blake3::keyed_hash`), so a
+/// digest of a weak secret (`{env:TOKEN}`, an `.npmrc`) cannot be tried offline by whoever
+/// reads the inputs or the key without the salt, and two projects' digests of one value differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeySalt(pub [u8; 32]);
+
+impl std::fmt::Debug for KeySalt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeySalt(..)")
+    }
 }
 
 impl Environment {
@@ -76,6 +95,7 @@ impl Environment {
             tools_in_image: false,
             versions: Mutex::new(BTreeMap::new()),
             variables: None,
+            salt: None,
         }
     }
 
@@ -105,6 +125,28 @@ impl Environment {
         let map = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         self.variables = Some(map.collect());
         self
+    }
+
+    /// This environment with the project's key salt: every digest of the key and of its
+    /// recorded inputs is keyed with it ([`KeySalt`]).
+    pub fn with_salt(mut self, salt: KeySalt) -> Self {
+        self.salt = Some(salt);
+        self
+    }
+
+    /// A hasher for one digest: blake3 keyed with the salt, or plain without one.
+    fn hasher(&self) -> blake3::Hasher {
+        match &self.salt {
+            Some(KeySalt(k)) => blake3::Hasher::new_keyed(k),
+            None => blake3::Hasher::new(),
+        }
+    }
+
+    /// The 16-hex digest of `bytes` recorded in a key's inputs (keyed with the salt).
+    fn digest(&self, bytes: &[u8]) -> String {
+        let mut h = self.hasher();
+        h.update(bytes);
+        h.finalize().to_hex()[..16].to_string()
     }
 
     /// The value of variable `name` for `{env:NAME}` (`None`: unset).
@@ -215,21 +257,33 @@ impl CacheKeys {
 pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheKeys> {
     let id = cache.id.as_str();
     let files = find_key_files(cache, &paths.workdir)?;
+    let real_root = fs::canonicalize(&paths.workdir).at(&paths.workdir)?;
+    let configs = config::inputs(cache, &paths.workdir, &real_root, SKIP_DIRS)?;
     let mountpoint = cache.mountpoint(paths)?;
     let fingerprint = env.fingerprint(cache.tools());
     // A path-bound tree's view path joins the environment: it embeds its absolute path (a
     // venv's scripts, cargo's fingerprints), so even a restore must not cross view paths. A
     // relocatable tree's key holds no path at all: per-run workspaces share its layers.
     let bound_to = (!cache.relocatable).then_some(&mountpoint);
-    let mut env_h = blake3::Hasher::new();
+    let mut env_h = env.hasher();
     env_h.update(fingerprint.as_bytes());
     if let Some(mp) = bound_to {
         env_h.update(b"\0mountpoint=");
         env_h.update(mp.as_os_str().as_encoded_bytes());
     }
+    // Trusted config (lifecycle scripts, tool settings) joins the environment too: a tree made
+    // under other such config is never restored from (an incremental install would keep what
+    // another postinstall did to it).
+    for c in configs.iter().filter(|c| !c.trust.is_empty()) {
+        for part in [c.rel.as_os_str().as_encoded_bytes(), &c.trust] {
+            env_h.update(&(part.len() as u64).to_le_bytes());
+            env_h.update(part);
+        }
+    }
     let env8 = &env_h.finalize().to_hex()[..8];
 
-    let mut h = blake3::Hasher::new_derive_key("layercache cache key v1");
+    let mut h = env.hasher();
+    h.update(b"layercache cache key v1");
     let mut field = |name: &str, value: &[u8]| {
         for part in [name.as_bytes(), value] {
             h.update(&(part.len() as u64).to_le_bytes());
@@ -262,9 +316,20 @@ pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheK
         field("file", rel.as_os_str().as_encoded_bytes());
         field("content", &content);
     }
+    for c in &configs {
+        field("config", c.rel.as_os_str().as_encoded_bytes());
+        field("config_trust", &c.trust);
+        field("config_shape", &c.shape);
+    }
     field("environment", fingerprint.as_bytes());
     let hash = h.finalize().to_hex();
-    let inputs = key_inputs(cache, paths, env, &files, &mountpoint, &fingerprint)?;
+    let mut inputs = key_inputs(cache, paths, env, &files, &mountpoint, &fingerprint)?;
+    for c in &configs {
+        let mut both = c.trust.clone();
+        both.push(0);
+        both.extend_from_slice(&c.shape);
+        inputs.insert(format!("config {}", c.rel.display()), env.digest(&both));
+    }
 
     let prefix = format!("{id}-{}-{}-{env8}-", env.os, env.arch);
     let key = CacheKey::new(format!("{prefix}{}", &hash[..HASH_HEX]))?;
@@ -307,7 +372,7 @@ fn key_inputs(
     mountpoint: &Path,
     fingerprint: &str,
 ) -> Result<crate::why::Inputs> {
-    let digest = |b: &[u8]| blake3::hash(b).to_hex()[..16].to_string();
+    let digest = |b: &[u8]| env.digest(b);
     let mut m = crate::why::Inputs::new();
     if let Some(p) = cache.preset {
         m.insert("preset".into(), format!("{} v{}", p.name, p.version));
@@ -1031,6 +1096,127 @@ mod tests {
             crate::why::diff(&a.inputs, &b.inputs),
             ["variable LC_REGISTRY changed"]
         );
+    }
+
+    const NODE_MODULES: &str =
+        "project = \"p\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n";
+
+    /// Issue 29 item 2: what npm ci reads besides the lockfile. Two workspaces with one
+    /// lockfile: a `postinstall` (root or workspace package), an `.npmrc` is another key and
+    /// another restore prefix (a tree made under other scripts is never restored from); a
+    /// dependency field another key but the same prefix; a description, version or test
+    /// script the same key. `.npmrc` enters as a digest only.
+    #[test]
+    fn node_keys_cover_lifecycle_scripts_and_npmrc() {
+        let a = setup_dir();
+        let b = setup_dir();
+        let pkg = |d: &Path, text: &str| fs::write(d.join("package.json"), text).unwrap();
+        let base = r#"{"name":"app","version":"1.0.0","scripts":{"test":"jest"},
+            "dependencies":{"lodash":"4.17.21"}}"#;
+        pkg(a.path(), base);
+        pkg(b.path(), base);
+        let k = |d: &Path| keys(NODE_MODULES, d, None).unwrap();
+        assert_eq!(k(a.path()).key, k(b.path()).key);
+        pkg(
+            a.path(),
+            r#"{"name":"app","version":"1.0.0","scripts":{"test":"jest",
+            "postinstall":"echo evil > node_modules/lodash/lodash.js"},
+            "dependencies":{"lodash":"4.17.21"}}"#,
+        );
+        let (ka, kb) = (k(a.path()), k(b.path()));
+        assert_ne!(ka.key, kb.key, "a postinstall is another key");
+        assert_ne!(ka.prefix(), kb.prefix(), "…and no restore across it");
+        assert_eq!(
+            crate::why::diff(&kb.inputs, &ka.inputs),
+            ["config package.json changed"]
+        );
+        // Descriptive fields and other scripts are not inputs.
+        pkg(
+            b.path(),
+            r#"{"name":"app","version":"2.0.0","description":"d","scripts":{"test":"mocha"},
+            "dependencies":{"lodash":"4.17.21"}}"#,
+        );
+        assert_eq!(k(b.path()).key, kb.key);
+        // A dependency field: another key, the same prefix (a restore is fine).
+        pkg(
+            b.path(),
+            r#"{"name":"app","dependencies":{"lodash":"4.17.20"}}"#,
+        );
+        let dep = k(b.path());
+        assert_ne!(dep.key, kb.key);
+        assert_eq!(dep.prefix(), kb.prefix());
+        pkg(b.path(), base);
+        // A workspace package's postinstall.
+        fs::create_dir_all(b.path().join("packages/w")).unwrap();
+        pkg(
+            b.path(),
+            r#"{"name":"app","workspaces":["packages/*"],"dependencies":{"lodash":"4.17.21"}}"#,
+        );
+        let ws0 = k(b.path());
+        fs::write(
+            b.path().join("packages/w/package.json"),
+            r#"{"name":"w","scripts":{"postinstall":"touch x"}}"#,
+        )
+        .unwrap();
+        let ws1 = k(b.path());
+        assert_ne!(ws0.prefix(), ws1.prefix());
+        assert!(ws1.inputs.contains_key("config packages/w/package.json"));
+        // .npmrc: another key and prefix; the inputs hold a digest, never the token.
+        fs::write(b.path().join(".npmrc"), "//r/:_authToken=npm_secret123\n").unwrap();
+        let rc = k(b.path());
+        assert_ne!(rc.prefix(), ws1.prefix());
+        let shown = &rc.inputs["config .npmrc"];
+        assert_eq!(shown.len(), 16);
+        assert!(!format!("{:?}", rc.inputs).contains("npm_secret123"));
+        // pnpm's hooks file and workspace file too.
+        fs::write(b.path().join(".pnpmfile.cjs"), "module.exports = {}\n").unwrap();
+        assert_ne!(k(b.path()).prefix(), rc.prefix());
+    }
+
+    /// cargo-target: a member's Cargo.toml is another key (a restore is fine), the project's
+    /// `.cargo/config.toml` and `rust-toolchain.toml` another prefix; a venv's pyproject
+    /// build settings another prefix.
+    #[test]
+    fn cargo_target_and_venv_keys_cover_their_tool_config() {
+        let d = tempfile::tempdir().unwrap();
+        let w = d.path();
+        fs::write(w.join("Cargo.lock"), "# lock\n").unwrap();
+        fs::create_dir_all(w.join("crates/a")).unwrap();
+        fs::write(w.join("crates/a/Cargo.toml"), "[package]\nname = \"a\"\n").unwrap();
+        let spec = "project = \"p\"\n[[cache]]\nid = \"t\"\npreset = \"cargo-target\"\n";
+        let k0 = keys(spec, w, None).unwrap();
+        assert!(k0.inputs.contains_key("config crates/a/Cargo.toml"));
+        fs::write(
+            w.join("crates/a/Cargo.toml"),
+            "[package]\nname = \"a\"\n[features]\nx = []\n",
+        )
+        .unwrap();
+        let k1 = keys(spec, w, None).unwrap();
+        assert_ne!(k1.key, k0.key);
+        assert_eq!(k1.prefix(), k0.prefix());
+        fs::create_dir(w.join(".cargo")).unwrap();
+        fs::write(
+            w.join(".cargo/config.toml"),
+            "[build]\nrustflags = [\"-Cx\"]\n",
+        )
+        .unwrap();
+        assert_ne!(keys(spec, w, None).unwrap().prefix(), k1.prefix());
+
+        fs::write(w.join("requirements.txt"), "six\n").unwrap();
+        let v0 = keys(VENV, w, None).unwrap();
+        fs::write(
+            w.join("pyproject.toml"),
+            "[tool.uv]\nindex-url = \"https://x\"\n",
+        )
+        .unwrap();
+        let v1 = keys(VENV, w, None).unwrap();
+        assert_ne!(v1.prefix(), v0.prefix());
+        fs::write(
+            w.join("pyproject.toml"),
+            "[tool.uv]\nindex-url = \"https://x\"\n[tool.ruff]\nline-length = 1\n",
+        )
+        .unwrap();
+        assert_eq!(keys(VENV, w, None).unwrap().key, v1.key);
     }
 
     #[test]
