@@ -537,3 +537,72 @@ fn a_restore_says_which_input_differs_from_the_nearest_layer() {
     assert!(!String::from_utf8_lossy(&third.stderr).contains("why"));
     assert!(sb.events()[2].get("why").is_none());
 }
+
+/// Issue 29 item 3, with the real binary: `env = { TOKEN = "{env:MY_TOKEN}" }` and
+/// `MY_TOKEN=hunter2`. The recorded inputs (which travel to the remote tier) hold a digest
+/// keyed with the project's salt: not plain blake3("hunter2")'s prefix `55dcd1221c6686fb`,
+/// another in another project; the salt is the project's own (0600), and the same project
+/// keeps its key across runs (the second run hits).
+#[test]
+fn recorded_variable_digests_are_keyed_per_project() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = |project: &str| {
+        sb.write_spec(
+            &format!("{project}.toml"),
+            &format!(
+                "project = \"{project}\"\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
+                 setup = \"true\"\nenv = {{ TOKEN = \"{{env:MY_TOKEN}}\" }}\n"
+            ),
+        )
+    };
+    let run = |project: &str| {
+        let o = sb.run_cmd(
+            &["--json"],
+            &spec(project),
+            &["true"],
+            &[("MY_TOKEN", "hunter2")],
+        );
+        assert_eq!(o.status.code(), Some(0));
+        let line = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        v["caches"][0].clone()
+    };
+    let project_dir = |p: &str| sb.path("store").join("v1/projects").join(p);
+    let recorded = |p: &str, key: &serde_json::Value| {
+        let f = project_dir(p).join(format!("caches/deps/inputs/{}.json", key.as_str().unwrap()));
+        std::fs::read_to_string(f).unwrap()
+    };
+    let a = run("alpha");
+    assert_eq!(a["result"], "miss");
+    let text = recorded("alpha", &a["key"]);
+    let inputs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let digest = inputs["variable MY_TOKEN"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 16, "{text}");
+    assert_ne!(digest, "55dcd1221c6686fb");
+    assert!(
+        !text.contains("55dcd1221c6686fb") && !text.contains("hunter2"),
+        "{text}"
+    );
+    let salt = project_dir("alpha").join("key-salt");
+    let mode = std::fs::metadata(&salt).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let b = run("beta");
+    let other: serde_json::Value = serde_json::from_str(&recorded("beta", &b["key"])).unwrap();
+    assert_ne!(other["variable MY_TOKEN"], inputs["variable MY_TOKEN"]);
+    assert_ne!(
+        b["key"].as_str().unwrap()[4..],
+        a["key"].as_str().unwrap()[4..]
+    );
+    let again = run("alpha");
+    assert_eq!(again["result"], "hit", "{again}");
+    assert_eq!(again["key"], a["key"]);
+}

@@ -1219,6 +1219,45 @@ mod tests {
         assert_eq!(keys(VENV, w, None).unwrap().key, v1.key);
     }
 
+    /// Issue 29 item 3: a variable's recorded digest is keyed with the project's salt —
+    /// not plain blake3's prefix (which an offline guesser could match), another per project,
+    /// the same for one project's runs; the key itself is keyed too.
+    #[test]
+    fn digests_are_keyed_with_the_project_salt() {
+        let d = setup_dir();
+        let s = spec::parse(&format!("{NPM}env = {{ TOKEN = \"{{env:MY_TOKEN}}\" }}\n")).unwrap();
+        let k = |salt: Option<[u8; 32]>| {
+            let mut env = Environment::with_versions(None, &[("node", "v20.0.0")])
+                .with_variables(&[("MY_TOKEN", "hunter2")]);
+            if let Some(s) = salt {
+                env = env.with_salt(KeySalt(s));
+            }
+            compute(&s.caches[0], &paths(d.path(), "/cache"), &env).unwrap()
+        };
+        let plain = blake3::hash(b"hunter2").to_hex()[..16].to_string();
+        assert_eq!(plain, "55dcd1221c6686fb");
+        let (p1, p2) = ([1u8; 32], [2u8; 32]);
+        let a = k(Some(p1));
+        let shown = &a.inputs["variable MY_TOKEN"];
+        assert_eq!(shown.len(), 16);
+        assert_ne!(shown, &plain);
+        assert!(!serde_json::to_string(&a).unwrap().contains(&plain));
+        let b = k(Some(p2));
+        assert_ne!(
+            b.inputs["variable MY_TOKEN"], *shown,
+            "another project's digest"
+        );
+        assert_ne!(b.key, a.key);
+        assert_ne!(b.prefix(), a.prefix(), "env8 is keyed too");
+        let again = k(Some(p1));
+        assert_eq!((again.key, &again.inputs), (a.key.clone(), &a.inputs));
+        assert_eq!(
+            k(None).inputs["variable MY_TOKEN"],
+            plain,
+            "unsalted: plain blake3"
+        );
+    }
+
     #[test]
     fn missing_tool_is_none() {
         assert_eq!(probe_version("layercache-no-such-tool"), "none");

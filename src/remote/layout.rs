@@ -6,6 +6,7 @@
 //! <prefix>/v1/projects/<project>/packs/<pack>.idx                PackIndex: (object, offset, len)
 //! <prefix>/v1/projects/<project>/manifests/<layer-id>.json       RemoteManifest: every entry
 //! <prefix>/v1/projects/<project>/caches/<cache>/keys/<key>       KeyRecord JSON, create-only
+//! <prefix>/v1/projects/<project>/key-salt                        the project's key salt, create-only
 //! ```
 //! Object ids are the local store's ([`crate::ids::ObjectId`]: blake3 of the bytes); the
 //! metadata the local object name also carries lives in the manifest. Objects up to a quarter
@@ -92,6 +93,11 @@ impl Layout {
         self.manifests(p).join(format!("{layer}.json"))
     }
 
+    /// `<prefix>/v1/projects/<project>/key-salt`: the project's key salt (64 hex digits),
+    /// created once, create-only (store/salt.rs).
+    pub fn salt(&self, p: &ProjectId) -> ObjectPath {
+        self.project(p).join("key-salt")
+    }
     /// `…/caches`.
     pub fn caches(&self, p: &ProjectId) -> ObjectPath {
         self.project(p).join("caches")

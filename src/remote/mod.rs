@@ -31,6 +31,7 @@ mod manifest;
 mod pack;
 mod pull;
 mod push;
+mod salt;
 mod unpack;
 
 use std::sync::Arc;
@@ -42,7 +43,7 @@ use object_store::ObjectStore;
 use parking_lot::Mutex;
 
 use crate::error::{Error, RemoteKind, Result};
-use crate::ids::{CacheId, CacheKey, LayerId};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::store::{Notice, ProjectDirs, PullReport, RemoteTier, Store};
 pub use config::{Credentials, RemoteConfig, Target};
 pub use error::RemoteError;
@@ -277,6 +278,42 @@ impl RemoteTier for Remote {
         });
     }
 
+    /// The remote's key salt of `project` (or `proposed`, created there create-only) within
+    /// `lookup_timeout`; an unreachable, slow or refusing remote is one warning and `None`
+    /// (the store keeps its local salt and asks again next run).
+    fn agree_salt(
+        &self,
+        store: &Store,
+        project: &ProjectId,
+        proposed: &[u8; 32],
+    ) -> Option<[u8; 32]> {
+        let r = self.block_on(
+            Some(self.cfg.lookup_timeout),
+            self.agree_salt_async(project, proposed),
+        );
+        match r {
+            Ok(s) => Some(s),
+            Err(e) => {
+                if matches!(&e, Error::Remote { kind, .. } if kind.is_transient() || *kind == RemoteKind::Denied)
+                {
+                    self.mark_unhealthy();
+                }
+                self.warn_once(
+                    store,
+                    &format!(
+                        "{e}; going on with this store's own key salt (keys agree with the \
+                         remote's once it answers)"
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn location(&self) -> String {
+        self.cfg.url.clone()
+    }
+
     /// Waits for the background pushes, at most `push_wait` in all; reports each as one
     /// [`Notice::Remote`] of `store` and returns how many did not finish in time (they are
     /// abandoned: the remote then lacks those keys, never has a key without its objects).
@@ -403,6 +440,58 @@ mod tests {
         }
         out.sort();
         out
+    }
+
+    /// Issue 29 item 3: runners sharing a remote agree on a project's key salt. A fresh store
+    /// publishes its own (create-only) and a second fresh store adopts it; a store that had
+    /// its own salt before the remote was configured adopts the remote's (once; then it is not
+    /// asked again); another project gets another salt.
+    #[test]
+    fn stores_sharing_a_remote_agree_on_the_key_salt() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("remote");
+        let p = ProjectId::new("p").unwrap();
+        let with_remote = |name: &str| {
+            let mut s = Store::open(Some(&t.path().join(name))).unwrap();
+            s.set_remote(remote_at(&dir));
+            s
+        };
+        let a = with_remote("a");
+        let salt = a.key_salt(&p).unwrap();
+        let on_remote = fs::read_to_string(dir.join("v1/projects/p/key-salt")).unwrap();
+        assert_eq!(on_remote.trim(), crate::store::salt_to_hex(&salt));
+        assert_eq!(
+            with_remote("b").key_salt(&p).unwrap(),
+            salt,
+            "a fresh runner adopts it"
+        );
+        // A store with a salt of its own from before the remote.
+        let c_dir = t.path().join("c");
+        let own = Store::open(Some(&c_dir)).unwrap().key_salt(&p).unwrap();
+        assert_ne!(own, salt);
+        let c = with_remote("c");
+        assert_eq!(c.key_salt(&p).unwrap(), salt, "the remote's wins");
+        assert_eq!(
+            Store::open(Some(&c_dir)).unwrap().key_salt(&p).unwrap(),
+            salt
+        );
+        // Agreed once: the remote is not asked again (gone, the salt stays).
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(with_remote("c").key_salt(&p).unwrap(), salt);
+        assert_ne!(
+            a.key_salt(&ProjectId::new("q").unwrap()).unwrap(),
+            salt,
+            "per project"
+        );
+        // Two fresh runners at once converge on the one created first.
+        let r = ProjectId::new("r").unwrap();
+        let (x, y) = (with_remote("x"), with_remote("y"));
+        let (sx, sy) = std::thread::scope(|s| {
+            let hx = s.spawn(|| x.key_salt(&r).unwrap());
+            let hy = s.spawn(|| y.key_salt(&r).unwrap());
+            (hx.join().unwrap(), hy.join().unwrap())
+        });
+        assert_eq!(sx, sy);
     }
 
     /// Two stores, one remote directory: A publishes and pushes, B pulls the exact tree (modes,

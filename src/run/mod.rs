@@ -94,6 +94,11 @@ pub trait Mounter {
     fn check(&self, _view: &Path) -> Result<()> {
         Ok(())
     }
+    /// The project's key salt ([`crate::key::KeySalt`]; the store's, agreed with its remote
+    /// tier); `None` keys with plain digests (the unit tests' fake).
+    fn key_salt(&self, _project: &ProjectId) -> Result<Option<key::KeySalt>> {
+        Ok(None)
+    }
 }
 
 /// The validated configuration of one run.
@@ -305,7 +310,14 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     if cfg.spec.caches.is_empty() {
         return steps.command(&cfg.command, false, &BTreeMap::new(), &Views::default());
     }
-    let all_keys = keys(&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref())?;
+    let salt = mounter.key_salt(&cfg.spec.project)?;
+    let all_keys = keys(
+        &cfg.spec,
+        &cfg.paths,
+        &cfg.sandbox,
+        cfg.image.as_ref(),
+        salt,
+    )?;
     let mut mounts = Mounts {
         mounter,
         store: &cfg.store,
@@ -350,18 +362,22 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
 }
 
 /// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
-/// Docker the image's id stands for the tools). Errors: [`Error::Invalid`] for a bad key file
+/// Docker the image's id stands for the tools; digests keyed with the project's `salt`). Errors: [`Error::Invalid`] for a bad key file
 /// or two caches at one view path.
 fn keys(
     spec: &Spec,
     paths: &Paths,
     sandbox: &Sandbox,
     image: Option<&String>,
+    salt: Option<key::KeySalt>,
 ) -> Result<Vec<CacheKeys>> {
-    let env = match (sandbox.docker(), image) {
+    let mut env = match (sandbox.docker(), image) {
         (Some(_), Some(id)) => Environment::in_image(id.clone()),
         _ => Environment::host(image.cloned()),
     };
+    if let Some(s) = salt {
+        env = env.with_salt(s);
+    }
     let mut all_keys = Vec::new();
     for cache in &spec.caches {
         all_keys.push(key::compute(cache, paths, &env)?);

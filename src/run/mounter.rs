@@ -57,6 +57,10 @@ impl StoreMounter {
 }
 
 impl Mounter for StoreMounter {
+    fn key_salt(&self, project: &ProjectId) -> Result<Option<crate::key::KeySalt>> {
+        Ok(Some(crate::key::KeySalt(self.store.key_salt(project)?)))
+    }
+
     fn mount(
         &self,
         project: &ProjectId,

@@ -8,7 +8,7 @@
 //! Its front door is this module: the submodules are private and what callers use is
 //! re-exported here. Inside, by job: `paths` (where things live: [`ProjectDirs`]), `mount`
 //! (lookup, fill wait, mount; the RAII [`Mount`] handle), `runs` (run records, umount),
-//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `views` (host view directories a killed run left), `verify`, `inputs` (a key's
+//! `publish` (commit, promote, publish), `housekeeping` (ls, gc, clear), `salt` (a project's key salt), `views` (host view directories a killed run left), `verify`, `inputs` (a key's
 //! recorded inputs), `specs` (stored specs), `config` (config.toml), `tier` (the port the
 //! remote tier implements, [`RemoteTier`]); below them `layer`, `object`, `lease`, `promote`
 //! and `gc` (the pure eviction plan). The on-disk layout is drawn once, in docs/ARCHITECTURE.md
@@ -30,6 +30,7 @@ mod paths;
 mod promote;
 mod publish;
 mod runs;
+mod salt;
 mod specs;
 mod tier;
 mod verify;
@@ -62,6 +63,7 @@ pub use promote::{CREDENTIAL_FILES, CredentialPattern};
 pub(crate) use promote::{TreeStats, undo_created_objects};
 pub use publish::{CommitOutcome, CommitResult, PublishSpec, Published};
 pub use runs::{MountResult, RunRecord, StoreMount};
+pub use salt::{salt_from_hex, salt_to_hex};
 pub use specs::StoredSpec;
 pub use tier::{PullReport, RemoteTier};
 pub use verify::VerifyReport;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{ProjectDirs, Store};
-use crate::ids::{CacheId, CacheKey, LayerId};
+use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 
 /// A tier the store can fill a miss from and push its publishes to (an S3-compatible remote:
 /// `crate::remote::Remote`). Attached with [`Store::set_remote`].
@@ -40,6 +40,21 @@ pub trait RemoteTier: Send + Sync {
     /// Waits (bounded) for the background pushes, reports each as a
     /// [`super::Notice::Remote`] of `store`, and returns how many did not finish in time.
     fn wait_pushes(&self, store: &Store) -> usize;
+
+    /// The key salt of `project` as the tier holds it, so runners agree on keys
+    /// ([`Store::key_salt`]): the tier's own when it has one, else `proposed`, published
+    /// create-only (two runners proposing at once both get the one created first). `None`
+    /// when the tier cannot be asked now (one [`super::Notice::Remote`] says so): the store
+    /// then keeps its local salt.
+    fn agree_salt(
+        &self,
+        store: &Store,
+        project: &ProjectId,
+        proposed: &[u8; 32],
+    ) -> Option<[u8; 32]>;
+
+    /// Names the tier (its URL), recorded beside a salt agreed with it.
+    fn location(&self) -> String;
 }
 
 /// What a pull did.
