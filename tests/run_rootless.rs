@@ -1043,5 +1043,26 @@ fn entries_planted_in_a_shared_mount_root_do_not_reach_other_users_runs() {
         );
         assert!(!root.exists(), "nothing made");
     }
+    // A store another user could replace is refused the same way.
+    let user_store = h.path("cache/store");
+    let o = Command::new(BIN)
+        .arg("--store")
+        .arg(&user_store)
+        .args(["run", "--spec"])
+        .arg(&spec)
+        .arg("--workdir")
+        .arg(&work)
+        .arg("--mount-root")
+        .arg(&shared)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("--store {}: refused", user_store.display())),
+        "{err}"
+    );
+    assert!(!user_store.exists());
     assert!(host_fuse_mounts_below(h.dir.path()).is_empty());
 }

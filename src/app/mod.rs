@@ -102,13 +102,27 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
             args.spec
         );
     }
-    let env = crate::key::Environment::host(args.image.clone());
+    // What each key would match now; the keys are keyed with the project's salt, read only:
+    // `key` never writes (a project without one yet gets its salt from its first run).
+    let store = KeyStore::open(global, &spec.project)?;
+    let mut env = crate::key::Environment::host(args.image.clone());
+    let salt = match &store {
+        KeyStore::Open(_, Some(pd)) => pd.read_salt()?,
+        _ => None,
+    };
+    match salt {
+        Some(s) => env = env.with_salt(crate::key::KeySalt(s)),
+        None if !spec.caches.is_empty() => eprintln!(
+            "layercache: project {} has no key salt in this store yet: its first run makes one \
+             (or adopts its remote's), and its keys then differ from these",
+            spec.project
+        ),
+        None => {}
+    }
     let mut all = Vec::new();
     for cache in &spec.caches {
         all.push(crate::key::compute(cache, &paths, &env)?);
     }
-    // What each key would match now.
-    let store = KeyStore::open(global, &spec.project)?;
     let mut matches = Vec::new();
     for k in &all {
         matches.push(match &store {
@@ -379,6 +393,12 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         crate::run::rootless::check_view_dirs(&spec, &paths)?;
     }
     let store_dir = store_root(global)?;
+    // The store holds what runs mount and run: nobody else may be able to replace it.
+    crate::run::hostpath::check_trusted(
+        "--store",
+        &store_dir,
+        rustix::process::geteuid().as_raw(),
+    )?;
     if docker.is_some() {
         docker_bind_check(&paths, &store_dir)?;
     }

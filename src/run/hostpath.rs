@@ -140,9 +140,9 @@ fn check_entry(what: &str, shown: &Path, at: &Path, uid: u32) -> Result<()> {
         format!("root or uid {uid}")
     };
     Err(Error::invalid(format!(
-        "{what} {}: refused: {why}, so another user could replace the directory the run's views \
-         are built on; use a path whose directories only {who} can change (a 1777 directory \
-         such as `mkdir -m 1777 /cache` is fine: it is sticky)",
+        "{what} {}: refused: {why}, so another user could replace a directory on its way (rename \
+         it, put a symlink in its place); use a path whose directories only {who} can change \
+         (below a 1777 directory such as `mkdir -m 1777 /cache` is fine: it is sticky)",
         shown.display()
     )))
 }
