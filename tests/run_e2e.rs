@@ -220,9 +220,9 @@ fn two_projects_never_share_a_layer() {
     assert_eq!(sb.run(&a, None).status.code(), Some(0));
     assert_eq!(sb.run(&b, None).status.code(), Some(0));
     let ev = sb.events();
-    assert_eq!(
+    assert_ne!(
         ev[0]["key"], ev[1]["key"],
-        "identical inputs give identical keys"
+        "identical inputs, but each project keys with its own salt"
     );
     assert_eq!(ev[0]["result"], "miss");
     assert_eq!(ev[1]["result"], "miss", "beta must not see alpha's layer");
@@ -605,4 +605,33 @@ fn recorded_variable_digests_are_keyed_per_project() {
     let again = run("alpha");
     assert_eq!(again["result"], "hit", "{again}");
     assert_eq!(again["key"], a["key"]);
+
+    // A salt provisioned outside the store (LAYERCACHE_KEY_SALT): used as given, none kept.
+    let hex = "ab".repeat(32);
+    let o = sb.run_cmd(
+        &["--json"],
+        &spec("gamma"),
+        &["true"],
+        &[("MY_TOKEN", "hunter2"), ("LAYERCACHE_KEY_SALT", &hex)],
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let line = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let g: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let got: serde_json::Value =
+        serde_json::from_str(&recorded("gamma", &g["caches"][0]["key"])).unwrap();
+    let want = blake3::keyed_hash(&[0xab; 32], b"hunter2").to_hex()[..16].to_string();
+    assert_eq!(got["variable MY_TOKEN"], want.as_str());
+    assert!(!project_dir("gamma").join("key-salt").exists());
+    let o = sb.run_cmd(
+        &[],
+        &spec("gamma"),
+        &["true"],
+        &[("LAYERCACHE_KEY_SALT", "nope")],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("LAYERCACHE_KEY_SALT: not a key salt"));
 }

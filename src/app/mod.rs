@@ -106,22 +106,24 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     // `key` never writes (a project without one yet gets its salt from its first run).
     let store = KeyStore::open(global, &spec.project)?;
     let mut env = crate::key::Environment::host(args.image.clone());
-    let salt = match &store {
-        KeyStore::Open(_, Some(pd)) => pd.read_salt()?,
+    let salt = match (crate::key::KeySalt::from_env()?, &store) {
+        (Some(s), _) => Some(s),
+        (None, KeyStore::Open(_, Some(pd))) => pd.read_salt()?.map(crate::key::KeySalt),
         _ => None,
     };
-    match salt {
-        Some(s) => env = env.with_salt(crate::key::KeySalt(s)),
-        None if !spec.caches.is_empty() => eprintln!(
-            "layercache: project {} has no key salt in this store yet: its first run makes one \
-             (or adopts its remote's), and its keys then differ from these",
-            spec.project
-        ),
-        None => {}
+    if let Some(s) = salt {
+        env = env.with_salt(s);
     }
     let mut all = Vec::new();
     for cache in &spec.caches {
         all.push(crate::key::compute(cache, &paths, &env)?);
+    }
+    if salt.is_none() && !spec.caches.is_empty() {
+        eprintln!(
+            "layercache: project {} has no key salt in this store yet: its first run makes one \
+             (or adopts its remote's), and its keys then differ from these",
+            spec.project
+        );
     }
     let mut matches = Vec::new();
     for k in &all {
@@ -547,6 +549,7 @@ fn run_over_store(
         .map(|c| (c.id.clone(), passthrough.unwrap_or(c.passthrough)))
         .collect();
     let mounter = crate::run::StoreMounter::new(store, fill_wait)
+        .with_key_salt(crate::key::KeySalt::from_env()?)
         .with_squash(squash)
         .with_passthrough(passthrough);
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.

@@ -19,7 +19,12 @@
 //!   match of the spec's or preset's patterns, or, for a preset whose patterns are
 //!   alternatives ([`crate::spec::Preset::key_files_first`], venv), those of the first pattern
 //!   that matches; for the pip and venv presets the `-r`/`-c` includes of requirements files
-//!   join them (recursively, relative to the including file, never outside the workdir).
+//!   join them (recursively, relative to the including file, never outside the workdir);
+//!   plus the preset's tool configuration ([`config`]: lifecycle scripts, `.npmrc`,
+//!   `pyproject.toml` settings, `Cargo.toml` files…), whose trusted part also enters `env8`.
+//!
+//! Every digest — `env8`, `hash` and the recorded inputs' — is blake3 keyed with the project's
+//! salt ([`KeySalt`]), so none can be tested against guesses of a secret without it.
 //!
 //! The default restore key is the key up to its hash (`<id>-<os>-<arch>-<env8>-`), so a changed
 //! lockfile or setup script falls back to the nearest layer of the same environment.
@@ -77,6 +82,27 @@ pub struct Environment {
 /// reads the inputs or the key without the salt, and two projects' digests of one value differ.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct KeySalt(pub [u8; 32]);
+
+impl KeySalt {
+    /// The salt provisioned in the environment variable `LAYERCACHE_KEY_SALT` (64 hex digits,
+    /// e.g. `openssl rand -hex 32`), if set: runners given the same one agree on keys without
+    /// the salt ever being stored in the remote tier. `None` when unset or empty.
+    ///
+    /// Errors: [`Error::Invalid`] naming the variable when it is not 64 hex digits.
+    pub fn from_env() -> Result<Option<KeySalt>> {
+        let Some(v) = std::env::var_os("LAYERCACHE_KEY_SALT").filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        crate::store::salt_from_hex(v.as_encoded_bytes())
+            .map(|s| Some(KeySalt(s)))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "LAYERCACHE_KEY_SALT: not a key salt; want 64 hex digits \
+                     (e.g. from `openssl rand -hex 32`)",
+                )
+            })
+    }
+}
 
 impl std::fmt::Debug for KeySalt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -232,9 +258,11 @@ pub struct CacheKeys {
     pub mountpoint: PathBuf,
     /// The environment fingerprint text (see the module docs).
     pub fingerprint: String,
-    /// What went into the key, by name ([`crate::why::Inputs`]: `key file <path>` → blake3
-    /// of its content (16 hex), `setup` → blake3 of the script, `env <NAME>`, `variable <NAME>`
-    /// → blake3 of an `{env:NAME}` value (16 hex) or `unset`, `mountpoint`,
+    /// What went into the key, by name ([`crate::why::Inputs`]; digests are 16 hex of blake3
+    /// keyed with the project's salt: [`KeySalt`]): `key file <path>` → digest of its content,
+    /// `config <path>` → digest of the tool configuration that counts, `setup` → digest of the
+    /// script, `env <NAME>`, `variable <NAME>` → digest of an `{env:NAME}` value or `unset`,
+    /// `mountpoint`,
     /// `exclude`, `preset`, `tool <t>`, `image`), so a miss can say what differs from the
     /// nearest layer (`layercache key` and the run summary show it).
     pub inputs: crate::why::Inputs,

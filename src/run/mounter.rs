@@ -20,6 +20,9 @@ pub struct StoreMounter {
     /// The passthrough choice of each cache (spec field `passthrough`, or `--passthrough`);
     /// a cache not listed is mounted with `Auto`.
     passthrough: BTreeMap<CacheId, crate::overlay::options::PassthroughChoice>,
+    /// A key salt provisioned outside the store (`LAYERCACHE_KEY_SALT`), used instead of the
+    /// project's.
+    salt: Option<crate::key::KeySalt>,
 }
 
 impl StoreMounter {
@@ -32,7 +35,15 @@ impl StoreMounter {
             mounts: parking_lot::Mutex::new(BTreeMap::new()),
             squash: Default::default(),
             passthrough: BTreeMap::new(),
+            salt: None,
         }
+    }
+
+    /// Keys every project with `salt` (provisioned outside the store, e.g. from a secret
+    /// manager: `LAYERCACHE_KEY_SALT`) instead of the project's own or the remote's.
+    pub fn with_key_salt(mut self, salt: Option<crate::key::KeySalt>) -> Self {
+        self.salt = salt;
+        self
     }
 
     /// Mounts each listed cache with its passthrough choice (others: `Auto`).
@@ -58,6 +69,9 @@ impl StoreMounter {
 
 impl Mounter for StoreMounter {
     fn key_salt(&self, project: &ProjectId) -> Result<Option<crate::key::KeySalt>> {
+        if let Some(s) = self.salt {
+            return Ok(Some(s));
+        }
         Ok(Some(crate::key::KeySalt(self.store.key_salt(project)?)))
     }
 
