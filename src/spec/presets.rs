@@ -482,6 +482,7 @@ pub fn presets_text(json: bool) -> String {
                     "tools": p.tools,
                     "exclude": p.exclude,
                     "relocatable": p.relocatable,
+                    "config_files": p.config_files.iter().map(|(f, _)| *f).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -505,6 +506,14 @@ pub fn presets_text(json: bool) -> String {
                 ""
             }
         ));
+        if !p.config_files.is_empty() {
+            let files: Vec<&str> = p.config_files.iter().map(|(f, _)| *f).collect();
+            out.push_str(&format!(
+                "{:<13}   tool config (as digests): {}\n",
+                "",
+                files.join(", ")
+            ));
+        }
         let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         if !env.is_empty() {
             out.push_str(&format!("{:<13}   env: {}\n", "", env.join(" ")));
