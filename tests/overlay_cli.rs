@@ -503,3 +503,46 @@ fn short_of_descriptors_the_mount_works_or_fails_cleanly() {
         }
     }
 }
+
+/// `LAYERCACHE_DAEMON_LOG` (README: often `/tmp/lc.log`) is never followed through a symlink:
+/// another user's `/tmp/lc.log -> /etc/…` would make a root daemon append to that file. A
+/// plain path gets the log, created 0600; a symlink gets no log and its target is untouched.
+#[test]
+fn daemon_log_is_private_and_never_a_planted_symlink() {
+    require_root!();
+    only_layercache!("layercache's own daemon");
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    fs::write(&victim, "keep\n").unwrap();
+    let planted = dir.path().join("planted.log");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let plain = dir.path().join("plain.log");
+    for log in [&plain, &planted] {
+        let mut fx = unmounted_fixture();
+        let out = Command::new(BIN)
+            .args(["overlay", "-o", &fx.options()])
+            .arg(&fx.mnt)
+            .env("LAYERCACHE_LOG", "debug")
+            .env("LAYERCACHE_DAEMON_LOG", log)
+            .output()
+            .unwrap();
+        fx.adopt_mount();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(read(&fx.p("f")), "f");
+    }
+    let meta = fs::metadata(&plain).unwrap();
+    assert!(meta.len() > 0, "the daemon logs to a plain path");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "keep\n");
+    assert!(
+        fs::symlink_metadata(&planted)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}

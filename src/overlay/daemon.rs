@@ -426,12 +426,15 @@ fn redirect_stdio() {
         .unwrap_or(Path::new("/dev/null"));
     // The log is often named in /tmp, where another user could plant a symlink to a file a
     // root daemon would then append to: never followed (ELOOP: no log), and private (0600).
+    // One that cannot be opened means no log (/dev/null), never the starter's stdio, which
+    // closes when it exits (a write there would end the daemon with SIGPIPE).
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(target);
+        .open(target)
+        .or_else(|_| std::fs::OpenOptions::new().append(true).open("/dev/null"));
     let null = std::fs::File::open("/dev/null");
     if let (Ok(out), Ok(null)) = (out, null) {
         let _ = rustix::stdio::dup2_stdin(&null);
