@@ -14,7 +14,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use run_common::{BIN, Sandbox, can_mount, have_tool, npm_workdir, show};
+use run_common::{BIN, Sandbox, can_mount, have_tool, npm_workdir, show, unshared_run};
 
 /// node_modules of the npm fixture (relocatable: keyed by the lockfile alone) plus a small
 /// `/cache/<id>`-style cache of our own.
@@ -474,18 +474,11 @@ const PLAIN_SPEC: &str = "project = \"p\"\n[[cache]]\nid = \"x\"\nkey_files = [\
 /// `layercache --store S --json run --spec SPEC --workdir W --mount-root R [EXTRA…] -- true`
 /// in a private mount namespace (so a wrong mount can never cover a host path).
 fn run_at(sb: &Sandbox, spec: &Path, work: &Path, root: &Path, extra: &[&str]) -> Output {
-    let mut c = Command::new("unshare");
-    c.args(["-m", "--propagation", "private", "--", BIN, "--store"])
-        .arg(sb.path("store"))
-        .args(["--json", "run", "--spec"])
-        .arg(spec)
-        .arg("--workdir")
-        .arg(work)
-        .arg("--mount-root")
-        .arg(root)
+    unshared_run(&sb.path("store"), spec, work, root)
         .args(extra)
-        .args(["--", "true"]);
-    c.output().unwrap()
+        .args(["--", "true"])
+        .output()
+        .unwrap()
 }
 
 /// Asserts `o` is a one-line exit 2 whose message holds every needle; nothing stays mounted.

@@ -560,21 +560,21 @@ fn recorded_variable_digests_are_keyed_per_project() {
             ),
         )
     };
-    let run = |project: &str| {
-        let o = sb.run_cmd(
-            &["--json"],
-            &spec(project),
-            &["true"],
-            &[("MY_TOKEN", "hunter2")],
-        );
-        assert_eq!(o.status.code(), Some(0));
-        let line = String::from_utf8_lossy(&o.stdout)
+    // A run of `project`'s spec with `envs`: its exit status and its cache's summary.
+    let run_env = |project: &str, envs: &[(&str, &str)]| {
+        let o = sb.run_cmd(&["--json"], &spec(project), &["true"], envs);
+        let first = String::from_utf8_lossy(&o.stdout)
             .lines()
             .next()
-            .unwrap()
-            .to_string();
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        v["caches"][0].clone()
+            .map(str::to_string)
+            .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&first).unwrap_or_default();
+        (o, v["caches"][0].clone())
+    };
+    let run = |project: &str| {
+        let (o, cache) = run_env(project, &[("MY_TOKEN", "hunter2")]);
+        assert_eq!(o.status.code(), Some(0));
+        cache
     };
     let project_dir = |p: &str| sb.path("store").join("v1/projects").join(p);
     let recorded = |p: &str, key: &serde_json::Value| {
@@ -608,30 +608,16 @@ fn recorded_variable_digests_are_keyed_per_project() {
 
     // A salt provisioned outside the store (LAYERCACHE_KEY_SALT): used as given, none kept.
     let hex = "ab".repeat(32);
-    let o = sb.run_cmd(
-        &["--json"],
-        &spec("gamma"),
-        &["true"],
+    let (o, g) = run_env(
+        "gamma",
         &[("MY_TOKEN", "hunter2"), ("LAYERCACHE_KEY_SALT", &hex)],
     );
     assert_eq!(o.status.code(), Some(0));
-    let line = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .next()
-        .unwrap()
-        .to_string();
-    let g: serde_json::Value = serde_json::from_str(&line).unwrap();
-    let got: serde_json::Value =
-        serde_json::from_str(&recorded("gamma", &g["caches"][0]["key"])).unwrap();
+    let got: serde_json::Value = serde_json::from_str(&recorded("gamma", &g["key"])).unwrap();
     let want = blake3::keyed_hash(&[0xab; 32], b"hunter2").to_hex()[..16].to_string();
     assert_eq!(got["variable MY_TOKEN"], want.as_str());
     assert!(!project_dir("gamma").join("key-salt").exists());
-    let o = sb.run_cmd(
-        &[],
-        &spec("gamma"),
-        &["true"],
-        &[("LAYERCACHE_KEY_SALT", "nope")],
-    );
+    let (o, _) = run_env("gamma", &[("LAYERCACHE_KEY_SALT", "nope")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("LAYERCACHE_KEY_SALT: not a key salt"));
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use run_common::{BIN, can_mount, have_tool, run_ok, show, skip_or_fail};
+use run_common::{BIN, can_mount, have_tool, run_ok, show, skip_or_fail, unshared_run};
 
 /// The unprivileged user the tests run as (made when missing).
 const USER: &str = "lcrootless";
@@ -884,15 +884,7 @@ fn sigint_reaches_the_step_through_its_init() {
 /// ARGV…` as root, inside a private mount namespace of the test (`unshare -m`: a wrong mount
 /// cannot cover a host path).
 fn root_run(h: &Home, spec: &Path, work: &Path, root: &Path, argv: &[&str]) -> Output {
-    let out = Command::new("unshare")
-        .args(["-m", "--propagation", "private", BIN, "--store"])
-        .arg(h.path("root-store"))
-        .args(["--json", "run", "--spec"])
-        .arg(spec)
-        .arg("--workdir")
-        .arg(work)
-        .arg("--mount-root")
-        .arg(root)
+    let out = unshared_run(&h.path("root-store"), spec, work, root)
         .arg("--")
         .args(argv)
         .output()

@@ -247,6 +247,22 @@ pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `layercache --store STORE --json run --spec SPEC --workdir WORK --mount-root ROOT` (as the
+/// caller, root in these tests) inside a private mount namespace (`unshare -m`), so a wrong
+/// mount can never cover a host path; not started: the caller adds flags and `-- ARGV`.
+pub fn unshared_run(store: &Path, spec: &Path, work: &Path, root: &Path) -> Command {
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "--", BIN, "--store"])
+        .arg(store)
+        .args(["--json", "run", "--spec"])
+        .arg(spec)
+        .arg("--workdir")
+        .arg(work)
+        .arg("--mount-root")
+        .arg(root);
+    c
+}
+
 /// The `--json` summary of `run`: the last line of stdout, else of stderr (where it was before
 /// it moved to stdout), that parses as JSON with `caches`, from its first `{` (on stderr it
 /// follows setup's output, which may end without a newline: mvn prints a bare "\e[0m").
