@@ -167,6 +167,25 @@ impl Home {
         self.command(&args)
     }
 
+    /// `layercache --store root-store run --spec SPEC --workdir w1 --mount-root root-cache --
+    /// ARGV…` as root (the test): root's mount root is its own `root-cache` (the user's
+    /// `cache` is refused for root: run/hostpath.rs).
+    fn root_cmd(&self, spec: &Path, argv: &[&str]) -> Command {
+        std::fs::create_dir_all(self.path("root-cache")).unwrap();
+        let mut c = Command::new(BIN);
+        c.arg("--store")
+            .arg(self.path("root-store"))
+            .args(["run", "--spec"])
+            .arg(spec)
+            .arg("--workdir")
+            .arg(self.path("w1"))
+            .arg("--mount-root")
+            .arg(self.path("root-cache"))
+            .arg("--")
+            .args(argv);
+        c
+    }
+
     fn write_spec(&self, text: &str) -> PathBuf {
         let p = self.path("spec.toml");
         std::fs::write(&p, text).unwrap();
@@ -596,19 +615,7 @@ fn setsid_escapee_dies_with_a_killed_run(as_user: bool) {
     let mut cmd = if as_user {
         h.run_cmd(&spec, "w1", &[], &["true"])
     } else {
-        // Root's mount root must be root's: the user's `cache` is refused (hostpath.rs).
-        std::fs::create_dir_all(h.path("root-cache")).unwrap();
-        let mut c = Command::new(BIN);
-        c.arg("--store")
-            .arg(h.path("root-store"))
-            .args(["run", "--spec"])
-            .arg(&spec)
-            .arg("--workdir")
-            .arg(h.path("w1"))
-            .arg("--mount-root")
-            .arg(h.path("root-cache"))
-            .args(["--", "true"]);
-        c
+        h.root_cmd(&spec, &["true"])
     };
     let mut run = Reap(cmd.stdout(Stdio::null()).spawn().unwrap());
     assert!(
@@ -683,19 +690,7 @@ fn steps_run_under_an_init_and_pass_their_status_through() {
     let user = h.run(&spec, "w1", &[], &argv);
     assert_eq!(user.status.code(), Some(7), "{}", show(&user));
     assert!(String::from_utf8_lossy(&user.stdout).contains("pid=2\n"));
-    let root = Command::new(BIN)
-        .arg("--store")
-        .arg(h.path("root-store"))
-        .args(["run", "--spec"])
-        .arg(&spec)
-        .arg("--workdir")
-        .arg(h.path("w1"))
-        .arg("--mount-root")
-        .arg(h.path("cache"))
-        .arg("--")
-        .args(argv)
-        .output()
-        .unwrap();
+    let root = h.root_cmd(&spec, &argv).output().unwrap();
     assert_eq!(root.status.code(), Some(7), "{}", show(&root));
     assert_eq!(String::from_utf8_lossy(&root.stdout), "pid=2\n");
 }
@@ -846,17 +841,7 @@ fn sigint_reaches_the_step_through_its_init() {
         let mut cmd = if as_user {
             h.run_cmd(&spec, "w1", &[], &["sh", "-c", step])
         } else {
-            let mut c = Command::new(BIN);
-            c.arg("--store")
-                .arg(h.path("root-store"))
-                .args(["run", "--spec"])
-                .arg(&spec)
-                .arg("--workdir")
-                .arg(h.path("w1"))
-                .arg("--mount-root")
-                .arg(h.path("cache"))
-                .args(["--", "sh", "-c", step]);
-            c
+            h.root_cmd(&spec, &["sh", "-c", step])
         };
         let mut run = Reap(
             cmd.stdin(Stdio::null())
