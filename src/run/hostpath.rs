@@ -64,6 +64,40 @@ pub fn check_host_views(
     Ok(())
 }
 
+/// Makes directory `dir` (absolute, no `..`) and its missing parents as `mkdir -p` does (mode
+/// 0755 before the umask), without following a symlink planted meanwhile: the symlinks of its
+/// existing part are resolved once ([`crate::spec::resolve_existing`]), then the real path is
+/// walked from `/` one component at a time through descriptors opened
+/// `O_DIRECTORY|O_NOFOLLOW`, each missing component made with mkdirat(2) in its parent's
+/// descriptor. A component swapped for a symlink (or a file) fails with `ELOOP`/`ENOTDIR`
+/// instead of leading the run to make directories elsewhere.
+///
+/// Returns the real path, the directories made (outermost first) and the directory opened
+/// (`O_RDONLY`, for the caller's flock).
+///
+/// Errors: the first failing call's `std::io::Error` (realpath, mkdirat, openat).
+pub fn make_dirs(dir: &Path) -> std::io::Result<(PathBuf, Vec<PathBuf>, std::fs::File)> {
+    use rustix::fs::{Mode, OFlags};
+    let real = crate::spec::resolve_existing(dir)?;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut fd = rustix::fs::open("/", flags, Mode::empty())?;
+    let mut cur = PathBuf::from("/");
+    let mut made = Vec::new();
+    for c in real.components() {
+        let Component::Normal(name) = c else {
+            continue;
+        };
+        match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => made.push(cur.join(name)),
+            Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        fd = rustix::fs::openat(&fd, name, flags, Mode::empty())?;
+        cur.push(name);
+    }
+    Ok((cur, made, std::fs::File::from(fd)))
+}
+
 /// Walks `path` from `/`, checking each existing component (see [`check_trusted`]) and
 /// following symlinks by recursion; returns where it leads (`None`: a component is missing,
 /// so the rest is the run's to make).
@@ -185,6 +219,25 @@ mod tests {
         // A symlink of ours to a directory of ours.
         symlink(&root, d.path().join("lnk")).unwrap();
         check_trusted("--mount-root", &d.path().join("lnk/mine"), me()).unwrap();
+    }
+
+    #[test]
+    fn make_dirs_makes_the_missing_levels_and_never_follows_a_symlink_it_meets() {
+        let d = tmp();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        let (real, made, _held) = make_dirs(&base.join("a/b/c")).unwrap();
+        assert_eq!(real, base.join("a/b/c"));
+        assert_eq!(made, [base.join("a"), base.join("a/b"), base.join("a/b/c")]);
+        // Existing: nothing made; through a symlink of the existing part: its real path.
+        symlink(base.join("a"), base.join("lnk")).unwrap();
+        let (real, made, _held) = make_dirs(&base.join("lnk/b/c/d")).unwrap();
+        assert_eq!(
+            (real, made),
+            (base.join("a/b/c/d"), vec![base.join("a/b/c/d")])
+        );
+        // A file where a directory is wanted.
+        std::fs::write(base.join("f"), "").unwrap();
+        assert!(make_dirs(&base.join("f/x")).is_err());
     }
 
     #[test]

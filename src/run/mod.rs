@@ -206,24 +206,18 @@ impl Mounts<'_> {
             need.insert(0, v.clone());
         }
         for dir in need {
-            // The levels create_dir_all is about to make, outermost first.
-            let made: Vec<PathBuf> = (dir.ancestors())
-                .take_while(|a| !a.exists())
-                .map(Path::to_path_buf)
-                .collect();
-            std::fs::create_dir_all(&dir).at(&dir)?;
-            for d in made.iter().rev() {
+            // Made without following a symlink planted meanwhile (hostpath::make_dirs); the
+            // levels made are recorded by their real paths, outermost first.
+            let (real, made, held) = hostpath::make_dirs(&dir).at(&dir)?;
+            for d in made.iter() {
                 self.view_dirs.push((d.clone(), None, true));
             }
             if made.is_empty() {
-                self.view_dirs.push((dir.clone(), None, false));
+                self.view_dirs.push((real, None, false));
             }
-            let held = std::fs::File::open(&dir).ok();
-            if let Some(f) = &held {
-                let _ = crate::sys::flock(f, libc::LOCK_SH);
-            }
+            let _ = crate::sys::flock(&held, libc::LOCK_SH);
             if let Some(last) = self.view_dirs.last_mut() {
-                last.1 = held;
+                last.1 = Some(held);
             }
         }
         self.record_made();
