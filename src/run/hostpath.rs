@@ -1,5 +1,5 @@
 //! The host directories a run builds its views on (the mount root, the `--workdir-view`
-//! directory) must be ones no other local user can change: a run creates them when missing,
+//! directory) and its store must be ones no other local user can change: a run creates them when missing,
 //! flocks them, covers them in each step's mount namespace (a tmpfs over the mount root, the
 //! workdir bound at its view) and removes what it made. A directory another user owns, or a
 //! directory another user may write without the sticky bit above it, lets that user rename it
@@ -12,6 +12,8 @@
 //! sticky bit (so its other entries' owners cannot rename or remove ours: `/tmp`, or `/cache`
 //! made `1777`). Entries other users make *inside* the mount root do not matter: no step sees
 //! them (the tmpfs covers them), and the view paths below it are never resolved on the host.
+//! The directories a run makes are made by [`make_dirs`], which follows no symlink planted
+//! while it works.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
@@ -21,13 +23,14 @@ use crate::error::{Error, Result};
 /// Symlinks followed before a path counts as a loop (the kernel's own bound, `MAXSYMLINKS`).
 const MAX_SYMLINKS: usize = 40;
 
-/// Checks that `path` (absolute) is safe to build the views of a run of user `uid` on: every
+/// Checks that `path` (absolute: a mount root, a workdir view, a store) is safe for a run of
+/// user `uid` to build on: every
 /// existing component — and of the symlinks it passes through, their own paths — is owned by
 /// root or `uid`, and every such directory writable by group or others is sticky (module
 /// docs). Components that do not exist yet are fine: the run makes them itself, owned by
 /// `uid`, inside the last existing (checked) directory.
 ///
-/// Errors: [`Error::Invalid`] naming `what` (`--mount-root`, `--workdir-view`), the path,
+/// Errors: [`Error::Invalid`] naming `what` (`--mount-root`, `--workdir-view`, `--store`), the path,
 /// the component refused, its owner and mode, and what would be valid; or the lstat/readlink
 /// error of a component (not ENOENT), or ELOOP after 40 symlinks.
 pub fn check_trusted(what: &str, path: &Path, uid: u32) -> Result<()> {
