@@ -20,7 +20,7 @@
 //!   alternatives ([`crate::spec::Preset::key_files_first`], venv), those of the first pattern
 //!   that matches; for the pip and venv presets the `-r`/`-c` includes of requirements files
 //!   join them (recursively, relative to the including file, never outside the workdir);
-//!   plus the preset's tool configuration ([`config`]: lifecycle scripts, `.npmrc`,
+//!   plus the preset's tool configuration (`key/config.rs`: lifecycle scripts, `.npmrc`,
 //!   `pyproject.toml` settings, `Cargo.toml` files…), whose trusted part also enters `env8`.
 //!
 //! Every digest — `env8`, `hash` and the recorded inputs' — is blake3 keyed with the project's
