@@ -75,7 +75,7 @@ const PY_DESCRIPTIVE: &[&str] = &[
     "documentation",
 ];
 
-/// How many workspace packages' package.json files may join the key.
+/// How many workspace members' package.json / pyproject.toml files may join the key.
 const MAX_WORKSPACE_PACKAGES: usize = 4096;
 
 /// The configuration inputs of `cache` (its preset's [`crate::spec::Preset::config_files`])
@@ -102,20 +102,22 @@ pub(super) fn inputs(
             match part {
                 ConfigPart::Whole => out.push(whole(rel, bytes, true)),
                 ConfigPart::WholeShape => out.push(whole(rel, bytes, false)),
-                ConfigPart::Pyproject => out.push(pyproject(rel, &bytes)),
+                ConfigPart::Pyproject => {
+                    out.push(pyproject(rel.clone(), &bytes));
+                    let globs = uv_workspace_members(&bytes);
+                    let members = members(id, &globs, "pyproject.toml", workdir, real_root, skip)?;
+                    for ws in members.into_iter().filter(|ws| *ws != rel) {
+                        let abs = workdir.join(&ws);
+                        out.push(pyproject(ws, &fs::read(&abs).at(&abs)?));
+                    }
+                }
                 ConfigPart::PackageJson => {
-                    let root = package_json(rel.clone(), &bytes);
+                    out.push(package_json(rel.clone(), &bytes));
                     let globs = workspace_globs(&bytes, workdir);
-                    out.push(root);
-                    for g in globs {
-                        let pat = format!("{}/package.json", g.trim_end_matches('/'));
-                        for ws in matches(id, &pat, workdir, real_root, skip)? {
-                            if ws == rel || out.len() > MAX_WORKSPACE_PACKAGES {
-                                continue;
-                            }
-                            let abs = workdir.join(&ws);
-                            out.push(package_json(ws, &fs::read(&abs).at(&abs)?));
-                        }
+                    let members = members(id, &globs, "package.json", workdir, real_root, skip)?;
+                    for ws in members.into_iter().filter(|ws| *ws != rel) {
+                        let abs = workdir.join(&ws);
+                        out.push(package_json(ws, &fs::read(&abs).at(&abs)?));
                     }
                 }
             }
@@ -126,6 +128,47 @@ pub(super) fn inputs(
     out.sort();
     out.dedup_by(|a, b| a.rel == b.rel);
     Ok(out)
+}
+
+/// The `file` (package.json, pyproject.toml) of every workspace member directory `globs` name
+/// under `workdir`, at most [`MAX_WORKSPACE_PACKAGES`]; negated (`!…`), absolute and `..`
+/// globs are left out.
+fn members(
+    id: &str,
+    globs: &[String],
+    file: &str,
+    workdir: &Path,
+    real_root: &Path,
+    skip: &[&str],
+) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for g in globs {
+        if g.is_empty() || g.starts_with(['!', '/']) || g.split('/').any(|c| c == "..") {
+            continue;
+        }
+        let pat = format!("{}/{file}", g.trim_end_matches('/'));
+        out.extend(matches(id, &pat, workdir, real_root, skip)?);
+        out.truncate(MAX_WORKSPACE_PACKAGES);
+    }
+    Ok(out)
+}
+
+/// `[tool.uv.workspace] members` of a pyproject.toml (uv's workspace docs).
+fn uv_workspace_members(bytes: &[u8]) -> Vec<String> {
+    let parsed = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|t| toml::from_str::<toml::Table>(t).ok());
+    let members = parsed.as_ref().and_then(|t| {
+        t.get("tool")?
+            .get("uv")?
+            .get("workspace")?
+            .get("members")?
+            .as_array()
+            .cloned()
+    });
+    (members.into_iter().flatten())
+        .filter_map(|m| m.as_str().map(String::from))
+        .collect()
 }
 
 /// The files `pattern` names under `workdir` (relative), each checked to resolve inside it.
@@ -186,7 +229,7 @@ fn package_json(rel: PathBuf, bytes: &[u8]) -> ConfigInput {
 
 /// The workspace globs of a root package.json (`workspaces: [...]` or `workspaces:
 /// {packages: [...]}`, npm and yarn) and of `pnpm-workspace.yaml`'s `packages:` list beside
-/// it; negated (`!…`) and absolute or `..` globs are left out.
+/// it.
 fn workspace_globs(package_json: &[u8], workdir: &Path) -> Vec<String> {
     let mut globs: Vec<String> = Vec::new();
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(package_json) {
@@ -204,12 +247,6 @@ fn workspace_globs(package_json: &[u8], workdir: &Path) -> Vec<String> {
     if let Ok(text) = fs::read_to_string(workdir.join("pnpm-workspace.yaml")) {
         globs.extend(pnpm_packages(&text));
     }
-    globs.retain(|g| {
-        !g.is_empty()
-            && !g.starts_with('!')
-            && !g.starts_with('/')
-            && !g.split('/').any(|c| c == "..")
-    });
     globs.sort();
     globs.dedup();
     globs

@@ -1245,6 +1245,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(keys(VENV, w, None).unwrap().key, v1.key);
+        // A uv workspace member's pyproject.toml joins (its build settings: another prefix).
+        fs::write(
+            w.join("pyproject.toml"),
+            "[tool.uv]\nindex-url = \"https://x\"\n[tool.uv.workspace]\nmembers = [\"libs/*\"]\n",
+        )
+        .unwrap();
+        fs::create_dir_all(w.join("libs/m")).unwrap();
+        fs::write(w.join("libs/m/pyproject.toml"), "[project]\nname = \"m\"\n").unwrap();
+        let m0 = keys(VENV, w, None).unwrap();
+        assert!(
+            m0.inputs.contains_key("config libs/m/pyproject.toml"),
+            "{:?}",
+            m0.inputs
+        );
+        fs::write(
+            w.join("libs/m/pyproject.toml"),
+            "[project]\nname = \"m\"\n[build-system]\nrequires = [\"evil\"]\n",
+        )
+        .unwrap();
+        assert_ne!(keys(VENV, w, None).unwrap().prefix(), m0.prefix());
     }
 
     /// Issue 29 item 3: a variable's recorded digest is keyed with the project's salt —

@@ -79,7 +79,8 @@ pub enum ConfigPart {
     /// A `pyproject.toml` (PEP 517/518/621/735): `[build-system]` and `[tool.uv]` as trusted
     /// config; `[project]`, `[dependency-groups]` and `[tool.poetry]` without their
     /// descriptive fields (description, readme, authors, keywords, classifiers, urls, license…)
-    /// as shape.
+    /// as shape. The same parts of every uv workspace member it names
+    /// (`[tool.uv.workspace] members`) join.
     Pyproject,
 }
 
