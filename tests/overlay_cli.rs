@@ -145,20 +145,15 @@ fn bad_input_busy_mountpoint() {
     assert_eq!(read(&fx.p("made")), "x", "the first mount still serves");
 }
 
-#[test]
-fn generic_mount_options_are_accepted() {
-    require_root!();
-    only_layercache!("layercache's own command line");
-    let mut fx = unmounted_fixture();
+/// Mounts `fx` with `layercache overlay [EXTRA…] -o OPTIONS MNT` and the environment `envs`,
+/// adopts the mount and checks it succeeded and serves the fixture's file.
+fn overlay_serving(fx: &mut Fixture, extra: &[&str], envs: &[(&str, &str)]) {
     let out = Command::new(BIN)
-        .args([
-            "overlay",
-            "-o",
-            "rw,noatime,lazytime,allow_other",
-            "-o",
-            &fx.options(),
-        ])
+        .arg("overlay")
+        .args(extra)
+        .args(["-o", &fx.options()])
         .arg(&fx.mnt)
+        .envs(envs.iter().copied())
         .output()
         .unwrap();
     fx.adopt_mount();
@@ -168,6 +163,14 @@ fn generic_mount_options_are_accepted() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(read(&fx.p("f")), "f");
+}
+
+#[test]
+fn generic_mount_options_are_accepted() {
+    require_root!();
+    only_layercache!("layercache's own command line");
+    let mut fx = unmounted_fixture();
+    overlay_serving(&mut fx, &["-o", "rw,noatime,lazytime,allow_other"], &[]);
     let line = fs::read_to_string("/proc/mounts")
         .unwrap()
         .lines()
@@ -520,20 +523,9 @@ fn daemon_log_is_private_and_never_a_planted_symlink() {
     let plain = dir.path().join("plain.log");
     for log in [&plain, &planted] {
         let mut fx = unmounted_fixture();
-        let out = Command::new(BIN)
-            .args(["overlay", "-o", &fx.options()])
-            .arg(&fx.mnt)
-            .env("LAYERCACHE_LOG", "debug")
-            .env("LAYERCACHE_DAEMON_LOG", log)
-            .output()
-            .unwrap();
-        fx.adopt_mount();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(read(&fx.p("f")), "f");
+        let log = log.to_str().unwrap();
+        let envs = [("LAYERCACHE_LOG", "debug"), ("LAYERCACHE_DAEMON_LOG", log)];
+        overlay_serving(&mut fx, &[], &envs);
     }
     let meta = fs::metadata(&plain).unwrap();
     assert!(meta.len() > 0, "the daemon logs to a plain path");
