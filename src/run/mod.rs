@@ -467,9 +467,20 @@ fn setup_or_maintenance(
         return Ok(None);
     };
     let label = format!("{what} of cache {:?}", cache.id.as_str());
+    // Say what is about to run before it does: a setup can be silent for minutes.
+    eprintln!(
+        "{}",
+        progress::start_line(
+            cache.id.as_str(),
+            p.mounted.result,
+            p.mounted.matched_key.as_deref(),
+            what,
+            script
+        )
+    );
     let progress = Progress::start(
         json,
-        &label,
+        &format!("{}: {what}", cache.id.as_str()),
         p.mounted.upper.clone().filter(|_| what == "setup"),
     );
     // The script may name its own mount as `{mount}` (and `{workdir}`, `{mount_root}`,

@@ -1,0 +1,69 @@
+//! What a new user meets in `layercache run` (issue 32), through the binary with
+//! `--sandbox none`: what is said while setup runs, where a failed setup's logs are kept, a
+//! full store, and build output saved from a cache view. Real FUSE mounts as root (skipped
+//! otherwise, a failure when `CI` is set); each test's [`Sandbox`] unmounts what is left
+//! below it, even when the test panics.
+
+#[path = "common/run.rs"]
+mod run_common;
+
+use run_common::{Sandbox, can_mount};
+
+fn spec(setup: &str, extra: &str) -> String {
+    format!(
+        "project = \"p\"\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\nenv = {{ DEPS = \
+         \"{{mount}}\" }}\nsetup = {setup:?}\n{extra}"
+    )
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Before setup a line says what was found and what runs; while it runs a plain heartbeat
+/// line (stderr is a pipe here, not a terminal) gives the time and bytes written; with
+/// `--json` the heartbeat is not printed.
+#[test]
+fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("head -c 70000 /dev/zero > \"$DEPS/f\"; sleep 3", ""),
+    );
+    let fast = [("LAYERCACHE_PROGRESS_SECS", "1")];
+    let out = sb.run_cmd(&[], &s, &["true"], &fast);
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "layercache: deps: miss (no earlier layer), running setup: head -c 70000 /dev/zero"
+        ),
+        "{err}"
+    );
+    let beat = err
+        .lines()
+        .find(|l| l.starts_with("layercache: deps: setup running for "))
+        .unwrap_or_else(|| panic!("no heartbeat: {err}"));
+    assert!(beat.ends_with("68.4 KiB written"), "{beat}");
+    assert!(!err.contains('\r'), "no redraws off a terminal: {err:?}");
+    // The summary follows the heartbeats.
+    let announced = err.find("running setup").unwrap();
+    let summary = err.find("layercache: deps miss in").unwrap();
+    assert!(announced < summary, "{err}");
+
+    // A restore names the layer it starts from; --json prints no heartbeat.
+    std::fs::write(sb.work().join("deps.lock"), "a=2\n").unwrap();
+    let s2 = sb.write_spec("s2.toml", &spec("sleep 3", ""));
+    let out = sb.run_cmd(&["--json"], &s2, &["true"], &fast);
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(!err.contains("running for"), "{err}");
+    assert!(
+        err.contains("layercache: deps: restore from the layer of key deps-"),
+        "{err}"
+    );
+}
