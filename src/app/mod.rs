@@ -335,10 +335,16 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         .as_deref()
         .map(|v| crate::overlay::options::PassthroughChoice::parse("--passthrough", v))
         .transpose()?;
-    let spec = match (&args.spec, &args.project) {
-        (Some(source), _) => crate::spec::load(source)?,
+    let (spec, stored_spec) = match (&args.spec, &args.project) {
+        (Some(source), _) => (crate::spec::load(source)?, None),
         (None, project) => {
-            crate::spec::load_stored(&store_root(global)?, project.as_deref().unwrap_or_default())?
+            let (spec, origin) = crate::spec::load_stored(
+                &store_root(global)?,
+                project.as_deref().unwrap_or_default(),
+            )?;
+            // Which saved version runs, before anything does (also in --json's summary).
+            eprintln!("{}", origin.notice());
+            (spec, Some(origin))
         }
     };
     // --sandbox docker: the workdir is seen at a stable path by default, and the
@@ -392,6 +398,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         run_id: crate::telemetry::new_run_id(),
         user: pre.run_user,
         rootless: pre.rootless,
+        stored_spec,
     };
     // A failing run's `--json` error line names it.
     crate::telemetry::set_current_run(&cfg.run_id);

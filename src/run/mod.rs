@@ -123,6 +123,9 @@ pub struct RunConfig {
     /// An unprivileged run: the user's ids and who the steps run as; the run is
     /// then in its own user and mount namespace ([`rootless::enter`]). `None` for root.
     pub rootless: Option<rootless::Rootless>,
+    /// `run --project P`: which stored spec version this is and when it was saved (the
+    /// `--json` summary's `stored_spec`). `None` for `--spec`.
+    pub stored_spec: Option<crate::spec::StoredOrigin>,
 }
 
 mod child;

@@ -39,7 +39,7 @@ mod presets;
 mod stored;
 pub use pattern::Pattern;
 pub use presets::{PRESETS, Preset, preset, presets_text};
-pub use stored::load_stored;
+pub use stored::{StoredOrigin, load_stored};
 
 /// The spec's `user` as written: a string, or an integer taken as a UID (`user = 1000` means
 /// what `user = "1000"` and `--user 1000` mean).

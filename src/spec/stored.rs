@@ -1,6 +1,7 @@
 //! The spec `layercache run --project P` runs: the project's current stored spec (saved by
 //! `layercache serve`; the store keeps the versions, src/store/specs.rs), parsed and checked
-//! as `--spec FILE` is.
+//! as `--spec FILE` is, with which version it is and when it was saved ([`StoredOrigin`]), which
+//! the run prints before anything runs.
 
 use std::path::Path;
 
@@ -8,13 +9,51 @@ use super::Spec;
 use crate::error::{Error, Result};
 use crate::ids::ProjectId;
 
+/// Which stored spec a run runs: the project, the version and when it was saved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredOrigin {
+    /// The project.
+    pub project: ProjectId,
+    /// The version (1, 2, …; `<store>/v1/projects/<p>/specs/<version>.toml|json`).
+    pub version: u64,
+    /// When it was saved, ms since the Unix epoch.
+    pub saved_ms: u64,
+}
+
+impl StoredOrigin {
+    /// The save time, RFC 3339 UTC with seconds (`2026-12-02T04:10:11Z`).
+    pub fn saved_rfc3339(&self) -> String {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.saved_ms);
+        humantime::format_rfc3339_seconds(t).to_string()
+    }
+
+    /// The line `run` prints on stderr: `layercache: using the stored spec of project P,
+    /// version 3, saved 2026-12-02 04:10:11 UTC`.
+    pub fn notice(&self) -> String {
+        let saved = self.saved_rfc3339().replace('T', " ").replace('Z', " UTC");
+        format!(
+            "layercache: using the stored spec of project {}, version {}, saved {saved}",
+            self.project, self.version
+        )
+    }
+
+    /// What `run --json` reports: `{"project", "version", "saved"}` (`saved`: RFC 3339 UTC).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "project": self.project.as_str(),
+            "version": self.version,
+            "saved": self.saved_rfc3339(),
+        })
+    }
+}
+
 /// The current stored spec of `project` in the store at `root`, parsed, for
-/// `layercache run --project P`.
+/// `layercache run --project P`, and which version it is.
 ///
 /// Errors: [`Error::Invalid`] (exit 2) for a bad project id, no store, a project the store does
 /// not have, a project without a stored spec, or a stored spec that no longer validates (naming
 /// its version); [`Error::Io`] reading it.
-pub fn load_stored(root: &Path, project: &str) -> Result<Spec> {
+pub fn load_stored(root: &Path, project: &str) -> Result<(Spec, StoredOrigin)> {
     let p = ProjectId::new(project)?;
     let store = crate::store::Store::open_existing(root)?.ok_or_else(|| {
         Error::invalid(format!(
@@ -48,5 +87,42 @@ pub fn load_stored(root: &Path, project: &str) -> Result<Spec> {
             stored.version, spec.project
         )));
     }
-    Ok(spec)
+    let origin = StoredOrigin {
+        project: p,
+        version: stored.version,
+        saved_ms: stored.saved_ms,
+    };
+    Ok((spec, origin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The version and save time come from the store, and the line names both.
+    #[test]
+    fn names_version_and_save_time() {
+        let d = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(Some(d.path())).unwrap();
+        let pd = store.project(&ProjectId::new("p").unwrap()).unwrap();
+        pd.save_spec("project = \"p\"\n").unwrap();
+        let saved = pd.save_spec("project = \"p\"\n# two\n").unwrap();
+        let (spec, origin) = load_stored(d.path(), "p").unwrap();
+        assert_eq!(spec.project.as_str(), "p");
+        assert_eq!((origin.version, origin.saved_ms), (2, saved.saved_ms));
+        let o = StoredOrigin {
+            project: ProjectId::new("p").unwrap(),
+            version: 3,
+            saved_ms: 1_796_184_611_000,
+        };
+        assert_eq!(
+            o.notice(),
+            "layercache: using the stored spec of project p, version 3, saved 2026-12-02 \
+             04:10:11 UTC"
+        );
+        assert_eq!(
+            o.to_json(),
+            serde_json::json!({"project": "p", "version": 3, "saved": "2026-12-02T04:10:11Z"})
+        );
+    }
 }

@@ -29,6 +29,16 @@ pub struct StoredSpec {
     pub format: &'static str,
     /// The spec text as it was saved.
     pub text: String,
+    /// When it was saved: the version file's modification time (version files are never
+    /// rewritten), ms since the Unix epoch.
+    pub saved_ms: u64,
+}
+
+/// The modification time of `f`, ms since the Unix epoch (0 before it).
+fn mtime_ms(f: &fs::File, path: &Path) -> Result<u64> {
+    let m = f.metadata().at(path)?.modified().at(path)?;
+    Ok(m.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64))
 }
 
 fn version_of(name: &str) -> Option<(u64, &'static str)> {
@@ -77,17 +87,20 @@ impl ProjectDirs {
         let (version, format) = version_of(&name)
             .ok_or_else(|| Error::Failed(format!("{}: names no spec version", ptr.display())))?;
         let path = dir.join(&name);
-        let text = fs::read_to_string(&path).at(&path)?;
+        let mut f = fs::File::open(&path).at(&path)?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut f, &mut text).at(&path)?;
         Ok(Some(StoredSpec {
             project: self.project.clone(),
             version,
             format,
             text,
+            saved_ms: mtime_ms(&f, &path)?,
         }))
     }
 
     /// Saves `text` (already validated, for this project) as the next version and points
-    /// `current` at it; returns the new version.
+    /// `current` at it; returns the new version (its `saved_ms` is the new file's mtime).
     ///
     /// Errors: [`Error::Io`] when `specs/` cannot be written.
     pub fn save_spec(&self, text: &str) -> Result<StoredSpec> {
@@ -103,7 +116,7 @@ impl ProjectDirs {
             "toml"
         };
         let mut version = self.spec_versions()?.last().copied().unwrap_or(0) + 1;
-        let name = loop {
+        let (name, saved_ms) = loop {
             let name = format!("{version}.{format}");
             let path = dir.join(&name);
             match fs::OpenOptions::new()
@@ -114,7 +127,7 @@ impl ProjectDirs {
                 Ok(mut f) => {
                     f.write_all(text.as_bytes()).at(&path)?;
                     f.sync_all().at(&path)?;
-                    break name;
+                    break (name, mtime_ms(&f, &path)?);
                 }
                 // Another save took this number: take the next.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => version += 1,
@@ -127,6 +140,7 @@ impl ProjectDirs {
             version,
             format,
             text: text.to_string(),
+            saved_ms,
         })
     }
 }
@@ -165,6 +179,17 @@ mod tests {
         assert_eq!((s.version, s.format), (2, "json"));
         let c = pd.current_spec().unwrap().unwrap();
         assert_eq!((c.version, c.text.as_str()), (2, "{\"project\": \"p\"}"));
+        // The save time is the version file's, the same when read back, and recent.
+        assert_eq!(c.saved_ms, s.saved_ms);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(
+            c.saved_ms <= now && now - c.saved_ms < 3_600_000,
+            "{}",
+            c.saved_ms
+        );
         assert_eq!(pd.spec_versions().unwrap(), vec![1, 2]);
     }
 }
