@@ -7,7 +7,9 @@
 #[path = "common/run.rs"]
 mod run_common;
 
-use run_common::{Sandbox, can_mount};
+use std::process::Command;
+
+use run_common::{BIN, Sandbox, can_mount, run_ok};
 
 fn spec(setup: &str, extra: &str) -> String {
     format!(
@@ -66,4 +68,71 @@ fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
         err.contains("layercache: deps: restore from the layer of key deps-"),
         "{err}"
     );
+}
+
+/// A failed setup's log files (written into its view, which goes with the run) are kept in
+/// the store's `failed/<run>/<cache>`, named in the failure line, and listed by `gc`.
+#[test]
+fn a_failed_setups_logs_are_kept_and_named() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec(
+            "mkdir \"$DEPS/_logs\"; echo 'npm error code E404' > \"$DEPS/_logs/t-debug-0.log\"; \
+             echo data > \"$DEPS/pkg.js\"; exit 1",
+            "",
+        ),
+    );
+    let out = sb.run(&s, Some("true"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let run = sb.events()[0]["run"].as_str().unwrap().to_string();
+    let dir = sb
+        .path("store")
+        .join(format!("v1/projects/p/failed/{run}/deps"));
+    let kept = dir.join("_logs/t-debug-0.log");
+    assert_eq!(
+        std::fs::read_to_string(&kept).unwrap(),
+        "npm error code E404\n"
+    );
+    assert!(!dir.join("pkg.js").exists(), "only log files are kept");
+    assert!(
+        err.contains(&format!(
+            "the logs it wrote are kept for 7 days in {}",
+            dir.display()
+        )),
+        "{err}"
+    );
+    let view = sb.path("cache").join("deps/_logs/t-debug-0.log");
+    assert!(
+        err.contains(&format!(
+            "setup's log {} is kept as {}",
+            view.display(),
+            kept.display()
+        )),
+        "{err}"
+    );
+    assert!(sb.mounts_below().is_empty());
+    // gc lists it (and keeps it: it is young).
+    let gc = run_ok(
+        Command::new(BIN)
+            .arg("--store")
+            .arg(sb.path("store"))
+            .arg("gc"),
+    );
+    let text = String::from_utf8_lossy(&gc.stdout);
+    assert!(
+        text.contains(
+            &sb.path("store")
+                .join(format!("v1/projects/p/failed/{run}"))
+                .display()
+                .to_string()
+        ),
+        "{text}"
+    );
+    assert!(kept.exists());
 }

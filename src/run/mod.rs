@@ -509,12 +509,64 @@ fn setup_or_maintenance(
         return Ok(Some(e));
     }
     if status != 0 {
+        let kept = (what == "setup")
+            .then(|| keep_failed_logs(mounts, p, &script, status))
+            .flatten();
+        let where_logs = match kept {
+            Some(k) => {
+                // npm and others point at their log inside the view, which goes with the run.
+                for (seen, now) in k.files.iter().take(5) {
+                    eprintln!(
+                        "layercache: {}: setup's log {} is kept as {}",
+                        cache.id.as_str(),
+                        seen.display(),
+                        now.display()
+                    );
+                }
+                format!(
+                    "; the logs it wrote are kept for 7 days in {} (`layercache gc` lists them)",
+                    k.dir.display()
+                )
+            }
+            None => String::new(),
+        };
         return Ok(Some(Error::Child {
-            what: format!("{label} (nothing published)"),
+            what: format!("{label} (nothing published{where_logs})"),
             status,
         }));
     }
     Ok(None)
+}
+
+/// After a failed setup: copies the log files it wrote into its view (the run's private
+/// upper, discarded when the run ends) to the store's `failed/<run>/<cache>`
+/// ([`crate::store::keep_failed_logs`]); `None` when it wrote none or they could not be kept
+/// (a warning says why).
+fn keep_failed_logs(
+    mounts: &Mounts<'_>,
+    p: &Prep,
+    script: &str,
+    status: i32,
+) -> Option<crate::store::KeptLogs> {
+    let upper = p.mounted.upper.as_ref()?;
+    let project = ProjectId::new(&p.event.project).ok()?;
+    let pd = crate::store::ProjectDirs::at(mounts.store, &project);
+    let view = &p.keys.mountpoint;
+    match crate::store::keep_failed_logs(
+        &pd,
+        mounts.run_id,
+        p.keys.id.as_str(),
+        upper,
+        view,
+        script,
+        status,
+    ) {
+        Ok(kept) => kept,
+        Err(e) => {
+            eprintln!("layercache: warning: the failed setup's logs could not be kept: {e}");
+            None
+        }
+    }
 }
 
 /// Phase 4, promote (after setup exits 0 on a miss or restore): `exclude` matches removed,

@@ -19,6 +19,7 @@
 //! order, the most recently created matching layer first.
 
 mod config;
+mod failed;
 mod gc;
 mod housekeeping;
 mod inputs;
@@ -46,6 +47,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::sys;
 pub use config::{DEFAULT_MAX_AGE, DEFAULT_MAX_INODES, DEFAULT_MAX_SIZE, Limits, RemoteFile};
+pub use failed::{KEEP_FOR as FAILED_LOGS_KEPT_FOR, KeptLogs, is_log_like, keep_failed_logs};
 pub use gc::Usage;
 pub use inputs::Inputs;
 use layer::write_synced;

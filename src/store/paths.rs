@@ -69,6 +69,11 @@ impl ProjectDirs {
     pub fn runs(&self) -> PathBuf {
         self.sub("runs")
     }
+    /// `failed/`: what failed setups wrote to their logs, per run and cache
+    /// ([`super::keep_failed_logs`]).
+    pub fn failed(&self) -> PathBuf {
+        self.sub("failed")
+    }
     /// `staging/`.
     pub fn staging(&self) -> PathBuf {
         self.sub("staging")

@@ -1,0 +1,284 @@
+//! What a failed setup wrote to its logs, kept where its user can read it after the run:
+//! `projects/<p>/failed/<run>/<cache>/…`. A run's private upper is discarded when the run
+//! ends, and the log a package manager points at (npm's `<cache>/_logs/…-debug-0.log`, pip's
+//! and uv's `--log-file`s) lies inside the view, so without this it is gone before anyone can
+//! read it. Only log-like regular files of the upper ([`is_log_like`]) are copied, newest
+//! first, at most [`MAX_FILES`] files and [`MAX_BYTES`] bytes; `gc` lists what is kept and
+//! removes it after [`KEEP_FOR`] (CI systems keep a failed job's logs for a bounded time
+//! too).
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::paths::{ProjectDirs, read_names, remove_tree};
+use crate::error::{Error, IoContext, Result};
+
+/// How long `gc` keeps a failed setup's logs: 7 days from the failure.
+pub const KEEP_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+/// At most this many files are kept of one failed setup.
+pub const MAX_FILES: usize = 64;
+/// At most this many bytes are kept of one failed setup (a bigger file is cut to its tail).
+pub const MAX_BYTES: u64 = 32 << 20;
+
+/// What [`keep_failed_logs`] kept.
+#[derive(Clone, Debug, Default)]
+pub struct KeptLogs {
+    /// `projects/<p>/failed/<run>/<cache>`: where the files are.
+    pub dir: PathBuf,
+    /// Each kept file: its path as the setup saw it (under the cache's view path) and where
+    /// it is kept now; newest first.
+    pub files: Vec<(PathBuf, PathBuf)>,
+}
+
+/// Whether a file at `rel` (relative to a cache's mount) looks like a log a tool wrote for a
+/// human: a name ending in `.log` (or a rotated `.log.N`), or any file in a directory named
+/// `_logs`, `logs` or `log` (npm writes `_logs/<time>-debug-0.log`).
+pub fn is_log_like(rel: &Path) -> bool {
+    let name = rel
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.ends_with(".log") || name.contains(".log.") {
+        return true;
+    }
+    let parent = rel.parent().and_then(|p| p.file_name());
+    parent.is_some_and(|p| matches!(p.to_str(), Some("_logs" | "logs" | "log")))
+}
+
+/// Copies the log-like files of `upper` (a failed setup's private upper: only what the setup
+/// wrote) into `projects/<p>/failed/<run>/<cache>/` of `pd`, keeping their paths relative to
+/// the mount, plus `setup.txt` (the script, its exit status and the view path). `view` is
+/// where the setup saw the cache. Returns `Ok(None)` when the setup wrote no log-like file.
+///
+/// `run` and `cache` must be single path components (a run id, a cache id).
+///
+/// Errors: [`Error::Invalid`] for a `run` that is not letters, digits and `-`; [`Error::Io`]
+/// creating or writing the copies (e.g. `ENOSPC` on a full store: what was copied is removed
+/// again).
+pub fn keep_failed_logs(
+    pd: &ProjectDirs,
+    run: &str,
+    cache: &str,
+    upper: &Path,
+    view: &Path,
+    script: &str,
+    status: i32,
+) -> Result<Option<KeptLogs>> {
+    if run.is_empty() || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(Error::invalid(format!(
+            "run id {run:?}: want letters, digits and '-'"
+        )));
+    }
+    let mut found = Vec::new();
+    collect_logs(upper, Path::new(""), &mut found);
+    if found.is_empty() {
+        return Ok(None);
+    }
+    // Newest first: the last attempt's log matters most.
+    found.sort_by_key(|f| std::cmp::Reverse(f.1));
+    let run_dir = pd.failed().join(run);
+    let dir = run_dir.join(cache);
+    let copied = copy_logs(upper, &dir, &found, view, script, status);
+    match copied {
+        Ok(files) => Ok(Some(KeptLogs { dir, files })),
+        Err(e) => {
+            let _ = remove_tree(&run_dir);
+            Err(e)
+        }
+    }
+}
+
+/// Regular files under `dir` (recursively, `rel` its path in the mount) that
+/// [`is_log_like`], with their mtimes. Symlinks are not followed; unreadable directories are
+/// skipped.
+fn collect_logs(dir: &Path, rel: &Path, out: &mut Vec<(PathBuf, SystemTime, u64)>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for ent in rd.flatten() {
+        let Ok(t) = ent.file_type() else { continue };
+        let r = rel.join(ent.file_name());
+        if t.is_dir() {
+            collect_logs(&ent.path(), &r, out);
+        } else if t.is_file()
+            && is_log_like(&r)
+            && let Ok(m) = ent.metadata()
+        {
+            out.push((r, m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()));
+        }
+    }
+}
+
+/// The copies of [`keep_failed_logs`]; what does not fit [`MAX_FILES`]/[`MAX_BYTES`] is left
+/// out (a file bigger than what is left keeps its tail: a log's end says why it failed).
+fn copy_logs(
+    upper: &Path,
+    dir: &Path,
+    found: &[(PathBuf, SystemTime, u64)],
+    view: &Path,
+    script: &str,
+    status: i32,
+) -> Result<Vec<(PathBuf, PathBuf)>> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .at(dir)?;
+    let note = dir.join("setup.txt");
+    fs::write(
+        &note,
+        format!(
+            "view: {}\nexit status: {status}\nscript:\n{script}\n",
+            view.display()
+        ),
+    )
+    .at(&note)?;
+    let mut left = MAX_BYTES;
+    let mut files = Vec::new();
+    for (rel, _, len) in found.iter().take(MAX_FILES) {
+        if left == 0 {
+            break;
+        }
+        let src = upper.join(rel);
+        let dst = dir.join(rel);
+        if let Some(parent) = dst.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .at(parent)?;
+        }
+        let Ok(mut from) = fs::File::open(&src) else {
+            continue;
+        };
+        let take = (*len).min(left);
+        from.seek(SeekFrom::Start(len - take)).at(&src)?;
+        let mut to = fs::File::create(&dst).at(&dst)?;
+        let n = std::io::copy(&mut from.take(take), &mut to).at(&dst)?;
+        to.flush().at(&dst)?;
+        left = left.saturating_sub(n);
+        files.push((view.join(rel), dst));
+    }
+    Ok(files)
+}
+
+/// `gc`'s part: removes each `failed/<run>` of `pd` older than `keep` (by its mtime) — with
+/// `dry`, removes nothing; returns (removed or would be removed, kept).
+///
+/// Errors: [`Error::Io`] reading or removing them.
+pub(super) fn reap_failed(pd: &ProjectDirs, keep: Duration, dry: bool) -> Result<(u64, u64)> {
+    let (mut removed, mut kept) = (0, 0);
+    let now = SystemTime::now();
+    for name in read_names(&pd.failed())? {
+        let dir = pd.failed().join(&name);
+        let age = fs::symlink_metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| now.duration_since(t).ok())
+            .unwrap_or_default();
+        if age < keep {
+            kept += 1;
+            continue;
+        }
+        removed += 1;
+        if !dry {
+            remove_tree(&dir)?;
+        }
+    }
+    Ok((removed, kept))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ProjectId;
+
+    #[test]
+    fn logs_are_told_from_other_files() {
+        for yes in [
+            "_logs/2026-01-01T00_00_00_000Z-debug-0.log",
+            "npm-debug.log",
+            "x/pip.LOG",
+            "logs/build.txt",
+            "a/log/out",
+            "uv.log.1",
+        ] {
+            assert!(is_log_like(Path::new(yes)), "{yes}");
+        }
+        for no in [
+            "index.js",
+            "logo.png",
+            "catalog/x.json",
+            "dialog.c",
+            "_logs",
+        ] {
+            assert!(!is_log_like(Path::new(no)), "{no}");
+        }
+    }
+
+    #[test]
+    fn a_failed_setups_logs_are_kept_then_reaped() {
+        let t = tempfile::tempdir().unwrap();
+        let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
+        let upper = t.path().join("upper");
+        fs::create_dir_all(upper.join("_logs")).unwrap();
+        fs::create_dir_all(upper.join("pkg")).unwrap();
+        fs::write(upper.join("_logs/1-debug-0.log"), "npm error ENOENT\n").unwrap();
+        fs::write(upper.join("pkg/index.js"), "x").unwrap();
+        let view = Path::new("/cache/npm");
+        let kept = keep_failed_logs(&pd, "run-1", "npm", &upper, view, "npm ci", 1)
+            .unwrap()
+            .expect("a log was written");
+        assert_eq!(kept.dir, pd.failed().join("run-1/npm"));
+        assert_eq!(
+            kept.files,
+            vec![(
+                PathBuf::from("/cache/npm/_logs/1-debug-0.log"),
+                kept.dir.join("_logs/1-debug-0.log")
+            )]
+        );
+        assert_eq!(
+            fs::read_to_string(&kept.files[0].1).unwrap(),
+            "npm error ENOENT\n"
+        );
+        assert!(!kept.dir.join("pkg").exists(), "only logs are kept");
+        let note = fs::read_to_string(kept.dir.join("setup.txt")).unwrap();
+        assert!(
+            note.contains("exit status: 1") && note.contains("npm ci"),
+            "{note}"
+        );
+        // No log written: nothing kept.
+        let bare = t.path().join("bare");
+        fs::create_dir_all(&bare).unwrap();
+        assert!(
+            keep_failed_logs(&pd, "run-2", "npm", &bare, view, "x", 1)
+                .unwrap()
+                .is_none()
+        );
+        assert!(keep_failed_logs(&pd, "../x", "npm", &upper, view, "x", 1).is_err());
+        // gc keeps them while young, removes them once old (a dry run only counts).
+        assert_eq!(reap_failed(&pd, KEEP_FOR, false).unwrap(), (0, 1));
+        assert_eq!(reap_failed(&pd, Duration::ZERO, true).unwrap(), (1, 0));
+        assert!(kept.dir.exists());
+        assert_eq!(reap_failed(&pd, Duration::ZERO, false).unwrap(), (1, 0));
+        assert!(!pd.failed().join("run-1").exists());
+    }
+
+    #[test]
+    fn a_big_log_keeps_its_tail() {
+        let t = tempfile::tempdir().unwrap();
+        let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        let mut big = vec![b'a'; MAX_BYTES as usize];
+        big.extend_from_slice(b"the reason\n");
+        fs::write(upper.join("build.log"), &big).unwrap();
+        let kept = keep_failed_logs(&pd, "r", "c", &upper, Path::new("/v"), "s", 2)
+            .unwrap()
+            .unwrap();
+        let copy = fs::read(&kept.files[0].1).unwrap();
+        assert_eq!(copy.len() as u64, MAX_BYTES);
+        assert!(copy.ends_with(b"the reason\n"));
+    }
+}
