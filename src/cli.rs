@@ -321,7 +321,7 @@ pub struct ClearArgs {
     pub cache: Option<String>,
 }
 
-/// `layercache serve`.
+/// `layercache serve`: every page and API call needs a token (see `--token-file`).
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Address to listen on (IP:PORT; port 0 picks a free one). Anything but a loopback
@@ -329,7 +329,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:7878")]
     pub listen: String,
     /// A file whose first line is the token every request must carry (Authorization: Bearer
-    /// TOKEN, or the cookie the login page sets); at least 16 characters.
+    /// TOKEN, or the cookie the login page sets); at least 16 characters, readable by nobody
+    /// else. Without it the store's own token is used (<store>/v1/serve-token, 0600, made on
+    /// the first start), and serve prints a login URL holding it.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
 }
