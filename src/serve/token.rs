@@ -247,6 +247,28 @@ mod tests {
         assert_ne!(t2, t);
     }
 
+    /// Root serving another user's store makes the token file that user's (0600); a token file
+    /// of a third user is refused. Needs root (a skip otherwise).
+    #[test]
+    fn root_keeps_the_store_owners_ownership() {
+        if rustix::process::geteuid().as_raw() != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let d = store();
+        let v1 = d.path().join("v1");
+        let (owner, group, third) = (65534, 65534, 65533);
+        std::os::unix::fs::chown(&v1, Some(owner), Some(group)).unwrap();
+        let t = load_or_create(d.path()).unwrap();
+        let meta = std::fs::symlink_metadata(path(d.path())).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (owner, group));
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(load_or_create(d.path()).unwrap(), t);
+        std::os::unix::fs::chown(path(d.path()), Some(third), None).unwrap();
+        let e = load_or_create(d.path()).unwrap_err().to_string();
+        assert!(e.contains("belongs to uid 65533"), "{e}");
+    }
+
     /// A symlink, a readable file, an empty one and a world-writable v1 are refused with the
     /// fix; nothing is written through the symlink.
     #[test]
