@@ -245,8 +245,8 @@ pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
         )
         .into_response();
     }
-    // A page: the login form, returning here once logged in (a GET; a refused form post
-    // returns to the page it was posted from only when that is a page to GET).
+    // A page: the login form, which returns to the page asked for once logged in (after a
+    // refused form post, to the page at the same path, never re-posting the form).
     let next_path = if *req.method() == Method::GET {
         req.uri()
             .path_and_query()
