@@ -136,3 +136,157 @@ fn a_failed_setups_logs_are_kept_and_named() {
     );
     assert!(kept.exists());
 }
+
+/// A small ext4 image loop-mounted at a path (a store on a bounded filesystem, never the
+/// machine's disk); Drop unmounts it (lazily as a last resort).
+struct LoopFs {
+    mnt: std::path::PathBuf,
+}
+
+impl LoopFs {
+    /// `None` (a skip) when mkfs.ext4 or a loop mount is not available.
+    fn new(image: &std::path::Path, mnt: &std::path::Path, mib: u64) -> Option<LoopFs> {
+        let f = std::fs::File::create(image).unwrap();
+        f.set_len(mib << 20).unwrap();
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(image)
+            .output()
+            .ok()?;
+        if !mkfs.status.success() {
+            return None;
+        }
+        let m = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(image)
+            .arg(mnt)
+            .output()
+            .ok()?;
+        m.status.success().then(|| LoopFs {
+            mnt: mnt.to_path_buf(),
+        })
+    }
+
+    fn avail(&self) -> u64 {
+        let out = Command::new("df")
+            .args(["-B1", "--output=avail"])
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// The directories left in a project's `runs/` and `staging/`.
+fn leftovers(store: &std::path::Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for d in ["runs", "staging"] {
+        let dir = store.join("v1/projects/p").join(d);
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            v.push(format!("{d}/{}", e.file_name().to_string_lossy()));
+        }
+    }
+    v
+}
+
+/// A setup that fills the store's filesystem ends with one plain line (full, how much it
+/// holds and has free, nothing published, what to do), its upper removed at once, and its
+/// event recorded.
+#[test]
+fn a_setup_that_fills_the_store_says_so_plainly_and_leaves_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let Some(fs) = LoopFs::new(&sb.path("store.img"), &sb.path("store"), 48) else {
+        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+        return;
+    };
+    let free_before = fs.avail();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("head -c 200M /dev/zero > \"$DEPS/big\"", ""),
+    );
+    let out = sb.run(&s, Some("true"));
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: the store's filesystem is full"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was published"), "{err}");
+    assert!(err.contains("layercache gc"), "{err}");
+    for internal in [".tmp", "staging/", "runs/"] {
+        assert!(!err.contains(internal), "{internal} in {err}");
+    }
+    assert_eq!(leftovers(&sb.path("store")), Vec::<String>::new());
+    assert!(sb.mounts_below().iter().all(|m| !m.contains("/runs/")));
+    let ev = sb.events();
+    assert_eq!(ev.len(), 1, "the event is recorded");
+    assert_eq!(ev[0]["published"], false);
+    assert!(
+        fs.avail() + (4 << 20) >= free_before,
+        "the upper's space is free again"
+    );
+}
+
+/// Setup succeeds but the store's filesystem is full when its tree is promoted: the same
+/// plain line, nothing published, the run's upper and staging removed, and the event still
+/// recorded (its space was reserved before setup).
+#[test]
+fn a_promote_that_finds_the_store_full_says_so_plainly_and_leaves_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let Some(fs) = LoopFs::new(&sb.path("store.img"), &sb.path("store"), 48) else {
+        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+        return;
+    };
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let filler = sb.path("store").join("filler");
+    let s = sb.write_spec(
+        "s.toml",
+        &spec(
+            "for i in 1 2 3 4 5 6 7 8; do mkdir -p \"$DEPS/d$i\"; echo $i > \"$DEPS/d$i/f\"; \
+             done; head -c 200M /dev/zero > \"$FILLER\"; true",
+            "",
+        ),
+    );
+    let out = sb.run_cmd(&[], &s, &["true"], &[("FILLER", filler.to_str().unwrap())]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: the store's filesystem is full"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was published"), "{err}");
+    for internal in [".tmp", "staging/", "runs/", ".run.json"] {
+        assert!(!err.contains(internal), "{internal} in {err}");
+    }
+    assert_eq!(leftovers(&sb.path("store")), Vec::<String>::new());
+    let ev = sb.events();
+    assert_eq!(ev.len(), 1, "the event is recorded on a full disk");
+    assert_eq!(ev[0]["published"], false);
+    std::fs::remove_file(&filler).unwrap();
+    drop(fs);
+}

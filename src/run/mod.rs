@@ -299,8 +299,10 @@ struct Prep {
 ///
 /// Errors: [`Error::Invalid`] for a bad spec/key file (nothing mounted); [`Error::Child`] with
 /// the script's status when setup or maintenance fails (nothing published, everything
-/// unmounted); [`Error::Child`] with 128 + signal when interrupted; [`Error::Failed`] naming
-/// the cache when a mount's daemon died; store and I/O errors.
+/// unmounted); [`Error::StoreFull`] when setup or promotion ran out of space on the store's
+/// filesystem (nothing published, the run's files removed; a setup's status is kept);
+/// [`Error::Child`] with 128 + signal when interrupted; [`Error::Failed`] naming the cache
+/// when a mount's daemon died; store and I/O errors.
 pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let _signals = SignalGuard::install();
     let steps = Steps::of(cfg);
@@ -330,20 +332,37 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         run_env.extend(cache.env_for(&cfg.paths, &p.keys.mountpoint));
     }
 
+    // Room for the events even when a setup fills the store's filesystem.
+    let mut reserve = telemetry::EventReserve::make(&cfg.store, &cfg.run_id);
     for (ci, cache) in cfg.spec.caches.iter().enumerate() {
         let views = views(&cfg.sandbox, &cfg.paths, &preps);
         let p = &mut preps[ci];
         if let Some(e) =
             setup_or_maintenance(&steps, &mounts, cache, p, &run_env, &views, cfg.json)?
         {
-            log_event(&cfg.store, &p.event);
-            mounts.unmount_all()?;
+            // Unmounting discards the private uppers first: their space is free for the event.
+            let unmounted = mounts.unmount_all();
+            log_event(&cfg.store, &p.event, &mut reserve);
+            unmounted?;
             return Err(e);
         }
-        if p.mounted.result != CacheResult::Hit {
-            promote(mounter, cache, p)?;
+        if p.mounted.result != CacheResult::Hit
+            && let Err(e) = promote(mounter, cache, p)
+        {
+            let unmounted = mounts.unmount_all();
+            log_event(&cfg.store, &p.event, &mut reserve);
+            unmounted?;
+            return Err(if e.is_no_space() {
+                let what = format!("promoting cache {:?}", cache.id.as_str());
+                Error::StoreFull {
+                    message: crate::store::store_full_message(&cfg.store, &what),
+                    status: 1,
+                }
+            } else {
+                e
+            });
         }
-        log_event(&cfg.store, &p.event);
+        log_event(&cfg.store, &p.event, &mut reserve);
     }
     print_summary(cfg, &preps);
 
@@ -508,6 +527,13 @@ fn setup_or_maintenance(
     if let Err(e) = mounts.check_all() {
         return Ok(Some(e));
     }
+    if status != 0 && what == "setup" && setup_filled_store(mounts.store) {
+        // No room to keep its logs either; the line says what happened.
+        return Ok(Some(Error::StoreFull {
+            message: crate::store::store_full_message(mounts.store, &label),
+            status,
+        }));
+    }
     if status != 0 {
         let kept = (what == "setup")
             .then(|| keep_failed_logs(mounts, p, &script, status))
@@ -536,6 +562,13 @@ fn setup_or_maintenance(
         }));
     }
     Ok(None)
+}
+
+/// Whether the store's filesystem is (nearly) full after a setup failed
+/// ([`crate::store::looks_full`]): then it most likely failed for space.
+fn setup_filled_store(store: &Path) -> bool {
+    crate::store::filesystem_space(store)
+        .is_some_and(|(total, free)| crate::store::looks_full(total, free))
 }
 
 /// After a failed setup: copies the log files it wrote into its view (the run's private
@@ -631,8 +664,8 @@ fn interrupted_error(sig: i32) -> Error {
     }
 }
 
-fn log_event(store: &Path, event: &Event) {
-    if let Err(e) = telemetry::append(store, event) {
+fn log_event(store: &Path, event: &Event, reserve: &mut telemetry::EventReserve) {
+    if let Err(e) = reserve.append(store, event) {
         tracing::warn!("telemetry: {e}");
     }
 }

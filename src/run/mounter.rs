@@ -97,6 +97,7 @@ impl Mounter for StoreMounter {
         let held = self.mounts.lock().remove(view).ok_or_else(|| {
             Error::Failed(format!("{}: no mount of this run there", view.display()))
         })?;
+        // A failed promotion removes the run's upper at once (nothing to retry in a run).
         let (out, remount) = self.store.commit_mount(held, Some(inputs))?;
         let remount = remount.map(|r| {
             let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());

@@ -163,6 +163,42 @@ fn copy_logs(
     Ok(files)
 }
 
+/// The size and the free space (for an unprivileged user: `f_bavail`) of the filesystem
+/// holding `path`, bytes; `None` when it cannot be asked (`statvfs(3)`).
+pub fn filesystem_space(path: &Path) -> Option<(u64, u64)> {
+    let f = fs::File::open(path).ok()?;
+    let sv = crate::sys::fstatvfs(&f).ok()?;
+    let unit = sv.f_frsize;
+    Some((sv.f_blocks * unit, sv.f_bavail * unit))
+}
+
+/// Whether a filesystem of `total` bytes with `free` bytes free counts as full for a failed
+/// setup: under 32 MiB or under 0.5 % free (a setup that met `ENOSPC` used up what there was;
+/// a failure with more space free was something else).
+pub fn looks_full(total: u64, free: u64) -> bool {
+    free < (32 << 20) || free.saturating_mul(200) < total
+}
+
+/// The one plain line for a run that ran out of space in the store at `root`: what failed
+/// (`what`, e.g. `setup of cache "npm"`), the filesystem's size and free space as measured
+/// now, that nothing was published, and what to do. No internal path of the store is named.
+pub fn store_full_message(root: &Path, what: &str) -> String {
+    let space = match filesystem_space(root) {
+        Some((total, free)) => format!(
+            " ({}: {} in all, {} free)",
+            root.display(),
+            crate::run::fmt_bytes(total),
+            crate::run::fmt_bytes(free)
+        ),
+        None => format!(" ({})", root.display()),
+    };
+    format!(
+        "the store's filesystem is full{space}: {what} ran out of space; nothing was published \
+         and the run's files were removed. Free space with `layercache gc` (`--max-size SIZE` \
+         keeps less), or give the store a bigger disk (--store DIR or LAYERCACHE_STORE)"
+    )
+}
+
 /// `gc`'s part: removes each `failed/<run>` of `pd` older than `keep` (by its mtime) — with
 /// `dry`, removes nothing; returns (removed or would be removed, kept).
 ///
@@ -263,6 +299,22 @@ mod tests {
         assert!(kept.dir.exists());
         assert_eq!(reap_failed(&pd, Duration::ZERO, false).unwrap(), (1, 0));
         assert!(!pd.failed().join("run-1").exists());
+    }
+
+    #[test]
+    fn full_means_little_free_in_bytes_or_share() {
+        assert!(looks_full(48 << 20, 0));
+        assert!(looks_full(1 << 40, 1 << 30)); // 0.1 % of 1 TiB
+        assert!(!looks_full(1 << 40, 100 << 30));
+        assert!(!looks_full(48 << 20, 40 << 20));
+        let t = tempfile::tempdir().unwrap();
+        let m = store_full_message(t.path(), "setup of cache \"npm\"");
+        assert!(m.starts_with("the store's filesystem is full ("), "{m}");
+        assert!(
+            m.contains(" in all, ") && m.contains("nothing was published"),
+            "{m}"
+        );
+        assert!(m.contains("`layercache gc`"), "{m}");
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl Store {
             let fill_path = sm.pd.fill_lock(&sm.rec.cache, &sm.rec.key);
             held.fill = Lease::adopt(sm.rec.daemon_pid, fd, &fill_path);
         }
-        self.commit_run(sm, held, None).map(|(out, _)| out)
+        self.commit_run(sm, held, None, true).map(|(out, _)| out)
     }
 
     /// [`Store::commit`] of a mount this process made: its own leases (the fill lock above
@@ -143,7 +143,9 @@ impl Store {
     /// record carries them. Returns the outcome and the new mount (the published layer as a
     /// hit; the same mount back after a hit).
     ///
-    /// Errors: as [`Store::commit`].
+    /// Errors: as [`Store::commit`], except that a failed promotion (e.g. `ENOSPC`) does not
+    /// mount the same upper again for a retry: the run directory (upper and all) is removed
+    /// at once and the fill lock released — its caller, a run, ends there.
     pub fn commit_mount(
         &self,
         m: Mount,
@@ -156,10 +158,10 @@ impl Store {
             });
         };
         if sm.rec.result == MountResult::Hit {
-            let (out, _) = self.commit_run(sm, Leases::default(), None)?;
+            let (out, _) = self.commit_run(sm, Leases::default(), None, true)?;
             return Ok((out, Some(m)));
         }
-        self.commit_run(sm, m.leases, inputs)
+        self.commit_run(sm, m.leases, inputs, false)
     }
 
     fn commit_run(
@@ -167,6 +169,7 @@ impl Store {
         sm: StoreMount,
         mut held: Leases,
         inputs: Option<&super::Inputs>,
+        remount_on_failure: bool,
     ) -> Result<(CommitOutcome, Option<Mount>)> {
         let t0 = Instant::now();
         let StoreMount {
@@ -189,9 +192,21 @@ impl Store {
         let published =
             match self.promote_into(&pd, &rec.cache, &rec.key, parent.as_ref(), Some(&upper)) {
                 Ok(p) => p,
-                Err(e) => {
+                Err(e) if remount_on_failure => {
                     // Nothing was published: put the previous mount back (same lower and upper).
                     self.mount_again(&pd, &rec, &mnt, &run_dir, held)?;
+                    return Err(e);
+                }
+                Err(e) => {
+                    // Nothing was published and nobody retries: the upper goes now (its space
+                    // may be what the store lacks), the fill lock with it.
+                    drop(held.others);
+                    if let Err(e2) = remove_tree(&run_dir) {
+                        tracing::warn!(error = %e2, "removing a failed commit's run directory");
+                    }
+                    if let Some(f) = held.fill {
+                        f.remove();
+                    }
                     return Err(e);
                 }
             };
