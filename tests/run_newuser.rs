@@ -290,3 +290,62 @@ fn a_promote_that_finds_the_store_full_says_so_plainly_and_leaves_nothing() {
     std::fs::remove_file(&filler).unwrap();
     drop(fs);
 }
+
+/// `save = "success"`: after COMMAND exits 0, what it wrote into the cache's view is promoted
+/// as a newer layer of the same key (stored objects linked, not copied), and the next run hits
+/// that layer; a failing COMMAND or an unchanged view saves nothing; without `save` a hit's
+/// writes stay private.
+#[test]
+fn save_success_keeps_build_output_for_the_next_run() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let setup = "echo dep > \"$DEPS/dep\"";
+    let s = sb.write_spec("s.toml", &spec(setup, "save = \"success\"\n"));
+    let build = "mkdir -p \"$DEPS/target\" && echo built > \"$DEPS/target/out\"";
+    let out = sb.run(&s, Some(build));
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: deps: saved what the run wrote to ")
+            && err.contains("as a newer layer of its key (2 files, ")
+            && err.contains("new 1 files, 6 B)"),
+        "{err}"
+    );
+    let named: Vec<_> = (sb.ls().into_iter())
+        .filter(|l| !l["keys"].as_array().unwrap().is_empty())
+        .collect();
+    assert_eq!(named.len(), 1, "the key names one layer");
+    assert!(
+        !named[0]["parent"].is_null(),
+        "the saved layer's parent is setup's"
+    );
+
+    // The next run hits the saved layer; an unchanged view saves nothing.
+    let layers = sb.ls().len();
+    let out = sb.run(&s, Some("cat \"$DEPS/target/out\" \"$DEPS/dep\""));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "built\ndep\n");
+    assert_eq!(sb.events()[1]["result"], "hit");
+    assert!(!stderr(&out).contains("saved"), "{}", stderr(&out));
+    assert_eq!(sb.ls().len(), layers);
+
+    // A failing COMMAND saves nothing.
+    let out = sb.run(&s, Some("echo x > \"$DEPS/failed\"; exit 5"));
+    assert_eq!(out.status.code(), Some(5));
+    let out = sb.run(&s, Some("test ! -e \"$DEPS/failed\""));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a failed COMMAND's writes were saved"
+    );
+
+    // Without `save`, a hit's writes are private to the run.
+    let plain = sb.write_spec("plain.toml", &spec(setup, "").replace("\"p\"", "\"q\""));
+    assert_eq!(sb.run(&plain, Some(build)).status.code(), Some(0));
+    let out = sb.run(&plain, Some("test ! -e \"$DEPS/target/out\""));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(sb.mounts_below().is_empty());
+}

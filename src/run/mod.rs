@@ -89,6 +89,14 @@ pub trait Mounter {
     fn commit(&self, view: &Path, inputs: &crate::why::Inputs) -> Result<Committed>;
     /// Unmounts and discards the private upper.
     fn umount(&self, view: &Path) -> Result<()>;
+    /// `save = "success"`, after COMMAND exited 0: promotes the mount's view as a newer layer
+    /// of its key when it changed, then unmounts it (either way). `Ok(None)`: nothing changed
+    /// (or another save of the key held it too long), nothing published. The default: none.
+    ///
+    /// Errors: as [`Mounter::commit`]; the key then keeps its layer.
+    fn save(&self, _view: &Path) -> Result<Option<Committed>> {
+        Ok(None)
+    }
     /// `Err` naming the dead daemon when the mount's overlay daemon is gone (killed): the
     /// mount then only answers ENOTCONN.
     fn check(&self, _view: &Path) -> Result<()> {
@@ -367,7 +375,11 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     print_summary(cfg, &preps);
 
     let views = views(&cfg.sandbox, &cfg.paths, &preps);
-    command(&steps, &mut mounts, &cfg.command, &run_env, &views)
+    let saves: Vec<(&str, PathBuf)> = (cfg.spec.caches.iter().zip(&preps))
+        .filter(|(c, _)| c.save == crate::spec::SaveWhen::Success)
+        .map(|(c, p)| (c.id.as_str(), p.keys.mountpoint.clone()))
+        .collect();
+    command(&steps, &mut mounts, &cfg.command, &run_env, &views, &saves)
 }
 
 /// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
@@ -633,23 +645,59 @@ fn promote(mounter: &dyn Mounter, cache: &Cache, p: &mut Prep) -> Result<()> {
     Ok(())
 }
 
-/// Phase 6, COMMAND in `views` with `run_env`, then every cache unmounted. Its exit status,
-/// unless a signal stopped the run or a mount's daemon died meanwhile (then that error).
+/// Phase 6, COMMAND in `views` with `run_env`; when it exits 0, the views of `saves` (cache
+/// id, view path: the `save = "success"` caches) promoted as newer layers of their keys
+/// ([`save_views`]); then every cache unmounted. COMMAND's exit status, unless a signal
+/// stopped the run or a mount's daemon died meanwhile (then that error).
 fn command(
     steps: &Steps<'_>,
     mounts: &mut Mounts<'_>,
     command: &[OsString],
     run_env: &BTreeMap<String, String>,
     views: &Views,
+    saves: &[(&str, PathBuf)],
 ) -> Result<i32> {
     let status = steps.command(command, true, run_env, views)?;
     let died = mounts.check_all();
+    if status == 0 && died.is_ok() && stopped().is_none() {
+        save_views(mounts, saves);
+    }
     mounts.unmount_all()?;
     if let Some(sig) = stopped() {
         return Err(interrupted_error(sig));
     }
     died?;
     Ok(status)
+}
+
+/// `save = "success"`: each view of `saves` promoted as a newer layer of its key when it
+/// changed ([`Mounter::save`]), said on stderr; a failure is a warning (COMMAND succeeded; the
+/// key keeps its layer), a full store said in plain words.
+fn save_views(mounts: &mut Mounts<'_>, saves: &[(&str, PathBuf)]) {
+    for (id, view) in saves {
+        let saved = mounts.mounter.save(view);
+        mounts.points.retain(|p| p != view);
+        match saved {
+            Ok(Some(c)) => eprintln!(
+                "layercache: {id}: saved what the run wrote to {} as a newer layer of its key \
+                 ({} files, {}; new {} files, {})",
+                view.display(),
+                c.files,
+                fmt_bytes(c.bytes),
+                c.new_files,
+                fmt_bytes(c.new_bytes)
+            ),
+            Ok(None) => {}
+            Err(e) if e.is_no_space() => eprintln!(
+                "layercache: warning: {}",
+                crate::store::store_full_message(mounts.store, &format!("saving cache {id:?}"))
+            ),
+            Err(e) => eprintln!(
+                "layercache: warning: {id}: saving the view failed ({e}); its key keeps its \
+                 layer"
+            ),
+        }
+    }
 }
 
 fn interrupted<T>(mounts: &mut Mounts<'_>, sig: i32) -> Result<T> {

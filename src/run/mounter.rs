@@ -120,6 +120,24 @@ impl Mounter for StoreMounter {
         })
     }
 
+    fn save(&self, view: &Path) -> Result<Option<Committed>> {
+        let Some(m) = self.mounts.lock().remove(view) else {
+            return Ok(None);
+        };
+        let Some(p) = self.store.save_mount(m, self.fill_wait)? else {
+            return Ok(None);
+        };
+        let c = &p.manifest.counts;
+        Ok(Some(Committed {
+            published: true,
+            bytes: c.bytes,
+            files: c.files,
+            remount: None,
+            new_files: c.new_objects,
+            new_bytes: c.new_bytes,
+        }))
+    }
+
     fn umount(&self, view: &Path) -> Result<()> {
         let Some(m) = self.mounts.lock().remove(view) else {
             return Ok(()); // never mounted, or its commit failed and put nothing back

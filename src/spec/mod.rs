@@ -11,6 +11,7 @@
 //! maintenance = "npm ci --prefer-offline"   # optional
 //! # optional overrides: key_files, restore_keys, env, mountpoint, exclude, relocatable
 //! passthrough = "auto"       # optional: FUSE passthrough for this cache's mounts: auto|on|off
+//! save = "miss"              # optional: "success" also saves what COMMAND wrote (SaveWhen)
 //! ```
 //!
 //! Outside references: GitHub `actions/cache` (`key`, `restore-keys`: prefixes tried in order
@@ -91,6 +92,25 @@ struct RawCache {
     exclude: Vec<String>,
     relocatable: Option<bool>,
     passthrough: Option<String>,
+    save: Option<String>,
+}
+
+/// When a cache's view is promoted into a layer (spec field `save`).
+///
+/// Outside references: BuildKit `RUN --mount=type=cache` (what a build writes into the cache
+/// mount is kept for the next build) and GitHub `actions/cache` (the post step saves the
+/// cache after a successful job).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SaveWhen {
+    /// `"miss"` (the default): only a miss's or restore's setup is promoted; a hit's writes,
+    /// and COMMAND's, are private to the run and discarded with it.
+    #[default]
+    Miss,
+    /// `"success"`: as `Miss`, and after COMMAND exits 0 the view, when COMMAND (or
+    /// maintenance) changed it, is promoted again as a newer layer of the same key (objects
+    /// already stored are linked, not copied), so the next run hits it — build output such as
+    /// `target/` or `node_modules/.vite` survives.
+    Success,
 }
 
 /// A validated spec.
@@ -147,6 +167,8 @@ pub struct Cache {
     /// [`crate::overlay::options::PassthroughChoice`]); `layercache run --passthrough`
     /// overrides it.
     pub passthrough: crate::overlay::options::PassthroughChoice,
+    /// When its view is promoted (spec field `save`: `"miss"`, the default, or `"success"`).
+    pub save: SaveWhen,
 }
 
 /// Values substituted into templates.
@@ -760,6 +782,20 @@ fn validate_cache(
             }
         },
     };
+    let save = match rc.save.as_deref() {
+        None | Some("miss") => SaveWhen::Miss,
+        Some("success") => SaveWhen::Success,
+        Some(v) => {
+            bad.add(
+                "save",
+                format!(
+                    "{v:?}: want \"miss\" (promote setup's tree only; the default) or \"success\" \
+                     (also promote the view again after COMMAND exits 0)"
+                ),
+            );
+            SaveWhen::Miss
+        }
+    };
     match id {
         Some(id) if bad.errors.is_empty() => Ok(Cache {
             id,
@@ -777,6 +813,7 @@ fn validate_cache(
             exclude,
             relocatable,
             passthrough,
+            save,
         }),
         _ => Err(bad.errors),
     }

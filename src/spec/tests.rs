@@ -466,3 +466,20 @@ fn duplicate_ids_and_shared_mountpoints_are_listed() {
         .is_ok()
     );
 }
+
+#[test]
+fn save_is_per_cache_and_miss_by_default() {
+    use super::SaveWhen;
+    let s = parse(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\n\
+         [[cache]]\nid = \"b\"\npreset = \"cargo-target\"\nsave = \"success\"\n",
+    )
+    .unwrap();
+    assert_eq!(s.caches[0].save, SaveWhen::Miss);
+    assert_eq!(s.caches[1].save, SaveWhen::Success);
+    let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nsave = \"always\"\n");
+    assert!(
+        e.contains("cache[0].save: \"always\": want \"miss\"") && e.contains("\"success\""),
+        "{e}"
+    );
+}

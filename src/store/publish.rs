@@ -245,6 +245,71 @@ impl Store {
         Ok((out, remount))
     }
 
+    /// `save = "success"`: after a run's COMMAND exited 0, promotes the view of the mount `m`
+    /// (a hit: its layer ⊕ what maintenance and COMMAND wrote) as a newer layer of the same
+    /// key, replacing the layer the key names, so the next run hits it. Objects already
+    /// stored are linked, not copied (the normal promotion). Nothing is promoted when the
+    /// upper is empty (nothing changed): `Ok(None)`. Either way the mount is unmounted and
+    /// its run directory removed. Saves of one key are serialised by its fill lock (waiting
+    /// up to `wait`; when it cannot be had, nothing is saved: `Ok(None)`). The newer layer is
+    /// not pushed to a remote tier (remote keys are immutable).
+    ///
+    /// Errors: [`Error::NotAStoreMount`] when `m` has no record; [`Error::Unmount`] when busy;
+    /// [`Error::Io`] promoting (e.g. `ENOSPC`): nothing is published, the key keeps its layer
+    /// and the run directory is removed.
+    pub fn save_mount(&self, m: Mount, wait: std::time::Duration) -> Result<Option<Published>> {
+        let Some(sm) = self.find_run_id(&m.outcome.run)? else {
+            return Err(Error::NotAStoreMount {
+                mountpoint: m.outcome.mountpoint.clone(),
+                detail: format!(" (run {} has no record)", m.outcome.run),
+            });
+        };
+        let upper = sm.run_dir.join("upper");
+        let changed = fs::read_dir(&upper).at(&upper)?.next().is_some();
+        let fill_path = sm.pd.fill_lock(&sm.rec.cache, &sm.rec.key);
+        if let Some(parent) = fill_path.parent() {
+            fs::create_dir_all(parent).at(parent)?;
+        }
+        let lock = match changed {
+            true => Lease::acquire_timeout(&fill_path, Mode::Exclusive, wait)?,
+            false => None,
+        };
+        let Some(lock) = lock else {
+            self.umount_run(sm)?;
+            m.end_fill();
+            return Ok(None);
+        };
+        let StoreMount {
+            mnt,
+            rec,
+            run_dir,
+            pd,
+        } = sm;
+        let _span = tracing::info_span!("save", run = %rec.run, key = %rec.key).entered();
+        unmount_run(&mnt, &run_dir, rec.daemon_pid)?;
+        let parent = rec.lower.as_ref().map(|id| pd.layer(id));
+        let lower = parent.as_ref().map(|p| p.tree());
+        let spec = PublishSpec {
+            cache: rec.cache.clone(),
+            key: rec.key.clone(),
+            layer: None,
+            parent: rec.lower.clone(),
+            created_ms: None,
+        };
+        let published = self.publish_built_as(
+            &pd,
+            &spec,
+            |objects, tree| promote::build_tree(objects, lower.as_deref(), Some(&upper), tree),
+            true,
+        );
+        drop(m.leases);
+        let removed = self.remove_run_dir(&pd, &run_dir);
+        lock.remove();
+        let published = published?;
+        removed?;
+        Ok(Some(published))
+    }
+
     /// After a failed promotion of run `rec` (nothing was published): mounts its previous
     /// lower and upper (`run_dir`) again at `mnt`, with the fill lock of `held`. A failed
     /// mount is told as [`Notice::RemountFailed`] (the files stay in the run directory until
@@ -462,6 +527,19 @@ impl Store {
         spec: &PublishSpec,
         build: impl FnOnce(&ObjectStore, &Path) -> Result<promote::TreeStats>,
     ) -> Result<Published> {
+        self.publish_built_as(pd, spec, build, false)
+    }
+
+    /// [`Store::publish_built`]; with `replace` the key is pointed at the new layer even
+    /// when it names another one already (a `save = "success"` run's newer layer of its key:
+    /// [`Store::save_mount`]).
+    fn publish_built_as(
+        &self,
+        pd: &ProjectDirs,
+        spec: &PublishSpec,
+        build: impl FnOnce(&ObjectStore, &Path) -> Result<promote::TreeStats>,
+        replace: bool,
+    ) -> Result<Published> {
         let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
@@ -505,7 +583,11 @@ impl Store {
         if let Err(e) = sys::fsync_dir(&pd.layers()) {
             return Err(undo(Error::io(pd.layers(), e), &stats, &final_layer.dir));
         }
-        let published = publish_key(pd, cache, key, &id);
+        let published = if replace {
+            replace_key(pd, cache, key, &id).map(|()| None)
+        } else {
+            publish_key(pd, cache, key, &id)
+        };
         let (result, layer) = match published {
             Ok(None) => (CommitResult::Published, id),
             Ok(Some(winner)) => {
@@ -609,6 +691,24 @@ fn publish_key(
             Err(Error::io(&dst, e))
         }
     }
+}
+
+/// Points `key` of `cache` at layer `id` (durable in `layers/` already), replacing what it
+/// named: a temp file renamed over the key (rename(2) is atomic: a reader sees the old layer
+/// or the new one), then an fsync of `keys/`.
+///
+/// Errors: [`Error::Io`] (the key then still names its previous layer).
+fn replace_key(pd: &ProjectDirs, cache: &CacheId, key: &CacheKey, id: &LayerId) -> Result<()> {
+    let keys = pd.keys_dir(cache);
+    fs::create_dir_all(&keys).at(&keys)?;
+    let tmp = keys.join(format!(".tmp-{}", sys::random_hex(8)));
+    write_synced(&tmp, format!("{id}\n").as_bytes())?;
+    let dst = keys.join(key.as_str());
+    if let Err(e) = fs::rename(&tmp, &dst) {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(&dst, e));
+    }
+    sys::fsync_dir(&keys).at(&keys)
 }
 
 impl CommitOutcome {
