@@ -204,8 +204,9 @@ pub struct PathArgs {
 /// `layercache run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The spec (TOML or JSON); `-` reads standard input.
-    #[arg(long, required_unless_present = "project")]
+    /// The spec (TOML or JSON); `-` reads standard input. Without --spec and --project:
+    /// `layercache.toml` of the workdir (--workdir, else the current directory).
+    #[arg(long)]
     pub spec: Option<String>,
     /// Use the spec stored for this project in the store (saved by `layercache serve`'s spec
     /// page or `PUT /api/v1/projects/P/spec`) instead of --spec.

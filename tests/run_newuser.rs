@@ -349,3 +349,34 @@ fn save_success_keeps_build_output_for_the_next_run() {
     assert_eq!(out.status.code(), Some(0));
     assert!(sb.mounts_below().is_empty());
 }
+
+/// `run` without `--spec` or `--project` reads `layercache.toml` of the workdir; when there is
+/// none it says which file it looked for and names both flags (exit 2).
+#[test]
+fn run_without_spec_reads_layercache_toml_or_says_what_to_pass() {
+    let sb = Sandbox::new();
+    let run = |dir: &std::path::Path| {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(sb.path("store"))
+            .args(["run", "--workdir"])
+            .arg(dir)
+            .args(["--", "echo", "ran"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&sb.work());
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    let looked = sb.work().join("layercache.toml");
+    assert!(
+        err.contains(&format!("no spec: {} does not exist", looked.display()))
+            && err.contains("--spec FILE")
+            && err.contains("--project P"),
+        "{err}"
+    );
+    std::fs::write(&looked, "project = \"p\"\n").unwrap();
+    let out = run(&sb.work());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}

@@ -326,6 +326,27 @@ fn cmd_sandbox_args(
     Ok(0)
 }
 
+/// The spec `run` reads when given neither `--spec` nor `--project`: `layercache.toml` in the
+/// workdir (`--workdir`, else the current directory), as `cargo` finds `Cargo.toml`.
+///
+/// Errors: [`Error::Invalid`] (exit 2) when there is none, naming the file looked for and the
+/// two flags.
+fn default_spec(paths: &crate::cli::PathArgs) -> Result<String> {
+    let dir = match &paths.workdir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().map_err(|e| Error::io(".", e))?,
+    };
+    let file = dir.join("layercache.toml");
+    if file.is_file() {
+        return Ok(file.to_string_lossy().into_owned());
+    }
+    Err(Error::invalid(format!(
+        "no spec: {} does not exist; pass --spec FILE (TOML or JSON, - for stdin), or --project P \
+         to run the spec stored for project P in the store (`layercache serve`'s spec page)",
+        file.display()
+    )))
+}
+
 /// `layercache run`: validates the flags into a [`crate::run::RunConfig`] and runs the job over
 /// the store.
 fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
@@ -337,11 +358,9 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         .transpose()?;
     let (spec, stored_spec) = match (&args.spec, &args.project) {
         (Some(source), _) => (crate::spec::load(source)?, None),
-        (None, project) => {
-            let (spec, origin) = crate::spec::load_stored(
-                &store_root(global)?,
-                project.as_deref().unwrap_or_default(),
-            )?;
+        (None, None) => (crate::spec::load(&default_spec(&args.paths)?)?, None),
+        (None, Some(project)) => {
+            let (spec, origin) = crate::spec::load_stored(&store_root(global)?, project)?;
             // Which saved version runs, before anything does (also in --json's summary).
             eprintln!("{}", origin.notice());
             (spec, Some(origin))

@@ -10,7 +10,8 @@
 //! Output: setup and maintenance write to stderr (their stdout too) and the summary goes to
 //! stderr, so standard output belongs to COMMAND alone — except with `--json`, where the summary
 //! is one JSON object on the first line of stdout, before COMMAND's output. With no
-//! caches declared, `run` only runs COMMAND: same stdio, same exit status, no output of its own.
+//! caches declared, `run` only runs COMMAND: same stdio, same exit status, and one stderr line
+//! of its own saying the spec declares no caches.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -315,6 +316,11 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let _signals = SignalGuard::install();
     let steps = Steps::of(cfg);
     if cfg.spec.caches.is_empty() {
+        eprintln!(
+            "layercache: the spec of project {} declares no caches (add a [[cache]]): running \
+             COMMAND only, nothing is cached",
+            cfg.spec.project
+        );
         return steps.command(&cfg.command, false, &BTreeMap::new(), &Views::default());
     }
     let all_keys = keys(&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref())?;
