@@ -324,6 +324,15 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         return steps.command(&cfg.command, false, &BTreeMap::new(), &Views::default());
     }
     let all_keys = keys(&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref())?;
+    for cache in &cfg.spec.caches {
+        for name in cache.unset_variables() {
+            eprintln!(
+                "layercache: warning: cache {:?}: {{env:{name}}} is unset here, so it is \
+                 substituted as an empty string",
+                cache.id.as_str()
+            );
+        }
+    }
     let mut mounts = Mounts {
         mounter,
         store: &cfg.store,

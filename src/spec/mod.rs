@@ -278,6 +278,28 @@ impl Cache {
         names
     }
 
+    /// The variables of every `{env:NAME}` this cache's templates use (`setup`,
+    /// `restore_setup`, `maintenance`, `env` values, `mountpoint`) that are unset in
+    /// layercache's environment, sorted: each becomes an empty string, which a run warns
+    /// about (a typo or a variable the agent's environment lacks).
+    pub fn unset_variables(&self) -> Vec<String> {
+        let mut texts: Vec<&str> = vec![self.setup.as_str()];
+        texts.extend(self.restore_setup.as_deref());
+        texts.extend(self.maintenance.as_deref());
+        texts.extend(self.env.values().map(String::as_str));
+        texts.extend(self.mountpoint.as_deref());
+        let mut names: Vec<String> = texts
+            .into_iter()
+            .flat_map(template_names)
+            .filter_map(|n| n.strip_prefix("env:"))
+            .filter(|n| std::env::var_os(n).is_none())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// The tools whose versions enter the environment fingerprint (the preset's).
     pub fn tools(&self) -> &'static [&'static str] {
         self.preset.map(|p| p.tools).unwrap_or(&[])
@@ -430,6 +452,35 @@ fn substitute(
     out
 }
 
+/// The first known template name `text` opens without closing it: `{mount_root` followed by
+/// the end or by anything but `}` (a shell's `{ cmd; }` or awk's `{print}` are no template
+/// names, so they pass).
+fn unclosed_template(text: &str) -> Option<&str> {
+    let mut i = 0;
+    while let Some(off) = text[i..].find('{') {
+        let at = i + off;
+        if text[at..].starts_with("{{") {
+            i = at + 2;
+            continue;
+        }
+        i = at + 1;
+        if at > 0 && text.as_bytes()[at - 1] == b'$' {
+            continue;
+        }
+        let after = &text[at + 1..];
+        let len = after
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b':')
+            .count();
+        let name = &after[..len];
+        let known = matches!(name, "mount" | "workdir" | "mount_root") || name.starts_with("env:");
+        if known && !after[len..].starts_with('}') {
+            return Some(name);
+        }
+    }
+    None
+}
+
 /// The template names `text` uses (see [`template_at`]).
 fn template_names(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -453,6 +504,11 @@ fn template_names(text: &str) -> Vec<&str> {
 ///
 /// Errors: a message naming the unknown template and the known ones.
 fn check_templates(text: &str) -> std::result::Result<(), String> {
+    if let Some(name) = unclosed_template(text) {
+        return Err(format!(
+            "unclosed template {{{name} (write {{{name}}}, or {{{{ for a literal brace)"
+        ));
+    }
     for name in template_names(text) {
         let env_ok = name.strip_prefix("env:").is_some_and(|v| {
             !v.is_empty()

@@ -483,3 +483,37 @@ fn save_is_per_cache_and_miss_by_default() {
         "{e}"
     );
 }
+
+#[test]
+fn an_unclosed_template_is_refused_and_shell_braces_pass() {
+    let e = err(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\nsetup = \"cp -r x {mount_root/a\"\n",
+    );
+    assert!(
+        e.contains("cache[0].setup: unclosed template {mount_root (write {mount_root}"),
+        "{e}"
+    );
+    let e = err(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\nsetup = \"true\"\nenv = { A = \"{env:HOME\" }\n",
+    );
+    assert!(e.contains("unclosed template {env:HOME"), "{e}");
+    parse(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\n\
+         setup = \"{ echo; } && echo ${HOME} {{mount\"\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn unset_variables_are_named() {
+    let s = parse(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\n\
+         setup = \"x {env:LAYERCACHE_SURELY_UNSET_A} {env:PATH}\"\n\
+         maintenance = \"{env:LAYERCACHE_SURELY_UNSET_B}\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.caches[0].unset_variables(),
+        vec!["LAYERCACHE_SURELY_UNSET_A", "LAYERCACHE_SURELY_UNSET_B"]
+    );
+}
