@@ -806,6 +806,8 @@ fn serve_refuses_a_non_loopback_address_without_a_token() {
     );
     let weak = t.path().join("weak");
     std::fs::write(&weak, "short\n").unwrap();
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&weak, private).unwrap();
     let out = lc(&[
         "--listen",
         "0.0.0.0:0",

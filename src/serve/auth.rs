@@ -114,33 +114,69 @@ impl Auth {
     }
 }
 
-/// Reads the token from `path`: its first line, trimmed.
+/// Reads the token from `path` (`--token-file`): its first line, trimmed. The checks are made
+/// on the descriptor that is read (`fstat(2)` after `open(2)` with `O_NOFOLLOW`), like
+/// OpenSSH's for a private key: the file must be a regular file (not a symlink), owned by this
+/// process's user or by root, with no permission bits for group or others (`mode & 0o077 ==
+/// 0`), so nobody else can read or swap the secret.
 ///
-/// Errors: [`crate::Error::Invalid`] naming the file when it cannot be read, when its group or
-/// other users may read it, or when the token is shorter than [`MIN_TOKEN`] bytes or holds a
-/// character a cookie value cannot.
+/// Errors: [`crate::Error::Invalid`] naming the file and the fix when it cannot be opened or
+/// read, is a symlink or not a regular file, belongs to another user, grants group or others
+/// any access, or when the token is shorter than [`MIN_TOKEN`] bytes or holds a character a
+/// cookie value cannot.
 pub fn read_token(path: &std::path::Path) -> crate::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| crate::Error::invalid(format!("--token-file {}: {e}", path.display())))?;
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let bad =
+        |what: String| crate::Error::invalid(format!("--token-file {}: {what}", path.display()));
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP => bad(
+            "a symlink; pass the file itself (`realpath` names it), so nobody can swap what it \
+             points to"
+                .into(),
+        ),
+        e => bad(std::io::Error::from(e).to_string()),
+    })?;
+    let mut f = std::fs::File::from(fd);
+    let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
+    if !meta.file_type().is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    let euid = rustix::process::geteuid().as_raw();
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(bad(format!(
+            "belongs to uid {}, not to this user (uid {euid}) or root; a secret another user \
+             can change is not used: `chown {euid} {}` or make your own",
+            meta.uid(),
+            path.display()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(bad(format!(
+            "group or other users may use it (mode {:03o}); `chmod 600 {}`",
+            meta.mode() & 0o777,
+            path.display()
+        )));
+    }
+    let mut text = String::new();
+    // A token file is one short line: a bigger one is not a token.
+    (&mut f)
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
     let token = text.lines().next().unwrap_or("").trim().to_string();
     // The token travels in a cookie too: only characters a cookie value may hold unquoted.
     let cookie_safe = |b: u8| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b);
     if token.len() < MIN_TOKEN || !token.bytes().all(cookie_safe) {
-        return Err(crate::Error::invalid(format!(
-            "--token-file {}: want a token of at least {MIN_TOKEN} characters from A-Z a-z 0-9 \
-             - . _ ~ + / = on its first line (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
-            path.display()
-        )));
-    }
-    // Like OpenSSH with a private key: a secret others can read is refused, not used.
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(m) = std::fs::metadata(path)
-        && m.permissions().mode() & 0o044 != 0
-    {
-        return Err(crate::Error::invalid(format!(
-            "--token-file {}: readable by other users (mode {:03o}); `chmod 600` it",
-            path.display(),
-            m.permissions().mode() & 0o777
+        return Err(bad(format!(
+            "want a token of at least {MIN_TOKEN} characters from A-Z a-z 0-9 - . _ ~ + / = on \
+             its first line (e.g. `head -c 32 /dev/urandom | base64 > FILE`)"
         )));
     }
     Ok(token)
@@ -270,10 +306,20 @@ fn unauthorized_page(auth: &Auth, next: &str, error: Option<&str>) -> Response {
         .into_response()
 }
 
-/// Where to go after logging in: a local path only (no `//host`, no scheme).
+/// Where to go after logging in: a local path only, else `/`. Refused: anything not starting
+/// with one `/` (`//host` and schemes), a backslash, and any control byte, space or DEL
+/// (0x00-0x20, 0x7f) anywhere — browsers drop tabs and newlines from a `Location` (the WHATWG
+/// URL parser), so `/\t/evil.example` would be read as `//evil.example`, and a newline cannot
+/// go into a header at all.
 fn local_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.into(),
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.bytes().any(|b| b == b'\\' || b <= 0x20 || b == 0x7f) =>
+        {
+            n.into()
+        }
         _ => "/".into(),
     }
 }
@@ -359,6 +405,76 @@ pub async fn login(State(st): State<Arc<AppState>>, Form(f): Form<LoginForm>) ->
 mod tests {
     use super::*;
 
+    /// A `next` that a browser could read as another host, or that cannot go into a header,
+    /// goes to `/`: tabs and newlines (which browsers drop from a `Location`), any other
+    /// control byte, space, DEL, a backslash, `//`, a scheme.
+    #[test]
+    fn next_is_a_local_path_only() {
+        for evil in [
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/\r/evil.example",
+            "/a\nSet-Cookie: x=y",
+            "/\u{0}/x",
+            "/ /evil.example",
+            "/\u{7f}/evil.example",
+            "/\\evil.example",
+            "//evil.example",
+            "https://evil.example",
+            "evil.example",
+            "",
+        ] {
+            assert_eq!(local_next(Some(evil)), "/", "{evil:?}");
+        }
+        assert_eq!(local_next(None), "/");
+        assert_eq!(local_next(Some("/projects/p/runs")), "/projects/p/runs");
+    }
+
+    /// `--token-file`: a file group or others may use in any way, a file of another user, a
+    /// symlink and a directory are refused, naming the file and the fix; the checks are the
+    /// read descriptor's.
+    #[test]
+    fn token_file_checks() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("token");
+        std::fs::write(&f, "s3cret-token-0123456789\n").unwrap();
+        let chmod = |m: u32| {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(m)).unwrap();
+        };
+        chmod(0o600);
+        assert_eq!(read_token(&f).unwrap(), "s3cret-token-0123456789");
+        chmod(0o400);
+        assert!(read_token(&f).is_ok());
+        for m in [0o602, 0o640, 0o604, 0o610, 0o601, 0o620] {
+            chmod(m);
+            let e = read_token(&f).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("mode {m:03o}")) && e.contains("chmod 600"),
+                "{m:o}: {e}"
+            );
+        }
+        chmod(0o600);
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        let e = read_token(&link).unwrap_err().to_string();
+        assert!(e.contains("a symlink") && e.contains("link"), "{e}");
+        let e = read_token(d.path()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = read_token(&d.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing"), "{e}");
+        // Another user's file, even 0600: root could read it, but that user can change it.
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+            let e = read_token(&f).unwrap_err().to_string();
+            assert!(e.contains("belongs to uid 65534"), "{e}");
+        } else {
+            eprintln!("skipped the other-owner case: needs root");
+        }
+    }
+
     #[test]
     fn rules() {
         assert!(host_is_loopback("127.0.0.1:7878"));
@@ -389,6 +505,10 @@ mod tests {
         assert!(check_same_origin(&h).is_ok());
         assert_eq!(local_next(Some("//evil")), "/");
         assert_eq!(local_next(Some("/projects/a")), "/projects/a");
+        assert_eq!(
+            local_next(Some("/projects/a?limit=3")),
+            "/projects/a?limit=3"
+        );
         // The cookie holds the session secret, never the token; the header holds the token.
         let auth = Auth::new("secret-token-0123".into(), TokenSource::File, 7878).unwrap();
         assert_eq!(auth.cookie_name(), "layercache_session_7878");

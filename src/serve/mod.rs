@@ -622,7 +622,14 @@ mod tests {
         .await;
         assert_eq!(s, StatusCode::OK, "{b}");
         // Without ?next= it goes to the projects; a foreign next is not followed.
-        for (q, to) in [("", "/"), ("&next=%2F%2Fevil.example", "/")] {
+        // A tab (which browsers drop, reading `//evil.example`) or a newline (which cannot go
+        // into a header: it was a 500) is not followed either.
+        for (q, to) in [
+            ("", "/"),
+            ("&next=%2F%2Fevil.example", "/"),
+            ("&next=/%09/evil.example", "/"),
+            ("&next=/a%0Ab", "/"),
+        ] {
             let (resp, _) = send_raw(
                 &st,
                 anon("GET", &format!("/login?token={TOKEN}{q}"))
