@@ -380,3 +380,60 @@ fn run_without_spec_reads_layercache_toml_or_says_what_to_pass() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
 }
+
+/// Inode flags a setup set on files of its cache (`chattr +i`, `+a`): a failed run's upper is
+/// still removed (so `gc` never meets EPERM), and a successful one is promoted without them.
+#[test]
+fn immutable_and_append_only_files_never_block_removal_nor_reach_a_layer() {
+    let chattr = Command::new("chattr").arg("-V").output().is_ok();
+    if !can_mount() || (!chattr && run_common::skip_or_fail("needs chattr (e2fsprogs)")) {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let flags = "mkdir \"$DEPS/d\" && echo i > \"$DEPS/d/i\" && echo a > \"$DEPS/a\" && \
+                 chattr +i \"$DEPS/d/i\" \"$DEPS/d\" && chattr +a \"$DEPS/a\"";
+    let failing = sb.write_spec("f.toml", &spec(&format!("{flags} && exit 4"), ""));
+    let out = sb.run(&failing, Some("true"));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(leftovers(&sb.path("store")), Vec::<String>::new());
+    let gc = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .arg("gc")
+        .output()
+        .unwrap();
+    assert!(gc.status.success(), "{}", stderr(&gc));
+
+    let ok = sb.write_spec("ok.toml", &spec(flags, ""));
+    let out = sb.run(&ok, Some("lsattr -d \"$DEPS/d/i\" \"$DEPS/d\" \"$DEPS/a\""));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let attrs = String::from_utf8_lossy(&out.stdout);
+    for l in attrs.lines() {
+        let f = l.split_whitespace().next().unwrap();
+        assert!(!f.contains('i') && !f.contains('a'), "{attrs}");
+    }
+    assert_eq!(attrs.lines().count(), 3, "{attrs}");
+    let layers = sb.path("store").join("v1/projects/p/layers");
+    let lsattr = Command::new("lsattr")
+        .arg("-R")
+        .arg(&layers)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&lsattr.stdout);
+    assert!(
+        !text.lines().any(|l| {
+            // "<flags> <path>" lines; "<dir>:" headers and blank lines are not flags.
+            let f = l.split_whitespace().next().unwrap_or("");
+            !f.contains('/') && (f.contains('i') || f.contains('a'))
+        }),
+        "{text}"
+    );
+    let gc = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["gc", "--max-size", "0"])
+        .output()
+        .unwrap();
+    assert!(gc.status.success(), "{}", stderr(&gc));
+}

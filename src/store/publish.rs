@@ -189,8 +189,9 @@ impl Store {
         }
         let parent = rec.lower.as_ref().map(|id| pd.layer(id));
         let upper = run_dir.join("upper");
-        let published =
-            match self.promote_into(&pd, &rec.cache, &rec.key, parent.as_ref(), Some(&upper)) {
+        let published = match unpinned(&upper, || {
+            self.promote_into(&pd, &rec.cache, &rec.key, parent.as_ref(), Some(&upper))
+        }) {
                 Ok(p) => p,
                 Err(e) if remount_on_failure => {
                     // Nothing was published: put the previous mount back (same lower and upper).
@@ -296,12 +297,14 @@ impl Store {
             parent: rec.lower.clone(),
             created_ms: None,
         };
-        let published = self.publish_built_as(
-            &pd,
-            &spec,
-            |objects, tree| promote::build_tree(objects, lower.as_deref(), Some(&upper), tree),
-            true,
-        );
+        let published = unpinned(&upper, || {
+            self.publish_built_as(
+                &pd,
+                &spec,
+                |objects, tree| promote::build_tree(objects, lower.as_deref(), Some(&upper), tree),
+                true,
+            )
+        });
         drop(m.leases);
         let removed = self.remove_run_dir(&pd, &run_dir);
         lock.remove();
@@ -690,6 +693,23 @@ fn publish_key(
             let _ = fs::remove_file(&tmp);
             Err(Error::io(&dst, e))
         }
+    }
+}
+
+/// Runs `promote` (a promotion of `upper`); when it fails with EPERM because a file of the
+/// upper is immutable or append-only (`chattr +i`/`+a` in a setup: link(2) of it is refused),
+/// clears those flags in the upper ([`super::paths::clear_inode_flags`]) and runs it once more.
+/// The flags never reach a layer: they are not copied, and a linked object is the upper's
+/// inode with its flags cleared.
+fn unpinned<T>(upper: &Path, promote: impl Fn() -> Result<T>) -> Result<T> {
+    match promote() {
+        Err(Error::Io { source, .. })
+            if source.raw_os_error() == Some(libc::EPERM)
+                && super::paths::clear_inode_flags(upper) > 0 =>
+        {
+            promote()
+        }
+        r => r,
     }
 }
 
