@@ -192,25 +192,25 @@ impl Store {
         let published = match unpinned(&upper, || {
             self.promote_into(&pd, &rec.cache, &rec.key, parent.as_ref(), Some(&upper))
         }) {
-                Ok(p) => p,
-                Err(e) if remount_on_failure => {
-                    // Nothing was published: put the previous mount back (same lower and upper).
-                    self.mount_again(&pd, &rec, &mnt, &run_dir, held)?;
-                    return Err(e);
+            Ok(p) => p,
+            Err(e) if remount_on_failure => {
+                // Nothing was published: put the previous mount back (same lower and upper).
+                self.mount_again(&pd, &rec, &mnt, &run_dir, held)?;
+                return Err(e);
+            }
+            Err(e) => {
+                // Nothing was published and nobody retries: the upper goes now (its space
+                // may be what the store lacks), the fill lock with it.
+                drop(held.others);
+                if let Err(e2) = remove_tree(&run_dir) {
+                    tracing::warn!(error = %e2, "removing a failed commit's run directory");
                 }
-                Err(e) => {
-                    // Nothing was published and nobody retries: the upper goes now (its space
-                    // may be what the store lacks), the fill lock with it.
-                    drop(held.others);
-                    if let Err(e2) = remove_tree(&run_dir) {
-                        tracing::warn!(error = %e2, "removing a failed commit's run directory");
-                    }
-                    if let Some(f) = held.fill {
-                        f.remove();
-                    }
-                    return Err(e);
+                if let Some(f) = held.fill {
+                    f.remove();
                 }
-            };
+                return Err(e);
+            }
+        };
         // The old run is done: its upper's files now live in the store.
         drop(held.others);
         self.remove_run_dir(&pd, &run_dir)?;
