@@ -80,7 +80,7 @@ pub struct GcReport {
     /// Unpublished (orphan) layers removed.
     pub removed_orphans: u64,
     /// Empty host view directories that killed runs made and left, removed
-    /// ([`super::reap_made_views`]).
+    /// ([`super::reap_made_views`]; a dry run counts those it would remove).
     #[serde(default)]
     pub removed_view_dirs: u64,
     /// Failed setups' kept logs (`projects/<p>/failed/<run>`) removed: older than 7 days
@@ -207,9 +207,10 @@ impl Store {
             self.reap_failed_logs(pd, dry, &mut report)?;
         }
         // Empty host view directories killed runs made (their records say which).
-        if !dry {
-            report.removed_view_dirs = super::views::reap_made_views(&self.root)?;
-        }
+        report.removed_view_dirs = match dry {
+            false => super::views::reap_made_views(&self.root)?,
+            true => super::views::count_made_views(&self.root)?,
+        };
         // 2. Candidates (orphans removed on the way), the plan under the limits, eviction.
         let mut cands = Candidates::default();
         for (pi, pd) in pds.iter().enumerate() {

@@ -151,6 +151,51 @@ pub fn reap_made_views(root: &Path) -> Result<u64> {
     Ok(removed)
 }
 
+/// What [`reap_made_views`] would remove now, without removing anything (`gc --dry-run`): the
+/// recorded directories of dead runs that are still the ones they made, held by no run, and
+/// empty but for directories that would go too.
+///
+/// Errors: [`Error::Io`] listing `v1/views/`.
+pub fn count_made_views(root: &Path) -> Result<u64> {
+    let dir = views_dir(root);
+    let names = match fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(&dir, e)),
+    };
+    let mut doomed: std::collections::HashSet<PathBuf> = Default::default();
+    for ent in names {
+        let path = ent.at(&dir)?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let Ok(rec) = fs::read(&path)
+            .map_err(drop)
+            .and_then(|b| serde_json::from_slice::<MadeViews>(&b).map_err(drop))
+        else {
+            continue;
+        };
+        if sys::pid_alive(rec.owner_pid) {
+            continue;
+        }
+        // Innermost first, as the reaper removes them.
+        for d in rec.dirs.iter().rev() {
+            let same = fs::symlink_metadata(&d.path)
+                .is_ok_and(|m| m.is_dir() && m.dev() == d.dev && m.ino() == d.ino);
+            let free = same
+                && fs::File::open(&d.path)
+                    .is_ok_and(|f| sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok());
+            let empty = free
+                && fs::read_dir(&d.path)
+                    .is_ok_and(|rd| rd.flatten().all(|e| doomed.contains(&e.path())));
+            if empty {
+                doomed.insert(d.path.clone());
+            }
+        }
+    }
+    Ok(doomed.len() as u64)
+}
+
 enum Removal {
     Removed,
     /// Empty and ours, but a live run holds it: try again later.
@@ -204,7 +249,8 @@ mod tests {
             later.clone(),
         ];
         record_made_views(root.path(), "r1", &dirs).unwrap();
-        // A live owner (this process): nothing is touched.
+        // A live owner (this process): nothing is touched (nor counted by a dry run).
+        assert_eq!(count_made_views(root.path()).unwrap(), 0);
         assert_eq!(reap_made_views(root.path()).unwrap(), 0);
         assert!(b.exists());
         // The owner is dead from here on.
@@ -218,12 +264,16 @@ mod tests {
         fs::write(full.join("f"), b"x").unwrap();
         let hold = fs::File::open(&held).unwrap();
         sys::flock(&hold, libc::LOCK_SH).unwrap();
+        // A dry run counts what the reaper then removes, and removes nothing.
+        assert_eq!(count_made_views(root.path()).unwrap(), 2, "a/b and a");
+        assert!(b.exists());
         assert_eq!(reap_made_views(root.path()).unwrap(), 2, "a/b then a");
         assert!(!a.exists());
         assert!(full.join("f").exists() && held.exists() && later.exists());
         // The held one is kept in the record and goes once its holder lets go.
         assert!(path.exists());
         drop(hold);
+        assert_eq!(count_made_views(root.path()).unwrap(), 1);
         assert_eq!(reap_made_views(root.path()).unwrap(), 1);
         assert!(!held.exists() && !path.exists());
         assert!(later.exists());
