@@ -1002,3 +1002,67 @@ fn another_local_user_gets_401_everywhere_and_cannot_read_the_token() {
     assert_eq!(projects[0]["layers"], 1, "{projects}");
     assert!(server.stop().success());
 }
+
+/// Serving one loopback address holds the other family's loopback on the same port too
+/// (`[::1]:P` beside `127.0.0.1:P`, and the reverse), so no other local process can listen
+/// there for clients that resolve `localhost` to it and receive their token; the server
+/// answers there with the same token; and when another process already holds that port,
+/// serve does not start, naming it. A skip on a host without IPv6 loopback.
+#[test]
+fn serve_holds_the_other_loopback_family_too() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this host has no IPv6 loopback ([::1])");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    layercache::store::Store::open(Some(&store)).unwrap();
+    let port_of = |addr: &str| -> u16 { addr.rsplit(':').next().unwrap().parse().unwrap() };
+    for (listen, other) in [("127.0.0.1:0", "::1"), ("[::1]:0", "127.0.0.1")] {
+        let server = Server::start_on(&store, listen, &[]);
+        let port = port_of(&server.addr);
+        let e = std::net::TcpListener::bind((other, port)).unwrap_err();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EADDRINUSE),
+            "{other} port {port} beside {}: {e}",
+            server.addr
+        );
+        // The server itself answers there, to the same token only.
+        let there = if other == "::1" {
+            format!("[::1]:{port}")
+        } else {
+            format!("127.0.0.1:{port}")
+        };
+        let bearer = format!("Bearer {}", server.token.as_deref().unwrap());
+        let r = request(
+            &there,
+            "GET",
+            "/api/v1/projects",
+            &[("Authorization", &bearer)],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{there}");
+        assert_eq!(
+            request(&there, "GET", "/api/v1/projects", &[], b"").status,
+            401
+        );
+        assert!(server.stop().success());
+    }
+    // Someone else holds [::1]:P first: serve on 127.0.0.1:P refuses, naming it.
+    let held = std::net::TcpListener::bind("[::1]:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let out = Command::new(BIN)
+        .arg("--store")
+        .arg(&store)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("[::1]:{port}")) && err.contains("already in use"),
+        "{err}"
+    );
+    drop(held);
+}

@@ -27,6 +27,7 @@ mod specs;
 mod token;
 mod view;
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -212,7 +213,10 @@ async fn shutdown_signal() {
 }
 
 /// Serves `store` on `cfg.listen` until SIGINT/SIGTERM. Without `--token-file` it takes the
-/// store's token ([`store_token_path`], made on the first start). Once listening it prints on
+/// store's token ([`store_token_path`], made on the first start). On a loopback address it
+/// also listens on the other family's loopback with the same port (`[::1]:P` beside
+/// `127.0.0.1:P` and the reverse; see `bind_other_loopback`), so no other local user can
+/// listen there and receive the token of a client that resolved `localhost` to it. Once listening it prints on
 /// stdout `layercache: serving STORE on http://ADDR/` (the bound address: port 0 picks one)
 /// and a line with the login URL (`http://ADDR/login?token=TOKEN` for the store's token; the
 /// form `http://ADDR/login` for `--token-file`'s, which is never printed); with `json`, one
@@ -220,7 +224,8 @@ async fn shutdown_signal() {
 ///
 /// Errors: [`Error::Invalid`] when the store's token file or its directory is unsafe (see
 /// `token::load_or_create`); [`Error::Io`] when the token cannot be read or made or the
-/// address cannot be bound; [`Error::Failed`] when the runtime cannot start.
+/// address cannot be bound; [`Error::Failed`] when the runtime cannot start, or the other
+/// loopback's port is held by another process.
 pub fn serve(store: Store, cfg: Config, json: bool) -> Result<i32> {
     let (token, source, token_file) = match (cfg.token, cfg.token_file) {
         (Some(t), Some(f)) => (t, auth::TokenSource::File, f),
@@ -242,6 +247,7 @@ pub fn serve(store: Store, cfg: Config, json: bool) -> Result<i32> {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io(PathBuf::from(format!("--listen {}", cfg.listen)), e))?;
+        let twin = bind_other_loopback(addr).await?;
         let auth = auth::Auth::new(token, source, addr.port())?;
         let url = format!("http://{addr}/");
         let login = format!("http://{addr}{}", auth.login_path());
@@ -267,12 +273,80 @@ pub fn serve(store: Store, cfg: Config, json: bool) -> Result<i32> {
         }
         let _ = std::io::Write::flush(&mut std::io::stdout());
         let state = Arc::new(AppState { store, auth });
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .map_err(|e| Error::Failed(format!("server: {e}")))?;
+        // One signal stops both listeners; each finishes its requests in flight.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let main = axum::serve(listener, router(state.clone()))
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future();
+        let other = async {
+            match twin {
+                Some(l) => {
+                    axum::serve(l, router(state))
+                        .with_graceful_shutdown(stopped(stop_rx))
+                        .await
+                }
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(main, other).map_err(|e| Error::Failed(format!("server: {e}")))?;
         Ok(0)
     })
+}
+
+/// The loopback address of the other family with the same port: `[::1]:P` for `127.x.y.z:P`,
+/// `127.0.0.1:P` for `[::1]:P`; `None` for an address that is not loopback.
+fn other_loopback(addr: SocketAddr) -> Option<SocketAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    if !addr.ip().is_loopback() {
+        return None;
+    }
+    let ip = match addr.ip() {
+        IpAddr::V4(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        IpAddr::V6(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    };
+    Some(SocketAddr::new(ip, addr.port()))
+}
+
+/// Listening on a loopback address, also takes the other family's loopback on the port that
+/// the first bind got ([`other_loopback`]): a client resolving `localhost` may try `::1` before
+/// `127.0.0.1` (or the reverse), and whoever listened there instead would receive its
+/// `Authorization: Bearer` token. `None` when `addr` is not loopback or the host has no such
+/// address (IPv6 disabled: `EADDRNOTAVAIL`, `EAFNOSUPPORT`).
+///
+/// Errors: [`Error::Failed`] naming the address when another process already listens there
+/// (`EADDRINUSE`) or it cannot be bound otherwise — the server then does not start.
+async fn bind_other_loopback(addr: SocketAddr) -> Result<Option<tokio::net::TcpListener>> {
+    let Some(other) = other_loopback(addr) else {
+        return Ok(None);
+    };
+    match tokio::net::TcpListener::bind(other).await {
+        Ok(l) => Ok(Some(l)),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
+            ) =>
+        {
+            tracing::info!("{other} not bound ({e}): this host has no such loopback address");
+            Ok(None)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => Err(Error::Failed(format!(
+            "{other} is already in use by another process: clients that resolve localhost \
+             there would send it the token, so serve does not start on {addr}; stop what \
+             listens on {other} (`ss -ltnp`) or pick another port with --listen"
+        ))),
+        Err(e) => Err(Error::Failed(format!(
+            "cannot bind {other} (the other loopback of {addr}, bound so that nobody else can \
+             take it): {e}"
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -674,5 +748,11 @@ mod tests {
         let e = Config::new("0.0.0.0:7878", None).unwrap_err().to_string();
         assert!(e.contains("--token-file"), "{e}");
         assert!(Config::new("localhost", None).is_err());
+        let other = |a: &str| other_loopback(a.parse().unwrap()).map(|a| a.to_string());
+        assert_eq!(other("127.0.0.1:7878").as_deref(), Some("[::1]:7878"));
+        assert_eq!(other("127.0.0.2:80").as_deref(), Some("[::1]:80"));
+        assert_eq!(other("[::1]:7878").as_deref(), Some("127.0.0.1:7878"));
+        assert_eq!(other("10.0.0.1:7878"), None);
+        assert_eq!(other("[::]:7878"), None);
     }
 }

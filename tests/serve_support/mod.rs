@@ -112,13 +112,18 @@ pub struct Server {
 
 /// Starts `layercache serve` on `store`; a thread reads its stdout into the channel.
 fn spawn(store: &Path, json: bool, extra: &[&str]) -> (Child, Receiver<String>) {
+    spawn_on(store, "127.0.0.1:0", json, extra)
+}
+
+/// [`spawn`] listening on `listen`.
+fn spawn_on(store: &Path, listen: &str, json: bool, extra: &[&str]) -> (Child, Receiver<String>) {
     let mut cmd = Command::new(BIN);
     cmd.arg("--store").arg(store);
     if json {
         cmd.arg("--json");
     }
     let mut child = cmd
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", listen])
         .args(extra)
         .env("LAYERCACHE_LOG", "info")
         .stdout(Stdio::piped())
@@ -159,7 +164,12 @@ impl Server {
     /// `layercache --store STORE --json serve --listen 127.0.0.1:0 EXTRA…`, ready once it
     /// printed its JSON line (`listen`, `login`, `token_file`).
     pub fn start(store: &Path, extra: &[&str]) -> Server {
-        let (child, lines) = spawn(store, true, extra);
+        Server::start_on(store, "127.0.0.1:0", extra)
+    }
+
+    /// [`Server::start`] with `--listen LISTEN` (`[::1]:0`, say).
+    pub fn start_on(store: &Path, listen: &str, extra: &[&str]) -> Server {
+        let (child, lines) = spawn_on(store, listen, true, extra);
         let mut child = Some(child);
         let line = next_line(&mut child, &lines);
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
