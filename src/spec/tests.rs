@@ -206,7 +206,7 @@ fn presets_match_the_issue() {
     assert_eq!(env("pnpm"), ["npm_config_store_dir"]);
     assert_eq!(env("yarn"), ["YARN_CACHE_FOLDER"]);
     assert_eq!(env("pip"), ["PIP_CACHE_DIR"]);
-    assert_eq!(env("uv"), ["UV_CACHE_DIR"]);
+    assert_eq!(env("uv"), ["UV_CACHE_DIR", "UV_LINK_MODE"]);
     assert_eq!(env("go"), ["GOMODCACHE", "GOCACHE"]);
     assert_eq!(env("cargo"), ["CARGO_HOME"]);
     assert_eq!(env("gradle"), ["GRADLE_USER_HOME"]);
@@ -516,4 +516,16 @@ fn unset_variables_are_named() {
         s.caches[0].unset_variables(),
         vec!["LAYERCACHE_SURELY_UNSET_A", "LAYERCACHE_SURELY_UNSET_B"]
     );
+}
+
+#[test]
+fn uv_presets_copy_instead_of_hardlinking_across_mounts() {
+    let s = parse(
+        "project = \"p\"\n[[cache]]\nid = \"venv\"\npreset = \"venv\"\n\
+         [[cache]]\nid = \"uv\"\npreset = \"uv\"\n",
+    )
+    .unwrap();
+    for c in &s.caches {
+        assert_eq!(c.env.get("UV_LINK_MODE").map(String::as_str), Some("copy"));
+    }
 }
