@@ -437,3 +437,47 @@ fn immutable_and_append_only_files_never_block_removal_nor_reach_a_layer() {
         .unwrap();
     assert!(gc.status.success(), "{}", stderr(&gc));
 }
+
+/// A cache viewed at `<workdir>/deps`: a file of that name on the host is refused naming it
+/// (exit 2, not `File exists (os error 17)`); a directory with files is said to be hidden for
+/// the run and left as it is.
+#[test]
+fn a_host_file_where_a_cache_is_viewed_is_named() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("echo x > \"$DEPS/x\"", "mountpoint = \"{workdir}/deps\"\n"),
+    );
+    let host = sb.work().join("deps");
+    std::fs::write(&host, "not a dir").unwrap();
+    let out = sb.run(&s, Some("true"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "cache \"deps\": {} is a file on the host, but the cache is mounted there",
+            host.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("os error 17"), "{err}");
+    assert!(sb.mounts_below().is_empty());
+    std::fs::remove_file(&host).unwrap();
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("old"), "mine").unwrap();
+    let out = sb.run(&s, Some("test ! -e deps/old && cat deps/x"));
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "layercache: deps: the host's {} (1 entry) is hidden under the cache",
+            host.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(host.join("old")).unwrap(), "mine");
+}

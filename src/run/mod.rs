@@ -204,7 +204,9 @@ impl Mounts<'_> {
                 }
                 need.push(paths.mount_root.clone());
             } else if let Ok(rel) = v.strip_prefix(view_wd) {
-                need.push(paths.workdir.join(rel));
+                let host = paths.workdir.join(rel);
+                check_host_view(&p.keys.id, &host)?;
+                need.push(host);
             }
         }
         // Docker: the container has its own root; the host needs no view dirs there.
@@ -278,6 +280,42 @@ impl Mounts<'_> {
             let _ = crate::store::record_made_views(self.store, self.run_id, &left);
         }
     }
+}
+
+/// A cache viewed below the workdir (`<workdir>/node_modules`, `.venv`) needs a directory
+/// there on the host: a file (or a symlink to none) of that name is refused, naming it (exit
+/// 2); an existing directory with entries is said to be hidden for the run (its files stay as
+/// they are).
+///
+/// Errors: [`Error::Invalid`] when `host` exists and is not a directory.
+fn check_host_view(id: &CacheId, host: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(host) else {
+        return Ok(());
+    };
+    if !std::fs::metadata(host).is_ok_and(|m| m.is_dir()) {
+        let what = if meta.file_type().is_symlink() {
+            "a symlink to no directory"
+        } else {
+            "a file"
+        };
+        return Err(Error::invalid(format!(
+            "cache {:?}: {} is {what} on the host, but the cache is mounted there and needs a \
+             directory; remove or rename it (nothing was changed)",
+            id.as_str(),
+            host.display()
+        )));
+    }
+    let entries = std::fs::read_dir(host).map(|rd| rd.count()).unwrap_or(0);
+    if entries > 0 {
+        eprintln!(
+            "layercache: {}: the host's {} ({entries} {}) is hidden under the cache for this \
+             run (left as it is)",
+            id.as_str(),
+            host.display(),
+            if entries == 1 { "entry" } else { "entries" }
+        );
+    }
+    Ok(())
 }
 
 impl Drop for Mounts<'_> {
