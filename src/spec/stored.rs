@@ -50,9 +50,15 @@ impl StoredOrigin {
 /// The current stored spec of `project` in the store at `root`, parsed, for
 /// `layercache run --project P`, and which version it is.
 ///
+/// A stored spec that a user other than this process's and root could have written (the
+/// owner of a parent of the store, of a directory of it or of the file: see
+/// `StoredSpec::changeable_by`) is refused: root never runs a spec from another user's store.
+///
 /// Errors: [`Error::Invalid`] (exit 2) for a bad project id, no store, a project the store does
-/// not have, a project without a stored spec, or a stored spec that no longer validates (naming
-/// its version); [`Error::Io`] reading it.
+/// not have, a project without a stored spec, a stored spec another user could have written
+/// (naming that user, the file and what to do instead), one in a store that fails the store's
+/// checks, or a stored spec that no longer validates (naming its version); [`Error::Io`]
+/// reading it.
 pub fn load_stored(root: &Path, project: &str) -> Result<(Spec, StoredOrigin)> {
     let p = ProjectId::new(project)?;
     let store = crate::store::Store::open_existing(root)?.ok_or_else(|| {
@@ -75,6 +81,20 @@ pub fn load_stored(root: &Path, project: &str) -> Result<(Spec, StoredOrigin)> {
              `layercache serve` or with PUT /api/v1/projects/{p}/spec), or pass --spec FILE"
         )));
     };
+    // Whoever could write the stored spec decides what runs: never another user's for root
+    // (or for anyone) — a spec of a user's store runs as that user, or after review as a file.
+    if let Some(who) = &stored.changeable_by {
+        return Err(Error::invalid(format!(
+            "--project {p}: the stored spec (version {}) could have been written by {who}, \
+             not only by you (uid {}) or root, so it is not run; run it as that user, or read \
+             {}/{}.{} and, if you trust it, pass a copy with --spec FILE",
+            stored.version,
+            rustix::process::geteuid().as_raw(),
+            pd.specs_dir().display(),
+            stored.version,
+            stored.format
+        )));
+    }
     let spec = super::parse(&stored.text).map_err(|e| {
         Error::invalid(format!(
             "stored spec of {p} (version {}): {e}",
@@ -124,5 +144,65 @@ mod tests {
             o.to_json(),
             serde_json::json!({"project": "p", "version": 3, "saved": "2026-12-02T04:10:11Z"})
         );
+    }
+
+    /// The review's reproduction, as root: a store root made under umask 000 is 0755 (so no
+    /// user can swap its v1/); a store whose v1/ another user put there is refused; in a user's
+    /// store (which root may serve) root does not run the stored spec. Needs root.
+    #[test]
+    fn root_never_runs_another_users_stored_spec() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("S");
+        let old = rustix::process::umask(rustix::fs::Mode::empty());
+        let opened = crate::store::Store::open(Some(&root));
+        rustix::process::umask(old);
+        let store = opened.unwrap();
+        assert_eq!(std::fs::metadata(&root).unwrap().mode() & 0o7777, 0o755);
+        let pd = store.project(&ProjectId::new("rtp").unwrap()).unwrap();
+        pd.save_spec("project = \"rtp\"\n").unwrap();
+        assert!(load_stored(&root, "rtp").is_ok());
+
+        // A v1/ of another user (as if planted in a root others could write) is refused.
+        let chown = |p: &Path, uid: u32| std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+        chown(&root.join("v1"), 65534);
+        let e = load_stored(&root, "rtp").unwrap_err().to_string();
+        assert!(
+            e.contains("belongs to uid 65534") && e.contains("v1"),
+            "{e}"
+        );
+        // A root others may write is refused even before that.
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = load_stored(&root, "rtp").unwrap_err().to_string();
+        assert!(e.contains("mode 0777") && e.contains("chmod go-w"), "{e}");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+        // The whole store the user's: root may read it (serve), but does not run its spec.
+        let out = std::process::Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(&root)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(pd.current_spec().unwrap().unwrap().changeable_by.is_some());
+        let e = load_stored(&root, "rtp").unwrap_err().to_string();
+        assert!(
+            e.contains("uid 65534") && e.contains("--spec FILE") && e.contains("1.toml"),
+            "{e}"
+        );
+        // Only the version file another user's: refused too.
+        let out = std::process::Command::new("chown")
+            .args(["-R", "0:0"])
+            .arg(&root)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(load_stored(&root, "rtp").is_ok());
+        chown(&root.join("v1/projects/rtp/specs/1.toml"), 65534);
+        assert!(load_stored(&root, "rtp").is_err());
     }
 }
