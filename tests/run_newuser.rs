@@ -481,3 +481,32 @@ fn a_host_file_where_a_cache_is_viewed_is_named() {
     );
     assert_eq!(std::fs::read_to_string(host.join("old")).unwrap(), "mine");
 }
+
+/// A project without the lockfile its cache is keyed on is told how to make one without
+/// installing anything.
+#[test]
+fn a_missing_lockfile_comes_with_the_command_that_makes_it() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("package.json"), "{}").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        "project = \"p\"\n[[cache]]\nid = \"npm\"\npreset = \"npm\"\n",
+    );
+    let out = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["key", "--spec"])
+        .arg(&s)
+        .arg("--workdir")
+        .arg(sb.work())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "package.json is there: `npm install --package-lock-only` writes package-lock.json"
+        ),
+        "{err}"
+    );
+}
