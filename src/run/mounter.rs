@@ -110,6 +110,9 @@ impl Mounter for StoreMounter {
                 out.dropped.join(", ")
             );
         }
+        if let Some(line) = out.gc.as_ref().and_then(|g| auto_gc_line(g, &out.key)) {
+            eprintln!("{line}");
+        }
         Ok(Committed {
             published: out.result == crate::store::CommitResult::Published,
             bytes: out.bytes,
@@ -172,6 +175,31 @@ impl Mounter for StoreMounter {
     }
 }
 
+/// What the automatic gc after a publish evicted, as one line (`None` when nothing): the store
+/// is shared by every project, so a run may evict another project's least recently used
+/// layers; the line says how many were whose. `evicted` entries are `project/layer`.
+fn auto_gc_line(gc: &crate::store::GcReport, key: &CacheKey) -> Option<String> {
+    if gc.evicted.is_empty() {
+        return None;
+    }
+    let mut projects: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &gc.evicted {
+        *projects
+            .entry(e.split('/').next().unwrap_or(""))
+            .or_default() += 1;
+    }
+    let whose: Vec<String> = (projects.iter())
+        .map(|(p, n)| format!("{n} of project {p}"))
+        .collect();
+    Some(format!(
+        "layercache: the store was over its limits after publishing {key}: gc evicted {} least \
+         recently used layer(s) ({}); `layercache ls` shows what is left, v1/config.toml sets \
+         the limits",
+        gc.evicted.len(),
+        whose.join(", ")
+    ))
+}
+
 /// A [`Mounter`] for runs that declare no caches: every operation fails.
 pub struct NoMounts;
 
@@ -194,5 +222,25 @@ impl Mounter for NoMounts {
     }
     fn umount(&self, mp: &Path) -> Result<()> {
         Err(Error::Failed(format!("{}: no store opened", mp.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_automatic_gc_says_whose_layers_it_evicted() {
+        let key = CacheKey::new("k").unwrap();
+        let mut gc = crate::store::GcReport::default();
+        assert_eq!(auto_gc_line(&gc, &key), None);
+        gc.evicted = vec!["web/l1".into(), "api/l2".into(), "web/l3".into()];
+        let line = auto_gc_line(&gc, &key).unwrap();
+        assert!(
+            line.contains(
+                "gc evicted 3 least recently used layer(s) (1 of project api, 2 of project web)"
+            ),
+            "{line}"
+        );
     }
 }
