@@ -1066,3 +1066,111 @@ fn serve_holds_the_other_loopback_family_too() {
     );
     drop(held);
 }
+
+/// The review's reproduction of a swapped store: root makes its store under umask 000 and
+/// another local user tries to rename its `v1/` and plant their own. The root is 0755 whatever
+/// the umask, so the rename fails; and a `v1/` of that user put there anyway (as a store made
+/// by an older version allowed) is refused by root's `serve` and `run --project` (exit 2): no
+/// token is made for that user and the planted spec never runs.
+#[test]
+fn a_store_made_under_umask_000_cannot_be_swapped_by_another_user() {
+    if !can_mount() || !have_tool("setpriv") {
+        return;
+    }
+    let has_useradd = Command::new("sh")
+        .args(["-c", "command -v useradd"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_useradd && skip_or_fail("needs useradd (Debian's passwd package)") {
+        return;
+    }
+    let user = test_user();
+    let sb = Sandbox::new();
+    let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(sb.path(""), open).unwrap();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec(
+        "spec.toml",
+        "project = \"rtp\"\n\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
+         setup = \"echo filled > {mount}/f\"\n",
+    );
+    let store = sb.path("store");
+    let cache = sb.path("cache");
+    let out = Command::new("sh")
+        .args(["-c", "umask 000 && exec \"$@\"", "sh", BIN, "--store"])
+        .arg(&store)
+        .args(["run", "--spec"])
+        .arg(&spec)
+        .arg("--workdir")
+        .arg(sb.work())
+        .arg("--mount-root")
+        .arg(&cache)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = |p: &Path| std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(p).unwrap());
+    assert_eq!(mode(&store) & 0o7777, 0o755);
+    assert_eq!(mode(&store.join("v1")) & 0o7777, 0o755);
+    let (v1, old) = (store.join("v1"), store.join("v1.old"));
+    let mv = as_user(user, &["mv", v1.to_str().unwrap(), old.to_str().unwrap()]);
+    assert!(!mv.status.success());
+    assert!(v1.join("format.json").is_file() && !old.exists());
+
+    // The user's v1 in the store's place anyway (root moves it for them here).
+    std::fs::rename(&v1, &old).unwrap();
+    let specs = v1.join("projects/rtp/specs");
+    std::fs::create_dir_all(&specs).unwrap();
+    std::fs::copy(old.join("format.json"), v1.join("format.json")).unwrap();
+    let marker = sb.path("pwned");
+    std::fs::write(
+        specs.join("1.toml"),
+        format!(
+            "project = \"rtp\"\n\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
+             setup = \"id > {}\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(specs.join("current"), "1.toml\n").unwrap();
+    let chown = Command::new("chown")
+        .args(["-R", &format!("{}:{}", user.0, user.1)])
+        .arg(&v1)
+        .output()
+        .unwrap();
+    assert!(chown.status.success());
+    let lc = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .current_dir(sb.work())
+            .output()
+            .unwrap()
+    };
+    let out = lc(&["serve", "--listen", "127.0.0.1:0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("belongs to uid {}", user.0)) && err.contains("v1"),
+        "{err}"
+    );
+    assert!(!v1.join("serve-token").exists());
+    let out = lc(&[
+        "run",
+        "--project",
+        "rtp",
+        "--mount-root",
+        cache.to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("uid {}", user.0)), "{err}");
+    assert!(!marker.exists());
+}

@@ -13,7 +13,9 @@
 //! Security: every request but the login form needs a token — `--token-file`'s, or the store's
 //! own (`<store>/v1/serve-token`, mode 0600, made on the first start and printed in a login URL),
 //! so on a shared host only the store's owner and root get in; loopback only unless
-//! `--token-file` is given ([`Config::new`] refuses any other address without one); ids are
+//! `--token-file` is given ([`Config::new`] refuses any other address without one), and on
+//! loopback both families' loopback ports are this server's (nobody else can listen where a
+//! client's `localhost` lands and receive its token); ids are
 //! validated by [`crate::ids`]; bodies are limited to [`MAX_BODY`] bytes; the only files read or
 //! written are the store's.
 
@@ -235,6 +237,20 @@ pub fn serve(store: Store, cfg: Config, json: bool) -> Result<i32> {
             token::path(store.root()),
         ),
     };
+    // Root serving a user's store (allowed: the store is theirs) says so, never silently.
+    if source == auth::TokenSource::Store
+        && rustix::process::geteuid().is_root()
+        && let Ok(m) = std::fs::symlink_metadata(&token_file)
+        && std::os::unix::fs::MetadataExt::uid(&m) != 0
+    {
+        eprintln!(
+            "layercache: the store belongs to uid {0}, so its token file {1} is theirs: uid {0} \
+             can use this server (running as root) on this store; stored specs saved here are \
+             theirs too, and root's `run --project` will not run them",
+            std::os::unix::fs::MetadataExt::uid(&m),
+            token_file.display()
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -111,7 +111,8 @@ fn open_file(
 
 /// The version numbers in the opened `specs/` directory, ascending.
 fn versions_in(dir: &Walked) -> Result<Vec<u64>> {
-    let mut rd = rustix::fs::Dir::read_from(&dir.fd).map_err(|e| Error::io(&dir.path, e.into()))?;
+    let fd = trust::reopen_for_reading(dir)?;
+    let mut rd = rustix::fs::Dir::read_from(&fd).map_err(|e| Error::io(&dir.path, e.into()))?;
     let mut out = Vec::new();
     while let Some(ent) = rd.read() {
         let ent = ent.map_err(|e| Error::io(&dir.path, e.into()))?;
@@ -280,7 +281,8 @@ fn replace_atomically(dir: &Walked, name: &str, bytes: &[u8]) -> Result<()> {
         f.sync_all().at(&tmp_path)?;
         rustix::fs::renameat(&dir.fd, &tmp, &dir.fd, name)
             .map_err(|e| Error::io(&path, e.into()))?;
-        rustix::fs::fsync(&dir.fd).map_err(|e| Error::io(&dir.path, e.into()))
+        let fd = trust::reopen_for_reading(dir)?;
+        rustix::fs::fsync(&fd).map_err(|e| Error::io(&dir.path, e.into()))
     })();
     if result.is_err() {
         let _ = rustix::fs::unlinkat(&dir.fd, &tmp, AtFlags::empty());

@@ -31,10 +31,31 @@ use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 
+/// How [`walk`] opens a directory it passes: no symlink followed, search permission only.
+const PATH_FLAGS: OFlags = OFlags::PATH
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+/// How a directory is opened to read, fchmod or fsync it.
+const READ_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// Opens the directory `dir` (from [`walk`], perhaps an `O_PATH` descriptor) again for
+/// reading: `readdir`, `fsync`.
+///
+/// Errors: [`Error::Io`] naming it.
+pub(crate) fn reopen_for_reading(dir: &Walked) -> Result<OwnedFd> {
+    rustix::fs::openat(&dir.fd, ".", READ_FLAGS, Mode::empty())
+        .map_err(|e| Error::io(&dir.path, e.into()))
+}
+
 /// A directory of the store reached by [`walk`], open.
 #[derive(Debug)]
 pub(crate) struct Walked {
-    /// The directory, opened with `O_NOFOLLOW | O_DIRECTORY` relative to its parent.
+    /// The directory, opened with `O_NOFOLLOW | O_DIRECTORY` relative to its parent (`O_PATH`
+    /// unless this walk made it: [`reopen_for_reading`] to list or fsync it).
     pub fd: OwnedFd,
     /// Its path (for messages).
     pub path: PathBuf,
@@ -115,12 +136,10 @@ pub(crate) fn walk(root: &Path, below: &[(&str, u32)], missing: Missing) -> Resu
         }
         note_owner(&mut changeable_by, m.uid(), me, dir);
     }
-    let fd = rustix::fs::open(
-        &canon,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| Error::io(root, e.into()))?;
+    // O_PATH: walking needs search permission only (a user reads a root store whose
+    // projects/ is 0711); what is made is reopened for reading to fchmod it.
+    let fd = rustix::fs::open(&canon, PATH_FLAGS, Mode::empty())
+        .map_err(|e| Error::io(root, e.into()))?;
     let st = rustix::fs::fstat(&fd).map_err(|e| Error::io(root, e.into()))?;
     let owner = (st.st_uid, st.st_gid);
     check_mode(root, st.st_mode, st.st_uid, true)?;
@@ -142,12 +161,8 @@ pub(crate) fn walk(root: &Path, below: &[(&str, u32)], missing: Missing) -> Resu
         } else {
             false
         };
-        let fd = match rustix::fs::openat(
-            &here.fd,
-            *name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
+        let flags = if made { READ_FLAGS } else { PATH_FLAGS };
+        let fd = match rustix::fs::openat(&here.fd, *name, flags, Mode::empty()) {
             Ok(fd) => fd,
             Err(Errno::NOENT) if missing == Missing::Stop => return Ok(None),
             Err(Errno::LOOP | Errno::NOTDIR) => {
@@ -198,13 +213,8 @@ pub(crate) fn make_in(dir: &Walked, name: &str, mode: u32) -> Result<()> {
     let path = dir.path.join(name);
     match rustix::fs::mkdirat(&dir.fd, name, Mode::from_raw_mode(mode)) {
         Ok(()) => {
-            let fd = rustix::fs::openat(
-                &dir.fd,
-                name,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| Error::io(&path, e.into()))?;
+            let fd = rustix::fs::openat(&dir.fd, name, READ_FLAGS, Mode::empty())
+                .map_err(|e| Error::io(&path, e.into()))?;
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
                 .map_err(|e| Error::io(&path, e.into()))?;
             give_to_owner(&fd, &path, dir.owner)
