@@ -83,7 +83,8 @@ fn a_failed_setups_logs_are_kept_and_named() {
         "s.toml",
         &spec(
             "mkdir \"$DEPS/_logs\"; echo 'npm error code E404' > \"$DEPS/_logs/t-debug-0.log\"; \
-             echo data > \"$DEPS/pkg.js\"; exit 1",
+             echo data > \"$DEPS/pkg.js\"; echo fetching; echo 'npm error 404 left-pad' >&2; \
+             exit 1",
             "",
         ),
     );
@@ -100,9 +101,15 @@ fn a_failed_setups_logs_are_kept_and_named() {
         "npm error code E404\n"
     );
     assert!(!dir.join("pkg.js").exists(), "only log files are kept");
+    // Its output (stderr is not a terminal here) went through and its end is kept.
+    assert!(err.contains("fetching\nnpm error 404 left-pad\n"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("output.txt")).unwrap(),
+        "fetching\nnpm error 404 left-pad\n"
+    );
     assert!(
         err.contains(&format!(
-            "the logs it wrote are kept for 7 days in {}",
+            "the end of its output and the logs it wrote are kept for 7 days in {}",
             dir.display()
         )),
         "{err}"

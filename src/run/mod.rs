@@ -143,6 +143,7 @@ mod pidns;
 mod progress;
 pub mod rootless;
 mod summary;
+mod tail;
 
 pub use child::Views;
 use child::{SignalGuard, run_child, stopped};
@@ -577,7 +578,7 @@ fn setup_or_maintenance(
     let mut env = run_env.clone();
     env.insert("LAYERCACHE_MOUNT".into(), view.display().to_string());
     let t = Instant::now();
-    let status = steps.script(&env, views, &script, &label)?;
+    let (status, output) = steps.script(&env, views, &script, &label)?;
     drop(progress);
     let ms = t.elapsed().as_millis() as u64;
     if what == "setup" {
@@ -601,7 +602,7 @@ fn setup_or_maintenance(
     }
     if status != 0 {
         let kept = (what == "setup")
-            .then(|| keep_failed_logs(mounts, p, &script, status))
+            .then(|| keep_failed_logs(mounts, p, &script, status, output.as_deref()))
             .flatten();
         let where_logs = match kept {
             Some(k) => {
@@ -615,7 +616,12 @@ fn setup_or_maintenance(
                     );
                 }
                 format!(
-                    "; the logs it wrote are kept for 7 days in {} (`layercache gc` lists them)",
+                    "; {} kept for 7 days in {} (`layercache gc` lists them)",
+                    match (k.output, k.files.is_empty()) {
+                        (true, true) => "the end of its output is",
+                        (true, false) => "the end of its output and the logs it wrote are",
+                        (false, _) => "the logs it wrote are",
+                    },
                     k.dir.display()
                 )
             }
@@ -645,20 +651,22 @@ fn keep_failed_logs(
     p: &Prep,
     script: &str,
     status: i32,
+    output: Option<&[u8]>,
 ) -> Option<crate::store::KeptLogs> {
     let upper = p.mounted.upper.as_ref()?;
     let project = ProjectId::new(&p.event.project).ok()?;
     let pd = crate::store::ProjectDirs::at(mounts.store, &project);
     let view = &p.keys.mountpoint;
-    match crate::store::keep_failed_logs(
-        &pd,
-        mounts.run_id,
-        p.keys.id.as_str(),
+    let failed = crate::store::FailedSetup {
+        run: mounts.run_id,
+        cache: p.keys.id.as_str(),
         upper,
         view,
         script,
         status,
-    ) {
+        output,
+    };
+    match crate::store::keep_failed_logs(&pd, &failed) {
         Ok(kept) => kept,
         Err(e) => {
             eprintln!("layercache: warning: the failed setup's logs could not be kept: {e}");
@@ -826,25 +834,39 @@ impl<'a> Steps<'a> {
     }
 
     /// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout →
-    /// stderr) in its own process group and, natively, its own mount namespace.
+    /// stderr) in its own process group and, natively, its own mount namespace. Returns its
+    /// status and, when stderr is not a terminal (and not with Docker), the last 64 KiB of
+    /// its output ([`tail::Tee`]: passed through to stderr as it comes).
     fn script(
         &self,
         env: &BTreeMap<String, String>,
         views: &Views,
         script: &str,
         label: &str,
-    ) -> Result<i32> {
+    ) -> Result<(i32, Option<Vec<u8>>)> {
         let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
         if let Sandbox::Docker(d) = self.sandbox {
-            return self.docker(d, env, views, &argv, label, true);
+            return Ok((self.docker(d, env, views, &argv, label, true)?, None));
         }
         let mut cmd = self.host_command(env, views, &argv, true, true)?;
-        let stderr = std::io::stderr().as_fd_owned();
         cmd.stdin(Stdio::null());
-        if let Some(fd) = stderr {
-            cmd.stdout(Stdio::from(fd));
+        let tee = (!std::io::stderr().is_terminal())
+            .then(tail::Tee::start)
+            .and_then(|t| t.ok());
+        match &tee {
+            Some(t) => {
+                cmd.stdout(t.stdio().at("pipe")?);
+                cmd.stderr(t.stdio().at("pipe")?);
+            }
+            None => {
+                if let Some(fd) = std::io::stderr().as_fd_owned() {
+                    cmd.stdout(Stdio::from(fd));
+                }
+            }
         }
-        run_child(cmd, label, true, self.pid_namespace())
+        let status = run_child(cmd, label, true, self.pid_namespace())?;
+        let tail = tee.map(|t| t.finish(std::time::Duration::from_secs(2)));
+        Ok((status, tail))
     }
 
     /// Runs COMMAND with stdio inherited (in the workdir when `cwd`: a run with caches); no

@@ -30,6 +30,8 @@ pub struct KeptLogs {
     /// Each kept file: its path as the setup saw it (under the cache's view path) and where
     /// it is kept now; newest first.
     pub files: Vec<(PathBuf, PathBuf)>,
+    /// Whether the end of the setup's output was kept, as `output.txt` in [`KeptLogs::dir`].
+    pub output: bool,
 }
 
 /// Whether a file at `rel` (relative to a cache's mount) looks like a log a tool wrote for a
@@ -47,25 +49,43 @@ pub fn is_log_like(rel: &Path) -> bool {
     parent.is_some_and(|p| matches!(p.to_str(), Some("_logs" | "logs" | "log")))
 }
 
-/// Copies the log-like files of `upper` (a failed setup's private upper: only what the setup
-/// wrote) into `projects/<p>/failed/<run>/<cache>/` of `pd`, keeping their paths relative to
-/// the mount, plus `setup.txt` (the script, its exit status and the view path). `view` is
-/// where the setup saw the cache. Returns `Ok(None)` when the setup wrote no log-like file.
+/// A failed setup, as [`keep_failed_logs`] keeps it.
+#[derive(Clone, Copy, Debug)]
+pub struct FailedSetup<'a> {
+    /// The run id (letters, digits and `-`).
+    pub run: &'a str,
+    /// The cache id.
+    pub cache: &'a str,
+    /// Its private upper: only what the setup wrote.
+    pub upper: &'a Path,
+    /// Where the setup saw the cache (its view path).
+    pub view: &'a Path,
+    /// The script as it ran.
+    pub script: &'a str,
+    /// Its exit status.
+    pub status: i32,
+    /// The end of its stdout and stderr, when captured.
+    pub output: Option<&'a [u8]>,
+}
+
+/// Copies the log-like files of `f.upper` into `projects/<p>/failed/<run>/<cache>/` of `pd`,
+/// keeping their paths relative to the mount, plus `setup.txt` (the script, its exit status
+/// and the view path) and, when given, `output.txt`: the end of the setup's stdout and
+/// stderr. Returns `Ok(None)` when there is neither a log-like file nor output.
 ///
-/// `run` and `cache` must be single path components (a run id, a cache id).
-///
-/// Errors: [`Error::Invalid`] for a `run` that is not letters, digits and `-`; [`Error::Io`]
+/// Errors: [`Error::Invalid`] for a run id that is not letters, digits and `-`; [`Error::Io`]
 /// creating or writing the copies (e.g. `ENOSPC` on a full store: what was copied is removed
 /// again).
-pub fn keep_failed_logs(
-    pd: &ProjectDirs,
-    run: &str,
-    cache: &str,
-    upper: &Path,
-    view: &Path,
-    script: &str,
-    status: i32,
-) -> Result<Option<KeptLogs>> {
+pub fn keep_failed_logs(pd: &ProjectDirs, f: &FailedSetup<'_>) -> Result<Option<KeptLogs>> {
+    let FailedSetup {
+        run,
+        cache,
+        upper,
+        view,
+        script,
+        status,
+        output,
+    } = *f;
     if run.is_empty() || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
         return Err(Error::invalid(format!(
             "run id {run:?}: want letters, digits and '-'"
@@ -73,16 +93,27 @@ pub fn keep_failed_logs(
     }
     let mut found = Vec::new();
     collect_logs(upper, Path::new(""), &mut found);
-    if found.is_empty() {
+    let output = output.filter(|o| !o.is_empty());
+    if found.is_empty() && output.is_none() {
         return Ok(None);
     }
     // Newest first: the last attempt's log matters most.
     found.sort_by_key(|f| std::cmp::Reverse(f.1));
     let run_dir = pd.failed().join(run);
     let dir = run_dir.join(cache);
-    let copied = copy_logs(upper, &dir, &found, view, script, status);
+    let copied = copy_logs(upper, &dir, &found, view, script, status).and_then(|files| {
+        if let Some(o) = output {
+            let path = dir.join("output.txt");
+            fs::write(&path, o).at(&path)?;
+        }
+        Ok(files)
+    });
     match copied {
-        Ok(files) => Ok(Some(KeptLogs { dir, files })),
+        Ok(files) => Ok(Some(KeptLogs {
+            dir,
+            files,
+            output: output.is_some(),
+        })),
         Err(e) => {
             let _ = remove_tree(&run_dir);
             Err(e)
@@ -263,9 +294,20 @@ mod tests {
         fs::write(upper.join("_logs/1-debug-0.log"), "npm error ENOENT\n").unwrap();
         fs::write(upper.join("pkg/index.js"), "x").unwrap();
         let view = Path::new("/cache/npm");
-        let kept = keep_failed_logs(&pd, "run-1", "npm", &upper, view, "npm ci", 1)
-            .unwrap()
-            .expect("a log was written");
+        let kept = keep_failed_logs(
+            &pd,
+            &FailedSetup {
+                run: "run-1",
+                cache: "npm",
+                upper: &upper,
+                view,
+                script: "npm ci",
+                status: 1,
+                output: None,
+            },
+        )
+        .unwrap()
+        .expect("a log was written");
         assert_eq!(kept.dir, pd.failed().join("run-1/npm"));
         assert_eq!(
             kept.files,
@@ -288,11 +330,36 @@ mod tests {
         let bare = t.path().join("bare");
         fs::create_dir_all(&bare).unwrap();
         assert!(
-            keep_failed_logs(&pd, "run-2", "npm", &bare, view, "x", 1)
-                .unwrap()
-                .is_none()
+            keep_failed_logs(
+                &pd,
+                &FailedSetup {
+                    run: "run-2",
+                    cache: "npm",
+                    upper: &bare,
+                    view,
+                    script: "x",
+                    status: 1,
+                    output: None
+                },
+            )
+            .unwrap()
+            .is_none()
         );
-        assert!(keep_failed_logs(&pd, "../x", "npm", &upper, view, "x", 1).is_err());
+        assert!(
+            keep_failed_logs(
+                &pd,
+                &FailedSetup {
+                    run: "../x",
+                    cache: "npm",
+                    upper: &upper,
+                    view,
+                    script: "x",
+                    status: 1,
+                    output: None
+                },
+            )
+            .is_err()
+        );
         // gc keeps them while young, removes them once old (a dry run only counts).
         assert_eq!(reap_failed(&pd, KEEP_FOR, false).unwrap(), (0, 1));
         assert_eq!(reap_failed(&pd, Duration::ZERO, true).unwrap(), (1, 0));
@@ -318,6 +385,35 @@ mod tests {
     }
 
     #[test]
+    fn the_output_alone_is_kept_too() {
+        let t = tempfile::tempdir().unwrap();
+        let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        let f = FailedSetup {
+            run: "r",
+            cache: "c",
+            upper: &upper,
+            view: Path::new("/v"),
+            script: "s",
+            status: 2,
+            output: Some(b"E: no such package\n"),
+        };
+        let kept = keep_failed_logs(&pd, &f).unwrap().unwrap();
+        assert!(kept.output && kept.files.is_empty());
+        assert_eq!(
+            fs::read(kept.dir.join("output.txt")).unwrap(),
+            b"E: no such package\n"
+        );
+        let none = FailedSetup {
+            output: Some(b""),
+            run: "r2",
+            ..f
+        };
+        assert!(keep_failed_logs(&pd, &none).unwrap().is_none());
+    }
+
+    #[test]
     fn a_big_log_keeps_its_tail() {
         let t = tempfile::tempdir().unwrap();
         let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
@@ -326,9 +422,20 @@ mod tests {
         let mut big = vec![b'a'; MAX_BYTES as usize];
         big.extend_from_slice(b"the reason\n");
         fs::write(upper.join("build.log"), &big).unwrap();
-        let kept = keep_failed_logs(&pd, "r", "c", &upper, Path::new("/v"), "s", 2)
-            .unwrap()
-            .unwrap();
+        let kept = keep_failed_logs(
+            &pd,
+            &FailedSetup {
+                run: "r",
+                cache: "c",
+                upper: &upper,
+                view: Path::new("/v"),
+                script: "s",
+                status: 2,
+                output: None,
+            },
+        )
+        .unwrap()
+        .unwrap();
         let copy = fs::read(&kept.files[0].1).unwrap();
         assert_eq!(copy.len() as u64, MAX_BYTES);
         assert!(copy.ends_with(b"the reason\n"));

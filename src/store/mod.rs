@@ -49,8 +49,8 @@ use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::sys;
 pub use config::{DEFAULT_MAX_AGE, DEFAULT_MAX_INODES, DEFAULT_MAX_SIZE, Limits, RemoteFile};
 pub use failed::{
-    KEEP_FOR as FAILED_LOGS_KEPT_FOR, KeptLogs, filesystem_space, is_log_like, keep_failed_logs,
-    looks_full, store_full_message,
+    FailedSetup, KEEP_FOR as FAILED_LOGS_KEPT_FOR, KeptLogs, filesystem_space, is_log_like,
+    keep_failed_logs, looks_full, store_full_message,
 };
 pub use gc::Usage;
 pub use inputs::Inputs;
