@@ -517,3 +517,61 @@ fn a_missing_lockfile_comes_with_the_command_that_makes_it() {
         "{err}"
     );
 }
+
+/// Options a variable gives (LAYERCACHE_STORE, LAYERCACHE_IMAGE) still work, and a usage line
+/// does not list them as if they were required arguments.
+#[test]
+fn env_backed_options_work_and_stay_out_of_usage_lines() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-store");
+    let out = Command::new(BIN)
+        .env("LAYERCACHE_STORE", &missing)
+        .arg("ls")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(&format!("no layercache store at {}", missing.display())),
+        "{}",
+        stderr(&out)
+    );
+    let out = Command::new(BIN)
+        .env("LAYERCACHE_STORE", &missing)
+        .env("LAYERCACHE_IMAGE", "img")
+        .arg("mount")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    let usage = err.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert!(
+        !usage.contains("--store") && !usage.contains("--image"),
+        "{usage}"
+    );
+    // The image a variable names enters the key as --image does.
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec("s.toml", &spec("true", ""));
+    let key = |image: Option<&str>, flag: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.arg("--store")
+            .arg(sb.path("store"))
+            .args(["--json", "key", "--spec"]);
+        c.arg(&s)
+            .arg("--workdir")
+            .arg(sb.work())
+            .env_remove("LAYERCACHE_IMAGE");
+        if let Some(i) = image {
+            c.env("LAYERCACHE_IMAGE", i);
+        }
+        if let Some(f) = flag {
+            c.args(["--image", f]);
+        }
+        String::from_utf8_lossy(&run_ok(&mut c).stdout).into_owned()
+    };
+    let (plain, by_env, by_flag) = (
+        key(None, None),
+        key(Some("img"), None),
+        key(None, Some("img")),
+    );
+    assert_ne!(plain, by_env);
+    assert_eq!(by_env, by_flag);
+}

@@ -13,6 +13,7 @@ pub(crate) mod store_cmds;
 /// [`Error::exit_code`].
 pub fn dispatch(cli: Cli) -> Result<i32> {
     init_tracing();
+    let cli = cli.with_env_defaults();
     // Commands that only print (and hold nothing that needs undoing) end on SIGPIPE like any
     // Unix listing tool when their reader goes away (`layercache ls | head`), instead of a
     // panic on the failed print (Rust starts with SIGPIPE ignored).
