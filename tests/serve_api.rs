@@ -783,6 +783,34 @@ fn api_over_real_http_on_a_store_filled_by_real_npm_runs() {
     );
 }
 
+/// Whether a test can run commands as another local user (setpriv, and useradd to make one);
+/// otherwise a skip (a failure with `CI`).
+fn can_act_as_another_user() -> bool {
+    let has_useradd = Command::new("sh")
+        .args(["-c", "command -v useradd"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    have_tool("setpriv")
+        && (has_useradd || !skip_or_fail("needs useradd (Debian's passwd package)"))
+}
+
+/// A sandbox other users may enter (0755) whose workdir has `deps.lock` and a spec of
+/// `project` with one cache, `deps`, that setup fills with a file; returns it and the spec.
+fn sandbox_others_reach(project: &str) -> (Sandbox, std::path::PathBuf) {
+    let sb = Sandbox::new();
+    let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(sb.path(""), open).unwrap();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec(
+        "spec.toml",
+        &format!(
+            "project = \"{project}\"\n\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
+             setup = \"echo filled > {{mount}}/f\"\n"
+        ),
+    );
+    (sb, spec)
+}
+
 /// Listening off loopback without a token is refused (exit 2, nothing served); a weak token
 /// file too.
 #[test]
@@ -838,27 +866,12 @@ fn serve_refuses_a_non_loopback_address_without_a_token() {
 /// Root, with the token, still gets in.
 #[test]
 fn another_local_user_gets_401_everywhere_and_cannot_read_the_token() {
-    if !can_mount() || !have_tool("curl") || !have_tool("setpriv") {
-        return;
-    }
-    let has_useradd = Command::new("sh")
-        .args(["-c", "command -v useradd"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_useradd && skip_or_fail("needs useradd (Debian's passwd package)") {
+    if !can_mount() || !have_tool("curl") || !can_act_as_another_user() {
         return;
     }
     let user = test_user();
-    let sb = Sandbox::new();
     // Only the store's own modes stand between the user and the token file.
-    let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-    std::fs::set_permissions(sb.path(""), open).unwrap();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
-    let spec = sb.write_spec(
-        "spec.toml",
-        "project = \"private-demo\"\n\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
-         setup = \"echo filled > {mount}/f\"\n",
-    );
+    let (sb, spec) = sandbox_others_reach("private-demo");
     assert_eq!(sb.run(&spec, None).status.code(), Some(0));
     let store = sb.path("store");
     let layers = |store: &Path| lc_json(store, &["ls"]).as_array().unwrap().len();
@@ -1074,26 +1087,11 @@ fn serve_holds_the_other_loopback_family_too() {
 /// token is made for that user and the planted spec never runs.
 #[test]
 fn a_store_made_under_umask_000_cannot_be_swapped_by_another_user() {
-    if !can_mount() || !have_tool("setpriv") {
-        return;
-    }
-    let has_useradd = Command::new("sh")
-        .args(["-c", "command -v useradd"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_useradd && skip_or_fail("needs useradd (Debian's passwd package)") {
+    if !can_mount() || !can_act_as_another_user() {
         return;
     }
     let user = test_user();
-    let sb = Sandbox::new();
-    let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-    std::fs::set_permissions(sb.path(""), open).unwrap();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
-    let spec = sb.write_spec(
-        "spec.toml",
-        "project = \"rtp\"\n\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
-         setup = \"echo filled > {mount}/f\"\n",
-    );
+    let (sb, spec) = sandbox_others_reach("rtp");
     let store = sb.path("store");
     let cache = sb.path("cache");
     let out = Command::new("sh")

@@ -169,6 +169,14 @@ mod tests {
 
         // A v1/ of another user (as if planted in a root others could write) is refused.
         let chown = |p: &Path, uid: u32| std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+        let chown_tree = |p: &Path, uid: u32| {
+            let out = std::process::Command::new("chown")
+                .args(["-R", &format!("{uid}:{uid}")])
+                .arg(p)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        };
         chown(&root.join("v1"), 65534);
         let e = load_stored(&root, "rtp").unwrap_err().to_string();
         assert!(
@@ -182,12 +190,7 @@ mod tests {
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
 
         // The whole store the user's: root may read it (serve), but does not run its spec.
-        let out = std::process::Command::new("chown")
-            .args(["-R", "65534:65534"])
-            .arg(&root)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
+        chown_tree(&root, 65534);
         assert!(pd.current_spec().unwrap().unwrap().changeable_by.is_some());
         let e = load_stored(&root, "rtp").unwrap_err().to_string();
         assert!(
@@ -195,12 +198,7 @@ mod tests {
             "{e}"
         );
         // Only the version file another user's: refused too.
-        let out = std::process::Command::new("chown")
-            .args(["-R", "0:0"])
-            .arg(&root)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
+        chown_tree(&root, 0);
         assert!(load_stored(&root, "rtp").is_ok());
         chown(&root.join("v1/projects/rtp/specs/1.toml"), 65534);
         assert!(load_stored(&root, "rtp").is_err());

@@ -382,12 +382,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("s");
         let store = super::super::Store::open(Some(&root)).unwrap();
-        let out = std::process::Command::new("chown")
-            .args(["-R", "65534:65534"])
-            .arg(&root)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
+        trust::chown_tree(&root, 65534);
         let pd = store.project(&ProjectId::new("p").unwrap()).unwrap();
         let old = rustix::process::umask(Mode::from_raw_mode(0o077));
         let saved = pd.save_spec("project = \"p\"\n");

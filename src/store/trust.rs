@@ -295,6 +295,17 @@ pub(crate) fn check_owner(path: &Path, uid: u32, owner: u32, root: &Path) -> Res
     )))
 }
 
+/// `chown -R UID:UID path` (tests that play another user's store as root).
+#[cfg(test)]
+pub(crate) fn chown_tree(path: &Path, uid: u32) {
+    let out = std::process::Command::new("chown")
+        .args(["-R", &format!("{uid}:{uid}")])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
