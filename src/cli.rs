@@ -30,16 +30,45 @@ pub struct Cli {
 /// Options every subcommand accepts.
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
-    /// The store root (default /var/lib/layercache as root, $XDG_CACHE_HOME/layercache otherwise).
-    #[arg(long, global = true, env = "LAYERCACHE_STORE")]
+    /// The store root (default /var/lib/layercache as root, $XDG_CACHE_HOME/layercache
+    /// otherwise) [env: LAYERCACHE_STORE]
+    #[arg(long, global = true)]
     pub store: Option<PathBuf>,
     /// Machine-readable JSON output.
     #[arg(long, global = true)]
     pub json: bool,
     /// Remote tier: s3://bucket/prefix or file:///dir (overrides [remote] url of config.toml;
-    /// credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
-    #[arg(long, global = true, env = "LAYERCACHE_REMOTE", value_name = "URL")]
+    /// credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) [env: LAYERCACHE_REMOTE]
+    #[arg(long, global = true, value_name = "URL")]
     pub remote: Option<String>,
+}
+
+impl Cli {
+    /// Fills the options a variable may give from the environment when the command line did
+    /// not: `--store` from `LAYERCACHE_STORE`, `--remote` from `LAYERCACHE_REMOTE`, `run`'s and
+    /// `key`'s `--image` from `LAYERCACHE_IMAGE` (an empty variable counts as unset). Done
+    /// here rather than with clap's `env`, whose error usage lines list an option a variable
+    /// gave as if it were required (`--store <STORE>`).
+    pub fn with_env_defaults(mut self) -> Cli {
+        fn var(name: &str) -> Option<String> {
+            std::env::var(name).ok().filter(|v| !v.is_empty())
+        }
+        let g = &mut self.global;
+        if g.store.is_none() {
+            g.store = std::env::var_os("LAYERCACHE_STORE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from);
+        }
+        if g.remote.is_none() {
+            g.remote = var("LAYERCACHE_REMOTE");
+        }
+        match &mut self.command {
+            Command::Run(a) if a.image.is_none() => a.image = var("LAYERCACHE_IMAGE"),
+            Command::Key(a) if a.image.is_none() => a.image = var("LAYERCACHE_IMAGE"),
+            _ => {}
+        }
+        self
+    }
 }
 
 /// The subcommands (the CLI contract: README.md; code map: docs/ARCHITECTURE.md).
@@ -204,8 +233,9 @@ pub struct PathArgs {
 /// `layercache run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The spec (TOML or JSON); `-` reads standard input.
-    #[arg(long, required_unless_present = "project")]
+    /// The spec (TOML or JSON); `-` reads standard input. Without --spec and --project:
+    /// `layercache.toml` of the workdir (--workdir, else the current directory).
+    #[arg(long)]
     pub spec: Option<String>,
     /// Use the spec stored for this project in the store (saved by `layercache serve`'s spec
     /// page or `PUT /api/v1/projects/P/spec`) instead of --spec.
@@ -237,8 +267,9 @@ pub struct RunArgs {
     /// mode).
     #[arg(long)]
     pub passthrough: Option<String>,
-    /// The sandbox image id that enters the key's environment fingerprint.
-    #[arg(long, env = "LAYERCACHE_IMAGE")]
+    /// The sandbox image id that enters the key's environment fingerprint [env:
+    /// LAYERCACHE_IMAGE]
+    #[arg(long)]
     pub image: Option<String>,
     /// The command to run once the caches are ready.
     #[arg(last = true)]
@@ -254,8 +285,9 @@ pub struct KeyArgs {
     /// Where the workdir and the caches are.
     #[command(flatten)]
     pub paths: PathArgs,
-    /// The sandbox image id that enters the key's environment fingerprint.
-    #[arg(long, env = "LAYERCACHE_IMAGE")]
+    /// The sandbox image id that enters the key's environment fingerprint [env:
+    /// LAYERCACHE_IMAGE]
+    #[arg(long)]
     pub image: Option<String>,
 }
 
@@ -321,7 +353,7 @@ pub struct ClearArgs {
     pub cache: Option<String>,
 }
 
-/// `layercache serve`.
+/// `layercache serve`: every page and API call needs a token (see `--token-file`).
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Address to listen on (IP:PORT; port 0 picks a free one). Anything but a loopback
@@ -329,7 +361,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:7878")]
     pub listen: String,
     /// A file whose first line is the token every request must carry (Authorization: Bearer
-    /// TOKEN, or the cookie the login page sets); at least 16 characters.
+    /// TOKEN, or the cookie the login page sets); at least 16 characters, readable by nobody
+    /// else. Without it the store's own token is used (<store>/v1/serve-token, 0600, made on
+    /// the first start), and serve prints a login URL holding it.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
 }

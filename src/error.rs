@@ -63,6 +63,16 @@ pub enum Error {
         /// The message, naming the remote.
         message: String,
     },
+    /// The store's filesystem is full (`ENOSPC`/`EDQUOT`): the message says it in plain
+    /// words (how big the filesystem is, what is free, that nothing was published, what to
+    /// do). Exit status `status`: a setup's own status, 1 for a failed promote.
+    #[error("{message}")]
+    StoreFull {
+        /// The one-line explanation.
+        message: String,
+        /// The exit status of the run.
+        status: i32,
+    },
     /// A child process (setup, maintenance, COMMAND) exited with this status; passed through.
     #[error("{what} exited with status {status}")]
     Child {
@@ -74,6 +84,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is an I/O error of a full filesystem or quota (`ENOSPC`, `EDQUOT`),
+    /// directly or as the source of [`Error::Io`]/[`Error::Unmount`]; [`Error::StoreFull`]
+    /// too.
+    pub fn is_no_space(&self) -> bool {
+        let full = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+        match self {
+            Error::Io { source, .. } | Error::Unmount { source, .. } => full(source),
+            Error::StoreFull { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Builds an [`Error::Io`] for `path`.
     pub fn io(path: impl AsRef<Path>, source: io::Error) -> Self {
         Error::Io {
@@ -93,7 +115,7 @@ impl Error {
             Error::Invalid(_) | Error::NotAStoreMount { .. } | Error::MountpointBusy { .. } => 2,
             Error::Io { .. } | Error::Failed(_) | Error::Unmount { .. } => 1,
             Error::Remote { kind, .. } => kind.exit_code(),
-            Error::Child { status, .. } => *status,
+            Error::Child { status, .. } | Error::StoreFull { status, .. } => *status,
         }
     }
 }
@@ -163,6 +185,14 @@ mod tests {
             .exit_code(),
             7
         );
+        let full: Result<()> = Err(io::Error::from_raw_os_error(libc::ENOSPC)).at("/s");
+        assert!(full.unwrap_err().is_no_space());
+        assert!(!Error::Failed("No space left on device".into()).is_no_space());
+        let e = Error::StoreFull {
+            message: "full".into(),
+            status: 3,
+        };
+        assert_eq!((e.exit_code(), e.to_string().as_str()), (3, "full"));
         let e: Result<()> = Err(io::Error::from_raw_os_error(libc::ENOENT)).at("/nope");
         let msg = e.unwrap_err().to_string();
         assert!(msg.starts_with("/nope: "), "{msg}");

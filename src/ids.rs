@@ -21,10 +21,10 @@ fn validate(kind: &str, value: &str, max: usize, extra: &[u8]) -> Result<()> {
             "invalid {kind} {value:?}: must not start with '.' or '-'"
         )));
     }
-    if let Some(bad) = value.bytes().find(|b| !allowed(*b)) {
+    // By character, not byte: a non-ASCII letter is named as written ('ö', not 'Ã').
+    if let Some(bad) = value.chars().find(|c| !c.is_ascii() || !allowed(*c as u8)) {
         return Err(Error::invalid(format!(
-            "invalid {kind} {value:?}: character {:?} is not allowed (use letters, digits and ._-+=@,{})",
-            bad as char,
+            "invalid {kind} {value:?}: character {bad:?} is not allowed (use ASCII letters, digits and ._-+=@,{})",
             String::from_utf8_lossy(extra)
         )));
     }
@@ -167,6 +167,8 @@ mod tests {
     fn error_names_the_input() {
         let msg = CacheId::new("a/b").unwrap_err().to_string();
         assert!(msg.contains("cache id") && msg.contains("a/b"), "{msg}");
+        let msg = CacheId::new("caché").unwrap_err().to_string();
+        assert!(msg.contains("character 'é' is not allowed"), "{msg}");
     }
 
     #[test]

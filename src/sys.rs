@@ -301,6 +301,28 @@ pub fn mkfifo(path: &Path, mode: u32) -> io::Result<()> {
     check_ok(unsafe { libc::mknod(c.as_ptr(), libc::S_IFIFO | (mode & 0o7777), 0) })
 }
 
+/// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`, blocking until it is seeded), for
+/// secrets: unlike [`random_hex`] there is no fallback, a failure is returned.
+///
+/// Errors: the `getrandom(2)` errno (`ENOSYS` on kernels before 3.17); `EINTR` is retried.
+pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: `rest` is valid for writes of its length.
+        let r = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        filled += r as usize;
+    }
+    Ok(())
+}
+
 /// `n` random bytes from the kernel (`getrandom(2)`), as lowercase hex.
 pub fn random_hex(n: usize) -> String {
     let mut buf = vec![0u8; n];

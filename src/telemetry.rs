@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -155,6 +155,103 @@ pub fn append(store: &Path, event: &Event) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Space set aside on the store's filesystem for a run's events, so a setup that fills the
+/// disk still has its event recorded: `<store>/events-reserve/<run>`, 64 KiB allocated with
+/// `fallocate(2)` and held with an exclusive flock(2) while the run lives. [`EventReserve::append`]
+/// gives the space back and retries when an append meets `ENOSPC`/`EDQUOT`. Drop removes the
+/// file; one a killed run left is removed by the next reserve made (its flock is free).
+#[derive(Debug)]
+pub struct EventReserve {
+    path: Option<PathBuf>,
+    _file: Option<std::fs::File>,
+}
+
+/// Bytes an [`EventReserve`] sets aside (a run's events are a few hundred bytes per cache).
+pub const EVENT_RESERVE_BYTES: i64 = 64 << 10;
+
+impl EventReserve {
+    /// Reserves [`EVENT_RESERVE_BYTES`] for run `run`'s events in the store at `store`; best
+    /// effort (an empty reserve when the space or the directory cannot be had, e.g. on a
+    /// filesystem already full). Removes the reserves of runs that are gone.
+    pub fn make(store: &Path, run: &str) -> EventReserve {
+        let empty = EventReserve {
+            path: None,
+            _file: None,
+        };
+        let dir = store.join("events-reserve");
+        if std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .is_err()
+            || run.is_empty()
+            || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return empty;
+        }
+        // Reserves of runs that ended without removing theirs (killed): nobody holds them.
+        for ent in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if let Ok(f) = std::fs::File::open(ent.path())
+                && crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok()
+            {
+                let _ = std::fs::remove_file(ent.path());
+            }
+        }
+        let path = dir.join(run);
+        let Ok(file) = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+        else {
+            return empty;
+        };
+        if crate::sys::flock(&file, libc::LOCK_EX | libc::LOCK_NB).is_err()
+            || crate::sys::fallocate(&file, 0, 0, EVENT_RESERVE_BYTES).is_err()
+        {
+            let _ = std::fs::remove_file(&path);
+            return empty;
+        }
+        EventReserve {
+            path: Some(path),
+            _file: Some(file),
+        }
+    }
+
+    /// Whether space is held.
+    pub fn held(&self) -> bool {
+        self.path.is_some()
+    }
+
+    /// [`append`]s `event`; when that fails for space, the reserve is given back and the
+    /// append retried once.
+    ///
+    /// Errors: as [`append`].
+    pub fn append(&mut self, store: &Path, event: &Event) -> Result<()> {
+        match append(store, event) {
+            Err(e) if e.is_no_space() && self.held() => {
+                self.release();
+                append(store, event)
+            }
+            r => r,
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some(p) = self.path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+        self._file = None;
+    }
+}
+
+impl Drop for EventReserve {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// Reads every parseable event (a missing log is empty).
@@ -427,6 +524,36 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_reserve_holds_space_gives_it_back_when_full_and_goes() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let store = t.path();
+        // A reserve a killed run left: nobody holds its flock, the next reserve removes it.
+        std::fs::create_dir_all(store.join("events-reserve")).unwrap();
+        std::fs::write(store.join("events-reserve/dead-run"), b"").unwrap();
+        let mut r = EventReserve::make(store, "run-1");
+        let path = store.join("events-reserve/run-1");
+        assert!(r.held());
+        assert!(!store.join("events-reserve/dead-run").exists());
+        let m = std::fs::metadata(&path).unwrap();
+        assert!(m.blocks() * 512 >= EVENT_RESERVE_BYTES as u64, "{m:?}");
+        // An append that meets ENOSPC (the log on /dev/full) gives the space back.
+        std::os::unix::fs::symlink("/dev/full", store.join(EVENTS_FILE)).unwrap();
+        let ev = sample_event(CacheResult::Miss);
+        assert!(r.append(store, &ev).unwrap_err().is_no_space());
+        assert!(!r.held() && !path.exists());
+        std::fs::remove_file(store.join(EVENTS_FILE)).unwrap();
+        r.append(store, &ev).unwrap();
+        // Drop removes it.
+        let r2 = EventReserve::make(store, "run-2");
+        assert!(store.join("events-reserve/run-2").exists());
+        drop(r2);
+        assert!(!store.join("events-reserve/run-2").exists());
+        // A bad run id reserves nothing.
+        assert!(!EventReserve::make(store, "../x").held());
+    }
 
     #[test]
     fn run_ids_have_one_shape() {

@@ -783,7 +783,8 @@ fn store_commands_work_on_a_users_store() {
         (h.user.uid, h.user.gid),
         "a pulled layer is the user's"
     );
-    // serve on loopback, unprivileged: the API lists the project.
+    // serve on loopback, unprivileged: the API lists the project to the store's token (from
+    // the login URL it printed).
     let mut serve = Reap(
         h.command(&["--json", "serve", "--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
@@ -799,11 +800,18 @@ fn store_commands_work_on_a_users_store() {
     let url: serde_json::Value = serde_json::from_str(&line).unwrap();
     let addr = url["listen"].as_str().unwrap();
     let addr = addr.trim_start_matches("http://").trim_end_matches('/');
+    let token = url["login"]
+        .as_str()
+        .unwrap()
+        .split_once("?token=")
+        .unwrap()
+        .1;
     let mut conn = std::net::TcpStream::connect(addr).unwrap();
     use std::io::{Read, Write};
     write!(
         conn,
-        "GET /api/v1/projects HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET /api/v1/projects HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut answer = String::new();

@@ -1,6 +1,8 @@
 //! `layercache serve`'s pages in headless Chromium (Debian's `chromium`, driven by
 //! playwright-core through tests/serve_browser/check.cjs) against a store filled by real npm
-//! runs: the project page clears one key (confirmation, then the key is gone — in the store
+//! runs: without the token a page is the login form (401); the login URL `serve` printed logs
+//! in (an HttpOnly, SameSite=Strict cookie that is not the token) and lands on a URL without
+//! the token; the project page clears one key (confirmation, then the key is gone — in the store
 //! too), the spec editor shows a bad preset next to its line and saves a good spec, the runs
 //! page draws its chart (also on a phone-sized screen) and links each run to its own page, which
 //! lists the run's preparations. Screenshots of every step are saved in
@@ -82,6 +84,7 @@ fn pages_in_headless_chromium() {
         .arg(&script)
         .arg(&server.base)
         .arg(&out)
+        .arg(&server.login)
         .env("LAYERCACHE_PLAYWRIGHT", &pw)
         .env("HOME", sb.path(""))
         .stdout(Stdio::piped())
@@ -125,7 +128,7 @@ fn pages_in_headless_chromium() {
         .find_map(|l| l.strip_prefix("RESULT "))
         .map(|j| serde_json::from_str(j).unwrap())
         .expect("a RESULT line");
-    for step in ["clear", "spec", "runs", "run"] {
+    for step in ["login", "clear", "spec", "runs", "run"] {
         assert!(lines.contains(&format!("ok {step}")), "{lines:?}");
     }
     // The browser is gone (playwright closed it) — and so is the cleared key, in the store.
@@ -161,6 +164,7 @@ fn pages_in_headless_chromium() {
         "{result}"
     );
     for name in [
+        "login",
         "project",
         "confirm",
         "cleared",

@@ -13,6 +13,7 @@ pub(crate) mod store_cmds;
 /// [`Error::exit_code`].
 pub fn dispatch(cli: Cli) -> Result<i32> {
     init_tracing();
+    let cli = cli.with_env_defaults();
     // Commands that only print (and hold nothing that needs undoing) end on SIGPIPE like any
     // Unix listing tool when their reader goes away (`layercache ls | head`), instead of a
     // panic on the failed print (Rust starts with SIGPIPE ignored).
@@ -342,6 +343,27 @@ fn cmd_sandbox_args(
     Ok(0)
 }
 
+/// The spec `run` reads when given neither `--spec` nor `--project`: `layercache.toml` in the
+/// workdir (`--workdir`, else the current directory), as `cargo` finds `Cargo.toml`.
+///
+/// Errors: [`Error::Invalid`] (exit 2) when there is none, naming the file looked for and the
+/// two flags.
+fn default_spec(paths: &crate::cli::PathArgs) -> Result<String> {
+    let dir = match &paths.workdir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().map_err(|e| Error::io(".", e))?,
+    };
+    let file = dir.join("layercache.toml");
+    if file.is_file() {
+        return Ok(file.to_string_lossy().into_owned());
+    }
+    Err(Error::invalid(format!(
+        "no spec: {} does not exist; pass --spec FILE (TOML or JSON, - for stdin), or --project P \
+         to run the spec stored for project P in the store (`layercache serve`'s spec page)",
+        file.display()
+    )))
+}
+
 /// `layercache run`: validates the flags into a [`crate::run::RunConfig`] and runs the job over
 /// the store.
 fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
@@ -351,10 +373,14 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         .as_deref()
         .map(|v| crate::overlay::options::PassthroughChoice::parse("--passthrough", v))
         .transpose()?;
-    let spec = match (&args.spec, &args.project) {
-        (Some(source), _) => crate::spec::load(source)?,
-        (None, project) => {
-            crate::spec::load_stored(&store_root(global)?, project.as_deref().unwrap_or_default())?
+    let (spec, stored_spec) = match (&args.spec, &args.project) {
+        (Some(source), _) => (crate::spec::load(source)?, None),
+        (None, None) => (crate::spec::load(&default_spec(&args.paths)?)?, None),
+        (None, Some(project)) => {
+            let (spec, origin) = crate::spec::load_stored(&store_root(global)?, project)?;
+            // Which saved version runs, before anything does (also in --json's summary).
+            eprintln!("{}", origin.notice());
+            (spec, Some(origin))
         }
     };
     // --sandbox docker: the workdir is seen at a stable path by default, and the
@@ -415,6 +441,7 @@ fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Resul
         run_id: crate::telemetry::new_run_id(),
         user: pre.run_user,
         rootless: pre.rootless,
+        stored_spec,
     };
     // A failing run's `--json` error line names it.
     crate::telemetry::set_current_run(&cfg.run_id);

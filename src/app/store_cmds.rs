@@ -299,6 +299,17 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
             r.after.inodes,
             r.after.layers
         ));
+        if r.removed_failed_logs > 0 || !r.failed_logs.is_empty() {
+            emit(&format!(
+                "failed setups' logs: {} {} (older than 7 days), {} kept:",
+                if r.dry_run { "would remove" } else { "removed" },
+                r.removed_failed_logs,
+                r.failed_logs.len()
+            ));
+            for dir in &r.failed_logs {
+                emit(&format!("  {}", dir.display()));
+            }
+        }
     }
     Ok(0)
 }

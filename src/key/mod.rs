@@ -487,12 +487,38 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
     found.dedup();
     if found.is_empty() {
         return Err(Error::invalid(format!(
-            "cache {id:?}: key_files: none of {} found in {}",
+            "cache {id:?}: key_files: none of {} found in {}{}",
             cache.key_files.join(", "),
-            workdir.display()
+            workdir.display(),
+            lockfile_hint(&cache.key_files, workdir)
         )));
     }
     Ok(found)
+}
+
+/// When no key file exists: how to make the lockfile the key wants without installing
+/// anything, for the project file that is there (`package.json` → `npm install
+/// --package-lock-only`, `pyproject.toml` → `uv lock`, `Cargo.toml` → `cargo
+/// generate-lockfile`), as `"; …"`; empty when none applies.
+fn lockfile_hint(key_files: &[String], workdir: &Path) -> String {
+    const HINTS: &[(&str, &str, &str)] = &[
+        (
+            "package-lock.json",
+            "package.json",
+            "npm install --package-lock-only",
+        ),
+        ("uv.lock", "pyproject.toml", "uv lock"),
+        ("Cargo.lock", "Cargo.toml", "cargo generate-lockfile"),
+    ];
+    HINTS
+        .iter()
+        .find(|(lock, project, _)| {
+            key_files.iter().any(|k| k == lock) && workdir.join(project).is_file()
+        })
+        .map(|(lock, project, cmd)| {
+            format!("; {project} is there: `{cmd}` writes {lock} without installing anything")
+        })
+        .unwrap_or_default()
 }
 
 /// How deep `-r`/`-c` includes of requirements files may nest below a key file.

@@ -10,7 +10,8 @@
 //! Output: setup and maintenance write to stderr (their stdout too) and the summary goes to
 //! stderr, so standard output belongs to COMMAND alone — except with `--json`, where the summary
 //! is one JSON object on the first line of stdout, before COMMAND's output. With no
-//! caches declared, `run` only runs COMMAND: same stdio, same exit status, no output of its own.
+//! caches declared, `run` only runs COMMAND: same stdio, same exit status, and one stderr line
+//! of its own saying the spec declares no caches.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -89,6 +90,14 @@ pub trait Mounter {
     fn commit(&self, view: &Path, inputs: &crate::why::Inputs) -> Result<Committed>;
     /// Unmounts and discards the private upper.
     fn umount(&self, view: &Path) -> Result<()>;
+    /// `save = "success"`, after COMMAND exited 0: promotes the mount's view as a newer layer
+    /// of its key when it changed, then unmounts it (either way). `Ok(None)`: nothing changed
+    /// (or another save of the key held it too long), nothing published. The default: none.
+    ///
+    /// Errors: as [`Mounter::commit`]; the key then keeps its layer.
+    fn save(&self, _view: &Path) -> Result<Option<Committed>> {
+        Ok(None)
+    }
     /// `Err` naming the dead daemon when the mount's overlay daemon is gone (killed): the
     /// mount then only answers ENOTCONN.
     fn check(&self, _view: &Path) -> Result<()> {
@@ -128,6 +137,9 @@ pub struct RunConfig {
     /// An unprivileged run: the user's ids and who the steps run as; the run is
     /// then in its own user and mount namespace ([`rootless::enter`]). `None` for root.
     pub rootless: Option<rootless::Rootless>,
+    /// `run --project P`: which stored spec version this is and when it was saved (the
+    /// `--json` summary's `stored_spec`). `None` for `--spec`.
+    pub stored_spec: Option<crate::spec::StoredOrigin>,
 }
 
 mod child;
@@ -137,6 +149,7 @@ mod pidns;
 mod progress;
 pub mod rootless;
 mod summary;
+mod tail;
 
 pub use child::Views;
 use child::{SignalGuard, run_child, stopped};
@@ -198,7 +211,9 @@ impl Mounts<'_> {
                 }
                 need.push(paths.mount_root.clone());
             } else if let Ok(rel) = v.strip_prefix(view_wd) {
-                need.push(paths.workdir.join(rel));
+                let host = paths.workdir.join(rel);
+                check_host_view(&p.keys.id, &host)?;
+                need.push(host);
             }
         }
         // Docker: the container has its own root; the host needs no view dirs there.
@@ -268,6 +283,42 @@ impl Mounts<'_> {
     }
 }
 
+/// A cache viewed below the workdir (`<workdir>/node_modules`, `.venv`) needs a directory
+/// there on the host: a file (or a symlink to none) of that name is refused, naming it (exit
+/// 2); an existing directory with entries is said to be hidden for the run (its files stay as
+/// they are).
+///
+/// Errors: [`Error::Invalid`] when `host` exists and is not a directory.
+fn check_host_view(id: &CacheId, host: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(host) else {
+        return Ok(());
+    };
+    if !std::fs::metadata(host).is_ok_and(|m| m.is_dir()) {
+        let what = if meta.file_type().is_symlink() {
+            "a symlink to no directory"
+        } else {
+            "a file"
+        };
+        return Err(Error::invalid(format!(
+            "cache {:?}: {} is {what} on the host, but the cache is mounted there and needs a \
+             directory; remove or rename it (nothing was changed)",
+            id.as_str(),
+            host.display()
+        )));
+    }
+    let entries = std::fs::read_dir(host).map(|rd| rd.count()).unwrap_or(0);
+    if entries > 0 {
+        eprintln!(
+            "layercache: {}: the host's {} ({entries} {}) is hidden under the cache for this \
+             run (left as it is)",
+            id.as_str(),
+            host.display(),
+            if entries == 1 { "entry" } else { "entries" }
+        );
+    }
+    Ok(())
+}
+
 impl Drop for Mounts<'_> {
     fn drop(&mut self) {
         let _ = self.unmount_all();
@@ -296,12 +347,19 @@ struct Prep {
 ///
 /// Errors: [`Error::Invalid`] for a bad spec/key file (nothing mounted); [`Error::Child`] with
 /// the script's status when setup or maintenance fails (nothing published, everything
-/// unmounted); [`Error::Child`] with 128 + signal when interrupted; [`Error::Failed`] naming
-/// the cache when a mount's daemon died; store and I/O errors.
+/// unmounted); [`Error::StoreFull`] when setup or promotion ran out of space on the store's
+/// filesystem (nothing published, the run's files removed; a setup's status is kept);
+/// [`Error::Child`] with 128 + signal when interrupted; [`Error::Failed`] naming the cache
+/// when a mount's daemon died; store and I/O errors.
 pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let _signals = SignalGuard::install();
     let steps = Steps::of(cfg);
     if cfg.spec.caches.is_empty() {
+        eprintln!(
+            "layercache: the spec of project {} declares no caches (add a [[cache]]): running \
+             COMMAND only, nothing is cached",
+            cfg.spec.project
+        );
         return steps.command(&cfg.command, false, &BTreeMap::new(), &Views::default());
     }
     let salt = mounter.key_salt(&cfg.spec.project)?;
@@ -312,6 +370,15 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         cfg.image.as_ref(),
         salt,
     )?;
+    for cache in &cfg.spec.caches {
+        for name in cache.unset_variables() {
+            eprintln!(
+                "layercache: warning: cache {:?}: {{env:{name}}} is unset here, so it is \
+                 substituted as an empty string",
+                cache.id.as_str()
+            );
+        }
+    }
     let mut mounts = Mounts {
         mounter,
         store: &cfg.store,
@@ -334,25 +401,46 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         run_env.extend(cache.env_for(&cfg.paths, &p.keys.mountpoint));
     }
 
+    // Room for the events even when a setup fills the store's filesystem.
+    let mut reserve = telemetry::EventReserve::make(&cfg.store, &cfg.run_id);
     for (ci, cache) in cfg.spec.caches.iter().enumerate() {
         let views = views(&cfg.sandbox, &cfg.paths, &preps);
         let p = &mut preps[ci];
         if let Some(e) =
             setup_or_maintenance(&steps, &mounts, cache, p, &run_env, &views, cfg.json)?
         {
-            log_event(&cfg.store, &p.event);
-            mounts.unmount_all()?;
+            // Unmounting discards the private uppers first: their space is free for the event.
+            let unmounted = mounts.unmount_all();
+            log_event(&cfg.store, &p.event, &mut reserve);
+            unmounted?;
             return Err(e);
         }
-        if p.mounted.result != CacheResult::Hit {
-            promote(mounter, cache, p)?;
+        if p.mounted.result != CacheResult::Hit
+            && let Err(e) = promote(mounter, cache, p)
+        {
+            let unmounted = mounts.unmount_all();
+            log_event(&cfg.store, &p.event, &mut reserve);
+            unmounted?;
+            return Err(if e.is_no_space() {
+                let what = format!("promoting cache {:?}", cache.id.as_str());
+                Error::StoreFull {
+                    message: crate::store::store_full_message(&cfg.store, &what),
+                    status: 1,
+                }
+            } else {
+                e
+            });
         }
-        log_event(&cfg.store, &p.event);
+        log_event(&cfg.store, &p.event, &mut reserve);
     }
     print_summary(cfg, &preps);
 
     let views = views(&cfg.sandbox, &cfg.paths, &preps);
-    command(&steps, &mut mounts, &cfg.command, &run_env, &views)
+    let saves: Vec<(&str, PathBuf)> = (cfg.spec.caches.iter().zip(&preps))
+        .filter(|(c, _)| c.save == crate::spec::SaveWhen::Success)
+        .map(|(c, p)| (c.id.as_str(), p.keys.mountpoint.clone()))
+        .collect();
+    command(&steps, &mut mounts, &cfg.command, &run_env, &views, &saves)
 }
 
 /// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
@@ -478,9 +566,20 @@ fn setup_or_maintenance(
         return Ok(None);
     };
     let label = format!("{what} of cache {:?}", cache.id.as_str());
+    // Say what is about to run before it does: a setup can be silent for minutes.
+    eprintln!(
+        "{}",
+        progress::start_line(
+            cache.id.as_str(),
+            p.mounted.result,
+            p.mounted.matched_key.as_deref(),
+            what,
+            script
+        )
+    );
     let progress = Progress::start(
         json,
-        &label,
+        &format!("{}: {what}", cache.id.as_str()),
         p.mounted.upper.clone().filter(|_| what == "setup"),
     );
     // The script may name its own mount as `{mount}` (and `{workdir}`, `{mount_root}`,
@@ -490,7 +589,7 @@ fn setup_or_maintenance(
     let mut env = run_env.clone();
     env.insert("LAYERCACHE_MOUNT".into(), view.display().to_string());
     let t = Instant::now();
-    let status = steps.script(&env, views, &script, &label)?;
+    let (status, output) = steps.script(&env, views, &script, &label)?;
     drop(progress);
     let ms = t.elapsed().as_millis() as u64;
     if what == "setup" {
@@ -505,13 +604,86 @@ fn setup_or_maintenance(
     if let Err(e) = mounts.check_all() {
         return Ok(Some(e));
     }
+    if status != 0 && what == "setup" && setup_filled_store(mounts.store) {
+        // No room to keep its logs either; the line says what happened.
+        return Ok(Some(Error::StoreFull {
+            message: crate::store::store_full_message(mounts.store, &label),
+            status,
+        }));
+    }
     if status != 0 {
+        let kept = (what == "setup")
+            .then(|| keep_failed_logs(mounts, p, &script, status, output.as_deref()))
+            .flatten();
+        let where_logs = match kept {
+            Some(k) => {
+                // npm and others point at their log inside the view, which goes with the run.
+                for (seen, now) in k.files.iter().take(5) {
+                    eprintln!(
+                        "layercache: {}: setup's log {} is kept as {}",
+                        cache.id.as_str(),
+                        seen.display(),
+                        now.display()
+                    );
+                }
+                format!(
+                    "; {} kept for 7 days in {} (`layercache gc` lists them)",
+                    match (k.output, k.files.is_empty()) {
+                        (true, true) => "the end of its output is",
+                        (true, false) => "the end of its output and the logs it wrote are",
+                        (false, _) => "the logs it wrote are",
+                    },
+                    k.dir.display()
+                )
+            }
+            None => String::new(),
+        };
         return Ok(Some(Error::Child {
-            what: format!("{label} (nothing published)"),
+            what: format!("{label} (nothing published{where_logs})"),
             status,
         }));
     }
     Ok(None)
+}
+
+/// Whether the store's filesystem is (nearly) full after a setup failed
+/// ([`crate::store::looks_full`]): then it most likely failed for space.
+fn setup_filled_store(store: &Path) -> bool {
+    crate::store::filesystem_space(store)
+        .is_some_and(|(total, free)| crate::store::looks_full(total, free))
+}
+
+/// After a failed setup: copies the log files it wrote into its view (the run's private
+/// upper, discarded when the run ends) to the store's `failed/<run>/<cache>`
+/// ([`crate::store::keep_failed_logs`]); `None` when it wrote none or they could not be kept
+/// (a warning says why).
+fn keep_failed_logs(
+    mounts: &Mounts<'_>,
+    p: &Prep,
+    script: &str,
+    status: i32,
+    output: Option<&[u8]>,
+) -> Option<crate::store::KeptLogs> {
+    let upper = p.mounted.upper.as_ref()?;
+    let project = ProjectId::new(&p.event.project).ok()?;
+    let pd = crate::store::ProjectDirs::at(mounts.store, &project);
+    let view = &p.keys.mountpoint;
+    let failed = crate::store::FailedSetup {
+        run: mounts.run_id,
+        cache: p.keys.id.as_str(),
+        upper,
+        view,
+        script,
+        status,
+        output,
+    };
+    match crate::store::keep_failed_logs(&pd, &failed) {
+        Ok(kept) => kept,
+        Err(e) => {
+            eprintln!("layercache: warning: the failed setup's logs could not be kept: {e}");
+            None
+        }
+    }
 }
 
 /// Phase 4, promote (after setup exits 0 on a miss or restore): `exclude` matches removed,
@@ -545,23 +717,59 @@ fn promote(mounter: &dyn Mounter, cache: &Cache, p: &mut Prep) -> Result<()> {
     Ok(())
 }
 
-/// Phase 6, COMMAND in `views` with `run_env`, then every cache unmounted. Its exit status,
-/// unless a signal stopped the run or a mount's daemon died meanwhile (then that error).
+/// Phase 6, COMMAND in `views` with `run_env`; when it exits 0, the views of `saves` (cache
+/// id, view path: the `save = "success"` caches) promoted as newer layers of their keys
+/// ([`save_views`]); then every cache unmounted. COMMAND's exit status, unless a signal
+/// stopped the run or a mount's daemon died meanwhile (then that error).
 fn command(
     steps: &Steps<'_>,
     mounts: &mut Mounts<'_>,
     command: &[OsString],
     run_env: &BTreeMap<String, String>,
     views: &Views,
+    saves: &[(&str, PathBuf)],
 ) -> Result<i32> {
     let status = steps.command(command, true, run_env, views)?;
     let died = mounts.check_all();
+    if status == 0 && died.is_ok() && stopped().is_none() {
+        save_views(mounts, saves);
+    }
     mounts.unmount_all()?;
     if let Some(sig) = stopped() {
         return Err(interrupted_error(sig));
     }
     died?;
     Ok(status)
+}
+
+/// `save = "success"`: each view of `saves` promoted as a newer layer of its key when it
+/// changed ([`Mounter::save`]), said on stderr; a failure is a warning (COMMAND succeeded; the
+/// key keeps its layer), a full store said in plain words.
+fn save_views(mounts: &mut Mounts<'_>, saves: &[(&str, PathBuf)]) {
+    for (id, view) in saves {
+        let saved = mounts.mounter.save(view);
+        mounts.points.retain(|p| p != view);
+        match saved {
+            Ok(Some(c)) => eprintln!(
+                "layercache: {id}: saved what the run wrote to {} as a newer layer of its key \
+                 ({} files, {}; new {} files, {})",
+                view.display(),
+                c.files,
+                fmt_bytes(c.bytes),
+                c.new_files,
+                fmt_bytes(c.new_bytes)
+            ),
+            Ok(None) => {}
+            Err(e) if e.is_no_space() => eprintln!(
+                "layercache: warning: {}",
+                crate::store::store_full_message(mounts.store, &format!("saving cache {id:?}"))
+            ),
+            Err(e) => eprintln!(
+                "layercache: warning: {id}: saving the view failed ({e}); its key keeps its \
+                 layer"
+            ),
+        }
+    }
 }
 
 fn interrupted<T>(mounts: &mut Mounts<'_>, sig: i32) -> Result<T> {
@@ -576,8 +784,8 @@ fn interrupted_error(sig: i32) -> Error {
     }
 }
 
-fn log_event(store: &Path, event: &Event) {
-    if let Err(e) = telemetry::append(store, event) {
+fn log_event(store: &Path, event: &Event, reserve: &mut telemetry::EventReserve) {
+    if let Err(e) = reserve.append(store, event) {
         tracing::warn!("telemetry: {e}");
     }
 }
@@ -637,25 +845,39 @@ impl<'a> Steps<'a> {
     }
 
     /// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout →
-    /// stderr) in its own process group and, natively, its own mount namespace.
+    /// stderr) in its own process group and, natively, its own mount namespace. Returns its
+    /// status and, when stderr is not a terminal (and not with Docker), the last 64 KiB of
+    /// its output ([`tail::Tee`]: passed through to stderr as it comes).
     fn script(
         &self,
         env: &BTreeMap<String, String>,
         views: &Views,
         script: &str,
         label: &str,
-    ) -> Result<i32> {
+    ) -> Result<(i32, Option<Vec<u8>>)> {
         let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
         if let Sandbox::Docker(d) = self.sandbox {
-            return self.docker(d, env, views, &argv, label, true);
+            return Ok((self.docker(d, env, views, &argv, label, true)?, None));
         }
         let mut cmd = self.host_command(env, views, &argv, true, true)?;
-        let stderr = std::io::stderr().as_fd_owned();
         cmd.stdin(Stdio::null());
-        if let Some(fd) = stderr {
-            cmd.stdout(Stdio::from(fd));
+        let tee = (!std::io::stderr().is_terminal())
+            .then(tail::Tee::start)
+            .and_then(|t| t.ok());
+        match &tee {
+            Some(t) => {
+                cmd.stdout(t.stdio().at("pipe")?);
+                cmd.stderr(t.stdio().at("pipe")?);
+            }
+            None => {
+                if let Some(fd) = std::io::stderr().as_fd_owned() {
+                    cmd.stdout(Stdio::from(fd));
+                }
+            }
         }
-        run_child(cmd, label, true, self.pid_namespace())
+        let status = run_child(cmd, label, true, self.pid_namespace())?;
+        let tail = tee.map(|t| t.finish(std::time::Duration::from_secs(2)));
+        Ok((status, tail))
     }
 
     /// Runs COMMAND with stdio inherited (in the workdir when `cwd`: a run with caches); no

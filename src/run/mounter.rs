@@ -115,6 +115,7 @@ impl Mounter for StoreMounter {
         let held = self.mounts.lock().remove(view).ok_or_else(|| {
             Error::Failed(format!("{}: no mount of this run there", view.display()))
         })?;
+        // A failed promotion removes the run's upper at once (nothing to retry in a run).
         let (out, remount) = self.store.commit_mount(held, Some(inputs))?;
         let remount = remount.map(|r| {
             let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());
@@ -127,6 +128,9 @@ impl Mounter for StoreMounter {
                 out.dropped.join(", ")
             );
         }
+        if let Some(line) = out.gc.as_ref().and_then(|g| auto_gc_line(g, &out.key)) {
+            eprintln!("{line}");
+        }
         Ok(Committed {
             published: out.result == crate::store::CommitResult::Published,
             bytes: out.bytes,
@@ -135,6 +139,24 @@ impl Mounter for StoreMounter {
             new_files: out.new_objects,
             new_bytes: out.new_bytes,
         })
+    }
+
+    fn save(&self, view: &Path) -> Result<Option<Committed>> {
+        let Some(m) = self.mounts.lock().remove(view) else {
+            return Ok(None);
+        };
+        let Some(p) = self.store.save_mount(m, self.fill_wait)? else {
+            return Ok(None);
+        };
+        let c = &p.manifest.counts;
+        Ok(Some(Committed {
+            published: true,
+            bytes: c.bytes,
+            files: c.files,
+            remount: None,
+            new_files: c.new_objects,
+            new_bytes: c.new_bytes,
+        }))
     }
 
     fn umount(&self, view: &Path) -> Result<()> {
@@ -171,6 +193,31 @@ impl Mounter for StoreMounter {
     }
 }
 
+/// What the automatic gc after a publish evicted, as one line (`None` when nothing): the store
+/// is shared by every project, so a run may evict another project's least recently used
+/// layers; the line says how many were whose. `evicted` entries are `project/layer`.
+fn auto_gc_line(gc: &crate::store::GcReport, key: &CacheKey) -> Option<String> {
+    if gc.evicted.is_empty() {
+        return None;
+    }
+    let mut projects: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &gc.evicted {
+        *projects
+            .entry(e.split('/').next().unwrap_or(""))
+            .or_default() += 1;
+    }
+    let whose: Vec<String> = (projects.iter())
+        .map(|(p, n)| format!("{n} of project {p}"))
+        .collect();
+    Some(format!(
+        "layercache: the store was over its limits after publishing {key}: gc evicted {} least \
+         recently used layer(s) ({}); `layercache ls` shows what is left, v1/config.toml sets \
+         the limits",
+        gc.evicted.len(),
+        whose.join(", ")
+    ))
+}
+
 /// A [`Mounter`] for runs that declare no caches: every operation fails.
 pub struct NoMounts;
 
@@ -193,5 +240,25 @@ impl Mounter for NoMounts {
     }
     fn umount(&self, mp: &Path) -> Result<()> {
         Err(Error::Failed(format!("{}: no store opened", mp.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_automatic_gc_says_whose_layers_it_evicted() {
+        let key = CacheKey::new("k").unwrap();
+        let mut gc = crate::store::GcReport::default();
+        assert_eq!(auto_gc_line(&gc, &key), None);
+        gc.evicted = vec!["web/l1".into(), "api/l2".into(), "web/l3".into()];
+        let line = auto_gc_line(&gc, &key).unwrap();
+        assert!(
+            line.contains(
+                "gc evicted 3 least recently used layer(s) (1 of project api, 2 of project web)"
+            ),
+            "{line}"
+        );
     }
 }

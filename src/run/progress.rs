@@ -1,4 +1,7 @@
-//! A stderr progress line while a script runs (only when stderr is a terminal).
+//! What a run says while a script runs: on a terminal a progress line that redraws (elapsed
+//! time, bytes written to the upper), otherwise a plain heartbeat line every
+//! [`heartbeat_every`] (10 s; CI logs and agents' captured stderr get no control characters);
+//! nothing with `--json`.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -8,8 +11,62 @@ use std::time::{Duration, Instant};
 use super::fmt_bytes;
 use crate::telemetry;
 
-/// A stderr progress line (elapsed time, bytes written to the upper) while a script runs, only
-/// when stderr is a terminal; stops on drop.
+/// The heartbeat's period when stderr is not a terminal: 10 s, or `LAYERCACHE_PROGRESS_SECS`
+/// (whole seconds ≥ 1; anything else is ignored) — a test's knob, not a user setting.
+pub(super) fn heartbeat_every() -> Duration {
+    let secs = std::env::var("LAYERCACHE_PROGRESS_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s >= 1)
+        .unwrap_or(10);
+    Duration::from_secs(secs)
+}
+
+/// One heartbeat line (no newline): `layercache: <label> running for <elapsed>[, <bytes>
+/// written]`, `label` being `<cache id>: setup` or `<cache id>: maintenance`; `bytes` is the
+/// apparent size of the upper, when measured.
+pub(super) fn heartbeat_line(label: &str, elapsed_ms: u64, bytes: Option<u64>) -> String {
+    let mut line = format!(
+        "layercache: {label} running for {}",
+        telemetry::fmt_ms(elapsed_ms)
+    );
+    if let Some(b) = bytes {
+        line.push_str(&format!(", {} written", fmt_bytes(b)));
+    }
+    line
+}
+
+/// The line said before a cache's script starts (no newline), e.g. `layercache: node_modules:
+/// miss (no earlier layer), running setup: npm ci`. `result` is what the mount found,
+/// `matched` the key of the layer a restore starts from, `what` `setup` or `maintenance`;
+/// the script is shown by its first non-blank line, cut at 100 characters (`…` marks a cut
+/// or more lines).
+pub(super) fn start_line(
+    cache: &str,
+    result: telemetry::CacheResult,
+    matched: Option<&str>,
+    what: &str,
+    script: &str,
+) -> String {
+    use telemetry::CacheResult;
+    let found = match (result, matched) {
+        (CacheResult::Hit, _) => "hit".to_string(),
+        (CacheResult::Restore, Some(m)) => format!("restore from the layer of key {m}"),
+        (CacheResult::Restore, None) => "restore".to_string(),
+        (CacheResult::Miss, _) => "miss (no earlier layer)".to_string(),
+    };
+    let mut lines = script.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("");
+    let mut shown: String = first.chars().take(100).collect();
+    if shown.len() < first.len() || lines.next().is_some() {
+        shown.push('…');
+    }
+    format!("layercache: {cache}: {found}, running {what}: {shown}")
+}
+
+/// A stderr progress line (elapsed time, bytes written to the upper) while a script runs:
+/// redrawn every second on a terminal, a plain line every [`heartbeat_every`] otherwise,
+/// nothing with `--json`; stops on drop.
 pub(super) struct Progress {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -17,36 +74,42 @@ pub(super) struct Progress {
 
 impl Progress {
     pub(super) fn start(json: bool, label: &str, upper: Option<PathBuf>) -> Progress {
-        if json || !std::io::stderr().is_terminal() {
+        if json {
             return Progress {
                 stop: None,
                 thread: None,
             };
         }
+        let terminal = std::io::stderr().is_terminal();
         let (tx, rx) = mpsc::channel::<()>();
         let label = label.to_string();
+        let tick = if terminal {
+            Duration::from_secs(1)
+        } else {
+            heartbeat_every()
+        };
         let thread = std::thread::spawn(move || {
             let start = Instant::now();
             let mut next_size = Instant::now() + Duration::from_secs(3);
             let mut size = None;
-            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(1))
-            {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(tick) {
                 if let Some(up) = &upper
-                    && Instant::now() >= next_size
+                    && (!terminal || Instant::now() >= next_size)
                 {
                     size = Some(dir_bytes(up));
                     next_size = Instant::now() + Duration::from_secs(3);
                 }
-                let mut line = format!(
-                    "\r\x1b[2Klayercache: {label}: {}",
-                    telemetry::fmt_ms(start.elapsed().as_millis() as u64)
-                );
-                if let Some(b) = size {
-                    line.push_str(&format!(", {} written", fmt_bytes(b)));
-                }
+                let line = heartbeat_line(&label, start.elapsed().as_millis() as u64, size);
+                let line = if terminal {
+                    format!("\r\x1b[2K{line}")
+                } else {
+                    format!("{line}\n")
+                };
                 let _ = std::io::stderr().write_all(line.as_bytes());
             }
-            let _ = std::io::stderr().write_all(b"\r\x1b[2K");
+            if terminal {
+                let _ = std::io::stderr().write_all(b"\r\x1b[2K");
+            }
         });
         Progress {
             stop: Some(tx),
@@ -81,4 +144,43 @@ fn dir_bytes(dir: &Path) -> u64 {
         }
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_names_the_step_its_time_and_what_it_wrote() {
+        assert_eq!(
+            heartbeat_line("npm: setup", 20_400, Some(3 << 20)),
+            "layercache: npm: setup running for 20.4 s, 3.0 MiB written"
+        );
+        assert_eq!(
+            heartbeat_line("npm: maintenance", 500, None),
+            "layercache: npm: maintenance running for 500 ms"
+        );
+    }
+
+    #[test]
+    fn the_start_line_says_what_was_found_and_what_runs() {
+        use crate::store::MountResult::*;
+        assert_eq!(
+            start_line("node_modules", Miss, None, "setup", "npm ci\n"),
+            "layercache: node_modules: miss (no earlier layer), running setup: npm ci"
+        );
+        assert_eq!(
+            start_line(
+                "npm",
+                Restore,
+                Some("npm-v1-abc"),
+                "setup",
+                "\n  npm ci\nnpm prune"
+            ),
+            "layercache: npm: restore from the layer of key npm-v1-abc, running setup: npm ci…"
+        );
+        let long = "x".repeat(150);
+        let line = start_line("c", Hit, Some("k"), "maintenance", &long);
+        assert!(line.ends_with(&format!("hit, running maintenance: {}…", "x".repeat(100))));
+    }
 }

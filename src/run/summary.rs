@@ -7,7 +7,8 @@ use super::{Prep, RunConfig};
 use crate::telemetry::{self, CacheResult};
 
 /// The summary: one line per cache on stderr, or with `--json` one JSON object on stdout
-/// (run id, and per cache its event, view path and mount run id).
+/// (run id, and per cache its event, view path and mount run id; for `run --project P`,
+/// `stored_spec`: the version and save time of the stored spec).
 pub(super) fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
     let mut err = std::io::stderr().lock();
     if cfg.json {
@@ -20,12 +21,15 @@ pub(super) fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
                 v
             })
             .collect();
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "run": cfg.run_id,
             "project": cfg.spec.project.as_str(),
             "caches": caches,
             "prep_ms": preps.iter().map(|p| p.event.prep_ms()).sum::<u64>(),
         });
+        if let Some(origin) = &cfg.stored_spec {
+            v["stored_spec"] = origin.to_json();
+        }
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{v}");
         let _ = out.flush();

@@ -121,6 +121,7 @@ fn env(spec: &str, command: &[&str]) -> Env {
         run_id: "r".into(),
         user: None,
         rootless: None,
+        stored_spec: None,
     };
     Env {
         work,

@@ -321,7 +321,8 @@ pub async fn get_spec(
             .unwrap_or_default();
         Ok(json!({
             "project": stored.project, "version": stored.version, "format": stored.format,
-            "spec": stored.text, "versions": pd.spec_versions()?, "caches": caches,
+            "saved": view::iso_time(stored.saved_ms), "spec": stored.text,
+            "versions": pd.spec_versions()?, "caches": caches,
         }))
     })
     .await?;
@@ -346,7 +347,8 @@ pub async fn put_spec(
         let events = crate::telemetry::read(st.store.root())?;
         Ok(json!({
             "ok": true, "project": stored.project, "version": stored.version,
-            "format": stored.format, "caches": summarize(&spec, &events),
+            "format": stored.format, "saved": view::iso_time(stored.saved_ms),
+            "caches": summarize(&spec, &events),
         }))
     })
     .await?;

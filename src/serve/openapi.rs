@@ -1,13 +1,17 @@
 //! The OpenAPI 3.1 document served at `/api/v1/openapi.json`, written by hand from
 //! [`ROUTES`]; a unit test sends every listed operation through the router and checks that it
-//! reaches a handler.
+//! reaches a handler. Every operation, this document's own included, requires the token (the
+//! top-level `security`: a bearer token, or the login cookie).
+
+use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::State;
 use serde_json::{Value, json};
 
-/// `GET /api/v1/openapi.json`: [`document`].
-pub async fn serve() -> Json<Value> {
-    Json(document())
+/// `GET /api/v1/openapi.json`: [`document`], naming this server's login cookie.
+pub async fn serve(State(st): State<Arc<super::AppState>>) -> Json<Value> {
+    Json(document(st.auth.cookie_name()))
 }
 
 /// One documented operation: path (OpenAPI template syntax), method, summary, success
@@ -173,7 +177,10 @@ fn operation(op: &Operation) -> Value {
     }
     responses.insert(
         "401".into(),
-        error_response("A token is required (Bearer header or login cookie)."),
+        error_response(
+            "No token: send `Authorization: Bearer <token>` or the login cookie (every \
+             operation needs one).",
+        ),
     );
     let mut o =
         json!({"summary": op.summary, "parameters": params(op.path), "responses": responses});
@@ -186,8 +193,9 @@ fn operation(op: &Operation) -> Value {
     o
 }
 
-/// The document (OpenAPI 3.1).
-pub fn document() -> Value {
+/// The document (OpenAPI 3.1); `cookie` is the login cookie's name
+/// (`layercache_session_<port>`).
+pub fn document(cookie: &str) -> Value {
     let mut paths = serde_json::Map::new();
     for op in ROUTES {
         paths
@@ -210,14 +218,20 @@ pub fn document() -> Value {
     let mut doc = json!({
         "openapi": "3.1.0",
         "info": {"title": "layercache", "version": env!("CARGO_PKG_VERSION"),
-            "description": "The store of `layercache`: projects, caches, layers, runs and stored specs."},
+            "description": "The store of `layercache`: projects, caches, layers, runs and stored specs. \
+                Every operation needs the token: `Authorization: Bearer <token>`, or the login cookie that \
+                `GET /login?token=<token>` (the URL `layercache serve` prints) or the login form sets. \
+                Without `--token-file` the token is the store's own, in `<store>/v1/serve-token` (mode 0600: \
+                the store's owner and root can read it). Requests without it answer 401."},
         "servers": [{"url": "/"}],
-        "security": [{}, {"bearer": []}, {"cookie": []}],
+        "security": [{"bearer": []}, {"cookie": []}],
         "paths": paths,
         "components": {
             "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer"},
-                "cookie": {"type": "apiKey", "in": "cookie", "name": super::auth::COOKIE}
+                "bearer": {"type": "http", "scheme": "bearer",
+                    "description": "The token: `--token-file`'s, or the store's `<store>/v1/serve-token`."},
+                "cookie": {"type": "apiKey", "in": "cookie", "name": cookie,
+                    "description": "The login cookie (a session of this server process), set by `GET /login?token=…` or the login form."}
             },
             "schemas": {
                 "Any": {},
@@ -236,10 +250,10 @@ pub fn document() -> Value {
                 "CacheSummary": s(json!({"id": {"type": "string"}, "key": {"type": ["string", "null"], "description": "The key of the project's last run for this cache."},
                     "restore_keys": {"type": "array", "items": {"type": "string"}}, "mountpoint": {"type": "string"}})),
                 "Valid": s(json!({"ok": {"const": true}, "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
-                "StoredSpec": s(json!({"project": {"type": "string"}, "version": {"type": "integer"}, "format": {"enum": ["toml", "json"]},
+                "StoredSpec": s(json!({"project": {"type": "string"}, "version": {"type": "integer"}, "format": {"enum": ["toml", "json"]}, "saved": ts,
                     "spec": {"type": "string"}, "versions": {"type": "array", "items": {"type": "integer"}},
                     "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
-                "Saved": s(json!({"ok": {"const": true}, "project": {"type": "string"}, "version": {"type": "integer"}, "format": {"type": "string"},
+                "Saved": s(json!({"ok": {"const": true}, "project": {"type": "string"}, "version": {"type": "integer"}, "format": {"type": "string"}, "saved": ts,
                     "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
                 "GcReport": s(json!({"dry_run": {"type": "boolean"}, "before": {"type": "object"}, "after": {"type": "object"},
                     "evicted": {"type": "array", "items": {"type": "string"}}, "in_use": {"type": "integer"}, "removed_objects": {"type": "integer"},

@@ -416,7 +416,7 @@ const SPEC_TEMPLATE: &str =
 fn spec_page(
     project: &str,
     text: &str,
-    version: Option<u64>,
+    version: Option<(u64, u64)>,
     errors: &[FieldError],
     notice: Option<Markup>,
 ) -> Markup {
@@ -425,7 +425,7 @@ fn spec_page(
         h1 { "Spec of " (project) }
         (tabs(project))
         @if let Some(n) = notice { (n) }
-        p.muted { @match version { Some(v) => { "Stored version " (v) "." } None => { "No stored spec yet." } } " " code { "layercache run --project " (project) } " uses the stored spec." }
+        p.muted { @match version { Some((v, ms)) => { "Stored version " (v) ", saved " (human_time(&view::iso_time(ms))) " UTC." } None => { "No stored spec yet." } } " " code { "layercache run --project " (project) } " uses the stored spec." }
         @if !errors.is_empty() {
             div.box { div.lines { @for (i, line) in text.lines().enumerate() {
                 @let n = i + 1;
@@ -462,7 +462,7 @@ async fn stored_spec(
 pub async fn spec(State(st): State<Arc<AppState>>, Path(project): Path<String>) -> Page {
     let stored = stored_spec(st, view::project_id(&project)?).await?;
     let (text, version) = match stored {
-        Some(s) => (s.text, Some(s.version)),
+        Some(s) => (s.text, Some((s.version, s.saved_ms))),
         None => (SPEC_TEMPLATE.replace("{project}", &project), None),
     };
     Ok(layout(
@@ -491,7 +491,7 @@ pub async fn spec_post(
     // Browsers send CRLF line ends from a textarea.
     let text = f.spec.replace("\r\n", "\n");
     let save = f.action.as_deref() == Some("save");
-    let current = stored_spec(st.clone(), p.clone()).await?.map(|s| s.version);
+    let current = (stored_spec(st.clone(), p.clone()).await?).map(|s| (s.version, s.saved_ms));
     let checked = super::specs::validate(&text)
         .and_then(|spec| super::api::same_project(&spec, &text, &p).map(|()| spec));
     let title = format!("Spec of {project}");
@@ -511,7 +511,13 @@ pub async fn spec_post(
             let notice = html! { p.notice role="status" { "Saved as version " (stored.version) " (" (spec.caches.len()) " cache(s))." } };
             Ok(layout(
                 &title,
-                spec_page(&project, &text, Some(stored.version), &[], Some(notice)),
+                spec_page(
+                    &project,
+                    &text,
+                    Some((stored.version, stored.saved_ms)),
+                    &[],
+                    Some(notice),
+                ),
             )
             .into_response())
         }

@@ -268,7 +268,7 @@ mod tests {
         let rows = history(&[ev(1, CacheResult::Miss, 5)], "p", 10);
         let row = serde_json::to_value(&rows[0]).unwrap();
         let mut have: Vec<&String> = row.as_object().unwrap().keys().collect();
-        let doc = super::super::openapi::document();
+        let doc = super::super::openapi::document("layercache_session_7878");
         let props = &doc["components"]["schemas"]["Runs"]["items"]["properties"];
         let mut documented: Vec<&String> = props.as_object().unwrap().keys().collect();
         have.sort();
@@ -285,7 +285,7 @@ mod tests {
         }];
         let d = serde_json::to_value(run_detail(&events, "p", "r").unwrap()).unwrap();
         let mut have: Vec<&String> = d.as_object().unwrap().keys().collect();
-        let doc = super::super::openapi::document();
+        let doc = super::super::openapi::document("layercache_session_7878");
         let props = &doc["components"]["schemas"]["Run"]["properties"];
         let mut documented: Vec<&String> = props.as_object().unwrap().keys().collect();
         have.sort();

@@ -11,6 +11,7 @@
 //! maintenance = "npm ci --prefer-offline"   # optional
 //! # optional overrides: key_files, restore_keys, env, mountpoint, exclude, relocatable
 //! passthrough = "auto"       # optional: FUSE passthrough for this cache's mounts: auto|on|off
+//! save = "miss"              # optional: "success" also saves what COMMAND wrote (SaveWhen)
 //! ```
 //!
 //! Outside references: GitHub `actions/cache` (`key`, `restore-keys`: prefixes tried in order
@@ -39,7 +40,7 @@ mod presets;
 mod stored;
 pub use pattern::Pattern;
 pub use presets::{ConfigPart, PRESETS, Preset, preset, presets_text};
-pub use stored::load_stored;
+pub use stored::{StoredOrigin, load_stored};
 
 /// The spec's `user` as written: a string, or an integer taken as a UID (`user = 1000` means
 /// what `user = "1000"` and `--user 1000` mean).
@@ -91,6 +92,25 @@ struct RawCache {
     exclude: Vec<String>,
     relocatable: Option<bool>,
     passthrough: Option<String>,
+    save: Option<String>,
+}
+
+/// When a cache's view is promoted into a layer (spec field `save`).
+///
+/// Outside references: BuildKit `RUN --mount=type=cache` (what a build writes into the cache
+/// mount is kept for the next build) and GitHub `actions/cache` (the post step saves the
+/// cache after a successful job).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SaveWhen {
+    /// `"miss"` (the default): only a miss's or restore's setup is promoted; a hit's writes,
+    /// and COMMAND's, are private to the run and discarded with it.
+    #[default]
+    Miss,
+    /// `"success"`: as `Miss`, and after COMMAND exits 0 the view, when COMMAND (or
+    /// maintenance) changed it, is promoted again as a newer layer of the same key (objects
+    /// already stored are linked, not copied), so the next run hits it — build output such as
+    /// `target/` or `node_modules/.vite` survives.
+    Success,
 }
 
 /// A validated spec.
@@ -147,6 +167,8 @@ pub struct Cache {
     /// [`crate::overlay::options::PassthroughChoice`]); `layercache run --passthrough`
     /// overrides it.
     pub passthrough: crate::overlay::options::PassthroughChoice,
+    /// When its view is promoted (spec field `save`: `"miss"`, the default, or `"success"`).
+    pub save: SaveWhen,
 }
 
 /// Values substituted into templates.
@@ -249,6 +271,28 @@ impl Cache {
             .flat_map(template_names)
             .filter_map(|n| n.strip_prefix("env:"))
             .filter(|n| *n != "PATH")
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The variables of every `{env:NAME}` this cache's templates use (`setup`,
+    /// `restore_setup`, `maintenance`, `env` values, `mountpoint`) that are unset in
+    /// layercache's environment, sorted: each becomes an empty string, which a run warns
+    /// about (a typo or a variable the agent's environment lacks).
+    pub fn unset_variables(&self) -> Vec<String> {
+        let mut texts: Vec<&str> = vec![self.setup.as_str()];
+        texts.extend(self.restore_setup.as_deref());
+        texts.extend(self.maintenance.as_deref());
+        texts.extend(self.env.values().map(String::as_str));
+        texts.extend(self.mountpoint.as_deref());
+        let mut names: Vec<String> = texts
+            .into_iter()
+            .flat_map(template_names)
+            .filter_map(|n| n.strip_prefix("env:"))
+            .filter(|n| std::env::var_os(n).is_none())
             .map(str::to_string)
             .collect();
         names.sort();
@@ -415,6 +459,35 @@ fn substitute(
     out
 }
 
+/// The first known template name `text` opens without closing it: `{mount_root` followed by
+/// the end or by anything but `}` (a shell's `{ cmd; }` or awk's `{print}` are no template
+/// names, so they pass).
+fn unclosed_template(text: &str) -> Option<&str> {
+    let mut i = 0;
+    while let Some(off) = text[i..].find('{') {
+        let at = i + off;
+        if text[at..].starts_with("{{") {
+            i = at + 2;
+            continue;
+        }
+        i = at + 1;
+        if at > 0 && text.as_bytes()[at - 1] == b'$' {
+            continue;
+        }
+        let after = &text[at + 1..];
+        let len = after
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b':')
+            .count();
+        let name = &after[..len];
+        let known = matches!(name, "mount" | "workdir" | "mount_root") || name.starts_with("env:");
+        if known && !after[len..].starts_with('}') {
+            return Some(name);
+        }
+    }
+    None
+}
+
 /// The template names `text` uses (see [`template_at`]).
 fn template_names(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -438,6 +511,11 @@ fn template_names(text: &str) -> Vec<&str> {
 ///
 /// Errors: a message naming the unknown template and the known ones.
 fn check_templates(text: &str) -> std::result::Result<(), String> {
+    if let Some(name) = unclosed_template(text) {
+        return Err(format!(
+            "unclosed template {{{name} (write {{{name}}}, or {{{{ for a literal brace)"
+        ));
+    }
     for name in template_names(text) {
         let env_ok = name.strip_prefix("env:").is_some_and(|v| {
             !v.is_empty()
@@ -767,6 +845,20 @@ fn validate_cache(
             }
         },
     };
+    let save = match rc.save.as_deref() {
+        None | Some("miss") => SaveWhen::Miss,
+        Some("success") => SaveWhen::Success,
+        Some(v) => {
+            bad.add(
+                "save",
+                format!(
+                    "{v:?}: want \"miss\" (promote setup's tree only; the default) or \"success\" \
+                     (also promote the view again after COMMAND exits 0)"
+                ),
+            );
+            SaveWhen::Miss
+        }
+    };
     match id {
         Some(id) if bad.errors.is_empty() => Ok(Cache {
             id,
@@ -784,6 +876,7 @@ fn validate_cache(
             exclude,
             relocatable,
             passthrough,
+            save,
         }),
         _ => Err(bad.errors),
     }

@@ -308,7 +308,9 @@ pub const PRESETS: &[Preset] = &[
         key_files: &["uv.lock"],
         key_files_first: false,
         requirement_includes: false,
-        env: &[("UV_CACHE_DIR", "{mount}")],
+        // The cache and the venv are separate mounts (another filesystem to uv): copy instead
+        // of trying hardlinks, which uv warns about on every miss.
+        env: &[("UV_CACHE_DIR", "{mount}"), ("UV_LINK_MODE", "copy")],
         mountpoint: None,
         setup: "uv sync --frozen",
         restore_setup: None,
@@ -427,6 +429,8 @@ pub const PRESETS: &[Preset] = &[
         env: &[
             ("VIRTUAL_ENV", "{mount}"),
             ("PATH", "{mount}/bin:{env:PATH}"),
+            // uv's cache is on another filesystem than this mount: copy, without a warning.
+            ("UV_LINK_MODE", "copy"),
         ],
         mountpoint: Some("{workdir}/.venv"),
         setup: VENV_SETUP,

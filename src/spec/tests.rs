@@ -206,7 +206,7 @@ fn presets_match_the_issue() {
     assert_eq!(env("pnpm"), ["npm_config_store_dir"]);
     assert_eq!(env("yarn"), ["YARN_CACHE_FOLDER"]);
     assert_eq!(env("pip"), ["PIP_CACHE_DIR"]);
-    assert_eq!(env("uv"), ["UV_CACHE_DIR"]);
+    assert_eq!(env("uv"), ["UV_CACHE_DIR", "UV_LINK_MODE"]);
     assert_eq!(env("go"), ["GOMODCACHE", "GOCACHE"]);
     assert_eq!(env("cargo"), ["CARGO_HOME"]);
     assert_eq!(env("gradle"), ["GRADLE_USER_HOME"]);
@@ -465,4 +465,67 @@ fn duplicate_ids_and_shared_mountpoints_are_listed() {
         )
         .is_ok()
     );
+}
+
+#[test]
+fn save_is_per_cache_and_miss_by_default() {
+    use super::SaveWhen;
+    let s = parse(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\n\
+         [[cache]]\nid = \"b\"\npreset = \"cargo-target\"\nsave = \"success\"\n",
+    )
+    .unwrap();
+    assert_eq!(s.caches[0].save, SaveWhen::Miss);
+    assert_eq!(s.caches[1].save, SaveWhen::Success);
+    let e = err("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nsave = \"always\"\n");
+    assert!(
+        e.contains("cache[0].save: \"always\": want \"miss\"") && e.contains("\"success\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_unclosed_template_is_refused_and_shell_braces_pass() {
+    let e = err(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\nsetup = \"cp -r x {mount_root/a\"\n",
+    );
+    assert!(
+        e.contains("cache[0].setup: unclosed template {mount_root (write {mount_root}"),
+        "{e}"
+    );
+    let e = err(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\nsetup = \"true\"\nenv = { A = \"{env:HOME\" }\n",
+    );
+    assert!(e.contains("unclosed template {env:HOME"), "{e}");
+    parse(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\n\
+         setup = \"{ echo; } && echo ${HOME} {{mount\"\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn unset_variables_are_named() {
+    let s = parse(
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_files = [\"x\"]\n\
+         setup = \"x {env:LAYERCACHE_SURELY_UNSET_A} {env:PATH}\"\n\
+         maintenance = \"{env:LAYERCACHE_SURELY_UNSET_B}\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.caches[0].unset_variables(),
+        vec!["LAYERCACHE_SURELY_UNSET_A", "LAYERCACHE_SURELY_UNSET_B"]
+    );
+}
+
+#[test]
+fn uv_presets_copy_instead_of_hardlinking_across_mounts() {
+    let s = parse(
+        "project = \"p\"\n[[cache]]\nid = \"venv\"\npreset = \"venv\"\n\
+         [[cache]]\nid = \"uv\"\npreset = \"uv\"\n",
+    )
+    .unwrap();
+    for c in &s.caches {
+        assert_eq!(c.env.get("UV_LINK_MODE").map(String::as_str), Some("copy"));
+    }
 }

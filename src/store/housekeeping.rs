@@ -80,9 +80,17 @@ pub struct GcReport {
     /// Unpublished (orphan) layers removed.
     pub removed_orphans: u64,
     /// Empty host view directories that killed runs made and left, removed
-    /// ([`super::reap_made_views`]).
+    /// ([`super::reap_made_views`]; a dry run counts those it would remove).
     #[serde(default)]
     pub removed_view_dirs: u64,
+    /// Failed setups' kept logs (`projects/<p>/failed/<run>`) removed: older than 7 days
+    /// ([`super::keep_failed_logs`]).
+    #[serde(default)]
+    pub removed_failed_logs: u64,
+    /// Failed setups' kept logs still kept (younger than 7 days), and where: one
+    /// `projects/<p>/failed/<run>` directory each.
+    #[serde(default)]
+    pub failed_logs: Vec<std::path::PathBuf>,
 }
 
 /// [`gc::Usage`] in a report.
@@ -162,7 +170,7 @@ impl Store {
     }
 
     /// `layercache gc`: removes stale staging and run directories (daemon dead), fill locks
-    /// nobody holds, empty host view directories a killed run made ([`super::reap_made_views`])
+    /// nobody holds, failed setups' kept logs older than 7 days (listing the others), empty host view directories a killed run made ([`super::reap_made_views`])
     /// and unpublished layers, then evicts least-recently-mounted layers (never a
     /// mounted one) and quarantined entries (aged from when `verify` quarantined them; they
     /// count against the limits like layers) until under the limits (config.toml, overridden
@@ -196,11 +204,13 @@ impl Store {
             let (staging, runs) = self.remove_crash_garbage(pd, dry, &mut doomed.of(pi))?;
             report.removed_staging += staging;
             report.removed_runs += runs;
+            self.reap_failed_logs(pd, dry, &mut report)?;
         }
         // Empty host view directories killed runs made (their records say which).
-        if !dry {
-            report.removed_view_dirs = super::views::reap_made_views(&self.root)?;
-        }
+        report.removed_view_dirs = match dry {
+            false => super::views::reap_made_views(&self.root)?,
+            true => super::views::count_made_views(&self.root)?,
+        };
         // 2. Candidates (orphans removed on the way), the plan under the limits, eviction.
         let mut cands = Candidates::default();
         for (pi, pd) in pds.iter().enumerate() {
@@ -281,6 +291,29 @@ impl Store {
             remove_free_fill_locks(pd)?;
         }
         Ok((staging, runs))
+    }
+
+    /// Phase 1 of [`Store::gc`], failed setups' kept logs of `pd`: those older than
+    /// [`super::failed::KEEP_FOR`] go (with `dry`, are counted), the rest are listed in
+    /// `report`.
+    ///
+    /// Errors: [`Error::Io`] reading or removing them.
+    fn reap_failed_logs(&self, pd: &ProjectDirs, dry: bool, report: &mut GcReport) -> Result<()> {
+        let (removed, _) = super::failed::reap_failed(pd, super::failed::KEEP_FOR, dry)?;
+        report.removed_failed_logs += removed;
+        for name in read_names(&pd.failed())? {
+            let dir = pd.failed().join(name);
+            let old = dry
+                && fs::symlink_metadata(&dir)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age >= super::failed::KEEP_FOR);
+            if !old {
+                report.failed_logs.push(dir);
+            }
+        }
+        Ok(())
     }
 
     /// `layercache clear`: removes the layers of `project` (or of one `cache` of it) and the

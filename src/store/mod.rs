@@ -19,6 +19,7 @@
 //! order, the most recently created matching layer first.
 
 mod config;
+mod failed;
 mod gc;
 mod housekeeping;
 mod inputs;
@@ -33,6 +34,7 @@ mod runs;
 mod salt;
 mod specs;
 mod tier;
+mod trust;
 mod verify;
 mod views;
 
@@ -47,6 +49,10 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::sys;
 pub use config::{DEFAULT_MAX_AGE, DEFAULT_MAX_INODES, DEFAULT_MAX_SIZE, Limits, RemoteFile};
+pub use failed::{
+    FailedSetup, KEEP_FOR as FAILED_LOGS_KEPT_FOR, KeptLogs, filesystem_space, is_log_like,
+    keep_failed_logs, looks_full, store_full_message,
+};
 pub use gc::Usage;
 pub use inputs::Inputs;
 use layer::write_synced;
@@ -57,8 +63,8 @@ pub use mount::{Lookup, Mount, MountOutcome, MountRequest};
 // The object format and promotion's undo, which a pull shares with a local publish.
 pub use housekeeping::{ClearReport, GcOptions, GcReport, LayerInfo, UsageJson};
 pub(crate) use object::{ObjectStore, SharedMeta, content_xattrs, hash_file, meta_tag};
+use paths::read_names;
 pub use paths::{ProjectDirs, exists_at, store_of_run_upper};
-use paths::{mkdir_mode, read_names};
 pub use promote::{CREDENTIAL_FILES, CredentialPattern};
 pub(crate) use promote::{TreeStats, undo_created_objects};
 pub use publish::{CommitOutcome, CommitResult, PublishSpec, Published};
@@ -94,7 +100,7 @@ pub fn default_root() -> Result<PathBuf> {
     )
 }
 
-/// The error for a store directory `root` that `create_dir_all` could not make: bad input
+/// The error for a store directory `root` that `trust::make_dirs` could not make: bad input
 /// (exit 2, one line naming the directory, the reason and what would do) when the reason is
 /// where it is — EACCES, EPERM, ENOENT, ENOTDIR, EEXIST (a file in the way), EROFS — with the
 /// `HOME` (or `XDG_CACHE_HOME`) that does not exist named when the store is below it; else
@@ -307,10 +313,17 @@ impl Store {
     }
 
     /// Opens (creating if needed) the store at `root`, or at [`default_root`] when `None`.
-    /// Creates `v1/`, `format.json` and a default `config.toml`, and reads the limits.
+    /// Creates the root (and its missing parents) and `v1/` with mode 0755 and `v1/projects/`
+    /// with 0711 whatever the umask, `format.json` and a default `config.toml`, and reads the
+    /// limits. Before anything is read, the root, `v1/` and `projects/` are checked (`trust`):
+    /// none may be writable by group or others or a symlink, `v1/` and `projects/` must be the
+    /// store owner's (the owner of the root) or root's, and no parent of the root may be
+    /// writable by every user without the sticky bit — so no other local user can swap what
+    /// the store holds.
     ///
     /// Errors: [`Error::Invalid`] for a store of another format or a bad config.toml (naming
-    /// the file), and for a store directory that cannot be made because of where it is
+    /// the file), for a store that fails those checks (naming the directory, its owner and
+    /// mode, and the fix), and for a store directory that cannot be made because of where it is
     /// ([`root_not_creatable`]: a missing or unwritable parent, a file in the way, a read-only
     /// filesystem — a default user store under a `HOME` that does not exist among them);
     /// [`Error::Io`] when the directories cannot be created otherwise.
@@ -321,10 +334,11 @@ impl Store {
             Some(r) => std::path::absolute(r).map_err(|e| Error::io(r, e))?,
             None => default_root()?,
         };
-        fs::create_dir_all(&root).map_err(|e| root_not_creatable(&root, e))?;
+        // Mode 0755 whatever the umask, then every directory checked (see `trust`): a store
+        // others can write is refused, so nobody can swap its v1/ for their own.
+        trust::make_dirs(&root).map_err(|e| root_not_creatable(&root, e))?;
+        trust::walk_create(&root, &[("v1", 0o755), ("projects", 0o711)])?;
         let base = root.join("v1");
-        mkdir_mode(&base, 0o755)?;
-        mkdir_mode(&base.join("projects"), 0o711)?;
         let fmt = base.join("format.json");
         if !fmt.exists() {
             let tmp = base.join(format!(".format-{}", sys::random_hex(6)));
@@ -439,14 +453,25 @@ impl Store {
         self.base.join("projects")
     }
 
-    /// The directories of `project`, created (mode 0700) if missing.
+    /// The directories of `project`, created (mode 0700, its parts 0755, whatever the umask;
+    /// the store owner's when root makes them in a user's store) if missing, reached without
+    /// following a symlink and checked like the store's own (see `trust`).
     ///
-    /// Errors: [`Error::Io`] when they cannot be created.
+    /// Errors: [`Error::Invalid`] (exit 2) for a project directory that is a symlink, that
+    /// group or others may write, or that belongs to a user other than the store's owner and
+    /// root; [`Error::Io`] when they cannot be created.
     pub fn project(&self, project: &ProjectId) -> Result<ProjectDirs> {
         let pd = self.project_dirs(project);
-        mkdir_mode(&pd.root, 0o700)?;
+        let dir = trust::walk_create(
+            &self.root,
+            &[
+                ("v1", 0o755),
+                ("projects", 0o711),
+                (project.as_str(), 0o700),
+            ],
+        )?;
         for s in ["objects", "layers", "caches", "runs", "staging", "empty"] {
-            mkdir_mode(&pd.root.join(s), 0o755)?;
+            trust::make_in(&dir, s, 0o755)?;
         }
         Ok(pd)
     }

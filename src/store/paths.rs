@@ -69,6 +69,11 @@ impl ProjectDirs {
     pub fn runs(&self) -> PathBuf {
         self.sub("runs")
     }
+    /// `failed/`: what failed setups wrote to their logs, per run and cache
+    /// ([`super::keep_failed_logs`]).
+    pub fn failed(&self) -> PathBuf {
+        self.sub("failed")
+    }
     /// `staging/`.
     pub fn staging(&self) -> PathBuf {
         self.sub("staging")
@@ -216,11 +221,63 @@ pub(super) fn remove_tree(p: &Path) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            // EACCES: a directory without write permission; EPERM: an immutable or
+            // append-only file or directory (`chattr +i`/`+a` by a setup, in its upper).
             make_writable(p);
+            clear_inode_flags(p);
             fs::remove_dir_all(p).at(p)
         }
         Err(e) => Err(Error::io(p, e)),
     }
+}
+
+/// `FS_IMMUTABLE_FL | FS_APPEND_FL` (include/uapi/linux/fs.h): the inode flags that make
+/// unlink(2), rename(2) and link(2) fail with EPERM.
+const PINNING_FLAGS: u32 = 0x10 | 0x20;
+
+/// Clears the immutable and append-only inode flags (`chattr -i -a`) of `p` and everything
+/// below it (symlinks not followed), so the tree can be removed or its files linked into
+/// objects. Best effort: a file whose flags cannot be read or changed (no CAP_LINUX_IMMUTABLE,
+/// a filesystem without inode flags) is left as it is. Returns how many inodes it changed.
+pub(super) fn clear_inode_flags(p: &Path) -> u64 {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // include/uapi/linux/fs.h: _IOR('f', 1, long) and _IOW('f', 2, long); the kernel passes
+    // an int.
+    const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+    const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+    let Ok(meta) = fs::symlink_metadata(p) else {
+        return 0;
+    };
+    let ft = meta.file_type();
+    if !(ft.is_dir() || ft.is_file()) {
+        return 0;
+    }
+    let mut changed = 0;
+    if let Ok(f) = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(p)
+    {
+        let mut buf = [0u8; 28];
+        if crate::sys::ioctl_fileattr(f.as_fd(), FS_IOC_GETFLAGS, &mut buf).is_ok() {
+            let flags = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+            if flags & PINNING_FLAGS != 0 {
+                buf[..4].copy_from_slice(&(flags & !PINNING_FLAGS).to_ne_bytes());
+                if crate::sys::ioctl_fileattr(f.as_fd(), FS_IOC_SETFLAGS, &mut buf).is_ok() {
+                    changed += 1;
+                }
+            }
+        }
+    }
+    if ft.is_dir()
+        && let Ok(rd) = fs::read_dir(p)
+    {
+        for e in rd.flatten() {
+            changed += clear_inode_flags(&e.path());
+        }
+    }
+    changed
 }
 
 fn make_writable(p: &Path) {

@@ -134,7 +134,7 @@ impl Store {
             let fill_path = sm.pd.fill_lock(&sm.rec.cache, &sm.rec.key);
             held.fill = Lease::adopt(sm.rec.daemon_pid, fd, &fill_path);
         }
-        self.commit_run(sm, held, None).map(|(out, _)| out)
+        self.commit_run(sm, held, None, true).map(|(out, _)| out)
     }
 
     /// [`Store::commit`] of a mount this process made: its own leases (the fill lock above
@@ -143,7 +143,9 @@ impl Store {
     /// record carries them. Returns the outcome and the new mount (the published layer as a
     /// hit; the same mount back after a hit).
     ///
-    /// Errors: as [`Store::commit`].
+    /// Errors: as [`Store::commit`], except that a failed promotion (e.g. `ENOSPC`) does not
+    /// mount the same upper again for a retry: the run directory (upper and all) is removed
+    /// at once and the fill lock released — its caller, a run, ends there.
     pub fn commit_mount(
         &self,
         m: Mount,
@@ -156,10 +158,10 @@ impl Store {
             });
         };
         if sm.rec.result == MountResult::Hit {
-            let (out, _) = self.commit_run(sm, Leases::default(), None)?;
+            let (out, _) = self.commit_run(sm, Leases::default(), None, true)?;
             return Ok((out, Some(m)));
         }
-        self.commit_run(sm, m.leases, inputs)
+        self.commit_run(sm, m.leases, inputs, false)
     }
 
     fn commit_run(
@@ -167,6 +169,7 @@ impl Store {
         sm: StoreMount,
         mut held: Leases,
         inputs: Option<&super::Inputs>,
+        remount_on_failure: bool,
     ) -> Result<(CommitOutcome, Option<Mount>)> {
         let t0 = Instant::now();
         let StoreMount {
@@ -186,15 +189,28 @@ impl Store {
         }
         let parent = rec.lower.as_ref().map(|id| pd.layer(id));
         let upper = run_dir.join("upper");
-        let published =
-            match self.promote_into(&pd, &rec.cache, &rec.key, parent.as_ref(), Some(&upper)) {
-                Ok(p) => p,
-                Err(e) => {
-                    // Nothing was published: put the previous mount back (same lower and upper).
-                    self.mount_again(&pd, &rec, &mnt, &run_dir, held)?;
-                    return Err(e);
+        let published = match unpinned(&upper, || {
+            self.promote_into(&pd, &rec.cache, &rec.key, parent.as_ref(), Some(&upper))
+        }) {
+            Ok(p) => p,
+            Err(e) if remount_on_failure => {
+                // Nothing was published: put the previous mount back (same lower and upper).
+                self.mount_again(&pd, &rec, &mnt, &run_dir, held)?;
+                return Err(e);
+            }
+            Err(e) => {
+                // Nothing was published and nobody retries: the upper goes now (its space
+                // may be what the store lacks), the fill lock with it.
+                drop(held.others);
+                if let Err(e2) = remove_tree(&run_dir) {
+                    tracing::warn!(error = %e2, "removing a failed commit's run directory");
                 }
-            };
+                if let Some(f) = held.fill {
+                    f.remove();
+                }
+                return Err(e);
+            }
+        };
         // The old run is done: its upper's files now live in the store.
         drop(held.others);
         self.remove_run_dir(&pd, &run_dir)?;
@@ -228,6 +244,73 @@ impl Store {
         };
         tracing::info!(result = ?out.result, ms = out.total_ms, "committed");
         Ok((out, remount))
+    }
+
+    /// `save = "success"`: after a run's COMMAND exited 0, promotes the view of the mount `m`
+    /// (a hit: its layer ⊕ what maintenance and COMMAND wrote) as a newer layer of the same
+    /// key, replacing the layer the key names, so the next run hits it. Objects already
+    /// stored are linked, not copied (the normal promotion). Nothing is promoted when the
+    /// upper is empty (nothing changed): `Ok(None)`. Either way the mount is unmounted and
+    /// its run directory removed. Saves of one key are serialised by its fill lock (waiting
+    /// up to `wait`; when it cannot be had, nothing is saved: `Ok(None)`). The newer layer is
+    /// not pushed to a remote tier (remote keys are immutable).
+    ///
+    /// Errors: [`Error::NotAStoreMount`] when `m` has no record; [`Error::Unmount`] when busy;
+    /// [`Error::Io`] promoting (e.g. `ENOSPC`): nothing is published, the key keeps its layer
+    /// and the run directory is removed.
+    pub fn save_mount(&self, m: Mount, wait: std::time::Duration) -> Result<Option<Published>> {
+        let Some(sm) = self.find_run_id(&m.outcome.run)? else {
+            return Err(Error::NotAStoreMount {
+                mountpoint: m.outcome.mountpoint.clone(),
+                detail: format!(" (run {} has no record)", m.outcome.run),
+            });
+        };
+        let upper = sm.run_dir.join("upper");
+        let changed = fs::read_dir(&upper).at(&upper)?.next().is_some();
+        let fill_path = sm.pd.fill_lock(&sm.rec.cache, &sm.rec.key);
+        if let Some(parent) = fill_path.parent() {
+            fs::create_dir_all(parent).at(parent)?;
+        }
+        let lock = match changed {
+            true => Lease::acquire_timeout(&fill_path, Mode::Exclusive, wait)?,
+            false => None,
+        };
+        let Some(lock) = lock else {
+            self.umount_run(sm)?;
+            m.end_fill();
+            return Ok(None);
+        };
+        let StoreMount {
+            mnt,
+            rec,
+            run_dir,
+            pd,
+        } = sm;
+        let _span = tracing::info_span!("save", run = %rec.run, key = %rec.key).entered();
+        unmount_run(&mnt, &run_dir, rec.daemon_pid)?;
+        let parent = rec.lower.as_ref().map(|id| pd.layer(id));
+        let lower = parent.as_ref().map(|p| p.tree());
+        let spec = PublishSpec {
+            cache: rec.cache.clone(),
+            key: rec.key.clone(),
+            layer: None,
+            parent: rec.lower.clone(),
+            created_ms: None,
+        };
+        let published = unpinned(&upper, || {
+            self.publish_built_as(
+                &pd,
+                &spec,
+                |objects, tree| promote::build_tree(objects, lower.as_deref(), Some(&upper), tree),
+                true,
+            )
+        });
+        drop(m.leases);
+        let removed = self.remove_run_dir(&pd, &run_dir);
+        lock.remove();
+        let published = published?;
+        removed?;
+        Ok(Some(published))
     }
 
     /// After a failed promotion of run `rec` (nothing was published): mounts its previous
@@ -447,6 +530,19 @@ impl Store {
         spec: &PublishSpec,
         build: impl FnOnce(&ObjectStore, &Path) -> Result<promote::TreeStats>,
     ) -> Result<Published> {
+        self.publish_built_as(pd, spec, build, false)
+    }
+
+    /// [`Store::publish_built`]; with `replace` the key is pointed at the new layer even
+    /// when it names another one already (a `save = "success"` run's newer layer of its key:
+    /// [`Store::save_mount`]).
+    fn publish_built_as(
+        &self,
+        pd: &ProjectDirs,
+        spec: &PublishSpec,
+        build: impl FnOnce(&ObjectStore, &Path) -> Result<promote::TreeStats>,
+        replace: bool,
+    ) -> Result<Published> {
         let (cache, key) = (&spec.cache, &spec.key);
         let _shared = Lease::acquire(&pd.lock(), Mode::Shared)?;
         let tp = Instant::now();
@@ -490,7 +586,11 @@ impl Store {
         if let Err(e) = sys::fsync_dir(&pd.layers()) {
             return Err(undo(Error::io(pd.layers(), e), &stats, &final_layer.dir));
         }
-        let published = publish_key(pd, cache, key, &id);
+        let published = if replace {
+            replace_key(pd, cache, key, &id).map(|()| None)
+        } else {
+            publish_key(pd, cache, key, &id)
+        };
         let (result, layer) = match published {
             Ok(None) => (CommitResult::Published, id),
             Ok(Some(winner)) => {
@@ -594,6 +694,41 @@ fn publish_key(
             Err(Error::io(&dst, e))
         }
     }
+}
+
+/// Runs `promote` (a promotion of `upper`); when it fails with EPERM because a file of the
+/// upper is immutable or append-only (`chattr +i`/`+a` in a setup: link(2) of it is refused),
+/// clears those flags in the upper ([`super::paths::clear_inode_flags`]) and runs it once more.
+/// The flags never reach a layer: they are not copied, and a linked object is the upper's
+/// inode with its flags cleared.
+fn unpinned<T>(upper: &Path, promote: impl Fn() -> Result<T>) -> Result<T> {
+    match promote() {
+        Err(Error::Io { source, .. })
+            if source.raw_os_error() == Some(libc::EPERM)
+                && super::paths::clear_inode_flags(upper) > 0 =>
+        {
+            promote()
+        }
+        r => r,
+    }
+}
+
+/// Points `key` of `cache` at layer `id` (durable in `layers/` already), replacing what it
+/// named: a temp file renamed over the key (rename(2) is atomic: a reader sees the old layer
+/// or the new one), then an fsync of `keys/`.
+///
+/// Errors: [`Error::Io`] (the key then still names its previous layer).
+fn replace_key(pd: &ProjectDirs, cache: &CacheId, key: &CacheKey, id: &LayerId) -> Result<()> {
+    let keys = pd.keys_dir(cache);
+    fs::create_dir_all(&keys).at(&keys)?;
+    let tmp = keys.join(format!(".tmp-{}", sys::random_hex(8)));
+    write_synced(&tmp, format!("{id}\n").as_bytes())?;
+    let dst = keys.join(key.as_str());
+    if let Err(e) = fs::rename(&tmp, &dst) {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(&dst, e));
+    }
+    sys::fsync_dir(&keys).at(&keys)
 }
 
 impl CommitOutcome {

@@ -98,28 +98,8 @@ pub fn forget_made_views(root: &Path, run: &str) -> Result<()> {
 ///
 /// Errors: [`Error::Io`] listing `v1/views/` or removing a record.
 pub fn reap_made_views(root: &Path) -> Result<u64> {
-    let dir = views_dir(root);
-    let names = match fs::read_dir(&dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(Error::io(&dir, e)),
-    };
     let mut removed = 0;
-    for ent in names {
-        let ent = ent.at(&dir)?;
-        let path = ent.path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        let Ok(rec) = fs::read(&path)
-            .map_err(drop)
-            .and_then(|b| serde_json::from_slice::<MadeViews>(&b).map_err(drop))
-        else {
-            continue; // half-written by a run killed mid-write: its tmp name is skipped anyway
-        };
-        if sys::pid_alive(rec.owner_pid) {
-            continue;
-        }
+    for (path, rec) in dead_records(root)? {
         let mut busy = Vec::new();
         for d in rec.dirs.into_iter().rev() {
             match remove_if_unused(&d) {
@@ -149,6 +129,62 @@ pub fn reap_made_views(root: &Path) -> Result<u64> {
         }
     }
     Ok(removed)
+}
+
+/// The records of `v1/views/` whose run is gone (its owner pid dead), with their paths; an
+/// unreadable record (half-written by a run killed mid-write) is passed over.
+///
+/// Errors: [`Error::Io`] listing `v1/views/`.
+fn dead_records(root: &Path) -> Result<Vec<(PathBuf, MadeViews)>> {
+    let dir = views_dir(root);
+    let names = match fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(&dir, e)),
+    };
+    let mut out = Vec::new();
+    for ent in names {
+        let path = ent.at(&dir)?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let Ok(rec) = fs::read(&path)
+            .map_err(drop)
+            .and_then(|b| serde_json::from_slice::<MadeViews>(&b).map_err(drop))
+        else {
+            continue;
+        };
+        if !sys::pid_alive(rec.owner_pid) {
+            out.push((path, rec));
+        }
+    }
+    Ok(out)
+}
+
+/// What [`reap_made_views`] would remove now, without removing anything (`gc --dry-run`): the
+/// recorded directories of dead runs that are still the ones they made, held by no run, and
+/// empty but for directories that would go too.
+///
+/// Errors: [`Error::Io`] listing `v1/views/`.
+pub fn count_made_views(root: &Path) -> Result<u64> {
+    let mut doomed: std::collections::HashSet<PathBuf> = Default::default();
+    for (_, rec) in dead_records(root)? {
+        // Innermost first, as the reaper removes them.
+        for d in rec.dirs.iter().rev() {
+            let same = fs::symlink_metadata(&d.path)
+                .is_ok_and(|m| m.is_dir() && m.dev() == d.dev && m.ino() == d.ino);
+            let free = same
+                && fs::File::open(&d.path)
+                    .is_ok_and(|f| sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok());
+            let empty = free
+                && fs::read_dir(&d.path)
+                    .is_ok_and(|rd| rd.flatten().all(|e| doomed.contains(&e.path())));
+            if empty {
+                doomed.insert(d.path.clone());
+            }
+        }
+    }
+    Ok(doomed.len() as u64)
 }
 
 enum Removal {
@@ -204,7 +240,8 @@ mod tests {
             later.clone(),
         ];
         record_made_views(root.path(), "r1", &dirs).unwrap();
-        // A live owner (this process): nothing is touched.
+        // A live owner (this process): nothing is touched (nor counted by a dry run).
+        assert_eq!(count_made_views(root.path()).unwrap(), 0);
         assert_eq!(reap_made_views(root.path()).unwrap(), 0);
         assert!(b.exists());
         // The owner is dead from here on.
@@ -218,12 +255,16 @@ mod tests {
         fs::write(full.join("f"), b"x").unwrap();
         let hold = fs::File::open(&held).unwrap();
         sys::flock(&hold, libc::LOCK_SH).unwrap();
+        // A dry run counts what the reaper then removes, and removes nothing.
+        assert_eq!(count_made_views(root.path()).unwrap(), 2, "a/b and a");
+        assert!(b.exists());
         assert_eq!(reap_made_views(root.path()).unwrap(), 2, "a/b then a");
         assert!(!a.exists());
         assert!(full.join("f").exists() && held.exists() && later.exists());
         // The held one is kept in the record and goes once its holder lets go.
         assert!(path.exists());
         drop(hold);
+        assert_eq!(count_made_views(root.path()).unwrap(), 1);
         assert_eq!(reap_made_views(root.path()).unwrap(), 1);
         assert!(!held.exists() && !path.exists());
         assert!(later.exists());

@@ -2,14 +2,14 @@
 // playwright-core (from $LAYERCACHE_PLAYWRIGHT, installed by scripts/test.sh) through the pages
 // of a running `layercache serve`, and saves a screenshot of each step.
 //
-// usage: node check.cjs BASE_URL OUTDIR
+// usage: node check.cjs BASE_URL OUTDIR LOGIN_URL (the URL `layercache serve` printed)
 // stdout: `CHROMIUM_PID <pid>` first (the Rust side kills that pid if this script dies), then
 // `ok <step>` lines and `RESULT <json>`; exit 0 when every check passed.
 'use strict';
 const path = require('path');
 const { chromium } = require(process.env.LAYERCACHE_PLAYWRIGHT || 'playwright-core');
 
-const [base, outdir] = process.argv.slice(2);
+const [base, outdir, loginUrl] = process.argv.slice(2);
 const shot = (page, name) => page.screenshot({ path: path.join(outdir, name), fullPage: true });
 const expect = (cond, what) => {
   if (!cond) throw new Error('check failed: ' + what);
@@ -34,6 +34,27 @@ async function main() {
     const browser = await chromium.connect(server.wsEndpoint());
     const ctx = await browser.newContext({ viewport: { width: 1100, height: 800 } });
     const page = await ctx.newPage();
+
+    // Without the token a page is the login form (401); the printed login URL logs in, sets an
+    // HttpOnly, SameSite=Strict cookie (not the token) and lands on a URL without the token.
+    const anon = await browser.newContext({ viewport: { width: 1100, height: 800 } });
+    const ap = await anon.newPage();
+    const refused = await ap.goto(base + '/projects/web-demo');
+    expect(refused.status() === 401, 'a page without the token answers 401: ' + refused.status());
+    expect((await ap.locator('h1').innerText()) === 'Log in', 'the login form is shown');
+    expect((await ap.locator('section[data-cache]').count()) === 0, 'nothing of the project shows');
+    await shot(ap, 'login.png');
+    await anon.close();
+    const token = new URL(loginUrl).searchParams.get('token');
+    expect(token && token.length === 64, 'the login URL holds the token');
+    await page.goto(loginUrl);
+    expect(page.url() === base + '/', 'the login URL lands on the projects without the token: ' + page.url());
+    const cookies = await ctx.cookies();
+    expect(cookies.length === 1 && cookies[0].name.startsWith('layercache_session_') &&
+      cookies[0].httpOnly && cookies[0].sameSite === 'Strict' && cookies[0].path === '/' &&
+      cookies[0].value !== token, 'one HttpOnly SameSite=Strict session cookie: ' +
+      JSON.stringify(cookies.map((c) => ({ ...c, value: c.value === token ? 'TOKEN' : '…' }))));
+    console.log('ok login');
 
     // The project page: clear one key of node_modules, confirm, see it gone.
     await page.goto(base + '/projects/web-demo');
@@ -99,6 +120,7 @@ async function main() {
     // and the table scrolls in its box, not the page.
     const mid = await browser.newContext({ viewport: { width: 900, height: 900 } });
     const p3 = await mid.newPage();
+    await p3.goto(loginUrl);
     await p3.goto(base + '/projects/web-demo/runs/' + runId);
     const keySpan = p3.locator('table#preparation td[data-label="key"] .key').first();
     const keyBox = await keySpan.boundingBox();
@@ -112,6 +134,7 @@ async function main() {
     console.log('ok run');
     const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true });
     const p2 = await phone.newPage();
+    await p2.goto(loginUrl);
     await p2.goto(base + '/projects/web-demo/runs');
     const box = await p2.locator('svg#chart').boundingBox();
     expect(box && box.width <= 390, 'the chart fits a phone');

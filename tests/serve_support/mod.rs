@@ -6,8 +6,12 @@
 //!   hit, then the lockfile of tests/serve_fixture/v2: a restore and a hit, so each cache has
 //!   two keys);
 //! * [`Server`]: `layercache serve --listen 127.0.0.1:0` on a store; ready once it printed its
-//!   address (no sleeping); Drop stops it by its pid (SIGTERM, SIGKILL as the last resort);
-//! * [`request`]: one HTTP/1.1 request over a real TCP connection.
+//!   address and login line (no sleeping), whose token it keeps ([`Server::request`] and
+//!   [`Server::get_json`] send it); Drop stops it by its pid (SIGTERM, SIGKILL as the last
+//!   resort);
+//! * [`request`]: one HTTP/1.1 request over a real TCP connection, with only the headers given;
+//! * [`test_user`]: an unprivileged user of this host (made with `useradd` when missing), for
+//!   requests made as another local user.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
@@ -15,6 +19,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 #[path = "../common/run.rs"]
@@ -95,42 +100,147 @@ pub struct Server {
     pub addr: String,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// The login URL it printed (`http://127.0.0.1:PORT/login?token=…` for the store's token).
+    pub login: String,
+    /// The store's token, from the login URL (`None` with `--token-file`).
+    pub token: Option<String>,
+    /// The token file it named (`--json` only).
+    pub token_file: Option<PathBuf>,
+    /// stdout's lines after the first ones (kept so that the reader thread can run on).
+    _lines: Receiver<String>,
+}
+
+/// Starts `layercache serve` on `store`; a thread reads its stdout into the channel.
+fn spawn(store: &Path, json: bool, extra: &[&str]) -> (Child, Receiver<String>) {
+    spawn_on(store, "127.0.0.1:0", json, extra)
+}
+
+/// [`spawn`] listening on `listen`.
+fn spawn_on(store: &Path, listen: &str, json: bool, extra: &[&str]) -> (Child, Receiver<String>) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--store").arg(store);
+    if json {
+        cmd.arg("--json");
+    }
+    let mut child = cmd
+        .args(["serve", "--listen", listen])
+        .args(extra)
+        .env("LAYERCACHE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The next stdout line of the server being started; a failure (the child killed) when it
+/// exits first or prints nothing for 60 s — a safety net against a hang, not a timing check.
+fn next_line(child: &mut Option<Child>, lines: &Receiver<String>) -> String {
+    match lines.recv_timeout(Duration::from_secs(60)) {
+        Ok(line) => line,
+        Err(e) => fail(child, &format!("serve printed no line ({e})")),
+    }
+}
+
+/// Kills and reaps the server being started, then panics with `msg`.
+fn fail(child: &mut Option<Child>, msg: &str) -> ! {
+    let status = child.as_mut().map(|c| {
+        let _ = c.kill();
+        c.wait()
+    });
+    panic!("layercache serve: {msg} (exit: {status:?})");
 }
 
 impl Server {
-    /// `layercache --store STORE serve --listen 127.0.0.1:0 EXTRA…`, ready once it printed its
-    /// address on stdout.
+    /// `layercache --store STORE --json serve --listen 127.0.0.1:0 EXTRA…`, ready once it
+    /// printed its JSON line (`listen`, `login`, `token_file`).
     pub fn start(store: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
-            .arg("--store")
-            .arg(store)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .env("LAYERCACHE_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let Some(url) = line
-            .trim()
+        Server::start_on(store, "127.0.0.1:0", extra)
+    }
+
+    /// [`Server::start`] with `--listen LISTEN` (`[::1]:0`, say).
+    pub fn start_on(store: &Path, listen: &str, extra: &[&str]) -> Server {
+        let (child, lines) = spawn_on(store, listen, true, extra);
+        let mut child = Some(child);
+        let line = next_line(&mut child, &lines);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        let (Some(url), Some(login)) = (v["listen"].as_str(), v["login"].as_str()) else {
+            fail(&mut child, &format!("no listen and login URLs in {line:?}"));
+        };
+        let mut server = Server::new(child.take().unwrap(), lines, url, login);
+        server.token_file = v["token_file"].as_str().map(PathBuf::from);
+        server
+    }
+
+    /// `layercache --store STORE serve --listen 127.0.0.1:0 EXTRA…` (text output), ready once
+    /// it printed its two lines (`layercache: serving STORE on URL`, then the login line), which
+    /// are returned with it.
+    pub fn start_text(store: &Path, extra: &[&str]) -> (Server, [String; 2]) {
+        let (child, lines) = spawn(store, false, extra);
+        let mut child = Some(child);
+        let first = next_line(&mut child, &lines);
+        let second = next_line(&mut child, &lines);
+        let url = first
             .rsplit(' ')
             .next()
-            .filter(|u| u.starts_with("http://"))
-        else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!("serve did not print its address (got {line:?}, {status:?})");
+            .filter(|u| u.starts_with("http://"));
+        // `layercache: log in at URL (…)` or `… (Authorization: Bearer, or log in at URL)`.
+        let login = second
+            .split_whitespace()
+            .map(|w| w.trim_end_matches(')'))
+            .find(|w| w.starts_with("http://") && w.contains("/login"));
+        let (Some(url), Some(login)) = (url, login) else {
+            fail(
+                &mut child,
+                &format!("no address and login URL in {first:?} {second:?}"),
+            );
         };
+        let server = Server::new(child.take().unwrap(), lines, url, login);
+        (server, [first, second])
+    }
+
+    fn new(child: Child, lines: Receiver<String>, url: &str, login: &str) -> Server {
         let base = url.trim_end_matches('/').to_string();
-        Server {
+        let mut server = Server {
             addr: base.trim_start_matches("http://").to_string(),
             base,
+            login: login.to_string(),
+            token: login.split_once("?token=").map(|(_, t)| t.to_string()),
+            token_file: None,
             child,
+            _lines: lines,
+        };
+        if !server.login.starts_with(&format!("{}/login", server.base)) {
+            let msg = format!("login URL {} is not on {}", server.login, server.base);
+            server.terminate(libc::SIGKILL);
+            panic!("{msg}");
         }
+        server
+    }
+
+    /// [`request`] with the store's token as `Authorization: Bearer` (when there is one).
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let mut all: Vec<(&str, &str)> = headers.to_vec();
+        if let Some(b) = &bearer {
+            all.push(("Authorization", b));
+        }
+        request(&self.addr, method, path, &all, body)
+    }
+
+    /// `GET path` with the token, expecting JSON.
+    pub fn get_json(&self, path: &str) -> (u16, serde_json::Value) {
+        let r = self.request("GET", path, &[], b"");
+        (r.status, r.json())
     }
 
     /// The server's pid.
@@ -271,7 +381,7 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
 }
 
-/// `GET path` expecting JSON.
+/// `GET path` expecting JSON, without credentials.
 pub fn get_json(addr: &str, path: &str) -> (u16, serde_json::Value) {
     let r = request(addr, "GET", path, &[], b"");
     (r.status, r.json())
@@ -287,4 +397,43 @@ pub fn lc_json(store: &Path, args: &[&str]) -> serde_json::Value {
             .args(args),
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// An unprivileged user of this host for the tests (`lcserve`, made with `useradd` when
+/// missing, no home): `(uid, gid)`.
+pub fn test_user() -> (u32, u32) {
+    const NAME: &str = "lcserve";
+    let id = |flag: &str| Command::new("id").args([flag, NAME]).output();
+    if !id("-u").is_ok_and(|o| o.status.success()) {
+        // A concurrent test may have made it meanwhile: only its existence matters.
+        let _ = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "-s",
+                "/usr/sbin/nologin",
+                NAME,
+            ])
+            .output();
+    }
+    let num = |flag: &str| -> u32 {
+        let o = run_ok(Command::new("id").args([flag, NAME]));
+        String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+    };
+    let ids = (num("-u"), num("-g"));
+    assert_ne!(ids.0, 0, "{NAME} is root");
+    ids
+}
+
+/// `ARGV…` as `user` with no supplementary groups and no capabilities (`setpriv`).
+pub fn as_user(user: (u32, u32), argv: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={}", user.0))
+        .arg(format!("--regid={}", user.1))
+        .args(["--clear-groups", "--inh-caps=-all", "--"])
+        .args(argv)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .output()
+        .unwrap()
 }

@@ -1,0 +1,443 @@
+//! What a failed setup wrote to its logs, kept where its user can read it after the run:
+//! `projects/<p>/failed/<run>/<cache>/…`. A run's private upper is discarded when the run
+//! ends, and the log a package manager points at (npm's `<cache>/_logs/…-debug-0.log`, pip's
+//! and uv's `--log-file`s) lies inside the view, so without this it is gone before anyone can
+//! read it. Only log-like regular files of the upper ([`is_log_like`]) are copied, newest
+//! first, at most [`MAX_FILES`] files and [`MAX_BYTES`] bytes; `gc` lists what is kept and
+//! removes it after [`KEEP_FOR`] (CI systems keep a failed job's logs for a bounded time
+//! too).
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::paths::{ProjectDirs, read_names, remove_tree};
+use crate::error::{Error, IoContext, Result};
+
+/// How long `gc` keeps a failed setup's logs: 7 days from the failure.
+pub const KEEP_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+/// At most this many files are kept of one failed setup.
+pub const MAX_FILES: usize = 64;
+/// At most this many bytes are kept of one failed setup (a bigger file is cut to its tail).
+pub const MAX_BYTES: u64 = 32 << 20;
+
+/// What [`keep_failed_logs`] kept.
+#[derive(Clone, Debug, Default)]
+pub struct KeptLogs {
+    /// `projects/<p>/failed/<run>/<cache>`: where the files are.
+    pub dir: PathBuf,
+    /// Each kept file: its path as the setup saw it (under the cache's view path) and where
+    /// it is kept now; newest first.
+    pub files: Vec<(PathBuf, PathBuf)>,
+    /// Whether the end of the setup's output was kept, as `output.txt` in [`KeptLogs::dir`].
+    pub output: bool,
+}
+
+/// Whether a file at `rel` (relative to a cache's mount) looks like a log a tool wrote for a
+/// human: a name ending in `.log` (or a rotated `.log.N`), or any file in a directory named
+/// `_logs`, `logs` or `log` (npm writes `_logs/<time>-debug-0.log`).
+pub fn is_log_like(rel: &Path) -> bool {
+    let name = rel
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.ends_with(".log") || name.contains(".log.") {
+        return true;
+    }
+    let parent = rel.parent().and_then(|p| p.file_name());
+    parent.is_some_and(|p| matches!(p.to_str(), Some("_logs" | "logs" | "log")))
+}
+
+/// A failed setup, as [`keep_failed_logs`] keeps it.
+#[derive(Clone, Copy, Debug)]
+pub struct FailedSetup<'a> {
+    /// The run id (letters, digits and `-`).
+    pub run: &'a str,
+    /// The cache id.
+    pub cache: &'a str,
+    /// Its private upper: only what the setup wrote.
+    pub upper: &'a Path,
+    /// Where the setup saw the cache (its view path).
+    pub view: &'a Path,
+    /// The script as it ran.
+    pub script: &'a str,
+    /// Its exit status.
+    pub status: i32,
+    /// The end of its stdout and stderr, when captured.
+    pub output: Option<&'a [u8]>,
+}
+
+/// Copies the log-like files of `f.upper` into `projects/<p>/failed/<run>/<cache>/` of `pd`,
+/// keeping their paths relative to the mount, plus `setup.txt` (the script, its exit status
+/// and the view path) and, when given, `output.txt`: the end of the setup's stdout and
+/// stderr. Returns `Ok(None)` when there is neither a log-like file nor output.
+///
+/// Errors: [`Error::Invalid`] for a run id that is not letters, digits and `-`; [`Error::Io`]
+/// creating or writing the copies (e.g. `ENOSPC` on a full store: what was copied is removed
+/// again).
+pub fn keep_failed_logs(pd: &ProjectDirs, f: &FailedSetup<'_>) -> Result<Option<KeptLogs>> {
+    let FailedSetup {
+        run,
+        cache,
+        upper,
+        view,
+        script,
+        status,
+        output,
+    } = *f;
+    if run.is_empty() || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(Error::invalid(format!(
+            "run id {run:?}: want letters, digits and '-'"
+        )));
+    }
+    let mut found = Vec::new();
+    collect_logs(upper, Path::new(""), &mut found);
+    let output = output.filter(|o| !o.is_empty());
+    if found.is_empty() && output.is_none() {
+        return Ok(None);
+    }
+    // Newest first: the last attempt's log matters most.
+    found.sort_by_key(|f| std::cmp::Reverse(f.1));
+    let run_dir = pd.failed().join(run);
+    let dir = run_dir.join(cache);
+    let copied = copy_logs(upper, &dir, &found, view, script, status).and_then(|files| {
+        if let Some(o) = output {
+            let path = dir.join("output.txt");
+            fs::write(&path, o).at(&path)?;
+        }
+        Ok(files)
+    });
+    match copied {
+        Ok(files) => Ok(Some(KeptLogs {
+            dir,
+            files,
+            output: output.is_some(),
+        })),
+        Err(e) => {
+            let _ = remove_tree(&run_dir);
+            Err(e)
+        }
+    }
+}
+
+/// Regular files under `dir` (recursively, `rel` its path in the mount) that
+/// [`is_log_like`], with their mtimes. Symlinks are not followed; unreadable directories are
+/// skipped.
+fn collect_logs(dir: &Path, rel: &Path, out: &mut Vec<(PathBuf, SystemTime, u64)>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for ent in rd.flatten() {
+        let Ok(t) = ent.file_type() else { continue };
+        let r = rel.join(ent.file_name());
+        if t.is_dir() {
+            collect_logs(&ent.path(), &r, out);
+        } else if t.is_file()
+            && is_log_like(&r)
+            && let Ok(m) = ent.metadata()
+        {
+            out.push((r, m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()));
+        }
+    }
+}
+
+/// The copies of [`keep_failed_logs`]; what does not fit [`MAX_FILES`]/[`MAX_BYTES`] is left
+/// out (a file bigger than what is left keeps its tail: a log's end says why it failed).
+fn copy_logs(
+    upper: &Path,
+    dir: &Path,
+    found: &[(PathBuf, SystemTime, u64)],
+    view: &Path,
+    script: &str,
+    status: i32,
+) -> Result<Vec<(PathBuf, PathBuf)>> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .at(dir)?;
+    let note = dir.join("setup.txt");
+    fs::write(
+        &note,
+        format!(
+            "view: {}\nexit status: {status}\nscript:\n{script}\n",
+            view.display()
+        ),
+    )
+    .at(&note)?;
+    let mut left = MAX_BYTES;
+    let mut files = Vec::new();
+    for (rel, _, len) in found.iter().take(MAX_FILES) {
+        if left == 0 {
+            break;
+        }
+        let src = upper.join(rel);
+        let dst = dir.join(rel);
+        if let Some(parent) = dst.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .at(parent)?;
+        }
+        let Ok(mut from) = fs::File::open(&src) else {
+            continue;
+        };
+        let take = (*len).min(left);
+        from.seek(SeekFrom::Start(len - take)).at(&src)?;
+        let mut to = fs::File::create(&dst).at(&dst)?;
+        let n = std::io::copy(&mut from.take(take), &mut to).at(&dst)?;
+        to.flush().at(&dst)?;
+        left = left.saturating_sub(n);
+        files.push((view.join(rel), dst));
+    }
+    Ok(files)
+}
+
+/// The size and the free space (for an unprivileged user: `f_bavail`) of the filesystem
+/// holding `path`, bytes; `None` when it cannot be asked (`statvfs(3)`).
+pub fn filesystem_space(path: &Path) -> Option<(u64, u64)> {
+    let f = fs::File::open(path).ok()?;
+    let sv = crate::sys::fstatvfs(&f).ok()?;
+    let unit = sv.f_frsize;
+    Some((sv.f_blocks * unit, sv.f_bavail * unit))
+}
+
+/// Whether a filesystem of `total` bytes with `free` bytes free counts as full for a failed
+/// setup: under 32 MiB or under 0.5 % free (a setup that met `ENOSPC` used up what there was;
+/// a failure with more space free was something else).
+pub fn looks_full(total: u64, free: u64) -> bool {
+    free < (32 << 20) || free.saturating_mul(200) < total
+}
+
+/// The one plain line for a run that ran out of space in the store at `root`: what failed
+/// (`what`, e.g. `setup of cache "npm"`), the filesystem's size and free space as measured
+/// now, that nothing was published, and what to do. No internal path of the store is named.
+pub fn store_full_message(root: &Path, what: &str) -> String {
+    let space = match filesystem_space(root) {
+        Some((total, free)) => format!(
+            " ({}: {} in all, {} free)",
+            root.display(),
+            crate::run::fmt_bytes(total),
+            crate::run::fmt_bytes(free)
+        ),
+        None => format!(" ({})", root.display()),
+    };
+    format!(
+        "the store's filesystem is full{space}: {what} ran out of space; nothing was published \
+         and the run's files were removed. Free space with `layercache gc` (`--max-size SIZE` \
+         keeps less), or give the store a bigger disk (--store DIR or LAYERCACHE_STORE)"
+    )
+}
+
+/// `gc`'s part: removes each `failed/<run>` of `pd` older than `keep` (by its mtime) — with
+/// `dry`, removes nothing; returns (removed or would be removed, kept).
+///
+/// Errors: [`Error::Io`] reading or removing them.
+pub(super) fn reap_failed(pd: &ProjectDirs, keep: Duration, dry: bool) -> Result<(u64, u64)> {
+    let (mut removed, mut kept) = (0, 0);
+    let now = SystemTime::now();
+    for name in read_names(&pd.failed())? {
+        let dir = pd.failed().join(&name);
+        let age = fs::symlink_metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| now.duration_since(t).ok())
+            .unwrap_or_default();
+        if age < keep {
+            kept += 1;
+            continue;
+        }
+        removed += 1;
+        if !dry {
+            remove_tree(&dir)?;
+        }
+    }
+    Ok((removed, kept))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ProjectId;
+
+    #[test]
+    fn logs_are_told_from_other_files() {
+        for yes in [
+            "_logs/2026-01-01T00_00_00_000Z-debug-0.log",
+            "npm-debug.log",
+            "x/pip.LOG",
+            "logs/build.txt",
+            "a/log/out",
+            "uv.log.1",
+        ] {
+            assert!(is_log_like(Path::new(yes)), "{yes}");
+        }
+        for no in [
+            "index.js",
+            "logo.png",
+            "catalog/x.json",
+            "dialog.c",
+            "_logs",
+        ] {
+            assert!(!is_log_like(Path::new(no)), "{no}");
+        }
+    }
+
+    #[test]
+    fn a_failed_setups_logs_are_kept_then_reaped() {
+        let t = tempfile::tempdir().unwrap();
+        let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
+        let upper = t.path().join("upper");
+        fs::create_dir_all(upper.join("_logs")).unwrap();
+        fs::create_dir_all(upper.join("pkg")).unwrap();
+        fs::write(upper.join("_logs/1-debug-0.log"), "npm error ENOENT\n").unwrap();
+        fs::write(upper.join("pkg/index.js"), "x").unwrap();
+        let view = Path::new("/cache/npm");
+        let kept = keep_failed_logs(
+            &pd,
+            &FailedSetup {
+                run: "run-1",
+                cache: "npm",
+                upper: &upper,
+                view,
+                script: "npm ci",
+                status: 1,
+                output: None,
+            },
+        )
+        .unwrap()
+        .expect("a log was written");
+        assert_eq!(kept.dir, pd.failed().join("run-1/npm"));
+        assert_eq!(
+            kept.files,
+            vec![(
+                PathBuf::from("/cache/npm/_logs/1-debug-0.log"),
+                kept.dir.join("_logs/1-debug-0.log")
+            )]
+        );
+        assert_eq!(
+            fs::read_to_string(&kept.files[0].1).unwrap(),
+            "npm error ENOENT\n"
+        );
+        assert!(!kept.dir.join("pkg").exists(), "only logs are kept");
+        let note = fs::read_to_string(kept.dir.join("setup.txt")).unwrap();
+        assert!(
+            note.contains("exit status: 1") && note.contains("npm ci"),
+            "{note}"
+        );
+        // No log written: nothing kept.
+        let bare = t.path().join("bare");
+        fs::create_dir_all(&bare).unwrap();
+        assert!(
+            keep_failed_logs(
+                &pd,
+                &FailedSetup {
+                    run: "run-2",
+                    cache: "npm",
+                    upper: &bare,
+                    view,
+                    script: "x",
+                    status: 1,
+                    output: None
+                },
+            )
+            .unwrap()
+            .is_none()
+        );
+        assert!(
+            keep_failed_logs(
+                &pd,
+                &FailedSetup {
+                    run: "../x",
+                    cache: "npm",
+                    upper: &upper,
+                    view,
+                    script: "x",
+                    status: 1,
+                    output: None
+                },
+            )
+            .is_err()
+        );
+        // gc keeps them while young, removes them once old (a dry run only counts).
+        assert_eq!(reap_failed(&pd, KEEP_FOR, false).unwrap(), (0, 1));
+        assert_eq!(reap_failed(&pd, Duration::ZERO, true).unwrap(), (1, 0));
+        assert!(kept.dir.exists());
+        assert_eq!(reap_failed(&pd, Duration::ZERO, false).unwrap(), (1, 0));
+        assert!(!pd.failed().join("run-1").exists());
+    }
+
+    #[test]
+    fn full_means_little_free_in_bytes_or_share() {
+        assert!(looks_full(48 << 20, 0));
+        assert!(looks_full(1 << 40, 1 << 30)); // 0.1 % of 1 TiB
+        assert!(!looks_full(1 << 40, 100 << 30));
+        assert!(!looks_full(48 << 20, 40 << 20));
+        let t = tempfile::tempdir().unwrap();
+        let m = store_full_message(t.path(), "setup of cache \"npm\"");
+        assert!(m.starts_with("the store's filesystem is full ("), "{m}");
+        assert!(
+            m.contains(" in all, ") && m.contains("nothing was published"),
+            "{m}"
+        );
+        assert!(m.contains("`layercache gc`"), "{m}");
+    }
+
+    #[test]
+    fn the_output_alone_is_kept_too() {
+        let t = tempfile::tempdir().unwrap();
+        let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        let f = FailedSetup {
+            run: "r",
+            cache: "c",
+            upper: &upper,
+            view: Path::new("/v"),
+            script: "s",
+            status: 2,
+            output: Some(b"E: no such package\n"),
+        };
+        let kept = keep_failed_logs(&pd, &f).unwrap().unwrap();
+        assert!(kept.output && kept.files.is_empty());
+        assert_eq!(
+            fs::read(kept.dir.join("output.txt")).unwrap(),
+            b"E: no such package\n"
+        );
+        let none = FailedSetup {
+            output: Some(b""),
+            run: "r2",
+            ..f
+        };
+        assert!(keep_failed_logs(&pd, &none).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_big_log_keeps_its_tail() {
+        let t = tempfile::tempdir().unwrap();
+        let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        let mut big = vec![b'a'; MAX_BYTES as usize];
+        big.extend_from_slice(b"the reason\n");
+        fs::write(upper.join("build.log"), &big).unwrap();
+        let kept = keep_failed_logs(
+            &pd,
+            &FailedSetup {
+                run: "r",
+                cache: "c",
+                upper: &upper,
+                view: Path::new("/v"),
+                script: "s",
+                status: 2,
+                output: None,
+            },
+        )
+        .unwrap()
+        .unwrap();
+        let copy = fs::read(&kept.files[0].1).unwrap();
+        assert_eq!(copy.len() as u64, MAX_BYTES);
+        assert!(copy.ends_with(b"the reason\n"));
+    }
+}

@@ -1,0 +1,577 @@
+//! What a new user meets in `layercache run` (issue 32), through the binary with
+//! `--sandbox none`: what is said while setup runs, where a failed setup's logs are kept, a
+//! full store, and build output saved from a cache view. Real FUSE mounts as root (skipped
+//! otherwise, a failure when `CI` is set); each test's [`Sandbox`] unmounts what is left
+//! below it, even when the test panics.
+
+#[path = "common/run.rs"]
+mod run_common;
+
+use std::process::Command;
+
+use run_common::{BIN, Sandbox, can_mount, run_ok};
+
+fn spec(setup: &str, extra: &str) -> String {
+    format!(
+        "project = \"p\"\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\nenv = {{ DEPS = \
+         \"{{mount}}\" }}\nsetup = {setup:?}\n{extra}"
+    )
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Before setup a line says what was found and what runs; while it runs a plain heartbeat
+/// line (stderr is a pipe here, not a terminal) gives the time and bytes written; with
+/// `--json` the heartbeat is not printed.
+#[test]
+fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("head -c 70000 /dev/zero > \"$DEPS/f\"; sleep 3", ""),
+    );
+    let fast = [("LAYERCACHE_PROGRESS_SECS", "1")];
+    let out = sb.run_cmd(&[], &s, &["true"], &fast);
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "layercache: deps: miss (no earlier layer), running setup: head -c 70000 /dev/zero"
+        ),
+        "{err}"
+    );
+    let beat = err
+        .lines()
+        .find(|l| l.starts_with("layercache: deps: setup running for "))
+        .unwrap_or_else(|| panic!("no heartbeat: {err}"));
+    assert!(beat.ends_with("68.4 KiB written"), "{beat}");
+    assert!(!err.contains('\r'), "no redraws off a terminal: {err:?}");
+    // The summary follows the heartbeats.
+    let announced = err.find("running setup").unwrap();
+    let summary = err.find("layercache: deps miss in").unwrap();
+    assert!(announced < summary, "{err}");
+
+    // A restore names the layer it starts from; --json prints no heartbeat.
+    std::fs::write(sb.work().join("deps.lock"), "a=2\n").unwrap();
+    let s2 = sb.write_spec("s2.toml", &spec("sleep 3", ""));
+    let out = sb.run_cmd(&["--json"], &s2, &["true"], &fast);
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(!err.contains("running for"), "{err}");
+    assert!(
+        err.contains("layercache: deps: restore from the layer of key deps-"),
+        "{err}"
+    );
+}
+
+/// A failed setup's log files (written into its view, which goes with the run) are kept in
+/// the store's `failed/<run>/<cache>`, named in the failure line, and listed by `gc`.
+#[test]
+fn a_failed_setups_logs_are_kept_and_named() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec(
+            "mkdir \"$DEPS/_logs\"; echo 'npm error code E404' > \"$DEPS/_logs/t-debug-0.log\"; \
+             echo data > \"$DEPS/pkg.js\"; echo fetching; echo 'npm error 404 left-pad' >&2; \
+             exit 1",
+            "",
+        ),
+    );
+    let out = sb.run(&s, Some("true"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let run = sb.events()[0]["run"].as_str().unwrap().to_string();
+    let dir = sb
+        .path("store")
+        .join(format!("v1/projects/p/failed/{run}/deps"));
+    let kept = dir.join("_logs/t-debug-0.log");
+    assert_eq!(
+        std::fs::read_to_string(&kept).unwrap(),
+        "npm error code E404\n"
+    );
+    assert!(!dir.join("pkg.js").exists(), "only log files are kept");
+    // Its output (stderr is not a terminal here) went through and its end is kept.
+    assert!(err.contains("fetching\nnpm error 404 left-pad\n"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("output.txt")).unwrap(),
+        "fetching\nnpm error 404 left-pad\n"
+    );
+    assert!(
+        err.contains(&format!(
+            "the end of its output and the logs it wrote are kept for 7 days in {}",
+            dir.display()
+        )),
+        "{err}"
+    );
+    let view = sb.path("cache").join("deps/_logs/t-debug-0.log");
+    assert!(
+        err.contains(&format!(
+            "setup's log {} is kept as {}",
+            view.display(),
+            kept.display()
+        )),
+        "{err}"
+    );
+    assert!(sb.mounts_below().is_empty());
+    // gc lists it (and keeps it: it is young).
+    let gc = run_ok(
+        Command::new(BIN)
+            .arg("--store")
+            .arg(sb.path("store"))
+            .arg("gc"),
+    );
+    let text = String::from_utf8_lossy(&gc.stdout);
+    assert!(
+        text.contains(
+            &sb.path("store")
+                .join(format!("v1/projects/p/failed/{run}"))
+                .display()
+                .to_string()
+        ),
+        "{text}"
+    );
+    assert!(kept.exists());
+}
+
+/// A small ext4 image loop-mounted at a path (a store on a bounded filesystem, never the
+/// machine's disk); Drop unmounts it (lazily as a last resort).
+struct LoopFs {
+    mnt: std::path::PathBuf,
+}
+
+impl LoopFs {
+    /// `None` (a skip) when mkfs.ext4 or a loop mount is not available.
+    fn new(image: &std::path::Path, mnt: &std::path::Path, mib: u64) -> Option<LoopFs> {
+        let f = std::fs::File::create(image).unwrap();
+        f.set_len(mib << 20).unwrap();
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(image)
+            .output()
+            .ok()?;
+        if !mkfs.status.success() {
+            return None;
+        }
+        let m = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(image)
+            .arg(mnt)
+            .output()
+            .ok()?;
+        m.status.success().then(|| LoopFs {
+            mnt: mnt.to_path_buf(),
+        })
+    }
+
+    fn avail(&self) -> u64 {
+        let out = Command::new("df")
+            .args(["-B1", "--output=avail"])
+            .arg(&self.mnt)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// The directories left in a project's `runs/` and `staging/`.
+fn leftovers(store: &std::path::Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for d in ["runs", "staging"] {
+        let dir = store.join("v1/projects/p").join(d);
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            v.push(format!("{d}/{}", e.file_name().to_string_lossy()));
+        }
+    }
+    v
+}
+
+/// A setup that fills the store's filesystem ends with one plain line (full, how much it
+/// holds and has free, nothing published, what to do), its upper removed at once, and its
+/// event recorded.
+#[test]
+fn a_setup_that_fills_the_store_says_so_plainly_and_leaves_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let Some(fs) = LoopFs::new(&sb.path("store.img"), &sb.path("store"), 48) else {
+        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+        return;
+    };
+    let free_before = fs.avail();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("head -c 200M /dev/zero > \"$DEPS/big\"", ""),
+    );
+    let out = sb.run(&s, Some("true"));
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: the store's filesystem is full"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was published"), "{err}");
+    assert!(err.contains("layercache gc"), "{err}");
+    for internal in [".tmp", "staging/", "runs/"] {
+        assert!(!err.contains(internal), "{internal} in {err}");
+    }
+    assert_eq!(leftovers(&sb.path("store")), Vec::<String>::new());
+    assert!(sb.mounts_below().iter().all(|m| !m.contains("/runs/")));
+    let ev = sb.events();
+    assert_eq!(ev.len(), 1, "the event is recorded");
+    assert_eq!(ev[0]["published"], false);
+    assert!(
+        fs.avail() + (4 << 20) >= free_before,
+        "the upper's space is free again"
+    );
+}
+
+/// Setup succeeds but the store's filesystem is full when its tree is promoted: the same
+/// plain line, nothing published, the run's upper and staging removed, and the event still
+/// recorded (its space was reserved before setup).
+#[test]
+fn a_promote_that_finds_the_store_full_says_so_plainly_and_leaves_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let Some(fs) = LoopFs::new(&sb.path("store.img"), &sb.path("store"), 48) else {
+        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+        return;
+    };
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let filler = sb.path("store").join("filler");
+    let s = sb.write_spec(
+        "s.toml",
+        &spec(
+            "for i in 1 2 3 4 5 6 7 8; do mkdir -p \"$DEPS/d$i\"; echo $i > \"$DEPS/d$i/f\"; \
+             done; head -c 200M /dev/zero > \"$FILLER\"; true",
+            "",
+        ),
+    );
+    let out = sb.run_cmd(&[], &s, &["true"], &[("FILLER", filler.to_str().unwrap())]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: the store's filesystem is full"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was published"), "{err}");
+    for internal in [".tmp", "staging/", "runs/", ".run.json"] {
+        assert!(!err.contains(internal), "{internal} in {err}");
+    }
+    assert_eq!(leftovers(&sb.path("store")), Vec::<String>::new());
+    let ev = sb.events();
+    assert_eq!(ev.len(), 1, "the event is recorded on a full disk");
+    assert_eq!(ev[0]["published"], false);
+    std::fs::remove_file(&filler).unwrap();
+    drop(fs);
+}
+
+/// `save = "success"`: after COMMAND exits 0, what it wrote into the cache's view is promoted
+/// as a newer layer of the same key (stored objects linked, not copied), and the next run hits
+/// that layer; a failing COMMAND or an unchanged view saves nothing; without `save` a hit's
+/// writes stay private.
+#[test]
+fn save_success_keeps_build_output_for_the_next_run() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let setup = "echo dep > \"$DEPS/dep\"";
+    let s = sb.write_spec("s.toml", &spec(setup, "save = \"success\"\n"));
+    let build = "mkdir -p \"$DEPS/target\" && echo built > \"$DEPS/target/out\"";
+    let out = sb.run(&s, Some(build));
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: deps: saved what the run wrote to ")
+            && err.contains("as a newer layer of its key (2 files, ")
+            && err.contains("new 1 files, 6 B)"),
+        "{err}"
+    );
+    let named: Vec<_> = (sb.ls().into_iter())
+        .filter(|l| !l["keys"].as_array().unwrap().is_empty())
+        .collect();
+    assert_eq!(named.len(), 1, "the key names one layer");
+    assert!(
+        !named[0]["parent"].is_null(),
+        "the saved layer's parent is setup's"
+    );
+
+    // The next run hits the saved layer; an unchanged view saves nothing.
+    let layers = sb.ls().len();
+    let out = sb.run(&s, Some("cat \"$DEPS/target/out\" \"$DEPS/dep\""));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "built\ndep\n");
+    assert_eq!(sb.events()[1]["result"], "hit");
+    assert!(!stderr(&out).contains("saved"), "{}", stderr(&out));
+    assert_eq!(sb.ls().len(), layers);
+
+    // A failing COMMAND saves nothing.
+    let out = sb.run(&s, Some("echo x > \"$DEPS/failed\"; exit 5"));
+    assert_eq!(out.status.code(), Some(5));
+    let out = sb.run(&s, Some("test ! -e \"$DEPS/failed\""));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a failed COMMAND's writes were saved"
+    );
+
+    // Without `save`, a hit's writes are private to the run.
+    let plain = sb.write_spec("plain.toml", &spec(setup, "").replace("\"p\"", "\"q\""));
+    assert_eq!(sb.run(&plain, Some(build)).status.code(), Some(0));
+    let out = sb.run(&plain, Some("test ! -e \"$DEPS/target/out\""));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// `run` without `--spec` or `--project` reads `layercache.toml` of the workdir; when there is
+/// none it says which file it looked for and names both flags (exit 2).
+#[test]
+fn run_without_spec_reads_layercache_toml_or_says_what_to_pass() {
+    let sb = Sandbox::new();
+    let run = |dir: &std::path::Path| {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(sb.path("store"))
+            .args(["run", "--workdir"])
+            .arg(dir)
+            .args(["--", "echo", "ran"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&sb.work());
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    let looked = sb.work().join("layercache.toml");
+    assert!(
+        err.contains(&format!("no spec: {} does not exist", looked.display()))
+            && err.contains("--spec FILE")
+            && err.contains("--project P"),
+        "{err}"
+    );
+    std::fs::write(&looked, "project = \"p\"\n").unwrap();
+    let out = run(&sb.work());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
+
+/// Inode flags a setup set on files of its cache (`chattr +i`, `+a`): a failed run's upper is
+/// still removed (so `gc` never meets EPERM), and a successful one is promoted without them.
+#[test]
+fn immutable_and_append_only_files_never_block_removal_nor_reach_a_layer() {
+    let chattr = Command::new("chattr").arg("-V").output().is_ok();
+    if !can_mount() || (!chattr && run_common::skip_or_fail("needs chattr (e2fsprogs)")) {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let flags = "mkdir \"$DEPS/d\" && echo i > \"$DEPS/d/i\" && echo a > \"$DEPS/a\" && \
+                 chattr +i \"$DEPS/d/i\" \"$DEPS/d\" && chattr +a \"$DEPS/a\"";
+    let failing = sb.write_spec("f.toml", &spec(&format!("{flags} && exit 4"), ""));
+    let out = sb.run(&failing, Some("true"));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(leftovers(&sb.path("store")), Vec::<String>::new());
+    let gc = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .arg("gc")
+        .output()
+        .unwrap();
+    assert!(gc.status.success(), "{}", stderr(&gc));
+
+    let ok = sb.write_spec("ok.toml", &spec(flags, ""));
+    let out = sb.run(&ok, Some("lsattr -d \"$DEPS/d/i\" \"$DEPS/d\" \"$DEPS/a\""));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let attrs = String::from_utf8_lossy(&out.stdout);
+    for l in attrs.lines() {
+        let f = l.split_whitespace().next().unwrap();
+        assert!(!f.contains('i') && !f.contains('a'), "{attrs}");
+    }
+    assert_eq!(attrs.lines().count(), 3, "{attrs}");
+    let layers = sb.path("store").join("v1/projects/p/layers");
+    let lsattr = Command::new("lsattr")
+        .arg("-R")
+        .arg(&layers)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&lsattr.stdout);
+    assert!(
+        !text.lines().any(|l| {
+            // "<flags> <path>" lines; "<dir>:" headers and blank lines are not flags.
+            let f = l.split_whitespace().next().unwrap_or("");
+            !f.contains('/') && (f.contains('i') || f.contains('a'))
+        }),
+        "{text}"
+    );
+    let gc = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["gc", "--max-size", "0"])
+        .output()
+        .unwrap();
+    assert!(gc.status.success(), "{}", stderr(&gc));
+}
+
+/// A cache viewed at `<workdir>/deps`: a file of that name on the host is refused naming it
+/// (exit 2, not `File exists (os error 17)`); a directory with files is said to be hidden for
+/// the run and left as it is.
+#[test]
+fn a_host_file_where_a_cache_is_viewed_is_named() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("echo x > \"$DEPS/x\"", "mountpoint = \"{workdir}/deps\"\n"),
+    );
+    let host = sb.work().join("deps");
+    std::fs::write(&host, "not a dir").unwrap();
+    let out = sb.run(&s, Some("true"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "cache \"deps\": {} is a file on the host, but the cache is mounted there",
+            host.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("os error 17"), "{err}");
+    assert!(sb.mounts_below().is_empty());
+    std::fs::remove_file(&host).unwrap();
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("old"), "mine").unwrap();
+    let out = sb.run(&s, Some("test ! -e deps/old && cat deps/x"));
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "layercache: deps: the host's {} (1 entry) is hidden under the cache",
+            host.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(host.join("old")).unwrap(), "mine");
+}
+
+/// A project without the lockfile its cache is keyed on is told how to make one without
+/// installing anything.
+#[test]
+fn a_missing_lockfile_comes_with_the_command_that_makes_it() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("package.json"), "{}").unwrap();
+    let s = sb.write_spec(
+        "s.toml",
+        "project = \"p\"\n[[cache]]\nid = \"npm\"\npreset = \"npm\"\n",
+    );
+    let out = Command::new(BIN)
+        .arg("--store")
+        .arg(sb.path("store"))
+        .args(["key", "--spec"])
+        .arg(&s)
+        .arg("--workdir")
+        .arg(sb.work())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "package.json is there: `npm install --package-lock-only` writes package-lock.json"
+        ),
+        "{err}"
+    );
+}
+
+/// Options a variable gives (LAYERCACHE_STORE, LAYERCACHE_IMAGE) still work, and a usage line
+/// does not list them as if they were required arguments.
+#[test]
+fn env_backed_options_work_and_stay_out_of_usage_lines() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-store");
+    let out = Command::new(BIN)
+        .env("LAYERCACHE_STORE", &missing)
+        .arg("ls")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(&format!("no layercache store at {}", missing.display())),
+        "{}",
+        stderr(&out)
+    );
+    let out = Command::new(BIN)
+        .env("LAYERCACHE_STORE", &missing)
+        .env("LAYERCACHE_IMAGE", "img")
+        .arg("mount")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    let usage = err.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert!(
+        !usage.contains("--store") && !usage.contains("--image"),
+        "{usage}"
+    );
+    // The image a variable names enters the key as --image does.
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let s = sb.write_spec("s.toml", &spec("true", ""));
+    let key = |image: Option<&str>, flag: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.arg("--store")
+            .arg(sb.path("store"))
+            .args(["--json", "key", "--spec"]);
+        c.arg(&s)
+            .arg("--workdir")
+            .arg(sb.work())
+            .env_remove("LAYERCACHE_IMAGE");
+        if let Some(i) = image {
+            c.env("LAYERCACHE_IMAGE", i);
+        }
+        if let Some(f) = flag {
+            c.args(["--image", f]);
+        }
+        String::from_utf8_lossy(&run_ok(&mut c).stdout).into_owned()
+    };
+    let (plain, by_env, by_flag) = (
+        key(None, None),
+        key(Some("img"), None),
+        key(None, Some("img")),
+    );
+    assert_ne!(plain, by_env);
+    assert_eq!(by_env, by_flag);
+}
