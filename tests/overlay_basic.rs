@@ -1004,6 +1004,30 @@ fn unlink_of_open_file_keeps_fd_usable() {
     write(&fx.p("rw"), "fresh");
     assert_eq!(read(&fx.p("rw")), "fresh");
     assert_eq!(names(&fx.mnt), ["rw"]);
+    if Impl::current() != Impl::Layercache {
+        return;
+    }
+    // Once closed, the kept data of the unlinked files leaves the workdir while the mount is
+    // in use (removed by a later request, not by the FORGET, which may come after umount).
+    drop((rw, ro, up));
+    let orphans = fx.work.join("orphans");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        // A request (FUSE answers every statfs(2) from the daemon).
+        let c = cstr(&fx.mnt);
+        // SAFETY: a NUL-ended path and a statvfs buffer of the right type.
+        let r = unsafe { libc::statvfs(c.as_ptr(), &mut std::mem::zeroed()) };
+        assert_eq!(r, 0, "statvfs: errno {}", errno());
+        let left = names(&orphans);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "unlinked files' data still in the workdir 20 s after the close: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]

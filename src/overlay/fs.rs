@@ -66,6 +66,10 @@ pub struct OverlayFs {
     fds: Mutex<lru::LruCache<u64, CachedFd>>,
     /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
     pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
+    /// Orphans whose node the kernel forgot: removed by the next request a process waits for
+    /// (`OverlayFs::reap_orphans`); `orphans_due` is set while there are any.
+    pub(super) forgotten_orphans: Mutex<Vec<u64>>,
+    pub(super) orphans_due: std::sync::atomic::AtomicBool,
     /// Removed directories the kernel still holds (an open fd, a process's cwd): their
     /// attributes at removal with nlink 0, which GETATTR answers and SETATTR changes, as a
     /// disk filesystem (and kernel overlayfs) keeps serving fstat/fchmod of a removed
@@ -86,10 +90,9 @@ pub struct OverlayFs {
     /// view of the upper dir and workdir with the mount's atime rule
     /// ([`Stack::upper_atime`]).
     _lower_views: Vec<std::os::fd::OwnedFd>,
-    /// Held when this mount keeps file handles across a remount (`handles.rs`): the flock'd
-    /// lock file of the workdir's node index (`handles::IndexLock::into_fd`); this mount read
-    /// the index and writes it again when the session ends.
-    pub(super) handle_lock: Option<std::os::fd::OwnedFd>,
+    /// The node index this mount keeps in its workdir so file handles survive a remount
+    /// (`handles.rs`); `None` for mounts that keep none.
+    pub(super) journal: Option<super::handles::Journal>,
     /// The mount is `strictatime` and not read-only: every read must reach the upper file,
     /// so cached opens do not keep the page cache (`FOPEN_KEEP_CACHE`) and no-open mode is
     /// off — a read served from the page cache reaches no daemon, and FUSE inodes never get
@@ -318,6 +321,8 @@ impl OverlayFs {
             publish_lock: Mutex::new(()),
             fds: Mutex::new(lru::LruCache::new(cap)),
             orphans: Mutex::default(),
+            forgotten_orphans: Mutex::default(),
+            orphans_due: Default::default(),
             gone_dirs: Default::default(),
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough),
@@ -326,7 +331,7 @@ impl OverlayFs {
             squash: cfg.squash,
             links,
             read_only: cfg.read_only,
-            handle_lock: None,
+            journal: None,
         })
     }
 
@@ -619,8 +624,12 @@ impl OverlayFs {
     /// Records a kernel reference to the resolved entry `name` of `parent` and returns the
     /// attributes to send with it.
     pub(super) fn remember(&self, parent: u64, name: &OsStr, r: &Resolved) -> FileAttr {
-        self.nodes
+        let new_name = self
+            .nodes
             .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
+        if self.journal.is_some() {
+            self.index_remembered(r.id, r.upper, new_name);
+        }
         self.attr_of(r)
     }
 

@@ -422,6 +422,10 @@ impl OverlayFs {
                     name: o.as_os_str().into(),
                 }
             });
+            if self.journal.is_some() {
+                let path = child(&pdir.path, &o).ok();
+                self.index_node(r.id, path.as_deref());
+            }
         }
         Ok(true)
     }
@@ -685,6 +689,10 @@ impl OverlayFs {
             self.listings.forget(id);
         }
         self.drop_fd(id);
+        if self.journal.is_some() {
+            let path = self.nodes.path(id);
+            self.index_node(id, path.as_deref());
+        }
     }
 
     /// chmod/chown/truncate/utimes on node `id`, copying it up first (a truncate copies only
@@ -963,21 +971,44 @@ impl OverlayFs {
             self.drop_fd(id);
             self.listings.forget(id);
             if self.orphans.lock().contains(&id) {
-                // Exclusive against lookups: a lookup of another name of this inode computes
-                // nlink from the upper (which counts the orphan link) and then subtracts the
-                // orphan link if `orphans` still lists it; both must see the same state.
-                let _g = self.ns.write();
-                if !self.orphans.lock().remove(&id) {
-                    return;
-                }
-                let o = orphan_name(id);
-                if let Ok(st) = self.stack.stat(Tree::Work, &o)
-                    && st.st_nlink <= 1
-                {
-                    self.nodes.drop_upper(st.st_ino);
-                }
-                let _ = self.stack.unlink(Tree::Work, &o, false);
+                // Not here: a FORGET holds no mount busy, so `umount` may have returned by
+                // now, and nothing may change the workdir after that. The next request a
+                // process waits for removes it (`reap_orphans`).
+                self.forgotten_orphans.lock().push(id);
+                self.orphans_due
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
+        }
+    }
+
+    /// Removes the kept data (`<workdir>/orphans/<id>`) of the unlinked files the kernel
+    /// forgot since the last call. Called at the top of the handler of every request a process
+    /// waits for (one atomic load when there is nothing to do), with no lock held: such a
+    /// request keeps the mount busy, so the workdir never changes once `umount` returned
+    /// (what the kernel forgets just before the unmount stays until the next mount removes
+    /// the orphans).
+    pub fn reap_orphans(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.orphans_due.load(Ordering::Acquire) {
+            return;
+        }
+        // Exclusive against lookups: a lookup of another name of an inode computes nlink from
+        // the upper (which counts the orphan link) and then subtracts the orphan link if
+        // `orphans` still lists it; both must see the same state.
+        let _g = self.ns.write();
+        self.orphans_due.store(false, Ordering::Release);
+        let due = std::mem::take(&mut *self.forgotten_orphans.lock());
+        for id in due {
+            if !self.orphans.lock().remove(&id) {
+                continue;
+            }
+            let o = orphan_name(id);
+            if let Ok(st) = self.stack.stat(Tree::Work, &o)
+                && st.st_nlink <= 1
+            {
+                self.nodes.drop_upper(st.st_ino);
+            }
+            let _ = self.stack.unlink(Tree::Work, &o, false);
         }
     }
 }
