@@ -90,6 +90,9 @@ pub struct OverlayFs {
     /// view of the upper dir and workdir with the mount's atime rule
     /// ([`Stack::upper_atime`]).
     _lower_views: Vec<std::os::fd::OwnedFd>,
+    /// The session's notifier, set once the session exists (`daemon.rs`): how the engine tells
+    /// the kernel that attributes it caches changed where no reply carries them (FUSE_IOCTL).
+    pub(super) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// The node index this mount keeps in its workdir so file handles survive a remount
     /// (`handles.rs`); `None` for mounts that keep none.
     pub(super) journal: Option<super::handles::Journal>,
@@ -332,7 +335,34 @@ impl OverlayFs {
             links,
             read_only: cfg.read_only,
             journal: None,
+            notifier: Default::default(),
         })
+    }
+
+    /// Where the daemon puts the session's notifier once the session is made (the engine is
+    /// moved into the session first).
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// Makes the kernel drop the attributes it caches of node `id` (FUSE_NOTIFY_INVAL_INODE
+    /// with a negative offset: attributes and ACLs only, no page cache), so the next stat asks
+    /// the daemon. Sent from the handler before its reply: with no page range the kernel's
+    /// `fuse_reverse_inval_inode` takes no inode lock and waits for no page, so the request in
+    /// flight cannot deadlock it (unlike INVAL_ENTRY or a page range, see
+    /// /work/shared/notes/warmstart.md), and the caller's next stat sees the change. Written
+    /// to /dev/fuse, also when requests come over io_uring (6.18 takes no notification
+    /// there). Best effort: without a session (unit tests), or when the kernel no longer has
+    /// the inode (ENOENT), there is nothing cached to drop.
+    pub(super) fn invalidate_attrs(&self, id: u64) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        match n.inval_inode(fuser::INodeNo(id), -1, 0) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => tracing::debug!(node = id, "inval_inode: {e}"),
+        }
     }
 
     /// A fresh name for a staging entry in the workdir.
@@ -812,14 +842,56 @@ impl OverlayFs {
     }
 
     /// Writes `data` at `offset`, copying the file up first. Returns bytes written.
+    ///
+    /// An append-only upper file (`chattr +a`) refuses the read-write descriptor writes go
+    /// through (EPERM); its data is appended through an `O_APPEND` one, which is what the
+    /// kernel asked for: it only lets a file with the flag be written through an `O_APPEND`
+    /// open, and sends those writes at the size it just read (fs/fuse/file.c).
+    ///
+    /// Errors: the errno of the copy-up, the open (EPERM for an immutable file) or the write.
     pub fn write(&self, id: u64, offset: u64, data: &[u8]) -> OpResult<u32> {
         let f = {
             let _g = self.ns.read();
             self.copy_up(id, None)?;
-            self.data_fd(id, true)?
+            match self.data_fd(id, true) {
+                Err(e) if e == Errno::EPERM => {
+                    let l = self.backing(id)?;
+                    let f = self
+                        .stack
+                        .open(l.tree, &l.path, libc::O_WRONLY | libc::O_APPEND, 0)
+                        .map_err(errno)?;
+                    drop(_g);
+                    std::io::Write::write_all(&mut &f, data).map_err(errno)?;
+                    return Ok(data.len() as u32);
+                }
+                r => r?,
+            }
         };
         f.write_all_at(data, offset).map_err(errno)?;
         Ok(data.len() as u32)
+    }
+
+    /// For an OPEN for writing (`flags` as open(2) takes them) of node `id`: whether its upper
+    /// file, if it has one (inode flags are set only there: a flags change copies up), allows
+    /// it, by opening it with the same access mode and
+    /// `O_APPEND` bit (no `O_TRUNC`: a truncating open sends its own SETATTR). The upper
+    /// filesystem then applies the rules of its inode flags as open(2) does (fs/namei.c
+    /// `may_open`): EPERM for an immutable file, and for an append-only one opened without
+    /// `O_APPEND` (xfstests generic/079). Only where OPEN reaches the daemon: in no-open
+    /// mode the kernel opens without asking, and the first write is refused instead.
+    ///
+    /// Errors: the open's errno.
+    pub(super) fn check_open_for_write(&self, id: u64, flags: i32) -> OpResult<()> {
+        let _g = self.ns.read();
+        let l = self.backing(id)?;
+        if !l.upper {
+            return Ok(());
+        }
+        let mode = (flags & (libc::O_ACCMODE | libc::O_APPEND)) | libc::O_NONBLOCK | libc::O_NOCTTY;
+        self.stack
+            .open(l.tree, &l.path, mode, 0)
+            .map(drop)
+            .map_err(errno)
     }
 }
 

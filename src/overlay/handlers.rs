@@ -427,11 +427,21 @@ impl fuser::Filesystem for OverlayFs {
             // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
             return reply.error(Errno::ENOSYS);
         }
+        let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         if !self.pt.on() {
+            if write
+                && let Err(e) = traced(self, "open", ino.0, || {
+                    self.check_open_for_write(ino.0, flags.0)
+                })
+            {
+                return reply.error(e);
+            }
             return reply.opened(FileHandle(FH_CACHED), self.cached_open_flags());
         }
-        let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let r = traced(self, "open", ino.0, || {
+            if write {
+                self.check_open_for_write(ino.0, flags.0)?;
+            }
             self.open_node(ino.0, write, |f| reply.open_backing(f))
         });
         match r {

@@ -858,6 +858,9 @@ impl OverlayFs {
         crate::sys::ioctl_fileattr(std::os::fd::AsFd::as_fd(&f), cmd, &mut buf).map_err(errno)?;
         if set {
             self.drop_fd(id);
+            // The flags change moved the upper file's ctime (generic/277); no FUSE reply
+            // carries attributes after an ioctl, and fs/fuse/ioctl.c keeps the cached ones.
+            self.invalidate_attrs(id);
             return Ok(Vec::new());
         }
         Ok(buf[..size].to_vec())
@@ -1045,9 +1048,10 @@ impl OverlayFs {
     ///
     /// Errors: the errno of opening, `fstat` or `fchmod` of the upper file.
     pub(super) fn drop_setid(&self, id: u64, caller: &Caller) -> OpResult<Option<u32>> {
+        // fstat and fchmod need no write access (an append-only file has no read-write fd).
         let f = {
             let _g = self.ns.read();
-            self.data_fd(id, true)?
+            self.data_fd(id, false)?
         };
         privs::drop_after_write(&f, caller, |g| self.squash.gid.unwrap_or(g)).map_err(errno)
     }
@@ -1067,9 +1071,10 @@ impl OverlayFs {
         if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
+        // fsync needs no write access (an append-only file has no read-write fd).
         let f = {
             let _g = self.ns.read();
-            self.data_fd(id, true)?
+            self.data_fd(id, false)?
         };
         let r = if datasync {
             f.sync_data()
