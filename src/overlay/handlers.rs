@@ -114,6 +114,49 @@ impl OverlayFs {
     /// The flags of a cached (not passthrough) open: the page cache is kept across opens
     /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
     /// reader's first read reaches the daemon and updates the upper file's atime.
+    /// The open of a file CREATE or TMPFILE just made (attributes `a`, one kernel reference
+    /// recorded): cached, or in passthrough mode its backing registered through `reply`.
+    /// On failure the reference is given back.
+    fn open_created(&self, a: FileAttr, reply: &ReplyCreate) -> OpResult<(FileAttr, OpenMode)> {
+        if !self.pt.on() {
+            return Ok((a, OpenMode::Cached));
+        }
+        match self.open_node(a.ino.0, true, |f| reply.open_backing(f)) {
+            Ok(m) => Ok((a, m)),
+            Err(e) => {
+                self.nodes.unremember(a.ino.0);
+                Err(e)
+            }
+        }
+    }
+
+    /// Replies to CREATE or TMPFILE with [`Self::open_created`]'s outcome.
+    fn reply_created(&self, r: OpResult<(FileAttr, OpenMode)>, reply: ReplyCreate) {
+        match r {
+            Ok((a, OpenMode::Passthrough(b))) => reply.created_passthrough(
+                &TTL,
+                &a,
+                self.generation(),
+                FileHandle(FH_PASSTHROUGH),
+                FopenFlags::FOPEN_NOFLUSH,
+                &b,
+            ),
+            Ok((a, OpenMode::Busy)) => {
+                // A new file has no readers: cannot happen; undo the lookup the reply carried.
+                self.nodes.unremember(a.ino.0);
+                reply.error(Errno::ETXTBSY)
+            }
+            Ok((a, OpenMode::Cached)) => reply.created(
+                &TTL,
+                &a,
+                self.generation(),
+                FileHandle(FH_CACHED),
+                self.cached_open_flags(),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn cached_open_flags(&self) -> FopenFlags {
         if self.strict_atime {
             FopenFlags::FOPEN_NOFLUSH
@@ -732,41 +775,25 @@ impl fuser::Filesystem for OverlayFs {
         let r = traced(self, "create", parent.0, || {
             let what = NewEntry::File(mode);
             let a = self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)?;
-            if !self.pt.on() {
-                return Ok((a, OpenMode::Cached));
-            }
-            let m = self.open_node(a.ino.0, true, |f| reply.open_backing(f));
-            match m {
-                Ok(m) => Ok((a, m)),
-                Err(e) => {
-                    self.nodes.unremember(a.ino.0);
-                    Err(e)
-                }
-            }
+            self.open_created(a, &reply)
         });
-        match r {
-            Ok((a, OpenMode::Passthrough(b))) => reply.created_passthrough(
-                &TTL,
-                &a,
-                self.generation(),
-                FileHandle(FH_PASSTHROUGH),
-                FopenFlags::FOPEN_NOFLUSH,
-                &b,
-            ),
-            Ok((a, OpenMode::Busy)) => {
-                // A new file has no readers: cannot happen; undo the lookup the reply carried.
-                self.nodes.unremember(a.ino.0);
-                reply.error(Errno::ETXTBSY)
-            }
-            Ok((a, OpenMode::Cached)) => reply.created(
-                &TTL,
-                &a,
-                self.generation(),
-                FileHandle(FH_CACHED),
-                self.cached_open_flags(),
-            ),
-            Err(e) => reply.error(e),
-        }
+        self.reply_created(r, reply);
+    }
+
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = traced(self, "tmpfile", parent.0, || {
+            let a = OverlayFs::tmpfile(self, parent.0, req.uid(), req.gid(), mode, umask)?;
+            self.open_created(a, &reply)
+        });
+        self.reply_created(r, reply);
     }
 
     fn fallocate(

@@ -534,6 +534,25 @@ impl Nodes {
         self.next.load(Ordering::Relaxed)
     }
 
+    /// Records one kernel reference to node `id`, which has no name: an `O_TMPFILE` file whose
+    /// upper data is kept at [`orphan_name`] until a LINK names it (`Nodes::remember` then
+    /// attaches it) or the kernel forgets it. Creates the node if needed.
+    pub fn remember_unnamed(&self, id: u64, kind: Kind) {
+        let mut map = self.map.write();
+        let node = map.entry(id).or_insert_with(|| {
+            Box::new(Node {
+                loc: Loc::Orphan { lower_path: None },
+                kind,
+                upper: true,
+                lowers: 0,
+                lookups: 0,
+                succ: 0,
+                pin: 0,
+            })
+        });
+        node.lookups += 1;
+    }
+
     /// Makes node `id` hold the lookup of its parent `parent` that the caller took (see
     /// [`Node::pin`]); false (the caller gives it back) when `id` is gone or holds one already.
     pub fn pin(&self, id: u64, parent: u64) -> bool {

@@ -194,6 +194,66 @@ impl OverlayFs {
         Ok(attr)
     }
 
+    /// `open(dir, O_TMPFILE)` (FUSE_TMPFILE): a regular file with no name, made for directory
+    /// `parent` (copied up first, as kernel overlayfs makes it in the upper dir) and kept in
+    /// the workdir at [`orphan_name`] like the data of an unlinked file: every operation on
+    /// the node reaches it there, a LINK (`linkat(fd, "", …, AT_EMPTY_PATH)`) links it into
+    /// the upper dir under a name ([`Self::make_masked`] with `NewEntry::Link`), and when the
+    /// kernel forgets the node the workdir link goes ([`Self::reap_orphans`]). Owned by
+    /// `uid`:`gid` (the directory's group if it is set-group-ID), mode `mode` less `umask`
+    /// (a default ACL of the directory is not applied: the file is made in the workdir). One
+    /// kernel reference is recorded; the attributes show nlink 0.
+    ///
+    /// Errors: `ENOTDIR` when `parent` is not a directory, `ENOENT` for a node that is gone,
+    /// or the upper/work dir's errno.
+    pub fn tmpfile(
+        &self,
+        parent: u64,
+        uid: u32,
+        gid: u32,
+        mode: u32,
+        umask: u32,
+    ) -> OpResult<FileAttr> {
+        let _g = self.ns.read();
+        if self.nodes.peek(parent, |n| n.kind).ok_or(Errno::ENOENT)? != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        self.ensure_upper_dir(parent)?;
+        let pdir = self.backing(parent)?;
+        let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
+        let (uid, gid) = if self.squash.is_set() {
+            (0, 0)
+        } else {
+            (uid, gid)
+        };
+        let setgid = pst.st_mode & libc::S_ISGID != 0;
+        let gid = if setgid { pst.st_gid } else { gid };
+        let tmp = self.tmp_name();
+        let what = NewEntry::File(mode & !(umask & 0o777));
+        let made = self
+            .create_entry(Tree::Work, &tmp, &what, uid, gid, setgid)
+            .and_then(|()| self.stack.stat(Tree::Work, &tmp));
+        let st = match made {
+            Ok(st) => st,
+            Err(e) => {
+                let _ = self.stack.unlink(Tree::Work, &tmp, false);
+                return Err(errno(e));
+            }
+        };
+        let id = self.nodes.upper_id(st.st_ino);
+        if let Err(e) = self
+            .stack
+            .rename(Tree::Work, &tmp, Tree::Work, &orphan_name(id), 0)
+        {
+            self.nodes.drop_upper(st.st_ino);
+            let _ = self.stack.unlink(Tree::Work, &tmp, false);
+            return Err(errno(e));
+        }
+        self.kept_as_orphan(id);
+        self.nodes.remember_unnamed(id, Kind::File);
+        self.getattr_node(id)
+    }
+
     /// Creates `what` (its mode already masked) at `at` in `layer` for
     /// [`Self::make_masked`], owned by `uid`:`gid`; a directory is set-group-ID when
     /// `setgid` (its parent is).

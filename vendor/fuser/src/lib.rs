@@ -866,6 +866,26 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open a file with no name in directory `parent` (open(2) with `O_TMPFILE`,
+    /// FUSE_TMPFILE, Linux 6.5+). Reply as to [`Filesystem::create`]; the kernel may later
+    /// give the file a name with a LINK (`linkat(fd, "", …, AT_EMPTY_PATH)`) unless it was
+    /// opened `O_EXCL`. ENOSYS makes the kernel answer `EOPNOTSUPP` from then on.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,
