@@ -608,3 +608,58 @@ fn nothing_writes_the_upper_or_work_dir_once_umount_returns() {
     }
     eprintln!("{rounds} rounds in {:?}", start.elapsed());
 }
+
+/// The node index is compacted while mounted (here past 4 KiB, `LAYERCACHE_NODE_INDEX_COMPACT`;
+/// 8 MiB by default) and stays bounded however many changes it records, and a compacted index
+/// still carries the handles over a remount: files renamed many times, a directory renamed,
+/// copied-up lower files.
+#[test]
+fn a_compacted_node_index_stays_small_and_keeps_handles() {
+    require_root!();
+    only_layercache!("the node index's own compaction");
+    let mut fx = Fixture::builder().unmounted().build(|l| {
+        for i in 0..20 {
+            write(&l[0].join(format!("low/f{i}")), format!("lower {i}"));
+        }
+    });
+    let env = |c: &mut Command| {
+        c.env("LAYERCACHE_NODE_INDEX_COMPACT", "4096");
+    };
+    fx.mount_with(env);
+    let index = fx.work.join("node-index");
+    let mut handles = Vec::new();
+    for i in 0..20 {
+        write(&fx.p(&format!("d/up{i}")), format!("upper {i}"));
+        fs::write(fx.p(&format!("low/f{i}")), format!("copied {i}")).unwrap();
+        handles.push((format!("upper {i}"), handle_of(&fx.p(&format!("d/up{i}")))));
+        handles.push((
+            format!("copied {i}"),
+            handle_of(&fx.p(&format!("low/f{i}"))),
+        ));
+    }
+    let mut largest = 0;
+    for round in 0..30 {
+        for i in 0..20 {
+            let (from, to) = (format!("d/up{i}"), format!("d/up{i}.tmp"));
+            let (from, to) = if round % 2 == 0 {
+                (from, to)
+            } else {
+                (to, from)
+            };
+            fs::rename(fx.p(&from), fx.p(&to)).unwrap();
+        }
+        largest = largest.max(fs::metadata(&index).unwrap().len());
+    }
+    // 600 renames of ~80-byte records would be ~48 KiB without compaction.
+    assert!(largest < 24 << 10, "node index grew to {largest} bytes");
+    fs::rename(fx.p("d"), fx.p("renamed")).unwrap();
+    fx.unmount();
+    fx.mount_with(env);
+    for (want, h) in &handles {
+        assert_eq!(
+            read_handle(&fx.mnt, h).as_deref(),
+            Ok(want.as_str()),
+            "after remount"
+        );
+    }
+}

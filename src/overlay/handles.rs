@@ -95,8 +95,18 @@ const SUM_LEN: usize = 16;
 /// 2^36 blocks are there to take.
 pub const RESERVE_BLOCK: u64 = 1 << 20;
 /// The journal is compacted once it is larger than this (bytes) and than twice its size after
-/// its last compaction.
+/// its last compaction. `LAYERCACHE_NODE_INDEX_COMPACT` (bytes, at least 1024) overrides it
+/// (tests).
 pub const COMPACT_MIN: u64 = 8 << 20;
+
+/// [`COMPACT_MIN`], or its override from the environment.
+fn compact_min() -> u64 {
+    std::env::var("LAYERCACHE_NODE_INDEX_COMPACT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &u64| n >= 1024)
+        .unwrap_or(COMPACT_MIN)
+}
 
 /// Which inode an upper entry is: the upper filesystem's handle of it (name_to_handle_at(2);
 /// empty where the filesystem has none), its inode number and ctime (seconds, nanoseconds).
@@ -509,6 +519,8 @@ pub struct Journal {
     work: RawFd,
     reserved: AtomicU64,
     state: Mutex<JournalState>,
+    /// [`compact_min`], read once.
+    compact_min: u64,
     _lock: OwnedFd,
 }
 
@@ -534,8 +546,9 @@ impl Journal {
             state: Mutex::new(JournalState {
                 file: Some(file),
                 len,
-                compact_at: COMPACT_MIN.max(2 * len),
+                compact_at: compact_min().max(2 * len),
             }),
+            compact_min: compact_min(),
             _lock: lock.into_fd(),
         })
     }
@@ -595,7 +608,7 @@ impl Journal {
                 tracing::debug!(bytes = len, was = st.len, "node index compacted");
                 st.file = Some(file);
                 st.len = len;
-                st.compact_at = COMPACT_MIN.max(2 * len);
+                st.compact_at = self.compact_min.max(2 * len);
             }
             Err(e) => self.stop(&mut st, &e),
         }
