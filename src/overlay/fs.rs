@@ -339,6 +339,23 @@ impl OverlayFs {
         })
     }
 
+    /// The birth time (`statx` `STATX_BTIME`) of node `id`'s data file — the upper copy once
+    /// there is one, as kernel overlayfs shows the real inode's — or `None` where its
+    /// filesystem keeps none, or the node has no file any more (a removed directory held
+    /// open). Caller holds `ns`.
+    pub(super) fn birth_time(&self, id: u64) -> Option<SystemTime> {
+        let l = self.backing(id).ok()?;
+        let stx = crate::sys::statx(
+            self.stack.fd(l.tree),
+            &l.path,
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_BTIME,
+        )
+        .ok()?;
+        (stx.stx_mask & libc::STATX_BTIME != 0)
+            .then(|| ts(stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec as i64))
+    }
+
     /// Where the daemon puts the session's notifier once the session is made (the engine is
     /// moved into the session first).
     pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {

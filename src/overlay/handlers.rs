@@ -301,6 +301,25 @@ impl fuser::Filesystem for OverlayFs {
         }
     }
 
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: fuser::ReplyStatx,
+    ) {
+        let r = traced(self, "statx", ino.0, || {
+            let _g = self.ns.read();
+            Ok((self.getattr_node(ino.0)?, self.birth_time(ino.0)))
+        });
+        match r {
+            Ok((a, btime)) => reply.statx(&self.attr_ttl(ino.0), &a, btime),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn setattr(
         &self,
         req: &Request,
