@@ -147,14 +147,7 @@ impl OverlayFs {
         self.ensure_upper_dir(parent)?;
         let rel = child(&pdir.path, name).map_err(errno)?;
         let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
-        // squash_to_uid/gid: the upper keeps the canonical owner 0:0.
-        let (uid, gid) = if self.squash.is_set() {
-            (0, 0)
-        } else {
-            (uid, gid)
-        };
-        let setgid = pst.st_mode & libc::S_ISGID != 0;
-        let gid = if setgid { pst.st_gid } else { gid };
+        let (uid, gid, setgid) = self.new_owner(&pst, uid, gid);
         // The upper dir's filesystem applies a default ACL itself at creation (the daemon's
         // umask is 0); without one, the caller's umask is applied here.
         let umask = if umask != 0 && self.has_default_acl(&pdir.path) {
@@ -194,6 +187,19 @@ impl OverlayFs {
         Ok(attr)
     }
 
+    /// The owner a new entry made by `uid`:`gid` in the upper directory whose stat is `pst`
+    /// is given, and whether that directory is set-group-ID: the caller's ids (the canonical
+    /// 0:0 under squash_to_uid/gid), with the directory's group when it is set-group-ID.
+    fn new_owner(&self, pst: &libc::stat, uid: u32, gid: u32) -> (u32, u32, bool) {
+        let (uid, gid) = if self.squash.is_set() {
+            (0, 0)
+        } else {
+            (uid, gid)
+        };
+        let setgid = pst.st_mode & libc::S_ISGID != 0;
+        (uid, if setgid { pst.st_gid } else { gid }, setgid)
+    }
+
     /// `open(dir, O_TMPFILE)` (FUSE_TMPFILE): a regular file with no name, made for directory
     /// `parent` (copied up first, as kernel overlayfs makes it in the upper dir) and kept in
     /// the workdir at [`orphan_name`] like the data of an unlinked file: every operation on
@@ -221,13 +227,7 @@ impl OverlayFs {
         self.ensure_upper_dir(parent)?;
         let pdir = self.backing(parent)?;
         let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
-        let (uid, gid) = if self.squash.is_set() {
-            (0, 0)
-        } else {
-            (uid, gid)
-        };
-        let setgid = pst.st_mode & libc::S_ISGID != 0;
-        let gid = if setgid { pst.st_gid } else { gid };
+        let (uid, gid, setgid) = self.new_owner(&pst, uid, gid);
         let tmp = self.tmp_name();
         let what = NewEntry::File(mode & !(umask & 0o777));
         let made = self
