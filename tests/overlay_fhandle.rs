@@ -663,3 +663,27 @@ fn a_compacted_node_index_stays_small_and_keeps_handles() {
         );
     }
 }
+
+/// Nodes the kernel got from a directory listing (READDIRPLUS, whose node index records are
+/// written in one go before its reply) keep their handles over a remount.
+#[test]
+fn handles_of_listed_files_survive_a_remount() {
+    require_root!();
+    let mut fx = fixture(|l| {
+        for i in 0..50 {
+            write(&l.join(format!("d/f{i}")), format!("listed {i}"));
+        }
+    });
+    assert_eq!(names(&fx.p("d")).len(), 50);
+    let handles: Vec<Handle> = (0..50)
+        .map(|i| handle_of(&fx.p(&format!("d/f{i}"))))
+        .collect();
+    fx.remount();
+    for (i, h) in handles.iter().enumerate() {
+        assert_eq!(
+            read_handle(&fx.mnt, h).as_deref(),
+            Ok(format!("listed {i}").as_str()),
+            "d/f{i} after remount"
+        );
+    }
+}

@@ -674,23 +674,33 @@ impl fuser::Filesystem for OverlayFs {
     ) {
         let dir = ino.0;
         let r = traced(self, "readdirplus", dir, || {
-            self.readdir_walk(dir, offset, |id, name, _kind, cookie, d, at| {
-                if id != 0 {
-                    // "." and "..": the kernel takes only their inode number (the dirent's
-                    // d_ino) and ignores the rest of the entry (fs/fuse/readdir.c,
-                    // fuse_direntplus_link), so no stat is spent on them.
-                    let a = dot_entry(id);
-                    return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation()));
-                }
-                let (id, a) = match self.resolve_at(dir, d, at, name)? {
-                    Some(r) => (r.id, self.remember(dir, name, &r)),
-                    None => return Ok(false),
-                };
-                let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
-                if full {
-                    self.nodes.unremember(id);
-                }
-                Ok(full)
+            // The node index records of the entries go out in one write, before the reply.
+            self.index_batch(|| {
+                self.readdir_walk(dir, offset, |id, name, _kind, cookie, d, at| {
+                    if id != 0 {
+                        // "." and "..": the kernel takes only their inode number (the dirent's
+                        // d_ino) and ignores the rest of the entry (fs/fuse/readdir.c,
+                        // fuse_direntplus_link), so no stat is spent on them.
+                        let a = dot_entry(id);
+                        return Ok(reply.add(
+                            INodeNo(id),
+                            cookie,
+                            name,
+                            &TTL,
+                            &a,
+                            self.generation(),
+                        ));
+                    }
+                    let (id, a) = match self.resolve_at(dir, d, at, name)? {
+                        Some(r) => (r.id, self.remember(dir, name, &r)),
+                        None => return Ok(false),
+                    };
+                    let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
+                    if full {
+                        self.nodes.unremember(id);
+                    }
+                    Ok(full)
+                })
             })
         });
         match r {

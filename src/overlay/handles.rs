@@ -524,6 +524,11 @@ pub struct Journal {
     _lock: OwnedFd,
 }
 
+std::thread_local! {
+    /// Records collected by [`Journal::batch`] on this thread.
+    static BATCH: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
+}
+
 #[derive(Debug)]
 struct JournalState {
     /// `None` once recording stopped after an error.
@@ -553,17 +558,58 @@ impl Journal {
         })
     }
 
-    /// Appends `record` (one `write(2)`). Returns whether the journal should be compacted now.
+    /// Appends `record` (one `write(2)`, or into this thread's batch inside
+    /// [`Journal::batch`]). Returns whether the journal should be compacted now.
     pub fn append(&self, record: &[u8]) -> bool {
+        let batched = BATCH.with(|b| match &mut *b.borrow_mut() {
+            Some(buf) => {
+                buf.extend_from_slice(record);
+                true
+            }
+            None => false,
+        });
+        if batched {
+            return false;
+        }
+        self.write_now(record)
+    }
+
+    /// Runs `f`, collecting the records it appends on this thread, then appends them in one
+    /// `write(2)` (a READDIRPLUS gives the kernel up to a few hundred nodes: one write instead
+    /// of one per node). Call it around work whose reply is sent after it returns. Returns
+    /// `f`'s result and whether the journal should be compacted now.
+    pub fn batch<R>(&self, f: impl FnOnce() -> R) -> (R, bool) {
+        let outer = BATCH.with(|b| b.borrow().is_some());
+        if outer {
+            return (f(), false);
+        }
+        BATCH.with(|b| *b.borrow_mut() = Some(Vec::new()));
+        // Taken back even when `f` panics, so the thread's next request writes directly.
+        struct Take;
+        impl Drop for Take {
+            fn drop(&mut self) {
+                BATCH.with(|b| b.borrow_mut().take());
+            }
+        }
+        let take = Take;
+        let r = f();
+        let buf = BATCH.with(|b| b.borrow_mut().take()).unwrap_or_default();
+        drop(take);
+        let compact = !buf.is_empty() && self.write_now(&buf);
+        (r, compact)
+    }
+
+    /// Writes `bytes` (whole records) at the journal's end.
+    fn write_now(&self, bytes: &[u8]) -> bool {
         let mut st = self.state.lock();
         let Some(f) = &mut st.file else {
             return false;
         };
-        if let Err(e) = f.write_all(record) {
+        if let Err(e) = f.write_all(bytes) {
             self.stop(&mut st, &e);
             return false;
         }
-        st.len += record.len() as u64;
+        st.len += bytes.len() as u64;
         st.len > st.compact_at
     }
 
@@ -821,6 +867,19 @@ impl OverlayFs {
         }
         let path = if upper { self.nodes.path(id) } else { None };
         self.index_node(id, path.as_deref());
+    }
+
+    /// Runs `f` with the node index records it makes written in one go at its end
+    /// ([`Journal::batch`]); the caller replies after this returns.
+    pub(super) fn index_batch<R>(&self, f: impl FnOnce() -> R) -> R {
+        let Some(j) = &self.journal else {
+            return f();
+        };
+        let (r, compact) = j.batch(f);
+        if compact {
+            j.compact(|| self.index_snapshot());
+        }
+        r
     }
 
     /// Records node `id` in the node index, when this mount keeps one: where it is attached
