@@ -1004,6 +1004,30 @@ fn unlink_of_open_file_keeps_fd_usable() {
     write(&fx.p("rw"), "fresh");
     assert_eq!(read(&fx.p("rw")), "fresh");
     assert_eq!(names(&fx.mnt), ["rw"]);
+    if Impl::current() != Impl::Layercache {
+        return;
+    }
+    // Once closed, the kept data of the unlinked files leaves the workdir while the mount is
+    // in use (removed by a later request, not by the FORGET, which may come after umount).
+    drop((rw, ro, up));
+    let orphans = fx.work.join("orphans");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        // A request (FUSE answers every statfs(2) from the daemon).
+        let c = cstr(&fx.mnt);
+        // SAFETY: a NUL-ended path and a statvfs buffer of the right type.
+        let r = unsafe { libc::statvfs(c.as_ptr(), &mut std::mem::zeroed()) };
+        assert_eq!(r, 0, "statvfs: errno {}", errno());
+        let left = names(&orphans);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "unlinked files' data still in the workdir 20 s after the close: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -1416,4 +1440,84 @@ fn lower_hardlinks_show_one_inode_until_copied_up() {
     fx.with_kernel_view(|fx| {
         after(fx, "kernel overlayfs over the same upper");
     });
+}
+
+/// linkat(fd, "", AT_FDCWD, to, AT_EMPTY_PATH): names the file open at `fd`.
+fn link_fd(fd: &File, to: &Path) -> Result<(), i32> {
+    let c = cstr(to);
+    // SAFETY: an open fd, an empty and a NUL-ended path.
+    let r = unsafe {
+        libc::linkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(errno()) }
+}
+
+/// open(dir, O_TMPFILE | extra, mode) (xfstests generic/004, 389, 531; DESIGN.md: "O_TMPFILE
+/// works or returns EOPNOTSUPP").
+fn open_tmpfile(dir: &Path, extra: i32, mode: u32) -> Result<File, i32> {
+    let c = cstr(dir);
+    // SAFETY: a NUL-ended path; the fd returned is owned by the File.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | extra, mode) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: a new fd we own.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// O_TMPFILE in a lower directory: an unnamed file (nlink 0, no entry in the directory) that
+/// reads back what was written, takes the mode asked less the umask, is named by linkat
+/// (AT_EMPTY_PATH) with its data, and survives a remount under that name; an `O_EXCL` one
+/// cannot be named (ENOENT), and an unnamed one leaves nothing in the upper dir.
+#[test]
+fn o_tmpfile_makes_an_unnamed_file_that_linkat_can_name() {
+    require_root!();
+    let mut fx = Fixture::new(|l| write(&l.join("d/lower"), "lower"));
+    // SAFETY: umask has no preconditions; restored below (tests share the process umask).
+    let old = unsafe { libc::umask(0o022) };
+    let t = open_tmpfile(&fx.p("d"), 0, 0o666);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let mut t = t.unwrap_or_else(|e| panic!("open(O_TMPFILE): errno {e}"));
+    t.write_all(b"tmp data").unwrap();
+    let m = t.metadata().unwrap();
+    assert_eq!(m.nlink(), 0, "unnamed");
+    assert_eq!(m.mode() & 0o7777, 0o644, "mode less the umask");
+    assert_eq!(names(&fx.p("d")), ["lower"], "no entry before linkat");
+    t.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    t.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "tmp data");
+    link_fd(&t, &fx.p("d/named")).unwrap_or_else(|e| panic!("linkat: errno {e}"));
+    assert_eq!(read(&fx.p("d/named")), "tmp data");
+    assert_eq!(fs::metadata(fx.p("d/named")).unwrap().nlink(), 1);
+    assert_eq!(t.metadata().unwrap().nlink(), 1, "the fd sees its name");
+    assert_eq!(
+        fs::metadata(fx.p("d/named")).unwrap().ino(),
+        t.metadata().unwrap().ino()
+    );
+    t.write_all(b", more").unwrap();
+    drop(t);
+    assert_eq!(read(&fx.p("d/named")), "tmp data, more");
+    let x = open_tmpfile(&fx.p("d"), libc::O_EXCL, 0o600).unwrap();
+    assert_eq!(link_fd(&x, &fx.p("d/excl")), Err(libc::ENOENT), "O_EXCL");
+    drop(x);
+    let mut u = open_tmpfile(&fx.p("d"), 0, 0o600).unwrap();
+    u.write_all(b"never named").unwrap();
+    drop(u);
+    fx.remount();
+    assert_eq!(read(&fx.p("d/named")), "tmp data, more");
+    let mut in_upper = names(&fx.upper.join("d"));
+    in_upper.sort();
+    assert_eq!(
+        in_upper,
+        ["named"],
+        "only the named file reached the upper dir"
+    );
 }

@@ -763,3 +763,259 @@ fn suid_option_lets_setuid_programs_run_as_their_owner() {
         "the default mount is nosuid"
     );
 }
+
+/// `chattr +A`, `+i`, `+a` (include/uapi/linux/fs.h).
+const FS_NOATIME_FL: i32 = 0x80;
+const FS_IMMUTABLE_FL: i32 = 0x10;
+const FS_APPEND_FL: i32 = 0x20;
+
+/// `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` (include/uapi/linux/fs.h) on an open `f`.
+fn inode_flags(f: &fs::File) -> i32 {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int through the pointer.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(f),
+            libc::FS_IOC_GETFLAGS,
+            &mut flags,
+        )
+    };
+    assert_eq!(r, 0, "FS_IOC_GETFLAGS: errno {}", errno());
+    flags
+}
+
+fn set_inode_flags(f: &fs::File, flags: i32) -> Result<(), i32> {
+    // SAFETY: FS_IOC_SETFLAGS reads one int through the pointer.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(f),
+            libc::FS_IOC_SETFLAGS,
+            &flags,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(errno()) }
+}
+
+/// `(st_ctime, st_ctime_nsec)` by stat(2), which the kernel answers from the attributes it
+/// caches while they are valid (a FUSE mount's for an hour).
+fn cached_ctime(p: &Path) -> (i64, i64) {
+    let c = cstr(p);
+    // SAFETY: an all-zero stat is a valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer.
+    let r = unsafe { libc::stat(c.as_ptr(), &mut st) };
+    assert_eq!(r, 0, "stat {}: errno {}", p.display(), errno());
+    (st.st_ctime, st.st_ctime_nsec)
+}
+
+/// generic/277: a flags change (`chattr +A`, FS_IOC_SETFLAGS) moves the file's ctime, and stat
+/// through the mount shows it at once — for a file made in the mount and for a lower file the
+/// change copies up. The kernel sends FUSE_IOCTL and keeps the attributes it cached
+/// (fs/fuse/ioctl.c invalidates none): the daemon must tell it (FUSE_NOTIFY_INVAL_INODE).
+#[test]
+fn a_flags_change_moves_ctime_and_stat_shows_it() {
+    require_root!();
+    let fx = Fixture::new(|l| write(&l.join("lower"), "lower\n"));
+    write(&fx.p("upper"), "upper\n");
+    for name in ["upper", "lower"] {
+        let p = fx.p(name);
+        let f = fs::File::open(&p).unwrap();
+        let flags = inode_flags(&f);
+        let before = cached_ctime(&p);
+        // Past the upper filesystem's timestamp granularity (a jiffy at most).
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        set_inode_flags(&f, flags | FS_NOATIME_FL)
+            .unwrap_or_else(|e| panic!("FS_IOC_SETFLAGS {name}: errno {e}"));
+        // A new open, as lsattr makes (in passthrough mode the fd opened before the copy-up
+        // stays the lower file's, and FUSE_IOCTL's own OPEN of it is ESTALE then).
+        let again = fs::File::open(&p).unwrap();
+        assert_ne!(inode_flags(&again) & FS_NOATIME_FL, 0, "{name}: +A");
+        let after = cached_ctime(&p);
+        assert!(
+            after > before,
+            "{name}: ctime {after:?} after the flags change, {before:?} before"
+        );
+    }
+}
+
+/// open(2) of `p` with `flags`: the errno when it fails.
+fn open_errno(p: &Path, flags: i32) -> Result<fs::File, i32> {
+    let c = cstr(p);
+    // SAFETY: valid C string; the fd returned is owned by the File.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: a new fd we own.
+    Ok(unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// generic/079 (t_immutable): an immutable file (`chattr +i`) refuses open(2) for writing and
+/// an append-only one (`chattr +a`) refuses it without `O_APPEND`, with EPERM; the append-only
+/// file takes appends. Where OPEN reaches the daemon — passthrough mode
+/// (`LAYERCACHE_PASSTHROUGH=1`) and `strictatime` mounts, which this test uses — it refuses
+/// the opens as the kernel does. In layercache's default no-open mode the kernel opens without
+/// asking the daemon (FUSE has no attribute for the flags), so the open succeeds and the
+/// first write is refused instead: the mode's documented limit, checked here too.
+#[test]
+fn immutable_and_append_only_files_refuse_opens_for_writing() {
+    require_root!();
+    let mut fx = Fixture::builder().unmounted().build(|l| {
+        write(&l[0].join("imm"), "immutable\n");
+        write(&l[0].join("app"), "append\n");
+    });
+    let _clear = ClearFlags(vec![
+        fx.upper.join("imm"),
+        fx.upper.join("app"),
+        fx.p("imm"),
+        fx.p("app"),
+    ]);
+    let set = |p: &Path, flag: i32| {
+        let f = fs::File::open(p).unwrap();
+        let flags = inode_flags(&f);
+        set_inode_flags(&f, flags | flag).unwrap_or_else(|e| panic!("chattr: errno {e}"));
+    };
+    let clear = |p: &Path| {
+        let f = fs::File::open(p).unwrap();
+        let flags = inode_flags(&f);
+        set_inode_flags(&f, flags & !(FS_IMMUTABLE_FL | FS_APPEND_FL)).unwrap();
+    };
+    use std::io::Write;
+    // Both modes: the append-only file takes appends, and no write reaches either file.
+    let appends_and_refuses_writes = |fx: &Fixture| {
+        let before = read(&fx.p("app"));
+        let mut a = open_errno(&fx.p("app"), libc::O_WRONLY | libc::O_APPEND)
+            .unwrap_or_else(|e| panic!("O_APPEND open of an append-only file: errno {e}"));
+        a.write_all(b"more\n")
+            .expect("append to an append-only file");
+        a.sync_all().expect("fsync of an append-only file");
+        drop(a);
+        assert_eq!(read(&fx.p("app")), format!("{before}more\n"));
+        if let Ok(mut f) = open_errno(&fx.p("imm"), libc::O_RDWR) {
+            let e = f.write_all(b"x").and_then(|()| f.sync_all()).unwrap_err();
+            assert_eq!(
+                e.raw_os_error(),
+                Some(libc::EPERM),
+                "write to an immutable file"
+            );
+        }
+        assert_eq!(read(&fx.p("imm")), "immutable\n");
+    };
+    let opts = format!("{},strictatime", fx.options());
+    mount_opts(&mut fx, &opts);
+    set(&fx.p("imm"), FS_IMMUTABLE_FL);
+    set(&fx.p("app"), FS_APPEND_FL);
+    for (name, flags) in [
+        ("imm", libc::O_RDWR),
+        ("imm", libc::O_WRONLY | libc::O_APPEND),
+        ("app", libc::O_WRONLY),
+        ("app", libc::O_RDWR),
+    ] {
+        assert_eq!(
+            open_errno(&fx.p(name), flags).map(drop),
+            Err(libc::EPERM),
+            "open {name} with flags {flags:#o}"
+        );
+    }
+    appends_and_refuses_writes(&fx);
+    fx.unmount();
+    if Impl::current() != Impl::Layercache || passthrough_mode() {
+        return;
+    }
+    // The default (no-open) mode.
+    fx.mount();
+    let opened = open_errno(&fx.p("imm"), libc::O_RDWR).map(drop);
+    eprintln!("no-open mode: O_RDWR open of an immutable file: {opened:?} (the mode's limit)");
+    appends_and_refuses_writes(&fx);
+    clear(&fx.p("imm"));
+    clear(&fx.p("app"));
+    fs::remove_file(fx.p("imm")).unwrap();
+}
+
+/// statx(2) of `p` asking `mask` (not following a last symlink).
+fn statx_of(p: &Path, mask: u32) -> libc::statx {
+    let c = cstr(p);
+    // SAFETY: an all-zero statx is a valid out buffer.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            mask,
+            &mut st,
+        )
+    };
+    assert_eq!(r, 0, "statx {}: errno {}", p.display(), errno());
+    st
+}
+
+/// generic/528 ("inode creation time not supported"): statx(STATX_BTIME) through the mount
+/// gives the birth time of the file's real inode — the lower file's, or the upper file's for a
+/// file made in the mount or copied up — along with the same basic fields as stat(2), for a
+/// file, a directory, a symlink and a device node. The kernel sends FUSE_STATX for it.
+#[test]
+fn statx_shows_birth_time_and_the_basic_fields() {
+    require_root!();
+    let fx = Fixture::new(|l| {
+        write(&l.join("lower"), "lower");
+        write(&l.join("copied"), "lower");
+        fs::create_dir(l.join("dir")).unwrap();
+        std::os::unix::fs::symlink("lower", l.join("link")).unwrap();
+    });
+    let btime = |st: &libc::statx| {
+        assert_ne!(
+            st.stx_mask & libc::STATX_BTIME,
+            0,
+            "STATX_BTIME in the reply's mask"
+        );
+        (st.stx_btime.tv_sec, st.stx_btime.tv_nsec)
+    };
+    let all = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
+    if statx_of(fx.lower(), all).stx_mask & libc::STATX_BTIME == 0 {
+        skip_or_fail("the lower's filesystem keeps no birth time");
+        return;
+    }
+    for name in ["lower", "dir", "link"] {
+        let (m, l) = (
+            statx_of(&fx.p(name), all),
+            statx_of(&fx.lower().join(name), all),
+        );
+        assert_eq!(btime(&m), btime(&l), "{name}: the lower inode's birth time");
+        let st = fs::symlink_metadata(fx.p(name)).unwrap();
+        assert_eq!(
+            (m.stx_ino, m.stx_mode as u32, m.stx_nlink, m.stx_size),
+            (st.ino(), st.mode(), st.nlink() as u32, st.size()),
+            "{name}: basic fields as stat(2) gives them"
+        );
+        assert_eq!((m.stx_uid, m.stx_gid), (st.uid(), st.gid()), "{name}");
+    }
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    write(&fx.p("new"), "made here");
+    fs::write(fx.p("copied"), "copied up").unwrap();
+    for name in ["new", "copied"] {
+        let m = statx_of(&fx.p(name), all);
+        let u = statx_of(&fx.upper.join(name), all);
+        assert_eq!(btime(&m), btime(&u), "{name}: the upper file's birth time");
+        assert!(
+            btime(&m).0 >= before - 1,
+            "{name}: born now, {:?}",
+            btime(&m)
+        );
+    }
+    let c = cstr(&fx.p("dev"));
+    // SAFETY: valid C string; mknod as root (the mount is nodev: the node cannot be opened,
+    // its attributes can be read).
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o644, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: errno {}", errno());
+    let d = statx_of(&fx.p("dev"), all);
+    assert_eq!(
+        (d.stx_rdev_major, d.stx_rdev_minor),
+        (1, 3),
+        "device numbers"
+    );
+}

@@ -18,6 +18,7 @@ use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::process::Command;
 
 use common::*;
 
@@ -443,9 +444,10 @@ fn after_a_remount_renamed_files_open_and_unlinked_ones_are_stale() {
     assert_eq!(fs::read_to_string(fx.p("offline")).unwrap(), "offline new");
 }
 
-/// A damaged node index, or none at all after a daemon was killed, makes the earlier mount's
-/// handles ESTALE, never another file's — even once the new mount has given out as many
-/// counter ids as the old one.
+/// A damaged node index makes the earlier mount's handles ESTALE, never another file's — even
+/// once the new mount has given out as many counter ids as the old one. The index is kept while
+/// mounted, so a daemon killed with SIGKILL leaves it whole: the killed mount's handles open
+/// their files in the next mount, and once those are gone, ESTALE — never a file made since.
 #[test]
 fn a_corrupt_or_missing_index_gives_estale_not_another_file() {
     require_root!();
@@ -459,12 +461,12 @@ fn a_corrupt_or_missing_index_gives_estale_not_another_file() {
     let old: Vec<Handle> = (0..8).map(|i| handle_of(&fx.p(&format!("f{i}")))).collect();
     fx.unmount();
     let index = fx.work.join("node-index");
-    let mut bytes = fs::read(&index).expect("a clean unmount writes the node index");
+    let mut bytes = fs::read(&index).expect("a mount keeps its node index in the workdir");
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x55;
     fs::write(&index, &bytes).unwrap();
     fx.mount();
-    assert!(!index.exists(), "read once, removed");
+    assert!(index.exists(), "the new mount's own index");
     // New files: with counter ids starting again, some get the old files' ids.
     for i in 0..8 {
         fs::remove_file(fx.p(&format!("f{i}"))).unwrap();
@@ -475,16 +477,22 @@ fn a_corrupt_or_missing_index_gives_estale_not_another_file() {
     for h in &old {
         assert_eq!(read_handle(&fx.mnt, h), Err(libc::ESTALE), "corrupt index");
     }
-    // This mount's handles: a kill -9 leaves no index (it was removed at mount), so they are
-    // ESTALE in the next mount too, never another file.
+    // This mount's handles after a kill -9: its index was kept while it served.
     for pid in daemon_pids(&fx.mnt) {
         // SAFETY: kill takes a pid and a signal.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         assert!(wait_exit(pid, 10_000), "daemon {pid} killed");
     }
     fx.unmount();
-    assert!(!index.exists(), "a killed daemon writes no index");
+    assert!(index.exists(), "a killed daemon leaves the index it kept");
     fx.mount();
+    for (i, h) in newer.iter().enumerate() {
+        assert_eq!(
+            read_handle(&fx.mnt, h).as_deref(),
+            Ok(format!("other {i}").as_str()),
+            "a handle of the killed mount"
+        );
+    }
     for i in 0..8 {
         fs::remove_file(fx.p(&format!("g{i}"))).unwrap();
         write(&fx.p(&format!("h{i}")), format!("third {i}"));
@@ -495,6 +503,187 @@ fn a_corrupt_or_missing_index_gives_estale_not_another_file() {
             read_handle(&fx.mnt, h),
             Err(libc::ESTALE),
             "after a killed daemon"
+        );
+    }
+}
+
+/// What a tree holds, tolerant of entries that vanish while it is read (a daemon writing
+/// after the umount makes them): one line per path with its type, size and mtime (ns).
+fn snapshot(root: &Path) -> Vec<String> {
+    fn walk(root: &Path, p: &Path, out: &mut Vec<String>) {
+        let rel = p.strip_prefix(root).unwrap().display().to_string();
+        let m = match fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) => return out.push(format!("{rel}: {e}")),
+        };
+        out.push(format!(
+            "{rel} mode={:o} size={} mtime={}.{}",
+            m.mode(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec()
+        ));
+        if m.is_dir() {
+            match fs::read_dir(p) {
+                Ok(rd) => {
+                    let mut names: Vec<_> = rd.flatten().map(|e| e.file_name()).collect();
+                    names.sort();
+                    for n in names {
+                        walk(root, &p.join(n), out);
+                    }
+                }
+                Err(e) => out.push(format!("{rel}/: {e}")),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Once `umount` returns, layercache writes nothing more in the upper dir or the workdir
+/// (issue 31; DESIGN.md "Unmount"), as kernel overlayfs never touches its directories after
+/// its unmount: `umount m && rm -rf u w` succeeds every time, and the trees left after the
+/// umount are the trees left once the daemon has exited. Each round mounts the real binary
+/// over fresh directories, makes what the node index records (files made in the mount, a
+/// copy-up, renames, a directory, handles taken, a file unlinked while open), unmounts, and
+/// then either removes the upper dir and workdir at once or compares them before and after
+/// the daemon exits; rounds alternate FUSE over io_uring and /dev/fuse (`LAYERCACHE_URING`).
+/// Before the node index was kept while mounted, the daemon wrote it after the umount, and
+/// this failed within a few rounds ("Directory not empty", or a `node-index` appearing).
+#[test]
+fn nothing_writes_the_upper_or_work_dir_once_umount_returns() {
+    require_root!();
+    only_layercache!("a test of the daemon's own shutdown");
+    const ROUNDS: usize = 40;
+    let start = std::time::Instant::now();
+    let mut rounds = 0;
+    while rounds < ROUNDS && (rounds < 8 || start.elapsed() < std::time::Duration::from_secs(60)) {
+        let uring = if rounds % 2 == 0 { "1" } else { "0" };
+        let mut fx = Fixture::builder()
+            .unmounted()
+            .build(|l| write(&l[0].join("d/lower.txt"), "lower data"));
+        fx.mount_with(|c| {
+            c.env("LAYERCACHE_URING", uring);
+        });
+        write(&fx.p("d/made.txt"), "made in the mount");
+        fs::write(fx.p("d/lower.txt"), "copied up").unwrap();
+        fs::create_dir_all(fx.p("new/dir")).unwrap();
+        write(&fx.p("new/dir/f"), "f");
+        fs::rename(fx.p("d/made.txt"), fx.p("new/moved.txt")).unwrap();
+        let _ = handle_of(&fx.p("new/moved.txt"));
+        let _ = handle_of(&fx.p("d/lower.txt"));
+        let _ = handle_of(&fx.p("new/dir"));
+        let open = fs::File::open(fx.p("new/dir/f")).unwrap();
+        fs::remove_file(fx.p("new/dir/f")).unwrap();
+        drop(open);
+        assert_eq!(read(&fx.p("new/moved.txt")), "made in the mount");
+        let pids = daemon_pids(&fx.mnt);
+        assert!(!pids.is_empty(), "no daemon serves {}", fx.mnt.display());
+        run_ok(Command::new("umount").arg(&fx.mnt));
+        let what = format!("round {rounds} (LAYERCACHE_URING={uring})");
+        if rounds % 4 < 2 {
+            // `umount m && rm -rf u w`
+            for d in [&fx.upper, &fx.work] {
+                if let Err(e) = fs::remove_dir_all(d) {
+                    panic!("{what}: rm -rf {} right after umount: {e}", d.display());
+                }
+            }
+        } else {
+            let at_umount = (snapshot(&fx.upper), snapshot(&fx.work));
+            for &pid in &pids {
+                assert!(wait_exit(pid, 10_000), "{what}: daemon {pid} still runs");
+            }
+            let at_exit = (snapshot(&fx.upper), snapshot(&fx.work));
+            assert_eq!(
+                at_umount, at_exit,
+                "{what}: the upper dir or workdir changed after umount returned"
+            );
+        }
+        for &pid in &pids {
+            assert!(wait_exit(pid, 10_000), "{what}: daemon {pid} still runs");
+        }
+        fx.forget_mount();
+        rounds += 1;
+    }
+    eprintln!("{rounds} rounds in {:?}", start.elapsed());
+}
+
+/// The node index is compacted while mounted (here past 4 KiB, `LAYERCACHE_NODE_INDEX_COMPACT`;
+/// 8 MiB by default) and stays bounded however many changes it records, and a compacted index
+/// still carries the handles over a remount: files renamed many times, a directory renamed,
+/// copied-up lower files.
+#[test]
+fn a_compacted_node_index_stays_small_and_keeps_handles() {
+    require_root!();
+    only_layercache!("the node index's own compaction");
+    let mut fx = Fixture::builder().unmounted().build(|l| {
+        for i in 0..20 {
+            write(&l[0].join(format!("low/f{i}")), format!("lower {i}"));
+        }
+    });
+    let env = |c: &mut Command| {
+        c.env("LAYERCACHE_NODE_INDEX_COMPACT", "4096");
+    };
+    fx.mount_with(env);
+    let index = fx.work.join("node-index");
+    let mut handles = Vec::new();
+    for i in 0..20 {
+        write(&fx.p(&format!("d/up{i}")), format!("upper {i}"));
+        fs::write(fx.p(&format!("low/f{i}")), format!("copied {i}")).unwrap();
+        handles.push((format!("upper {i}"), handle_of(&fx.p(&format!("d/up{i}")))));
+        handles.push((
+            format!("copied {i}"),
+            handle_of(&fx.p(&format!("low/f{i}"))),
+        ));
+    }
+    let mut largest = 0;
+    for round in 0..30 {
+        for i in 0..20 {
+            let (from, to) = (format!("d/up{i}"), format!("d/up{i}.tmp"));
+            let (from, to) = if round % 2 == 0 {
+                (from, to)
+            } else {
+                (to, from)
+            };
+            fs::rename(fx.p(&from), fx.p(&to)).unwrap();
+        }
+        largest = largest.max(fs::metadata(&index).unwrap().len());
+    }
+    // 600 renames of ~80-byte records would be ~48 KiB without compaction.
+    assert!(largest < 24 << 10, "node index grew to {largest} bytes");
+    fs::rename(fx.p("d"), fx.p("renamed")).unwrap();
+    fx.unmount();
+    fx.mount_with(env);
+    for (want, h) in &handles {
+        assert_eq!(
+            read_handle(&fx.mnt, h).as_deref(),
+            Ok(want.as_str()),
+            "after remount"
+        );
+    }
+}
+
+/// Nodes the kernel got from a directory listing (READDIRPLUS, whose node index records are
+/// written in one go before its reply) keep their handles over a remount.
+#[test]
+fn handles_of_listed_files_survive_a_remount() {
+    require_root!();
+    let mut fx = fixture(|l| {
+        for i in 0..50 {
+            write(&l.join(format!("d/f{i}")), format!("listed {i}"));
+        }
+    });
+    assert_eq!(names(&fx.p("d")).len(), 50);
+    let handles: Vec<Handle> = (0..50)
+        .map(|i| handle_of(&fx.p(&format!("d/f{i}"))))
+        .collect();
+    fx.remount();
+    for (i, h) in handles.iter().enumerate() {
+        assert_eq!(
+            read_handle(&fx.mnt, h).as_deref(),
+            Ok(format!("listed {i}").as_str()),
+            "d/f{i} after remount"
         );
     }
 }

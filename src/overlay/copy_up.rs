@@ -228,6 +228,8 @@ impl OverlayFs {
         }
         self.stack.utimens(Tree::Upper, dst, &times_of(st))?;
         let _ = self.stack.utimens(Tree::Upper, &cparent, &times_of(&pst));
+        // A node the kernel knows (or knew) now has an upper inode under its id.
+        self.index_node(id, Some(dst));
         Ok(())
     }
 
@@ -341,6 +343,7 @@ impl OverlayFs {
         if !self.nodes.supersede(id, copy, path.to_owned()) {
             return Err(Errno::ENOENT);
         }
+        self.index_node(copy, Some(path));
         self.drop_fd(id);
         tracing::debug!(node = id, copy, "copy-up by re-lookup");
         Ok(())

@@ -230,6 +230,7 @@ pub fn mount_foreground(
             mountpoint.display()
         )));
     }
+    let notifier = fs.notifier_slot();
     let fd = mount_fuse(mountpoint, cfg)?;
     // from_fd completes the INIT handshake before returning.
     let session = match fuser::Session::from_fd(fs, fd, fuser::SessionACL::All, fuse_config(uring))
@@ -243,6 +244,7 @@ pub fn mount_foreground(
             )));
         }
     };
+    let _ = notifier.set(session.notifier());
     unmount_on_signal(mountpoint)?;
     raise_read_ahead(mountpoint);
     // Ready once requests are served (with FUSE over io_uring: once every CPU queue has its

@@ -66,6 +66,10 @@ pub struct OverlayFs {
     fds: Mutex<lru::LruCache<u64, CachedFd>>,
     /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
     pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
+    /// Orphans whose node the kernel forgot: removed by the next request a process waits for
+    /// (`OverlayFs::reap_orphans`); `orphans_due` is set while there are any.
+    pub(super) forgotten_orphans: Mutex<Vec<u64>>,
+    pub(super) orphans_due: std::sync::atomic::AtomicBool,
     /// Removed directories the kernel still holds (an open fd, a process's cwd): their
     /// attributes at removal with nlink 0, which GETATTR answers and SETATTR changes, as a
     /// disk filesystem (and kernel overlayfs) keeps serving fstat/fchmod of a removed
@@ -86,10 +90,12 @@ pub struct OverlayFs {
     /// view of the upper dir and workdir with the mount's atime rule
     /// ([`Stack::upper_atime`]).
     _lower_views: Vec<std::os::fd::OwnedFd>,
-    /// Held when this mount keeps file handles across a remount (`handles.rs`): the flock'd
-    /// lock file of the workdir's node index (`handles::IndexLock::into_fd`); this mount read
-    /// the index and writes it again when the session ends.
-    pub(super) handle_lock: Option<std::os::fd::OwnedFd>,
+    /// The session's notifier, set once the session exists (`daemon.rs`): how the engine tells
+    /// the kernel that attributes it caches changed where no reply carries them (FUSE_IOCTL).
+    pub(super) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// The node index this mount keeps in its workdir so file handles survive a remount
+    /// (`handles.rs`); `None` for mounts that keep none.
+    pub(super) journal: Option<super::handles::Journal>,
     /// The mount is `strictatime` and not read-only: every read must reach the upper file,
     /// so cached opens do not keep the page cache (`FOPEN_KEEP_CACHE`) and no-open mode is
     /// off — a read served from the page cache reaches no daemon, and FUSE inodes never get
@@ -318,6 +324,8 @@ impl OverlayFs {
             publish_lock: Mutex::new(()),
             fds: Mutex::new(lru::LruCache::new(cap)),
             orphans: Mutex::default(),
+            forgotten_orphans: Mutex::default(),
+            orphans_due: Default::default(),
             gone_dirs: Default::default(),
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough),
@@ -326,8 +334,52 @@ impl OverlayFs {
             squash: cfg.squash,
             links,
             read_only: cfg.read_only,
-            handle_lock: None,
+            journal: None,
+            notifier: Default::default(),
         })
+    }
+
+    /// The birth time (`statx` `STATX_BTIME`) of node `id`'s data file — the upper copy once
+    /// there is one, as kernel overlayfs shows the real inode's — or `None` where its
+    /// filesystem keeps none, or the node has no file any more (a removed directory held
+    /// open). Caller holds `ns`.
+    pub(super) fn birth_time(&self, id: u64) -> Option<SystemTime> {
+        let l = self.backing(id).ok()?;
+        let stx = crate::sys::statx(
+            self.stack.fd(l.tree),
+            &l.path,
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_BTIME,
+        )
+        .ok()?;
+        (stx.stx_mask & libc::STATX_BTIME != 0)
+            .then(|| ts(stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec as i64))
+    }
+
+    /// Where the daemon puts the session's notifier once the session is made (the engine is
+    /// moved into the session first).
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// Makes the kernel drop the attributes it caches of node `id` (FUSE_NOTIFY_INVAL_INODE
+    /// with a negative offset: attributes and ACLs only, no page cache), so the next stat asks
+    /// the daemon. Sent from the handler before its reply: with no page range the kernel's
+    /// `fuse_reverse_inval_inode` takes no inode lock and waits for no page, so the request in
+    /// flight cannot deadlock it (unlike INVAL_ENTRY or a page range, see
+    /// /work/shared/notes/warmstart.md), and the caller's next stat sees the change. Written
+    /// to /dev/fuse, also when requests come over io_uring (6.18 takes no notification
+    /// there). Best effort: without a session (unit tests), or when the kernel no longer has
+    /// the inode (ENOENT), there is nothing cached to drop.
+    pub(super) fn invalidate_attrs(&self, id: u64) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        match n.inval_inode(fuser::INodeNo(id), -1, 0) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => tracing::debug!(node = id, "inval_inode: {e}"),
+        }
     }
 
     /// A fresh name for a staging entry in the workdir.
@@ -619,8 +671,12 @@ impl OverlayFs {
     /// Records a kernel reference to the resolved entry `name` of `parent` and returns the
     /// attributes to send with it.
     pub(super) fn remember(&self, parent: u64, name: &OsStr, r: &Resolved) -> FileAttr {
-        self.nodes
+        let new_name = self
+            .nodes
             .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
+        if self.journal.is_some() {
+            self.index_remembered(r.id, r.upper, new_name);
+        }
         self.attr_of(r)
     }
 
@@ -803,14 +859,56 @@ impl OverlayFs {
     }
 
     /// Writes `data` at `offset`, copying the file up first. Returns bytes written.
+    ///
+    /// An append-only upper file (`chattr +a`) refuses the read-write descriptor writes go
+    /// through (EPERM); its data is appended through an `O_APPEND` one, which is what the
+    /// kernel asked for: it only lets a file with the flag be written through an `O_APPEND`
+    /// open, and sends those writes at the size it just read (fs/fuse/file.c).
+    ///
+    /// Errors: the errno of the copy-up, the open (EPERM for an immutable file) or the write.
     pub fn write(&self, id: u64, offset: u64, data: &[u8]) -> OpResult<u32> {
         let f = {
             let _g = self.ns.read();
             self.copy_up(id, None)?;
-            self.data_fd(id, true)?
+            match self.data_fd(id, true) {
+                Err(e) if e == Errno::EPERM => {
+                    let l = self.backing(id)?;
+                    let f = self
+                        .stack
+                        .open(l.tree, &l.path, libc::O_WRONLY | libc::O_APPEND, 0)
+                        .map_err(errno)?;
+                    drop(_g);
+                    std::io::Write::write_all(&mut &f, data).map_err(errno)?;
+                    return Ok(data.len() as u32);
+                }
+                r => r?,
+            }
         };
         f.write_all_at(data, offset).map_err(errno)?;
         Ok(data.len() as u32)
+    }
+
+    /// For an OPEN for writing (`flags` as open(2) takes them) of node `id`: whether its upper
+    /// file, if it has one (inode flags are set only there: a flags change copies up), allows
+    /// it, by opening it with the same access mode and
+    /// `O_APPEND` bit (no `O_TRUNC`: a truncating open sends its own SETATTR). The upper
+    /// filesystem then applies the rules of its inode flags as open(2) does (fs/namei.c
+    /// `may_open`): EPERM for an immutable file, and for an append-only one opened without
+    /// `O_APPEND` (xfstests generic/079). Only where OPEN reaches the daemon: in no-open
+    /// mode the kernel opens without asking, and the first write is refused instead.
+    ///
+    /// Errors: the open's errno.
+    pub(super) fn check_open_for_write(&self, id: u64, flags: i32) -> OpResult<()> {
+        let _g = self.ns.read();
+        let l = self.backing(id)?;
+        if !l.upper {
+            return Ok(());
+        }
+        let mode = (flags & (libc::O_ACCMODE | libc::O_APPEND)) | libc::O_NONBLOCK | libc::O_NOCTTY;
+        self.stack
+            .open(l.tree, &l.path, mode, 0)
+            .map(drop)
+            .map_err(errno)
     }
 }
 

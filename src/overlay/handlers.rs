@@ -31,8 +31,21 @@ use super::stack::{DirFds, Kind};
 /// the duration in µs. Off by default: `LAYERCACHE_LOG=debug` or `RUST_LOG=debug` (or just the
 /// target, `layercache::fuse=debug`) turns it on; when off, one check of the level filter is all
 /// it costs.
+///
+/// First it removes the kept data of unlinked files the kernel forgot
+/// ([`OverlayFs::reap_orphans`]), except in FORGET and READ: those may arrive when no process
+/// holds the mount any more (a FORGET queued at the last close, a readahead READ still in
+/// flight after it), so `umount` may have returned already.
 #[inline]
-fn traced<T>(op: &'static str, node: u64, f: impl FnOnce() -> OpResult<T>) -> OpResult<T> {
+fn traced<T>(
+    fs: &OverlayFs,
+    op: &'static str,
+    node: u64,
+    f: impl FnOnce() -> OpResult<T>,
+) -> OpResult<T> {
+    if op != "forget" && op != "read" {
+        fs.reap_orphans();
+    }
     if !tracing::enabled!(target: "layercache::fuse", tracing::Level::DEBUG) {
         return f();
     }
@@ -101,6 +114,49 @@ impl OverlayFs {
     /// The flags of a cached (not passthrough) open: the page cache is kept across opens
     /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
     /// reader's first read reaches the daemon and updates the upper file's atime.
+    /// The open of a file CREATE or TMPFILE just made (attributes `a`, one kernel reference
+    /// recorded): cached, or in passthrough mode its backing registered through `reply`.
+    /// On failure the reference is given back.
+    fn open_created(&self, a: FileAttr, reply: &ReplyCreate) -> OpResult<(FileAttr, OpenMode)> {
+        if !self.pt.on() {
+            return Ok((a, OpenMode::Cached));
+        }
+        match self.open_node(a.ino.0, true, |f| reply.open_backing(f)) {
+            Ok(m) => Ok((a, m)),
+            Err(e) => {
+                self.nodes.unremember(a.ino.0);
+                Err(e)
+            }
+        }
+    }
+
+    /// Replies to CREATE or TMPFILE with [`Self::open_created`]'s outcome.
+    fn reply_created(&self, r: OpResult<(FileAttr, OpenMode)>, reply: ReplyCreate) {
+        match r {
+            Ok((a, OpenMode::Passthrough(b))) => reply.created_passthrough(
+                &TTL,
+                &a,
+                self.generation(),
+                FileHandle(FH_PASSTHROUGH),
+                FopenFlags::FOPEN_NOFLUSH,
+                &b,
+            ),
+            Ok((a, OpenMode::Busy)) => {
+                // A new file has no readers: cannot happen; undo the lookup the reply carried.
+                self.nodes.unremember(a.ino.0);
+                reply.error(Errno::ETXTBSY)
+            }
+            Ok((a, OpenMode::Cached)) => reply.created(
+                &TTL,
+                &a,
+                self.generation(),
+                FileHandle(FH_CACHED),
+                self.cached_open_flags(),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn cached_open_flags(&self) -> FopenFlags {
         if self.strict_atime {
             FopenFlags::FOPEN_NOFLUSH
@@ -204,12 +260,12 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn destroy(&mut self) {
-        // The session has ended (unmounted): no request runs any more.
-        self.save_handles();
+        // The session has ended (unmounted). Nothing is written here: `umount` has returned
+        // already, and the node index is kept up to date while mounted (`handles.rs`).
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = traced("lookup", parent.0, || {
+        let r = traced(self, "lookup", parent.0, || {
             let _g = self.ns.read();
             // The VFS resolves "." and ".." itself: these come only from the FUSE module's
             // export operations (FUSE_EXPORT_SUPPORT), for a file handle whose inode it forgot
@@ -228,19 +284,38 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let _ = traced("forget", ino.0, || {
+        let _ = traced(self, "forget", ino.0, || {
             OverlayFs::forget(self, ino.0, nlookup);
             Ok(())
         });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let r = traced("getattr", ino.0, || {
+        let r = traced(self, "getattr", ino.0, || {
             let _g = self.ns.read();
             self.getattr_node(ino.0)
         });
         match r {
             Ok(a) => reply.attr(&self.attr_ttl(ino.0), &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: fuser::ReplyStatx,
+    ) {
+        let r = traced(self, "statx", ino.0, || {
+            let _g = self.ns.read();
+            Ok((self.getattr_node(ino.0)?, self.birth_time(ino.0)))
+        });
+        match r {
+            Ok((a, btime)) => reply.statx(&self.attr_ttl(ino.0), &a, btime),
             Err(e) => reply.error(e),
         }
     }
@@ -271,7 +346,7 @@ impl fuser::Filesystem for OverlayFs {
             atime,
             mtime,
         };
-        match traced("setattr", ino.0, || {
+        match traced(self, "setattr", ino.0, || {
             if let Some(m) = mode
                 && m & libc::S_ISGID != 0
             {
@@ -302,7 +377,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match traced("readlink", ino.0, || OverlayFs::readlink(self, ino.0)) {
+        match traced(self, "readlink", ino.0, || OverlayFs::readlink(self, ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e),
         }
@@ -323,7 +398,7 @@ impl fuser::Filesystem for OverlayFs {
         } else {
             NewEntry::Special(mode, rdev as u64)
         };
-        let r = traced("mknod", parent.0, || {
+        let r = traced(self, "mknod", parent.0, || {
             self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
         entry(reply, r, self.generation());
@@ -338,7 +413,7 @@ impl fuser::Filesystem for OverlayFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = traced("mkdir", parent.0, || {
+        let r = traced(self, "mkdir", parent.0, || {
             let what = NewEntry::Dir(mode);
             self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
@@ -348,7 +423,7 @@ impl fuser::Filesystem for OverlayFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         empty(
             reply,
-            traced("unlink", parent.0, || {
+            traced(self, "unlink", parent.0, || {
                 OverlayFs::unlink(self, parent.0, name)
             }),
         );
@@ -357,7 +432,9 @@ impl fuser::Filesystem for OverlayFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         empty(
             reply,
-            traced("rmdir", parent.0, || OverlayFs::rmdir(self, parent.0, name)),
+            traced(self, "rmdir", parent.0, || {
+                OverlayFs::rmdir(self, parent.0, name)
+            }),
         );
     }
 
@@ -369,7 +446,7 @@ impl fuser::Filesystem for OverlayFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = traced("symlink", parent.0, || {
+        let r = traced(self, "symlink", parent.0, || {
             let what = NewEntry::Symlink(target);
             self.make(parent.0, link_name, req.uid(), req.gid(), what)
         });
@@ -386,7 +463,7 @@ impl fuser::Filesystem for OverlayFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = traced("rename", parent.0, || {
+        let r = traced(self, "rename", parent.0, || {
             OverlayFs::rename(self, parent.0, name, newparent.0, newname, flags.bits())
         });
         empty(reply, r);
@@ -400,7 +477,7 @@ impl fuser::Filesystem for OverlayFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let r = traced("link", ino.0, || {
+        let r = traced(self, "link", ino.0, || {
             let what = NewEntry::Link(ino.0);
             self.make(newparent.0, newname, req.uid(), req.gid(), what)
         });
@@ -412,11 +489,21 @@ impl fuser::Filesystem for OverlayFs {
             // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
             return reply.error(Errno::ENOSYS);
         }
+        let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         if !self.pt.on() {
+            if write
+                && let Err(e) = traced(self, "open", ino.0, || {
+                    self.check_open_for_write(ino.0, flags.0)
+                })
+            {
+                return reply.error(e);
+            }
             return reply.opened(FileHandle(FH_CACHED), self.cached_open_flags());
         }
-        let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-        let r = traced("open", ino.0, || {
+        let r = traced(self, "open", ino.0, || {
+            if write {
+                self.check_open_for_write(ino.0, flags.0)?;
+            }
             self.open_node(ino.0, write, |f| reply.open_backing(f))
         });
         match r {
@@ -457,7 +544,7 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyData,
     ) {
         // The data is read straight into the reply buffer (the io_uring entry's payload).
-        let _ = traced("read", ino.0, || {
+        let _ = traced(self, "read", ino.0, || {
             let f = match self.read_fd(ino.0) {
                 Ok(f) => f,
                 Err(e) => {
@@ -487,7 +574,7 @@ impl fuser::Filesystem for OverlayFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match traced("write", ino.0, || {
+        match traced(self, "write", ino.0, || {
             let n = OverlayFs::write(self, ino.0, offset, data)?;
             self.drop_setid(ino.0, &caller(req))?;
             Ok(n)
@@ -520,7 +607,7 @@ impl fuser::Filesystem for OverlayFs {
     ) {
         empty(
             reply,
-            traced("fsync", ino.0, || self.fsync_node(ino.0, datasync)),
+            traced(self, "fsync", ino.0, || self.fsync_node(ino.0, datasync)),
         );
     }
 
@@ -535,7 +622,9 @@ impl fuser::Filesystem for OverlayFs {
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        match traced("ioctl", ino.0, || self.fileattr_ioctl(ino.0, cmd, in_data)) {
+        match traced(self, "ioctl", ino.0, || {
+            self.fileattr_ioctl(ino.0, cmd, in_data)
+        }) {
             Ok(out) => reply.ioctl(0, &out),
             Err(e) => reply.error(e),
         }
@@ -555,7 +644,7 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectory,
     ) {
         let dir = ino.0;
-        let r = traced("readdir", dir, || {
+        let r = traced(self, "readdir", dir, || {
             self.readdir_walk(dir, offset, |id, name, kind, cookie, d, at| {
                 // d_ino: the inode number the entry shows (its st_ino).
                 let ino = if id != 0 {
@@ -584,24 +673,34 @@ impl fuser::Filesystem for OverlayFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let dir = ino.0;
-        let r = traced("readdirplus", dir, || {
-            self.readdir_walk(dir, offset, |id, name, _kind, cookie, d, at| {
-                if id != 0 {
-                    // "." and "..": the kernel takes only their inode number (the dirent's
-                    // d_ino) and ignores the rest of the entry (fs/fuse/readdir.c,
-                    // fuse_direntplus_link), so no stat is spent on them.
-                    let a = dot_entry(id);
-                    return Ok(reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation()));
-                }
-                let (id, a) = match self.resolve_at(dir, d, at, name)? {
-                    Some(r) => (r.id, self.remember(dir, name, &r)),
-                    None => return Ok(false),
-                };
-                let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
-                if full {
-                    self.nodes.unremember(id);
-                }
-                Ok(full)
+        let r = traced(self, "readdirplus", dir, || {
+            // The node index records of the entries go out in one write, before the reply.
+            self.index_batch(|| {
+                self.readdir_walk(dir, offset, |id, name, _kind, cookie, d, at| {
+                    if id != 0 {
+                        // "." and "..": the kernel takes only their inode number (the dirent's
+                        // d_ino) and ignores the rest of the entry (fs/fuse/readdir.c,
+                        // fuse_direntplus_link), so no stat is spent on them.
+                        let a = dot_entry(id);
+                        return Ok(reply.add(
+                            INodeNo(id),
+                            cookie,
+                            name,
+                            &TTL,
+                            &a,
+                            self.generation(),
+                        ));
+                    }
+                    let (id, a) = match self.resolve_at(dir, d, at, name)? {
+                        Some(r) => (r.id, self.remember(dir, name, &r)),
+                        None => return Ok(false),
+                    };
+                    let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
+                    if full {
+                        self.nodes.unremember(id);
+                    }
+                    Ok(full)
+                })
             })
         });
         match r {
@@ -622,7 +721,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match traced("statfs", ROOT, || self.statfs_op()) {
+        match traced(self, "statfs", ROOT, || self.statfs_op()) {
             Ok(s) => reply.statfs(
                 s.f_blocks,
                 s.f_bfree,
@@ -647,7 +746,7 @@ impl fuser::Filesystem for OverlayFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let r = traced("setxattr", ino.0, || {
+        let r = traced(self, "setxattr", ino.0, || {
             OverlayFs::setxattr(self, ino.0, name, value, flags)?;
             if name == "system.posix_acl_access" {
                 // Copied up by the setxattr: the upper file or directory.
@@ -666,7 +765,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match traced("getxattr", ino.0, || {
+        match traced(self, "getxattr", ino.0, || {
             OverlayFs::getxattr(self, ino.0, name, size)
         }) {
             Ok(XattrReply::Size(n)) => reply.size(n),
@@ -676,7 +775,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match traced("listxattr", ino.0, || {
+        match traced(self, "listxattr", ino.0, || {
             OverlayFs::listxattr(self, ino.0, size)
         }) {
             Ok(XattrReply::Size(n)) => reply.size(n),
@@ -686,7 +785,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = traced("removexattr", ino.0, || {
+        let r = traced(self, "removexattr", ino.0, || {
             OverlayFs::removexattr(self, ino.0, name)
         });
         empty(reply, r);
@@ -702,44 +801,28 @@ impl fuser::Filesystem for OverlayFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = traced("create", parent.0, || {
+        let r = traced(self, "create", parent.0, || {
             let what = NewEntry::File(mode);
             let a = self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)?;
-            if !self.pt.on() {
-                return Ok((a, OpenMode::Cached));
-            }
-            let m = self.open_node(a.ino.0, true, |f| reply.open_backing(f));
-            match m {
-                Ok(m) => Ok((a, m)),
-                Err(e) => {
-                    self.nodes.unremember(a.ino.0);
-                    Err(e)
-                }
-            }
+            self.open_created(a, &reply)
         });
-        match r {
-            Ok((a, OpenMode::Passthrough(b))) => reply.created_passthrough(
-                &TTL,
-                &a,
-                self.generation(),
-                FileHandle(FH_PASSTHROUGH),
-                FopenFlags::FOPEN_NOFLUSH,
-                &b,
-            ),
-            Ok((a, OpenMode::Busy)) => {
-                // A new file has no readers: cannot happen; undo the lookup the reply carried.
-                self.nodes.unremember(a.ino.0);
-                reply.error(Errno::ETXTBSY)
-            }
-            Ok((a, OpenMode::Cached)) => reply.created(
-                &TTL,
-                &a,
-                self.generation(),
-                FileHandle(FH_CACHED),
-                self.cached_open_flags(),
-            ),
-            Err(e) => reply.error(e),
-        }
+        self.reply_created(r, reply);
+    }
+
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = traced(self, "tmpfile", parent.0, || {
+            let a = OverlayFs::tmpfile(self, parent.0, req.uid(), req.gid(), mode, umask)?;
+            self.open_created(a, &reply)
+        });
+        self.reply_created(r, reply);
     }
 
     fn fallocate(
@@ -752,7 +835,7 @@ impl fuser::Filesystem for OverlayFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = traced("fallocate", ino.0, || {
+        let r = traced(self, "fallocate", ino.0, || {
             self.fallocate_node(ino.0, offset, length, mode)?;
             self.drop_setid(ino.0, &caller(req)).map(drop)
         });
@@ -768,7 +851,9 @@ impl fuser::Filesystem for OverlayFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        match traced("lseek", ino.0, || self.lseek_node(ino.0, offset, whence)) {
+        match traced(self, "lseek", ino.0, || {
+            self.lseek_node(ino.0, offset, whence)
+        }) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e),
         }
@@ -787,7 +872,7 @@ impl fuser::Filesystem for OverlayFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let r = traced("copy_file_range", ino_out.0, || {
+        let r = traced(self, "copy_file_range", ino_out.0, || {
             let n = self.copy_range_nodes(ino_in.0, offset_in, ino_out.0, offset_out, len)?;
             self.drop_setid(ino_out.0, &caller(req))?;
             Ok(n)

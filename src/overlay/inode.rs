@@ -480,7 +480,8 @@ impl Nodes {
     }
 
     /// Records one more kernel reference to `id` at (`parent`, `name`) with the given state,
-    /// creating the node if needed.
+    /// creating the node if needed. Returns whether that is a new name for `id`: neither where
+    /// the node was attached nor, for a node the kernel had forgotten, where it was parked.
     pub fn remember(
         &self,
         id: u64,
@@ -489,7 +490,7 @@ impl Nodes {
         kind: Kind,
         upper: bool,
         lowers: u64,
-    ) {
+    ) -> bool {
         let mut map = self.map.write();
         let node = map.entry(id).or_insert_with(|| {
             Box::new(Node {
@@ -512,13 +513,43 @@ impl Nodes {
         node.kind = kind;
         node.upper = upper;
         node.lowers = lowers;
+        let mut new_name = !same;
         if node.lookups == 0 {
             // Live again: its name is the node's now.
             let mut parked = self.parked.lock();
-            if !parked.is_empty() {
-                parked.pop(&id);
+            if !parked.is_empty()
+                && let Some((p, n)) = parked.pop(&id)
+                && p == parent
+                && *n == *name
+            {
+                new_name = false;
             }
         }
+        node.lookups += 1;
+        new_name
+    }
+
+    /// The next counter id to be given (every counter id given so far is below it).
+    pub fn next_counter(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+
+    /// Records one kernel reference to node `id`, which has no name: an `O_TMPFILE` file whose
+    /// upper data is kept at [`orphan_name`] until a LINK names it (`Nodes::remember` then
+    /// attaches it) or the kernel forgets it. Creates the node if needed.
+    pub fn remember_unnamed(&self, id: u64, kind: Kind) {
+        let mut map = self.map.write();
+        let node = map.entry(id).or_insert_with(|| {
+            Box::new(Node {
+                loc: Loc::Orphan { lower_path: None },
+                kind,
+                upper: true,
+                lowers: 0,
+                lookups: 0,
+                succ: 0,
+                pin: 0,
+            })
+        });
         node.lookups += 1;
     }
 

@@ -147,14 +147,7 @@ impl OverlayFs {
         self.ensure_upper_dir(parent)?;
         let rel = child(&pdir.path, name).map_err(errno)?;
         let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
-        // squash_to_uid/gid: the upper keeps the canonical owner 0:0.
-        let (uid, gid) = if self.squash.is_set() {
-            (0, 0)
-        } else {
-            (uid, gid)
-        };
-        let setgid = pst.st_mode & libc::S_ISGID != 0;
-        let gid = if setgid { pst.st_gid } else { gid };
+        let (uid, gid, setgid) = self.new_owner(&pst, uid, gid);
         // The upper dir's filesystem applies a default ACL itself at creation (the daemon's
         // umask is 0); without one, the caller's umask is applied here.
         let umask = if umask != 0 && self.has_default_acl(&pdir.path) {
@@ -192,6 +185,73 @@ impl OverlayFs {
         let kind = self.nodes.peek(id, |n| n.kind).unwrap_or(Kind::File);
         self.listings.added(parent, name, kind);
         Ok(attr)
+    }
+
+    /// The owner a new entry made by `uid`:`gid` in the upper directory whose stat is `pst`
+    /// is given, and whether that directory is set-group-ID: the caller's ids (the canonical
+    /// 0:0 under squash_to_uid/gid), with the directory's group when it is set-group-ID.
+    fn new_owner(&self, pst: &libc::stat, uid: u32, gid: u32) -> (u32, u32, bool) {
+        let (uid, gid) = if self.squash.is_set() {
+            (0, 0)
+        } else {
+            (uid, gid)
+        };
+        let setgid = pst.st_mode & libc::S_ISGID != 0;
+        (uid, if setgid { pst.st_gid } else { gid }, setgid)
+    }
+
+    /// `open(dir, O_TMPFILE)` (FUSE_TMPFILE): a regular file with no name, made for directory
+    /// `parent` (copied up first, as kernel overlayfs makes it in the upper dir) and kept in
+    /// the workdir at [`orphan_name`] like the data of an unlinked file: every operation on
+    /// the node reaches it there, a LINK (`linkat(fd, "", …, AT_EMPTY_PATH)`) links it into
+    /// the upper dir under a name ([`Self::make_masked`] with `NewEntry::Link`), and when the
+    /// kernel forgets the node the workdir link goes ([`Self::reap_orphans`]). Owned by
+    /// `uid`:`gid` (the directory's group if it is set-group-ID), mode `mode` less `umask`
+    /// (a default ACL of the directory is not applied: the file is made in the workdir). One
+    /// kernel reference is recorded; the attributes show nlink 0.
+    ///
+    /// Errors: `ENOTDIR` when `parent` is not a directory, `ENOENT` for a node that is gone,
+    /// or the upper/work dir's errno.
+    pub fn tmpfile(
+        &self,
+        parent: u64,
+        uid: u32,
+        gid: u32,
+        mode: u32,
+        umask: u32,
+    ) -> OpResult<FileAttr> {
+        let _g = self.ns.read();
+        if self.nodes.peek(parent, |n| n.kind).ok_or(Errno::ENOENT)? != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        self.ensure_upper_dir(parent)?;
+        let pdir = self.backing(parent)?;
+        let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
+        let (uid, gid, setgid) = self.new_owner(&pst, uid, gid);
+        let tmp = self.tmp_name();
+        let what = NewEntry::File(mode & !(umask & 0o777));
+        let made = self
+            .create_entry(Tree::Work, &tmp, &what, uid, gid, setgid)
+            .and_then(|()| self.stack.stat(Tree::Work, &tmp));
+        let st = match made {
+            Ok(st) => st,
+            Err(e) => {
+                let _ = self.stack.unlink(Tree::Work, &tmp, false);
+                return Err(errno(e));
+            }
+        };
+        let id = self.nodes.upper_id(st.st_ino);
+        if let Err(e) = self
+            .stack
+            .rename(Tree::Work, &tmp, Tree::Work, &orphan_name(id), 0)
+        {
+            self.nodes.drop_upper(st.st_ino);
+            let _ = self.stack.unlink(Tree::Work, &tmp, false);
+            return Err(errno(e));
+        }
+        self.kept_as_orphan(id);
+        self.nodes.remember_unnamed(id, Kind::File);
+        self.getattr_node(id)
     }
 
     /// Creates `what` (its mode already masked) at `at` in `layer` for
@@ -422,6 +482,10 @@ impl OverlayFs {
                     name: o.as_os_str().into(),
                 }
             });
+            if self.journal.is_some() {
+                let path = child(&pdir.path, &o).ok();
+                self.index_node(r.id, path.as_deref());
+            }
         }
         Ok(true)
     }
@@ -685,6 +749,10 @@ impl OverlayFs {
             self.listings.forget(id);
         }
         self.drop_fd(id);
+        if self.journal.is_some() {
+            let path = self.nodes.path(id);
+            self.index_node(id, path.as_deref());
+        }
     }
 
     /// chmod/chown/truncate/utimes on node `id`, copying it up first (a truncate copies only
@@ -850,6 +918,9 @@ impl OverlayFs {
         crate::sys::ioctl_fileattr(std::os::fd::AsFd::as_fd(&f), cmd, &mut buf).map_err(errno)?;
         if set {
             self.drop_fd(id);
+            // The flags change moved the upper file's ctime (generic/277); no FUSE reply
+            // carries attributes after an ioctl, and fs/fuse/ioctl.c keeps the cached ones.
+            self.invalidate_attrs(id);
             return Ok(Vec::new());
         }
         Ok(buf[..size].to_vec())
@@ -963,21 +1034,44 @@ impl OverlayFs {
             self.drop_fd(id);
             self.listings.forget(id);
             if self.orphans.lock().contains(&id) {
-                // Exclusive against lookups: a lookup of another name of this inode computes
-                // nlink from the upper (which counts the orphan link) and then subtracts the
-                // orphan link if `orphans` still lists it; both must see the same state.
-                let _g = self.ns.write();
-                if !self.orphans.lock().remove(&id) {
-                    return;
-                }
-                let o = orphan_name(id);
-                if let Ok(st) = self.stack.stat(Tree::Work, &o)
-                    && st.st_nlink <= 1
-                {
-                    self.nodes.drop_upper(st.st_ino);
-                }
-                let _ = self.stack.unlink(Tree::Work, &o, false);
+                // Not here: a FORGET holds no mount busy, so `umount` may have returned by
+                // now, and nothing may change the workdir after that. The next request a
+                // process waits for removes it (`reap_orphans`).
+                self.forgotten_orphans.lock().push(id);
+                self.orphans_due
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
+        }
+    }
+
+    /// Removes the kept data (`<workdir>/orphans/<id>`) of the unlinked files the kernel
+    /// forgot since the last call. Called at the top of the handler of every request a process
+    /// waits for (one atomic load when there is nothing to do), with no lock held: such a
+    /// request keeps the mount busy, so the workdir never changes once `umount` returned
+    /// (what the kernel forgets just before the unmount stays until the next mount removes
+    /// the orphans).
+    pub fn reap_orphans(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.orphans_due.load(Ordering::Acquire) {
+            return;
+        }
+        // Exclusive against lookups: a lookup of another name of an inode computes nlink from
+        // the upper (which counts the orphan link) and then subtracts the orphan link if
+        // `orphans` still lists it; both must see the same state.
+        let _g = self.ns.write();
+        self.orphans_due.store(false, Ordering::Release);
+        let due = std::mem::take(&mut *self.forgotten_orphans.lock());
+        for id in due {
+            if !self.orphans.lock().remove(&id) {
+                continue;
+            }
+            let o = orphan_name(id);
+            if let Ok(st) = self.stack.stat(Tree::Work, &o)
+                && st.st_nlink <= 1
+            {
+                self.nodes.drop_upper(st.st_ino);
+            }
+            let _ = self.stack.unlink(Tree::Work, &o, false);
         }
     }
 }
@@ -1014,9 +1108,10 @@ impl OverlayFs {
     ///
     /// Errors: the errno of opening, `fstat` or `fchmod` of the upper file.
     pub(super) fn drop_setid(&self, id: u64, caller: &Caller) -> OpResult<Option<u32>> {
+        // fstat and fchmod need no write access (an append-only file has no read-write fd).
         let f = {
             let _g = self.ns.read();
-            self.data_fd(id, true)?
+            self.data_fd(id, false)?
         };
         privs::drop_after_write(&f, caller, |g| self.squash.gid.unwrap_or(g)).map_err(errno)
     }
@@ -1036,9 +1131,10 @@ impl OverlayFs {
         if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
+        // fsync needs no write access (an append-only file has no read-write fd).
         let f = {
             let _g = self.ns.read();
-            self.data_fd(id, true)?
+            self.data_fd(id, false)?
         };
         let r = if datasync {
             f.sync_data()

@@ -72,6 +72,7 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
@@ -446,6 +447,26 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Get file attributes.
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         warn!("[Not Implemented] getattr(ino: {ino:#x?}, fh: {fh:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// statx(2) asking for more than GETATTR carries (FUSE_STATX, Linux 6.6: the kernel sends
+    /// it when `STATX_BTIME` is asked). `flags` are the call's `AT_STATX_*` sync flags, `mask`
+    /// its `STATX_*` fields. Reply with [`ReplyStatx::statx`]; the default ENOSYS makes the
+    /// kernel answer from GETATTR (no birth time) from then on.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        flags: u32,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!(
+            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:#x?}, flags: {flags:#x}, \
+            mask: {mask:#x})"
+        );
         reply.error(Errno::ENOSYS);
     }
 
@@ -861,6 +882,26 @@ pub trait Filesystem: Send + Sync + 'static {
     ) {
         warn!(
             "[Not Implemented] create(parent: {parent:#x?}, name: {name:?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Create and open a file with no name in directory `parent` (open(2) with `O_TMPFILE`,
+    /// FUSE_TMPFILE, Linux 6.5+). Reply as to [`Filesystem::create`]; the kernel may later
+    /// give the file a name with a LINK (`linkat(fd, "", …, AT_EMPTY_PATH)`) unless it was
+    /// opened `O_EXCL`. ENOSYS makes the kernel answer `EOPNOTSUPP` from then on.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
             umask: {umask:#x?}, flags: {flags:#x?})"
         );
         reply.error(Errno::ENOSYS);

@@ -345,6 +345,36 @@ impl ReplyAttr {
 }
 
 ///
+/// Statx Reply (FUSE_STATX)
+///
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Reply with the attributes `attr` (valid for `ttl`, as [`ReplyAttr::attr`]'s) and the
+    /// birth time `btime`, when known (`STATX_BTIME` is then in the reply's mask).
+    pub fn statx(self, ttl: &Duration, attr: &FileAttr, btime: Option<std::time::SystemTime>) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr, btime));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
+///
 /// XTimes Reply
 ///
 #[cfg(target_os = "macos")]

@@ -403,6 +403,26 @@ impl<'a> RequestWithSender<'a> {
                     self.reply(),
                 );
             }
+            ll::Operation::Statx(x) => {
+                filesystem.statx(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.file_handle(),
+                    x.flags(),
+                    x.mask(),
+                    self.reply(),
+                );
+            }
+            ll::Operation::TmpFile(x) => {
+                filesystem.tmpfile(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.mode(),
+                    x.umask(),
+                    x.flags(),
+                    self.reply(),
+                );
+            }
             ll::Operation::GetLk(x) => {
                 filesystem.getlk(
                     self.request_header(),
@@ -594,6 +614,7 @@ fn changes_filesystem(op: &ll::Operation<'_>) -> bool {
         | ll::Operation::Link(_)
         | ll::Operation::Write(_)
         | ll::Operation::Create(_)
+        | ll::Operation::TmpFile(_)
         | ll::Operation::SetXAttr(_)
         | ll::Operation::RemoveXAttr(_)
         | ll::Operation::FAllocate(_)

@@ -120,6 +120,61 @@ impl ResponseStruct<abi::fuse_attr_out> {
     }
 }
 
+impl ResponseStruct<abi::fuse_statx_out> {
+    /// A FUSE_STATX reply: `attr` as GETATTR sends it, plus `btime` when known.
+    pub(crate) fn new_statx(
+        ttl: &Duration,
+        attr: &crate::FileAttr,
+        btime: Option<std::time::SystemTime>,
+    ) -> Self {
+        let a = fuse_attr_from_attr(attr);
+        let t = |sec: i64, nsec: u32| abi::fuse_sx_time {
+            tv_sec: sec,
+            tv_nsec: nsec,
+            reserved: 0,
+        };
+        // STATX_BASIC_STATS, and STATX_BTIME with a birth time (include/uapi/linux/stat.h).
+        let mut mask = 0x7ff;
+        let mut birth = abi::fuse_sx_time::default();
+        if let Some(b) = btime {
+            let (sec, nsec) = time_from_system_time(&b);
+            birth = t(sec, nsec);
+            mask |= 0x800;
+        }
+        let dev = |d: u32| (d >> 8 & 0xfff, (d & 0xff) | (d >> 12 & 0xfff00));
+        let (rdev_major, rdev_minor) = dev(a.rdev);
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                mask,
+                blksize: a.blksize,
+                attributes: 0,
+                nlink: a.nlink,
+                uid: a.uid,
+                gid: a.gid,
+                mode: a.mode as u16,
+                spare0: 0,
+                ino: a.ino,
+                size: a.size,
+                blocks: a.blocks,
+                attributes_mask: 0,
+                atime: t(a.atime, a.atimensec),
+                btime: birth,
+                ctime: t(a.ctime, a.ctimensec),
+                mtime: t(a.mtime, a.mtimensec),
+                rdev_major,
+                rdev_minor,
+                dev_major: 0,
+                dev_minor: 0,
+                spare2: [0; 14],
+            },
+        })
+    }
+}
+
 #[cfg(target_os = "macos")]
 impl ResponseStruct<abi::fuse_getxtimes_out> {
     pub(crate) fn new_xtimes(bkuptime: SystemTime, crtime: SystemTime) -> Self {
