@@ -200,6 +200,12 @@ pub enum Notice {
         /// The key.
         key: CacheKey,
     },
+    /// The other fill ended without publishing the key (its setup failed, or its run was
+    /// killed): this run, which waited for it, fills the key now.
+    FillTakenOver {
+        /// The key.
+        key: CacheKey,
+    },
     /// The remote tier's news: it is skipped for this run (unreachable, slow, refusing), a
     /// pull failed, or how a background push went. `message` is one line naming the remote.
     Remote {
@@ -233,6 +239,11 @@ impl std::fmt::Display for Notice {
                 f,
                 "the other fill of key {key} did not finish in time; filling it here too (only \
                  one of the two is published)"
+            ),
+            Notice::FillTakenOver { key } => write!(
+                f,
+                "the other fill of key {key} ended without publishing it (its setup failed or \
+                 its run was killed); filling it here"
             ),
             Notice::Remote { message } => f.write_str(message),
             Notice::RemountFailed { mountpoint, error } => write!(
