@@ -575,3 +575,36 @@ fn env_backed_options_work_and_stay_out_of_usage_lines() {
     assert_ne!(plain, by_env);
     assert_eq!(by_env, by_flag);
 }
+
+/// A warning the code logs (here: the event log cannot be written) is one line of the tool's
+/// own, `layercache: warning: …`, not a tracing record with a timestamp and a module path.
+#[test]
+fn logged_warnings_are_the_tools_own_lines() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    std::fs::create_dir_all(sb.path("store/events.jsonl")).unwrap();
+    let s = sb.write_spec("s.toml", &spec("true", ""));
+    let out = sb
+        .command(&s, &sb.work(), &[], &["true"])
+        .env_remove("RUST_LOG")
+        .env_remove("LAYERCACHE_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.contains("telemetry"))
+        .unwrap_or_else(|| panic!("no telemetry warning: {err}"));
+    assert!(
+        line.starts_with("layercache: warning: telemetry: "),
+        "{line}"
+    );
+    assert!(
+        !line.contains("WARN") && !line.contains("layercache::run"),
+        "{line}"
+    );
+}
