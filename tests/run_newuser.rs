@@ -18,6 +18,17 @@ fn spec(setup: &str, extra: &str) -> String {
     )
 }
 
+/// A sandbox whose workdir holds the `deps.lock` [`spec`] keys on; `None` (a skip) when this
+/// machine cannot mount.
+fn deps_sandbox() -> Option<Sandbox> {
+    if !can_mount() {
+        return None;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    Some(sb)
+}
+
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -27,11 +38,7 @@ fn stderr(out: &std::process::Output) -> String {
 /// `--json` the heartbeat is not printed.
 #[test]
 fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
-    if !can_mount() {
-        return;
-    }
-    let sb = Sandbox::new();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let Some(sb) = deps_sandbox() else { return };
     let s = sb.write_spec(
         "s.toml",
         &spec("head -c 70000 /dev/zero > \"$DEPS/f\"; sleep 3", ""),
@@ -74,11 +81,7 @@ fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
 /// the store's `failed/<run>/<cache>`, named in the failure line, and listed by `gc`.
 #[test]
 fn a_failed_setups_logs_are_kept_and_named() {
-    if !can_mount() {
-        return;
-    }
-    let sb = Sandbox::new();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let Some(sb) = deps_sandbox() else { return };
     let s = sb.write_spec(
         "s.toml",
         &spec(
@@ -202,6 +205,17 @@ impl Drop for LoopFs {
     }
 }
 
+/// [`deps_sandbox`] with its store on a 48 MiB ext4 image; `None` (a skip) without mounts,
+/// mkfs.ext4 or loop devices.
+fn full_store_sandbox() -> Option<(Sandbox, LoopFs)> {
+    let sb = deps_sandbox()?;
+    let Some(fs) = LoopFs::new(&sb.path("store.img"), &sb.path("store"), 48) else {
+        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+        return None;
+    };
+    Some((sb, fs))
+}
+
 /// The directories left in a project's `runs/` and `staging/`.
 fn leftovers(store: &std::path::Path) -> Vec<String> {
     let mut v = Vec::new();
@@ -219,16 +233,10 @@ fn leftovers(store: &std::path::Path) -> Vec<String> {
 /// event recorded.
 #[test]
 fn a_setup_that_fills_the_store_says_so_plainly_and_leaves_nothing() {
-    if !can_mount() {
-        return;
-    }
-    let sb = Sandbox::new();
-    let Some(fs) = LoopFs::new(&sb.path("store.img"), &sb.path("store"), 48) else {
-        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+    let Some((sb, fs)) = full_store_sandbox() else {
         return;
     };
     let free_before = fs.avail();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
     let s = sb.write_spec(
         "s.toml",
         &spec("head -c 200M /dev/zero > \"$DEPS/big\"", ""),
@@ -261,15 +269,9 @@ fn a_setup_that_fills_the_store_says_so_plainly_and_leaves_nothing() {
 /// recorded (its space was reserved before setup).
 #[test]
 fn a_promote_that_finds_the_store_full_says_so_plainly_and_leaves_nothing() {
-    if !can_mount() {
-        return;
-    }
-    let sb = Sandbox::new();
-    let Some(fs) = LoopFs::new(&sb.path("store.img"), &sb.path("store"), 48) else {
-        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+    let Some((sb, fs)) = full_store_sandbox() else {
         return;
     };
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
     let filler = sb.path("store").join("filler");
     let s = sb.write_spec(
         "s.toml",
@@ -304,11 +306,7 @@ fn a_promote_that_finds_the_store_full_says_so_plainly_and_leaves_nothing() {
 /// writes stay private.
 #[test]
 fn save_success_keeps_build_output_for_the_next_run() {
-    if !can_mount() {
-        return;
-    }
-    let sb = Sandbox::new();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let Some(sb) = deps_sandbox() else { return };
     let setup = "echo dep > \"$DEPS/dep\"";
     let s = sb.write_spec("s.toml", &spec(setup, "save = \"success\"\n"));
     let build = "mkdir -p \"$DEPS/target\" && echo built > \"$DEPS/target/out\"";
@@ -393,11 +391,10 @@ fn run_without_spec_reads_layercache_toml_or_says_what_to_pass() {
 #[test]
 fn immutable_and_append_only_files_never_block_removal_nor_reach_a_layer() {
     let chattr = Command::new("chattr").arg("-V").output().is_ok();
-    if !can_mount() || (!chattr && run_common::skip_or_fail("needs chattr (e2fsprogs)")) {
+    if !chattr && run_common::skip_or_fail("needs chattr (e2fsprogs)") {
         return;
     }
-    let sb = Sandbox::new();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let Some(sb) = deps_sandbox() else { return };
     let flags = "mkdir \"$DEPS/d\" && echo i > \"$DEPS/d/i\" && echo a > \"$DEPS/a\" && \
                  chattr +i \"$DEPS/d/i\" \"$DEPS/d\" && chattr +a \"$DEPS/a\"";
     let failing = sb.write_spec("f.toml", &spec(&format!("{flags} && exit 4"), ""));
@@ -450,11 +447,7 @@ fn immutable_and_append_only_files_never_block_removal_nor_reach_a_layer() {
 /// the run and left as it is.
 #[test]
 fn a_host_file_where_a_cache_is_viewed_is_named() {
-    if !can_mount() {
-        return;
-    }
-    let sb = Sandbox::new();
-    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let Some(sb) = deps_sandbox() else { return };
     let s = sb.write_spec(
         "s.toml",
         &spec("echo x > \"$DEPS/x\"", "mountpoint = \"{workdir}/deps\"\n"),
@@ -574,4 +567,33 @@ fn env_backed_options_work_and_stay_out_of_usage_lines() {
     );
     assert_ne!(plain, by_env);
     assert_eq!(by_env, by_flag);
+}
+
+/// A warning the code logs (here: the event log cannot be written) is one line of the tool's
+/// own, `layercache: warning: …`, not a tracing record with a timestamp and a module path.
+#[test]
+fn logged_warnings_are_the_tools_own_lines() {
+    let Some(sb) = deps_sandbox() else { return };
+    std::fs::create_dir_all(sb.path("store/events.jsonl")).unwrap();
+    let s = sb.write_spec("s.toml", &spec("true", ""));
+    let out = sb
+        .command(&s, &sb.work(), &[], &["true"])
+        .env_remove("RUST_LOG")
+        .env_remove("LAYERCACHE_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.contains("telemetry"))
+        .unwrap_or_else(|| panic!("no telemetry warning: {err}"));
+    assert!(
+        line.starts_with("layercache: warning: telemetry: "),
+        "{line}"
+    );
+    assert!(
+        !line.contains("WARN") && !line.contains("layercache::run"),
+        "{line}"
+    );
 }

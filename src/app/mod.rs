@@ -64,14 +64,47 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
 /// Logging to stderr, filtered by `LAYERCACHE_LOG`, else `RUST_LOG` (tracing-subscriber's
 /// `EnvFilter` syntax, e.g. `debug` or `layercache::fuse=debug`), else `warn`.
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LAYERCACHE_LOG")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let asked = tracing_subscriber::EnvFilter::try_from_env("LAYERCACHE_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env());
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let _ = match asked {
+        // A log the user asked for keeps its full form (time, level, target, spans).
+        Ok(filter) => builder.with_env_filter(filter).try_init(),
+        // Otherwise only warnings and errors, as the tool's own lines: `layercache: warning: …`.
+        Err(_) => builder
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .event_format(ToolLine)
+            .try_init(),
+    };
+}
+
+/// The format of a warning or error logged without `LAYERCACHE_LOG`/`RUST_LOG`: one line
+/// starting `layercache: warning: ` (or `error: `) like every other line of the tool's own, then
+/// the message and its fields.
+struct ToolLine;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for ToolLine
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warning",
+            _ => "note",
+        };
+        write!(writer, "layercache: {level}: ")?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
 }
 
 /// The project directory: `--workdir` or the current directory, made absolute.

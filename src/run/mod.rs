@@ -604,7 +604,7 @@ fn setup_or_maintenance(
     if let Err(e) = mounts.check_all() {
         return Ok(Some(e));
     }
-    if status != 0 && what == "setup" && setup_filled_store(mounts.store) {
+    if status != 0 && what == "setup" && setup_filled_store(mounts.store, output.as_deref()) {
         // No room to keep its logs either; the line says what happened.
         return Ok(Some(Error::StoreFull {
             message: crate::store::store_full_message(mounts.store, &label),
@@ -646,11 +646,28 @@ fn setup_or_maintenance(
     Ok(None)
 }
 
-/// Whether the store's filesystem is (nearly) full after a setup failed
-/// ([`crate::store::looks_full`]): then it most likely failed for space.
-fn setup_filled_store(store: &Path) -> bool {
+/// Whether a setup failed for space: the store's filesystem is (nearly) full now
+/// ([`crate::store::looks_full`]) and the end of its output, when captured, says so
+/// ([`says_no_space`]; a setup that failed for another reason on a nearly full disk keeps its
+/// own error and logs).
+fn setup_filled_store(store: &Path, output: Option<&[u8]>) -> bool {
     crate::store::filesystem_space(store)
         .is_some_and(|(total, free)| crate::store::looks_full(total, free))
+        && output.is_none_or(says_no_space)
+}
+
+/// Whether a tool's output tells of a full disk: `ENOSPC`, `No space left on device`
+/// (strerror), `EDQUOT` or `Disk quota exceeded`.
+fn says_no_space(output: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(output);
+    [
+        "ENOSPC",
+        "No space left on device",
+        "EDQUOT",
+        "Disk quota exceeded",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
 }
 
 /// After a failed setup: copies the log files it wrote into its view (the run's private

@@ -273,3 +273,16 @@ fn sandbox_mode_parses() {
     );
     assert_eq!(fmt_bytes(1536), "1.5 KiB");
 }
+
+#[test]
+fn a_full_disk_is_told_from_the_tools_words() {
+    assert!(super::says_no_space(
+        b"npm error code ENOSPC\nnpm error syscall write\n"
+    ));
+    assert!(super::says_no_space(
+        b"head: error writing 'standard output': No space left on device\n"
+    ));
+    assert!(!super::says_no_space(
+        b"npm error 404 Not Found - left-pad\n"
+    ));
+}

@@ -162,7 +162,23 @@ mod tests {
         let opened = crate::store::Store::open(Some(&root));
         rustix::process::umask(old);
         let store = opened.unwrap();
-        assert_eq!(std::fs::metadata(&root).unwrap().mode() & 0o7777, 0o755);
+        for (p, m) in [
+            (root.clone(), 0o755),
+            (root.join("v1"), 0o755),
+            (root.join("v1/config.toml"), 0o644),
+            (root.join("v1/format.json"), 0o644),
+        ] {
+            let mode = std::fs::metadata(&p).unwrap().mode() & 0o7777;
+            assert_eq!(mode, m, "{}", p.display());
+        }
+        // A config.toml others may write (it names the remote a run pulls from) is refused.
+        let cfg = root.join("v1/config.toml");
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = crate::store::Store::open(Some(&root))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("config.toml") && e.contains("chmod go-w"), "{e}");
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
         let pd = store.project(&ProjectId::new("rtp").unwrap()).unwrap();
         pd.save_spec("project = \"rtp\"\n").unwrap();
         assert!(load_stored(&root, "rtp").is_ok());

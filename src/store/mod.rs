@@ -128,6 +128,13 @@ fn root_not_creatable(root: &Path, e: std::io::Error) -> Error {
     ))
 }
 
+/// Makes the new file `path` mode 0644 whatever the umask (under umask 000 `File::create` made
+/// format.json and config.toml writable by everyone).
+fn private_to_writers(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644)).at(path)
+}
+
 /// [`default_root`] for a process that is root or not, with these `XDG_CACHE_HOME` and `HOME`.
 fn default_root_for(
     root: bool,
@@ -202,6 +209,12 @@ pub enum Notice {
         /// The key.
         key: CacheKey,
     },
+    /// The other fill ended without publishing the key (its setup failed, or its run was
+    /// killed): this run, which waited for it, fills the key now.
+    FillTakenOver {
+        /// The key.
+        key: CacheKey,
+    },
     /// The remote tier's news: it is skipped for this run (unreachable, slow, refusing), a
     /// pull failed, or how a background push went. `message` is one line naming the remote.
     Remote {
@@ -235,6 +248,11 @@ impl std::fmt::Display for Notice {
                 f,
                 "the other fill of key {key} did not finish in time; filling it here too (only \
                  one of the two is published)"
+            ),
+            Notice::FillTakenOver { key } => write!(
+                f,
+                "the other fill of key {key} ended without publishing it (its setup failed or \
+                 its run was killed); filling it here"
             ),
             Notice::Remote { message } => f.write_str(message),
             Notice::RemountFailed { mountpoint, error } => write!(
@@ -337,7 +355,7 @@ impl Store {
         // Mode 0755 whatever the umask, then every directory checked (see `trust`): a store
         // others can write is refused, so nobody can swap its v1/ for their own.
         trust::make_dirs(&root).map_err(|e| root_not_creatable(&root, e))?;
-        trust::walk_create(&root, &[("v1", 0o755), ("projects", 0o711)])?;
+        let owner = trust::walk_create(&root, &[("v1", 0o755), ("projects", 0o711)])?.owner;
         let base = root.join("v1");
         let fmt = base.join("format.json");
         if !fmt.exists() {
@@ -348,6 +366,7 @@ impl Store {
             })
             .map_err(|e| Error::Failed(e.to_string()))?;
             write_synced(&tmp, &body)?;
+            private_to_writers(&tmp)?;
             match sys::rename_noreplace(&tmp, &fmt) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -356,6 +375,7 @@ impl Store {
                 Err(e) => return Err(Error::io(&fmt, e)),
             }
         }
+        trust::check_file(&fmt, owner, &root)?;
         let text = fs::read(&fmt).at(&fmt)?;
         let f: FormatFile = serde_json::from_slice(&text).map_err(|e| {
             Error::invalid(format!("{}: not a layercache store: {e}", fmt.display()))
@@ -371,10 +391,13 @@ impl Store {
         if !cfg.exists() {
             let tmp = base.join(format!(".config-{}", sys::random_hex(6)));
             write_synced(&tmp, config::DEFAULT_CONFIG_TOML.as_bytes())?;
+            private_to_writers(&tmp)?;
             if sys::rename_noreplace(&tmp, &cfg).is_err() {
                 let _ = fs::remove_file(&tmp);
             }
         }
+        // config.toml names the remote tier a run pulls layers from: nobody else may change it.
+        trust::check_file(&cfg, owner, &root)?;
         let text = fs::read_to_string(&cfg).at(&cfg)?;
         let parsed: config::ConfigFile =
             toml::from_str(&text).map_err(|e| Error::invalid(format!("{}: {e}", cfg.display())))?;

@@ -307,6 +307,8 @@ impl Store {
     ) -> Result<Settled> {
         let mut fill: Option<Lease> = None;
         let mut gave_up = false;
+        // Set when this run got the fill lock by waiting for another run's fill.
+        let mut after_other_fill = false;
         let mut waited = Duration::ZERO;
         let (mut remote_tried, mut pulled) = (false, None);
         loop {
@@ -324,6 +326,12 @@ impl Store {
                     None => continue,
                 }
             }
+            if std::mem::take(&mut after_other_fill) {
+                // The filler let go of the lock and nothing was published: say why we fill.
+                self.notify(Notice::FillTakenOver {
+                    key: req.key.clone(),
+                });
+            }
             if fill.is_none() && !gave_up {
                 if let Some(l) = Lease::try_acquire(fill_path, Mode::Exclusive)? {
                     fill = Some(l);
@@ -332,6 +340,7 @@ impl Store {
                 let w = Instant::now();
                 fill = self.wait_for_fill(req, fill_path, deadline)?;
                 gave_up = fill.is_none();
+                after_other_fill = fill.is_some();
                 waited += w.elapsed();
                 continue;
             }
@@ -593,5 +602,56 @@ impl Mount {
             .runs()
             .join(&self.outcome.run)
             .join("upper")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that waited for another run's fill, which then ended without publishing (a
+    /// failed setup, a killed run), says it takes the fill over.
+    #[test]
+    fn a_waiter_says_it_takes_over_a_fill_that_published_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let notices = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+        let n = std::sync::Arc::clone(&notices);
+        let store = Store::open(Some(&t.path().join("store")))
+            .unwrap()
+            .with_notify(std::sync::Arc::new(move |x: &Notice| {
+                n.lock().push(x.to_string())
+            }));
+        let req = MountRequest {
+            project: ProjectId::new("p").unwrap(),
+            cache: CacheId::new("c").unwrap(),
+            key: CacheKey::new("k").unwrap(),
+            restore_keys: vec![],
+            fill_wait: Duration::from_secs(60),
+            mountpoint: None,
+            owner: None,
+            squash: Default::default(),
+            passthrough: crate::overlay::options::PassthroughChoice::Auto,
+        };
+        let pd = store.project(&req.project).unwrap();
+        let fill_path = pd.fill_lock(&req.cache, &req.key);
+        fs::create_dir_all(fill_path.parent().unwrap()).unwrap();
+        // The other filler: holds the lock a moment, then goes without publishing.
+        let other = Lease::acquire(&fill_path, Mode::Exclusive).unwrap();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(other);
+        });
+        let s = store
+            .settle_lookup(&pd, &req, &fill_path, Instant::now() + req.fill_wait)
+            .unwrap();
+        h.join().unwrap();
+        assert_eq!(s.lookup, Lookup::Miss);
+        assert!(s.fill.is_some(), "this run fills");
+        let said = notices.lock().clone();
+        assert!(
+            said.iter()
+                .any(|l| l.contains("ended without publishing it")),
+            "{said:?}"
+        );
     }
 }

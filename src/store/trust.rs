@@ -251,6 +251,29 @@ pub(crate) fn note_owner(noted: &mut Option<String>, uid: u32, me: u32, path: &P
     }
 }
 
+/// Checks the file `path` of the store (format.json, config.toml) the way [`walk`] checks a
+/// directory: not a symlink, not writable by group or others, the store owner's (`owner`, of
+/// `root`) or root's. A missing file passes (the caller's read reports it).
+///
+/// Errors: [`Error::Invalid`] (exit 2) naming the file, its owner and mode, and the fix;
+/// [`Error::Io`] when it cannot be looked at.
+pub(crate) fn check_file(path: &Path, owner: (u32, u32), root: &Path) -> Result<()> {
+    let m = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    if !m.file_type().is_file() {
+        return Err(Error::invalid(format!(
+            "{}: a symlink or not a regular file inside the store; layercache does not follow \
+             links there (another user may have planted it): remove it",
+            path.display()
+        )));
+    }
+    check_mode(path, m.mode(), m.uid(), false)?;
+    check_owner(path, m.uid(), owner.0, root)
+}
+
 /// Refuses a directory or file of the store that group or other users may write.
 ///
 /// Errors: [`Error::Invalid`] naming `path`, its owner and mode, and the fix.
