@@ -432,17 +432,11 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         return Ok(config(raw, lowerdirs, PathBuf::new(), PathBuf::new(), true));
     };
     let upperdir = existing_dir("upperdir", upper_given)?;
-    let workdir = match &raw.workdir {
-        Some(w) if raw.read_only && !w.exists() => PathBuf::new(),
-        None if raw.read_only => PathBuf::new(),
-        Some(w) => {
-            if !w.exists() {
-                fs::create_dir_all(w).map_err(|e| {
-                    Error::invalid(format!("workdir {}: cannot create: {e}", w.display()))
-                })?;
-            }
-            existing_dir("workdir", w)?
-        }
+    // The workdir is created only once every check passed: a refused mount leaves nothing.
+    let (workdir, create_work) = match &raw.workdir {
+        Some(w) if raw.read_only && !w.exists() => (PathBuf::new(), false),
+        None if raw.read_only => (PathBuf::new(), false),
+        Some(w) => planned_dir("workdir", w)?,
         None => {
             let name = upperdir
                 .file_name()
@@ -451,11 +445,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             let parent = upperdir.parent().ok_or_else(|| {
                 Error::invalid("upperdir /: give a workdir= on the same filesystem")
             })?;
-            let w = parent.join(format!(".{name}.layercache-work"));
-            fs::create_dir_all(&w).map_err(|e| {
-                Error::invalid(format!("workdir {}: cannot create: {e}", w.display()))
-            })?;
-            existing_dir("workdir", &w)?
+            planned_dir("workdir", &parent.join(format!(".{name}.layercache-work")))?
         }
     };
     let mnt = existing_dir("mountpoint", mountpoint)?;
@@ -492,7 +482,8 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             mnt.display()
         )));
     }
-    let dev = |p: &Path| fs::metadata(p).map(|m| m.dev()).unwrap_or(0);
+    // A workdir still to be made lands on its nearest existing ancestor's filesystem.
+    let dev = |p: &Path| (p.ancestors().find_map(|a| fs::metadata(a).ok())).map_or(0, |m| m.dev());
     if dev(&upperdir) != dev(&workdir) {
         return Err(Error::invalid(format!(
             "workdir {} is not on the same filesystem as upperdir {}",
@@ -500,7 +491,57 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             upperdir.display()
         )));
     }
+    let workdir = if create_work {
+        fs::create_dir_all(&workdir).map_err(|e| {
+            Error::invalid(format!("workdir {}: cannot create: {e}", workdir.display()))
+        })?;
+        existing_dir("workdir", &workdir)?
+    } else {
+        workdir
+    };
     Ok(config(raw, lowerdirs, upperdir, workdir, raw.read_only))
+}
+
+/// The canonical path `p` has or will have once created, and whether it must be created: an
+/// existing directory is checked as [`existing_dir`] does; a missing one is its nearest existing
+/// ancestor (canonical, a directory) joined with the missing names, which may not hold `..`
+/// or `.`. Nothing is created here.
+///
+/// Errors: [`Error::Invalid`] naming `what` and `p` (not a directory, a `..` in the missing
+/// part, an ancestor that cannot be read).
+fn planned_dir(what: &str, p: &Path) -> Result<(PathBuf, bool)> {
+    if fs::symlink_metadata(p).is_ok() {
+        return Ok((existing_dir(what, p)?, false));
+    }
+    let mut missing = Vec::new();
+    let mut base = p;
+    while fs::symlink_metadata(base).is_err() {
+        match (base.parent(), base.file_name()) {
+            (Some(parent), Some(name))
+                if base
+                    .components()
+                    .next_back()
+                    .is_some_and(|c| matches!(c, std::path::Component::Normal(_))) =>
+            {
+                missing.push(name.to_owned());
+                base = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
+            }
+            _ => {
+                return Err(Error::invalid(format!(
+                    "{what} {}: cannot be created (a '.' or '..' in its missing part; give an \
+                     existing directory or a plain path)",
+                    p.display()
+                )));
+            }
+        }
+    }
+    let mut out = existing_dir(what, base)?;
+    out.extend(missing.iter().rev());
+    Ok((out, true))
 }
 
 /// The checked configuration of `raw` over its checked directories (`upperdir` and `workdir`
@@ -687,5 +728,47 @@ mod tests {
             !validate(&raw, &mnt).unwrap().persist_handles,
             "lowerdir only"
         );
+    }
+
+    /// A refused mount creates nothing: its workdir (given, or the default beside the upper)
+    /// is made only after every check passed.
+    #[test]
+    fn refused_mount_leaves_no_workdir() {
+        let t = tempfile::tempdir().unwrap();
+        let (lower, up) = (t.path().join("lower"), t.path().join("up"));
+        fs::create_dir(&lower).unwrap();
+        fs::create_dir(&up).unwrap();
+        let work = t.path().join("w/work");
+        let mut raw = RawOptions {
+            lowerdirs: vec![lower.clone()],
+            upperdir: Some(up.clone()),
+            workdir: Some(work.clone()),
+            ..Default::default()
+        };
+        for mnt in [t.path().join("no-such-mountpoint"), up.clone()] {
+            let e = validate(&raw, &mnt).unwrap_err().to_string();
+            assert!(e.contains("mountpoint"), "{e}");
+            assert!(!t.path().join("w").exists(), "refused ({e}), yet made the workdir");
+        }
+        raw.workdir = None;
+        let e = validate(&raw, &up).unwrap_err().to_string();
+        assert!(e.contains("mountpoint"), "{e}");
+        assert!(!t.path().join(".up.layercache-work").exists(), "{e}");
+        let e = validate(&raw, &lower.join("..").join("up"));
+        assert!(e.is_err());
+        // Accepted: the workdirs are made, canonical.
+        raw.workdir = Some(work.clone());
+        let mnt = t.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let c = validate(&raw, &mnt).unwrap();
+        assert_eq!(c.workdir, fs::canonicalize(&work).unwrap());
+        raw.workdir = None;
+        let c = validate(&raw, &mnt).unwrap();
+        assert!(c.workdir.ends_with(".up.layercache-work") && c.workdir.is_dir());
+        raw.workdir = Some(t.path().join("w/../x"));
+        assert!(validate(&raw, &mnt).is_ok(), "an existing ancestor's '..' is fine");
+        raw.workdir = Some(t.path().join("nope/../x"));
+        let e = validate(&raw, &mnt).unwrap_err().to_string();
+        assert!(e.contains("'..'"), "{e}");
     }
 }
