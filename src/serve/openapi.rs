@@ -257,7 +257,8 @@ pub fn document(cookie: &str) -> Value {
                     "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
                 "GcReport": s(json!({"dry_run": {"type": "boolean"}, "before": {"type": "object"}, "after": {"type": "object"},
                     "evicted": {"type": "array", "items": {"type": "string"}}, "in_use": {"type": "integer"}, "removed_objects": {"type": "integer"},
-                    "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "removed_orphans": {"type": "integer"}, "removed_view_dirs": {"type": "integer"}}))
+                    "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "removed_orphans": {"type": "integer"}, "removed_view_dirs": {"type": "integer"},
+                    "removed_failed_logs": {"type": "integer"}, "failed_logs": {"type": "array", "items": {"type": "string"}}}))
             }
         }
     });
@@ -279,4 +280,21 @@ pub fn document(cookie: &str) -> Value {
         "pulled_bytes": {"type": "integer"}, "caches": {"type": "array", "items": cache_stats}}),
     );
     doc
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every field a gc report carries is in its schema (a field added to the report and not
+    /// here was invisible to a client generated from the document).
+    #[test]
+    fn gc_report_schema_lists_every_field() {
+        let doc = super::document("c");
+        let props = &doc["components"]["schemas"]["GcReport"]["properties"];
+        let report = serde_json::to_value(crate::store::GcReport::default()).unwrap();
+        let fields: Vec<&String> = report.as_object().unwrap().keys().collect();
+        assert!(fields.contains(&&"failed_logs".to_string()), "{fields:?}");
+        for f in fields {
+            assert!(props.get(f).is_some(), "GcReport schema lacks {f}: {props}");
+        }
+    }
 }
