@@ -481,7 +481,8 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     if cache.requirement_includes {
-        follow_includes(id, workdir, &real_root, &mut found)?;
+        let env = |name: &str| std::env::var(name).ok();
+        follow_includes(id, workdir, &real_root, &env, &mut found)?;
     }
     found.sort();
     found.dedup();
@@ -530,7 +531,10 @@ const MAX_INCLUDED_FILES: usize = 64;
 /// them include with `-r`/`--requirement` or `-c`/`--constraint`, recursively, each read
 /// relative to the file that names it (as pip does). A requirements file is a key file ending
 /// in `.txt` or `.in`; included files are requirements files whatever their name. A URL include
-/// is not followed (a warning on stderr says so: the key cannot cover it).
+/// is not followed (a warning on stderr says so: the key cannot cover it). A `${NAME}` in an
+/// include's path (NAME of `A-Z`, `0-9`, `_`) is expanded from `env` (the run's environment),
+/// as pip expands it in requirements files; an include naming an unset variable is skipped
+/// with a warning naming it (pip would read it literally and fail, or the setup sets it).
 ///
 /// Errors: [`Error::Invalid`] naming the cache, the including file, its line and the include
 /// when the included file is missing, resolves (symlinks followed) outside the workdir's real
@@ -541,6 +545,7 @@ fn follow_includes(
     id: &str,
     workdir: &Path,
     real_root: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
     found: &mut Vec<PathBuf>,
 ) -> Result<()> {
     let is_requirements = |p: &Path| p.extension().is_some_and(|e| e == "txt" || e == "in");
@@ -565,6 +570,16 @@ fn follow_includes(
                 );
                 continue;
             }
+            let target = match expand_env_vars(&target, env) {
+                Ok(t) => t,
+                Err(unset) => {
+                    eprintln!(
+                        "layercache: warning: {at}: ${{{unset}}} is not set, so this include is \
+                         not followed into the key; set {unset} for the run to key on it"
+                    );
+                    continue;
+                }
+            };
             let inc_abs = abs.parent().unwrap_or(workdir).join(&target);
             let real = fs::canonicalize(&inc_abs).map_err(|e| {
                 Error::invalid(format!(
@@ -603,6 +618,36 @@ fn follow_includes(
         }
     }
     Ok(())
+}
+
+/// `s` with each `${NAME}` (NAME of ASCII capitals, digits and `_`, the form pip expands in
+/// requirements files: pip's docs, "Using Environment Variables") replaced by `env(NAME)`;
+/// anything else (`$NAME`, `${lower}`) stays literal, as in pip.
+///
+/// Errors: the first NAME that `env` does not know.
+fn expand_env_vars(
+    s: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> std::result::Result<String, String> {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let name_len = after
+            .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(after.len());
+        if name_len == 0 || !after[name_len..].starts_with('}') {
+            out.push_str("${");
+            rest = after;
+            continue;
+        }
+        let name = &after[..name_len];
+        out.push_str(&env(name).ok_or_else(|| name.to_string())?);
+        rest = &after[name_len + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// The include options of a pip requirements file, as `(line number, option, file)` (the
@@ -1035,6 +1080,41 @@ mod tests {
         assert!(
             e.contains("line 1: -r nope.txt: cannot read") && e.contains("nope.txt"),
             "{e}"
+        );
+    }
+
+    /// `${NAME}` in an include's path is expanded from the run's environment as pip does; an
+    /// unset one skips the include (a warning), never a "missing file" error.
+    #[test]
+    fn requirements_includes_expand_environment_references() {
+        let d = tempfile::tempdir().unwrap();
+        let w = d.path();
+        fs::create_dir(w.join("reqs")).unwrap();
+        fs::write(w.join("reqs/prod.txt"), "six\n").unwrap();
+        fs::write(
+            w.join("requirements.txt"),
+            "-r reqs/${STAGE}.txt\n-c ${MISSING_VAR}/c.txt\n-r ${lower}.txt\n",
+        )
+        .unwrap();
+        fs::write(w.join("${lower}.txt"), "").unwrap();
+        let root = fs::canonicalize(w).unwrap();
+        let env = |n: &str| (n == "STAGE").then(|| "prod".to_string());
+        let mut found = vec![PathBuf::from("requirements.txt")];
+        follow_includes("venv", w, &root, &env, &mut found).unwrap();
+        found.sort();
+        let want = ["${lower}.txt", "reqs/prod.txt", "requirements.txt"];
+        assert_eq!(found, want.map(PathBuf::from));
+        // Unset, the include is skipped rather than refused.
+        let mut found = vec![PathBuf::from("requirements.txt")];
+        follow_includes("venv", w, &root, &|_| None, &mut found).unwrap();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(
+            expand_env_vars("a${B}c${", &|_| Some("x".into())).unwrap(),
+            "axc${"
+        );
+        assert_eq!(
+            expand_env_vars("${X}${Y}", &|n| (n == "X").then(String::new)),
+            Err("Y".into())
         );
     }
 
