@@ -597,3 +597,36 @@ fn logged_warnings_are_the_tools_own_lines() {
         "{line}"
     );
 }
+
+/// A view nested below the mount root (`{mount_root}/a/b`, beside one at `{mount_root}/c`)
+/// works with `--sandbox none` as with bwrap: each step's namespace makes the view's parents
+/// on its tmpfs over the mount root (the setup exited 127, ENOENT, when only the last level
+/// was made), and nothing of them is left on the host.
+#[test]
+fn a_view_nested_below_the_mount_root_works_without_a_sandbox() {
+    let Some(sb) = deps_sandbox() else { return };
+    let extra = "mountpoint = \"{mount_root}/a/b/deep\"\n[[cache]]\nid = \"flat\"\n\
+                 key_files = [\"deps.lock\"]\nmountpoint = \"{mount_root}/c\"\nsetup = \"touch {mount}/x\"\n";
+    let s = sb.write_spec("s.toml", &spec("echo dep > \"$DEPS/dep\"", extra));
+    let work = sb.work();
+    let read = ["sh", "-c", "cat \"$DEPS/dep\"; echo \"$DEPS\""];
+    for (n, sandbox) in ["none", "bwrap"].into_iter().enumerate() {
+        if sandbox == "bwrap" && which("bwrap").is_none() {
+            continue;
+        }
+        let out = sb.run_flags(&s, &work, &["--sandbox", sandbox], &read);
+        assert_eq!(out.status.code(), Some(0), "{sandbox}: {}", stderr(&out));
+        let want = format!("\ndep\n{}\n", sb.path("cache/a/b/deep").display());
+        let got = String::from_utf8_lossy(&out.stdout);
+        assert!(got.ends_with(&want), "{sandbox}: {got}");
+        let results: Vec<_> = sb.events().iter().map(|e| e["result"].clone()).collect();
+        assert_eq!(results.len(), 2 * (n + 1), "{results:?}");
+        assert!(!sb.path("cache/a").exists(), "{sandbox}: a parent was left on the host");
+    }
+    assert!(sb.mounts_below().is_empty());
+}
+
+fn which(tool: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(tool)).find(|f| f.is_file()))
+}

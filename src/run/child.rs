@@ -111,6 +111,19 @@ impl Views {
             .iter()
             .map(|(s, d)| Ok((c(s)?, c(d)?)))
             .collect::<Result<Vec<_>>>()?;
+        // A view below the mount root may lie deeper than its first level (`{mount_root}/a/b`):
+        // its parents are made on the fresh tmpfs, one at a time, in a buffer the child
+        // edits in place (a NUL at each '/' past the mount root's own path in turn).
+        let mut parents: Vec<(Vec<u8>, usize)> = (self.binds.iter())
+            .map(|(_, d)| {
+                let below = (self.mount_root.as_deref())
+                    .filter(|r| d.starts_with(r))
+                    .map_or(usize::MAX, |r| r.as_os_str().len());
+                let mut buf = d.as_os_str().as_bytes().to_vec();
+                buf.push(0);
+                (buf, below)
+            })
+            .collect();
         // Read by the child after unshare (no allocation may happen between fork and exec).
         let mut mountinfo = vec![0u8; MOUNTINFO_MAX];
         // SAFETY: between fork and exec only async-signal-safe system calls run (unshare,
@@ -139,7 +152,8 @@ impl Views {
                         Some(c"mode=755"),
                     )?;
                 }
-                for (src, dst) in &binds {
+                for ((src, dst), (buf, below)) in binds.iter().zip(parents.iter_mut()) {
+                    make_parents(buf, *below)?;
                     match rustix::fs::mkdir(dst.as_c_str(), rustix::fs::Mode::from_raw_mode(0o755))
                     {
                         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
@@ -162,6 +176,32 @@ impl Views {
         }
         Ok(())
     }
+}
+
+/// Makes the missing parent directories (mode 0755) of the NUL-terminated path in `buf` that
+/// lie past its first `below` bytes (the mount root's path, covered by the step's tmpfs; none
+/// when `below` is past the path). Runs between fork and exec: mkdir(2) only, on `buf`
+/// edited in place and restored.
+///
+/// Errors: the mkdir(2) errno other than `EEXIST`.
+fn make_parents(buf: &mut [u8], below: usize) -> std::io::Result<()> {
+    let len = buf.len().saturating_sub(1);
+    for i in (below.saturating_add(1))..len {
+        if buf[i] != b'/' {
+            continue;
+        }
+        buf[i] = 0;
+        let r = match CStr::from_bytes_until_nul(buf) {
+            Ok(p) => rustix::fs::mkdir(p, rustix::fs::Mode::from_raw_mode(0o755)),
+            Err(_) => Ok(()),
+        };
+        buf[i] = b'/';
+        match r {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Opens view path `dst` as an `O_PATH` directory descriptor, never through a symlink as its
