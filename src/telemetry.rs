@@ -85,6 +85,11 @@ pub struct Event {
     /// ([`crate::why::explain`]); empty on a hit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub why: Vec<String>,
+    /// `save = "success"`: this event is not a preparation but the save after COMMAND of a
+    /// newer layer of the key (`published`, `promote_ms`, `files`, `bytes`, `new_*` tell it;
+    /// `result` is the run's preparation's). `stats` and the time saved leave it out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub saved: bool,
 }
 
 impl Event {
@@ -336,6 +341,9 @@ fn median(mut v: Vec<u64>) -> u64 {
 /// Summarises `events`, optionally only one project's.
 pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
     let mut out = Stats::default();
+    // Preparations only: a save after COMMAND ([`Event::saved`]) is not one.
+    let events: Vec<Event> = events.iter().filter(|e| !e.saved).cloned().collect();
+    let events = events.as_slice();
     let ok: Vec<&Event> = events
         .iter()
         .filter(|e| project.is_none_or(|p| e.project == p))
@@ -410,13 +418,13 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
 /// The time each event saved, ms, in the order of `events`: for a successful hit or restore,
 /// the median preparation time of the successful misses of the same project and cache minus
 /// its own (saturating at 0); 0 for misses, failures, caches that never missed and the hits and
-/// restores of an empty layer ([`Event::empty_layer`]). `stats`
+/// restores of an empty layer ([`Event::empty_layer`]) and saves ([`Event::saved`]). `stats`
 /// sums these, so the runs page and `layercache stats` never disagree.
 pub fn saved_ms(events: &[Event]) -> Vec<u64> {
     let mut miss_by_cache: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
     for e in events
         .iter()
-        .filter(|e| e.exit_status == 0 && e.result == CacheResult::Miss)
+        .filter(|e| e.exit_status == 0 && e.result == CacheResult::Miss && !e.saved)
     {
         miss_by_cache
             .entry((&e.project, &e.cache))
@@ -431,7 +439,7 @@ pub fn saved_ms(events: &[Event]) -> Vec<u64> {
         .iter()
         .map(|e| {
             // An empty layer spared no work (its setup wrote outside the mount): no saving.
-            if e.exit_status != 0 || e.result == CacheResult::Miss || e.empty_layer() {
+            if e.exit_status != 0 || e.result == CacheResult::Miss || e.empty_layer() || e.saved {
                 return 0;
             }
             miss_median
@@ -518,6 +526,7 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
         new_files: 0,
         new_bytes: 0,
         why: Vec::new(),
+        saved: false,
     }
 }
 
@@ -580,6 +589,28 @@ mod tests {
             exit_status: status,
             ..sample_event(result)
         }
+    }
+
+    /// A save after COMMAND is an event but not a preparation: stats count the run's hit
+    /// once and no time saved by the save.
+    #[test]
+    fn saves_are_not_counted_as_preparations() {
+        let miss = ev("p", "npm", CacheResult::Miss, 1000, 0);
+        let hit = ev("p", "npm", CacheResult::Hit, 10, 0);
+        let save = Event {
+            saved: true,
+            published: true,
+            promote_ms: 50,
+            ..hit.clone()
+        };
+        let events = [miss, hit, save];
+        let s = stats(&events, None);
+        assert_eq!((s.caches[0].hits, s.caches[0].misses), (1, 1));
+        assert_eq!(s.results["hit"].count, 1);
+        assert_eq!(saved_ms(&events), [0, 990, 0]);
+        assert_eq!(s.saved_ms, 990);
+        let line = serde_json::to_string(&events[0]).unwrap();
+        assert!(!line.contains("saved"), "only a save says so: {line}");
     }
 
     #[test]

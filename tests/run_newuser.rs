@@ -328,12 +328,25 @@ fn save_success_keeps_build_output_for_the_next_run() {
         "the saved layer's parent is setup's"
     );
 
+    // The save is an event of the run, as a miss's publish is (not counted as a preparation).
+    let events = sb.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let save = &events[1];
+    assert_eq!(
+        (&save["saved"], &save["published"]),
+        (&true.into(), &true.into())
+    );
+    assert_eq!((&save["files"], &save["new_files"]), (&2.into(), &1.into()));
+    assert_eq!(save["run"], events[0]["run"]);
+    assert!(events[0].get("saved").is_none(), "{events:?}");
+
     // The next run hits the saved layer; an unchanged view saves nothing.
     let layers = sb.ls().len();
     let out = sb.run(&s, Some("cat \"$DEPS/target/out\" \"$DEPS/dep\""));
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "built\ndep\n");
-    assert_eq!(sb.events()[1]["result"], "hit");
+    let events = sb.events();
+    assert_eq!(events[2]["result"], "hit", "{events:?}");
     assert!(!stderr(&out).contains("saved"), "{}", stderr(&out));
     assert_eq!(sb.ls().len(), layers);
 
@@ -352,6 +365,56 @@ fn save_success_keeps_build_output_for_the_next_run() {
     assert_eq!(sb.run(&plain, Some(build)).status.code(), Some(0));
     let out = sb.run(&plain, Some("test ! -e \"$DEPS/target/out\""));
     assert_eq!(out.status.code(), Some(0));
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A layer saved after COMMAND (`save = "success"`) is pushed to the remote tier as a miss's
+/// layer is: a remote that lacks the key (here its key record removed) gets the saved layer;
+/// one that holds the key keeps it (remote keys are create-only).
+#[test]
+fn a_saved_layer_is_pushed_to_the_remote_tier() {
+    let Some(sb) = deps_sandbox() else { return };
+    let remote = sb.path("remote");
+    let url = format!("file://{}", remote.display());
+    let env = [("LAYERCACHE_REMOTE", url.as_str())];
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("echo dep > \"$DEPS/dep\"", "save = \"success\"\n"),
+    );
+    let out = sb.run_cmd(&[], &s, &["true"], &env);
+    assert_eq!(out.status.code(), Some(0));
+    let remote_layers = || {
+        let out = run_ok(
+            Command::new(BIN)
+                .arg("--store")
+                .arg(sb.path("store"))
+                .args(["--json", "remote", "ls"])
+                .envs(env),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let layers: Vec<String> = (v.as_array().unwrap().iter())
+            .map(|k| k["layer"].as_str().unwrap().to_string())
+            .collect();
+        layers
+    };
+    let first = remote_layers();
+    assert_eq!(first.len(), 1, "the miss pushed its layer");
+    // The remote loses the key (its layer's objects stay); the next run hits and saves.
+    std::fs::remove_dir_all(remote.join("v1/projects/p/caches")).unwrap();
+    let out = sb.run_cmd(&[], &s, &["sh", "-c", "echo built > \"$DEPS/out\""], &env);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("deps: saved what the run wrote"),
+        "{}",
+        stderr(&out)
+    );
+    let saved: Vec<_> = (sb.ls().into_iter())
+        .filter(|l| !l["keys"].as_array().unwrap().is_empty())
+        .map(|l| l["layer"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(saved.len(), 1);
+    assert_ne!(saved, first);
+    assert_eq!(remote_layers(), saved, "the saved layer was not pushed");
     assert!(sb.mounts_below().is_empty());
 }
 
@@ -621,12 +684,18 @@ fn a_view_nested_below_the_mount_root_works_without_a_sandbox() {
         assert!(got.ends_with(&want), "{sandbox}: {got}");
         let results: Vec<_> = sb.events().iter().map(|e| e["result"].clone()).collect();
         assert_eq!(results.len(), 2 * (n + 1), "{results:?}");
-        assert!(!sb.path("cache/a").exists(), "{sandbox}: a parent was left on the host");
+        assert!(
+            !sb.path("cache/a").exists(),
+            "{sandbox}: a parent was left on the host"
+        );
     }
     assert!(sb.mounts_below().is_empty());
 }
 
 fn which(tool: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(tool)).find(|f| f.is_file()))
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(tool))
+            .find(|f| f.is_file())
+    })
 }

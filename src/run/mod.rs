@@ -436,11 +436,21 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     print_summary(cfg, &preps);
 
     let views = views(&cfg.sandbox, &cfg.paths, &preps);
-    let saves: Vec<(&str, PathBuf)> = (cfg.spec.caches.iter().zip(&preps))
+    let saves: Vec<&Prep> = (cfg.spec.caches.iter().zip(&preps))
         .filter(|(c, _)| c.save == crate::spec::SaveWhen::Success)
-        .map(|(c, p)| (c.id.as_str(), p.keys.mountpoint.clone()))
+        .map(|(_, p)| p)
         .collect();
-    command(&steps, &mut mounts, &cfg.command, &run_env, &views, &saves)
+    let status = command(&steps, &mut mounts, &cfg.command, &run_env, &views, &saves)?;
+    for e in &status.saved {
+        log_event(&cfg.store, e, &mut reserve);
+    }
+    Ok(status.code)
+}
+
+/// What COMMAND ended with: its exit status and the events of the saves it led to.
+struct CommandEnd {
+    code: i32,
+    saved: Vec<Event>,
 }
 
 /// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
@@ -528,6 +538,7 @@ fn mount_all(
                     &k.inputs,
                 ),
             },
+            saved: false,
         };
         preps.push(Prep {
             keys: k,
@@ -744,38 +755,67 @@ fn command(
     command: &[OsString],
     run_env: &BTreeMap<String, String>,
     views: &Views,
-    saves: &[(&str, PathBuf)],
-) -> Result<i32> {
+    saves: &[&Prep],
+) -> Result<CommandEnd> {
     let status = steps.command(command, true, run_env, views)?;
     let died = mounts.check_all();
+    let mut saved = Vec::new();
     if status == 0 && died.is_ok() && stopped().is_none() {
-        save_views(mounts, saves);
+        saved = save_views(mounts, saves);
     }
     mounts.unmount_all()?;
     if let Some(sig) = stopped() {
         return Err(interrupted_error(sig));
     }
     died?;
-    Ok(status)
+    Ok(CommandEnd {
+        code: status,
+        saved,
+    })
 }
 
 /// `save = "success"`: each view of `saves` promoted as a newer layer of its key when it
 /// changed ([`Mounter::save`]), said on stderr; a failure is a warning (COMMAND succeeded; the
-/// key keeps its layer), a full store said in plain words.
-fn save_views(mounts: &mut Mounts<'_>, saves: &[(&str, PathBuf)]) {
-    for (id, view) in saves {
+/// key keeps its layer), a full store said in plain words. Returns the event of each layer
+/// saved (the preparation's, [`Event::saved`], with the save's promotion), for the event log
+/// as a miss's publish is logged.
+fn save_views(mounts: &mut Mounts<'_>, saves: &[&Prep]) -> Vec<Event> {
+    let mut events = Vec::new();
+    for p in saves {
+        let (id, view) = (p.event.cache.as_str(), &p.keys.mountpoint);
+        let t = Instant::now();
         let saved = mounts.mounter.save(view);
-        mounts.points.retain(|p| p != view);
+        mounts.points.retain(|v| v != view);
         match saved {
-            Ok(Some(c)) => eprintln!(
-                "layercache: {id}: saved what the run wrote to {} as a newer layer of its key \
-                 ({} files, {}; new {} files, {})",
-                view.display(),
-                c.files,
-                fmt_bytes(c.bytes),
-                c.new_files,
-                fmt_bytes(c.new_bytes)
-            ),
+            Ok(Some(c)) => {
+                eprintln!(
+                    "layercache: {id}: saved what the run wrote to {} as a newer layer of its \
+                     key ({} files, {}; new {} files, {})",
+                    view.display(),
+                    c.files,
+                    fmt_bytes(c.bytes),
+                    c.new_files,
+                    fmt_bytes(c.new_bytes)
+                );
+                events.push(Event {
+                    time_ms: telemetry::now_ms(),
+                    mount_ms: 0,
+                    setup_ms: 0,
+                    maintenance_ms: 0,
+                    promote_ms: t.elapsed().as_millis() as u64,
+                    bytes: c.bytes,
+                    files: c.files,
+                    published: c.published,
+                    new_files: c.new_files,
+                    new_bytes: c.new_bytes,
+                    remote_hit: false,
+                    pulled_bytes: 0,
+                    pulled_objects: 0,
+                    why: Vec::new(),
+                    saved: true,
+                    ..p.event.clone()
+                });
+            }
             Ok(None) => {}
             Err(e) if e.is_no_space() => eprintln!(
                 "layercache: warning: {}",
@@ -787,6 +827,7 @@ fn save_views(mounts: &mut Mounts<'_>, saves: &[(&str, PathBuf)]) {
             ),
         }
     }
+    events
 }
 
 fn interrupted<T>(mounts: &mut Mounts<'_>, sig: i32) -> Result<T> {

@@ -208,7 +208,7 @@ pub fn document(cookie: &str) -> Value {
     // this size exceeds the macro recursion limit.
     let run_row = s(
         json!({"run": {"type": "string"}, "time": ts, "time_ms": {"type": "integer"},
-                    "cache": {"type": "string"}, "result": {"enum": ["hit", "restore", "miss"]}, "key": {"type": "string"},
+                    "cache": {"type": "string"}, "result": {"enum": ["hit", "restore", "miss", "save"]}, "key": {"type": "string"},
                     "matched_key": {"type": ["string", "null"]}, "mount_ms": {"type": "integer"}, "setup_ms": {"type": "integer"},
                     "maintenance_ms": {"type": "integer"}, "promote_ms": {"type": "integer"}, "prep_ms": {"type": "integer"},
                     "bytes": {"type": "integer"}, "files": {"type": "integer"}, "exit_status": {"type": "integer"},

@@ -19,7 +19,7 @@ pub struct RunRow {
     pub time_ms: u64,
     /// The cache id.
     pub cache: String,
-    /// `hit`, `restore` or `miss`.
+    /// `hit`, `restore` or `miss`; `save` for a save after COMMAND (`save = "success"`).
     pub result: &'static str,
     /// The exact key.
     pub key: String,
@@ -73,7 +73,8 @@ pub fn history(events: &[Event], project: &str, limit: usize) -> Vec<RunRow> {
             time: iso_time(e.time_ms),
             time_ms: e.time_ms,
             cache: e.cache.clone(),
-            result: e.result.as_str(),
+            // A save after COMMAND (`save = "success"`) is its own row.
+            result: if e.saved { "save" } else { e.result.as_str() },
             key: e.key.clone(),
             matched_key: e.matched_key.clone(),
             mount_ms: e.mount_ms,

@@ -252,8 +252,10 @@ impl Store {
     /// stored are linked, not copied (the normal promotion). Nothing is promoted when the
     /// upper is empty (nothing changed): `Ok(None)`. Either way the mount is unmounted and
     /// its run directory removed. Saves of one key are serialised by its fill lock (waiting
-    /// up to `wait`; when it cannot be had, nothing is saved: `Ok(None)`). The newer layer is
-    /// not pushed to a remote tier (remote keys are immutable).
+    /// up to `wait`; when it cannot be had, nothing is saved: `Ok(None)`). A layer published
+    /// goes the way a miss's does: it is pushed to the remote tier in the background, which
+    /// keeps a key it already holds (remote keys are create-only), so a remote that missed
+    /// the key's first layer gets the saved one.
     ///
     /// Errors: [`Error::NotAStoreMount`] when `m` has no record; [`Error::Unmount`] when busy;
     /// [`Error::Io`] promoting (e.g. `ENOSPC`): nothing is published, the key keeps its layer
@@ -310,6 +312,9 @@ impl Store {
         lock.remove();
         let published = published?;
         removed?;
+        if published.result == CommitResult::Published {
+            self.after_publish(&pd, &rec, &published.layer, None);
+        }
         Ok(Some(published))
     }
 
