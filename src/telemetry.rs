@@ -74,6 +74,11 @@ pub struct Event {
     /// Remote tier: objects downloaded for this run's mount.
     #[serde(default)]
     pub pulled_objects: u64,
+    /// Remote tier: milliseconds the pull of this run's mount took (0 when nothing was
+    /// pulled), so a consumer of the events or of `run --json` can say
+    /// "pulled N objects, B in T" as the run's summary line does.
+    #[serde(default)]
+    pub pulled_ms: u64,
     /// Regular files the promotion stored as new objects (`files - new_files` reused objects
     /// already in the store: the lower layer's or another version's).
     #[serde(default)]
@@ -523,6 +528,7 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
         remote_hit: false,
         pulled_bytes: 0,
         pulled_objects: 0,
+        pulled_ms: 0,
         new_files: 0,
         new_bytes: 0,
         why: Vec::new(),

@@ -525,6 +525,7 @@ fn mount_all(
             remote_hit: mounted.pulled.is_some(),
             pulled_bytes: mounted.pulled.as_ref().map_or(0, |p| p.pulled_bytes),
             pulled_objects: mounted.pulled.as_ref().map_or(0, |p| p.pulled_objects),
+            pulled_ms: mounted.pulled.as_ref().map_or(0, |p| p.ms),
             new_files: 0,
             new_bytes: 0,
             // Why a miss or restore, against the nearest layer's recorded inputs.
@@ -811,6 +812,7 @@ fn save_views(mounts: &mut Mounts<'_>, saves: &[&Prep]) -> Vec<Event> {
                     remote_hit: false,
                     pulled_bytes: 0,
                     pulled_objects: 0,
+                    pulled_ms: 0,
                     why: Vec::new(),
                     saved: true,
                     ..p.event.clone()

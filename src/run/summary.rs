@@ -36,58 +36,64 @@ pub(super) fn print_summary(cfg: &RunConfig, preps: &[Prep]) {
         return;
     }
     for p in preps {
-        let e = &p.event;
-        let mut line = format!(
-            "layercache: {} {} in {}",
-            e.cache,
-            e.result.as_str(),
-            telemetry::fmt_ms(e.prep_ms())
-        );
-        // A layer that came from the remote tier says so (its JSON has `remote_hit`).
-        let pulled = p.mounted.pulled.as_ref().map(|r| {
-            format!(
-                "pulled from the remote: {} objects, {} in {}",
-                r.pulled_objects,
-                fmt_bytes(r.pulled_bytes),
-                telemetry::fmt_ms(r.ms)
-            )
-        });
-        match e.result {
-            CacheResult::Hit => {
-                let maintenance = (e.maintenance_ms > 0)
-                    .then(|| format!("maintenance {}", telemetry::fmt_ms(e.maintenance_ms)));
-                let parts: Vec<String> = pulled.iter().cloned().chain(maintenance).collect();
-                if !parts.is_empty() {
-                    line.push_str(&format!(" ({})", parts.join("; ")));
-                }
-            }
-            _ => line.push_str(&format!(
-                " (setup {}, promote {}: {} files, {}; new {} files, {})",
-                telemetry::fmt_ms(e.setup_ms),
-                telemetry::fmt_ms(e.promote_ms),
-                e.files,
-                fmt_bytes(e.bytes),
-                e.new_files,
-                fmt_bytes(e.new_bytes)
-            )),
-        }
-        if e.result == CacheResult::Restore
-            && let Some(m) = &e.matched_key
-        {
-            line.push_str(&format!(" from {m}"));
-            if let Some(pulled) = &pulled {
-                line.push_str(&format!(" ({pulled})"));
-            }
-        }
-        // What differs from the nearest layer (its key is in --json and events).
-        let why: Vec<&str> = (e.why.iter().map(String::as_str))
-            .filter(|w| !w.starts_with("nearest layer "))
-            .collect();
-        if !why.is_empty() {
-            line.push_str(&format!("; why: {}", why.join(", ")));
-        }
-        let _ = writeln!(err, "{line}");
+        let _ = writeln!(err, "{}", summary_line(&p.event));
     }
+}
+
+/// One cache's summary line (`layercache: deps hit in 12 ms (pulled from the remote: 200
+/// objects, 2.2 KiB in 1.5 s)`), from its event alone, so the line and the `--json` event
+/// (its `pulled_objects`, `pulled_bytes`, `pulled_ms`) tell the same numbers.
+pub(super) fn summary_line(e: &telemetry::Event) -> String {
+    let mut line = format!(
+        "layercache: {} {} in {}",
+        e.cache,
+        e.result.as_str(),
+        telemetry::fmt_ms(e.prep_ms())
+    );
+    // A layer that came from the remote tier says so (its JSON has `remote_hit`).
+    let pulled = e.remote_hit.then(|| {
+        format!(
+            "pulled from the remote: {} objects, {} in {}",
+            e.pulled_objects,
+            fmt_bytes(e.pulled_bytes),
+            telemetry::fmt_ms(e.pulled_ms)
+        )
+    });
+    match e.result {
+        CacheResult::Hit => {
+            let maintenance = (e.maintenance_ms > 0)
+                .then(|| format!("maintenance {}", telemetry::fmt_ms(e.maintenance_ms)));
+            let parts: Vec<String> = pulled.iter().cloned().chain(maintenance).collect();
+            if !parts.is_empty() {
+                line.push_str(&format!(" ({})", parts.join("; ")));
+            }
+        }
+        _ => line.push_str(&format!(
+            " (setup {}, promote {}: {} files, {}; new {} files, {})",
+            telemetry::fmt_ms(e.setup_ms),
+            telemetry::fmt_ms(e.promote_ms),
+            e.files,
+            fmt_bytes(e.bytes),
+            e.new_files,
+            fmt_bytes(e.new_bytes)
+        )),
+    }
+    if e.result == CacheResult::Restore
+        && let Some(m) = &e.matched_key
+    {
+        line.push_str(&format!(" from {m}"));
+        if let Some(pulled) = &pulled {
+            line.push_str(&format!(" ({pulled})"));
+        }
+    }
+    // What differs from the nearest layer (its key is in --json and events).
+    let why: Vec<&str> = (e.why.iter().map(String::as_str))
+        .filter(|w| !w.starts_with("nearest layer "))
+        .collect();
+    if !why.is_empty() {
+        line.push_str(&format!("; why: {}", why.join(", ")));
+    }
+    line
 }
 
 /// Formats bytes in binary units (`12.3 MiB`).
@@ -103,5 +109,36 @@ pub fn fmt_bytes(b: u64) -> String {
         format!("{b} B")
     } else {
         format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A remote hit's line and its `--json` event both carry the pull's duration (a consumer
+    /// of the event had the objects and bytes but no time: "2.2 KiB in )").
+    #[test]
+    fn a_remote_hit_says_how_long_its_pull_took() {
+        let e = telemetry::Event {
+            remote_hit: true,
+            pulled_objects: 200,
+            pulled_bytes: 2253,
+            pulled_ms: 1500,
+            mount_ms: 1600,
+            ..telemetry::sample_event(CacheResult::Hit)
+        };
+        let line = summary_line(&e);
+        assert_eq!(
+            line,
+            "layercache: npm hit in 1.6 s (pulled from the remote: 200 objects, 2.2 KiB in 1.5 s)"
+        );
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["pulled_ms"], 1500, "{json}");
+        // Old events without it read as 0.
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("pulled_ms");
+        let back: telemetry::Event = serde_json::from_value(old).unwrap();
+        assert_eq!(back.pulled_ms, 0);
     }
 }
