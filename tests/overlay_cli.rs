@@ -114,6 +114,43 @@ fn bad_input_upper_inside_lower_and_lower_inside_upper() {
     );
 }
 
+/// A mountpoint below a lower (`lowerdir=/x … /x/sub`) is refused by name, not mounted to
+/// show itself recursively; a refused mount leaves no workdir behind (given or the default
+/// one beside the upper).
+#[test]
+fn bad_input_mountpoint_inside_a_lower_and_no_workdir_left() {
+    require_root!();
+    only_layercache!("layercache's own command line");
+    let fx = unmounted_fixture();
+    let x = fx.upper.with_file_name("x");
+    let sub = x.join("sub");
+    fs::create_dir_all(&sub).unwrap();
+    let (l, u) = (x.display(), fx.upper.display());
+    let work = fx.upper.with_file_name("fresh-work");
+    let opts = format!("lowerdir={l},upperdir={u},workdir={}", work.display());
+    expect_rejected(&fx, &opts, &sub, "is inside lowerdir");
+    assert!(!work.exists(), "a refused mount made its workdir");
+    let nomnt = fx.mnt.join("missing-mountpoint");
+    expect_rejected(&fx, &opts, &nomnt, "missing-mountpoint");
+    assert!(!work.exists(), "a refused mount made its workdir");
+    let default_work = fx.upper.with_file_name(format!(
+        ".{}.layercache-work",
+        fx.upper.file_name().unwrap().to_string_lossy()
+    ));
+    let had_default = default_work.exists();
+    expect_rejected(
+        &fx,
+        &format!("lowerdir={l},upperdir={u}"),
+        &nomnt,
+        "missing-mountpoint",
+    );
+    assert_eq!(
+        default_work.exists(),
+        had_default,
+        "a refused mount made the default workdir"
+    );
+}
+
 #[test]
 fn bad_input_unknown_option() {
     require_root!();

@@ -411,7 +411,10 @@ fn nested(a: &Path, b: &Path) -> bool {
 ///
 /// Checks: every directory exists; there are at most 63 lowers; upper and work are on the same
 /// filesystem, neither inside a lower nor a lower inside them; the mountpoint is an existing
-/// directory that is not inside the upper or work dir. The workdir is created if missing
+/// directory that is not inside the upper or work dir, nor strictly inside a lower (kernel
+/// overlayfs would show the lower's own directory there, the daemon reads its lowers through
+/// their paths and would show the mount inside itself: refused, not served wrong; the lower
+/// itself may be the mountpoint). The workdir is created if missing, once every check passed
 /// (unless read-only: then a missing one is not needed). A lowerdir-only mount checks the
 /// lowers and the mountpoint only.
 ///
@@ -428,6 +431,17 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         .iter()
         .map(|p| existing_dir("lowerdir", p))
         .collect::<Result<Vec<_>>>()?;
+    let mnt = existing_dir("mountpoint", mountpoint)?;
+    if let Some(l) = lowerdirs.iter().find(|l| mnt != **l && mnt.starts_with(l)) {
+        return Err(Error::invalid(format!(
+            "mountpoint {} is inside lowerdir {}: the mount would show itself at {} (its \
+             daemon never looks through its own mountpoint); mount over the lowerdir itself \
+             or at a directory outside every lowerdir",
+            mnt.display(),
+            l.display(),
+            mnt.strip_prefix(l).unwrap_or(&mnt).display()
+        )));
+    }
     let Some(upper_given) = raw.upperdir.as_deref() else {
         return Ok(config(raw, lowerdirs, PathBuf::new(), PathBuf::new(), true));
     };
@@ -448,7 +462,6 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             planned_dir("workdir", &parent.join(format!(".{name}.layercache-work")))?
         }
     };
-    let mnt = existing_dir("mountpoint", mountpoint)?;
     for l in &lowerdirs {
         if nested(l, &upperdir) {
             return Err(Error::invalid(format!(
@@ -728,6 +741,34 @@ mod tests {
             !validate(&raw, &mnt).unwrap().persist_handles,
             "lowerdir only"
         );
+    }
+
+    /// A mountpoint strictly inside a lower is refused by name (the mount would show itself
+    /// there); the lower itself, or a lower inside the mountpoint, is fine.
+    #[test]
+    fn a_mountpoint_inside_a_lower_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let (x, up) = (t.path().join("x"), t.path().join("up"));
+        fs::create_dir_all(x.join("sub/deeper")).unwrap();
+        fs::create_dir(&up).unwrap();
+        let mut raw = RawOptions {
+            lowerdirs: vec![x.clone()],
+            upperdir: Some(up),
+            workdir: Some(t.path().join("work")),
+            ..Default::default()
+        };
+        for mnt in [x.join("sub"), x.join("sub/deeper")] {
+            let e = validate(&raw, &mnt).unwrap_err().to_string();
+            assert!(e.contains("is inside lowerdir") && e.contains("sub"), "{e}");
+            assert!(!t.path().join("work").exists(), "{e}");
+        }
+        raw.upperdir = None;
+        raw.workdir = None;
+        let e = validate(&raw, &x.join("sub")).unwrap_err().to_string();
+        assert!(e.contains("is inside lowerdir"), "read-only too: {e}");
+        assert!(validate(&raw, &x).is_ok(), "over the lower itself");
+        raw.lowerdirs = vec![x.join("sub")];
+        assert!(validate(&raw, &x).is_ok(), "a lower inside the mountpoint");
     }
 
     /// A refused mount creates nothing: its workdir (given, or the default beside the upper)
