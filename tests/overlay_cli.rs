@@ -178,6 +178,16 @@ fn bad_input_busy_mountpoint() {
     fx.mount();
     write(&fx.p("made"), "x");
     expect_rejected(&fx, &fx.options(), &fx.mnt, &fx.mnt.display().to_string());
+    // Refused after the option checks (busy is found when mounting): the workdir it made goes.
+    let fresh = fx.upper.with_file_name("fresh-work");
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        fx.lower().display(),
+        fx.upper.display(),
+        fresh.join("w").display()
+    );
+    expect_rejected(&fx, &opts, &fx.mnt, "busy");
+    assert!(!fresh.exists(), "a refused mount left its workdir");
     assert_eq!(mounts_at(&fx.mnt), 1, "exactly one mount at the mountpoint");
     assert_eq!(read(&fx.p("made")), "x", "the first mount still serves");
 }

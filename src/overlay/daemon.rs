@@ -81,13 +81,23 @@ pub fn cli_overlay(options: &[String], mountpoint: &Path, foreground: bool) -> R
         ));
     }
     let raw = options::parse(options)?;
-    let mut cfg = options::validate(&raw, mountpoint)?;
+    let (mut cfg, made) = options::validate_made(&raw, mountpoint)?;
     cfg.allow_other = options::asks_allow_other(options);
     if foreground {
         mount_foreground(&cfg, mountpoint, None)?;
-    } else {
-        mount_daemon(&cfg, mountpoint, Vec::new(), None)?;
+        return Ok(0);
     }
+    let mounted = mount_daemon(&cfg, mountpoint, Vec::new(), None);
+    // A mount refused after the checks (the upper's filesystem, the user's mount rights, no
+    // /dev/fuse) takes the workdir it made with it: a refused overlay leaves nothing. (In the
+    // foreground an error may come after serving, when the workdir's node index is in use.)
+    if mounted.is_err()
+        && let Some(dir) = made
+        && let Err(e) = std::fs::remove_dir_all(&dir)
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "removing the workdir a refused mount made");
+    }
+    mounted?;
     Ok(0)
 }
 

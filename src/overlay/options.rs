@@ -420,6 +420,18 @@ fn nested(a: &Path, b: &Path) -> bool {
 ///
 /// Errors: [`Error::Invalid`] naming the offending input.
 pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
+    validate_made(raw, mountpoint).map(|(cfg, _)| cfg)
+}
+
+/// [`validate`], also returning the topmost directory it created for the workdir (`None` when
+/// the workdir existed or is not needed), for the caller to remove when the mount then fails
+/// (the `overlay` command: a refused mount leaves nothing).
+///
+/// Errors: as [`validate`].
+pub fn validate_made(
+    raw: &RawOptions,
+    mountpoint: &Path,
+) -> Result<(OverlayConfig, Option<PathBuf>)> {
     if raw.lowerdirs.len() > 63 {
         return Err(Error::invalid(format!(
             "lowerdir: {} directories given, at most 63 are supported",
@@ -443,13 +455,16 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
         )));
     }
     let Some(upper_given) = raw.upperdir.as_deref() else {
-        return Ok(config(raw, lowerdirs, PathBuf::new(), PathBuf::new(), true));
+        return Ok((
+            config(raw, lowerdirs, PathBuf::new(), PathBuf::new(), true),
+            None,
+        ));
     };
     let upperdir = existing_dir("upperdir", upper_given)?;
     // The workdir is created only once every check passed: a refused mount leaves nothing.
     let (workdir, create_work) = match &raw.workdir {
-        Some(w) if raw.read_only && !w.exists() => (PathBuf::new(), false),
-        None if raw.read_only => (PathBuf::new(), false),
+        Some(w) if raw.read_only && !w.exists() => (PathBuf::new(), None),
+        None if raw.read_only => (PathBuf::new(), None),
         Some(w) => planned_dir("workdir", w)?,
         None => {
             let name = upperdir
@@ -480,7 +495,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
     }
     if raw.read_only && workdir.as_os_str().is_empty() {
         // A read-only mount with an upper needs no workdir (nothing is staged).
-        return Ok(config(raw, lowerdirs, upperdir, workdir, true));
+        return Ok((config(raw, lowerdirs, upperdir, workdir, true), None));
     }
     if workdir.starts_with(&upperdir) || upperdir.starts_with(&workdir) {
         return Err(Error::invalid(format!(
@@ -504,7 +519,7 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
             upperdir.display()
         )));
     }
-    let workdir = if create_work {
+    let workdir = if create_work.is_some() {
         fs::create_dir_all(&workdir).map_err(|e| {
             Error::invalid(format!("workdir {}: cannot create: {e}", workdir.display()))
         })?;
@@ -512,19 +527,22 @@ pub fn validate(raw: &RawOptions, mountpoint: &Path) -> Result<OverlayConfig> {
     } else {
         workdir
     };
-    Ok(config(raw, lowerdirs, upperdir, workdir, raw.read_only))
+    Ok((
+        config(raw, lowerdirs, upperdir, workdir, raw.read_only),
+        create_work,
+    ))
 }
 
-/// The canonical path `p` has or will have once created, and whether it must be created: an
-/// existing directory is checked as [`existing_dir`] does; a missing one is its nearest existing
+/// The canonical path `p` has or will have once created, and the topmost directory that
+/// creating it makes (`None` when it exists): an existing directory is checked as [`existing_dir`] does; a missing one is its nearest existing
 /// ancestor (canonical, a directory) joined with the missing names, which may not hold `..`
 /// or `.`. Nothing is created here.
 ///
 /// Errors: [`Error::Invalid`] naming `what` and `p` (not a directory, a `..` in the missing
 /// part, an ancestor that cannot be read).
-fn planned_dir(what: &str, p: &Path) -> Result<(PathBuf, bool)> {
+fn planned_dir(what: &str, p: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
     if fs::symlink_metadata(p).is_ok() {
-        return Ok((existing_dir(what, p)?, false));
+        return Ok((existing_dir(what, p)?, None));
     }
     let mut missing = Vec::new();
     let mut base = p;
@@ -553,8 +571,9 @@ fn planned_dir(what: &str, p: &Path) -> Result<(PathBuf, bool)> {
         }
     }
     let mut out = existing_dir(what, base)?;
+    let top = missing.last().map(|n| out.join(n));
     out.extend(missing.iter().rev());
-    Ok((out, true))
+    Ok((out, top))
 }
 
 /// The checked configuration of `raw` over its checked directories (`upperdir` and `workdir`
