@@ -390,6 +390,13 @@ fn a_remote_hit_summary_line_says_it_was_pulled() {
             && pulled.contains(" (pulled from the remote: 3 objects, "),
         "{pulled}"
     );
+    // The pull's duration closes the line and is in the event (`--json`, events.jsonl) too.
+    let took = pulled.rsplit(" in ").next().unwrap_or_default();
+    assert!(
+        took.ends_with(" ms)") || took.ends_with(" s)"),
+        "no duration: {pulled}"
+    );
+    assert!(b.events()[0]["pulled_ms"].is_u64(), "{}", b.events()[0]);
     let local = summary(&b.run_as(false, &sb, &spec, &[]));
     assert!(
         local.starts_with("layercache: data hit in ") && !local.contains("remote"),
