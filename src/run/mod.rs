@@ -440,17 +440,12 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         .filter(|(c, _)| c.save == crate::spec::SaveWhen::Success)
         .map(|(_, p)| p)
         .collect();
-    let status = command(&steps, &mut mounts, &cfg.command, &run_env, &views, &saves)?;
-    for e in &status.saved {
+    let (saved, status) = command(&steps, &mut mounts, &cfg.command, &run_env, &views, &saves);
+    // Published layers are logged whatever came after them (an unmount error, a signal).
+    for e in &saved {
         log_event(&cfg.store, e, &mut reserve);
     }
-    Ok(status.code)
-}
-
-/// What COMMAND ended with: its exit status and the events of the saves it led to.
-struct CommandEnd {
-    code: i32,
-    saved: Vec<Event>,
+    status
 }
 
 /// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
@@ -748,8 +743,9 @@ fn promote(mounter: &dyn Mounter, cache: &Cache, p: &mut Prep) -> Result<()> {
 
 /// Phase 6, COMMAND in `views` with `run_env`; when it exits 0, the views of `saves` (cache
 /// id, view path: the `save = "success"` caches) promoted as newer layers of their keys
-/// ([`save_views`]); then every cache unmounted. COMMAND's exit status, unless a signal
-/// stopped the run or a mount's daemon died meanwhile (then that error).
+/// ([`save_views`]); then every cache unmounted. The events of the layers saved, and
+/// COMMAND's exit status, unless a signal stopped the run or a mount's daemon died meanwhile
+/// (then that error).
 fn command(
     steps: &Steps<'_>,
     mounts: &mut Mounts<'_>,
@@ -757,22 +753,25 @@ fn command(
     run_env: &BTreeMap<String, String>,
     views: &Views,
     saves: &[&Prep],
-) -> Result<CommandEnd> {
-    let status = steps.command(command, true, run_env, views)?;
+) -> (Vec<Event>, Result<i32>) {
+    let status = match steps.command(command, true, run_env, views) {
+        Ok(s) => s,
+        Err(e) => return (Vec::new(), Err(e)),
+    };
     let died = mounts.check_all();
     let mut saved = Vec::new();
     if status == 0 && died.is_ok() && stopped().is_none() {
         saved = save_views(mounts, saves);
     }
-    mounts.unmount_all()?;
-    if let Some(sig) = stopped() {
-        return Err(interrupted_error(sig));
-    }
-    died?;
-    Ok(CommandEnd {
-        code: status,
-        saved,
-    })
+    let end = (|| {
+        mounts.unmount_all()?;
+        if let Some(sig) = stopped() {
+            return Err(interrupted_error(sig));
+        }
+        died?;
+        Ok(status)
+    })();
+    (saved, end)
 }
 
 /// `save = "success"`: each view of `saves` promoted as a newer layer of its key when it
