@@ -284,10 +284,12 @@ impl CacheKeys {
 /// file is never read); [`Error::Io`] when a key file cannot be read.
 pub fn compute(cache: &Cache, paths: &Paths, env: &Environment) -> Result<CacheKeys> {
     let id = cache.id.as_str();
-    let files = find_key_files(cache, &paths.workdir)?;
+    let mountpoint = cache.mountpoint(paths)?;
+    // What a requirements include's `${VAR}` expands to: the cache's env, else the run's.
+    let run_env = cache.env_for(paths, &mountpoint);
+    let files = find_key_files(cache, &paths.workdir, &run_env)?;
     let real_root = fs::canonicalize(&paths.workdir).at(&paths.workdir)?;
     let configs = config::inputs(cache, &paths.workdir, &real_root, SKIP_DIRS)?;
-    let mountpoint = cache.mountpoint(paths)?;
     let fingerprint = env.fingerprint(cache.tools());
     // A path-bound tree's view path joins the environment: it embeds its absolute path (a
     // venv's scripts, cargo's fingerprints), so even a restore must not cross view paths. A
@@ -439,8 +441,13 @@ fn key_inputs(
     Ok(m)
 }
 
-/// The key files of `cache` under `workdir`, relative and sorted.
-fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
+/// The key files of `cache` under `workdir`, relative and sorted; `${VAR}` in a requirements
+/// include is looked up in `cache_env` (the cache's expanded env), then in this process's.
+fn find_key_files(
+    cache: &Cache,
+    workdir: &Path,
+    cache_env: &BTreeMap<String, String>,
+) -> Result<Vec<PathBuf>> {
     let id = cache.id.as_str();
     let real_root = fs::canonicalize(workdir).at(workdir)?;
     let mut found: Vec<PathBuf> = Vec::new();
@@ -481,7 +488,7 @@ fn find_key_files(cache: &Cache, workdir: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     if cache.requirement_includes {
-        let env = |name: &str| std::env::var(name).ok();
+        let env = |name: &str| (cache_env.get(name).cloned()).or_else(|| std::env::var(name).ok());
         follow_includes(id, workdir, &real_root, &env, &mut found)?;
     }
     found.sort();
@@ -1108,6 +1115,19 @@ mod tests {
         let mut found = vec![PathBuf::from("requirements.txt")];
         follow_includes("venv", w, &root, &|_| None, &mut found).unwrap();
         assert_eq!(found.len(), 2, "{found:?}");
+        // Through compute: the cache's env names the file; unset, the include is skipped.
+        let with_env = format!("{VENV}env = {{ STAGE = \"prod\" }}\n");
+        fs::write(w.join("requirements.txt"), "-r reqs/${STAGE}.txt\n").unwrap();
+        let k = keys(&with_env, w, None).unwrap();
+        assert!(
+            k.key_files.contains(&PathBuf::from("reqs/prod.txt")),
+            "{:?}",
+            k.key_files
+        );
+        if std::env::var_os("STAGE").is_none() {
+            let k = keys(VENV, w, None).unwrap();
+            assert_eq!(k.key_files, [PathBuf::from("requirements.txt")]);
+        }
         assert_eq!(
             expand_env_vars("a${B}c${", &|_| Some("x".into())).unwrap(),
             "axc${"
