@@ -94,6 +94,23 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Formats a size in bytes in binary units: `512 B`, `1.5 KiB`, `12.3 MiB` (one decimal from
+/// KiB up, TiB at most).
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -314,13 +314,13 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// A size for `ls` and `gc`: `12.3 MiB` ([`crate::run::fmt_bytes`]), or with `--bytes` (for
+/// A size for `ls` and `gc`: `12.3 MiB` ([`crate::units::fmt_bytes`]), or with `--bytes` (for
 /// scripts) the bare count.
 fn size(bytes: u64, raw: bool) -> String {
     if raw {
         bytes.to_string()
     } else {
-        crate::run::fmt_bytes(bytes)
+        crate::units::fmt_bytes(bytes)
     }
 }
 

@@ -94,8 +94,8 @@ pub struct OverlayFs {
     /// the kernel that attributes it caches changed where no reply carries them (FUSE_IOCTL).
     pub(super) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// The node index this mount keeps in its workdir so file handles survive a remount
-    /// (`handles.rs`); `None` for mounts that keep none.
-    pub(super) journal: Option<super::handles::Journal>,
+    /// (`node_index.rs`); `None` for mounts that keep none.
+    pub(super) journal: Option<super::node_index::Journal>,
     /// The mount is `strictatime` and not read-only: every read must reach the upper file,
     /// so cached opens do not keep the page cache (`FOPEN_KEEP_CACHE`) and no-open mode is
     /// off — a read served from the page cache reaches no daemon, and FUSE inodes never get

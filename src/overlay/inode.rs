@@ -22,7 +22,7 @@
 //!
 //! No id is given to two files in one mount, so a node id plus the mount's generation
 //! ([`Nodes::generation`], random for every mount that does not continue an earlier one from
-//! its node index, `handles.rs` and [`Nodes::restore`], since counter ids start again at 2)
+//! its node index, `node_index.rs` and [`Nodes::restore`], since counter ids start again at 2)
 //! names one file for the life of the mount: the kernel's file handle (fs/fuse/inode.c,
 //! `fuse_encode_fh`). To open a handle whose inode the kernel forgot, it sends LOOKUP(id, ".")
 //! (and LOOKUP(id, "..") to connect a directory), so a node the kernel forgets is not
@@ -224,7 +224,7 @@ pub struct Nodes {
     any_shown_as: std::sync::atomic::AtomicBool,
     /// Names of attached nodes the kernel forgot (see the module docs), by node id.
     parked: Mutex<lru::LruCache<u64, Parked>>,
-    /// Upper inodes given their id again from an earlier mount's node index (`handles.rs`):
+    /// Upper inodes given their id again from an earlier mount's node index (`node_index.rs`):
     /// upper inode number → (node id, the id it shows as `st_ino`), taken by
     /// [`Nodes::upper_id`] when the inode is first resolved.
     restored: Mutex<HashMap<u64, (u64, u64)>>,
@@ -363,7 +363,7 @@ impl Nodes {
         }
     }
 
-    /// Continues the mount whose node index (`handles.rs`) was read: its `generation`, counter
+    /// Continues the mount whose node index (`node_index.rs`) was read: its `generation`, counter
     /// ids from `next` on (none of its ids goes to another file), the names of its nodes
     /// `parked` (least recently used first; each (node id, parent id, name)) and the upper
     /// inodes `uppers` (each (upper inode number, node id, id shown as `st_ino`)) given their
@@ -393,7 +393,7 @@ impl Nodes {
         *self.any_restored.get_mut() = !restored.is_empty();
     }
 
-    /// What a node index (`handles.rs`) records of this mount: the names of the nodes the
+    /// What a node index (`node_index.rs`) records of this mount: the names of the nodes the
     /// kernel may hold a handle of, least recently used first — the parked ones, then the
     /// live attached ones (the root excepted) — at most `max` (the most recent), each (node
     /// id, parent id, name); and the next counter id.

@@ -24,6 +24,7 @@ mod handles;
 mod inode;
 pub mod links;
 mod mount;
+mod node_index;
 mod ops;
 pub mod options;
 mod passthrough;

@@ -64,7 +64,7 @@ pub struct OverlayConfig {
     /// File handles (name_to_handle_at(2)) stay valid across a clean remount of the same
     /// upperdir and lowerdirs, as on kernel overlayfs with `nfs_export=on`: the daemon writes a
     /// node index into the workdir when its session ends and the next mount reads it
-    /// (`handles.rs`). Set for writable `layercache overlay` mounts; the store's mounts (run
+    /// (`node_index.rs`). Set for writable `layercache overlay` mounts; the store's mounts (run
     /// views, `layercache mount`) have private per-run uppers and keep none.
     #[serde(default)]
     pub persist_handles: bool,

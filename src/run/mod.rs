@@ -151,11 +151,11 @@ pub mod rootless;
 mod summary;
 mod tail;
 
+pub use crate::units::fmt_bytes;
 pub use child::Views;
 use child::{SignalGuard, run_child, stopped};
 pub use mounter::{NoMounts, StoreMounter};
 use progress::Progress;
-pub use summary::fmt_bytes;
 use summary::print_summary;
 
 // ---- mounts ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //! What a run prints about its preparation: the summary (a line per cache on stderr, or the
 //! `--json` object on stdout) and byte counts in binary units.
 
+use crate::units::fmt_bytes;
 use std::io::Write;
 
 use super::{Prep, RunConfig};
@@ -94,22 +95,6 @@ pub(super) fn summary_line(e: &telemetry::Event) -> String {
         line.push_str(&format!("; why: {}", why.join(", ")));
     }
     line
-}
-
-/// Formats bytes in binary units (`12.3 MiB`).
-pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
 }
 
 #[cfg(test)]

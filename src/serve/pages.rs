@@ -15,8 +15,8 @@ use serde::Deserialize;
 use super::AppState;
 use super::errors::{AppError, FieldError};
 use super::view::{self, CacheView, ClearTarget, blocking};
-use crate::run::fmt_bytes;
 use crate::telemetry::fmt_ms;
+use crate::units::fmt_bytes;
 
 const CSS: &str = r#"
 :root { color-scheme: light; --fg: #1d232a; --muted: #5b6570; --line: #d8dde3; --accent: #1f6feb;

@@ -218,8 +218,8 @@ pub fn store_full_message(root: &Path, what: &str) -> String {
         Some((total, free)) => format!(
             " ({}: {} in all, {} free)",
             root.display(),
-            crate::run::fmt_bytes(total),
-            crate::run::fmt_bytes(free)
+            crate::units::fmt_bytes(total),
+            crate::units::fmt_bytes(free)
         ),
         None => format!(" ({})", root.display()),
     };
