@@ -1521,3 +1521,33 @@ fn o_tmpfile_makes_an_unnamed_file_that_linkat_can_name() {
         "only the named file reached the upper dir"
     );
 }
+
+/// O_TMPFILE in a directory with a default ACL (xfstests generic/389): the unnamed file gets
+/// that ACL and the mode it implies, not the umask, as a file made by creat(2) there does —
+/// in a lower directory (copied up first) and in an upper one.
+#[test]
+fn o_tmpfile_in_a_directory_with_a_default_acl_takes_the_acl_not_the_umask() {
+    require_root!();
+    let fx = Fixture::new(|l| write(&l.join("lowdir/f"), "lower"));
+    fs::create_dir(fx.p("updir")).unwrap();
+    for dir in ["lowdir", "updir"] {
+        sh(&fx.mnt, &format!("setfacl -d -m u::rw,g::rw,o::r {dir}"));
+        // SAFETY: umask has no preconditions; restored below (tests share the process umask).
+        let old = unsafe { libc::umask(0o022) };
+        let t = open_tmpfile(&fx.p(dir), 0, 0o666);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let t = t.unwrap_or_else(|e| panic!("{dir}: open(O_TMPFILE): errno {e}"));
+        assert_eq!(
+            t.metadata().unwrap().mode() & 0o7777,
+            0o664,
+            "{dir}: the default ACL's mode, not 0666 less the umask"
+        );
+        link_fd(&t, &fx.p(&format!("{dir}/named"))).unwrap();
+        let acl = sh(&fx.mnt, &format!("getfacl -c {dir}/named"));
+        assert!(acl.contains("group::rw-"), "{dir}/named ACL: {acl}");
+        let m = fs::metadata(fx.p(&format!("{dir}/named"))).unwrap();
+        assert_eq!(m.uid(), 0, "{dir}/named owner");
+        // Without a default ACL the umask applies (the plain O_TMPFILE test).
+    }
+}

@@ -206,8 +206,9 @@ impl OverlayFs {
     /// the node reaches it there, a LINK (`linkat(fd, "", …, AT_EMPTY_PATH)`) links it into
     /// the upper dir under a name ([`Self::make_masked`] with `NewEntry::Link`), and when the
     /// kernel forgets the node the workdir link goes ([`Self::reap_orphans`]). Owned by
-    /// `uid`:`gid` (the directory's group if it is set-group-ID), mode `mode` less `umask`
-    /// (a default ACL of the directory is not applied: the file is made in the workdir). One
+    /// `uid`:`gid` (the directory's group if it is set-group-ID), mode `mode` less `umask`, or
+    /// where the directory has a default ACL, that ACL and the mode it implies
+    /// ([`Self::tmpfile_in_upper`]). One
     /// kernel reference is recorded; the attributes show nlink 0.
     ///
     /// Errors: `ENOTDIR` when `parent` is not a directory, `ENOENT` for a node that is gone,
@@ -229,10 +230,16 @@ impl OverlayFs {
         let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
         let (uid, gid, setgid) = self.new_owner(&pst, uid, gid);
         let tmp = self.tmp_name();
-        let what = NewEntry::File(mode & !(umask & 0o777));
-        let made = self
-            .create_entry(Tree::Work, &tmp, &what, uid, gid, setgid)
-            .and_then(|()| self.stack.stat(Tree::Work, &tmp));
+        // As for CREATE (make_masked): a directory with a default ACL gives the file that ACL
+        // and the mode it implies, which only the upper filesystem computes — so the file is
+        // made unnamed in the upper directory itself and then linked into the workdir.
+        let made = if umask != 0 && self.has_default_acl(&pdir.path) {
+            self.tmpfile_in_upper(&pdir.path, &tmp, mode, uid, gid)
+        } else {
+            let what = NewEntry::File(mode & !(umask & 0o777));
+            self.create_entry(Tree::Work, &tmp, &what, uid, gid, setgid)
+        }
+        .and_then(|()| self.stack.stat(Tree::Work, &tmp));
         let st = match made {
             Ok(st) => st,
             Err(e) => {
@@ -252,6 +259,34 @@ impl OverlayFs {
         self.kept_as_orphan(id);
         self.nodes.remember_unnamed(id, Kind::File);
         self.getattr_node(id)
+    }
+
+    /// An unnamed file made in upper directory `dir` (`O_TMPFILE`, mode `mode` unmasked: the
+    /// upper filesystem applies `dir`'s default ACL, acl(5)), linked into the workdir at `at`
+    /// and owned by `uid`:`gid` with the mode the ACL gave it, as [`Self::create_entry`]
+    /// leaves a new file.
+    ///
+    /// Errors: the upper or work dir's syscall error (`EOPNOTSUPP` when the upper filesystem
+    /// has no `O_TMPFILE`).
+    fn tmpfile_in_upper(
+        &self,
+        dir: &CStr,
+        at: &CString,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> std::io::Result<()> {
+        let f = self.stack.open(
+            Tree::Upper,
+            dir,
+            libc::O_TMPFILE | libc::O_RDWR,
+            mode & 0o7777,
+        )?;
+        self.stack.link_unnamed(&f, Tree::Work, at)?;
+        let made = self.stack.stat(Tree::Work, at)?.st_mode & 0o7777;
+        self.stack.chown(Tree::Work, at, uid, gid)?;
+        // chown clears set-id bits; put the mode back.
+        self.stack.chmod(Tree::Work, at, made)
     }
 
     /// Creates `what` (its mode already masked) at `at` in `layer` for

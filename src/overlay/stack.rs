@@ -402,6 +402,23 @@ impl Stack {
         sys::linkat(self.fd(fl), from, self.fd(tl), to, 0)
     }
 
+    /// Gives the unnamed file `file` (opened `O_TMPFILE`) the name `to` in `tl`:
+    /// `linkat` of its `/proc/self/fd/N` with `AT_SYMLINK_FOLLOW` (open(2), "O_TMPFILE"; the
+    /// `AT_EMPTY_PATH` form needs CAP_DAC_READ_SEARCH). Errors: its errno (`ENOENT` without
+    /// /proc, `EEXIST`…).
+    pub fn link_unnamed(&self, file: &File, tl: Tree, to: &CStr) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let proc = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        sys::linkat(
+            libc::AT_FDCWD,
+            &proc,
+            self.fd(tl),
+            to,
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    }
+
     /// `fchownat(…, AT_SYMLINK_NOFOLLOW)`; `u32::MAX` leaves an id unchanged. Errors: its errno.
     pub fn chown(&self, layer: Tree, rel: &CStr, uid: u32, gid: u32) -> io::Result<()> {
         sys::fchownat(self.fd(layer), rel, uid, gid, libc::AT_SYMLINK_NOFOLLOW)
