@@ -77,6 +77,44 @@ fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
     );
 }
 
+/// A setup that logs into another cache's view (npm's `_logs` live in the npm cache while the
+/// node_modules setup fails) has that log kept too, under `other-caches/<id>/`, and named in
+/// the failure line by the path the tool printed.
+#[test]
+fn a_failed_setups_log_in_another_caches_view_is_kept() {
+    let Some(sb) = deps_sandbox() else { return };
+    let s = sb.write_spec(
+        "s.toml",
+        "project = \"p\"\n\
+         [[cache]]\nid = \"npmc\"\nkey_files = [\"deps.lock\"]\nenv = { NPMC = \"{mount}\" }\n\
+         setup = \"echo cached > $NPMC/index\"\n\
+         [[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
+         setup = \"mkdir -p $NPMC/_logs; echo 'npm error code E404' > $NPMC/_logs/t-debug-0.log; exit 1\"\n",
+    );
+    let out = sb.run(&s, Some("true"));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let run = sb.events()[0]["run"].as_str().unwrap().to_string();
+    let dir = sb
+        .path("store")
+        .join(format!("v1/projects/p/failed/{run}/deps"));
+    let kept = dir.join("other-caches/npmc/_logs/t-debug-0.log");
+    assert_eq!(
+        std::fs::read_to_string(&kept).unwrap_or_else(|e| panic!("{}: {e}; {err}", kept.display())),
+        "npm error code E404\n"
+    );
+    let view = sb.path("cache").join("npmc/_logs/t-debug-0.log");
+    assert!(
+        err.contains(&format!(
+            "setup's log {} is kept as {}",
+            view.display(),
+            kept.display()
+        )),
+        "{err}"
+    );
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// A failed setup's log files (written into its view, which goes with the run) are kept in
 /// the store's `failed/<run>/<cache>`, named in the failure line, and listed by `gc`.
 #[test]

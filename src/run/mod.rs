@@ -61,8 +61,9 @@ pub struct Committed {
     pub bytes: u64,
     /// Files in the new layer.
     pub files: u64,
-    /// Where the published layer is now mounted (see [`Mounted::source`]), and its run id.
-    pub remount: Option<(PathBuf, String)>,
+    /// Where the published layer is now mounted (see [`Mounted::source`]), its run id and
+    /// its private upper (see [`Mounted::upper`]).
+    pub remount: Option<(PathBuf, String, Option<PathBuf>)>,
     /// Files stored as new objects (the rest reused stored objects).
     pub new_files: u64,
     /// Bytes stored as new objects.
@@ -172,6 +173,9 @@ struct Mounts<'a> {
     /// The host view directories of [`Mounts::prepare_views`], each open with a shared flock
     /// for the whole run, and whether this run created it.
     view_dirs: Vec<(PathBuf, Option<std::fs::File>, bool)>,
+    /// Every cache's (id, private upper, view path) as mounted now, for a failed setup's
+    /// logs: a tool may log into another cache's view (npm's `_logs` in the npm cache).
+    uppers: Vec<(String, PathBuf, PathBuf)>,
 }
 
 impl Mounts<'_> {
@@ -385,6 +389,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         run_id: &cfg.run_id,
         points: Vec::new(),
         view_dirs: Vec::new(),
+        uppers: Vec::new(),
     };
     let mut preps = mount_all(
         &mut mounts,
@@ -405,6 +410,17 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let mut reserve = telemetry::EventReserve::make(&cfg.store, &cfg.run_id);
     for (ci, cache) in cfg.spec.caches.iter().enumerate() {
         let views = views(&cfg.sandbox, &cfg.paths, &preps);
+        mounts.uppers = preps
+            .iter()
+            .filter_map(|p| {
+                let up = p.mounted.upper.clone()?;
+                Some((
+                    p.keys.id.as_str().to_string(),
+                    up,
+                    p.keys.mountpoint.clone(),
+                ))
+            })
+            .collect();
         let p = &mut preps[ci];
         if let Some(e) =
             setup_or_maintenance(&steps, &mounts, cache, p, &run_env, &views, cfg.json)?
@@ -692,7 +708,11 @@ fn keep_failed_logs(
     let project = ProjectId::new(&p.event.project).ok()?;
     let pd = crate::store::ProjectDirs::at(mounts.store, &project);
     let view = &p.keys.mountpoint;
+    let others: Vec<(&str, &Path, &Path)> = (mounts.uppers.iter())
+        .map(|(id, up, v)| (id.as_str(), up.as_path(), v.as_path()))
+        .collect();
     let failed = crate::store::FailedSetup {
+        others: &others,
         run: mounts.run_id,
         cache: p.keys.id.as_str(),
         upper,
@@ -721,9 +741,10 @@ fn promote(mounter: &dyn Mounter, cache: &Cache, p: &mut Prep) -> Result<()> {
     p.event.published = committed.published;
     p.event.bytes = committed.bytes;
     p.event.files = committed.files;
-    if let Some((source, run)) = committed.remount {
+    if let Some((source, run, upper)) = committed.remount {
         p.mounted.source = source;
         p.mounted.run = run;
+        p.mounted.upper = upper;
     }
     p.event.new_files = committed.new_files;
     p.event.new_bytes = committed.new_bytes;

@@ -118,7 +118,11 @@ impl Mounter for StoreMounter {
         // A failed promotion removes the run's upper at once (nothing to retry in a run).
         let (out, remount) = self.store.commit_mount(held, Some(inputs))?;
         let remount = remount.map(|r| {
-            let at = (r.outcome.mountpoint.clone(), r.outcome.run.clone());
+            let at = (
+                r.outcome.mountpoint.clone(),
+                r.outcome.run.clone(),
+                Some(r.upper(&self.store)),
+            );
             self.mounts.lock().insert(view.to_path_buf(), r);
             at
         });

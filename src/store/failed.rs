@@ -66,6 +66,10 @@ pub struct FailedSetup<'a> {
     pub status: i32,
     /// The end of its stdout and stderr, when captured.
     pub output: Option<&'a [u8]>,
+    /// The run's other caches as (cache id, private upper, view path): a tool may log into
+    /// another cache's view (npm's `_logs` live in its cache, the `npm` cache, when the
+    /// `node_modules` setup fails), and those uppers go with the run too.
+    pub others: &'a [(&'a str, &'a Path, &'a Path)],
 }
 
 /// Copies the log-like files of `f.upper` into `projects/<p>/failed/<run>/<cache>/` of `pd`,
@@ -85,23 +89,44 @@ pub fn keep_failed_logs(pd: &ProjectDirs, f: &FailedSetup<'_>) -> Result<Option<
         script,
         status,
         output,
+        others,
     } = *f;
     if run.is_empty() || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
         return Err(Error::invalid(format!(
             "run id {run:?}: want letters, digits and '-'"
         )));
     }
-    let mut found = Vec::new();
-    collect_logs(upper, Path::new(""), &mut found);
+    // Newest first: the last attempt's log matters most.
+    let newest_logs = |upper: &Path| {
+        let mut found = Vec::new();
+        collect_logs(upper, Path::new(""), &mut found);
+        found.sort_by_key(|f| std::cmp::Reverse(f.1));
+        found
+    };
+    let found = newest_logs(upper);
+    let theirs: Vec<_> = others
+        .iter()
+        .filter(|(id, ..)| *id != cache && is_plain_id(id))
+        .map(|&(id, up, v)| (id, up, v, newest_logs(up)))
+        .filter(|o| !o.3.is_empty())
+        .collect();
     let output = output.filter(|o| !o.is_empty());
-    if found.is_empty() && output.is_none() {
+    if found.is_empty() && theirs.is_empty() && output.is_none() {
         return Ok(None);
     }
-    // Newest first: the last attempt's log matters most.
-    found.sort_by_key(|f| std::cmp::Reverse(f.1));
     let run_dir = pd.failed().join(run);
     let dir = run_dir.join(cache);
-    let copied = copy_logs(upper, &dir, &found, view, script, status).and_then(|files| {
+    let copied = copy_logs(&dir, view, script, status).and_then(|()| {
+        let mut budget = Budget {
+            files: MAX_FILES,
+            bytes: MAX_BYTES,
+        };
+        let mut files = copy_found(upper, &dir, &found, view, &mut budget)?;
+        // Another cache's logs under `other-caches/<its id>/`.
+        for (id, up, v, found) in &theirs {
+            let to = dir.join("other-caches").join(id);
+            files.extend(copy_found(up, &to, found, v, &mut budget)?);
+        }
         if let Some(o) = output {
             let path = dir.join("output.txt");
             fs::write(&path, o).at(&path)?;
@@ -140,17 +165,25 @@ fn collect_logs(dir: &Path, rel: &Path, out: &mut Vec<(PathBuf, SystemTime, u64)
     }
 }
 
-/// The copies of [`keep_failed_logs`]; what does not fit [`MAX_FILES`]/[`MAX_BYTES`] is left
-/// out (a file bigger than what is left keeps its tail: a log's end says why it failed).
-fn copy_logs(
-    upper: &Path,
-    dir: &Path,
-    found: &[(PathBuf, SystemTime, u64)],
-    view: &Path,
-    script: &str,
-    status: i32,
-) -> Result<Vec<(PathBuf, PathBuf)>> {
-    use std::io::{Read, Seek, SeekFrom, Write};
+/// What is left of [`MAX_FILES`] and [`MAX_BYTES`] for one failed setup's copies.
+struct Budget {
+    files: usize,
+    bytes: u64,
+}
+
+/// Whether `id` can name a directory below the kept logs (a cache id: letters, digits,
+/// `-`, `_`, `.`, not `.` or `..`).
+fn is_plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Makes `dir` (0700) and writes its `setup.txt`: the view path, the exit status, the script.
+fn copy_logs(dir: &Path, view: &Path, script: &str, status: i32) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -164,11 +197,25 @@ fn copy_logs(
             view.display()
         ),
     )
-    .at(&note)?;
-    let mut left = MAX_BYTES;
+    .at(&note)
+}
+
+/// Copies the `found` files of `upper` to the same relative paths under `dir`, as far as
+/// `budget` goes (a file bigger than the bytes left keeps its tail: a log's end says why it
+/// failed); returns each copy as (its path under `view`, where it is kept).
+///
+/// Errors: [`Error::Io`] naming the path that could not be made or written.
+fn copy_found(
+    upper: &Path,
+    dir: &Path,
+    found: &[(PathBuf, SystemTime, u64)],
+    view: &Path,
+    budget: &mut Budget,
+) -> Result<Vec<(PathBuf, PathBuf)>> {
+    use std::io::{Read, Seek, SeekFrom, Write};
     let mut files = Vec::new();
-    for (rel, _, len) in found.iter().take(MAX_FILES) {
-        if left == 0 {
+    for (rel, _, len) in found {
+        if budget.bytes == 0 || budget.files == 0 {
             break;
         }
         let src = upper.join(rel);
@@ -183,12 +230,13 @@ fn copy_logs(
         let Ok(mut from) = fs::File::open(&src) else {
             continue;
         };
-        let take = (*len).min(left);
+        let take = (*len).min(budget.bytes);
         from.seek(SeekFrom::Start(len - take)).at(&src)?;
         let mut to = fs::File::create(&dst).at(&dst)?;
         let n = std::io::copy(&mut from.take(take), &mut to).at(&dst)?;
         to.flush().at(&dst)?;
-        left = left.saturating_sub(n);
+        budget.bytes = budget.bytes.saturating_sub(n);
+        budget.files -= 1;
         files.push((view.join(rel), dst));
     }
     Ok(files)
@@ -304,6 +352,7 @@ mod tests {
                 script: "npm ci",
                 status: 1,
                 output: None,
+                others: &[],
             },
         )
         .unwrap()
@@ -339,7 +388,8 @@ mod tests {
                     view,
                     script: "x",
                     status: 1,
-                    output: None
+                    output: None,
+                    others: &[],
                 },
             )
             .unwrap()
@@ -355,7 +405,8 @@ mod tests {
                     view,
                     script: "x",
                     status: 1,
-                    output: None
+                    output: None,
+                    others: &[],
                 },
             )
             .is_err()
@@ -398,6 +449,7 @@ mod tests {
             script: "s",
             status: 2,
             output: Some(b"E: no such package\n"),
+            others: &[],
         };
         let kept = keep_failed_logs(&pd, &f).unwrap().unwrap();
         assert!(kept.output && kept.files.is_empty());
@@ -432,6 +484,7 @@ mod tests {
                 script: "s",
                 status: 2,
                 output: None,
+                others: &[],
             },
         )
         .unwrap()
