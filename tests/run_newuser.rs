@@ -77,6 +77,30 @@ fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
     );
 }
 
+/// Asserts the failed run's `failed/<run>/deps/<kept>` holds the E404 log the setup wrote at
+/// `<mount root>/<seen>` and that the failure output names it; returns the run's kept dir.
+fn assert_log_kept(sb: &Sandbox, err: &str, kept: &str, seen: &str) -> std::path::PathBuf {
+    let run = sb.events()[0]["run"].as_str().unwrap().to_string();
+    let dir = sb
+        .path("store")
+        .join(format!("v1/projects/p/failed/{run}/deps"));
+    let kept = dir.join(kept);
+    assert_eq!(
+        std::fs::read_to_string(&kept).unwrap_or_else(|e| panic!("{}: {e}; {err}", kept.display())),
+        "npm error code E404\n"
+    );
+    let view = sb.path("cache").join(seen);
+    assert!(
+        err.contains(&format!(
+            "setup's log {} is kept as {}",
+            view.display(),
+            kept.display()
+        )),
+        "{err}"
+    );
+    dir
+}
+
 /// A setup that logs into another cache's view (npm's `_logs` live in the npm cache while the
 /// node_modules setup fails) has that log kept too, under `other-caches/<id>/`, and named in
 /// the failure line by the path the tool printed.
@@ -94,23 +118,11 @@ fn a_failed_setups_log_in_another_caches_view_is_kept() {
     let out = sb.run(&s, Some("true"));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
-    let run = sb.events()[0]["run"].as_str().unwrap().to_string();
-    let dir = sb
-        .path("store")
-        .join(format!("v1/projects/p/failed/{run}/deps"));
-    let kept = dir.join("other-caches/npmc/_logs/t-debug-0.log");
-    assert_eq!(
-        std::fs::read_to_string(&kept).unwrap_or_else(|e| panic!("{}: {e}; {err}", kept.display())),
-        "npm error code E404\n"
-    );
-    let view = sb.path("cache").join("npmc/_logs/t-debug-0.log");
-    assert!(
-        err.contains(&format!(
-            "setup's log {} is kept as {}",
-            view.display(),
-            kept.display()
-        )),
-        "{err}"
+    assert_log_kept(
+        &sb,
+        &err,
+        "other-caches/npmc/_logs/t-debug-0.log",
+        "npmc/_logs/t-debug-0.log",
     );
     assert!(sb.mounts_below().is_empty());
 }
@@ -132,15 +144,7 @@ fn a_failed_setups_logs_are_kept_and_named() {
     let out = sb.run(&s, Some("true"));
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    let run = sb.events()[0]["run"].as_str().unwrap().to_string();
-    let dir = sb
-        .path("store")
-        .join(format!("v1/projects/p/failed/{run}/deps"));
-    let kept = dir.join("_logs/t-debug-0.log");
-    assert_eq!(
-        std::fs::read_to_string(&kept).unwrap(),
-        "npm error code E404\n"
-    );
+    let dir = assert_log_kept(&sb, &err, "_logs/t-debug-0.log", "deps/_logs/t-debug-0.log");
     assert!(!dir.join("pkg.js").exists(), "only log files are kept");
     // Its output (stderr is not a terminal here) went through and its end is kept.
     assert!(err.contains("fetching\nnpm error 404 left-pad\n"), "{err}");
@@ -155,15 +159,6 @@ fn a_failed_setups_logs_are_kept_and_named() {
         )),
         "{err}"
     );
-    let view = sb.path("cache").join("deps/_logs/t-debug-0.log");
-    assert!(
-        err.contains(&format!(
-            "setup's log {} is kept as {}",
-            view.display(),
-            kept.display()
-        )),
-        "{err}"
-    );
     assert!(sb.mounts_below().is_empty());
     // gc lists it (and keeps it: it is young).
     let gc = run_ok(
@@ -174,15 +169,10 @@ fn a_failed_setups_logs_are_kept_and_named() {
     );
     let text = String::from_utf8_lossy(&gc.stdout);
     assert!(
-        text.contains(
-            &sb.path("store")
-                .join(format!("v1/projects/p/failed/{run}"))
-                .display()
-                .to_string()
-        ),
+        text.contains(&dir.parent().unwrap().display().to_string()),
         "{text}"
     );
-    assert!(kept.exists());
+    assert!(dir.join("_logs/t-debug-0.log").exists());
 }
 
 /// A small ext4 image loop-mounted at a path (a store on a bounded filesystem, never the

@@ -459,51 +459,47 @@ fn substitute(
     out
 }
 
-/// The first known template name `text` opens without closing it: `{mount_root` followed by
-/// the end or by anything but `}` (a shell's `{ cmd; }` or awk's `{print}` are no template
-/// names, so they pass).
-fn unclosed_template(text: &str) -> Option<&str> {
+/// The byte offsets of the `{` that may open a template in `text`: every `{` but the two of
+/// a `{{` (a literal brace).
+fn template_braces(text: &str) -> impl Iterator<Item = usize> + '_ {
     let mut i = 0;
-    while let Some(off) = text[i..].find('{') {
-        let at = i + off;
-        if text[at..].starts_with("{{") {
-            i = at + 2;
-            continue;
+    std::iter::from_fn(move || {
+        loop {
+            let at = i + text[i..].find('{')?;
+            if text[at..].starts_with("{{") {
+                i = at + 2;
+                continue;
+            }
+            i = at + 1;
+            return Some(at);
         }
-        i = at + 1;
-        if at > 0 && text.as_bytes()[at - 1] == b'$' {
-            continue;
-        }
-        let after = &text[at + 1..];
-        let len = after
-            .bytes()
-            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b':')
-            .count();
-        let name = &after[..len];
-        let known = matches!(name, "mount" | "workdir" | "mount_root") || name.starts_with("env:");
-        if known && !after[len..].starts_with('}') {
-            return Some(name);
-        }
-    }
-    None
+    })
+}
+
+/// The first known template name `text` opens without closing it: `{mount_root` followed by
+/// the end or by anything but `}` (a shell's `{ cmd; }`, `${VAR}` or awk's `{print}` are no
+/// template names, so they pass).
+fn unclosed_template(text: &str) -> Option<&str> {
+    template_braces(text)
+        .filter(|&at| at == 0 || text.as_bytes()[at - 1] != b'$')
+        .find_map(|at| {
+            let after = &text[at + 1..];
+            let len = after
+                .bytes()
+                .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b':')
+                .count();
+            let name = &after[..len];
+            let known =
+                matches!(name, "mount" | "workdir" | "mount_root") || name.starts_with("env:");
+            (known && !after[len..].starts_with('}')).then_some(name)
+        })
 }
 
 /// The template names `text` uses (see [`template_at`]).
 fn template_names(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(off) = text[i..].find('{') {
-        let at = i + off;
-        if text[at..].starts_with("{{") {
-            i = at + 2;
-            continue;
-        }
-        if let Some(name) = template_at(text, at) {
-            out.push(name);
-        }
-        i = at + 1;
-    }
-    out
+    template_braces(text)
+        .filter_map(|at| template_at(text, at))
+        .collect()
 }
 
 /// Checks every `{…}` template of `text` names a known one: `{mount}`, `{workdir}`,

@@ -116,7 +116,7 @@ pub fn keep_failed_logs(pd: &ProjectDirs, f: &FailedSetup<'_>) -> Result<Option<
     }
     let run_dir = pd.failed().join(run);
     let dir = run_dir.join(cache);
-    let copied = copy_logs(&dir, view, script, status).and_then(|()| {
+    let copied = write_setup_note(&dir, view, script, status).and_then(|()| {
         let mut budget = Budget {
             files: MAX_FILES,
             bytes: MAX_BYTES,
@@ -183,7 +183,7 @@ fn is_plain_id(id: &str) -> bool {
 }
 
 /// Makes `dir` (0700) and writes its `setup.txt`: the view path, the exit status, the script.
-fn copy_logs(dir: &Path, view: &Path, script: &str, status: i32) -> Result<()> {
+fn write_setup_note(dir: &Path, view: &Path, script: &str, status: i32) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -435,12 +435,19 @@ mod tests {
         assert!(m.contains("`layercache gc`"), "{m}");
     }
 
-    #[test]
-    fn the_output_alone_is_kept_too() {
+    /// A temp dir (kept alive by the first element), project `p`'s dirs in it and an empty
+    /// `upper` directory.
+    fn fixture() -> (tempfile::TempDir, ProjectDirs, PathBuf) {
         let t = tempfile::tempdir().unwrap();
         let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
         let upper = t.path().join("upper");
         fs::create_dir_all(&upper).unwrap();
+        (t, pd, upper)
+    }
+
+    #[test]
+    fn the_output_alone_is_kept_too() {
+        let (_t, pd, upper) = fixture();
         let f = FailedSetup {
             run: "r",
             cache: "c",
@@ -467,10 +474,7 @@ mod tests {
 
     #[test]
     fn a_big_log_keeps_its_tail() {
-        let t = tempfile::tempdir().unwrap();
-        let pd = ProjectDirs::at(t.path(), &ProjectId::new("p").unwrap());
-        let upper = t.path().join("upper");
-        fs::create_dir_all(&upper).unwrap();
+        let (_t, pd, upper) = fixture();
         let mut big = vec![b'a'; MAX_BYTES as usize];
         big.extend_from_slice(b"the reason\n");
         fs::write(upper.join("build.log"), &big).unwrap();
