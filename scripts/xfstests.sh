@@ -3,6 +3,7 @@
 #
 #   bash scripts/xfstests.sh [--impls layercache,overlay] [--tests "generic/001 …" | --list FILE]
 #                            [--bin PATH | --worktree | --no-build] [--timeout MINUTES]
+#                            [--mount-opts OPTS]
 #
 # The list is xfstests' generic `quick` group less benches/xfstests-exclude.txt (tests that need a
 # block-device feature: device-mapper, shutdown, swapfile, DAX, loop, scsi_debug…); --tests runs
@@ -46,7 +47,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib-bench.sh"
 
 IMPLS=(layercache overlay)
-TESTS="" LIST_FILE="" BUILD=1 BUILD_FROM="" BIN="" TIMEOUT_MIN=45
+TESTS="" LIST_FILE="" BUILD=1 BUILD_FROM="" BIN="" TIMEOUT_MIN=45 LC_OPTS=""
 while [ $# -gt 0 ]; do
   case $1 in
     --impls) IFS=, read -r -a IMPLS <<<"$2"; shift ;;
@@ -57,7 +58,10 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD="" ;;
     --bin) BIN=$2; BUILD=""; shift ;;
     --timeout) TIMEOUT_MIN=$2; shift ;;
-    -h | --help) sed -n '2,43p' "$0"; exit 0 ;;
+    # Extra layercache mount options, e.g. `passthrough` (FUSE passthrough mode, as
+    # LAYERCACHE_PASSTHROUGH=1, which mount(8) would not pass on to the daemon).
+    --mount-opts) LC_OPTS=",$2"; shift ;;
+    -h | --help) sed -n '2,44p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -203,8 +207,8 @@ export TEST_DEV=layercache:$W/base-test/upper
 export TEST_DIR=$W/mnt/test
 export SCRATCH_DEV=layercache:$W/base-scratch/upper
 export SCRATCH_MNT=$W/mnt/scratch
-export TEST_FS_MOUNT_OPTS="-o lowerdir=$W/base-test/lower,upperdir=$W/base-test/upper,workdir=$W/base-test/work"
-export MOUNT_OPTIONS="-o lowerdir=$W/base-scratch/lower,upperdir=$W/base-scratch/upper,workdir=$W/base-scratch/work"
+export TEST_FS_MOUNT_OPTS="-o lowerdir=$W/base-test/lower,upperdir=$W/base-test/upper,workdir=$W/base-test/work$LC_OPTS"
+export MOUNT_OPTIONS="-o lowerdir=$W/base-scratch/lower,upperdir=$W/base-scratch/upper,workdir=$W/base-scratch/work$LC_OPTS"
 EOF
       ;;
     overlay)
@@ -270,7 +274,7 @@ for impl in "${IMPLS[@]}"; do run_impl "$impl"; done
 
 # The report.
 mkdir -p "$LC_REPO/benches/results"
-REPORT=$LC_REPO/benches/results/$(date -u +%Y-%m-%d)-xfstests-$COMMIT_ID.md
+REPORT=$LC_REPO/benches/results/$(date -u +%Y-%m-%d)-xfstests-$COMMIT_ID${LC_OPTS:+-${LC_OPTS#,}}.md
 declare -A ST
 for impl in "${IMPLS[@]}"; do
   for t in "${LIST[@]}"; do ST[$impl,$t]=$(status "$impl" "$t"); done
@@ -281,6 +285,7 @@ cause() { awk -v t="$1" '$1 == t { $1 = ""; sub(/^ +/, ""); print; exit }' "$LC_
   echo "# xfstests: layercache and kernel overlayfs ($(date -u +%Y-%m-%d), commit $COMMIT_ID)"
   echo
   echo "\`bash scripts/xfstests.sh${LIST_FILE:+ --list $LIST_FILE}\` — xfstests $XVER, $LIST_DESC."
+  [ -z "$LC_OPTS" ] || echo "layercache mounted with the extra options \`${LC_OPTS#,}\` (--mount-opts)."
   echo "One harness, one list; upper/work on loop-mounted $BASE_FS images (\`${MKFS[*]}\`) of ${XFSTESTS_IMAGE_SIZE:-4G} each."
   [ -z "$WRAPPER_LOST" ] || echo "**Warning: $WRAPPER was replaced during the layercache run; some mounts may have run another binary.**"
   echo
