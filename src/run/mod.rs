@@ -597,7 +597,8 @@ fn setup_or_maintenance(
             p.mounted.result,
             p.mounted.matched_key.as_deref(),
             what,
-            script
+            script,
+            &steps.paths.workdir,
         )
     );
     let progress = Progress::start(

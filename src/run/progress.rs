@@ -37,16 +37,18 @@ pub(super) fn heartbeat_line(label: &str, elapsed_ms: u64, bytes: Option<u64>) -
 }
 
 /// The line said before a cache's script starts (no newline), e.g. `layercache: node_modules:
-/// miss (no earlier layer), running setup: npm ci`. `result` is what the mount found,
-/// `matched` the key of the layer a restore starts from, `what` `setup` or `maintenance`;
-/// the script is shown by its first non-blank line, cut at 100 characters (`…` marks a cut
-/// or more lines).
+/// miss (no earlier layer), running setup: npm ci --no-audit --no-fund`. `result` is what the
+/// mount found, `matched` the key of the layer a restore starts from, `what` `setup` or
+/// `maintenance`; the script is shown by the branch it takes in `workdir` when it has the
+/// presets' `if [ -f LOCKFILE ]` form ([`chosen_branch`]), else by its first non-blank line,
+/// cut at 100 characters (`…` marks a cut or more lines).
 pub(super) fn start_line(
     cache: &str,
     result: telemetry::CacheResult,
     matched: Option<&str>,
     what: &str,
     script: &str,
+    workdir: &Path,
 ) -> String {
     use telemetry::CacheResult;
     let found = match (result, matched) {
@@ -55,13 +57,44 @@ pub(super) fn start_line(
         (CacheResult::Restore, None) => "restore".to_string(),
         (CacheResult::Miss, _) => "miss (no earlier layer)".to_string(),
     };
-    let mut lines = script.lines().map(str::trim).filter(|l| !l.is_empty());
-    let first = lines.next().unwrap_or("");
+    let (first, more) = match chosen_branch(script, workdir) {
+        Some(branch) => (branch, false),
+        None => {
+            let mut lines = script.lines().map(str::trim).filter(|l| !l.is_empty());
+            let first = lines.next().unwrap_or("").to_string();
+            (first, lines.next().is_some())
+        }
+    };
     let mut shown: String = first.chars().take(100).collect();
-    if shown.len() < first.len() || lines.next().is_some() {
+    if shown.len() < first.len() || more {
         shown.push('…');
     }
     format!("layercache: {cache}: {found}, running {what}: {shown}")
+}
+
+/// The command a script of the presets' form `if [ -f A ]; then X; elif [ -f B ]; then Y;
+/// else Z; fi` runs in `workdir` (the scripts' working directory): the branch of the first
+/// file that exists there, else the `else` branch. `None` for a script of another form (or
+/// an `else` that does not end the script with `; fi`): it is then shown as written.
+pub(super) fn chosen_branch(script: &str, workdir: &Path) -> Option<String> {
+    let mut rest = script.trim().strip_prefix("if ")?;
+    loop {
+        let (cond, after) = rest.split_once("; then ")?;
+        let file = cond.strip_prefix("[ -f ")?.strip_suffix(" ]")?;
+        let (at, end) = ["; elif ", "; else ", "; fi"]
+            .into_iter()
+            .filter_map(|e| after.find(e).map(|at| (at, e)))
+            .min()?;
+        if workdir.join(file).is_file() {
+            return Some(after[..at].trim().to_string());
+        }
+        let next = &after[at + end.len()..];
+        match end {
+            "; elif " => rest = next,
+            "; else " => return Some(next.trim_end().strip_suffix("; fi")?.trim().to_string()),
+            _ => return None,
+        }
+    }
 }
 
 /// A stderr progress line (elapsed time, bytes written to the upper) while a script runs:
@@ -166,7 +199,14 @@ mod tests {
     fn the_start_line_says_what_was_found_and_what_runs() {
         use crate::store::MountResult::*;
         assert_eq!(
-            start_line("node_modules", Miss, None, "setup", "npm ci\n"),
+            start_line(
+                "node_modules",
+                Miss,
+                None,
+                "setup",
+                "npm ci\n",
+                Path::new("/nonexistent")
+            ),
             "layercache: node_modules: miss (no earlier layer), running setup: npm ci"
         );
         assert_eq!(
@@ -175,12 +215,62 @@ mod tests {
                 Restore,
                 Some("npm-v1-abc"),
                 "setup",
-                "\n  npm ci\nnpm prune"
+                "\n  npm ci\nnpm prune",
+                Path::new("/nonexistent")
             ),
             "layercache: npm: restore from the layer of key npm-v1-abc, running setup: npm ci…"
         );
         let long = "x".repeat(150);
-        let line = start_line("c", Hit, Some("k"), "maintenance", &long);
+        let line = start_line(
+            "c",
+            Hit,
+            Some("k"),
+            "maintenance",
+            &long,
+            Path::new("/nonexistent"),
+        );
         assert!(line.ends_with(&format!("hit, running maintenance: {}…", "x".repeat(100))));
+    }
+
+    /// A preset's lockfile if-chain is shown by the branch the workdir's lockfile picks.
+    #[test]
+    fn a_lockfile_chain_is_shown_by_the_branch_it_takes() {
+        let script = "if [ -f pnpm-lock.yaml ]; then pnpm install --frozen-lockfile; \
+                      elif [ -f yarn.lock ]; then yarn install; else npm ci --no-audit; fi";
+        let d = tempfile::tempdir().unwrap();
+        let chosen = |d: &Path| chosen_branch(script, d);
+        assert_eq!(chosen(d.path()).as_deref(), Some("npm ci --no-audit"));
+        std::fs::write(d.path().join("yarn.lock"), "").unwrap();
+        assert_eq!(chosen(d.path()).as_deref(), Some("yarn install"));
+        std::fs::write(d.path().join("pnpm-lock.yaml"), "").unwrap();
+        assert_eq!(
+            chosen(d.path()).as_deref(),
+            Some("pnpm install --frozen-lockfile")
+        );
+        assert_eq!(
+            chosen_branch("if mountpoint -q x; then a; fi", d.path()),
+            None
+        );
+        assert_eq!(chosen_branch("npm ci", d.path()), None);
+        // A multi-line else is not resolved: the script is shown as written.
+        assert_eq!(
+            chosen_branch(
+                "if [ -f a ]; then x; else\ny\nfi",
+                Path::new("/nonexistent")
+            ),
+            None
+        );
+        let line = start_line(
+            "node_modules",
+            crate::store::MountResult::Miss,
+            None,
+            "setup",
+            script,
+            d.path(),
+        );
+        assert!(
+            line.ends_with("running setup: pnpm install --frozen-lockfile"),
+            "{line}"
+        );
     }
 }
