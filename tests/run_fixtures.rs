@@ -159,13 +159,11 @@ fn node_modules_and_npm_caches_run_one_npm_ci_on_a_miss() {
     let restore = sb.run_cmd(&["--json"], &spec, &["sh", "-c", check2], &envs);
     assert_eq!(restore.status.code(), Some(0));
     assert!(stdout(&restore).ends_with("ok\n"), "{}", stdout(&restore));
+    // The restore's lockfile check (`npm ci --dry-run`) and then one npm install.
     let installs = calls();
-    assert_eq!(
-        installs.len(),
-        1,
-        "one npm install on a restore: {installs:?}"
-    );
-    assert!(installs[0].starts_with("install "), "{installs:?}");
+    assert_eq!(installs.len(), 2, "check + one npm install: {installs:?}");
+    assert!(installs[0].starts_with("ci --dry-run "), "{installs:?}");
+    assert!(installs[1].starts_with("install "), "{installs:?}");
     for cache in ["node_modules", "npm"] {
         let e = &events_of(&sb, cache)[2];
         assert_eq!(
@@ -684,4 +682,40 @@ fn a_postinstall_is_part_of_the_node_modules_key() {
     assert_eq!(cc["result"], "hit", "{cc}");
     assert_eq!(cc["key"], ca["key"]);
     assert!(out.contains("evil"), "{out}");
+}
+
+/// A restore is no laxer than a miss: a package.json that names a dependency its lockfile
+/// lacks makes the clean `npm ci` of a miss refuse, and so the node_modules restore refuses
+/// too (exit 1, nothing published) instead of `npm install`-ing it from package.json.
+#[test]
+fn a_restore_refuses_a_lockfile_out_of_sync_as_a_miss_does() {
+    if !can_mount() || !have_tool("npm") {
+        return;
+    }
+    let sb = Sandbox::new();
+    let w = file_dep_workspace(&sb, "w", "");
+    let spec = sb.write_spec(
+        "spec.toml",
+        "project = \"psync\"\n[[cache]]\nid = \"node_modules\"\npreset = \"node_modules\"\n",
+    );
+    let first = sb.run_flags(&spec, &w, &["--sandbox", "none"], &["true"]);
+    assert_eq!(first.status.code(), Some(0));
+    assert_eq!(summary(&first)["caches"][0]["result"], "miss");
+    std::fs::create_dir_all(w.join("dep2")).unwrap();
+    std::fs::write(
+        w.join("dep2/package.json"),
+        r#"{"name":"dep2","version":"1.0.0"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        w.join("package.json"),
+        r#"{"name":"app","version":"1.0.0","dependencies":{"dep":"file:dep","dep2":"file:dep2"}}"#,
+    )
+    .unwrap();
+    let out = sb.run_flags(&spec, &w, &["--sandbox", "none"], &["true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("restore from the layer of key"), "{err}");
+    assert!(err.contains("in sync"), "npm's own reason: {err}");
+    assert!(err.contains("nothing published"), "{err}");
 }

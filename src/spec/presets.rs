@@ -125,11 +125,15 @@ else npm ci --no-audit --no-fund; fi";
 
 /// The node_modules preset on a restore: each tool's own install diffs the restored tree against
 /// the lockfile and touches only what changed (`npm ci` would delete node_modules first).
-/// `--no-save`: the workdir's package.json and lockfile are never rewritten.
+/// `--no-save`: the workdir's package.json and lockfile are never rewritten. npm's
+/// `npm ci --dry-run` first refuses a lockfile out of sync with package.json as the clean
+/// `npm ci` of a miss does (`npm install` would install from package.json instead), and
+/// changes nothing.
 const NODE_RESTORE: &str = "if [ -f pnpm-lock.yaml ]; then \
 pnpm install --frozen-lockfile --prefer-offline --config.confirmModulesPurge=false; \
 elif [ -f yarn.lock ]; then yarn install --frozen-lockfile --prefer-offline; \
-else npm install --prefer-offline --no-audit --no-fund --no-save; fi";
+else npm ci --dry-run --no-audit --no-fund >/dev/null && \
+npm install --prefer-offline --no-audit --no-fund --no-save; fi";
 
 /// The venv preset's setup (v2): the venv is made by the tool of the lockfile it is
 /// keyed on — `uv sync --frozen` for uv.lock (uv makes `.venv` itself, from the lock alone),
