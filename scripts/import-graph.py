@@ -17,8 +17,11 @@ Two graphs:
   that needs the child back is a cycle.
 
 Usage: scripts/import-graph.py [--files] [--src DIR]
+       scripts/import-graph.py --markdown [--update-doc FILE]
 Prints the module arrows (with --files also the file arrows) on stdout and each cycle on stderr,
-and exits 1 when either graph has a cycle, 0 otherwise.
+and exits 1 when either graph has a cycle, 0 otherwise. `--markdown` prints the module arrows as
+the block docs/ARCHITECTURE.md holds between its import-graph markers (tests/import_graph.rs
+checks the two are equal); `--update-doc FILE` rewrites that block of FILE in place.
 """
 
 import os
@@ -389,6 +392,14 @@ def main():
     def fname(p):
         return mods[p].file if p in mods else "::".join(p)
 
+    mc = cycles(mod_edges)
+    fc = cycles({k: v for k, v in file_edges.items()})
+    if "--markdown" in args:
+        block = markdown(mod_edges)
+        if "--update-doc" in args:
+            return update_doc(args[args.index("--update-doc") + 1], block)
+        print(block, end="")
+        return 1 if mc or fc else 0
     print("module arrows (a -> what a names):")
     for a in sorted(mod_edges):
         print(f"  {a} -> {', '.join(sorted(mod_edges[a]))}")
@@ -396,8 +407,6 @@ def main():
         print("file arrows:")
         for a in sorted(file_edges, key=fname):
             print(f"  {fname(a)} -> {', '.join(sorted(fname(b) for b in file_edges[a]))}")
-    mc = cycles(mod_edges)
-    fc = cycles({k: v for k, v in file_edges.items()})
     for c in mc:
         print(f"cycle between modules: {' <-> '.join(c)}", file=sys.stderr)
     for c in fc:
@@ -412,6 +421,36 @@ def main():
         print(f"import-graph: {len(mc)} module cycle(s), {len(fc)} file cycle(s)", file=sys.stderr)
         return 1
     print("import-graph: no cycles")
+    return 0
+
+
+BEGIN_MARK = "<!-- import-graph: begin"
+END_MARK = "<!-- import-graph: end -->"
+
+
+def markdown(mod_edges):
+    """The module arrows as the fenced block docs/ARCHITECTURE.md keeps between its markers:
+    one `a -> b, c` line per module that names another, names padded to one column."""
+    width = max((len(a) for a in mod_edges), default=0)
+    lines = [f"{a.ljust(width)} -> {', '.join(sorted(mod_edges[a]))}" for a in sorted(mod_edges)]
+    return "```\n" + "\n".join(lines) + "\n```\n"
+
+
+def update_doc(path, block):
+    """Replaces the text between the import-graph markers of `path` with `block`; exits 1 when
+    the file has no such pair of markers."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    b = text.find(BEGIN_MARK)
+    e = text.find(END_MARK, b)
+    if b < 0 or e < 0:
+        print(f"import-graph: {path} has no '{BEGIN_MARK} … -->' / '{END_MARK}' markers",
+              file=sys.stderr)
+        return 1
+    start = text.index("\n", b) + 1
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text[:start] + block + text[e:])
+    print(f"import-graph: {path}: dependency block rewritten")
     return 0
 
 
