@@ -26,8 +26,14 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -e /dev/fuse ] || { echo "demo.sh: /dev/fuse is missing" >&2; exit 2; }
 
-echo "== building layercache (cargo build; a few minutes the first time)"
-cargo build --quiet
+# A debug build: the first one compiles every dependency (10-14 minutes on a 2-core machine),
+# later ones take seconds. cargo's own progress lines show what it is doing meanwhile.
+if [ -x target/debug/layercache ]; then
+  echo "== building layercache (cargo build: seconds when little changed)"
+else
+  echo "== building layercache (cargo build, the first time: ~10-14 min on 2 cores; progress below)"
+fi
+cargo build
 bin=$repo/target/debug/layercache
 
 tmp=$(mktemp -d /tmp/layercache-demo.XXXXXX)
