@@ -39,7 +39,8 @@
 # ~12-15 minutes per implementation on a 2-CPU machine; not in CI.
 #
 # Everything lives under XFSTESTS_WORK (default /var/tmp/layercache-xfstests; one run per work dir,
-# runs with different work dirs can share the machine); every mount and loop device it makes is
+# runs with different work dirs can share the machine; the layercache daemons' warnings and errors
+# go to daemon.log there, and the report counts its lines); every mount and loop device it makes is
 # undone on exit, also when interrupted. Exit status: 0 when done (whatever the results), 2 on a
 # setup error.
 set -euo pipefail
@@ -174,7 +175,8 @@ $WRAPPER_MARK (removed when the last run exits)
 for f in $REG/*.run; do
   [ -f "\$f" ] || continue
   IFS='$(printf '\t')' read -r w bin <"\$f"
-  case " \$* " in *"\$w/"*) exec "\$bin" "\$@" ;; esac
+  # Each daemon's warnings and errors (the node index, refused requests) in the run's work dir.
+  case " \$* " in *"\$w/"*) LAYERCACHE_DAEMON_LOG=\$w/daemon.log exec "\$bin" "\$@" ;; esac
 done
 echo "layercache (xfstests wrapper): no scripts/xfstests.sh run owns: \$*" >&2
 exit 1
@@ -196,7 +198,7 @@ few_files() { # DIR: the few lower files every implementation starts with
 # run_impl IMPL: one xfstests run; results in $W/results-IMPL, check's output in $W/IMPL.log.
 run_impl() {
   local impl=$1 cfg=$W/$1.config t0
-  rm -rf "$W/results-$impl" "${W:?}/base-test/"* "${W:?}/base-scratch/"*
+  rm -rf "$W/results-$impl" "$W/daemon.log" "${W:?}/base-test/"* "${W:?}/base-scratch/"*
   case $impl in
     layercache)
       for n in test scratch; do mkdir -p "$W/base-$n/upper" "$W/base-$n/work"; few_files "$W/base-$n/lower"; done
@@ -287,6 +289,7 @@ cause() { awk -v t="$1" '$1 == t { $1 = ""; sub(/^ +/, ""); print; exit }' "$LC_
   echo "\`bash scripts/xfstests.sh${LIST_FILE:+ --list $LIST_FILE}\` — xfstests $XVER, $LIST_DESC."
   [ -z "$LC_OPTS" ] || echo "layercache mounted with the extra options \`${LC_OPTS#,}\` (--mount-opts)."
   echo "One harness, one list; upper/work on loop-mounted $BASE_FS images (\`${MKFS[*]}\`) of ${XFSTESTS_IMAGE_SIZE:-4G} each."
+  [ ! -s "$W/daemon.log" ] || echo "layercache daemons' log: $(wc -l <"$W/daemon.log") lines ($W/daemon.log; warnings and errors only)."
   [ -z "$WRAPPER_LOST" ] || echo "**Warning: $WRAPPER was replaced during the layercache run; some mounts may have run another binary.**"
   echo
   lc_machine | sed 's/^/    /'
