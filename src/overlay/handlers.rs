@@ -111,9 +111,6 @@ fn dtype(k: Kind) -> fuser::FileType {
 }
 
 impl OverlayFs {
-    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
-    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
-    /// reader's first read reaches the daemon and updates the upper file's atime.
     /// The open of a file CREATE or TMPFILE just made (attributes `a`, one kernel reference
     /// recorded): cached, or in passthrough mode its backing registered through `reply`.
     /// On failure the reference is given back.
@@ -157,6 +154,9 @@ impl OverlayFs {
         }
     }
 
+    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
+    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
+    /// reader's first read reaches the daemon and updates the upper file's atime.
     fn cached_open_flags(&self) -> FopenFlags {
         if self.strict_atime {
             FopenFlags::FOPEN_NOFLUSH
@@ -261,7 +261,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn destroy(&mut self) {
         // The session has ended (unmounted). Nothing is written here: `umount` has returned
-        // already, and the node index is kept up to date while mounted (`handles.rs`).
+        // already, and the node index is kept up to date while mounted (`fhandle.rs`).
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
