@@ -573,8 +573,8 @@ impl OverlayFs {
         parent: u64,
         name: &OsStr,
     ) -> OpResult<Option<(u64, FileAttr)>> {
-        let (_, r) = self.resolve_in(parent, name)?;
-        Ok(r.map(|r| (r.id, self.remember(parent, name, &r))))
+        let (pdir, r) = self.resolve_in(parent, name)?;
+        Ok(r.map(|r| (r.id, self.remember(parent, &pdir, name, &r))))
     }
 
     /// The generation sent with every entry of this mount ([`Nodes::generation`]).
@@ -656,7 +656,7 @@ impl OverlayFs {
         self.revive(parent, depth + 1)?;
         let found = self.resolve_in(parent, &name);
         let out = match found {
-            Ok((_, Some(r))) if r.id == id => Ok(self.remember(parent, &name, &r)),
+            Ok((pdir, Some(r))) if r.id == id => Ok(self.remember(parent, &pdir, &name, &r)),
             Ok(_) => Err(Errno::ENOENT),
             Err(e) => Err(e),
         };
@@ -668,14 +668,21 @@ impl OverlayFs {
         out
     }
 
-    /// Records a kernel reference to the resolved entry `name` of `parent` and returns the
-    /// attributes to send with it.
-    pub(super) fn remember(&self, parent: u64, name: &OsStr, r: &Resolved) -> FileAttr {
+    /// Records a kernel reference to the resolved entry `name` of directory node `parent`
+    /// (as [`Self::dir`] found it: `pdir`) and returns the attributes to send with it.
+    pub(super) fn remember(
+        &self,
+        parent: u64,
+        pdir: &Backing,
+        name: &OsStr,
+        r: &Resolved,
+    ) -> FileAttr {
         let new_name = self
             .nodes
             .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
         if self.journal.is_some() {
-            self.index_remembered(r.id, r.upper, new_name);
+            let upper_st = r.upper.then_some(&r.st);
+            self.index_remembered(r.id, &pdir.path, name, upper_st, new_name);
         }
         self.attr_of(r)
     }

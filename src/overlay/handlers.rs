@@ -692,7 +692,7 @@ impl fuser::Filesystem for OverlayFs {
                         ));
                     }
                     let (id, a) = match self.resolve_at(dir, d, at, name)? {
-                        Some(r) => (r.id, self.remember(dir, name, &r)),
+                        Some(r) => (r.id, self.remember(dir, d, name, &r)),
                         None => return Ok(false),
                     };
                     let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
