@@ -339,12 +339,22 @@ impl OverlayFs {
         })
     }
 
-    /// The birth time (`statx` `STATX_BTIME`) of node `id`'s data file — the upper copy once
-    /// there is one, as kernel overlayfs shows the real inode's — or `None` where its
-    /// filesystem keeps none, or the node has no file any more (a removed directory held
-    /// open). Caller holds `ns`.
-    pub(super) fn birth_time(&self, id: u64) -> Option<SystemTime> {
-        let l = self.backing(id).ok()?;
+    /// The attributes of node `id` and the birth time (`statx` `STATX_BTIME`) of its data
+    /// file, for a STATX: where its data is is looked up once for both. The birth time is the
+    /// upper copy's once there is one, as kernel overlayfs shows the real inode's, and `None`
+    /// where its filesystem keeps none or the node has no file any more (a removed directory
+    /// held open). Caller holds `ns`.
+    ///
+    /// Errors: as [`Self::getattr_node`].
+    pub(super) fn statx_node(&self, id: u64) -> OpResult<(FileAttr, Option<SystemTime>)> {
+        match self.backing(id) {
+            Ok(l) => Ok((self.attr_at(id, &l)?, self.birth_time(&l))),
+            Err(e) => self.gone_dir_attr(id).map(|a| (a, None)).ok_or(e),
+        }
+    }
+
+    /// The birth time of the data file at `l`, `None` where its filesystem keeps none.
+    fn birth_time(&self, l: &Backing) -> Option<SystemTime> {
         let stx = crate::sys::statx(
             self.stack.fd(l.tree),
             &l.path,

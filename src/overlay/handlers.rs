@@ -312,7 +312,7 @@ impl fuser::Filesystem for OverlayFs {
     ) {
         let r = traced(self, "statx", ino.0, || {
             let _g = self.ns.read();
-            Ok((self.getattr_node(ino.0)?, self.birth_time(ino.0)))
+            self.statx_node(ino.0)
         });
         match r {
             Ok((a, btime)) => reply.statx(&self.attr_ttl(ino.0), &a, btime),
