@@ -833,17 +833,25 @@ impl OverlayFs {
 
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
     /// when it is opened for writing (`write`), then decides passthrough, DIRECT_IO or cached
-    /// (see `passthrough.rs`); `register` registers an fd as a backing file.
+    /// (see `passthrough.rs`); `register` registers an fd as a backing file. `check` is the
+    /// open(2) flags of an OPEN for writing whose upper file must allow it
+    /// ([`Self::check_open_for_write`]): the file opened for that check is the one registered,
+    /// so the upper file is opened once.
     ///
-    /// Errors: `ENOENT` for a node that is gone, or the errno of the copy-up or of opening the
-    /// data file.
+    /// Errors: `ENOENT` for a node that is gone, the errno of the check (EPERM for an
+    /// immutable or append-only file), of the copy-up or of opening the data file.
     pub(super) fn open_node(
         &self,
         id: u64,
         write: bool,
+        check: Option<i32>,
         register: impl FnOnce(&File) -> io::Result<fuser::BackingId>,
     ) -> OpResult<OpenMode> {
         let _g = self.ns.read();
+        let checked = match check {
+            Some(flags) => self.open_upper_as(id, flags)?,
+            None => None,
+        };
         if write {
             self.copy_up(id, None)?;
         }
@@ -858,10 +866,17 @@ impl OverlayFs {
             Some(false) => Some(self.copy_locks.lock(id)),
             _ => None,
         };
-        let f = self.data_fd(id, false)?;
-        let st = crate::sys::fstat(&*f).map_err(errno)?;
+        let cached;
+        let f: &File = match &checked {
+            Some(f) => f,
+            None => {
+                cached = self.data_fd(id, false)?;
+                &cached
+            }
+        };
+        let st = crate::sys::fstat(f).map_err(errno)?;
         let key: FileKey = (st.st_dev, st.st_ino);
-        Ok(self.pt.open(id, key, write, || register(&f)))
+        Ok(self.pt.open(id, key, write, || register(f)))
     }
 
     /// Drops the cached fd of `id` (after copy-up, so the next access opens the upper copy).
@@ -917,14 +932,23 @@ impl OverlayFs {
     /// Errors: the open's errno.
     pub(super) fn check_open_for_write(&self, id: u64, flags: i32) -> OpResult<()> {
         let _g = self.ns.read();
+        self.open_upper_as(id, flags).map(drop)
+    }
+
+    /// The check of [`Self::check_open_for_write`]: node `id`'s upper file opened with the
+    /// access mode and `O_APPEND` bit of `flags`, `None` when the node has no upper file.
+    /// Caller holds `ns`.
+    ///
+    /// Errors: `ENOENT` for a node that is gone, or the open's errno.
+    fn open_upper_as(&self, id: u64, flags: i32) -> OpResult<Option<File>> {
         let l = self.backing(id)?;
         if !l.upper {
-            return Ok(());
+            return Ok(None);
         }
         let mode = (flags & (libc::O_ACCMODE | libc::O_APPEND)) | libc::O_NONBLOCK | libc::O_NOCTTY;
         self.stack
             .open(l.tree, &l.path, mode, 0)
-            .map(drop)
+            .map(Some)
             .map_err(errno)
     }
 }

@@ -118,7 +118,7 @@ impl OverlayFs {
         if !self.pt.on() {
             return Ok((a, OpenMode::Cached));
         }
-        match self.open_node(a.ino.0, true, |f| reply.open_backing(f)) {
+        match self.open_node(a.ino.0, true, None, |f| reply.open_backing(f)) {
             Ok(m) => Ok((a, m)),
             Err(e) => {
                 self.nodes.unremember(a.ino.0);
@@ -501,10 +501,8 @@ impl fuser::Filesystem for OverlayFs {
             return reply.opened(FileHandle(FH_CACHED), self.cached_open_flags());
         }
         let r = traced(self, "open", ino.0, || {
-            if write {
-                self.check_open_for_write(ino.0, flags.0)?;
-            }
-            self.open_node(ino.0, write, |f| reply.open_backing(f))
+            let check = write.then_some(flags.0);
+            self.open_node(ino.0, write, check, |f| reply.open_backing(f))
         });
         match r {
             Ok(OpenMode::Passthrough(b)) => {
