@@ -19,9 +19,10 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use super::attrs::{AttrChange, XattrReply};
 use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
 use super::inode::{Backing, ROOT};
-use super::ops::{AttrChange, NewEntry, XattrReply};
+use super::ops::NewEntry;
 use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
 use super::privs::{self, Caller};
 use super::stack::{DirFds, Kind};

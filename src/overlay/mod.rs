@@ -13,6 +13,7 @@
 //! xattrs) checks for it ([`crate::sys::init_ns_admin`]) and falls back silently, except an
 //! explicit `-o passthrough`, which is refused.
 
+mod attrs;
 mod copy_up;
 mod daemon;
 mod dir;
