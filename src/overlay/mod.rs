@@ -16,6 +16,7 @@
 mod attrs;
 mod copy_up;
 mod daemon;
+mod data;
 mod dir;
 pub mod errno;
 mod fhandle;
