@@ -9,6 +9,7 @@ use std::ffi::{CStr, CString, OsStr};
 use fuser::{Errno, FileAttr, TimeOrNow};
 
 use super::fs::{OpResult, OverlayFs, errno};
+use super::inode::Backing;
 use super::ops::timespec;
 use super::stack::{Kind, Tree};
 use super::whiteout;
@@ -212,11 +213,12 @@ impl OverlayFs {
         Ok(buf[..size].to_vec())
     }
 
-    /// The xattr path to read xattrs of node `id`, or `None` for a removed directory held open,
-    /// which has none left (`ls -l` asks for security.selinux and POSIX ACLs on it).
-    fn xattr_read_path(&self, id: u64) -> OpResult<Option<CString>> {
-        match self.xattr_path(id, false) {
-            Ok(p) => Ok(Some(p)),
+    /// Where the xattrs of node `id` are read (the layer and path of its data), or `None` for a
+    /// removed directory held open, which has none left (`ls -l` asks for security.selinux and
+    /// POSIX ACLs on it).
+    fn xattr_read_at(&self, id: u64) -> OpResult<Option<Backing>> {
+        match self.backing(id) {
+            Ok(l) => Ok(Some(l)),
             Err(e) if e == Errno::ENOENT && self.gone_dir_attr(id).is_some() => Ok(None),
             Err(e) => Err(e),
         }
@@ -239,12 +241,15 @@ impl OverlayFs {
             return Err(Errno::NO_XATTR);
         }
         let _g = self.ns.read();
-        let Some(p) = self.xattr_read_path(id)? else {
+        let Some(l) = self.xattr_read_at(id)? else {
             return Err(Errno::NO_XATTR);
         };
         let cname = cstr(name).map_err(errno)?;
         let mut buf = vec![0u8; size as usize];
-        let n = Xattrs::Path(&p).get_into(&cname, &mut buf).map_err(errno)?;
+        let n = self
+            .stack
+            .xattr(l.tree, &l.path, &cname, &mut buf)
+            .map_err(errno)?;
         buf.truncate(n);
         Ok(if size == 0 {
             XattrReply::Size(n as u32)
@@ -258,8 +263,8 @@ impl OverlayFs {
     pub fn listxattr(&self, id: u64, size: u32) -> OpResult<XattrReply> {
         let mut out = Vec::new();
         let _g = self.ns.read();
-        if let Some(p) = self.xattr_read_path(id)? {
-            for name in Xattrs::Path(&p).names().map_err(errno)? {
+        if let Some(l) = self.xattr_read_at(id)? {
+            for name in self.stack.xattr_names(l.tree, &l.path).map_err(errno)? {
                 if !whiteout::is_private_xattr(&name) {
                     out.extend_from_slice(&name);
                     out.push(0);

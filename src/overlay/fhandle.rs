@@ -20,12 +20,10 @@ impl OverlayFs {
     fn roots(&self) -> io::Result<Roots> {
         let upper = dir_identity(self.stack.fd(Tree::Upper))?;
         let mut lowers = Vec::new();
-        for i in 0..=u8::MAX {
-            let fd = self.stack.fd(Tree::Lower(i));
-            if fd < 0 {
-                break;
-            }
-            lowers.push(dir_identity(fd)?);
+        // A lower root's identity is its own `stat` (the `fstat` of the upper root's fd).
+        while let Ok(l) = self.stack.layer(Tree::Lower(lowers.len() as u8)) {
+            let st = l.stat(c".")?;
+            lowers.push((st.st_dev, st.st_ino));
         }
         Ok(Roots { upper, lowers })
     }

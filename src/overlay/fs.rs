@@ -349,13 +349,7 @@ impl OverlayFs {
 
     /// The birth time of the data file at `l`, `None` where its filesystem keeps none.
     fn birth_time(&self, l: &Backing) -> Option<SystemTime> {
-        let stx = crate::sys::statx(
-            self.stack.fd(l.tree),
-            &l.path,
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
-            libc::STATX_BTIME,
-        )
-        .ok()?;
+        let stx = self.stack.statx(l.tree, &l.path, libc::STATX_BTIME).ok()?;
         (stx.stx_mask & libc::STATX_BTIME != 0)
             .then(|| ts(stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec as i64))
     }

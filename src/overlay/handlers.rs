@@ -167,12 +167,12 @@ impl OverlayFs {
     }
 
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
-        let tree = if self.stack.fd(super::stack::Tree::Upper) >= 0 {
+        let tree = if self.stack.has_upper() {
             super::stack::Tree::Upper
         } else {
             super::stack::Tree::Lower(0)
         };
-        crate::sys::fstatvfs(&self.stack.fd(tree)).map_err(errno)
+        self.stack.statvfs(tree).map_err(errno)
     }
 
     /// Walks "." and ".." then the listing of `dir` from `offset`. `add` gets the entry's id

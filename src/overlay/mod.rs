@@ -24,6 +24,7 @@ mod fs;
 pub mod fusermount;
 mod handlers;
 mod inode;
+pub mod layer;
 pub mod links;
 mod mount;
 mod node_index;
