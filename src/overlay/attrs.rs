@@ -69,7 +69,7 @@ impl OverlayFs {
                 self.stack.chmod(layer, p, m & 0o7777).map_err(errno)?;
             }
             // With squash_to_uid/gid every entry is the mapped owner's: no chown reaches disk.
-            if (change.uid.is_some() || change.gid.is_some()) && !self.squash.is_set() {
+            if (change.uid.is_some() || change.gid.is_some()) && !self.policy.squashes() {
                 self.stack
                     .chown(
                         layer,
@@ -109,25 +109,26 @@ impl OverlayFs {
             TimeOrNow::Now => now,
             TimeOrNow::SpecificTime(t) => t,
         };
-        let mut gone = self.gone_dirs.lock();
-        let a = gone.get_mut(&id).ok_or(Errno::ENOENT)?;
-        if let Some(m) = change.mode {
-            a.perm = (m & 0o7777) as u16;
-        }
-        if let Some(u) = change.uid {
-            a.uid = u;
-        }
-        if let Some(g) = change.gid {
-            a.gid = g;
-        }
-        if let Some(t) = change.atime {
-            a.atime = at(t);
-        }
-        if let Some(t) = change.mtime {
-            a.mtime = at(t);
-        }
-        a.ctime = now;
-        Ok(*a)
+        self.removed
+            .change_dir(id, |a| {
+                if let Some(m) = change.mode {
+                    a.perm = (m & 0o7777) as u16;
+                }
+                if let Some(u) = change.uid {
+                    a.uid = u;
+                }
+                if let Some(g) = change.gid {
+                    a.gid = g;
+                }
+                if let Some(t) = change.atime {
+                    a.atime = at(t);
+                }
+                if let Some(t) = change.mtime {
+                    a.mtime = at(t);
+                }
+                a.ctime = now;
+            })
+            .ok_or(Errno::ENOENT)
     }
 
     /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
@@ -181,7 +182,7 @@ impl OverlayFs {
         if set && in_data.len() < size {
             return Err(Errno::EINVAL);
         }
-        if set && self.read_only {
+        if set && self.policy.read_only() {
             return Err(Errno::EROFS);
         }
         let _g = self.ns.read();

@@ -20,6 +20,8 @@ use super::errno::to_errno;
 use super::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
 use super::links::{LinkGroups, Links};
 use super::passthrough::Passthrough;
+use super::policy::Policy;
+use super::removed::Removed;
 use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
 use crate::sys::child;
@@ -66,27 +68,15 @@ pub struct OverlayFs {
     pub(super) publish_lock: Mutex<()>,
     /// The fd cache: each node's open data file (`data.rs`).
     pub(super) fds: FdCache,
-    /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
-    pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
-    /// Orphans whose node the kernel forgot: removed by the next request a process waits for
-    /// (`OverlayFs::reap_orphans`); `orphans_due` is set while there are any.
-    pub(super) forgotten_orphans: Mutex<Vec<u64>>,
-    pub(super) orphans_due: std::sync::atomic::AtomicBool,
-    /// Removed directories the kernel still holds (an open fd, a process's cwd): their
-    /// attributes at removal with nlink 0, which GETATTR answers and SETATTR changes, as a
-    /// disk filesystem (and kernel overlayfs) keeps serving fstat/fchmod of a removed
-    /// directory. Dropped when the kernel forgets the node.
-    pub(super) gone_dirs: Mutex<std::collections::HashMap<u64, FileAttr>>,
+    /// What the kernel still holds of removed names: orphans and removed directories
+    /// (`removed.rs`).
+    pub(super) removed: Removed,
     tmp_seq: std::sync::atomic::AtomicU64,
     /// FUSE passthrough state (see `passthrough.rs`).
     pub(super) pt: Passthrough,
-    /// Ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as another user sees the
-    /// layers as its own).
-    pub(super) squash: super::options::Squash,
-    /// How each lower shows its hard links (`links.rs`), in layer order.
-    links: Vec<Links>,
-    /// A read-only mount (`OverlayConfig::read_only`): every change is answered `EROFS`.
-    pub(super) read_only: bool,
+    /// The mount's fixed choices: read-only, strictatime, ownership mapping, how lowers
+    /// show hard links (`policy.rs`).
+    pub(super) policy: Policy,
     /// The private views the layers are read through, kept open for the life of the mount:
     /// noatime views of the lowers in passthrough mode ([`Stack::lowers_noatime`]) and the
     /// view of the upper dir and workdir with the mount's atime rule
@@ -98,11 +88,6 @@ pub struct OverlayFs {
     /// The node index this mount keeps in its workdir so file handles survive a remount
     /// (`node_index.rs`); `None` for mounts that keep none.
     pub(super) journal: Option<super::node_index::Journal>,
-    /// The mount is `strictatime` and not read-only: every read must reach the upper file,
-    /// so cached opens do not keep the page cache (`FOPEN_KEEP_CACHE`) and no-open mode is
-    /// off — a read served from the page cache reaches no daemon, and FUSE inodes never get
-    /// an atime update from the kernel itself (fs/fuse/inode.c `fuse_iget` sets `S_NOATIME`).
-    pub(super) strict_atime: bool,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -317,17 +302,16 @@ impl OverlayFs {
             copy_locks: CopyLocks::default(),
             publish_lock: Mutex::new(()),
             fds: FdCache::new(cap),
-            orphans: Mutex::default(),
-            forgotten_orphans: Mutex::default(),
-            orphans_due: Default::default(),
-            gone_dirs: Default::default(),
+            removed: Removed::default(),
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough),
             _lower_views: views,
-            strict_atime: rule.mode == crate::sys::AtimeMode::Strict,
-            squash: cfg.squash,
-            links,
-            read_only: cfg.read_only,
+            policy: Policy::new(
+                cfg.squash,
+                cfg.read_only,
+                rule.mode == crate::sys::AtimeMode::Strict,
+                links,
+            ),
             journal: None,
             notifier: Default::default(),
         })
@@ -524,7 +508,7 @@ impl OverlayFs {
         let Some(l) = top else {
             return (id, nlink);
         };
-        match self.links.get(l as usize) {
+        match self.policy.links(l) {
             Some(Links::Recorded(g)) => shown_recorded(id, l, g, path),
             _ => (self.nodes.lower_id(l, e.st.st_ino), nlink),
         }
@@ -547,21 +531,15 @@ impl OverlayFs {
         let (ino, nlink) = r.shown;
         let mut attr = attr_from_stat(ino, &r.st, nlink);
         // The orphan link in the workdir (kept for open fds) is not a name the user can see.
-        if r.upper && self.orphans.lock().contains(&r.id) {
+        if r.upper && self.removed.is_orphan(r.id) {
             attr.nlink = attr.nlink.saturating_sub(1);
         }
         self.squashed(attr)
     }
 
     /// `attr` with the owner the mount reports (`squash_to_uid`/`squash_to_gid`).
-    pub(super) fn squashed(&self, mut attr: FileAttr) -> FileAttr {
-        if let Some(u) = self.squash.uid {
-            attr.uid = u;
-        }
-        if let Some(g) = self.squash.gid {
-            attr.gid = g;
-        }
-        attr
+    pub(super) fn squashed(&self, attr: FileAttr) -> FileAttr {
+        self.policy.squashed(attr)
     }
 
     /// Looks `name` up in `parent` and records the kernel reference (lookup, create,
@@ -686,7 +664,7 @@ impl OverlayFs {
     }
 
     /// Current attributes of node `id` (for a removed directory still held by the kernel, the
-    /// ones kept in [`Self::gone_dirs`]).
+    /// ones kept in [`Removed`]).
     ///
     /// Errors: `ENOENT` for a node that is not (or no longer) known, or the `fstatat` errno.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
@@ -701,7 +679,7 @@ impl OverlayFs {
         if self.nodes.peek(id, |n| n.loc == Loc::Gone) != Some(true) {
             return None;
         }
-        self.gone_dirs.lock().get(&id).copied()
+        self.removed.dir_attr(id)
     }
 
     /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`); for

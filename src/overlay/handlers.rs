@@ -159,7 +159,7 @@ impl OverlayFs {
     /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
     /// reader's first read reaches the daemon and updates the upper file's atime.
     fn cached_open_flags(&self) -> FopenFlags {
-        if self.strict_atime {
+        if self.policy.strict_atime() {
             FopenFlags::FOPEN_NOFLUSH
         } else {
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
@@ -226,7 +226,7 @@ impl OverlayFs {
 
 impl fuser::Filesystem for OverlayFs {
     fn read_only(&self) -> bool {
-        self.read_only
+        self.policy.read_only()
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -486,7 +486,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if !self.pt.on() && !self.strict_atime {
+        if !self.pt.on() && !self.policy.strict_atime() {
             // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
             return reply.error(Errno::ENOSYS);
         }
@@ -755,7 +755,7 @@ impl fuser::Filesystem for OverlayFs {
                     self.stack.proc_path(l.tree, &l.path)
                 };
                 let p = std::path::Path::new(std::ffi::OsStr::from_bytes(p.as_bytes()));
-                let gid = |g| self.squash.gid.unwrap_or(g);
+                let gid = |g| self.policy.shown_gid(g);
                 privs::drop_after_acl(p, &caller(req), gid).map_err(errno)?;
             }
             Ok(())

@@ -193,7 +193,7 @@ impl OverlayFs {
     /// is given, and whether that directory is set-group-ID: the caller's ids (the canonical
     /// 0:0 under squash_to_uid/gid), with the directory's group when it is set-group-ID.
     fn new_owner(&self, pst: &libc::stat, uid: u32, gid: u32) -> (u32, u32, bool) {
-        let (uid, gid) = if self.squash.is_set() {
+        let (uid, gid) = if self.policy.squashes() {
             (0, 0)
         } else {
             (uid, gid)
@@ -394,7 +394,7 @@ impl OverlayFs {
             if held {
                 let mut attr = self.attr_of(r);
                 attr.nlink = 0;
-                self.gone_dirs.lock().insert(r.id, attr);
+                self.removed.keep_dir(r.id, attr);
                 self.nodes.update(r.id, |n| n.loc = Loc::Gone);
             }
             return Ok(());
@@ -411,7 +411,7 @@ impl OverlayFs {
             return Ok(());
         }
         match leaving {
-            Leaving::Unlinked if !held || self.orphans.lock().contains(&r.id) => {
+            Leaving::Unlinked if !held || self.removed.is_orphan(r.id) => {
                 // Held: another name of this inode is already kept there, and rename(2)
                 // between two links of one inode would do nothing, so just drop this name.
                 self.stack.unlink(Tree::Upper, rel, false).map_err(errno)?;
@@ -440,7 +440,7 @@ impl OverlayFs {
     /// Records that unlinked node `id`'s upper data is now kept at [`orphan_name`] in the
     /// workdir (until [`Self::forget`] drops it).
     pub(super) fn kept_as_orphan(&self, id: u64) {
-        self.orphans.lock().insert(id);
+        self.removed.keep_orphan(id);
         self.nodes
             .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
     }
@@ -483,7 +483,7 @@ impl OverlayFs {
         r: &Resolved,
         rel: &CString,
     ) -> OpResult<bool> {
-        if !r.upper || r.st.st_nlink <= 1 || self.orphans.lock().contains(&r.id) {
+        if !r.upper || r.st.st_nlink <= 1 || self.removed.is_orphan(r.id) {
             return Ok(false);
         }
         let Some(at) = self.nodes.peek(r.id, |n| match &n.loc {
@@ -806,18 +806,14 @@ impl OverlayFs {
             }
             self.nodes.shrink_if_sparse();
             if node.loc == Loc::Gone {
-                self.gone_dirs.lock().remove(&id);
+                self.removed.drop_dir(id);
             }
             self.drop_fd(id);
             self.listings.forget(id);
-            if self.orphans.lock().contains(&id) {
-                // Not here: a FORGET holds no mount busy, so `umount` may have returned by
-                // now, and nothing may change the workdir after that. The next request a
-                // process waits for removes it (`reap_orphans`).
-                self.forgotten_orphans.lock().push(id);
-                self.orphans_due
-                    .store(true, std::sync::atomic::Ordering::Release);
-            }
+            // An orphan's data is not removed here: a FORGET holds no mount busy, so `umount`
+            // may have returned by now, and nothing may change the workdir after that. The
+            // next request a process waits for removes it (`reap_orphans`).
+            self.removed.forgot(id);
         }
     }
 
@@ -828,18 +824,15 @@ impl OverlayFs {
     /// (what the kernel forgets just before the unmount stays until the next mount removes
     /// the orphans).
     pub fn reap_orphans(&self) {
-        use std::sync::atomic::Ordering;
-        if !self.orphans_due.load(Ordering::Acquire) {
+        if !self.removed.due() {
             return;
         }
         // Exclusive against lookups: a lookup of another name of an inode computes nlink from
         // the upper (which counts the orphan link) and then subtracts the orphan link if
         // `orphans` still lists it; both must see the same state.
         let _g = self.ns.write();
-        self.orphans_due.store(false, Ordering::Release);
-        let due = std::mem::take(&mut *self.forgotten_orphans.lock());
-        for id in due {
-            if !self.orphans.lock().remove(&id) {
+        for id in self.removed.take_due() {
+            if !self.removed.release_orphan(id) {
                 continue;
             }
             let o = orphan_name(id);
@@ -864,7 +857,7 @@ impl OverlayFs {
             let _g = self.ns.read();
             self.data_fd(id, false)?
         };
-        privs::drop_after_write(&f, caller, |g| self.squash.gid.unwrap_or(g)).map_err(errno)
+        privs::drop_after_write(&f, caller, |g| self.policy.shown_gid(g)).map_err(errno)
     }
 
     /// How long the kernel may keep node `id`'s attributes: [`TTL`], or none for a node
