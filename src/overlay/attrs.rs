@@ -205,7 +205,7 @@ impl OverlayFs {
         }
         crate::sys::ioctl_fileattr(std::os::fd::AsFd::as_fd(&f), cmd, &mut buf).map_err(errno)?;
         if set {
-            self.drop_fd(id);
+            self.fds.forget(id);
             // The flags change moved the upper file's ctime (generic/277); no FUSE reply
             // carries attributes after an ioctl, and fs/fuse/ioctl.c keeps the cached ones.
             self.invalidate_attrs(id);

@@ -364,7 +364,7 @@ impl OverlayFs {
             n.upper = true;
             n.lowers = 0;
         });
-        self.drop_fd(id);
+        self.fds.forget(id);
         Ok(())
     }
 
@@ -385,7 +385,7 @@ impl OverlayFs {
             return Err(Errno::ENOENT);
         }
         self.index_node(copy, Some(path));
-        self.drop_fd(id);
+        self.fds.forget(id);
         tracing::debug!(node = id, copy, "copy-up by re-lookup");
         Ok(())
     }
@@ -434,7 +434,7 @@ impl OverlayFs {
             if r.kind == Kind::Dir && r.lowers != 0 {
                 self.copy_up_tree(r.id, &Backing::upper_dir(r.lowers, dir, crel))?;
             }
-            self.drop_fd(r.id);
+            self.fds.forget(r.id);
         }
         Ok(())
     }

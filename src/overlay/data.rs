@@ -75,14 +75,22 @@ impl FdCache {
         true
     }
 
-    /// The cached file of node `id` when it was opened in a lower layer (a lower file never
-    /// changes through the mount, and a copy-up drops the node's cached fd).
-    pub fn lower_file(&self, id: u64) -> Option<Arc<File>> {
-        self.fds
+    /// `fstat` of the lower file READs of node `id` were last served from, if its fd is still
+    /// cached: the attributes of a lower file at the cost of one `fstat`, without walking its
+    /// path again (the GETATTR a reader's `fstat` sends after every first READ, since the
+    /// kernel invalidates atime then). Only fds opened in a lower layer count: a lower file
+    /// never changes through the mount, and a copy-up drops the node's cached fd. `None` when
+    /// no such fd is cached.
+    ///
+    /// Errors: the `fstat` errno.
+    pub fn lower_stat(&self, id: u64) -> Option<io::Result<libc::stat>> {
+        let f = self
+            .fds
             .lock()
             .peek(&id)
             .filter(|c| c.lower)
-            .map(|c| c.file.clone())
+            .map(|c| c.file.clone())?;
+        Some(crate::sys::fstat(&*f))
     }
 
     /// Drops node `id`'s cached fd (after a copy-up, so the next access opens the upper copy).
@@ -134,19 +142,6 @@ impl OverlayFs {
         Ok(Some(file))
     }
 
-    /// `fstat` of the lower file READs of node `id` were last served from, if its fd is still
-    /// cached: the attributes of a lower file at the cost of one `fstat`, without walking its
-    /// path again (the GETATTR a reader's `fstat` sends after every first READ, since the
-    /// kernel invalidates atime then). Only fds opened in a lower layer count: a lower file
-    /// never changes through the mount, and a copy-up drops the node's cached fd. `None` when
-    /// no such fd is cached.
-    ///
-    /// Errors: the `fstat` errno.
-    pub(super) fn cached_lower_stat(&self, id: u64) -> Option<io::Result<libc::stat>> {
-        let f = self.fds.lower_file(id)?;
-        Some(crate::sys::fstat(&*f))
-    }
-
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
     /// when it is opened for writing (`write`), then decides passthrough, DIRECT_IO or cached
     /// (see `passthrough.rs`); `register` registers an fd as a backing file. `check` is the
@@ -193,11 +188,6 @@ impl OverlayFs {
         let st = crate::sys::fstat(f).map_err(errno)?;
         let key: FileKey = (st.st_dev, st.st_ino);
         Ok(self.pt.open(id, key, write, || register(f)))
-    }
-
-    /// Drops the cached fd of `id` (after copy-up, so the next access opens the upper copy).
-    pub(super) fn drop_fd(&self, id: u64) {
-        self.fds.forget(id);
     }
 
     /// The file READs of node `id` are served from (upper copy or lower file).

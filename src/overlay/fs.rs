@@ -20,7 +20,7 @@ use super::errno::to_errno;
 use super::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
 use super::links::{LinkGroups, Links};
 use super::passthrough::Passthrough;
-use super::policy::Policy;
+use super::policy::MountPolicy;
 use super::removed::Removed;
 use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
@@ -76,7 +76,7 @@ pub struct OverlayFs {
     pub(super) pt: Passthrough,
     /// The mount's fixed choices: read-only, strictatime, ownership mapping, how lowers
     /// show hard links (`policy.rs`).
-    pub(super) policy: Policy,
+    pub(super) policy: MountPolicy,
     /// The private views the layers are read through, kept open for the life of the mount:
     /// noatime views of the lowers in passthrough mode ([`Stack::lowers_noatime`]) and the
     /// view of the upper dir and workdir with the mount's atime rule
@@ -306,7 +306,7 @@ impl OverlayFs {
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough),
             _lower_views: views,
-            policy: Policy::new(
+            policy: MountPolicy::new(
                 cfg.squash,
                 cfg.read_only,
                 rule.mode == crate::sys::AtimeMode::Strict,
@@ -534,11 +534,6 @@ impl OverlayFs {
         if r.upper && self.removed.is_orphan(r.id) {
             attr.nlink = attr.nlink.saturating_sub(1);
         }
-        self.squashed(attr)
-    }
-
-    /// `attr` with the owner the mount reports (`squash_to_uid`/`squash_to_gid`).
-    pub(super) fn squashed(&self, attr: FileAttr) -> FileAttr {
         self.policy.squashed(attr)
     }
 
@@ -683,14 +678,14 @@ impl OverlayFs {
     }
 
     /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`); for
-    /// a lower file whose fd is cached, from that fd ([`Self::cached_lower_stat`]).
+    /// a lower file whose fd is cached, from that fd ([`FdCache::lower_stat`]).
     ///
     /// Errors: the `fstatat`/`fstat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
         // A superseded node's attributes are its copy's (`l` is where the copy is).
         let id = self.nodes.successor_if_any(id);
         let cached = match l.tree {
-            Tree::Lower(_) => self.cached_lower_stat(id),
+            Tree::Lower(_) => self.fds.lower_stat(id),
             _ => None,
         };
         let st = match cached {

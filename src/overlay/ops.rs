@@ -780,12 +780,12 @@ impl OverlayFs {
                     n.upper = true;
                     n.lowers = 0;
                 });
-                self.drop_fd(d);
+                self.fds.forget(d);
                 self.listings.forget(d);
             }
             self.listings.forget(id);
         }
-        self.drop_fd(id);
+        self.fds.forget(id);
         if self.journal.is_some() {
             let path = self.nodes.path(id);
             self.index_node(id, path.as_deref());
@@ -808,7 +808,7 @@ impl OverlayFs {
             if node.loc == Loc::Gone {
                 self.removed.drop_dir(id);
             }
-            self.drop_fd(id);
+            self.fds.forget(id);
             self.listings.forget(id);
             // An orphan's data is not removed here: a FORGET holds no mount busy, so `umount`
             // may have returned by now, and nothing may change the workdir after that. The

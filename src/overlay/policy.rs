@@ -9,7 +9,7 @@ use super::links::Links;
 use super::options::Squash;
 
 /// The mount's fixed choices (see the module docs).
-pub struct Policy {
+pub struct MountPolicy {
     squash: Squash,
     read_only: bool,
     strict_atime: bool,
@@ -17,11 +17,16 @@ pub struct Policy {
     links: Vec<Links>,
 }
 
-impl Policy {
+impl MountPolicy {
     /// The policy of a mount: ownership mapping `squash`, `read_only`, `strict_atime` (the
     /// mount is `strictatime` and not read-only), and each lower's `links`, top first.
-    pub fn new(squash: Squash, read_only: bool, strict_atime: bool, links: Vec<Links>) -> Policy {
-        Policy {
+    pub fn new(
+        squash: Squash,
+        read_only: bool,
+        strict_atime: bool,
+        links: Vec<Links>,
+    ) -> MountPolicy {
+        MountPolicy {
             squash,
             read_only,
             strict_atime,
