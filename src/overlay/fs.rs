@@ -14,9 +14,9 @@ use fuser::{Errno, FileAttr, FileType};
 use parking_lot::{Mutex, RwLock};
 
 use super::OverlayConfig;
-use super::data::{CopyLocks, FdCache};
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
+use super::fdcache::{CopyLocks, FdCache};
 use super::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
 use super::links::{LinkGroups, Links};
 use super::passthrough::Passthrough;

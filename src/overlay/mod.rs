@@ -19,6 +19,7 @@ mod daemon;
 mod data;
 mod dir;
 pub mod errno;
+mod fdcache;
 mod fhandle;
 mod fs;
 pub mod fusermount;
