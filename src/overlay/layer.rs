@@ -164,7 +164,7 @@ impl DirTree {
 }
 
 /// `/proc/self/fd/<fd>/<rel>`.
-pub fn proc_path(fd: RawFd, rel: &CStr) -> CString {
+pub(super) fn proc_path(fd: RawFd, rel: &CStr) -> CString {
     let mut s = format!("/proc/self/fd/{fd}/").into_bytes();
     s.extend_from_slice(rel.to_bytes());
     CString::new(s).expect("no interior NUL")
@@ -292,12 +292,12 @@ impl LayerDir for FdDir {
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`. Errors: its errno.
-pub fn fstatat(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
+pub(super) fn fstatat(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
     sys::fstatat(dir, name, libc::AT_SYMLINK_NOFOLLOW)
 }
 
 /// [`fstatat`], `Ok(None)` for `ENOENT`/`ENOTDIR`.
-pub fn stat_at(dir: RawFd, name: &CStr) -> io::Result<Option<libc::stat>> {
+pub(super) fn stat_at(dir: RawFd, name: &CStr) -> io::Result<Option<libc::stat>> {
     match fstatat(dir, name) {
         Ok(st) => Ok(Some(st)),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => Ok(None),

@@ -25,7 +25,7 @@ mod fs;
 pub mod fusermount;
 mod handlers;
 mod inode;
-pub mod layer;
+mod layer;
 pub mod links;
 mod mount;
 mod node_index;

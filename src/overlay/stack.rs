@@ -309,7 +309,7 @@ impl Stack {
 
     /// The directory fd of the upper dir or the workdir (`tree`), for the `*at` syscalls that
     /// write; -1, which every syscall refuses with `EBADF`, for a tree this stack does not
-    /// have and for a lower layer (read only through [`Stack::layer`]).
+    /// have and for a lower layer (read only through `Stack::layer`).
     pub fn fd(&self, tree: Tree) -> RawFd {
         let t = match tree {
             Tree::Upper => self.upper.as_ref(),
@@ -322,7 +322,7 @@ impl Stack {
     /// The read side of layer `tree` ([`Layer`]).
     ///
     /// Errors: `EBADF` for a tree this stack does not have.
-    pub fn layer(&self, tree: Tree) -> io::Result<&dyn Layer> {
+    pub(super) fn layer(&self, tree: Tree) -> io::Result<&dyn Layer> {
         let l: Option<&dyn Layer> = match tree {
             Tree::Upper => self.upper.as_ref().map(|t| t as &dyn Layer),
             Tree::Work => self.work.as_ref().map(|t| t as &dyn Layer),
@@ -354,8 +354,8 @@ impl Stack {
     }
 
     /// `openat(layer, rel, flags | O_CLOEXEC | O_NOFOLLOW, mode)` as a `File`; a read-only
-    /// open in a lower layer adds `O_NOATIME` where allowed ([`DirTree::open_mode`]; a lower
-    /// layer is opened through [`Layer::open`], `mode` unused: nothing is created there).
+    /// open in a lower layer adds `O_NOATIME` where allowed (`DirTree::open_mode`; a lower
+    /// layer is opened through `Layer::open`, `mode` unused: nothing is created there).
     ///
     /// Errors: the `openat` errno; `EBADF` for a tree this stack does not have.
     pub fn open(
@@ -382,28 +382,28 @@ impl Stack {
         super::layer::proc_path(self.fd(layer), rel)
     }
 
-    /// The value of xattr `name` of `rel` in `layer` into `buf` ([`Layer::xattr`]).
+    /// The value of xattr `name` of `rel` in `layer` into `buf` (`Layer::xattr`).
     ///
-    /// Errors: as [`Layer::xattr`]; `EBADF` for a tree this stack does not have.
+    /// Errors: as `Layer::xattr`; `EBADF` for a tree this stack does not have.
     pub fn xattr(&self, layer: Tree, rel: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
         self.layer(layer)?.xattr(rel, name, buf)
     }
 
-    /// The xattr names of `rel` in `layer` ([`Layer::xattr_names`]).
+    /// The xattr names of `rel` in `layer` (`Layer::xattr_names`).
     ///
-    /// Errors: as [`Layer::xattr_names`]; `EBADF` for a tree this stack does not have.
+    /// Errors: as `Layer::xattr_names`; `EBADF` for a tree this stack does not have.
     pub fn xattr_names(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<Vec<u8>>> {
         self.layer(layer)?.xattr_names(rel)
     }
 
-    /// `statx` of `rel` in `layer` for `mask` ([`Layer::statx`]).
+    /// `statx` of `rel` in `layer` for `mask` (`Layer::statx`).
     ///
     /// Errors: the `statx` errno; `EBADF` for a tree this stack does not have.
     pub fn statx(&self, layer: Tree, rel: &CStr, mask: u32) -> io::Result<libc::statx> {
         self.layer(layer)?.statx(rel, mask)
     }
 
-    /// `fstatvfs` of the filesystem `layer` is on ([`Layer::statvfs`]).
+    /// `fstatvfs` of the filesystem `layer` is on (`Layer::statvfs`).
     ///
     /// Errors: the `fstatvfs` errno; `EBADF` for a tree this stack does not have.
     pub fn statvfs(&self, layer: Tree) -> io::Result<libc::statvfs> {
@@ -425,7 +425,7 @@ impl Stack {
         sys::symlinkat(target, self.fd(layer), rel)
     }
 
-    /// The target of symlink `rel` in `layer` ([`Layer::readlink`]). Errors: the
+    /// The target of symlink `rel` in `layer` (`Layer::readlink`). Errors: the
     /// `readlinkat` errno; `EBADF` for a tree this stack does not have.
     pub fn readlink(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<u8>> {
         self.layer(layer)?.readlink(rel)
@@ -804,7 +804,7 @@ pub struct DirFds<'a> {
     pub upper: bool,
     /// The lower layers merged into it.
     pub lowers: u64,
-    /// Opened so far: the tree, the directory there ([`Layer::open_dir`]; `None` when `rel`
+    /// Opened so far: the tree, the directory there (`Layer::open_dir`; `None` when `rel`
     /// is not a directory there), and whether its listing was read (the next read starts
     /// over).
     fds: std::cell::RefCell<Vec<OpenDir>>,
