@@ -17,14 +17,61 @@ use fuser::Errno;
 
 use super::fs::{OpResult, OverlayFs, errno};
 use super::inode::{Backing, Loc, orphan_name};
-use super::stack::{Kind, Tree, top_lower};
+use super::stack::{Kind, Stack, Tree, top_lower};
 use super::whiteout;
 use crate::sys::{self, Xattrs, child, cstr};
+
+/// The largest xattr value the VFS hands out (`XATTR_SIZE_MAX`), bytes.
+const XATTR_MAX: usize = 64 * 1024;
+
+/// Where copy-up reads the xattrs it copies: an open file or directory ([`Xattrs`]), or a
+/// symlink or special file of a layer, read through the stack ([`LayerXattrs`]).
+trait XattrSource {
+    /// Every name. Errors: as [`Xattrs::names`].
+    fn names(&self) -> io::Result<Vec<Vec<u8>>>;
+    /// The value of `name`. Errors: as [`Xattrs::value`].
+    fn value(&self, name: &CStr) -> io::Result<Vec<u8>>;
+}
+
+impl XattrSource for Xattrs<'_> {
+    fn names(&self) -> io::Result<Vec<Vec<u8>>> {
+        Xattrs::names(*self)
+    }
+    fn value(&self, name: &CStr) -> io::Result<Vec<u8>> {
+        Xattrs::value(*self, name)
+    }
+}
+
+/// The xattrs of `.2` in layer `.1` of the stack `.0` ([`Stack::xattr`]).
+struct LayerXattrs<'a>(&'a Stack, Tree, &'a CStr);
+
+impl XattrSource for LayerXattrs<'_> {
+    fn names(&self) -> io::Result<Vec<Vec<u8>>> {
+        self.0.xattr_names(self.1, self.2)
+    }
+    fn value(&self, name: &CStr) -> io::Result<Vec<u8>> {
+        // As Xattrs::value: a small buffer first, the largest value the VFS hands out after
+        // ERANGE.
+        let mut buf = vec![0u8; 256];
+        loop {
+            match self.0.xattr(self.1, self.2, name, &mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(buf);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ERANGE) && buf.len() < XATTR_MAX => {
+                    buf.resize(XATTR_MAX, 0)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
 
 /// Copies xattrs from `src` to `dst` (fds, or paths for symlinks and special files), skipping
 /// overlay-private names. Errors on `user.*` names propagate; other namespaces are best effort
 /// (they may need privileges the daemon lacks).
-fn copy_xattrs(src: Xattrs<'_>, dst: Xattrs<'_>) -> io::Result<()> {
+fn copy_xattrs(src: &dyn XattrSource, dst: Xattrs<'_>) -> io::Result<()> {
     for name in src.names()? {
         if whiteout::is_private_xattr(&name) {
             continue;
@@ -141,7 +188,7 @@ impl OverlayFs {
                     )?;
                     let len = limit.map_or(st.st_size as u64, |l| l.min(st.st_size as u64));
                     copy_data(&src, &dst, len)?;
-                    copy_xattrs(Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
+                    copy_xattrs(&Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
@@ -153,7 +200,7 @@ impl OverlayFs {
                     let dst =
                         self.stack
                             .open(Tree::Work, &tmp, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                    copy_xattrs(Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
+                    copy_xattrs(&Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
@@ -162,20 +209,14 @@ impl OverlayFs {
                     let target = CString::new(target)
                         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
                     self.stack.symlink(&target, Tree::Work, &tmp)?;
-                    let (sp, dp) = (
-                        self.stack.proc_path(sl, srel),
-                        self.stack.proc_path(Tree::Work, &tmp),
-                    );
-                    copy_xattrs(Xattrs::Path(&sp), Xattrs::Path(&dp))?;
+                    let dp = self.stack.proc_path(Tree::Work, &tmp);
+                    copy_xattrs(&LayerXattrs(&self.stack, sl, srel), Xattrs::Path(&dp))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                 }
                 Kind::Special(_) => {
                     self.stack.mknod(Tree::Work, &tmp, st.st_mode, st.st_rdev)?;
-                    let (sp, dp) = (
-                        self.stack.proc_path(sl, srel),
-                        self.stack.proc_path(Tree::Work, &tmp),
-                    );
-                    copy_xattrs(Xattrs::Path(&sp), Xattrs::Path(&dp))?;
+                    let dp = self.stack.proc_path(Tree::Work, &tmp);
+                    copy_xattrs(&LayerXattrs(&self.stack, sl, srel), Xattrs::Path(&dp))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
@@ -323,7 +364,7 @@ impl OverlayFs {
             n.upper = true;
             n.lowers = 0;
         });
-        self.drop_fd(id);
+        self.fds.forget(id);
         Ok(())
     }
 
@@ -344,7 +385,7 @@ impl OverlayFs {
             return Err(Errno::ENOENT);
         }
         self.index_node(copy, Some(path));
-        self.drop_fd(id);
+        self.fds.forget(id);
         tracing::debug!(node = id, copy, "copy-up by re-lookup");
         Ok(())
     }
@@ -393,7 +434,7 @@ impl OverlayFs {
             if r.kind == Kind::Dir && r.lowers != 0 {
                 self.copy_up_tree(r.id, &Backing::upper_dir(r.lowers, dir, crel))?;
             }
-            self.drop_fd(r.id);
+            self.fds.forget(r.id);
         }
         Ok(())
     }

@@ -11,14 +11,17 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FileType};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use super::OverlayConfig;
 use super::dir::{Listing, Listings};
 use super::errno::to_errno;
+use super::fdcache::{CopyLocks, FdCache};
 use super::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
 use super::links::{LinkGroups, Links};
-use super::passthrough::{FileKey, OpenMode, Passthrough};
+use super::passthrough::Passthrough;
+use super::policy::MountPolicy;
+use super::removed::Removed;
 use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
 use crate::sys::child;
@@ -63,28 +66,17 @@ pub struct OverlayFs {
     /// Serialises the short publish step of copy-ups (rename into the upper dir and restoring
     /// the parent's timestamps).
     pub(super) publish_lock: Mutex<()>,
-    fds: Mutex<lru::LruCache<u64, CachedFd>>,
-    /// Nodes whose upper inode has a link at `<workdir>/orphans/<id>`.
-    pub(super) orphans: Mutex<std::collections::HashSet<u64>>,
-    /// Orphans whose node the kernel forgot: removed by the next request a process waits for
-    /// (`OverlayFs::reap_orphans`); `orphans_due` is set while there are any.
-    pub(super) forgotten_orphans: Mutex<Vec<u64>>,
-    pub(super) orphans_due: std::sync::atomic::AtomicBool,
-    /// Removed directories the kernel still holds (an open fd, a process's cwd): their
-    /// attributes at removal with nlink 0, which GETATTR answers and SETATTR changes, as a
-    /// disk filesystem (and kernel overlayfs) keeps serving fstat/fchmod of a removed
-    /// directory. Dropped when the kernel forgets the node.
-    pub(super) gone_dirs: Mutex<std::collections::HashMap<u64, FileAttr>>,
+    /// The fd cache: each node's open data file (`data.rs`).
+    pub(super) fds: FdCache,
+    /// What the kernel still holds of removed names: orphans and removed directories
+    /// (`removed.rs`).
+    pub(super) removed: Removed,
     tmp_seq: std::sync::atomic::AtomicU64,
     /// FUSE passthrough state (see `passthrough.rs`).
     pub(super) pt: Passthrough,
-    /// Ownership mapping (`squash_to_uid`/`squash_to_gid`: a run as another user sees the
-    /// layers as its own).
-    pub(super) squash: super::options::Squash,
-    /// How each lower shows its hard links (`links.rs`), in layer order.
-    links: Vec<Links>,
-    /// A read-only mount (`OverlayConfig::read_only`): every change is answered `EROFS`.
-    pub(super) read_only: bool,
+    /// The mount's fixed choices: read-only, strictatime, ownership mapping, how lowers
+    /// show hard links (`policy.rs`).
+    pub(super) policy: MountPolicy,
     /// The private views the layers are read through, kept open for the life of the mount:
     /// noatime views of the lowers in passthrough mode ([`Stack::lowers_noatime`]) and the
     /// view of the upper dir and workdir with the mount's atime rule
@@ -96,11 +88,6 @@ pub struct OverlayFs {
     /// The node index this mount keeps in its workdir so file handles survive a remount
     /// (`node_index.rs`); `None` for mounts that keep none.
     pub(super) journal: Option<super::node_index::Journal>,
-    /// The mount is `strictatime` and not read-only: every read must reach the upper file,
-    /// so cached opens do not keep the page cache (`FOPEN_KEEP_CACHE`) and no-open mode is
-    /// off — a read served from the page cache reaches no daemon, and FUSE inodes never get
-    /// an atime update from the kernel itself (fs/fuse/inode.c `fuse_iget` sets `S_NOATIME`).
-    pub(super) strict_atime: bool,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -108,14 +95,6 @@ pub struct OverlayFs {
 /// counter ids stay below 2^56).
 fn group_ino(layer: u8, group: u32) -> u64 {
     (0x7f << 56) | ((layer as u64) << 48) | group as u64
-}
-
-#[derive(Clone)]
-struct CachedFd {
-    file: Arc<File>,
-    writable: bool,
-    /// Opened in a lower layer (the node had no upper copy then).
-    lower: bool,
 }
 
 pub(super) fn errno(e: io::Error) -> Errno {
@@ -322,36 +301,39 @@ impl OverlayFs {
             ns: RwLock::new(()),
             copy_locks: CopyLocks::default(),
             publish_lock: Mutex::new(()),
-            fds: Mutex::new(lru::LruCache::new(cap)),
-            orphans: Mutex::default(),
-            forgotten_orphans: Mutex::default(),
-            orphans_due: Default::default(),
-            gone_dirs: Default::default(),
+            fds: FdCache::new(cap),
+            removed: Removed::default(),
             tmp_seq: Default::default(),
             pt: Passthrough::new(passthrough),
             _lower_views: views,
-            strict_atime: rule.mode == crate::sys::AtimeMode::Strict,
-            squash: cfg.squash,
-            links,
-            read_only: cfg.read_only,
+            policy: MountPolicy::new(
+                cfg.squash,
+                cfg.read_only,
+                rule.mode == crate::sys::AtimeMode::Strict,
+                links,
+            ),
             journal: None,
             notifier: Default::default(),
         })
     }
 
-    /// The birth time (`statx` `STATX_BTIME`) of node `id`'s data file — the upper copy once
-    /// there is one, as kernel overlayfs shows the real inode's — or `None` where its
-    /// filesystem keeps none, or the node has no file any more (a removed directory held
-    /// open). Caller holds `ns`.
-    pub(super) fn birth_time(&self, id: u64) -> Option<SystemTime> {
-        let l = self.backing(id).ok()?;
-        let stx = crate::sys::statx(
-            self.stack.fd(l.tree),
-            &l.path,
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
-            libc::STATX_BTIME,
-        )
-        .ok()?;
+    /// The attributes of node `id` and the birth time (`statx` `STATX_BTIME`) of its data
+    /// file, for a STATX: where its data is is looked up once for both. The birth time is the
+    /// upper copy's once there is one, as kernel overlayfs shows the real inode's, and `None`
+    /// where its filesystem keeps none or the node has no file any more (a removed directory
+    /// held open). Caller holds `ns`.
+    ///
+    /// Errors: as [`Self::getattr_node`].
+    pub(super) fn statx_node(&self, id: u64) -> OpResult<(FileAttr, Option<SystemTime>)> {
+        match self.backing(id) {
+            Ok(l) => Ok((self.attr_at(id, &l)?, self.birth_time(&l))),
+            Err(e) => self.gone_dir_attr(id).map(|a| (a, None)).ok_or(e),
+        }
+    }
+
+    /// The birth time of the data file at `l`, `None` where its filesystem keeps none.
+    fn birth_time(&self, l: &Backing) -> Option<SystemTime> {
+        let stx = self.stack.statx(l.tree, &l.path, libc::STATX_BTIME).ok()?;
         (stx.stx_mask & libc::STATX_BTIME != 0)
             .then(|| ts(stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec as i64))
     }
@@ -526,7 +508,7 @@ impl OverlayFs {
         let Some(l) = top else {
             return (id, nlink);
         };
-        match self.links.get(l as usize) {
+        match self.policy.links(l) {
             Some(Links::Recorded(g)) => shown_recorded(id, l, g, path),
             _ => (self.nodes.lower_id(l, e.st.st_ino), nlink),
         }
@@ -549,21 +531,10 @@ impl OverlayFs {
         let (ino, nlink) = r.shown;
         let mut attr = attr_from_stat(ino, &r.st, nlink);
         // The orphan link in the workdir (kept for open fds) is not a name the user can see.
-        if r.upper && self.orphans.lock().contains(&r.id) {
+        if r.upper && self.removed.is_orphan(r.id) {
             attr.nlink = attr.nlink.saturating_sub(1);
         }
-        self.squashed(attr)
-    }
-
-    /// `attr` with the owner the mount reports (`squash_to_uid`/`squash_to_gid`).
-    pub(super) fn squashed(&self, mut attr: FileAttr) -> FileAttr {
-        if let Some(u) = self.squash.uid {
-            attr.uid = u;
-        }
-        if let Some(g) = self.squash.gid {
-            attr.gid = g;
-        }
-        attr
+        self.policy.squashed(attr)
     }
 
     /// Looks `name` up in `parent` and records the kernel reference (lookup, create,
@@ -573,8 +544,8 @@ impl OverlayFs {
         parent: u64,
         name: &OsStr,
     ) -> OpResult<Option<(u64, FileAttr)>> {
-        let (_, r) = self.resolve_in(parent, name)?;
-        Ok(r.map(|r| (r.id, self.remember(parent, name, &r))))
+        let (pdir, r) = self.resolve_in(parent, name)?;
+        Ok(r.map(|r| (r.id, self.remember(parent, &pdir, name, &r))))
     }
 
     /// The generation sent with every entry of this mount ([`Nodes::generation`]).
@@ -656,7 +627,7 @@ impl OverlayFs {
         self.revive(parent, depth + 1)?;
         let found = self.resolve_in(parent, &name);
         let out = match found {
-            Ok((_, Some(r))) if r.id == id => Ok(self.remember(parent, &name, &r)),
+            Ok((pdir, Some(r))) if r.id == id => Ok(self.remember(parent, &pdir, &name, &r)),
             Ok(_) => Err(Errno::ENOENT),
             Err(e) => Err(e),
         };
@@ -668,20 +639,27 @@ impl OverlayFs {
         out
     }
 
-    /// Records a kernel reference to the resolved entry `name` of `parent` and returns the
-    /// attributes to send with it.
-    pub(super) fn remember(&self, parent: u64, name: &OsStr, r: &Resolved) -> FileAttr {
+    /// Records a kernel reference to the resolved entry `name` of directory node `parent`
+    /// (as [`Self::dir`] found it: `pdir`) and returns the attributes to send with it.
+    pub(super) fn remember(
+        &self,
+        parent: u64,
+        pdir: &Backing,
+        name: &OsStr,
+        r: &Resolved,
+    ) -> FileAttr {
         let new_name = self
             .nodes
             .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
         if self.journal.is_some() {
-            self.index_remembered(r.id, r.upper, new_name);
+            let upper_st = r.upper.then_some(&r.st);
+            self.index_remembered(r.id, &pdir.path, name, upper_st, new_name);
         }
         self.attr_of(r)
     }
 
     /// Current attributes of node `id` (for a removed directory still held by the kernel, the
-    /// ones kept in [`Self::gone_dirs`]).
+    /// ones kept in [`Removed`]).
     ///
     /// Errors: `ENOENT` for a node that is not (or no longer) known, or the `fstatat` errno.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
@@ -696,18 +674,18 @@ impl OverlayFs {
         if self.nodes.peek(id, |n| n.loc == Loc::Gone) != Some(true) {
             return None;
         }
-        self.gone_dirs.lock().get(&id).copied()
+        self.removed.dir_attr(id)
     }
 
     /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`); for
-    /// a lower file whose fd is cached, from that fd ([`Self::cached_lower_stat`]).
+    /// a lower file whose fd is cached, from that fd ([`FdCache::lower_stat`]).
     ///
     /// Errors: the `fstatat`/`fstat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
         // A superseded node's attributes are its copy's (`l` is where the copy is).
         let id = self.nodes.successor_if_any(id);
         let cached = match l.tree {
-            Tree::Lower(_) => self.cached_lower_stat(id),
+            Tree::Lower(_) => self.fds.lower_stat(id),
             _ => None,
         };
         let st = match cached {
@@ -742,205 +720,6 @@ impl OverlayFs {
         }
         let names = at.merged_names().map_err(errno)?;
         Ok(self.listings.insert(dir, names))
-    }
-
-    /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
-    /// A lower file is opened with `O_NOATIME` ([`Stack::open`]): reading through the mount
-    /// never writes the read-only layer's inodes.
-    ///
-    /// A copy-up that completes while a lower file is being opened here wins: the lower fd is
-    /// not cached (a later READ or GETATTR would be served from the lower file, not the copy)
-    /// and the node's data is opened again where it now is.
-    pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<File>> {
-        loop {
-            if let Some(f) = self.open_data_fd(id, writable)? {
-                return Ok(f);
-            }
-        }
-    }
-
-    /// One attempt of [`Self::data_fd`]: `None` when a copy-up of the node completed while its
-    /// lower file was being opened.
-    fn open_data_fd(&self, id: u64, writable: bool) -> OpResult<Option<Arc<File>>> {
-        if let Some(fd) = self.fds.lock().get(&id)
-            && (fd.writable || !writable)
-        {
-            return Ok(Some(fd.file.clone()));
-        }
-        let l = self.backing(id)?;
-        let lower = matches!(l.tree, Tree::Lower(_));
-        if writable && lower {
-            return Err(Errno::EIO);
-        }
-        let flags = if writable {
-            libc::O_RDWR
-        } else {
-            libc::O_RDONLY
-        };
-        let file = Arc::new(self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?);
-        let cached = CachedFd {
-            file: file.clone(),
-            writable,
-            lower,
-        };
-        let mut fds = self.fds.lock();
-        // A copy-up marks the node upper, then drops its cached fd under this lock: if it is
-        // not upper now, its drop comes after this insert and takes the lower fd out again.
-        if lower && self.nodes.peek(id, |n| n.upper) != Some(false) {
-            return Ok(None);
-        }
-        let evicted = fds.push(id, cached);
-        drop(fds);
-        // The fd this one replaced or evicted is closed after the lock is released.
-        drop(evicted);
-        Ok(Some(file))
-    }
-
-    /// `fstat` of the lower file READs of node `id` were last served from, if its fd is still
-    /// cached: the attributes of a lower file at the cost of one `fstat`, without walking its
-    /// path again (the GETATTR a reader's `fstat` sends after every first READ, since the
-    /// kernel invalidates atime then). Only fds opened in a lower layer count: a lower file
-    /// never changes through the mount, and a copy-up drops the node's cached fd. `None` when
-    /// no such fd is cached.
-    ///
-    /// Errors: the `fstat` errno.
-    fn cached_lower_stat(&self, id: u64) -> Option<io::Result<libc::stat>> {
-        let f = self
-            .fds
-            .lock()
-            .peek(&id)
-            .filter(|c| c.lower)
-            .map(|c| c.file.clone())?;
-        Some(crate::sys::fstat(&*f))
-    }
-
-    /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
-    /// when it is opened for writing (`write`), then decides passthrough, DIRECT_IO or cached
-    /// (see `passthrough.rs`); `register` registers an fd as a backing file.
-    ///
-    /// Errors: `ENOENT` for a node that is gone, or the errno of the copy-up or of opening the
-    /// data file.
-    pub(super) fn open_node(
-        &self,
-        id: u64,
-        write: bool,
-        register: impl FnOnce(&File) -> io::Result<fuser::BackingId>,
-    ) -> OpResult<OpenMode> {
-        let _g = self.ns.read();
-        if write {
-            self.copy_up(id, None)?;
-        }
-        if self.nodes.successor(id).is_some() {
-            // Superseded by a copy (copy-up by re-lookup, `passthrough.rs`): the kernel
-            // retries the open once with LOOKUP_REVAL, and its LOOKUP finds the copy.
-            return Err(Errno::ESTALE);
-        }
-        // A lower file: no copy-up may change its data between here and the answer (it
-        // would give the node another backing file while the kernel gets this one).
-        let _c = match self.nodes.peek(id, |n| n.upper) {
-            Some(false) => Some(self.copy_locks.lock(id)),
-            _ => None,
-        };
-        let f = self.data_fd(id, false)?;
-        let st = crate::sys::fstat(&*f).map_err(errno)?;
-        let key: FileKey = (st.st_dev, st.st_ino);
-        Ok(self.pt.open(id, key, write, || register(&f)))
-    }
-
-    /// Drops the cached fd of `id` (after copy-up, so the next access opens the upper copy).
-    pub(super) fn drop_fd(&self, id: u64) {
-        self.fds.lock().pop(&id);
-    }
-
-    /// The file READs of node `id` are served from (upper copy or lower file).
-    pub(super) fn read_fd(&self, id: u64) -> OpResult<Arc<File>> {
-        let _g = self.ns.read();
-        self.data_fd(id, false)
-    }
-
-    /// Writes `data` at `offset`, copying the file up first. Returns bytes written.
-    ///
-    /// An append-only upper file (`chattr +a`) refuses the read-write descriptor writes go
-    /// through (EPERM); its data is appended through an `O_APPEND` one, which is what the
-    /// kernel asked for: it only lets a file with the flag be written through an `O_APPEND`
-    /// open, and sends those writes at the size it just read (fs/fuse/file.c).
-    ///
-    /// Errors: the errno of the copy-up, the open (EPERM for an immutable file) or the write.
-    pub fn write(&self, id: u64, offset: u64, data: &[u8]) -> OpResult<u32> {
-        let f = {
-            let _g = self.ns.read();
-            self.copy_up(id, None)?;
-            match self.data_fd(id, true) {
-                Err(e) if e == Errno::EPERM => {
-                    let l = self.backing(id)?;
-                    let f = self
-                        .stack
-                        .open(l.tree, &l.path, libc::O_WRONLY | libc::O_APPEND, 0)
-                        .map_err(errno)?;
-                    drop(_g);
-                    std::io::Write::write_all(&mut &f, data).map_err(errno)?;
-                    return Ok(data.len() as u32);
-                }
-                r => r?,
-            }
-        };
-        f.write_all_at(data, offset).map_err(errno)?;
-        Ok(data.len() as u32)
-    }
-
-    /// For an OPEN for writing (`flags` as open(2) takes them) of node `id`: whether its upper
-    /// file, if it has one (inode flags are set only there: a flags change copies up), allows
-    /// it, by opening it with the same access mode and
-    /// `O_APPEND` bit (no `O_TRUNC`: a truncating open sends its own SETATTR). The upper
-    /// filesystem then applies the rules of its inode flags as open(2) does (fs/namei.c
-    /// `may_open`): EPERM for an immutable file, and for an append-only one opened without
-    /// `O_APPEND` (xfstests generic/079). Only where OPEN reaches the daemon: in no-open
-    /// mode the kernel opens without asking, and the first write is refused instead.
-    ///
-    /// Errors: the open's errno.
-    pub(super) fn check_open_for_write(&self, id: u64, flags: i32) -> OpResult<()> {
-        let _g = self.ns.read();
-        let l = self.backing(id)?;
-        if !l.upper {
-            return Ok(());
-        }
-        let mode = (flags & (libc::O_ACCMODE | libc::O_APPEND)) | libc::O_NONBLOCK | libc::O_NOCTTY;
-        self.stack
-            .open(l.tree, &l.path, mode, 0)
-            .map(drop)
-            .map_err(errno)
-    }
-}
-
-/// Per-node copy-up locks: a copy-up holds its node's lock, so two writers never copy the same
-/// file twice while copy-ups of different files run side by side.
-#[derive(Default)]
-pub struct CopyLocks {
-    busy: Mutex<std::collections::HashSet<u64>>,
-    freed: Condvar,
-}
-
-/// A held [`CopyLocks`] entry; released on drop.
-pub struct CopyGuard<'a> {
-    locks: &'a CopyLocks,
-    id: u64,
-}
-
-impl CopyLocks {
-    /// Waits until no other copy-up of node `id` runs, then holds its lock.
-    pub fn lock(&self, id: u64) -> CopyGuard<'_> {
-        let mut busy = self.busy.lock();
-        while !busy.insert(id) {
-            self.freed.wait(&mut busy);
-        }
-        CopyGuard { locks: self, id }
-    }
-}
-
-impl Drop for CopyGuard<'_> {
-    fn drop(&mut self) {
-        self.locks.busy.lock().remove(&self.id);
-        self.locks.freed.notify_all();
     }
 }
 

@@ -19,9 +19,10 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use super::attrs::{AttrChange, XattrReply};
 use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
 use super::inode::{Backing, ROOT};
-use super::ops::{AttrChange, NewEntry, XattrReply};
+use super::ops::NewEntry;
 use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
 use super::privs::{self, Caller};
 use super::stack::{DirFds, Kind};
@@ -111,9 +112,6 @@ fn dtype(k: Kind) -> fuser::FileType {
 }
 
 impl OverlayFs {
-    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
-    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
-    /// reader's first read reaches the daemon and updates the upper file's atime.
     /// The open of a file CREATE or TMPFILE just made (attributes `a`, one kernel reference
     /// recorded): cached, or in passthrough mode its backing registered through `reply`.
     /// On failure the reference is given back.
@@ -121,7 +119,7 @@ impl OverlayFs {
         if !self.pt.on() {
             return Ok((a, OpenMode::Cached));
         }
-        match self.open_node(a.ino.0, true, |f| reply.open_backing(f)) {
+        match self.open_node(a.ino.0, true, None, |f| reply.open_backing(f)) {
             Ok(m) => Ok((a, m)),
             Err(e) => {
                 self.nodes.unremember(a.ino.0);
@@ -157,8 +155,11 @@ impl OverlayFs {
         }
     }
 
+    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
+    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
+    /// reader's first read reaches the daemon and updates the upper file's atime.
     fn cached_open_flags(&self) -> FopenFlags {
-        if self.strict_atime {
+        if self.policy.strict_atime() {
             FopenFlags::FOPEN_NOFLUSH
         } else {
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
@@ -166,12 +167,12 @@ impl OverlayFs {
     }
 
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
-        let tree = if self.stack.fd(super::stack::Tree::Upper) >= 0 {
+        let tree = if self.stack.has_upper() {
             super::stack::Tree::Upper
         } else {
             super::stack::Tree::Lower(0)
         };
-        crate::sys::fstatvfs(&self.stack.fd(tree)).map_err(errno)
+        self.stack.statvfs(tree).map_err(errno)
     }
 
     /// Walks "." and ".." then the listing of `dir` from `offset`. `add` gets the entry's id
@@ -225,7 +226,7 @@ impl OverlayFs {
 
 impl fuser::Filesystem for OverlayFs {
     fn read_only(&self) -> bool {
-        self.read_only
+        self.policy.read_only()
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -261,7 +262,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn destroy(&mut self) {
         // The session has ended (unmounted). Nothing is written here: `umount` has returned
-        // already, and the node index is kept up to date while mounted (`handles.rs`).
+        // already, and the node index is kept up to date while mounted (`fhandle.rs`).
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -312,7 +313,7 @@ impl fuser::Filesystem for OverlayFs {
     ) {
         let r = traced(self, "statx", ino.0, || {
             let _g = self.ns.read();
-            Ok((self.getattr_node(ino.0)?, self.birth_time(ino.0)))
+            self.statx_node(ino.0)
         });
         match r {
             Ok((a, btime)) => reply.statx(&self.attr_ttl(ino.0), &a, btime),
@@ -485,7 +486,7 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if !self.pt.on() && !self.strict_atime {
+        if !self.pt.on() && !self.policy.strict_atime() {
             // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
             return reply.error(Errno::ENOSYS);
         }
@@ -501,10 +502,8 @@ impl fuser::Filesystem for OverlayFs {
             return reply.opened(FileHandle(FH_CACHED), self.cached_open_flags());
         }
         let r = traced(self, "open", ino.0, || {
-            if write {
-                self.check_open_for_write(ino.0, flags.0)?;
-            }
-            self.open_node(ino.0, write, |f| reply.open_backing(f))
+            let check = write.then_some(flags.0);
+            self.open_node(ino.0, write, check, |f| reply.open_backing(f))
         });
         match r {
             Ok(OpenMode::Passthrough(b)) => {
@@ -692,7 +691,7 @@ impl fuser::Filesystem for OverlayFs {
                         ));
                     }
                     let (id, a) = match self.resolve_at(dir, d, at, name)? {
-                        Some(r) => (r.id, self.remember(dir, name, &r)),
+                        Some(r) => (r.id, self.remember(dir, d, name, &r)),
                         None => return Ok(false),
                     };
                     let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
@@ -756,7 +755,7 @@ impl fuser::Filesystem for OverlayFs {
                     self.stack.proc_path(l.tree, &l.path)
                 };
                 let p = std::path::Path::new(std::ffi::OsStr::from_bytes(p.as_bytes()));
-                let gid = |g| self.squash.gid.unwrap_or(g);
+                let gid = |g| self.policy.shown_gid(g);
                 privs::drop_after_acl(p, &caller(req), gid).map_err(errno)?;
             }
             Ok(())

@@ -26,6 +26,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use super::layer::{DirTree, Layer, LayerDir, fstatat, stat_at};
 use super::whiteout;
 use crate::error::{Error, Result};
 use crate::sys::{self, child};
@@ -121,15 +122,21 @@ pub enum Tree {
 /// before mounting so the daemon never resolves paths through its own mountpoint, with the
 /// `*at` syscalls the engine needs and the merge rules (see the module docs).
 pub struct Stack {
-    upper: Option<OwnedFd>,
-    work: Option<OwnedFd>,
-    lowers: Vec<OwnedFd>,
-    /// Set once an `O_NOATIME` open of a lower file was refused (`EPERM`: the daemon neither
-    /// owns it nor has `CAP_FOWNER`, as a non-root daemon over a store layer's 0:0 files):
-    /// later opens go without it instead of paying a refused `openat` each.
-    noatime_refused: std::sync::atomic::AtomicBool,
+    upper: Option<DirTree>,
+    work: Option<DirTree>,
+    /// The lower layers, top first, read only through [`Layer`] (`layer.rs`).
+    lowers: Vec<Box<dyn Layer>>,
     /// How whiteouts are written in the upper dir (both forms are always read).
     form: whiteout::Form,
+}
+
+/// The lower dirs at `paths`, top first, each a [`DirTree`].
+///
+/// Errors: the `open(2)` errno of the first that fails.
+fn open_lowers<'p>(paths: impl Iterator<Item = &'p Path>) -> io::Result<Vec<Box<dyn Layer>>> {
+    paths
+        .map(|p| Ok(Box::new(DirTree::new(open_dir(p)?, true)) as Box<dyn Layer>))
+        .collect()
 }
 
 fn open_dir(p: &Path) -> io::Result<OwnedFd> {
@@ -153,13 +160,21 @@ impl Stack {
     /// Errors: the errno of making a view (the stack is unchanged then).
     pub fn lowers_noatime(&mut self) -> io::Result<Vec<OwnedFd>> {
         let mut views = Vec::new();
-        let mut dirs = Vec::new();
+        let mut layers: Vec<Option<Box<dyn Layer>>> = Vec::new();
         for l in &self.lowers {
-            let (tree, dir) = crate::sys::noatime_view(l.as_fd())?;
-            views.push(tree);
-            dirs.push(dir);
+            match l.noatime_view()? {
+                Some((view, layer)) => {
+                    views.push(view);
+                    layers.push(Some(layer));
+                }
+                None => layers.push(None),
+            }
         }
-        self.lowers = dirs;
+        for (l, new) in self.lowers.iter_mut().zip(layers) {
+            if let Some(new) = new {
+                *l = new;
+            }
+        }
         Ok(views)
     }
 
@@ -195,7 +210,7 @@ impl Stack {
             None => upper.clone(),
         };
         let (tree, dir) = crate::sys::atime_view(open_dir(&base)?.as_fd(), rule)?;
-        let reopen = |path: &Path, open: Option<&OwnedFd>| -> io::Result<Option<OwnedFd>> {
+        let reopen = |path: &Path, open: Option<&DirTree>| -> io::Result<Option<OwnedFd>> {
             let Some(open) = open else { return Ok(None) };
             let rel = path.strip_prefix(&base).unwrap_or(Path::new(""));
             let rel = if rel.as_os_str().is_empty() {
@@ -210,7 +225,7 @@ impl Stack {
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
                 0,
             )?;
-            let (a, b) = (crate::sys::fstat(&fd)?, crate::sys::fstat(open)?);
+            let (a, b) = (crate::sys::fstat(&fd)?, crate::sys::fstat(&open.root())?);
             if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
                 return Err(io::Error::from_raw_os_error(libc::EXDEV));
             }
@@ -221,11 +236,11 @@ impl Stack {
             Some(w) => reopen(w, self.work.as_ref())?,
             None => None,
         };
-        if new_upper.is_some() {
-            self.upper = new_upper;
+        if let Some(fd) = new_upper {
+            self.upper = Some(DirTree::new(fd, false));
         }
-        if new_work.is_some() {
-            self.work = new_work;
+        if let Some(fd) = new_work {
+            self.work = Some(DirTree::new(fd, false));
         }
         Ok(tree)
     }
@@ -238,14 +253,10 @@ impl Stack {
     pub fn new(lowers: &[PathBuf], upper: &Path, work: &Path) -> io::Result<Stack> {
         let work = open_dir(work)?;
         Ok(Stack {
-            upper: Some(open_dir(upper)?),
+            upper: Some(DirTree::new(open_dir(upper)?, false)),
             form: whiteout::Form::choose(work.as_fd()),
-            work: Some(work),
-            lowers: lowers
-                .iter()
-                .map(|p| open_dir(p))
-                .collect::<io::Result<_>>()?,
-            noatime_refused: Default::default(),
+            work: Some(DirTree::new(work, false)),
+            lowers: open_lowers(lowers.iter().map(|p| p.as_path()))?,
         })
     }
 
@@ -265,13 +276,11 @@ impl Stack {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         Ok(Stack {
-            upper: upper.map(open_dir).transpose()?,
+            upper: upper
+                .map(|u| Ok::<_, io::Error>(DirTree::new(open_dir(u)?, false)))
+                .transpose()?,
             work: None,
-            lowers: lowers
-                .iter()
-                .map(|p| open_dir(p))
-                .collect::<io::Result<_>>()?,
-            noatime_refused: Default::default(),
+            lowers: open_lowers(lowers.iter().copied())?,
             form: whiteout::Form::Device,
         })
     }
@@ -298,32 +307,57 @@ impl Stack {
         self.upper.is_some()
     }
 
-    /// The directory fd of `tree` (-1, which every syscall refuses with `EBADF`, for a tree
-    /// this stack does not have).
+    /// The directory fd of the upper dir or the workdir (`tree`), for the `*at` syscalls that
+    /// write; -1, which every syscall refuses with `EBADF`, for a tree this stack does not
+    /// have and for a lower layer (read only through `Stack::layer`).
     pub fn fd(&self, tree: Tree) -> RawFd {
-        let fd = match tree {
+        let t = match tree {
             Tree::Upper => self.upper.as_ref(),
             Tree::Work => self.work.as_ref(),
-            Tree::Lower(i) => self.lowers.get(i as usize),
+            Tree::Lower(_) => None,
         };
-        fd.map_or(-1, |f| f.as_raw_fd())
+        t.map_or(-1, |t| t.fd())
+    }
+
+    /// The read side of layer `tree` ([`Layer`]).
+    ///
+    /// Errors: `EBADF` for a tree this stack does not have.
+    pub(super) fn layer(&self, tree: Tree) -> io::Result<&dyn Layer> {
+        let l: Option<&dyn Layer> = match tree {
+            Tree::Upper => self.upper.as_ref().map(|t| t as &dyn Layer),
+            Tree::Work => self.work.as_ref().map(|t| t as &dyn Layer),
+            Tree::Lower(i) => self.lowers.get(i as usize).map(|l| l.as_ref()),
+        };
+        l.ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
     }
 
     /// `fstatat(layer, rel, AT_SYMLINK_NOFOLLOW)`. Errors: its errno (`ENOENT`, `ENOTDIR`…).
     pub fn stat(&self, layer: Tree, rel: &CStr) -> io::Result<libc::stat> {
-        fstatat(self.fd(layer), rel)
+        match layer {
+            Tree::Lower(_) => self.layer(layer)?.stat(rel),
+            _ => fstatat(self.fd(layer), rel),
+        }
     }
 
     /// Like [`Stack::stat`] but `Ok(None)` for `ENOENT`/`ENOTDIR`.
     pub fn stat_opt(&self, layer: Tree, rel: &CStr) -> io::Result<Option<libc::stat>> {
-        stat_at(self.fd(layer), rel)
+        match layer {
+            Tree::Lower(_) => match self.layer(layer)?.stat(rel) {
+                Ok(st) => Ok(Some(st)),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            },
+            _ => stat_at(self.fd(layer), rel),
+        }
     }
 
     /// `openat(layer, rel, flags | O_CLOEXEC | O_NOFOLLOW, mode)` as a `File`; a read-only
-    /// open in a lower layer adds `O_NOATIME` where allowed (the owner or `CAP_FOWNER`; after
-    /// one refusal the stack stops asking).
+    /// open in a lower layer adds `O_NOATIME` where allowed (`DirTree::open_mode`; a lower
+    /// layer is opened through `Layer::open`, `mode` unused: nothing is created there).
     ///
-    /// Errors: the `openat` errno.
+    /// Errors: the `openat` errno; `EBADF` for a tree this stack does not have.
     pub fn open(
         &self,
         layer: Tree,
@@ -331,39 +365,49 @@ impl Stack {
         flags: libc::c_int,
         mode: libc::mode_t,
     ) -> io::Result<File> {
-        let at = |flags: libc::c_int| {
-            sys::openat(
-                self.fd(layer),
-                rel,
-                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                mode,
-            )
+        let tree = match layer {
+            Tree::Upper => self.upper.as_ref(),
+            Tree::Work => self.work.as_ref(),
+            Tree::Lower(_) => return self.layer(layer)?.open(rel, flags),
         };
-        // A lower layer is read-only: reading it (data, listings, copy-up) never writes its
-        // atimes, as on kernel overlayfs. O_NOATIME needs the file's owner or CAP_FOWNER.
-        use std::sync::atomic::Ordering::Relaxed;
-        let noatime = matches!(layer, Tree::Lower(_))
-            && flags & libc::O_ACCMODE == libc::O_RDONLY
-            && !self.noatime_refused.load(Relaxed);
-        let fd = if noatime {
-            match at(flags | libc::O_NOATIME) {
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                    self.noatime_refused.store(true, Relaxed);
-                    at(flags)
-                }
-                r => r,
-            }
-        } else {
-            at(flags)
-        }?;
-        Ok(File::from(fd))
+        match tree {
+            Some(t) => t.open_mode(rel, flags, mode),
+            None => Err(io::Error::from_raw_os_error(libc::EBADF)),
+        }
     }
 
-    /// `/proc/self/fd/<root>/<rel>`: a path for the xattr syscalls that have no *at form.
+    /// `/proc/self/fd/<root>/<rel>` of the upper dir or the workdir: a path for the xattr
+    /// syscalls that have no *at form (a lower layer's xattrs are read with [`Stack::xattr`]).
     pub fn proc_path(&self, layer: Tree, rel: &CStr) -> CString {
-        let mut s = format!("/proc/self/fd/{}/", self.fd(layer)).into_bytes();
-        s.extend_from_slice(rel.to_bytes());
-        CString::new(s).expect("no interior NUL")
+        super::layer::proc_path(self.fd(layer), rel)
+    }
+
+    /// The value of xattr `name` of `rel` in `layer` into `buf` (`Layer::xattr`).
+    ///
+    /// Errors: as `Layer::xattr`; `EBADF` for a tree this stack does not have.
+    pub fn xattr(&self, layer: Tree, rel: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+        self.layer(layer)?.xattr(rel, name, buf)
+    }
+
+    /// The xattr names of `rel` in `layer` (`Layer::xattr_names`).
+    ///
+    /// Errors: as `Layer::xattr_names`; `EBADF` for a tree this stack does not have.
+    pub fn xattr_names(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<Vec<u8>>> {
+        self.layer(layer)?.xattr_names(rel)
+    }
+
+    /// `statx` of `rel` in `layer` for `mask` (`Layer::statx`).
+    ///
+    /// Errors: the `statx` errno; `EBADF` for a tree this stack does not have.
+    pub fn statx(&self, layer: Tree, rel: &CStr, mask: u32) -> io::Result<libc::statx> {
+        self.layer(layer)?.statx(rel, mask)
+    }
+
+    /// `fstatvfs` of the filesystem `layer` is on (`Layer::statvfs`).
+    ///
+    /// Errors: the `fstatvfs` errno; `EBADF` for a tree this stack does not have.
+    pub fn statvfs(&self, layer: Tree) -> io::Result<libc::statvfs> {
+        self.layer(layer)?.statvfs()
     }
 
     /// `mkdirat`. Errors: its errno.
@@ -381,9 +425,10 @@ impl Stack {
         sys::symlinkat(target, self.fd(layer), rel)
     }
 
-    /// `readlinkat`. Errors: its errno.
+    /// The target of symlink `rel` in `layer` (`Layer::readlink`). Errors: the
+    /// `readlinkat` errno; `EBADF` for a tree this stack does not have.
     pub fn readlink(&self, layer: Tree, rel: &CStr) -> io::Result<Vec<u8>> {
-        sys::readlinkat(self.fd(layer), rel)
+        self.layer(layer)?.readlink(rel)
     }
 
     /// `unlinkat` (with `AT_REMOVEDIR` when `dir`). Errors: its errno.
@@ -529,7 +574,7 @@ impl Stack {
     /// Errors: the `fstatat` errno other than `ENOENT`/`ENOTDIR` (which mean no).
     pub fn is_whiteout(&self, tree: Tree, rel: &CStr) -> io::Result<bool> {
         let st = self.stat_opt(tree, rel)?;
-        whiteout::whited_out(self.fd(tree), rel, st.as_ref())
+        self.layer(tree)?.whited_out(rel, st.as_ref())
     }
 
     /// The form of the upper dir's whiteout of `rel`, if it has one: a 0/0 device occupies
@@ -558,7 +603,7 @@ impl Stack {
     ///
     /// Errors: as [`whiteout::dir_is_opaque_at`].
     pub fn is_opaque(&self, tree: Tree, rel: &CStr) -> io::Result<bool> {
-        whiteout::dir_is_opaque_at(self.fd(tree), rel)
+        self.layer(tree)?.is_opaque(rel)
     }
 
     /// Marks the directory `rel` of `tree` opaque.
@@ -599,7 +644,7 @@ impl Stack {
             upper,
             lowers,
             |t| self.stat_opt(t, rel),
-            |t| whiteout::whited_out(self.fd(t), rel, None),
+            |t| self.layer(t)?.whited_out(rel, None),
             |t| self.is_opaque(t, rel),
         )
     }
@@ -614,8 +659,7 @@ impl Stack {
             if let Some(st) = self.stat_opt(Tree::Lower(l), rel)? {
                 return Ok(!whiteout::is_whiteout_stat(&st));
             }
-            if layers.peek().is_some() && whiteout::whited_out(self.fd(Tree::Lower(l)), rel, None)?
-            {
+            if layers.peek().is_some() && self.layer(Tree::Lower(l))?.whited_out(rel, None)? {
                 return Ok(false);
             }
         }
@@ -738,55 +782,9 @@ fn merge_lookup(
     })
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`. Errors: its errno.
-fn fstatat(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
-    sys::fstatat(dir, name, libc::AT_SYMLINK_NOFOLLOW)
-}
-
-/// [`fstatat`], `Ok(None)` for `ENOENT`/`ENOTDIR`.
-fn stat_at(dir: RawFd, name: &CStr) -> io::Result<Option<libc::stat>> {
-    match fstatat(dir, name) {
-        Ok(st) => Ok(Some(st)),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Bytes of one `getdents64` call's buffer (on the stack).
-const DENTS_BUF: usize = 16 << 10;
-
-/// Every name of the directory open at `fd`, read from its start with `getdents64(2)`, with its
-/// `d_type` (`DT_UNKNOWN` possible), without `.` and `..`.
-///
-/// Errors: the `lseek`/`getdents64` errno.
-fn read_dir_fd(fd: RawFd, rewind: bool) -> io::Result<Vec<(OsString, u8)>> {
-    if rewind {
-        sys::lseek(&fd, 0, libc::SEEK_SET)?;
-    }
-    let mut buf = [0u8; DENTS_BUF];
-    let mut out = Vec::new();
-    loop {
-        let n = sys::getdents64(fd, &mut buf)?;
-        if n == 0 {
-            return Ok(out);
-        }
-        let mut off = 0usize;
-        // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
-        while off + 19 <= n {
-            let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
-            if reclen == 0 || off + reclen > n {
-                return Err(io::Error::from_raw_os_error(libc::EIO));
-            }
-            let dtype = buf[off + 18];
-            let name = &buf[off + 19..off + reclen];
-            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-            if name != b"." && name != b".." {
-                out.push((OsStr::from_bytes(name).to_os_string(), dtype));
-            }
-            off += reclen;
-        }
-    }
-}
+/// A directory of [`DirFds`] in one tree: the tree, the directory there (`None` when it is not
+/// a directory there), and whether it was listed.
+type OpenDir = (Tree, Option<Box<dyn LayerDir>>, bool);
 
 /// One merged directory — `rel` (relative to the layer roots), in the upper dir when `upper`,
 /// merged from the lower layers `lowers` — with its directory fd in each of those layers,
@@ -806,9 +804,10 @@ pub struct DirFds<'a> {
     pub upper: bool,
     /// The lower layers merged into it.
     pub lowers: u64,
-    /// Opened so far: the tree, its fd (`None` when `rel` is not a directory there), and
-    /// whether its listing was read (the next read rewinds).
-    fds: std::cell::RefCell<Vec<(Tree, Option<OwnedFd>, bool)>>,
+    /// Opened so far: the tree, the directory there (`Layer::open_dir`; `None` when `rel`
+    /// is not a directory there), and whether its listing was read (the next read starts
+    /// over).
+    fds: std::cell::RefCell<Vec<OpenDir>>,
 }
 
 impl<'a> DirFds<'a> {
@@ -824,52 +823,37 @@ impl<'a> DirFds<'a> {
         }
     }
 
-    /// Runs `f` with the directory's fd in `tree` (`None` when it is not a directory there),
-    /// opening it first if needed; `list` marks the fd as read by `getdents64` (the bool given
-    /// to `f` says whether it was before).
+    /// Runs `f` with the directory in `tree` (`None` when it is not a directory there),
+    /// opening it first if needed; `list` marks it as listed (the bool given to `f` says
+    /// whether it was before).
     ///
-    /// Errors: the `openat` errno other than `ENOENT`/`ENOTDIR`, or `f`'s.
-    fn with_fd<R>(
+    /// Errors: the open's errno other than `ENOENT`/`ENOTDIR`, or `f`'s.
+    fn with_dir<R>(
         &self,
         tree: Tree,
         list: bool,
-        f: impl FnOnce(Option<RawFd>, bool) -> io::Result<R>,
+        f: impl FnOnce(Option<&dyn LayerDir>, bool) -> io::Result<R>,
     ) -> io::Result<R> {
         let mut fds = self.fds.borrow_mut();
         let i = match fds.iter().position(|(t, _, _)| *t == tree) {
             Some(i) => i,
             None => {
-                let fd =
-                    match self
-                        .stack
-                        .open(tree, self.rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                    {
-                        Ok(f) => Some(OwnedFd::from(f)),
-                        Err(e)
-                            if matches!(
-                                e.raw_os_error(),
-                                Some(libc::ENOENT) | Some(libc::ENOTDIR)
-                            ) =>
-                        {
-                            None
-                        }
-                        Err(e) => return Err(e),
-                    };
-                fds.push((tree, fd, false));
+                let dir = self.stack.layer(tree)?.open_dir(self.rel)?;
+                fds.push((tree, dir, false));
                 fds.len() - 1
             }
         };
-        let (_, fd, listed) = &mut fds[i];
+        let (_, dir, listed) = &mut fds[i];
         let was = *listed;
         *listed |= list;
-        f(fd.as_ref().map(|f| f.as_raw_fd()), was)
+        f(dir.as_deref(), was)
     }
 
     /// `fstatat` of `name` in this directory of `tree`; `None` when absent (or the directory
     /// is not there). Errors: the `openat`/`fstatat` errno other than `ENOENT`/`ENOTDIR`.
     fn stat_opt(&self, tree: Tree, name: &CStr) -> io::Result<Option<libc::stat>> {
-        self.with_fd(tree, false, |fd, _| match fd {
-            Some(fd) => stat_at(fd, name),
+        self.with_dir(tree, false, |d, _| match d {
+            Some(d) => d.stat(name),
             None => Ok(None),
         })
     }
@@ -877,8 +861,8 @@ impl<'a> DirFds<'a> {
     /// Whether `name`, a directory in this directory of `tree`, is opaque (see
     /// [`Stack::is_opaque`]).
     fn is_opaque(&self, tree: Tree, name: &CStr) -> io::Result<bool> {
-        self.with_fd(tree, false, |fd, _| match fd {
-            Some(fd) => whiteout::dir_is_opaque_at(fd, name),
+        self.with_dir(tree, false, |d, _| match d {
+            Some(d) => d.is_opaque(name),
             None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         })
     }
@@ -903,8 +887,8 @@ impl<'a> DirFds<'a> {
     /// Whether this directory of `tree` holds a `.wh.` file whiteout of `name` (false when
     /// the directory is not there). Errors: as [`whiteout::whited_out`].
     fn marked(&self, tree: Tree, name: &CStr) -> io::Result<bool> {
-        self.with_fd(tree, false, |fd, _| match fd {
-            Some(fd) => whiteout::whited_out(fd, name, None),
+        self.with_dir(tree, false, |d, _| match d {
+            Some(d) => d.marked(name),
             None => Ok(false),
         })
     }
@@ -924,8 +908,8 @@ impl<'a> DirFds<'a> {
         let mut seen: HashSet<OsString> = HashSet::new();
         let mut out = Vec::new();
         for tree in trees {
-            let names = self.with_fd(tree, true, |fd, was| match fd {
-                Some(fd) => read_dir_fd(fd, was),
+            let names = self.with_dir(tree, true, |d, was| match d {
+                Some(d) => d.names(was),
                 None => Ok(Vec::new()),
             })?;
             // `.wh.NAME` files hide NAME in the layers below this one (not in this one).

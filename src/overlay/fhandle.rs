@@ -20,12 +20,10 @@ impl OverlayFs {
     fn roots(&self) -> io::Result<Roots> {
         let upper = dir_identity(self.stack.fd(Tree::Upper))?;
         let mut lowers = Vec::new();
-        for i in 0..=u8::MAX {
-            let fd = self.stack.fd(Tree::Lower(i));
-            if fd < 0 {
-                break;
-            }
-            lowers.push(dir_identity(fd)?);
+        // A lower root's identity is its own `stat` (the `fstat` of the upper root's fd).
+        while let Ok(l) = self.stack.layer(Tree::Lower(lowers.len() as u8)) {
+            let st = l.stat(c".")?;
+            lowers.push((st.st_dev, st.st_ino));
         }
         Ok(Roots { upper, lowers })
     }
@@ -152,10 +150,19 @@ impl OverlayFs {
         kept
     }
 
-    /// After [`Nodes::remember`](super::inode::Nodes::remember) gave the kernel node `id`
-    /// (kept in the upper dir when `upper`): reserves counter ids, and records the node when
-    /// the name is new to it.
-    pub(super) fn index_remembered(&self, id: u64, upper: bool, new_name: bool) {
+    /// After [`Nodes::remember`](super::inode::Nodes::remember) gave the kernel node `id` the
+    /// name `name` in directory `parent` (whose path relative to the layer roots is `ppath`):
+    /// reserves counter ids, and records the node when the name is new to it. `upper_st` is
+    /// the `stat` of its upper inode when it is kept in the upper dir (the one the lookup just
+    /// made), so nothing is resolved or stat'ed again.
+    pub(super) fn index_remembered(
+        &self,
+        id: u64,
+        ppath: &CStr,
+        name: &OsStr,
+        upper_st: Option<&libc::stat>,
+        new_name: bool,
+    ) {
         let Some(j) = &self.journal else {
             return;
         };
@@ -163,8 +170,13 @@ impl OverlayFs {
             j.reserve(self.nodes.next_counter());
             return;
         }
-        let path = if upper { self.nodes.path(id) } else { None };
-        self.index_node(id, path.as_deref());
+        match upper_st {
+            Some(st) => match crate::sys::child(ppath, name) {
+                Ok(path) => self.index_node_at(id, Some((&path, Some(st)))),
+                Err(_) => self.index_node_at(id, None),
+            },
+            None => self.index_node_at(id, None),
+        }
     }
 
     /// Runs `f` with the node index records it makes written in one go at its end
@@ -185,6 +197,12 @@ impl OverlayFs {
     /// inode's identity if that inode is the node's. Reserves counter ids first. Call after
     /// the change and before the reply that gives the kernel the id or the new name.
     pub(super) fn index_node(&self, id: u64, upper: Option<&CStr>) {
+        self.index_node_at(id, upper.map(|p| (p, None)));
+    }
+
+    /// [`Self::index_node`] with the upper inode's `stat` when the caller has it (`upper`:
+    /// its path and maybe its `stat`; without one it is read here).
+    fn index_node_at(&self, id: u64, upper: Option<(&CStr, Option<&libc::stat>)>) {
         let Some(j) = &self.journal else {
             return;
         };
@@ -199,8 +217,33 @@ impl OverlayFs {
         if id == ROOT || parent == 0 {
             return;
         }
-        let kept = upper.and_then(|path| {
-            let st = self.stack.stat_opt(Tree::Upper, path).ok().flatten()?;
+        let upper = upper.and_then(|(path, st)| {
+            let st = match st {
+                Some(st) => *st,
+                None => self.stack.stat_opt(Tree::Upper, path).ok().flatten()?,
+            };
+            Some((path, st))
+        });
+        let Some(rec) = self.index_entry(id, parent, name, upper) else {
+            return;
+        };
+        if j.append(&rec.record()) {
+            j.compact(|| self.index_snapshot());
+        }
+    }
+
+    /// The node index entry of node `id`, named `name` in `parent`, with the inode at `upper`
+    /// (its path in the upper dir and `stat`) when that inode is the node's; `None` when the
+    /// node cannot be found again after a remount (a counter id with no upper inode of its
+    /// own). What both a journal record and a snapshot entry are made from.
+    fn index_entry(
+        &self,
+        id: u64,
+        parent: u64,
+        name: Box<OsStr>,
+        upper: Option<(&CStr, libc::stat)>,
+    ) -> Option<Entry> {
+        let kept = upper.and_then(|(path, st)| {
             let (known, shown) = self.nodes.upper_known(st.st_ino)?;
             (known == id).then(|| (upper_identity(self.stack.fd(Tree::Upper), path, &st), shown))
         });
@@ -208,19 +251,15 @@ impl OverlayFs {
             Some((u, shown)) => (Some(u), shown),
             // Only ids derived from a lower inode are found again without one.
             None if id >= COUNTER_END => (None, self.nodes.shown_id(id)),
-            None => return,
+            None => return None,
         };
-        let rec = Entry {
+        Some(Entry {
             id,
             parent,
             name,
             shown,
             upper,
-        }
-        .record();
-        if j.append(&rec) {
-            j.compact(|| self.index_snapshot());
-        }
+        })
     }
 
     /// The node index of this mount as it stands (for compaction): every node the kernel
@@ -233,29 +272,14 @@ impl OverlayFs {
         let names: HashMap<u64, (u64, &OsStr)> =
             list.iter().map(|(id, p, n)| (*id, (*p, &**n))).collect();
         let mut memo = root_memo();
-        let upper_fd = self.stack.fd(Tree::Upper);
         let mut entries = Vec::with_capacity(list.len());
         for (id, parent, name) in &list {
             let Some(path) = path_via(&names, &mut memo, *id) else {
                 continue;
             };
             let at = self.stack.stat_opt(Tree::Upper, &path).ok().flatten();
-            let kept = at.and_then(|st| {
-                let (known, shown) = self.nodes.upper_known(st.st_ino)?;
-                (known == *id).then(|| (upper_identity(upper_fd, &path, &st), shown))
-            });
-            let (upper, shown) = match kept {
-                Some((u, shown)) => (Some(u), shown),
-                None if *id >= COUNTER_END => (None, self.nodes.shown_id(*id)),
-                None => continue,
-            };
-            entries.push(Entry {
-                id: *id,
-                parent: *parent,
-                name: name.clone(),
-                shown,
-                upper,
-            });
+            let upper = at.map(|st| (&*path, st));
+            entries.extend(self.index_entry(*id, *parent, name.clone(), upper));
         }
         let index = Index {
             generation: self.nodes.generation(),
