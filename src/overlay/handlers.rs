@@ -507,6 +507,11 @@ impl fuser::Filesystem for OverlayFs {
         });
         match r {
             Ok(OpenMode::Passthrough(b)) => {
+                if write {
+                    // Attributes cached before this writer are dropped; from now on they are
+                    // sent with no TTL while it is open (`Passthrough::has_writer`).
+                    self.invalidate_attrs(ino.0);
+                }
                 reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::FOPEN_NOFLUSH, &b)
             }
             Ok(OpenMode::Busy) => reply.error(Errno::ETXTBSY),
@@ -520,13 +525,14 @@ impl fuser::Filesystem for OverlayFs {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         if fh.0 == FH_PASSTHROUGH {
-            self.pt.released(ino.0);
+            self.pt
+                .released(ino.0, flags.0 & libc::O_ACCMODE != libc::O_RDONLY);
         }
         reply.ok();
     }

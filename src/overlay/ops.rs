@@ -862,9 +862,12 @@ impl OverlayFs {
 
     /// How long the kernel may keep node `id`'s attributes: [`TTL`], or none for a node
     /// superseded by a copy (copy-up by re-lookup): its metadata is the copy's, which changes
-    /// through another kernel inode, so the fds still open on it ask every time.
+    /// through another kernel inode, so the fds still open on it ask every time; none either
+    /// while a passthrough open for writing is outstanding, whose writes through a shared
+    /// mapping change mtime and ctime behind the kernel's cache
+    /// ([`Passthrough::has_writer`](super::passthrough::Passthrough::has_writer)).
     pub(super) fn attr_ttl(&self, id: u64) -> std::time::Duration {
-        if self.nodes.successor(id).is_some() {
+        if self.nodes.successor(id).is_some() || (self.pt.on() && self.pt.has_writer(id)) {
             std::time::Duration::ZERO
         } else {
             TTL

@@ -73,6 +73,8 @@ struct Active {
     key: FileKey,
     backing: Arc<BackingId>,
     count: u32,
+    /// How many of them are open for writing (see [`Passthrough::has_writer`]).
+    writers: u32,
 }
 
 #[derive(Default)]
@@ -91,16 +93,19 @@ impl NodeIo {
             return Some(OpenMode::Busy);
         }
         a.count += 1;
+        a.writers += u32::from(write);
         Some(OpenMode::Passthrough(a.backing.clone()))
     }
 
-    /// Starts passthrough opens of `key` with `backing`.
-    fn start(&mut self, key: FileKey, backing: Arc<BackingId>) -> OpenMode {
+    /// Starts passthrough opens of `key` with `backing` (the first one for writing when
+    /// `write`).
+    fn start(&mut self, key: FileKey, backing: Arc<BackingId>, write: bool) -> OpenMode {
         self.backing = Some((key, backing.clone()));
         self.active = Some(Active {
             key,
             backing: backing.clone(),
             count: 1,
+            writers: u32::from(write),
         });
         OpenMode::Passthrough(backing)
     }
@@ -166,7 +171,7 @@ impl Passthrough {
                 && *bk == key
             {
                 let b = b.clone();
-                return n.start(key, b);
+                return n.start(key, b, write);
             }
         }
         let b = match register() {
@@ -183,7 +188,8 @@ impl Passthrough {
         let mut nodes = self.nodes.lock();
         let n = nodes.entry(id).or_default();
         // Another open of this node may have raced us: join what it set up.
-        n.join_active(key, write).unwrap_or_else(|| n.start(key, b))
+        n.join_active(key, write)
+            .unwrap_or_else(|| n.start(key, b, write))
     }
 
     /// Whether the kernel holds passthrough opens of node `id` (answered, not yet released):
@@ -196,13 +202,32 @@ impl Passthrough {
             .is_some_and(|n| n.active.is_some())
     }
 
-    /// A passthrough open of node `id` was released (or its answer never reached the kernel).
-    pub fn released(&self, id: u64) {
+    /// Whether the kernel holds a passthrough open of node `id` for writing. Its data then
+    /// changes behind the kernel's cached attributes: a write through a shared mapping of a
+    /// passthrough file dirties the backing file's pages and moves the backing inode's mtime
+    /// and ctime, and no request tells the FUSE inode (fs/fuse/passthrough.c maps the backing
+    /// file; only write(2) invalidates the attributes). Its attributes are then sent with no
+    /// TTL ([`super::OverlayFs::attr_ttl`]), as kernel overlayfs's stat shows the upper
+    /// inode's (xfstests generic/080, 215).
+    pub fn has_writer(&self, id: u64) -> bool {
+        self.nodes
+            .lock()
+            .get(&id)
+            .and_then(|n| n.active.as_ref())
+            .is_some_and(|a| a.writers > 0)
+    }
+
+    /// A passthrough open of node `id` (for writing when `write`, the access mode of the
+    /// RELEASE's flags) was released, or its answer never reached the kernel.
+    pub fn released(&self, id: u64, write: bool) {
         let mut nodes = self.nodes.lock();
         if let Some(n) = nodes.get_mut(&id)
             && let Some(a) = &mut n.active
         {
             a.count = a.count.saturating_sub(1);
+            if write {
+                a.writers = a.writers.saturating_sub(1);
+            }
             if a.count == 0 {
                 n.active = None;
                 self.released.notify_all();
