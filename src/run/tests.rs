@@ -276,13 +276,13 @@ fn sandbox_mode_parses() {
 
 #[test]
 fn a_full_disk_is_told_from_the_tools_words() {
-    assert!(super::says_no_space(
+    assert!(super::setup::says_no_space(
         b"npm error code ENOSPC\nnpm error syscall write\n"
     ));
-    assert!(super::says_no_space(
+    assert!(super::setup::says_no_space(
         b"head: error writing 'standard output': No space left on device\n"
     ));
-    assert!(!super::says_no_space(
+    assert!(!super::setup::says_no_space(
         b"npm error 404 Not Found - left-pad\n"
     ));
 }
