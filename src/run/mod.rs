@@ -235,21 +235,10 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let mut reserve = telemetry::EventReserve::make(&cfg.store, &cfg.run_id);
     for (ci, cache) in cfg.spec.caches.iter().enumerate() {
         let views = views(&cfg.sandbox, &cfg.paths, &preps);
-        mounts.uppers = preps
-            .iter()
-            .filter_map(|p| {
-                let up = p.mounted.upper.clone()?;
-                Some((
-                    p.keys.id.as_str().to_string(),
-                    up,
-                    p.keys.mountpoint.clone(),
-                ))
-            })
-            .collect();
+        let step = (&mut preps[..], ci);
+        let stop = setup_or_maintenance(&steps, &mounts, cache, step, &run_env, &views, cfg.json)?;
         let p = &mut preps[ci];
-        if let Some(e) =
-            setup_or_maintenance(&steps, &mounts, cache, p, &run_env, &views, cfg.json)?
-        {
+        if let Some(e) = stop {
             // Unmounting discards the private uppers first: their space is free for the event.
             let unmounted = mounts.unmount_all();
             log_event(&cfg.store, &p.event, &mut reserve);

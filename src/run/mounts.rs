@@ -24,9 +24,6 @@ pub(super) struct Mounts<'a> {
     /// The host view directories of [`Mounts::prepare_views`], each open with a shared flock
     /// for the whole run, and whether this run created it.
     view_dirs: Vec<(PathBuf, Option<std::fs::File>, bool)>,
-    /// Every cache's (id, private upper, view path) as mounted now, for a failed setup's
-    /// logs: a tool may log into another cache's view (npm's `_logs` in the npm cache).
-    pub(super) uppers: Vec<(String, PathBuf, PathBuf)>,
 }
 
 impl<'a> Mounts<'a> {
@@ -39,7 +36,6 @@ impl<'a> Mounts<'a> {
             run_id,
             points: Vec::new(),
             view_dirs: Vec::new(),
-            uppers: Vec::new(),
         }
     }
 

@@ -17,8 +17,8 @@ use crate::ids::ProjectId;
 use crate::spec::Cache;
 use crate::telemetry::CacheResult;
 
-/// Phase 3, setup (miss, restore) or maintenance (hit) of one cache, in `views` with
-/// `run_env` plus `$LAYERCACHE_MOUNT`; its time and status go into `p.event`.
+/// Phase 3, setup (miss, restore) or maintenance (hit) of cache `preps[ci]`, in `views` with
+/// `run_env` plus `$LAYERCACHE_MOUNT`; its time and status go into its event.
 ///
 /// Returns `Some(error)` when the run must stop — interrupted, a mount's daemon died, the
 /// script exited non-zero — for the caller to log the event and unmount everything;
@@ -27,11 +27,12 @@ pub(super) fn setup_or_maintenance(
     steps: &Steps<'_>,
     mounts: &Mounts<'_>,
     cache: &Cache,
-    p: &mut Prep,
+    (preps, ci): (&mut [Prep], usize),
     run_env: &BTreeMap<String, String>,
     views: &Views,
     json: bool,
 ) -> Result<Option<Error>> {
+    let p = &mut preps[ci];
     let (what, script) = match p.mounted.result {
         CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
         // A restore brings the old tree up to date in place.
@@ -93,31 +94,9 @@ pub(super) fn setup_or_maintenance(
     }
     if status != 0 {
         let kept = (what == "setup")
-            .then(|| keep_failed_logs(mounts, p, &script, status, output.as_deref()))
+            .then(|| keep_failed_logs(mounts, preps, ci, &script, status, output.as_deref()))
             .flatten();
-        let where_logs = match kept {
-            Some(k) => {
-                // npm and others point at their log inside the view, which goes with the run.
-                for (seen, now) in k.files.iter().take(5) {
-                    eprintln!(
-                        "layercache: {}: setup's log {} is kept as {}",
-                        cache.id.as_str(),
-                        seen.display(),
-                        now.display()
-                    );
-                }
-                format!(
-                    "; {} kept for 7 days in {} (`layercache gc` lists them)",
-                    match (k.output, k.files.is_empty()) {
-                        (true, true) => "the end of its output is",
-                        (true, false) => "the end of its output and the logs it wrote are",
-                        (false, _) => "the logs it wrote are",
-                    },
-                    k.dir.display()
-                )
-            }
-            None => String::new(),
-        };
+        let where_logs = kept.map_or(String::new(), |k| kept_note(cache, &k));
         return Ok(Some(Error::Child {
             what: format!("{label} (nothing published{where_logs})"),
             status,
@@ -150,23 +129,53 @@ pub(super) fn says_no_space(output: &[u8]) -> bool {
     .any(|m| text.contains(m))
 }
 
+/// The end of a failed setup's line when its logs were kept (`k`): where they are, after a
+/// line on stderr for each of the first 5 log files (npm and others point at their log inside
+/// the view, which goes with the run).
+fn kept_note(cache: &Cache, k: &crate::store::KeptLogs) -> String {
+    for (seen, now) in k.files.iter().take(5) {
+        eprintln!(
+            "layercache: {}: setup's log {} is kept as {}",
+            cache.id.as_str(),
+            seen.display(),
+            now.display()
+        );
+    }
+    format!(
+        "; {} kept for 7 days in {} (`layercache gc` lists them)",
+        match (k.output, k.files.is_empty()) {
+            (true, true) => "the end of its output is",
+            (true, false) => "the end of its output and the logs it wrote are",
+            (false, _) => "the logs it wrote are",
+        },
+        k.dir.display()
+    )
+}
+
 /// After a failed setup: copies the log files it wrote into its view (the run's private
 /// upper, discarded when the run ends) to the store's `failed/<run>/<cache>`
 /// ([`crate::store::keep_failed_logs`]); `None` when it wrote none or they could not be kept
 /// (a warning says why).
 fn keep_failed_logs(
     mounts: &Mounts<'_>,
-    p: &Prep,
+    preps: &[Prep],
+    ci: usize,
     script: &str,
     status: i32,
     output: Option<&[u8]>,
 ) -> Option<crate::store::KeptLogs> {
+    let p = &preps[ci];
     let upper = p.mounted.upper.as_ref()?;
     let project = ProjectId::new(&p.event.project).ok()?;
     let pd = crate::store::ProjectDirs::at(mounts.store, &project);
     let view = &p.keys.mountpoint;
-    let others: Vec<(&str, &Path, &Path)> = (mounts.uppers.iter())
-        .map(|(id, up, v)| (id.as_str(), up.as_path(), v.as_path()))
+    // Every cache's (id, private upper, view path) as mounted now: a tool may log into
+    // another cache's view (npm's `_logs` in the npm cache).
+    let others: Vec<(&str, &Path, &Path)> = (preps.iter())
+        .filter_map(|o| {
+            let up = o.mounted.upper.as_deref()?;
+            Some((o.keys.id.as_str(), up, o.keys.mountpoint.as_path()))
+        })
         .collect();
     let failed = crate::store::FailedSetup {
         others: &others,

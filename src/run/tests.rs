@@ -11,6 +11,8 @@ struct Fake {
     mounted: RefCell<HashMap<PathBuf, String>>,
     root: PathBuf,
     log: RefCell<Vec<String>>,
+    /// Each mount's directory stands for its private upper too (what the setup wrote).
+    uppers: bool,
 }
 
 fn copy_tree(src: &Path, dst: &Path) {
@@ -57,7 +59,7 @@ impl Mounter for Fake {
         Ok(Mounted {
             result,
             matched_key: matched,
-            upper: None,
+            upper: self.uppers.then(|| mp.to_path_buf()),
             bytes: 0,
             files: 0,
             source: mp.to_path_buf(),
@@ -285,4 +287,42 @@ fn a_full_disk_is_told_from_the_tools_words() {
     assert!(!super::setup::says_no_space(
         b"npm error 404 Not Found - left-pad\n"
     ));
+}
+
+/// A failed setup keeps the logs a tool wrote into another cache's view (npm's `_logs` in the
+/// npm cache): the others' uppers come from the preparations of the run.
+#[test]
+fn a_failed_setup_keeps_the_logs_it_wrote_in_another_cache() {
+    let spec = r#"project = "p"
+[[cache]]
+id = "npm"
+key_files = ["deps.lock"]
+env = { NPM_DIR = "{mount}" }
+setup = "true"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+setup = "mkdir -p \"$NPM_DIR/_logs\" && echo oops > \"$NPM_DIR/_logs/x-debug-0.log\" && exit 1"
+"#;
+    let mut e = env(spec, &[]);
+    e.fake.uppers = true;
+    let err = run(&e.cfg, &e.fake).unwrap_err().to_string();
+    assert!(err.contains("the logs it wrote are kept"), "{err}");
+    let found = walk_files(&e.cfg.store);
+    assert!(
+        found.iter().any(|f| f.ends_with("_logs/x-debug-0.log")),
+        "{found:?}"
+    );
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk_files(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
 }
