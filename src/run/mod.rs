@@ -231,8 +231,10 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         run_env.extend(cache.env_for(&cfg.paths, &p.keys.mountpoint));
     }
 
-    // Room for the events even when a setup fills the store's filesystem.
-    let mut reserve = telemetry::EventReserve::make(&cfg.store, &cfg.run_id);
+    // Room for the events even when a setup fills the store's filesystem: only a cache that
+    // is not a hit runs a setup, so a run of hits makes none.
+    let mut reserve = (preps.iter().any(|p| p.mounted.result != CacheResult::Hit))
+        .then(|| telemetry::EventReserve::make(&cfg.store, &cfg.run_id));
     for (ci, cache) in cfg.spec.caches.iter().enumerate() {
         let views = views(&cfg.sandbox, &cfg.paths, &preps);
         let step = (&mut preps[..], ci);
@@ -509,8 +511,14 @@ fn interrupted_error(sig: i32) -> Error {
     }
 }
 
-fn log_event(store: &Path, event: &Event, reserve: &mut telemetry::EventReserve) {
-    if let Err(e) = reserve.append(store, event) {
+/// Appends `event` to the store's event log, through `reserve` when the run made one
+/// ([`telemetry::EventReserve::append`]); a failure is a warning.
+fn log_event(store: &Path, event: &Event, reserve: &mut Option<telemetry::EventReserve>) {
+    let appended = match reserve {
+        Some(r) => r.append(store, event),
+        None => telemetry::append(store, event),
+    };
+    if let Err(e) = appended {
         tracing::warn!("telemetry: {e}");
     }
 }

@@ -326,3 +326,18 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// The event reserve (64 KiB and a scan of `events-reserve/`) is made only when a cache is
+/// not a hit: a run of hits has no setup that could fill the store.
+#[test]
+fn a_run_of_hits_makes_no_event_reserve() {
+    let e = env(SPEC, &[]);
+    let reserves = e.cfg.store.join("events-reserve");
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    assert!(reserves.is_dir(), "a miss reserves room for its event");
+    std::fs::remove_dir(&reserves).unwrap();
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[1].result, CacheResult::Hit);
+    assert!(!reserves.exists(), "a hit made a reserve");
+}
