@@ -102,10 +102,18 @@ pub trait Mounter {
     fn check(&self, _view: &Path) -> Result<()> {
         Ok(())
     }
-    /// The project's key salt ([`crate::key::KeySalt`]; the store's, agreed with its remote
-    /// tier); `None` keys with plain digests (the unit tests' fake).
+    /// The key salt a run keys with first ([`crate::key::KeySalt`]; the store's local one,
+    /// without a round trip to its remote tier); `None` keys with plain digests (the unit
+    /// tests' fake).
     fn key_salt(&self, _project: &ProjectId) -> Result<Option<key::KeySalt>> {
         Ok(None)
+    }
+    /// The project's key salt agreed with the store's remote tier, asked before a run
+    /// publishes what may be pushed (a cache that is not a hit, or a `save = "success"`
+    /// cache): a key published to the remote is keyed with it. The default:
+    /// [`Mounter::key_salt`].
+    fn agreed_key_salt(&self, project: &ProjectId) -> Result<Option<key::KeySalt>> {
+        self.key_salt(project)
     }
 }
 
@@ -198,31 +206,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         );
         return steps.command(&cfg.command, false, &BTreeMap::new(), &Views::default());
     }
-    let salt = mounter.key_salt(&cfg.spec.project)?;
-    let all_keys = keys(
-        &cfg.spec,
-        &cfg.paths,
-        &cfg.sandbox,
-        cfg.image.as_ref(),
-        salt,
-    )?;
-    for cache in &cfg.spec.caches {
-        for name in cache.unset_variables() {
-            eprintln!(
-                "layercache: warning: cache {:?}: {{env:{name}}} is unset here, so it is \
-                 substituted as an empty string",
-                cache.id.as_str()
-            );
-        }
-    }
     let mut mounts = Mounts::new(mounter, &cfg.store, &cfg.run_id);
-    let mut preps = mount_all(
-        &mut mounts,
-        all_keys,
-        &cfg.spec.project,
-        &cfg.run_id,
-        &cfg.store,
-    )?;
+    let mut preps = keyed_mounts(cfg, &mut mounts)?;
     mounts.prepare_views(&cfg.paths, &cfg.sandbox, &preps)?;
 
     // Every script and COMMAND sees every cache's environment.
@@ -280,16 +265,50 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     status
 }
 
-/// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
-/// Docker the image's id stands for the tools; digests keyed with the project's `salt`). Errors: [`Error::Invalid`] for a bad key file
-/// or two caches at one view path.
-fn keys(
-    spec: &Spec,
-    paths: &Paths,
-    sandbox: &Sandbox,
-    image: Option<&String>,
-    salt: Option<key::KeySalt>,
-) -> Result<Vec<CacheKeys>> {
+/// Phases 1 and 2 keyed with the project's salt: the keys with the salt the run keys with
+/// first ([`Mounter::key_salt`], no round trip to the remote tier), then the mounts. When the
+/// run may publish what is pushed — a cache that is not a hit, or a `save = "success"` cache
+/// — the salt agreed with the remote tier is asked ([`Mounter::agreed_key_salt`]); when it
+/// differs (the remote's replaced the local one: the keys change once), everything is
+/// unmounted and keyed and mounted again with it, so a key published to the remote is keyed
+/// with the agreed salt.
+///
+/// Errors: as [`keys`] and [`mount_all`], and the salt's.
+fn keyed_mounts(cfg: &RunConfig, mounts: &mut Mounts<'_>) -> Result<Vec<Prep>> {
+    let project = &cfg.spec.project;
+    let salt = mounts.mounter.key_salt(project)?;
+    let all_keys = keys(cfg, salt)?;
+    for cache in &cfg.spec.caches {
+        for name in cache.unset_variables() {
+            eprintln!(
+                "layercache: warning: cache {:?}: {{env:{name}}} is unset here, so it is \
+                 substituted as an empty string",
+                cache.id.as_str()
+            );
+        }
+    }
+    let preps = mount_all(mounts, all_keys, project, &cfg.run_id, &cfg.store)?;
+    let publishes = preps.iter().any(|p| p.mounted.result != CacheResult::Hit)
+        || (cfg.spec.caches.iter()).any(|c| c.save == crate::spec::SaveWhen::Success);
+    if !publishes {
+        return Ok(preps);
+    }
+    let agreed = mounts.mounter.agreed_key_salt(project)?;
+    if agreed == salt {
+        return Ok(preps);
+    }
+    drop(preps);
+    mounts.unmount_all()?;
+    let all_keys = keys(cfg, agreed)?;
+    mount_all(mounts, all_keys, project, &cfg.run_id, &cfg.store)
+}
+
+/// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; in a
+/// container the image's id stands for the tools; digests keyed with the project's `salt`).
+///
+/// Errors: [`Error::Invalid`] for a bad key file or two caches at one view path.
+fn keys(cfg: &RunConfig, salt: Option<key::KeySalt>) -> Result<Vec<CacheKeys>> {
+    let (spec, paths, sandbox, image) = (&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref());
     let mut env = match (sandbox.docker(), image) {
         (Some(_), Some(id)) => Environment::in_image(id.clone()),
         _ => Environment::host(image.cloned()),

@@ -13,6 +13,10 @@ struct Fake {
     log: RefCell<Vec<String>>,
     /// Each mount's directory stands for its private upper too (what the setup wrote).
     uppers: bool,
+    /// The salt keyed with first, and the one agreed with the remote (asks counted).
+    salt: std::cell::Cell<Option<key::KeySalt>>,
+    agreed: Option<key::KeySalt>,
+    asked: std::cell::Cell<u32>,
 }
 
 fn copy_tree(src: &Path, dst: &Path) {
@@ -80,6 +84,13 @@ impl Mounter for Fake {
             remount: None,
             ..Default::default()
         })
+    }
+    fn key_salt(&self, _: &ProjectId) -> Result<Option<key::KeySalt>> {
+        Ok(self.salt.get())
+    }
+    fn agreed_key_salt(&self, _: &ProjectId) -> Result<Option<key::KeySalt>> {
+        self.asked.set(self.asked.get() + 1);
+        Ok(self.agreed)
     }
     fn umount(&self, mp: &Path) -> Result<()> {
         self.mounted.borrow_mut().remove(mp);
@@ -340,4 +351,30 @@ fn a_run_of_hits_makes_no_event_reserve() {
     let events = telemetry::read(&e.cfg.store).unwrap();
     assert_eq!(events[1].result, CacheResult::Hit);
     assert!(!reserves.exists(), "a hit made a reserve");
+}
+
+/// The remote is asked for the agreed salt only when the run may publish (a miss here), not
+/// on a hit; when its salt differs from the local one, the run keys and mounts again with it
+/// and publishes under the agreed key.
+#[test]
+fn the_salt_is_agreed_only_before_a_publish() {
+    let mut e = env(SPEC, &[]);
+    let (local, remote) = (key::KeySalt([1; 32]), key::KeySalt([2; 32]));
+    e.fake.salt.set(Some(local));
+    e.fake.agreed = Some(remote);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    assert_eq!(e.fake.asked.get(), 1);
+    let log = e.fake.log.borrow().clone();
+    let mounted: Vec<&String> = log.iter().filter(|l| l.starts_with("mount ")).collect();
+    assert_eq!(mounted.len(), 2, "{log:?}");
+    assert_ne!(mounted[0], mounted[1], "keyed again with the agreed salt");
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(format!("mount {}", events[0].key), *mounted[1]);
+    assert!(events[0].published);
+    // The store now holds the agreed salt: a hit asks nothing.
+    e.fake.salt.set(Some(remote));
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[1].result, CacheResult::Hit);
+    assert_eq!(e.fake.asked.get(), 1, "a hit asked the remote");
 }
