@@ -154,6 +154,7 @@ pub mod hostpath;
 mod mounter;
 mod mounts;
 mod pidns;
+pub mod preflight;
 mod progress;
 pub mod rootless;
 mod setup;
@@ -309,8 +310,8 @@ fn keyed_mounts(cfg: &RunConfig, mounts: &mut Mounts<'_>) -> Result<Vec<Prep>> {
 /// Errors: [`Error::Invalid`] for a bad key file or two caches at one view path.
 fn keys(cfg: &RunConfig, salt: Option<key::KeySalt>) -> Result<Vec<CacheKeys>> {
     let (spec, paths, sandbox, image) = (&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref());
-    let mut env = match (sandbox.docker(), image) {
-        (Some(_), Some(id)) => Environment::in_image(id.clone()),
+    let mut env = match (sandbox.tools_in_image(), image) {
+        (true, Some(id)) => Environment::in_image(id.clone()),
         _ => Environment::host(image.cloned()),
     };
     if let Some(s) = salt {

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use super::child::{Views, run_child, stopped};
 use super::{Prep, RunConfig, pidns, rootless, tail};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
 use crate::sandbox::{self, Binds, Sandbox};
 use crate::spec::Paths;
 
@@ -73,8 +73,9 @@ impl<'a> Steps<'a> {
 
     /// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout →
     /// stderr) in its own process group and, natively, its own mount namespace. Returns its
-    /// status and, when stderr is not a terminal (and not with Docker), the last 64 KiB of
-    /// its output ([`tail::Tee`]: passed through to stderr as it comes).
+    /// status and, when stderr is not a terminal and the sandbox lets its output be captured
+    /// ([`sandbox::StepCommand::tee`]), the last 64 KiB of its output ([`tail::Tee`]: passed
+    /// through to stderr as it comes).
     pub(super) fn script(
         &self,
         env: &BTreeMap<String, String>,
@@ -83,12 +84,10 @@ impl<'a> Steps<'a> {
         label: &str,
     ) -> Result<(i32, Option<Vec<u8>>)> {
         let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
-        if let Sandbox::Docker(d) = self.sandbox {
-            return Ok((self.docker(d, env, views, &argv, label, true)?, None));
-        }
-        let mut cmd = self.host_command(env, views, &argv, true, true)?;
+        let step = self.step(env, views, &argv, true, true, false)?;
+        let mut cmd = step.cmd;
         cmd.stdin(Stdio::null());
-        let tee = (!std::io::stderr().is_terminal())
+        let tee = (step.tee && !std::io::stderr().is_terminal())
             .then(tail::Tee::start)
             .and_then(|t| t.ok());
         match &tee {
@@ -102,9 +101,9 @@ impl<'a> Steps<'a> {
                 }
             }
         }
-        let status = run_child(cmd, label, true, self.pid_namespace())?;
+        let status = run_child(cmd, label, true, step.pid_namespace)?;
         let tail = tee.map(|t| t.finish(std::time::Duration::from_secs(2)));
-        Ok((status, tail))
+        Ok((step.end.finish(status, stopped().is_some())?, tail))
     }
 
     /// Runs COMMAND with stdio inherited (in the workdir when `cwd`: a run with caches); no
@@ -120,34 +119,35 @@ impl<'a> Steps<'a> {
         let Some(program) = command.first() else {
             return Ok(0);
         };
-        if let Sandbox::Docker(d) = self.sandbox {
-            let what = program.to_string_lossy().into_owned();
-            return self.docker(d, env, views, command, &what, false);
-        }
         let group = !std::io::stdin().is_terminal();
-        let cmd = self.host_command(env, views, command, cwd, group)?;
-        run_child(cmd, &program.to_string_lossy(), group, self.pid_namespace())
+        let step = self.step(env, views, command, cwd, group, true)?;
+        let what = program.to_string_lossy();
+        let status = run_child(step.cmd, &what, group, step.pid_namespace)?;
+        step.end.finish(status, stopped().is_some())
     }
 
-    /// `argv` (not empty) as the sandbox builds it ([`Sandbox::host_command`]: directly, in
-    /// its own mount namespace holding `views` and in the workdir when `cwd`, or inside
-    /// bubblewrap), as the run's `--user` when it has one, under the init of a PID
-    /// namespace of its own ([`pidns`]; `group`: the step leads a process group there, which
-    /// forwarded signals reach).
+    /// `argv` (not empty) as the run's sandbox makes it ([`Sandbox::command`]: directly, in
+    /// the workdir when `cwd`; inside bubblewrap; or in a container of the run), with what the
+    /// run adds as the [`sandbox::StepCommand`] says: its own mount namespace holding `views`
+    /// (`views_here`), as the run's `--user` when it has one, under the init of a PID
+    /// namespace of its own ([`pidns`], `pid_namespace`; `group`: the step leads a process
+    /// group there, which forwarded signals reach). `stdin`: the step reads the run's stdin
+    /// (COMMAND).
     ///
     /// Unprivileged (`rootless`): natively, the step leaves the run namespace's root
     /// for a nested user namespace where it is the user ([`rootless::as_user`]); bwrap is
     /// started as that root and makes the same mapping itself (`--unshare-user --uid U --gid G`).
     ///
     /// Errors: [`Error::Invalid`] for a path with a NUL byte or an empty `argv`.
-    fn host_command(
+    fn step(
         &self,
         env: &BTreeMap<String, String>,
         views: &Views,
         argv: &[OsString],
         cwd: bool,
         group: bool,
-    ) -> Result<Command> {
+        stdin: bool,
+    ) -> Result<sandbox::StepCommand> {
         // Unprivileged: the ids the steps have inside (themselves, unless `--user 0:0`).
         let inner = (self.rootless.filter(|r| !r.as_root)).map(|r| sandbox::user::RunUser {
             uid: r.uid,
@@ -160,29 +160,26 @@ impl<'a> Steps<'a> {
             cwd,
             user: self.user,
             inner,
+            stdin,
+            run_id: self.run_id,
         };
-        let built = self.sandbox.host_command(&step)?;
-        let mut cmd = built.cmd;
+        let mut built = self.sandbox.command(&step)?;
         if built.views_here && !views.is_empty() {
-            views.apply(&mut cmd)?;
+            views.apply(&mut built.cmd)?;
         }
         if built.native
             && let Some(r) = &self.rootless
         {
-            rootless::as_user(&mut cmd, r);
+            rootless::as_user(&mut built.cmd, r);
         }
-        if cwd {
-            // The shell keeps an inherited PWD naming the same directory as its cwd: with
-            // `--workdir-view` that would be the host path. Tools see the view.
-            cmd.env("PWD", self.paths.view_workdir());
-        }
-        if self.pid_namespace() {
-            pidns::isolate(&mut cmd, group);
+        built.pid_namespace &= self.pid_namespace();
+        if built.pid_namespace {
+            pidns::isolate(&mut built.cmd, group);
         }
         if let Some(user) = self.user {
-            user.drop_privileges(&mut cmd);
+            user.drop_privileges(&mut built.cmd);
         }
-        Ok(cmd)
+        Ok(built)
     }
 
     /// Whether the steps get a PID namespace of their own ([`pidns`]): always as root and in
@@ -190,48 +187,6 @@ impl<'a> Steps<'a> {
     /// namespace of the run, so no privilege to make one).
     fn pid_namespace(&self) -> bool {
         self.rootless.is_some() || !rootless::needed()
-    }
-
-    /// Runs `argv` in a new container of the run ([`sandbox::docker`]); `script`:
-    /// stdin closed and stdout → stderr, as for [`Steps::script`]. The container is removed by
-    /// name when this returns, whatever happened.
-    fn docker(
-        &self,
-        d: &sandbox::docker::Docker,
-        env: &BTreeMap<String, String>,
-        views: &Views,
-        argv: &[OsString],
-        what: &str,
-        script: bool,
-    ) -> Result<i32> {
-        let container = sandbox::docker::Container::new(self.run_id);
-        let binds = self.binds(env, views);
-        let mut cmd = d.command(&binds, argv, &container, self.run_id, !script);
-        if script {
-            cmd.stdin(Stdio::null());
-            if let Some(fd) = std::io::stderr().as_fd_owned() {
-                cmd.stdout(Stdio::from(fd));
-            }
-        }
-        let group = script || !std::io::stdin().is_terminal();
-        let status = run_child(cmd, what, group, false)?;
-        if status == sandbox::docker::UNSEEN_STATUS
-            && stopped().is_none()
-            && let Some(view) = d.unseen(
-                &binds,
-                &sandbox::docker::Container::new(self.run_id),
-                self.run_id,
-            )?
-        {
-            let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
-            return Err(Error::invalid(format!(
-                "--sandbox docker: the Docker engine at {host} cannot see the cache mount bound \
-                 at {view} (the container got an empty directory): dockerd must run in \
-                 layercache's mount namespace or one its mounts propagate to (shared bind \
-                 propagation), not rootless or remote; nothing was published"
-            )));
-        }
-        Ok(status)
     }
 }
 
