@@ -173,7 +173,7 @@ impl Sandbox {
     }
 
     /// Checks the host paths the run binds, each `(flag, path)`: a container refuses a path
-    /// with a ':' ([`docker::check_bind_paths`]); none and bwrap take any.
+    /// with a ':' (`docker run -v` splits at it); none and bwrap take any.
     ///
     /// Errors: [`Error::Invalid`] naming the flag and the path.
     pub fn check_bind_paths(&self, named: &[(&str, &Path)]) -> Result<()> {
