@@ -2,8 +2,21 @@
 //! process exit status. The store's subcommands (`mount`, `commit`, `umount`, `ls`, `gc`,
 //! `clear`, `verify`) are in `app/store_cmds.rs`; the store itself knows nothing of the CLI.
 
-use crate::cli::{Cli, Command};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cli::{Cli, Command, GlobalArgs, KeyArgs, LsArgs, PathArgs, RunArgs, SandboxArgs};
 use crate::error::{Error, Result};
+use crate::ids::ProjectId;
+use crate::key::{self, CacheKeys, Environment, KeySalt};
+use crate::overlay::options::{PassthroughChoice, Squash};
+use crate::run::preflight::{PathFlags, Prepared, Request};
+use crate::run::{self, NoMounts, RunConfig, StoreMounter, rootless};
+use crate::sandbox::{self, Binds, Driver, Sandbox};
+use crate::store::{self, Lookup, ProjectDirs, Store};
+use crate::{overlay, remote, serve, spec, sys, telemetry, why};
+
 mod remote_cmds;
 pub(crate) mod store_cmds;
 
@@ -21,13 +34,13 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         cli.command,
         Command::Presets | Command::Key(_) | Command::Stats(_) | Command::Ls(_)
     ) {
-        crate::sys::default_sigpipe();
+        sys::default_sigpipe();
     }
     match cli.command {
         Command::Overlay(args) => {
-            crate::overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)
+            overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)
         }
-        Command::OverlayDaemon(args) => crate::overlay::cli_daemon(
+        Command::OverlayDaemon(args) => overlay::cli_daemon(
             args.config_fd,
             args.ready_fd,
             args.owner_pid,
@@ -35,7 +48,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         ),
         Command::Run(args) => cmd_run(&cli.global, &args),
         Command::Presets => {
-            print!("{}", crate::spec::presets_text(cli.global.json));
+            print!("{}", spec::presets_text(cli.global.json));
             Ok(0)
         }
         Command::Key(args) => cmd_key(&cli.global, &args),
@@ -50,8 +63,8 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Verify(args) => store_cmds::verify(&cli.global, &args),
         Command::Serve(args) => {
             // The flags first, then the existing store (serve never creates one).
-            let cfg = crate::serve::Config::new(&args.listen, args.token_file.as_deref())?;
-            crate::serve::serve(
+            let cfg = serve::Config::new(&args.listen, args.token_file.as_deref())?;
+            serve::serve(
                 store_cmds::open_existing(&cli.global)?,
                 cfg,
                 cli.global.json,
@@ -107,28 +120,10 @@ where
     }
 }
 
-/// The project directory: `--workdir` or the current directory, made absolute.
-fn workdir(arg: &Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
-    use crate::error::IoContext;
-    let dir = match arg {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().at(".")?,
-    };
-    let dir = std::fs::canonicalize(&dir)
-        .map_err(|e| Error::invalid(format!("--workdir {}: {e}", dir.display())))?;
-    if !dir.is_dir() {
-        return Err(Error::invalid(format!(
-            "--workdir {}: not a directory (want the project directory, where the key files are)",
-            dir.display()
-        )));
-    }
-    Ok(dir)
-}
-
 /// `layercache key`: each cache's key, restore keys, key files and mountpoint.
-fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Result<i32> {
-    let spec = crate::spec::load(&args.spec)?;
-    let paths = paths(&args.paths, None)?;
+fn cmd_key(global: &GlobalArgs, args: &KeyArgs) -> Result<i32> {
+    let spec = spec::load(&args.spec)?;
+    let paths = run::preflight::paths(path_flags(&args.paths), None)?;
     if spec.caches.is_empty() {
         // Not an error (a run of such a spec just runs COMMAND), but worth saying.
         eprintln!(
@@ -139,10 +134,10 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     // What each key would match now; the keys are keyed with the project's salt, read only:
     // `key` never writes (a project without one yet gets its salt from its first run).
     let store = KeyStore::open(global, &spec.project)?;
-    let mut env = crate::key::Environment::host(args.image.clone());
-    let salt = match (crate::key::KeySalt::from_env()?, &store) {
+    let mut env = Environment::host(args.image.clone());
+    let salt = match (KeySalt::from_env()?, &store) {
         (Some(s), _) => Some(s),
-        (None, KeyStore::Open(_, Some(pd))) => pd.read_salt()?.map(crate::key::KeySalt),
+        (None, KeyStore::Open(_, Some(pd))) => pd.read_salt()?.map(KeySalt),
         _ => None,
     };
     if let Some(s) = salt {
@@ -150,7 +145,7 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
     }
     let mut all = Vec::new();
     for cache in &spec.caches {
-        all.push(crate::key::compute(cache, &paths, &env)?);
+        all.push(key::compute(cache, &paths, &env)?);
     }
     if salt.is_none() && !spec.caches.is_empty() {
         eprintln!(
@@ -190,7 +185,7 @@ fn cmd_key(global: &crate::cli::GlobalArgs, args: &crate::cli::KeyArgs) -> Resul
 enum KeyStore {
     /// The store, and the project's directories if they exist (a project the store has never
     /// seen matches nothing).
-    Open(Box<crate::store::Store>, Option<crate::store::ProjectDirs>),
+    Open(Box<Store>, Option<ProjectDirs>),
     /// No store to look in: what every key would match (a miss "no store yet", or
     /// "unknown" with the reason the store cannot be read).
     Answer(serde_json::Value),
@@ -202,9 +197,9 @@ impl KeyStore {
     /// it); with one that cannot be read, "unknown" with the reason.
     ///
     /// Errors: [`Error::Io`] listing the store's projects.
-    fn open(global: &crate::cli::GlobalArgs, project: &crate::ids::ProjectId) -> Result<KeyStore> {
-        let opened = store_root(global)
-            .and_then(|r| crate::store::Store::open_existing(&r).map(|st| st.ok_or(r)));
+    fn open(global: &GlobalArgs, project: &ProjectId) -> Result<KeyStore> {
+        let opened =
+            store_root(global).and_then(|r| Store::open_existing(&r).map(|st| st.ok_or(r)));
         Ok(match opened {
             Ok(Ok(st)) => {
                 let pd = st.projects(Some(project))?.pop();
@@ -227,28 +222,28 @@ impl KeyStore {
 ///
 /// Errors: [`Error::Io`] reading the keys.
 fn would_match(
-    st: &crate::store::Store,
-    pd: Option<&crate::store::ProjectDirs>,
-    project: &crate::ids::ProjectId,
-    k: &crate::key::CacheKeys,
+    st: &Store,
+    pd: Option<&ProjectDirs>,
+    project: &ProjectId,
+    k: &CacheKeys,
 ) -> Result<serde_json::Value> {
     let lookup = match pd {
         Some(pd) => st.lookup(pd, &k.id, &k.key, &k.restore_keys)?,
-        None => crate::store::Lookup::Miss,
+        None => Lookup::Miss,
     };
     let mut found = match lookup {
-        crate::store::Lookup::Hit { layer } => {
+        Lookup::Hit { layer } => {
             serde_json::json!({"result": "hit", "matched_key": k.key, "layer": layer})
         }
-        crate::store::Lookup::Restore { matched_key, layer } => {
+        Lookup::Restore { matched_key, layer } => {
             serde_json::json!({"result": "restore", "matched_key": matched_key, "layer": layer})
         }
-        crate::store::Lookup::Miss => serde_json::json!({"result": "miss"}),
+        Lookup::Miss => serde_json::json!({"result": "miss"}),
     };
     // Why not a hit: the diff against the nearest layer's recorded inputs.
     if found["result"] != "hit" {
         let matched = found["matched_key"].as_str().map(str::to_string);
-        found["why"] = serde_json::json!(crate::why::explain(
+        found["why"] = serde_json::json!(why::explain(
             st.root(),
             project,
             &k.id,
@@ -261,7 +256,7 @@ fn would_match(
 
 /// Prints `layercache key`'s text form of one cache's keys `k` and what they would match
 /// (`m`, from [`would_match`]).
-fn print_key(k: &crate::key::CacheKeys, m: &serde_json::Value) {
+fn print_key(k: &CacheKeys, m: &serde_json::Value) {
     println!("{}", k.id);
     println!("  key:          {}", k.key);
     let rks: Vec<&str> = k.restore_keys.iter().map(|r| r.as_str()).collect();
@@ -289,14 +284,10 @@ fn print_key(k: &crate::key::CacheKeys, m: &serde_json::Value) {
 
 /// `layercache stats [--project P]`: like `ls`, exit 2 when there is no store or when `P` is
 /// neither in the event log nor in the store.
-fn cmd_stats(global: &crate::cli::GlobalArgs, args: &crate::cli::LsArgs) -> Result<i32> {
+fn cmd_stats(global: &GlobalArgs, args: &LsArgs) -> Result<i32> {
     let store = store_cmds::open_existing(global)?;
-    let events = crate::telemetry::read(store.root())?;
-    let project = args
-        .project
-        .as_deref()
-        .map(crate::ids::ProjectId::new)
-        .transpose()?;
+    let events = telemetry::read(store.root())?;
+    let project = args.project.as_deref().map(ProjectId::new).transpose()?;
     if let Some(p) = &project
         && !events.iter().any(|e| e.project == p.as_str())
         && store.projects(Some(p))?.is_empty()
@@ -311,27 +302,24 @@ fn cmd_stats(global: &crate::cli::GlobalArgs, args: &crate::cli::LsArgs) -> Resu
                 .map(|pd| pd.project.to_string()),
         );
         let known: Vec<String> = known.into_iter().collect();
-        return Err(crate::store::no_such_project(store.root(), p, &known));
+        return Err(store::no_such_project(store.root(), p, &known));
     }
-    let stats = crate::telemetry::stats(&events, project.as_ref().map(|p| p.as_str()));
+    let stats = telemetry::stats(&events, project.as_ref().map(|p| p.as_str()));
     if global.json {
         let v = serde_json::to_string(&stats).map_err(|e| Error::Failed(e.to_string()))?;
         println!("{v}");
     } else {
-        print!("{}", crate::telemetry::stats_text(&stats));
+        print!("{}", telemetry::stats_text(&stats));
     }
     Ok(0)
 }
 
 /// `layercache sandbox-args --driver bwrap|docker --spec FILE`.
-fn cmd_sandbox_args(
-    global: &crate::cli::GlobalArgs,
-    args: &crate::cli::SandboxArgs,
-) -> Result<i32> {
-    let driver = crate::sandbox::Driver::parse(&args.driver)?;
-    let spec = args.spec.as_deref().map(crate::spec::load).transpose()?;
-    let paths = paths(&args.paths, None)?;
-    let mut binds = crate::sandbox::Binds {
+fn cmd_sandbox_args(global: &GlobalArgs, args: &SandboxArgs) -> Result<i32> {
+    let driver = Driver::parse(&args.driver)?;
+    let spec = args.spec.as_deref().map(spec::load).transpose()?;
+    let paths = run::preflight::paths(path_flags(&args.paths), None)?;
+    let mut binds = Binds {
         workdir: paths.workdir.clone(),
         workdir_view: paths.workdir_view.clone(),
         ..Default::default()
@@ -367,11 +355,11 @@ fn cmd_sandbox_args(
             binds.mounts.push((sm.mountpoint().to_path_buf(), view));
         }
     }
-    let words = crate::sandbox::args(driver, &binds);
+    let words = sandbox::args(driver, &binds);
     if global.json {
         println!("{}", serde_json::Value::from(words));
     } else {
-        println!("{}", crate::sandbox::shell_quote(&words)?);
+        println!("{}", sandbox::shell_quote(&words)?);
     }
     Ok(0)
 }
@@ -381,7 +369,7 @@ fn cmd_sandbox_args(
 ///
 /// Errors: [`Error::Invalid`] (exit 2) when there is none, naming the file looked for and the
 /// two flags.
-fn default_spec(paths: &crate::cli::PathArgs) -> Result<String> {
+fn default_spec(paths: &PathArgs) -> Result<String> {
     let dir = match &paths.workdir {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| Error::io(".", e))?,
@@ -397,187 +385,53 @@ fn default_spec(paths: &crate::cli::PathArgs) -> Result<String> {
     )))
 }
 
-/// `layercache run`: validates the flags into a [`crate::run::RunConfig`] and runs the job over
-/// the store.
-fn cmd_run(global: &crate::cli::GlobalArgs, args: &crate::cli::RunArgs) -> Result<i32> {
-    let sandbox = crate::sandbox::Sandbox::parse(&args.sandbox)?;
+/// `layercache run`: parses the flags into a [`run::preflight::Request`], has the run check
+/// it ([`run::preflight::preflight`]) and runs the job over the store.
+fn cmd_run(global: &GlobalArgs, args: &RunArgs) -> Result<i32> {
+    let sandbox = Sandbox::parse(&args.sandbox)?;
     let flag = args
         .passthrough
         .as_deref()
-        .map(|v| crate::overlay::options::PassthroughChoice::parse("--passthrough", v))
+        .map(|v| PassthroughChoice::parse("--passthrough", v))
         .transpose()?;
     let (spec, stored_spec) = match (&args.spec, &args.project) {
-        (Some(source), _) => (crate::spec::load(source)?, None),
-        (None, None) => (crate::spec::load(&default_spec(&args.paths)?)?, None),
+        (Some(source), _) => (spec::load(source)?, None),
+        (None, None) => (spec::load(&default_spec(&args.paths)?)?, None),
         (None, Some(project)) => {
-            let (spec, origin) = crate::spec::load_stored(&store_root(global)?, project)?;
+            let (spec, origin) = spec::load_stored(&store_root(global)?, project)?;
             // Which saved version runs, before anything does (also in --json's summary).
             eprintln!("{}", origin.notice());
             (spec, Some(origin))
         }
     };
-    // --sandbox docker: the workdir is seen at a stable path by default, and the
-    // engine, image and user are checked before anything is mounted.
-    // --user, else the spec's `user`; errors name the one given.
-    use crate::sandbox::user::UserSource;
-    let (user, user_source) = match (&args.user, &spec.user) {
-        (Some(u), _) => (Some(u.clone()), UserSource::Flag),
-        (None, u) => (u.clone(), UserSource::Spec),
-    };
-    let sandbox = match sandbox {
-        crate::sandbox::Sandbox::Docker(_) => {
-            crate::sandbox::Sandbox::Docker(crate::sandbox::docker::Docker {
-                image: args.image.clone().unwrap_or_default(),
-                args: args.docker_args.clone(),
-                user: user.clone(),
-                user_source,
-            })
-        }
-        other => other,
-    };
-    let docker = sandbox.docker();
-    // Docker: the workdir is seen at a stable path by default, so path-bound trees hit.
-    let default_view = docker.as_ref().map(|_| std::path::Path::new("/workspace"));
-    if docker.is_none() && !args.docker_args.is_empty() {
-        return Err(Error::invalid("--docker-arg needs --sandbox docker"));
-    }
-    let pre = run_preflight(
-        &sandbox,
-        !spec.caches.is_empty(),
-        user.as_deref(),
-        user_source,
-        args.image.clone(),
-    )?;
-    let paths = paths(&args.paths, default_view)?;
-    crate::run::hostpath::check_host_views(&spec, &paths, sandbox.host_view_dirs())?;
-    if pre.rootless.is_some() {
-        crate::run::rootless::check_view_dirs(&spec, &paths)?;
-    }
-    let store_dir = store_root(global)?;
-    // The store holds what runs mount and run: nobody else may be able to replace it.
-    crate::run::hostpath::check_trusted(
-        "--store",
-        &store_dir,
-        rustix::process::geteuid().as_raw(),
-    )?;
-    if docker.is_some() {
-        docker_bind_check(&paths, &store_dir)?;
-    }
-    let cfg = crate::run::RunConfig {
+    let Prepared { cfg, squash } = run::preflight::preflight(Request {
         spec,
-        paths,
-        image: pre.image,
-        sandbox,
-        command: args.command.iter().map(std::ffi::OsString::from).collect(),
-        store: store_dir.clone(),
-        json: global.json,
-        run_id: crate::telemetry::new_run_id(),
-        user: pre.run_user,
-        rootless: pre.rootless,
         stored_spec,
-    };
+        sandbox,
+        engine_args: args.docker_args.clone(),
+        user: args.user.clone(),
+        image: args.image.clone(),
+        paths: path_flags(&args.paths),
+        store: store_root(global)?,
+        command: args.command.iter().map(OsString::from).collect(),
+        json: global.json,
+    })?;
     // A failing run's `--json` error line names it.
-    crate::telemetry::set_current_run(&cfg.run_id);
+    telemetry::set_current_run(&cfg.run_id);
     if cfg.spec.caches.is_empty() {
-        return crate::run::run(&cfg, &crate::run::NoMounts);
+        return run::run(&cfg, &NoMounts);
     }
-    let fill_wait = std::time::Duration::from_secs(args.fill_wait);
-    run_over_store(&cfg, global.remote.as_deref(), flag, pre.squash, fill_wait)
+    let fill_wait = Duration::from_secs(args.fill_wait);
+    run_over_store(&cfg, global.remote.as_deref(), flag, squash, fill_wait)
 }
 
-/// What [`run_preflight`] settled before anything is mounted.
-struct RunPreflight {
-    /// The user the steps run as (`--sandbox none|bwrap`, as root).
-    run_user: Option<crate::sandbox::user::RunUser>,
-    /// The rootless set-up, when not root and there are caches to mount.
-    rootless: Option<crate::run::rootless::Rootless>,
-    /// The image that enters the keys: Docker's image id, else `--image` as given.
-    image: Option<String>,
-    /// The overlay's ownership mapping for the run's user (Docker: the image's user).
-    squash: crate::overlay::options::Squash,
-}
-
-/// The checks of `layercache run` before anything is mounted, for `sandbox` and `user` (from
-/// `source`): the user resolved on the host (`--sandbox none|bwrap`); without root, the
-/// rootless refusals (only when the spec `has_caches`: the steps then run as the user in
-/// the run's own user namespace, [`crate::run::rootless`], so no `--user` drop); bwrap's
-/// check that it can run as that user; Docker's engine, image and user (the image's id, not
-/// its name, enters the keys, with the tools in it). `image` is `--image`.
-///
-/// Errors: [`Error::Invalid`] naming the user, the image or what the machine refuses.
-fn run_preflight(
-    sandbox: &crate::sandbox::Sandbox,
-    has_caches: bool,
-    user: Option<&str>,
-    user_source: crate::sandbox::user::UserSource,
-    image: Option<String>,
-) -> Result<RunPreflight> {
-    let docker = sandbox.docker();
-    // --sandbox none|bwrap: resolved on the host before anything is mounted.
-    let mut run_user = match (&docker, user) {
-        (None, Some(u)) => Some(crate::sandbox::user::RunUser::resolve(u, user_source)?),
-        _ => None,
-    };
-    // Without root: refusals before anything is mounted; the steps run as the user
-    // in the run's own user namespace ([`crate::run::rootless`]), so no `--user` drop.
-    let rootless = match crate::run::rootless::needed() && has_caches {
-        true => Some(crate::run::rootless::preflight(
-            docker.is_some(),
-            run_user.take(),
-            user_source,
-        )?),
-        false => None,
-    };
-    if let Some(u) =
-        run_user.filter(|u| matches!(sandbox, crate::sandbox::Sandbox::Bwrap) && u.uid != 0)
-    {
-        crate::sandbox::bwrap_user_preflight(u, user_source)?;
+/// The path flags of `args` as [`run::preflight::paths`] takes them.
+fn path_flags(args: &PathArgs) -> PathFlags<'_> {
+    PathFlags {
+        workdir: args.workdir.as_deref(),
+        mount_root: &args.mount_root,
+        workdir_view: args.workdir_view.as_deref(),
     }
-    // Docker: the image's id, not its name, enters the keys (with the tools in it).
-    let (image, squash) = match &docker {
-        Some(d) => {
-            let (id, ids) = d.preflight()?;
-            (Some(id), ids)
-        }
-        None => (image, run_user.map(|u| (u.uid, u.gid))),
-    };
-    let squash = squash
-        .map(|(uid, gid)| crate::overlay::options::Squash {
-            uid: Some(uid),
-            gid: Some(gid),
-        })
-        .unwrap_or_default();
-    Ok(RunPreflight {
-        run_user,
-        rootless,
-        image,
-        squash,
-    })
-}
-
-/// `--sandbox docker`: refuses a run path (`paths`' workdir, mount root and workdir view, or
-/// the store `store_dir`) with a ':' in it, which `docker run -v SRC:DST` would split at (it
-/// would fail only at the first step).
-///
-/// Errors: [`Error::Invalid`] naming the flag and the path.
-fn docker_bind_check(paths: &crate::spec::Paths, store_dir: &std::path::Path) -> Result<()> {
-    let named = [
-        ("--workdir", paths.workdir.as_path()),
-        ("--mount-root", paths.mount_root.as_path()),
-        ("--workdir-view", paths.view_workdir()),
-        ("--store", store_dir),
-    ];
-    if let Some((flag, p)) = named
-        .iter()
-        .find(|(_, p)| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&b':'))
-    {
-        return Err(Error::invalid(format!(
-            "{flag} {}: --sandbox docker cannot bind a path with ':' (docker run -v splits \
-             at it); use a path without one",
-            p.display()
-        )));
-    }
-    Ok(())
 }
 
 /// Runs `cfg` (a spec with caches) over its store: enters the rootless namespace first
@@ -586,21 +440,20 @@ fn docker_bind_check(paths: &crate::spec::Paths, store_dir: &std::path::Path) ->
 /// else the cache's own), `squash` and `fill_wait`, reaps what a killed run left, and at the
 /// end waits (bounded) for the remote pushes and the background removals.
 ///
-/// Errors: as [`crate::run::run`], and opening the store or the remote tier.
+/// Errors: as [`run::run`], and opening the store or the remote tier.
 fn run_over_store(
-    cfg: &crate::run::RunConfig,
+    cfg: &RunConfig,
     remote: Option<&str>,
-    passthrough: Option<crate::overlay::options::PassthroughChoice>,
-    squash: crate::overlay::options::Squash,
-    fill_wait: std::time::Duration,
+    passthrough: Option<PassthroughChoice>,
+    squash: Squash,
+    fill_wait: Duration,
 ) -> Result<i32> {
     if let Some(r) = &cfg.rootless {
         // Before the store is opened and before any thread starts (the remote tier's runtime).
-        crate::run::rootless::enter(r)?;
+        rootless::enter(r)?;
     }
-    let mut store =
-        crate::store::Store::open(Some(&cfg.store))?.with_notify(store_cmds::stderr_notices());
-    crate::remote::attach(&mut store, remote)?;
+    let mut store = Store::open(Some(&cfg.store))?.with_notify(store_cmds::stderr_notices());
+    remote::attach(&mut store, remote)?;
     let remote = store.remote().cloned();
     let passthrough = cfg
         .spec
@@ -608,8 +461,8 @@ fn run_over_store(
         .iter()
         .map(|c| (c.id.clone(), passthrough.unwrap_or(c.passthrough)))
         .collect();
-    let mounter = crate::run::StoreMounter::new(store, fill_wait)
-        .with_key_salt(crate::key::KeySalt::from_env()?)
+    let mounter = StoreMounter::new(store, fill_wait)
+        .with_key_salt(KeySalt::from_env()?)
         .with_squash(squash)
         .with_passthrough(passthrough);
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
@@ -617,8 +470,8 @@ fn run_over_store(
         let _ = mounter.store().reap_runs(&pd);
     }
     // …and the empty view directories such a run made on the host.
-    let _ = crate::store::reap_made_views(&cfg.store);
-    let status = crate::run::run(cfg, &mounter);
+    let _ = store::reap_made_views(&cfg.store);
+    let status = run::run(cfg, &mounter);
     // Remote tier: the run's exit waits (bounded) for pushes started after its publishes.
     if let Some(r) = remote {
         r.wait_pushes(mounter.store());
@@ -627,82 +480,20 @@ fn run_over_store(
     status
 }
 
-/// `path` made absolute against the current directory (not resolved).
-fn absolute(what: &str, path: &std::path::Path) -> Result<std::path::PathBuf> {
-    std::path::absolute(path).map_err(|e| Error::invalid(format!("{what} {}: {e}", path.display())))
-}
-
-/// The run's paths from `--workdir`, `--mount-root` and `--workdir-view` (else
-/// `default_view`), made absolute and checked: none may be `/` or a system directory, nor
-/// lead to one through a symlink ([`crate::spec::check_root`]); once their symlinks are
-/// resolved, the mount root may not overlap (equal, hold or sit inside) the workdir nor the
-/// workdir's view.
-///
-/// Errors: [`Error::Invalid`] naming the flag.
-fn paths(
-    args: &crate::cli::PathArgs,
-    default_view: Option<&std::path::Path>,
-) -> Result<crate::spec::Paths> {
-    let paths = crate::spec::Paths {
-        workdir: workdir(&args.workdir)?,
-        mount_root: absolute("--mount-root", &args.mount_root)?,
-        workdir_view: (args.workdir_view.as_deref().or(default_view))
-            .map(|v| absolute("--workdir-view", v))
-            .transpose()?,
-    };
-    crate::spec::check_root("--workdir", &paths.workdir)?;
-    crate::spec::check_root("--mount-root", &paths.mount_root)?;
-    if let Some(v) = &paths.workdir_view {
-        crate::spec::check_root("--workdir-view", v)?;
-    }
-    // Where the mount root and the view lead on the host: neither may overlap the other nor
-    // the workdir (a mount root over the workdir hides it; a view over the mount root hides
-    // the caches).
-    let resolve = |what: &str, p: &std::path::Path| {
-        crate::spec::resolve_existing(p).map_err(|e| {
-            Error::invalid(format!(
-                "{what} {}: cannot resolve its symlinks: {e}",
-                p.display()
-            ))
-        })
-    };
-    let root = resolve("--mount-root", &paths.mount_root)?;
-    let overlap = |a: &std::path::Path, b: &std::path::Path| a.starts_with(b) || b.starts_with(a);
-    if overlap(&root, &paths.workdir) {
-        return Err(Error::invalid(format!(
-            "--mount-root {} overlaps --workdir {}: the mount root must be a directory of its \
-             own, neither the workdir nor inside it nor containing it (such as /cache)",
-            paths.mount_root.display(),
-            paths.workdir.display()
-        )));
-    }
-    if let Some(v) = &paths.workdir_view
-        && overlap(&resolve("--workdir-view", v)?, &root)
-    {
-        return Err(Error::invalid(format!(
-            "--workdir-view {} overlaps --mount-root {}: the workdir's view must be neither the \
-             mount root nor inside it nor containing it (such as /workspace)",
-            v.display(),
-            paths.mount_root.display()
-        )));
-    }
-    Ok(paths)
-}
-
-/// The store root: `--store`/`LAYERCACHE_STORE`, else [`crate::store::default_root`].
+/// The store root: `--store`/`LAYERCACHE_STORE`, else [`store::default_root`].
 ///
 /// Errors: [`Error::Invalid`] when no default can be derived.
-pub(crate) fn store_root(global: &crate::cli::GlobalArgs) -> Result<std::path::PathBuf> {
+pub(crate) fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
     match &global.store {
         // Made absolute here, once: the run's steps, daemons and views work in other
         // directories, where a relative store path would name another (empty) store.
         Some(s) => std::path::absolute(s).map_err(|e| {
-            crate::error::Error::invalid(format!(
+            Error::invalid(format!(
                 "--store / LAYERCACHE_STORE {}: cannot make it an absolute path: {e}",
                 s.display()
             ))
         }),
-        None => crate::store::default_root(),
+        None => store::default_root(),
     }
 }
 

@@ -15,15 +15,13 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::key::{self, CacheKeys, Environment};
-use crate::sandbox::{self, Binds, Sandbox};
+use crate::sandbox::{self, Sandbox};
 use crate::spec::{Cache, Paths, Spec};
 use crate::telemetry::{self, CacheResult, Event};
 
@@ -104,10 +102,18 @@ pub trait Mounter {
     fn check(&self, _view: &Path) -> Result<()> {
         Ok(())
     }
-    /// The project's key salt ([`crate::key::KeySalt`]; the store's, agreed with its remote
-    /// tier); `None` keys with plain digests (the unit tests' fake).
+    /// The key salt a run keys with first ([`crate::key::KeySalt`]; the store's local one,
+    /// without a round trip to its remote tier); `None` keys with plain digests (the unit
+    /// tests' fake).
     fn key_salt(&self, _project: &ProjectId) -> Result<Option<key::KeySalt>> {
         Ok(None)
+    }
+    /// The project's key salt agreed with the store's remote tier, asked before a run
+    /// publishes what may be pushed (a cache that is not a hit, or a `save = "success"`
+    /// cache): a key published to the remote is keyed with it. The default:
+    /// [`Mounter::key_salt`].
+    fn agreed_key_salt(&self, project: &ProjectId) -> Result<Option<key::KeySalt>> {
+        self.key_salt(project)
     }
 }
 
@@ -146,189 +152,24 @@ pub struct RunConfig {
 mod child;
 pub mod hostpath;
 mod mounter;
+mod mounts;
 mod pidns;
+pub mod preflight;
 mod progress;
 pub mod rootless;
+mod setup;
+mod steps;
 mod summary;
 mod tail;
 
 pub use crate::units::fmt_bytes;
 pub use child::Views;
-use child::{SignalGuard, run_child, stopped};
+use child::{SignalGuard, stopped};
 pub use mounter::{NoMounts, StoreMounter};
-use progress::Progress;
+use mounts::Mounts;
+use setup::setup_or_maintenance;
+use steps::{Steps, views};
 use summary::print_summary;
-
-// ---- mounts ----------------------------------------------------------------------------------
-
-/// Every mount of this run (by view path); Drop unmounts what is left, in reverse order, then
-/// removes the view directories the run made on the host ([`Mounts::remove_made`]).
-struct Mounts<'a> {
-    mounter: &'a dyn Mounter,
-    /// The store root and run id the made view directories are recorded under
-    /// ([`crate::store::record_made_views`]), so `gc` removes them after a `kill -9`.
-    store: &'a Path,
-    run_id: &'a str,
-    points: Vec<PathBuf>,
-    /// The host view directories of [`Mounts::prepare_views`], each open with a shared flock
-    /// for the whole run, and whether this run created it.
-    view_dirs: Vec<(PathBuf, Option<std::fs::File>, bool)>,
-    /// Every cache's (id, private upper, view path) as mounted now, for a failed setup's
-    /// logs: a tool may log into another cache's view (npm's `_logs` in the npm cache).
-    uppers: Vec<(String, PathBuf, PathBuf)>,
-}
-
-impl Mounts<'_> {
-    fn unmount_all(&mut self) -> Result<()> {
-        let mut first_err = None;
-        while let Some(mp) = self.points.pop() {
-            if let Err(e) = self.mounter.umount(&mp) {
-                tracing::warn!("unmounting {}: {e}", mp.display());
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
-
-    /// The first mount whose daemon died, as an error naming its cache.
-    fn check_all(&self) -> Result<()> {
-        self.points.iter().try_for_each(|v| self.mounter.check(v))
-    }
-
-    /// Creates on the host what the views need to exist: the mount root, the workdir view
-    /// directory, and each view below the workdir (a tmpfs holds those below the mount root).
-    /// Each is held open with a shared flock(2) while the run lasts; those this run created
-    /// are removed when it ends if still empty and no other run holds them
-    /// ([`Mounts::remove_made`]): removing a directory another run's namespace has a mount on
-    /// would detach that mount (rmdir(2) of a mountpoint in another namespace, Linux 3.18+).
-    fn prepare_views(&mut self, paths: &Paths, sandbox: &Sandbox, preps: &[Prep]) -> Result<()> {
-        let mut need: Vec<PathBuf> = Vec::new();
-        let view_wd = paths.view_workdir();
-        for p in preps {
-            let v = &p.keys.mountpoint;
-            if p.mounted.source == *v {
-                continue; // already there (no namespace needed)
-            }
-            if v.starts_with(&paths.mount_root) {
-                if !sandbox.host_view_dirs() {
-                    continue;
-                }
-                need.push(paths.mount_root.clone());
-            } else if let Ok(rel) = v.strip_prefix(view_wd) {
-                let host = paths.workdir.join(rel);
-                check_host_view(&p.keys.id, &host)?;
-                need.push(host);
-            }
-        }
-        // Docker: the container has its own root; the host needs no view dirs there.
-        if let Some(v) = (paths.workdir_view.as_ref()).filter(|_| sandbox.host_view_dirs()) {
-            need.insert(0, v.clone());
-        }
-        for dir in need {
-            // Made without following a symlink planted meanwhile (hostpath::make_dirs); the
-            // levels made are recorded by their real paths, outermost first.
-            let (real, made, held) = hostpath::make_dirs(&dir).at(&dir)?;
-            for d in made.iter() {
-                self.view_dirs.push((d.clone(), None, true));
-            }
-            if made.is_empty() {
-                self.view_dirs.push((real, None, false));
-            }
-            let _ = crate::sys::flock(&held, libc::LOCK_SH);
-            if let Some(last) = self.view_dirs.last_mut() {
-                last.1 = Some(held);
-            }
-        }
-        self.record_made();
-        Ok(())
-    }
-
-    /// Records the view directories this run made that still exist (or forgets the record when
-    /// none is left); best effort: a record that cannot be written is a warning.
-    fn record_made(&self) {
-        let made: Vec<PathBuf> = (self.view_dirs.iter())
-            .filter(|(_, _, made)| *made)
-            .map(|(d, _, _)| d.clone())
-            .collect();
-        if made.is_empty() {
-            return;
-        }
-        if let Err(e) = crate::store::record_made_views(self.store, self.run_id, &made) {
-            tracing::warn!("recording the run's view directories: {e}");
-        }
-    }
-
-    /// After the unmounts: removes the view directories this run created (innermost first)
-    /// when empty and held by no other run (an exclusive flock taken without waiting; a run
-    /// that still uses one holds it shared). Best effort: anything else stays as it is.
-    /// What is left (held by another run) stays recorded for `gc`.
-    fn remove_made(&mut self) {
-        let any = self.view_dirs.iter().any(|(_, _, made)| *made);
-        let mut left = Vec::new();
-        while let Some((dir, held, made)) = self.view_dirs.pop() {
-            drop(held);
-            if !made {
-                continue;
-            }
-            let Ok(f) = std::fs::File::open(&dir) else {
-                continue;
-            };
-            if crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
-                let _ = std::fs::remove_dir(&dir);
-            }
-            if dir.exists() {
-                left.push(dir);
-            }
-        }
-        if any {
-            left.reverse();
-            let _ = crate::store::record_made_views(self.store, self.run_id, &left);
-        }
-    }
-}
-
-/// A cache viewed below the workdir (`<workdir>/node_modules`, `.venv`) needs a directory
-/// there on the host: a file (or a symlink to none) of that name is refused, naming it (exit
-/// 2); an existing directory with entries is said to be hidden for the run (its files stay as
-/// they are).
-///
-/// Errors: [`Error::Invalid`] when `host` exists and is not a directory.
-fn check_host_view(id: &CacheId, host: &Path) -> Result<()> {
-    let Ok(meta) = std::fs::symlink_metadata(host) else {
-        return Ok(());
-    };
-    if !std::fs::metadata(host).is_ok_and(|m| m.is_dir()) {
-        let what = if meta.file_type().is_symlink() {
-            "a symlink to no directory"
-        } else {
-            "a file"
-        };
-        return Err(Error::invalid(format!(
-            "cache {:?}: {} is {what} on the host, but the cache is mounted there and needs a \
-             directory; remove or rename it (nothing was changed)",
-            id.as_str(),
-            host.display()
-        )));
-    }
-    let entries = std::fs::read_dir(host).map(|rd| rd.count()).unwrap_or(0);
-    if entries > 0 {
-        eprintln!(
-            "layercache: {}: the host's {} ({entries} {}) is hidden under the cache for this \
-             run (left as it is)",
-            id.as_str(),
-            host.display(),
-            if entries == 1 { "entry" } else { "entries" }
-        );
-    }
-    Ok(())
-}
-
-impl Drop for Mounts<'_> {
-    fn drop(&mut self) {
-        let _ = self.unmount_all();
-        self.remove_made();
-    }
-}
 
 // ---- the job ---------------------------------------------------------------------------------
 
@@ -366,38 +207,8 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         );
         return steps.command(&cfg.command, false, &BTreeMap::new(), &Views::default());
     }
-    let salt = mounter.key_salt(&cfg.spec.project)?;
-    let all_keys = keys(
-        &cfg.spec,
-        &cfg.paths,
-        &cfg.sandbox,
-        cfg.image.as_ref(),
-        salt,
-    )?;
-    for cache in &cfg.spec.caches {
-        for name in cache.unset_variables() {
-            eprintln!(
-                "layercache: warning: cache {:?}: {{env:{name}}} is unset here, so it is \
-                 substituted as an empty string",
-                cache.id.as_str()
-            );
-        }
-    }
-    let mut mounts = Mounts {
-        mounter,
-        store: &cfg.store,
-        run_id: &cfg.run_id,
-        points: Vec::new(),
-        view_dirs: Vec::new(),
-        uppers: Vec::new(),
-    };
-    let mut preps = mount_all(
-        &mut mounts,
-        all_keys,
-        &cfg.spec.project,
-        &cfg.run_id,
-        &cfg.store,
-    )?;
+    let mut mounts = Mounts::new(mounter, &cfg.store, &cfg.run_id);
+    let mut preps = keyed_mounts(cfg, &mut mounts)?;
     mounts.prepare_views(&cfg.paths, &cfg.sandbox, &preps)?;
 
     // Every script and COMMAND sees every cache's environment.
@@ -406,25 +217,16 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         run_env.extend(cache.env_for(&cfg.paths, &p.keys.mountpoint));
     }
 
-    // Room for the events even when a setup fills the store's filesystem.
-    let mut reserve = telemetry::EventReserve::make(&cfg.store, &cfg.run_id);
+    // Room for the events even when a setup fills the store's filesystem: only a cache that
+    // is not a hit runs a setup, so a run of hits makes none.
+    let mut reserve = (preps.iter().any(|p| p.mounted.result != CacheResult::Hit))
+        .then(|| telemetry::EventReserve::make(&cfg.store, &cfg.run_id));
     for (ci, cache) in cfg.spec.caches.iter().enumerate() {
         let views = views(&cfg.sandbox, &cfg.paths, &preps);
-        mounts.uppers = preps
-            .iter()
-            .filter_map(|p| {
-                let up = p.mounted.upper.clone()?;
-                Some((
-                    p.keys.id.as_str().to_string(),
-                    up,
-                    p.keys.mountpoint.clone(),
-                ))
-            })
-            .collect();
+        let step = (&mut preps[..], ci);
+        let stop = setup_or_maintenance(&steps, &mounts, cache, step, &run_env, &views, cfg.json)?;
         let p = &mut preps[ci];
-        if let Some(e) =
-            setup_or_maintenance(&steps, &mounts, cache, p, &run_env, &views, cfg.json)?
-        {
+        if let Some(e) = stop {
             // Unmounting discards the private uppers first: their space is free for the event.
             let unmounted = mounts.unmount_all();
             log_event(&cfg.store, &p.event, &mut reserve);
@@ -464,18 +266,52 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     status
 }
 
-/// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; with
-/// Docker the image's id stands for the tools; digests keyed with the project's `salt`). Errors: [`Error::Invalid`] for a bad key file
-/// or two caches at one view path.
-fn keys(
-    spec: &Spec,
-    paths: &Paths,
-    sandbox: &Sandbox,
-    image: Option<&String>,
-    salt: Option<key::KeySalt>,
-) -> Result<Vec<CacheKeys>> {
-    let mut env = match (sandbox.docker(), image) {
-        (Some(_), Some(id)) => Environment::in_image(id.clone()),
+/// Phases 1 and 2 keyed with the project's salt: the keys with the salt the run keys with
+/// first ([`Mounter::key_salt`], no round trip to the remote tier), then the mounts. When the
+/// run may publish what is pushed — a cache that is not a hit, or a `save = "success"` cache
+/// — the salt agreed with the remote tier is asked ([`Mounter::agreed_key_salt`]); when it
+/// differs (the remote's replaced the local one: the keys change once), everything is
+/// unmounted and keyed and mounted again with it, so a key published to the remote is keyed
+/// with the agreed salt.
+///
+/// Errors: as [`keys`] and [`mount_all`], and the salt's.
+fn keyed_mounts(cfg: &RunConfig, mounts: &mut Mounts<'_>) -> Result<Vec<Prep>> {
+    let project = &cfg.spec.project;
+    let salt = mounts.mounter.key_salt(project)?;
+    let all_keys = keys(cfg, salt)?;
+    for cache in &cfg.spec.caches {
+        for name in cache.unset_variables() {
+            eprintln!(
+                "layercache: warning: cache {:?}: {{env:{name}}} is unset here, so it is \
+                 substituted as an empty string",
+                cache.id.as_str()
+            );
+        }
+    }
+    let preps = mount_all(mounts, all_keys, project, &cfg.run_id, &cfg.store)?;
+    let publishes = preps.iter().any(|p| p.mounted.result != CacheResult::Hit)
+        || (cfg.spec.caches.iter()).any(|c| c.save == crate::spec::SaveWhen::Success);
+    if !publishes {
+        return Ok(preps);
+    }
+    let agreed = mounts.mounter.agreed_key_salt(project)?;
+    if agreed == salt {
+        return Ok(preps);
+    }
+    drop(preps);
+    mounts.unmount_all()?;
+    let all_keys = keys(cfg, agreed)?;
+    mount_all(mounts, all_keys, project, &cfg.run_id, &cfg.store)
+}
+
+/// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; in a
+/// container the image's id stands for the tools; digests keyed with the project's `salt`).
+///
+/// Errors: [`Error::Invalid`] for a bad key file or two caches at one view path.
+fn keys(cfg: &RunConfig, salt: Option<key::KeySalt>) -> Result<Vec<CacheKeys>> {
+    let (spec, paths, sandbox, image) = (&cfg.spec, &cfg.paths, &cfg.sandbox, cfg.image.as_ref());
+    let mut env = match (sandbox.tools_in_image(), image) {
+        (true, Some(id)) => Environment::in_image(id.clone()),
         _ => Environment::host(image.cloned()),
     };
     if let Some(s) = salt {
@@ -559,176 +395,6 @@ fn mount_all(
         });
     }
     Ok(preps)
-}
-
-/// Phase 3, setup (miss, restore) or maintenance (hit) of one cache, in `views` with
-/// `run_env` plus `$LAYERCACHE_MOUNT`; its time and status go into `p.event`.
-///
-/// Returns `Some(error)` when the run must stop — interrupted, a mount's daemon died, the
-/// script exited non-zero — for the caller to log the event and unmount everything;
-/// `Err` when the script could not be started.
-fn setup_or_maintenance(
-    steps: &Steps<'_>,
-    mounts: &Mounts<'_>,
-    cache: &Cache,
-    p: &mut Prep,
-    run_env: &BTreeMap<String, String>,
-    views: &Views,
-    json: bool,
-) -> Result<Option<Error>> {
-    let (what, script) = match p.mounted.result {
-        CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
-        // A restore brings the old tree up to date in place.
-        CacheResult::Restore => (
-            "setup",
-            cache.restore_setup.as_deref().or(Some(&cache.setup)),
-        ),
-        CacheResult::Miss => ("setup", Some(cache.setup.as_str())),
-    };
-    let Some(script) = script else {
-        return Ok(None);
-    };
-    let label = format!("{what} of cache {:?}", cache.id.as_str());
-    // Say what is about to run before it does: a setup can be silent for minutes.
-    eprintln!(
-        "{}",
-        progress::start_line(
-            cache.id.as_str(),
-            p.mounted.result,
-            p.mounted.matched_key.as_deref(),
-            what,
-            script,
-            &steps.paths.workdir,
-        )
-    );
-    let progress = Progress::start(
-        json,
-        &format!("{}: {what}", cache.id.as_str()),
-        p.mounted.upper.clone().filter(|_| what == "setup"),
-    );
-    // The script may name its own mount as `{mount}` (and `{workdir}`, `{mount_root}`,
-    // `{env:NAME}`, as in `env`), shell-quoted; it also gets it as $LAYERCACHE_MOUNT.
-    let view = p.keys.mountpoint.clone();
-    let script = crate::spec::expand_script(script, steps.paths, Some(&view));
-    let mut env = run_env.clone();
-    env.insert("LAYERCACHE_MOUNT".into(), view.display().to_string());
-    let t = Instant::now();
-    let (status, output) = steps.script(&env, views, &script, &label)?;
-    drop(progress);
-    let ms = t.elapsed().as_millis() as u64;
-    if what == "setup" {
-        p.event.setup_ms = ms;
-    } else {
-        p.event.maintenance_ms = ms;
-    }
-    p.event.exit_status = status;
-    if let Some(sig) = stopped() {
-        return Ok(Some(interrupted_error(sig)));
-    }
-    if let Err(e) = mounts.check_all() {
-        return Ok(Some(e));
-    }
-    if status != 0 && what == "setup" && setup_filled_store(mounts.store, output.as_deref()) {
-        // No room to keep its logs either; the line says what happened.
-        return Ok(Some(Error::StoreFull {
-            message: crate::store::store_full_message(mounts.store, &label),
-            status,
-        }));
-    }
-    if status != 0 {
-        let kept = (what == "setup")
-            .then(|| keep_failed_logs(mounts, p, &script, status, output.as_deref()))
-            .flatten();
-        let where_logs = match kept {
-            Some(k) => {
-                // npm and others point at their log inside the view, which goes with the run.
-                for (seen, now) in k.files.iter().take(5) {
-                    eprintln!(
-                        "layercache: {}: setup's log {} is kept as {}",
-                        cache.id.as_str(),
-                        seen.display(),
-                        now.display()
-                    );
-                }
-                format!(
-                    "; {} kept for 7 days in {} (`layercache gc` lists them)",
-                    match (k.output, k.files.is_empty()) {
-                        (true, true) => "the end of its output is",
-                        (true, false) => "the end of its output and the logs it wrote are",
-                        (false, _) => "the logs it wrote are",
-                    },
-                    k.dir.display()
-                )
-            }
-            None => String::new(),
-        };
-        return Ok(Some(Error::Child {
-            what: format!("{label} (nothing published{where_logs})"),
-            status,
-        }));
-    }
-    Ok(None)
-}
-
-/// Whether a setup failed for space: the store's filesystem is (nearly) full now
-/// ([`crate::store::looks_full`]) and the end of its output, when captured, says so
-/// ([`says_no_space`]; a setup that failed for another reason on a nearly full disk keeps its
-/// own error and logs).
-fn setup_filled_store(store: &Path, output: Option<&[u8]>) -> bool {
-    crate::store::filesystem_space(store)
-        .is_some_and(|(total, free)| crate::store::looks_full(total, free))
-        && output.is_none_or(says_no_space)
-}
-
-/// Whether a tool's output tells of a full disk: `ENOSPC`, `No space left on device`
-/// (strerror), `EDQUOT` or `Disk quota exceeded`.
-fn says_no_space(output: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(output);
-    [
-        "ENOSPC",
-        "No space left on device",
-        "EDQUOT",
-        "Disk quota exceeded",
-    ]
-    .iter()
-    .any(|m| text.contains(m))
-}
-
-/// After a failed setup: copies the log files it wrote into its view (the run's private
-/// upper, discarded when the run ends) to the store's `failed/<run>/<cache>`
-/// ([`crate::store::keep_failed_logs`]); `None` when it wrote none or they could not be kept
-/// (a warning says why).
-fn keep_failed_logs(
-    mounts: &Mounts<'_>,
-    p: &Prep,
-    script: &str,
-    status: i32,
-    output: Option<&[u8]>,
-) -> Option<crate::store::KeptLogs> {
-    let upper = p.mounted.upper.as_ref()?;
-    let project = ProjectId::new(&p.event.project).ok()?;
-    let pd = crate::store::ProjectDirs::at(mounts.store, &project);
-    let view = &p.keys.mountpoint;
-    let others: Vec<(&str, &Path, &Path)> = (mounts.uppers.iter())
-        .map(|(id, up, v)| (id.as_str(), up.as_path(), v.as_path()))
-        .collect();
-    let failed = crate::store::FailedSetup {
-        others: &others,
-        run: mounts.run_id,
-        cache: p.keys.id.as_str(),
-        upper,
-        view,
-        script,
-        status,
-        output,
-    };
-    match crate::store::keep_failed_logs(&pd, &failed) {
-        Ok(kept) => kept,
-        Err(e) => {
-            eprintln!("layercache: warning: the failed setup's logs could not be kept: {e}");
-            None
-        }
-    }
 }
 
 /// Phase 4, promote (after setup exits 0 on a miss or restore): `exclude` matches removed,
@@ -865,238 +531,15 @@ fn interrupted_error(sig: i32) -> Error {
     }
 }
 
-fn log_event(store: &Path, event: &Event, reserve: &mut telemetry::EventReserve) {
-    if let Err(e) = reserve.append(store, event) {
+/// Appends `event` to the store's event log, through `reserve` when the run made one
+/// ([`telemetry::EventReserve::append`]); a failure is a warning.
+fn log_event(store: &Path, event: &Event, reserve: &mut Option<telemetry::EventReserve>) {
+    let appended = match reserve {
+        Some(r) => r.append(store, event),
+        None => telemetry::append(store, event),
+    };
+    if let Err(e) = appended {
         tracing::warn!("telemetry: {e}");
-    }
-}
-
-/// What the children of the run see: the workdir at its view path, each cache's private mount
-/// at its view path (parents first; one already there only when the sandbox binds it anyway,
-/// [`Sandbox::binds_in_place`]), and a private tmpfs over the mount root when a view lies
-/// below it.
-fn views(sandbox: &Sandbox, paths: &Paths, preps: &[Prep]) -> Views {
-    let mut binds: Vec<(PathBuf, PathBuf)> = preps
-        .iter()
-        .filter(|p| sandbox.binds_in_place() || p.mounted.source != p.keys.mountpoint)
-        .map(|p| (p.mounted.source.clone(), p.keys.mountpoint.clone()))
-        .collect();
-    binds.sort_by_key(|(_, v)| (v.components().count(), v.clone()));
-    let root = &paths.mount_root;
-    Views {
-        workdir: (paths.workdir_view.clone()).map(|v| (paths.workdir.clone(), v)),
-        mount_root: binds
-            .iter()
-            .any(|(_, v)| v.starts_with(root))
-            .then(|| root.clone()),
-        binds,
-    }
-}
-
-/// What every step of a run is started with — the parts of [`RunConfig`] a step uses.
-struct Steps<'a> {
-    sandbox: &'a Sandbox,
-    paths: &'a Paths,
-    /// `--user` of none and bwrap, resolved on the host.
-    user: Option<sandbox::user::RunUser>,
-    rootless: Option<rootless::Rootless>,
-    run_id: &'a str,
-}
-
-impl<'a> Steps<'a> {
-    fn of(cfg: &'a RunConfig) -> Self {
-        Steps {
-            sandbox: &cfg.sandbox,
-            paths: &cfg.paths,
-            user: cfg.user,
-            rootless: cfg.rootless,
-            run_id: &cfg.run_id,
-        }
-    }
-
-    /// The sandbox's view of [`views`] plus the environment.
-    fn binds(&self, env: &BTreeMap<String, String>, views: &Views) -> Binds {
-        Binds {
-            workdir: self.paths.workdir.clone(),
-            workdir_view: self.paths.workdir_view.clone(),
-            tmpfs: views.mount_root.clone(),
-            mounts: views.binds.clone(),
-            env: env.clone(),
-        }
-    }
-
-    /// Runs a setup or maintenance script (`sh -c`, cwd = workdir, stdin closed, stdout →
-    /// stderr) in its own process group and, natively, its own mount namespace. Returns its
-    /// status and, when stderr is not a terminal (and not with Docker), the last 64 KiB of
-    /// its output ([`tail::Tee`]: passed through to stderr as it comes).
-    fn script(
-        &self,
-        env: &BTreeMap<String, String>,
-        views: &Views,
-        script: &str,
-        label: &str,
-    ) -> Result<(i32, Option<Vec<u8>>)> {
-        let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
-        if let Sandbox::Docker(d) = self.sandbox {
-            return Ok((self.docker(d, env, views, &argv, label, true)?, None));
-        }
-        let mut cmd = self.host_command(env, views, &argv, true, true)?;
-        cmd.stdin(Stdio::null());
-        let tee = (!std::io::stderr().is_terminal())
-            .then(tail::Tee::start)
-            .and_then(|t| t.ok());
-        match &tee {
-            Some(t) => {
-                cmd.stdout(t.stdio().at("pipe")?);
-                cmd.stderr(t.stdio().at("pipe")?);
-            }
-            None => {
-                if let Some(fd) = std::io::stderr().as_fd_owned() {
-                    cmd.stdout(Stdio::from(fd));
-                }
-            }
-        }
-        let status = run_child(cmd, label, true, self.pid_namespace())?;
-        let tail = tee.map(|t| t.finish(std::time::Duration::from_secs(2)));
-        Ok((status, tail))
-    }
-
-    /// Runs COMMAND with stdio inherited (in the workdir when `cwd`: a run with caches); no
-    /// COMMAND = status 0. It leads a process group of its own unless it reads from a
-    /// terminal (a job-control shell needs the terminal's group).
-    fn command(
-        &self,
-        command: &[OsString],
-        cwd: bool,
-        env: &BTreeMap<String, String>,
-        views: &Views,
-    ) -> Result<i32> {
-        let Some(program) = command.first() else {
-            return Ok(0);
-        };
-        if let Sandbox::Docker(d) = self.sandbox {
-            let what = program.to_string_lossy().into_owned();
-            return self.docker(d, env, views, command, &what, false);
-        }
-        let group = !std::io::stdin().is_terminal();
-        let cmd = self.host_command(env, views, command, cwd, group)?;
-        run_child(cmd, &program.to_string_lossy(), group, self.pid_namespace())
-    }
-
-    /// `argv` (not empty) as the sandbox builds it ([`Sandbox::host_command`]: directly, in
-    /// its own mount namespace holding `views` and in the workdir when `cwd`, or inside
-    /// bubblewrap), as the run's `--user` when it has one, under the init of a PID
-    /// namespace of its own ([`pidns`]; `group`: the step leads a process group there, which
-    /// forwarded signals reach).
-    ///
-    /// Unprivileged (`rootless`): natively, the step leaves the run namespace's root
-    /// for a nested user namespace where it is the user ([`rootless::as_user`]); bwrap is
-    /// started as that root and makes the same mapping itself (`--unshare-user --uid U --gid G`).
-    ///
-    /// Errors: [`Error::Invalid`] for a path with a NUL byte or an empty `argv`.
-    fn host_command(
-        &self,
-        env: &BTreeMap<String, String>,
-        views: &Views,
-        argv: &[OsString],
-        cwd: bool,
-        group: bool,
-    ) -> Result<Command> {
-        // Unprivileged: the ids the steps have inside (themselves, unless `--user 0:0`).
-        let inner = (self.rootless.filter(|r| !r.as_root)).map(|r| sandbox::user::RunUser {
-            uid: r.uid,
-            gid: r.gid,
-        });
-        let binds = self.binds(env, views);
-        let step = sandbox::Step {
-            argv,
-            binds: &binds,
-            cwd,
-            user: self.user,
-            inner,
-        };
-        let built = self.sandbox.host_command(&step)?;
-        let mut cmd = built.cmd;
-        if built.views_here && !views.is_empty() {
-            views.apply(&mut cmd)?;
-        }
-        if built.native
-            && let Some(r) = &self.rootless
-        {
-            rootless::as_user(&mut cmd, r);
-        }
-        if cwd {
-            // The shell keeps an inherited PWD naming the same directory as its cwd: with
-            // `--workdir-view` that would be the host path. Tools see the view.
-            cmd.env("PWD", self.paths.view_workdir());
-        }
-        if self.pid_namespace() {
-            pidns::isolate(&mut cmd, group);
-        }
-        if let Some(user) = self.user {
-            user.drop_privileges(&mut cmd);
-        }
-        Ok(cmd)
-    }
-
-    /// Whether the steps get a PID namespace of their own ([`pidns`]): always as root and in
-    /// an unprivileged run's namespace; not for an unprivileged run without caches (no
-    /// namespace of the run, so no privilege to make one).
-    fn pid_namespace(&self) -> bool {
-        self.rootless.is_some() || !rootless::needed()
-    }
-
-    /// Runs `argv` in a new container of the run ([`sandbox::docker`]); `script`:
-    /// stdin closed and stdout → stderr, as for [`Steps::script`]. The container is removed by
-    /// name when this returns, whatever happened.
-    fn docker(
-        &self,
-        d: &sandbox::docker::Docker,
-        env: &BTreeMap<String, String>,
-        views: &Views,
-        argv: &[OsString],
-        what: &str,
-        script: bool,
-    ) -> Result<i32> {
-        let container = sandbox::docker::Container::new(self.run_id);
-        let binds = self.binds(env, views);
-        let mut cmd = d.command(&binds, argv, &container, self.run_id, !script);
-        if script {
-            cmd.stdin(Stdio::null());
-            if let Some(fd) = std::io::stderr().as_fd_owned() {
-                cmd.stdout(Stdio::from(fd));
-            }
-        }
-        let group = script || !std::io::stdin().is_terminal();
-        let status = run_child(cmd, what, group, false)?;
-        if status == sandbox::docker::UNSEEN_STATUS
-            && stopped().is_none()
-            && let Some(view) = d.unseen(
-                &binds,
-                &sandbox::docker::Container::new(self.run_id),
-                self.run_id,
-            )?
-        {
-            let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
-            return Err(Error::invalid(format!(
-                "--sandbox docker: the Docker engine at {host} cannot see the cache mount bound \
-                 at {view} (the container got an empty directory): dockerd must run in \
-                 layercache's mount namespace or one its mounts propagate to (shared bind \
-                 propagation), not rootless or remote; nothing was published"
-            )));
-        }
-        Ok(status)
-    }
-}
-
-trait StderrFd {
-    fn as_fd_owned(&self) -> Option<std::os::fd::OwnedFd>;
-}
-
-impl StderrFd for std::io::Stderr {
-    fn as_fd_owned(&self) -> Option<std::os::fd::OwnedFd> {
-        use std::os::fd::AsFd;
-        self.as_fd().try_clone_to_owned().ok()
     }
 }
 

@@ -72,6 +72,15 @@ impl Mounter for StoreMounter {
         if let Some(s) = self.salt {
             return Ok(Some(s));
         }
+        Ok(Some(crate::key::KeySalt(
+            self.store.local_key_salt(project)?,
+        )))
+    }
+
+    fn agreed_key_salt(&self, project: &ProjectId) -> Result<Option<crate::key::KeySalt>> {
+        if let Some(s) = self.salt {
+            return Ok(Some(s));
+        }
         Ok(Some(crate::key::KeySalt(self.store.key_salt(project)?)))
     }
 

@@ -29,6 +29,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use crate::error::{Error, Result};
+use crate::sandbox::Sandbox;
 use crate::sandbox::user::{RunUser, UserSource};
 
 /// An unprivileged run: the user's ids outside the run's namespace, and who the steps are.
@@ -83,20 +84,17 @@ fn userns_off(detail: &str) -> Error {
 /// Checks, before anything is mounted, that this unprivileged run can be made, and decides who
 /// its steps run as (`user`: `--user` or the spec's, as `source` gave it).
 ///
-/// Errors: [`Error::Invalid`] (exit 2), one line each: `--sandbox docker`; a `user` other than
-/// the caller's own uid/gid or 0:0; user namespaces off (either sysctl 0); `/dev/fuse` not
-/// readable and writable by the user ([`crate::overlay::fusermount::check_dev_fuse`]).
-pub fn preflight(docker: bool, user: Option<RunUser>, source: UserSource) -> Result<Rootless> {
+/// Errors: [`Error::Invalid`] (exit 2), one line each: a sandbox that cannot serve an
+/// unprivileged run ([`Sandbox::unprivileged_refusal`]: `--sandbox docker`); a `user` other
+/// than the caller's own uid/gid or 0:0; user namespaces off (either sysctl 0); `/dev/fuse`
+/// not readable and writable by the user ([`crate::overlay::fusermount::check_dev_fuse`]).
+pub fn preflight(sandbox: &Sandbox, user: Option<RunUser>, source: UserSource) -> Result<Rootless> {
     let (uid, gid) = (
         rustix::process::getuid().as_raw(),
         rustix::process::getgid().as_raw(),
     );
-    if docker {
-        return Err(Error::invalid(format!(
-            "--sandbox docker as uid {uid}: no Docker engine can see an unprivileged run's cache \
-             mounts (they live in the run's own user and mount namespaces, and rootless Docker \
-             has namespaces of its own); use --sandbox none or bwrap, or run as root"
-        )));
+    if let Some(refused) = sandbox.unprivileged_refusal(uid) {
+        return Err(refused);
     }
     let as_root = match user {
         None => false,

@@ -11,6 +11,12 @@ struct Fake {
     mounted: RefCell<HashMap<PathBuf, String>>,
     root: PathBuf,
     log: RefCell<Vec<String>>,
+    /// Each mount's directory stands for its private upper too (what the setup wrote).
+    uppers: bool,
+    /// The salt keyed with first, and the one agreed with the remote (asks counted).
+    salt: std::cell::Cell<Option<key::KeySalt>>,
+    agreed: Option<key::KeySalt>,
+    asked: std::cell::Cell<u32>,
 }
 
 fn copy_tree(src: &Path, dst: &Path) {
@@ -57,7 +63,7 @@ impl Mounter for Fake {
         Ok(Mounted {
             result,
             matched_key: matched,
-            upper: None,
+            upper: self.uppers.then(|| mp.to_path_buf()),
             bytes: 0,
             files: 0,
             source: mp.to_path_buf(),
@@ -78,6 +84,13 @@ impl Mounter for Fake {
             remount: None,
             ..Default::default()
         })
+    }
+    fn key_salt(&self, _: &ProjectId) -> Result<Option<key::KeySalt>> {
+        Ok(self.salt.get())
+    }
+    fn agreed_key_salt(&self, _: &ProjectId) -> Result<Option<key::KeySalt>> {
+        self.asked.set(self.asked.get() + 1);
+        Ok(self.agreed)
     }
     fn umount(&self, mp: &Path) -> Result<()> {
         self.mounted.borrow_mut().remove(mp);
@@ -259,30 +272,98 @@ fn duplicate_mountpoints_are_rejected() {
 }
 
 #[test]
-fn sandbox_mode_parses() {
-    assert!(matches!(Sandbox::parse("bwrap").unwrap(), Sandbox::Bwrap));
-    assert!(matches!(
-        Sandbox::parse("docker").unwrap(),
-        Sandbox::Docker(_)
-    ));
-    assert!(
-        Sandbox::parse("x")
-            .unwrap_err()
-            .to_string()
-            .contains("--sandbox")
-    );
+fn bytes_are_shown_in_binary_units() {
     assert_eq!(fmt_bytes(1536), "1.5 KiB");
 }
 
 #[test]
 fn a_full_disk_is_told_from_the_tools_words() {
-    assert!(super::says_no_space(
+    assert!(super::setup::says_no_space(
         b"npm error code ENOSPC\nnpm error syscall write\n"
     ));
-    assert!(super::says_no_space(
+    assert!(super::setup::says_no_space(
         b"head: error writing 'standard output': No space left on device\n"
     ));
-    assert!(!super::says_no_space(
+    assert!(!super::setup::says_no_space(
         b"npm error 404 Not Found - left-pad\n"
     ));
+}
+
+/// A failed setup keeps the logs a tool wrote into another cache's view (npm's `_logs` in the
+/// npm cache): the others' uppers come from the preparations of the run.
+#[test]
+fn a_failed_setup_keeps_the_logs_it_wrote_in_another_cache() {
+    let spec = r#"project = "p"
+[[cache]]
+id = "npm"
+key_files = ["deps.lock"]
+env = { NPM_DIR = "{mount}" }
+setup = "true"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+setup = "mkdir -p \"$NPM_DIR/_logs\" && echo oops > \"$NPM_DIR/_logs/x-debug-0.log\" && exit 1"
+"#;
+    let mut e = env(spec, &[]);
+    e.fake.uppers = true;
+    let err = run(&e.cfg, &e.fake).unwrap_err().to_string();
+    assert!(err.contains("the logs it wrote are kept"), "{err}");
+    let found = walk_files(&e.cfg.store);
+    assert!(
+        found.iter().any(|f| f.ends_with("_logs/x-debug-0.log")),
+        "{found:?}"
+    );
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk_files(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+/// The event reserve (64 KiB and a scan of `events-reserve/`) is made only when a cache is
+/// not a hit: a run of hits has no setup that could fill the store.
+#[test]
+fn a_run_of_hits_makes_no_event_reserve() {
+    let e = env(SPEC, &[]);
+    let reserves = e.cfg.store.join("events-reserve");
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    assert!(reserves.is_dir(), "a miss reserves room for its event");
+    std::fs::remove_dir(&reserves).unwrap();
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[1].result, CacheResult::Hit);
+    assert!(!reserves.exists(), "a hit made a reserve");
+}
+
+/// The remote is asked for the agreed salt only when the run may publish (a miss here), not
+/// on a hit; when its salt differs from the local one, the run keys and mounts again with it
+/// and publishes under the agreed key.
+#[test]
+fn the_salt_is_agreed_only_before_a_publish() {
+    let mut e = env(SPEC, &[]);
+    let (local, remote) = (key::KeySalt([1; 32]), key::KeySalt([2; 32]));
+    e.fake.salt.set(Some(local));
+    e.fake.agreed = Some(remote);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    assert_eq!(e.fake.asked.get(), 1);
+    let log = e.fake.log.borrow().clone();
+    let mounted: Vec<&String> = log.iter().filter(|l| l.starts_with("mount ")).collect();
+    assert_eq!(mounted.len(), 2, "{log:?}");
+    assert_ne!(mounted[0], mounted[1], "keyed again with the agreed salt");
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(format!("mount {}", events[0].key), *mounted[1]);
+    assert!(events[0].published);
+    // The store now holds the agreed salt: a hit asks nothing.
+    e.fake.salt.set(Some(remote));
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert_eq!(events[1].result, CacheResult::Hit);
+    assert_eq!(e.fake.asked.get(), 1, "a hit asked the remote");
 }

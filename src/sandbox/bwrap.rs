@@ -90,7 +90,7 @@ pub fn bwrap_user_preflight(user: user::RunUser, source: user::UserSource) -> Re
     )))
 }
 
-/// A step's bubblewrap command ([`super::Sandbox::host_command`]): with `user` (`--user`, uid
+/// A step's bubblewrap command ([`super::Sandbox::command`]): with `user` (`--user`, uid
 /// not 0) bubblewrap runs unprivileged and binds each view from its view path — the caller
 /// sets the views up first, as root, in the bwrap process's own mount namespace (the views'
 /// sources, below the store's 0700 project directory, are out of that user's reach); the

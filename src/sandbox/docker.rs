@@ -24,7 +24,7 @@ use std::ffi::OsString;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{Binds, Driver, args};
+use super::{Binds, Driver, Step, StepCommand, StepEnd, args};
 use crate::error::{Error, Result};
 
 /// What `--sandbox docker` runs in.
@@ -188,6 +188,93 @@ impl Docker {
         Ok((out.status.code() == Some(UNSEEN_STATUS))
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
     }
+}
+
+impl Docker {
+    /// One step as a new container of the run ([`Docker::command`], named
+    /// [`Container::new`]`(step.run_id)`): no views, user namespace or PID namespace of the
+    /// run's (the container has its own root and `--init`), no output capture; its
+    /// [`StepEnd`] holds the container's guard and the unseen-mount diagnosis.
+    pub(super) fn step(&self, step: &Step<'_>) -> StepCommand {
+        let container = Container::new(step.run_id);
+        let cmd = self.command(step.binds, step.argv, &container, step.run_id, step.stdin);
+        StepCommand {
+            cmd,
+            views_here: false,
+            native: false,
+            pid_namespace: false,
+            tee: false,
+            end: StepEnd(Some(Ran {
+                docker: self.clone(),
+                binds: step.binds.clone(),
+                run_id: step.run_id.to_string(),
+                _container: container,
+            })),
+        }
+    }
+}
+
+/// A step's container, kept until the step's [`StepEnd`] is finished (then removed by name).
+#[derive(Debug)]
+pub(super) struct Ran {
+    docker: Docker,
+    binds: Binds,
+    run_id: String,
+    _container: Container,
+}
+
+impl Ran {
+    /// The step's `status`, unless it is [`UNSEEN_STATUS`] (and the run was not
+    /// `interrupted`) and a probe container ([`Docker::unseen`]) confirms that the engine does
+    /// not see a cache mount.
+    ///
+    /// Errors: [`Error::Invalid`] naming `DOCKER_HOST` and the view path not seen;
+    /// [`Error::Failed`] when the probe cannot be run.
+    pub(super) fn finish(self, status: i32, interrupted: bool) -> Result<i32> {
+        if status == UNSEEN_STATUS
+            && !interrupted
+            && let Some(view) =
+                (self.docker).unseen(&self.binds, &Container::new(&self.run_id), &self.run_id)?
+        {
+            let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
+            return Err(Error::invalid(format!(
+                "--sandbox docker: the Docker engine at {host} cannot see the cache mount bound \
+                 at {view} (the container got an empty directory): dockerd must run in \
+                 layercache's mount namespace or one its mounts propagate to (shared bind \
+                 propagation), not rootless or remote; nothing was published"
+            )));
+        }
+        Ok(status)
+    }
+}
+
+/// `--sandbox docker` in an unprivileged run of uid `uid`: refused, since no engine can see
+/// mounts that live in the run's own namespaces.
+pub(super) fn unprivileged_refusal(uid: u32) -> Error {
+    Error::invalid(format!(
+        "--sandbox docker as uid {uid}: no Docker engine can see an unprivileged run's cache \
+         mounts (they live in the run's own user and mount namespaces, and rootless Docker \
+         has namespaces of its own); use --sandbox none or bwrap, or run as root"
+    ))
+}
+
+/// Refuses a run path of `named` (`(flag, path)`: the workdir, mount root, workdir view and
+/// store) with a ':' in it, which `docker run -v SRC:DST` would split at (it would fail only
+/// at the first step).
+///
+/// Errors: [`Error::Invalid`] naming the flag and the path.
+pub(super) fn check_bind_paths(named: &[(&str, &std::path::Path)]) -> Result<()> {
+    if let Some((flag, p)) = named
+        .iter()
+        .find(|(_, p)| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).contains(&b':'))
+    {
+        return Err(Error::invalid(format!(
+            "{flag} {}: --sandbox docker cannot bind a path with ':' (docker run -v splits \
+             at it); use a path without one",
+            p.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The exit status of [`MOUNT_CHECK`] when a view path is not a layercache mount inside the

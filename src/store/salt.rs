@@ -166,6 +166,22 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The key salt a run keys with before it knows whether it needs the remote tier: the
+    /// project's local salt when it has one, whether agreed with the remote yet or not (no
+    /// round trip: a hit needs none); a project without one gets [`Store::key_salt`]'s (the
+    /// remote's when it can be asked). A caller about to publish what may be pushed asks
+    /// [`Store::key_salt`] and keys again if the agreed salt differs.
+    ///
+    /// Errors: as [`Store::key_salt`].
+    pub fn local_key_salt(&self, project: &ProjectId) -> Result<[u8; 32]> {
+        match self.project(project)?.read_salt()? {
+            Some(s) => Ok(s),
+            None => self.key_salt(project),
+        }
+    }
+}
+
 /// 32 bytes from getrandom(2).
 fn fresh_salt() -> [u8; 32] {
     let hex = crate::sys::random_hex(32);
@@ -203,5 +219,74 @@ mod tests {
         fs::write(&path, "junk\n").unwrap();
         let e = store.key_salt(&p).unwrap_err().to_string();
         assert!(e.contains("not a key salt"), "{e}");
+    }
+
+    /// A remote tier that answers `salt` (or cannot be asked: `None`) and counts the asks.
+    struct Tier {
+        salt: Option<[u8; 32]>,
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    impl super::super::RemoteTier for Tier {
+        fn fetch_for_mount(
+            &self,
+            _: &Store,
+            _: &ProjectDirs,
+            _: &crate::ids::CacheId,
+            _: &crate::ids::CacheKey,
+            _: &[crate::ids::CacheKey],
+        ) -> Option<super::super::PullReport> {
+            None
+        }
+        fn push_background(
+            self: std::sync::Arc<Self>,
+            _: ProjectDirs,
+            _: crate::ids::CacheId,
+            _: crate::ids::CacheKey,
+            _: crate::ids::LayerId,
+        ) {
+        }
+        fn wait_pushes(&self, _: &Store) -> usize {
+            0
+        }
+        fn agree_salt(&self, _: &Store, _: &ProjectId, _: &[u8; 32]) -> Option<[u8; 32]> {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.salt
+        }
+        fn location(&self) -> String {
+            "s3://tier".into()
+        }
+    }
+
+    #[test]
+    fn a_local_salt_is_keyed_with_before_the_remote_is_asked() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let t = tempfile::tempdir().unwrap();
+        let mut store = Store::open(Some(t.path())).unwrap();
+        let p = ProjectId::new("p").unwrap();
+        let remote_salt = fresh_salt();
+        let tier = std::sync::Arc::new(Tier {
+            salt: None,
+            asked: 0.into(),
+        });
+        store.set_remote(tier.clone());
+        // A project without a salt asks (a fresh runner adopts the remote's); the remote
+        // cannot be asked, so a local salt is made and no agreement recorded.
+        let local = store.local_key_salt(&p).unwrap();
+        assert_eq!(tier.asked.load(SeqCst), 1);
+        // From then on the local salt is keyed with and the remote is not asked…
+        assert_eq!(store.local_key_salt(&p).unwrap(), local);
+        assert_eq!(tier.asked.load(SeqCst), 1);
+        // …until agreement is needed: the remote's salt then replaces it.
+        let tier = std::sync::Arc::new(Tier {
+            salt: Some(remote_salt),
+            asked: 0.into(),
+        });
+        store.set_remote(tier.clone());
+        assert_eq!(store.local_key_salt(&p).unwrap(), local);
+        assert_eq!(store.key_salt(&p).unwrap(), remote_salt);
+        assert_eq!(store.local_key_salt(&p).unwrap(), remote_salt);
+        assert_eq!(store.key_salt(&p).unwrap(), remote_salt);
+        assert_eq!(tier.asked.load(SeqCst), 1, "agreed once, then recorded");
     }
 }
