@@ -18,9 +18,11 @@
 //! the same key reports `exists` and discards its copy); restore keys are prefixes tried in
 //! order, the most recently created matching layer first.
 
+#![forbid(unsafe_code)]
+
 mod config;
+mod eviction;
 mod failed;
-mod gc;
 mod housekeeping;
 mod inputs;
 mod layer;
@@ -49,11 +51,11 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::sys;
 pub use config::{DEFAULT_MAX_AGE, DEFAULT_MAX_INODES, DEFAULT_MAX_SIZE, Limits, RemoteFile};
+pub use eviction::Usage;
 pub use failed::{
     FailedSetup, KEEP_FOR as FAILED_LOGS_KEPT_FOR, KeptLogs, filesystem_space, is_log_like,
     keep_failed_logs, looks_full, store_full_message,
 };
-pub use gc::Usage;
 pub use inputs::Inputs;
 use layer::write_synced;
 pub use layer::{Layer, Manifest, TreeCounts};
