@@ -40,7 +40,7 @@ const TOKEN_BYTES: usize = 32;
 pub(super) fn random_secret() -> Result<String> {
     let mut bytes = [0u8; TOKEN_BYTES];
     crate::sys::fill_random(&mut bytes).map_err(|e| Error::io("getrandom(2)", e))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::units::hex(&bytes))
 }
 
 /// Where the token of the store at `root` is kept: `<root>/v1/serve-token`.
