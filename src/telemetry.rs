@@ -5,6 +5,8 @@
 //! line is far below any filesystem's short-write threshold). Unreadable lines are skipped by
 //! `stats`, so a torn write after a crash costs one event, not the log.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -196,8 +198,7 @@ impl EventReserve {
             .mode(0o700)
             .create(&dir)
             .is_err()
-            || run.is_empty()
-            || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            || !crate::ids::is_run_path_safe(run)
         {
             return empty;
         }
@@ -685,7 +686,7 @@ mod tests {
         assert_eq!(fmt_ms(1500), "1.5 s");
     }
 
-    /// Issue 24: each cache has its own miss median, and a hit of an empty layer saves nothing.
+    /// Each cache has its own miss median, and a hit of an empty layer saves nothing.
     #[test]
     fn per_cache_medians_and_no_saving_for_an_empty_layer() {
         let mut empty_hit = ev("p", "pip", CacheResult::Hit, 10, 0);
