@@ -387,6 +387,7 @@ impl Store {
             let hidden = format!(".removing-{}-{}", pd.project, crate::sys::random_hex(6));
             let gone = pd.root.with_file_name(hidden);
             fs::rename(&pd.root, &gone).at(&pd.root)?;
+            self.forget_checked(&pd.project);
             remove_tree(&gone)?;
         }
         Ok(report)

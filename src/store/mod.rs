@@ -284,6 +284,10 @@ pub struct Store {
     /// Removals of finished runs' directories still going on in the background (shared by
     /// clones; [`Store::wait_background`] joins them).
     background: Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>,
+    /// The projects whose directories [`Store::project`] has made and checked through this
+    /// handle (shared by clones): a run asks for its project several times, the trust walk is
+    /// made once. [`Store::clear`] of a whole project forgets it.
+    checked_projects: Arc<std::sync::Mutex<std::collections::HashSet<ProjectId>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -415,6 +419,7 @@ impl Store {
             remote: None,
             notify: None,
             background: Arc::default(),
+            checked_projects: Arc::default(),
         })
     }
 
@@ -480,13 +485,17 @@ impl Store {
 
     /// The directories of `project`, created (mode 0700, its parts 0755, whatever the umask;
     /// the store owner's when root makes them in a user's store) if missing, reached without
-    /// following a symlink and checked like the store's own (see `trust`).
+    /// following a symlink and checked like the store's own (see `trust`) — once per handle
+    /// (and its clones): later calls for the same project return its directories at once.
     ///
     /// Errors: [`Error::Invalid`] (exit 2) for a project directory that is a symlink, that
     /// group or others may write, or that belongs to a user other than the store's owner and
     /// root; [`Error::Io`] when they cannot be created.
     pub fn project(&self, project: &ProjectId) -> Result<ProjectDirs> {
         let pd = self.project_dirs(project);
+        if self.checked().contains(project) {
+            return Ok(pd);
+        }
         let dir = trust::walk_create(
             &self.root,
             &[
@@ -498,7 +507,20 @@ impl Store {
         for s in ["objects", "layers", "caches", "runs", "staging", "empty"] {
             trust::make_in(&dir, s, 0o755)?;
         }
+        self.checked().insert(project.clone());
         Ok(pd)
+    }
+
+    /// The set of [`Store::project`]'s checked projects (a poisoned lock is taken over: the
+    /// set is only ever inserted into or removed from whole).
+    fn checked(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<ProjectId>> {
+        (self.checked_projects.lock()).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets that `project`'s directories were checked (they were removed): the next
+    /// [`Store::project`] makes and checks them again.
+    pub(super) fn forget_checked(&self, project: &ProjectId) {
+        self.checked().remove(project);
     }
 
     pub(crate) fn project_dirs(&self, project: &ProjectId) -> ProjectDirs {
