@@ -308,3 +308,27 @@ pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
     Err(io::Error::from_raw_os_error(libc::ENODATA))
 }
+
+/// Opens the file `name` — relative to the directory `dir`, or to the working directory for
+/// `None` — to read it as a private file (a token, a stored spec) is read: without following a
+/// final symlink, without taking a controlling terminal or blocking on a fifo (`O_RDONLY |
+/// O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK`), and `fstat`s what was opened, so the
+/// caller's owner, mode and file-type checks are made on the descriptor it reads.
+///
+/// Errors: `ELOOP` when `name` is a symlink, `ENOENT` when it does not exist, or another
+/// `openat(2)`/`fstat(2)` errno.
+pub fn open_nofollow(
+    dir: Option<BorrowedFd<'_>>,
+    name: &Path,
+) -> io::Result<(std::fs::File, std::fs::Metadata)> {
+    use rustix::fs::{Mode, OFlags};
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    let fd = match dir {
+        Some(d) => rustix::fs::openat(d, name, flags, Mode::empty()),
+        None => rustix::fs::openat(rustix::fs::CWD, name, flags, Mode::empty()),
+    }?;
+    let f = std::fs::File::from(fd);
+    let meta = f.metadata()?;
+    Ok((f, meta))
+}
