@@ -140,6 +140,14 @@ impl fmt::Debug for ObjectId {
     }
 }
 
+/// Whether `run` may name a run's files (`failed/<run>/`, `events-reserve/<run>`): not empty,
+/// ASCII letters, digits and `-` only — one path component, never `.`/`..`. Wider than the
+/// shape of a new run id (`telemetry::is_run_id`): a run's id is checked where it is used as a
+/// path, whoever made it.
+pub(crate) fn is_run_path_safe(run: &str) -> bool {
+    !run.is_empty() && run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,8 @@
 //! line is far below any filesystem's short-write threshold). Unreadable lines are skipped by
 //! `stats`, so a torn write after a crash costs one event, not the log.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -16,16 +18,16 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 
 /// The event log's file name inside the store root.
-pub const EVENTS_FILE: &str = "events.jsonl";
+pub(crate) const EVENTS_FILE: &str = "events.jsonl";
 
 /// What the mount found for the key (GitHub `actions/cache`: exact hit, restore-key hit, miss):
 /// the store's [`crate::store::MountResult`], under the name the events and the run use.
-pub type CacheResult = crate::store::MountResult;
+pub(crate) type CacheResult = crate::store::MountResult;
 
 /// One cache's preparation in one run. Durations in milliseconds; `bytes`/`files` are the size
 /// of the published layer (or of the mounted one on a hit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
+pub(crate) struct Event {
     /// Unix time of the event in milliseconds.
     pub time_ms: u64,
     /// The run's id (`layercache run`), empty in events written before run ids.
@@ -111,18 +113,18 @@ impl Event {
 }
 
 /// The event log path for a store root.
-pub fn events_path(store: &Path) -> PathBuf {
+pub(crate) fn events_path(store: &Path) -> PathBuf {
     store.join(EVENTS_FILE)
 }
 
 /// A new run id: the start time in ms as 12 hex digits, `-`, 12 random hex digits (sorts by
 /// time, like the store's run directory names).
-pub fn new_run_id() -> String {
+pub(crate) fn new_run_id() -> String {
     format!("{:012x}-{}", now_ms(), crate::sys::random_hex(6))
 }
 
 /// Whether `s` has the shape [`new_run_id`] gives: 12 hex digits, `-`, 12 hex digits.
-pub fn is_run_id(s: &str) -> bool {
+pub(crate) fn is_run_id(s: &str) -> bool {
     let hex = |p: &str| p.len() == 12 && p.bytes().all(|b| b.is_ascii_hexdigit());
     s.split_once('-').is_some_and(|(t, r)| hex(t) && hex(r))
 }
@@ -131,7 +133,7 @@ pub fn is_run_id(s: &str) -> bool {
 static CURRENT_RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Records `id` as the run this process is doing (the first call wins; a process does one run).
-pub fn set_current_run(id: &str) {
+pub(crate) fn set_current_run(id: &str) {
     let _ = CURRENT_RUN.set(id.to_string());
 }
 
@@ -140,13 +142,13 @@ pub fn current_run() -> Option<&'static str> {
     CURRENT_RUN.get().map(String::as_str)
 }
 
-pub use crate::units::now_ms;
+pub(crate) use crate::units::now_ms;
 
 /// Appends `event` as one line to `<store>/events.jsonl` (created 0600 if missing) with one
 /// `write(2)`.
 ///
 /// Errors: [`Error::Io`] naming the log; [`Error::Failed`] on a short write.
-pub fn append(store: &Path, event: &Event) -> Result<()> {
+pub(crate) fn append(store: &Path, event: &Event) -> Result<()> {
     let path = events_path(store);
     let mut line = serde_json::to_vec(event).map_err(|e| Error::Failed(e.to_string()))?;
     line.push(b'\n');
@@ -173,13 +175,13 @@ pub fn append(store: &Path, event: &Event) -> Result<()> {
 /// gives the space back and retries when an append meets `ENOSPC`/`EDQUOT`. Drop removes the
 /// file; one a killed run left is removed by the next reserve made (its flock is free).
 #[derive(Debug)]
-pub struct EventReserve {
+pub(crate) struct EventReserve {
     path: Option<PathBuf>,
     _file: Option<std::fs::File>,
 }
 
 /// Bytes an [`EventReserve`] sets aside (a run's events are a few hundred bytes per cache).
-pub const EVENT_RESERVE_BYTES: i64 = 64 << 10;
+pub(crate) const EVENT_RESERVE_BYTES: i64 = 64 << 10;
 
 impl EventReserve {
     /// Reserves [`EVENT_RESERVE_BYTES`] for run `run`'s events in the store at `store`; best
@@ -196,8 +198,7 @@ impl EventReserve {
             .mode(0o700)
             .create(&dir)
             .is_err()
-            || run.is_empty()
-            || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            || !crate::ids::is_run_path_safe(run)
         {
             return empty;
         }
@@ -267,7 +268,7 @@ impl Drop for EventReserve {
 /// Reads every parseable event (a missing log is empty).
 ///
 /// Errors: [`Error::Io`] naming the log when it exists but cannot be read.
-pub fn read(store: &Path) -> Result<Vec<Event>> {
+pub(crate) fn read(store: &Path) -> Result<Vec<Event>> {
     let path = events_path(store);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -282,7 +283,7 @@ pub fn read(store: &Path) -> Result<Vec<Event>> {
 
 /// Per-result counts and median preparation times.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct ResultStats {
+pub(crate) struct ResultStats {
     /// Number of events with this result.
     pub count: u64,
     /// Median preparation time (mount + setup + maintenance + promote), ms.
@@ -291,7 +292,7 @@ pub struct ResultStats {
 
 /// What `layercache stats` reports.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// Successful preparations by result (`hit`, `restore`, `miss`).
     pub results: BTreeMap<String, ResultStats>,
     /// Preparations whose setup or maintenance failed.
@@ -309,7 +310,7 @@ pub struct Stats {
 
 /// One cache's numbers in [`Stats`]. Durations in ms.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct CacheStats {
+pub(crate) struct CacheStats {
     /// The project.
     pub project: String,
     /// The cache id.
@@ -344,7 +345,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 }
 
 /// Summarises `events`, optionally only one project's.
-pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
+pub(crate) fn stats(events: &[Event], project: Option<&str>) -> Stats {
     let mut out = Stats::default();
     // Preparations only: a save after COMMAND ([`Event::saved`]) is not one.
     let events: Vec<Event> = events.iter().filter(|e| !e.saved).cloned().collect();
@@ -425,7 +426,7 @@ pub fn stats(events: &[Event], project: Option<&str>) -> Stats {
 /// its own (saturating at 0); 0 for misses, failures, caches that never missed and the hits and
 /// restores of an empty layer ([`Event::empty_layer`]) and saves ([`Event::saved`]). `stats`
 /// sums these, so the runs page and `layercache stats` never disagree.
-pub fn saved_ms(events: &[Event]) -> Vec<u64> {
+pub(crate) fn saved_ms(events: &[Event]) -> Vec<u64> {
     let mut miss_by_cache: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
     for e in events
         .iter()
@@ -455,7 +456,7 @@ pub fn saved_ms(events: &[Event]) -> Vec<u64> {
 }
 
 /// The human form of [`Stats`].
-pub fn stats_text(s: &Stats) -> String {
+pub(crate) fn stats_text(s: &Stats) -> String {
     let mut out = String::new();
     for (name, r) in &s.results {
         out.push_str(&format!(
@@ -495,7 +496,7 @@ pub fn stats_text(s: &Stats) -> String {
 }
 
 /// Formats milliseconds for humans (`850 ms`, `12.3 s`, `4m 05s`).
-pub fn fmt_ms(ms: u64) -> String {
+pub(crate) fn fmt_ms(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms} ms")
     } else if ms < 60_000 {
@@ -685,7 +686,7 @@ mod tests {
         assert_eq!(fmt_ms(1500), "1.5 s");
     }
 
-    /// Issue 24: each cache has its own miss median, and a hit of an empty layer saves nothing.
+    /// Each cache has its own miss median, and a hit of an empty layer saves nothing.
     #[test]
     fn per_cache_medians_and_no_saving_for_an_empty_layer() {
         let mut empty_hit = ev("p", "pip", CacheResult::Hit, 10, 0);

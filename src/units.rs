@@ -111,6 +111,12 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
+/// `bytes` as lowercase hex, two digits a byte (what salts, tokens, digests and temporary
+/// names are written as).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{LayerId, ObjectId};
 use crate::overlay::links::LinkGroups;
 use crate::store::{Manifest, ProjectDirs, SharedMeta, content_xattrs, hash_file};
+use crate::units::hex;
 
 /// Remote manifest format written by this version.
 pub const REMOTE_MANIFEST_FORMAT: u32 = 1;
@@ -138,10 +139,6 @@ pub struct KeyRecord {
     /// key misses; absent in records of older versions or when none were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<crate::store::Inputs>,
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn unhex(s: &str, path: &str) -> Result<Vec<u8>> {

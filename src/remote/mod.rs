@@ -23,15 +23,17 @@
 //!   the mount proceeds as a local miss and one warning line says why. `remote gc` (`gc`)
 //!   removes what an interrupted or losing push left behind.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod error;
-mod gc;
 mod layout;
 mod manifest;
 mod pack;
 mod pull;
 mod push;
 mod salt;
+mod sweep;
 mod unpack;
 
 use std::sync::Arc;
@@ -45,13 +47,10 @@ use parking_lot::Mutex;
 use crate::error::{Error, RemoteKind, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::store::{Notice, ProjectDirs, PullReport, RemoteTier, Store};
-pub use config::{Credentials, RemoteConfig, Target};
+pub use config::RemoteConfig;
 pub use error::RemoteError;
-pub use gc::{DEFAULT_GRACE, RemoteGcReport};
 pub use layout::Layout;
-pub use manifest::{KeyRecord, RemoteManifest};
-pub use pull::Found;
-pub use push::PushReport;
+pub use manifest::KeyRecord;
 
 /// An open remote: the object store, its layout and the runtime its requests run on.
 pub struct Remote {
@@ -114,11 +113,6 @@ impl Remote {
         })
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &RemoteConfig {
-        &self.cfg
-    }
-
     /// The URL (for messages).
     pub fn url(&self) -> &str {
         &self.cfg.url
@@ -127,11 +121,6 @@ impl Remote {
     /// The layout.
     pub fn layout(&self) -> &Layout {
         &self.layout
-    }
-
-    /// The object store.
-    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
-        &self.store
     }
 
     /// Runs `fut` on the remote's runtime, giving up after `limit` with a timeout error.
@@ -442,7 +431,7 @@ mod tests {
         out
     }
 
-    /// Issue 29 item 3: runners sharing a remote agree on a project's key salt. A fresh store
+    /// Runners sharing a remote agree on a project's key salt. A fresh store
     /// publishes its own (create-only) and a second fresh store adopts it; a store that had
     /// its own salt before the remote was configured adopts the remote's (once; then it is not
     /// asked again); another project gets another salt.

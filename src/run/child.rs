@@ -336,10 +336,11 @@ pub(super) fn run_child(mut cmd: Command, what: &str, group: bool, init: bool) -
     if group {
         cmd.process_group(0);
     }
-    // SAFETY: prctl(2) is async-signal-safe.
+    // SAFETY: between fork and exec only `sys::forked::set_parent_death_signal` (prctl(2)),
+    // async-signal-safe, runs.
     unsafe {
         cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            let _ = sys::forked::set_parent_death_signal(libc::SIGKILL);
             Ok(())
         });
     }
@@ -348,31 +349,12 @@ pub(super) fn run_child(mut cmd: Command, what: &str, group: bool, init: bool) -
     // exec: COMMAND would start with two real-time signals ignored (a Go or musl program sees
     // that). With a pre_exec hook std forks instead, and the hook resets both to SIG_DFL —
     // through the raw system call, since glibc's sigaction refuses its internal signals.
-    // SAFETY: rt_sigaction(2) is async-signal-safe; the struct is the kernel's sigaction
-    // layout (handler, flags, restorer, 64-bit mask) on x86_64 and aarch64.
+    // SAFETY: between fork and exec only `sys::forked::default_signal` (rt_sigaction(2)),
+    // async-signal-safe, runs.
     unsafe {
         cmd.pre_exec(|| {
-            #[repr(C)]
-            struct KernelSigaction {
-                handler: usize,
-                flags: libc::c_ulong,
-                restorer: usize,
-                mask: u64,
-            }
-            let dfl = KernelSigaction {
-                handler: libc::SIG_DFL,
-                flags: 0,
-                restorer: 0,
-                mask: 0,
-            };
             for sig in [32, 33] {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    &dfl as *const KernelSigaction,
-                    std::ptr::null_mut::<KernelSigaction>(),
-                    8usize,
-                );
+                let _ = sys::forked::default_signal(sig);
             }
             Ok(())
         });

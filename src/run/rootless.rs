@@ -219,28 +219,17 @@ pub(super) fn as_user(cmd: &mut Command, r: &Rootless) {
     // Prepared before fork: the hook only makes system calls.
     let uid_map = format!("{} 0 1", r.uid).into_bytes();
     let gid_map = format!("{} 0 1", r.gid).into_bytes();
-    // SAFETY: unshare(2), open(2), write(2) and close(2) are async-signal-safe; the buffers
-    // were made before fork.
+    // SAFETY: between fork and exec only the async-signal-safe calls of `sys::forked` run
+    // (unshare, open, write, close) on buffers made before fork.
     unsafe {
         cmd.pre_exec(move || {
-            let fail = || Err(std::io::Error::last_os_error());
-            if libc::unshare(libc::CLONE_NEWUSER) < 0 {
-                return fail();
-            }
+            crate::sys::unshare(libc::CLONE_NEWUSER)?;
             for (path, text) in [
                 (c"/proc/self/setgroups", b"deny".as_slice()),
                 (c"/proc/self/gid_map", &gid_map),
                 (c"/proc/self/uid_map", &uid_map),
             ] {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return fail();
-                }
-                let n = libc::write(fd, text.as_ptr().cast(), text.len());
-                libc::close(fd);
-                if n != text.len() as isize {
-                    return fail();
-                }
+                crate::sys::forked::write_file(path, text)?;
             }
             Ok(())
         });

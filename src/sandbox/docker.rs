@@ -363,11 +363,6 @@ impl Container {
             .ok();
         Container(name, watchdog)
     }
-
-    /// The container's name.
-    pub fn name(&self) -> &str {
-        &self.0
-    }
 }
 
 impl Drop for Container {

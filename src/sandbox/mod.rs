@@ -18,7 +18,7 @@ mod bwrap;
 pub mod docker;
 pub mod user;
 
-pub use bwrap::{bwrap_command, bwrap_user_preflight};
+pub use bwrap::bwrap_user_preflight;
 use user::{RunUser, UserSource};
 
 /// Where a run's setup, maintenance and COMMAND run (`--sandbox`, README "Sandboxes"), and
@@ -35,7 +35,7 @@ use user::{RunUser, UserSource};
 pub enum Sandbox {
     /// Directly, in a mount namespace of the step's own holding the views.
     None,
-    /// Inside bubblewrap ([`bwrap_command`]).
+    /// Inside bubblewrap ([`bwrap::bwrap_command`]).
     Bwrap,
     /// Each step in a container of the run's image ([`docker`]).
     Docker(docker::Docker),

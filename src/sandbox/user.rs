@@ -153,26 +153,12 @@ impl RunUser {
     /// not root).
     pub fn drop_privileges(&self, cmd: &mut Command) {
         let (uid, gid) = (self.uid, self.gid);
-        // SAFETY: setgroups(2), setgid(2) and setuid(2) are async-signal-safe system calls
-        // (made raw, so glibc's all-threads credential broadcast is not involved: the forked
-        // child has one thread).
+        // SAFETY: between fork and exec only `sys::forked::drop_to` runs: setgroups(2),
+        // setresgid(2) and setresuid(2), async-signal-safe raw system calls (so glibc's
+        // all-threads credential broadcast is not involved: the forked child has one thread).
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(cmd, move || {
-                let check = |rc: libc::c_long| {
-                    if rc < 0 {
-                        Err(std::io::Error::last_os_error())
-                    } else {
-                        Ok(())
-                    }
-                };
-                check(libc::syscall(
-                    libc::SYS_setgroups,
-                    0,
-                    std::ptr::null::<libc::gid_t>(),
-                ))?;
-                check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
-                check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
-                Ok(())
+                crate::sys::forked::drop_to(uid, gid)
             });
         }
     }

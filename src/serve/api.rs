@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::errors::{AppError, FieldError};
-use super::specs;
+use super::validation;
 use super::view::{self, ClearTarget, blocking};
 use crate::spec::Spec;
 use crate::store::GcOptions;
@@ -271,7 +271,7 @@ pub async fn validate(
     body: Bytes,
 ) -> Result<Json<Value>, AppError> {
     let text = spec_body(&headers, &body)?;
-    let spec = specs::validate(&text)?;
+    let spec = validation::validate(&text)?;
     let events = blocking(move || Ok(crate::telemetry::read(st.store.root())?)).await?;
     Ok(Json(
         json!({"ok": true, "caches": summarize(&spec, &events)}),
@@ -289,7 +289,7 @@ pub fn same_project(
     if &spec.project == project {
         return Ok(());
     }
-    let mut e = specs::field_error(
+    let mut e = validation::field_error(
         text,
         &format!(
             "project: the spec declares project {:?} but is saved under project {:?}",
@@ -316,7 +316,7 @@ pub async fn get_spec(
             });
         };
         let events = crate::telemetry::read(st.store.root())?;
-        let caches = specs::validate(&stored.text)
+        let caches = validation::validate(&stored.text)
             .map(|s| summarize(&s, &events))
             .unwrap_or_default();
         Ok(json!({
@@ -339,7 +339,7 @@ pub async fn put_spec(
 ) -> Result<Json<Value>, AppError> {
     let p = view::project_id(&project)?;
     let text = spec_body(&headers, &body)?;
-    let spec = specs::validate(&text)?;
+    let spec = validation::validate(&text)?;
     same_project(&spec, &text, &p)?;
     let v = blocking(move || {
         let pd = st.store.project(&p)?;

@@ -125,26 +125,20 @@ impl Auth {
 /// any access, or when the token is shorter than [`MIN_TOKEN`] bytes or holds a character a
 /// cookie value cannot.
 pub fn read_token(path: &std::path::Path) -> crate::Result<String> {
-    use rustix::fs::{Mode, OFlags};
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     let bad =
         |what: String| crate::Error::invalid(format!("--token-file {}: {what}", path.display()));
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP => bad(
+    let (mut f, meta) = crate::sys::open_nofollow(None, path).map_err(|e| {
+        match e.raw_os_error() {
+        Some(libc::ELOOP) => bad(
             "a symlink; pass the file itself (`realpath` names it), so nobody can swap what it \
              points to"
                 .into(),
         ),
-        e => bad(std::io::Error::from(e).to_string()),
+        _ => bad(e.to_string()),
+    }
     })?;
-    let mut f = std::fs::File::from(fd);
-    let meta = f.metadata().map_err(|e| bad(e.to_string()))?;
     if !meta.file_type().is_file() {
         return Err(bad("not a regular file".into()));
     }

@@ -19,14 +19,16 @@
 //! validated by [`crate::ids`]; bodies are limited to [`MAX_BODY`] bytes; the only files read or
 //! written are the store's.
 
+#![forbid(unsafe_code)]
+
 mod api;
 mod auth;
 mod errors;
 mod openapi;
 mod pages;
 mod runs;
-mod specs;
 mod token;
+mod validation;
 mod view;
 
 use std::future::IntoFuture;
@@ -60,17 +62,10 @@ pub struct AppState {
 pub struct Config {
     /// Where to listen.
     pub listen: SocketAddr,
-    /// The token from `--token-file` (`None`: the store's own, [`store_token_path`]).
+    /// The token from `--token-file` (`None`: the store's own, `<root>/v1/serve-token`).
     pub token: Option<String>,
     /// `--token-file`, as given.
     pub token_file: Option<PathBuf>,
-}
-
-/// Where the store at `root` keeps the token `serve` uses without `--token-file`:
-/// `<root>/v1/serve-token` (mode 0600, the store owner's; remove it and restart `serve` to get
-/// a new token). A script running as the store's owner or root reads the token from there.
-pub fn store_token_path(root: &Path) -> PathBuf {
-    token::path(root)
 }
 
 impl Config {
@@ -215,7 +210,7 @@ async fn shutdown_signal() {
 }
 
 /// Serves `store` on `cfg.listen` until SIGINT/SIGTERM. Without `--token-file` it takes the
-/// store's token ([`store_token_path`], made on the first start). On a loopback address it
+/// store's token (`<root>/v1/serve-token`, mode 0600, made on the first start). On a loopback address it
 /// also listens on the other family's loopback with the same port (`[::1]:P` beside
 /// `127.0.0.1:P` and the reverse; see `bind_other_loopback`), so no other local user can
 /// listen there and receive the token of a client that resolved `localhost` to it. Once listening it prints on

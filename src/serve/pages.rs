@@ -492,7 +492,7 @@ pub async fn spec_post(
     let text = f.spec.replace("\r\n", "\n");
     let save = f.action.as_deref() == Some("save");
     let current = (stored_spec(st.clone(), p.clone()).await?).map(|s| (s.version, s.saved_ms));
-    let checked = super::specs::validate(&text)
+    let checked = super::validation::validate(&text)
         .and_then(|spec| super::api::same_project(&spec, &text, &p).map(|()| spec));
     let title = format!("Spec of {project}");
     match checked {

@@ -40,7 +40,7 @@ const TOKEN_BYTES: usize = 32;
 pub(super) fn random_secret() -> Result<String> {
     let mut bytes = [0u8; TOKEN_BYTES];
     crate::sys::fill_random(&mut bytes).map_err(|e| Error::io("getrandom(2)", e))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::units::hex(&bytes))
 }
 
 /// Where the token of the store at `root` is kept: `<root>/v1/serve-token`.
@@ -113,24 +113,17 @@ fn read_existing(
     owner: u32,
     euid: u32,
 ) -> Result<Option<String>> {
-    let fd = match rustix::fs::openat(
-        dir,
-        FILE_NAME,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) => return Ok(None),
-        Err(rustix::io::Errno::LOOP) => {
+    let (mut f, meta) = match crate::sys::open_nofollow(Some(dir.as_fd()), Path::new(FILE_NAME)) {
+        Ok(opened) => opened,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(Error::invalid(format!(
                 "{}: a symlink; remove it (`serve` then makes a new token file)",
                 path.display()
             )));
         }
-        Err(e) => return Err(Error::io(path, e.into())),
+        Err(e) => return Err(Error::io(path, e)),
     };
-    let mut f = File::from(fd);
-    let meta = f.metadata().at(path)?;
     let remove = format!("remove it (`rm {}`) and restart serve", path.display());
     if !meta.file_type().is_file() {
         return Err(Error::invalid(format!(

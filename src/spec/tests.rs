@@ -1,3 +1,4 @@
+use super::template::*;
 use super::*;
 
 fn err(text: &str) -> String {

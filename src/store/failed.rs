@@ -91,7 +91,7 @@ pub fn keep_failed_logs(pd: &ProjectDirs, f: &FailedSetup<'_>) -> Result<Option<
         output,
         others,
     } = *f;
-    if run.is_empty() || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+    if !crate::ids::is_run_path_safe(run) {
         return Err(Error::invalid(format!(
             "run id {run:?}: want letters, digits and '-'"
         )));

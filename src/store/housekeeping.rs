@@ -1,5 +1,5 @@
 //! Keeping a store in shape: `layercache ls` (what is there), `gc` (stale runs and staging,
-//! orphan layers, then least-recently-used layers under the limits of [`super::gc`], then
+//! orphan layers, then least-recently-used layers under the limits of [`super::eviction`], then
 //! unreferenced objects) and `clear` (a project's or cache's layers). Every removal takes the
 //! project lock exclusively and a layer's lease exclusively: a mounted layer is never removed.
 
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::lease::{self, Lease, Mode};
 use super::paths::{ProjectDirs, read_names, remove_tree};
-use super::{Store, gc, one_of};
+use super::{Store, eviction, one_of};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 
@@ -93,7 +93,7 @@ pub struct GcReport {
     pub failed_logs: Vec<std::path::PathBuf>,
 }
 
-/// [`gc::Usage`] in a report.
+/// [`eviction::Usage`] in a report.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct UsageJson {
     /// Bytes of objects.
@@ -104,8 +104,8 @@ pub struct UsageJson {
     pub layers: u64,
 }
 
-impl From<gc::Usage> for UsageJson {
-    fn from(u: gc::Usage) -> Self {
+impl From<eviction::Usage> for UsageJson {
+    fn from(u: eviction::Usage) -> Self {
         UsageJson {
             bytes: u.bytes,
             inodes: u.inodes,
@@ -217,8 +217,8 @@ impl Store {
             report.removed_orphans += cands.add_project(pi, pd, dry, &mut doomed.of(pi))?;
         }
         report.in_use = cands.list.iter().filter(|c| c.in_use).count() as u64;
-        report.before = gc::usage(&cands.list).into();
-        let (evict, after) = gc::plan(&cands.list, &limits);
+        report.before = eviction::usage(&cands.list).into();
+        let (evict, after) = eviction::plan(&cands.list, &limits);
         report.after = after.into();
         report.evicted = cands.evict(&pds, &evict, dry, &mut doomed)?;
         // 3. Objects no tree links any more (in a dry run: none but doomed trees).
@@ -387,6 +387,7 @@ impl Store {
             let hidden = format!(".removing-{}-{}", pd.project, crate::sys::random_hex(6));
             let gone = pd.root.with_file_name(hidden);
             fs::rename(&pd.root, &gone).at(&pd.root)?;
+            self.forget_checked(&pd.project);
             remove_tree(&gone)?;
         }
         Ok(report)
@@ -436,8 +437,8 @@ impl Store {
     /// race's) and the quarantine are not in it; gc counts and removes them.
     ///
     /// Errors: [`Error::Io`] listing the projects or their layers.
-    pub fn usage_bound(&self) -> Result<gc::Usage> {
-        let mut u = gc::Usage::default();
+    pub fn usage_bound(&self) -> Result<eviction::Usage> {
+        let mut u = eviction::Usage::default();
         for pd in self.projects(None)? {
             for id in pd.layer_ids()? {
                 if let Ok(m) = pd.layer(&id).manifest() {
@@ -455,8 +456,8 @@ impl Store {
     /// symlinks and fifos recorded in the manifests.
     ///
     /// Errors: [`Error::Io`] reading the store.
-    pub fn quick_usage(&self) -> Result<gc::Usage> {
-        let mut u = gc::Usage::default();
+    pub fn quick_usage(&self) -> Result<eviction::Usage> {
+        let mut u = eviction::Usage::default();
         for pd in self.projects(None)? {
             for (_, _, meta) in pd.objects().list()? {
                 u.bytes += meta.len();
@@ -520,7 +521,7 @@ impl DoomedLinks<'_> {
 /// (`place[c.index]` is the project index and the layer or quarantine entry of `list[c]`).
 #[derive(Default)]
 struct Candidates {
-    list: Vec<gc::Candidate>,
+    list: Vec<eviction::Candidate>,
     place: Vec<(usize, Doomable)>,
 }
 
@@ -571,7 +572,7 @@ impl Candidates {
         in_use: bool,
     ) -> Result<()> {
         let (objects, own_inodes) = tree_usage(tree)?;
-        self.list.push(gc::Candidate {
+        self.list.push(eviction::Candidate {
             index: self.place.len(),
             idle,
             in_use,

@@ -18,9 +18,11 @@
 //! the same key reports `exists` and discards its copy); restore keys are prefixes tried in
 //! order, the most recently created matching layer first.
 
+#![forbid(unsafe_code)]
+
 mod config;
+mod eviction;
 mod failed;
-mod gc;
 mod housekeeping;
 mod inputs;
 mod layer;
@@ -48,42 +50,41 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::sys;
-pub use config::{DEFAULT_MAX_AGE, DEFAULT_MAX_INODES, DEFAULT_MAX_SIZE, Limits, RemoteFile};
-pub use failed::{
-    FailedSetup, KEEP_FOR as FAILED_LOGS_KEPT_FOR, KeptLogs, filesystem_space, is_log_like,
-    keep_failed_logs, looks_full, store_full_message,
+pub(crate) use config::{Limits, RemoteFile};
+pub(crate) use failed::{
+    FailedSetup, KeptLogs, filesystem_space, keep_failed_logs, looks_full, store_full_message,
 };
-pub use gc::Usage;
+pub(crate) use housekeeping::{ClearReport, GcReport, LayerInfo};
 pub use inputs::Inputs;
 use layer::write_synced;
-pub use layer::{Layer, Manifest, TreeCounts};
 #[cfg(test)]
 pub(crate) use layer::{MANIFEST_FORMAT, new_layer_id};
-pub use mount::{Lookup, Mount, MountOutcome, MountRequest};
+pub(crate) use layer::{Manifest, TreeCounts};
+pub(crate) use mount::{Mount, MountOutcome, MountRequest};
+// What the integration tests name (with Store): gc options and a lookup's answer.
+pub use housekeeping::GcOptions;
+pub use mount::Lookup;
 // The object format and promotion's undo, which a pull shares with a local publish.
-pub use housekeeping::{ClearReport, GcOptions, GcReport, LayerInfo, UsageJson};
 pub(crate) use object::{ObjectStore, SharedMeta, content_xattrs, hash_file, meta_tag};
 use paths::read_names;
-pub use paths::{ProjectDirs, exists_at, store_of_run_upper};
-pub use promote::{CREDENTIAL_FILES, CredentialPattern};
+pub(crate) use paths::{ProjectDirs, exists_at, store_of_run_upper};
 pub(crate) use promote::{TreeStats, undo_created_objects};
-pub use publish::{CommitOutcome, CommitResult, PublishSpec, Published};
-pub use runs::{MountResult, RunRecord, StoreMount};
-pub use salt::{salt_from_hex, salt_to_hex};
-pub use specs::StoredSpec;
-pub use tier::{PullReport, RemoteTier};
-pub use verify::VerifyReport;
-pub use views::{forget_made_views, reap_made_views, record_made_views};
+pub(crate) use publish::{CommitResult, PublishSpec};
+pub(crate) use runs::MountResult;
+pub(crate) use salt::{salt_from_hex, salt_to_hex};
+pub(crate) use specs::StoredSpec;
+pub(crate) use tier::{PullReport, RemoteTier};
+pub(crate) use views::{reap_made_views, record_made_views};
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).
-pub const FORMAT: u32 = 1;
+pub(crate) const FORMAT: u32 = 1;
 /// Feature flags recorded in `format.json`.
-pub const FEATURES: &[&str] = &["blake3-objects", "meta-tagged-objects", "flock-leases"];
+pub(crate) const FEATURES: &[&str] = &["blake3-objects", "meta-tagged-objects", "flock-leases"];
 /// How long `commit`/`umount` wait for an overlay daemon to exit after unmounting.
-pub const UNMOUNT_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const UNMOUNT_WAIT: Duration = Duration::from_secs(60);
 /// A run directory whose lease is free is only treated as stale after this long (seconds since
 /// its last change), so a `commit` in another process between unmount and promotion is safe.
-pub const RUN_GRACE: Duration = Duration::from_secs(120);
+pub(crate) const RUN_GRACE: Duration = Duration::from_secs(120);
 
 /// The default store root: `/var/lib/layercache` as root, `$XDG_CACHE_HOME/layercache`
 /// (falling back to `$HOME/.cache/layercache` when it is unset, empty or relative, as the XDG
@@ -91,7 +92,7 @@ pub const RUN_GRACE: Duration = Duration::from_secs(120);
 ///
 /// Errors: [`Error::Invalid`] when neither `XDG_CACHE_HOME` nor `HOME` is set for a non-root
 /// user.
-pub fn default_root() -> Result<PathBuf> {
+pub(crate) fn default_root() -> Result<PathBuf> {
     let root = rustix::process::geteuid().is_root();
     default_root_for(
         root,
@@ -282,6 +283,10 @@ pub struct Store {
     /// Removals of finished runs' directories still going on in the background (shared by
     /// clones; [`Store::wait_background`] joins them).
     background: Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>,
+    /// The projects whose directories [`Store::project`] has made and checked through this
+    /// handle (shared by clones): a run asks for its project several times, the trust walk is
+    /// made once. [`Store::clear`] of a whole project forgets it.
+    checked_projects: Arc<std::sync::Mutex<std::collections::HashSet<ProjectId>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -300,7 +305,7 @@ fn ms_since(t: Instant) -> u64 {
 
 /// The exit-2 error for a `--project` the store at `root` does not have: names it, the store
 /// and the projects there are (`known`).
-pub fn no_such_project(root: &Path, project: &ProjectId, known: &[String]) -> Error {
+pub(crate) fn no_such_project(root: &Path, project: &ProjectId, known: &[String]) -> Error {
     Error::invalid(format!(
         "project {project}: no such project in the store at {} ({})",
         root.display(),
@@ -413,6 +418,7 @@ impl Store {
             remote: None,
             notify: None,
             background: Arc::default(),
+            checked_projects: Arc::default(),
         })
     }
 
@@ -478,13 +484,17 @@ impl Store {
 
     /// The directories of `project`, created (mode 0700, its parts 0755, whatever the umask;
     /// the store owner's when root makes them in a user's store) if missing, reached without
-    /// following a symlink and checked like the store's own (see `trust`).
+    /// following a symlink and checked like the store's own (see `trust`) — once per handle
+    /// (and its clones): later calls for the same project return its directories at once.
     ///
     /// Errors: [`Error::Invalid`] (exit 2) for a project directory that is a symlink, that
     /// group or others may write, or that belongs to a user other than the store's owner and
     /// root; [`Error::Io`] when they cannot be created.
     pub fn project(&self, project: &ProjectId) -> Result<ProjectDirs> {
         let pd = self.project_dirs(project);
+        if self.checked().contains(project) {
+            return Ok(pd);
+        }
         let dir = trust::walk_create(
             &self.root,
             &[
@@ -496,7 +506,20 @@ impl Store {
         for s in ["objects", "layers", "caches", "runs", "staging", "empty"] {
             trust::make_in(&dir, s, 0o755)?;
         }
+        self.checked().insert(project.clone());
         Ok(pd)
+    }
+
+    /// The set of [`Store::project`]'s checked projects (a poisoned lock is taken over: the
+    /// set is only ever inserted into or removed from whole).
+    fn checked(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<ProjectId>> {
+        (self.checked_projects.lock()).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets that `project`'s directories were checked (they were removed): the next
+    /// [`Store::project`] makes and checks them again.
+    pub(super) fn forget_checked(&self, project: &ProjectId) {
+        self.checked().remove(project);
     }
 
     pub(crate) fn project_dirs(&self, project: &ProjectId) -> ProjectDirs {

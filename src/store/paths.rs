@@ -240,12 +240,9 @@ const PINNING_FLAGS: u32 = 0x10 | 0x20;
 /// objects. Best effort: a file whose flags cannot be read or changed (no CAP_LINUX_IMMUTABLE,
 /// a filesystem without inode flags) is left as it is. Returns how many inodes it changed.
 pub(super) fn clear_inode_flags(p: &Path) -> u64 {
+    use crate::sys::{FS_IOC_GETFLAGS, FS_IOC_SETFLAGS};
     use std::os::fd::AsFd;
     use std::os::unix::fs::OpenOptionsExt;
-    // include/uapi/linux/fs.h: _IOR('f', 1, long) and _IOW('f', 2, long); the kernel passes
-    // an int.
-    const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
-    const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
     let Ok(meta) = fs::symlink_metadata(p) else {
         return 0;
     };

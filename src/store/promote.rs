@@ -54,8 +54,6 @@ pub enum CredentialPattern {
     Name(&'static str),
     /// The file name starts with this.
     Prefix(&'static str),
-    /// The file name ends with this.
-    Suffix(&'static str),
     /// The path relative to the layer root ends with these components.
     PathSuffix(&'static str),
     /// The file name ends with this and the file holds a private key (`PRIVATE KEY-----`).
@@ -131,7 +129,6 @@ pub fn is_credential(rel: &Path, src: &Path) -> bool {
     CREDENTIAL_FILES.iter().any(|p| match *p {
         CredentialPattern::Name(n) => name == n,
         CredentialPattern::Prefix(n) => name.starts_with(n),
-        CredentialPattern::Suffix(n) => name.ends_with(n),
         CredentialPattern::PathSuffix(s) => rel.ends_with(s),
         CredentialPattern::PrivateKeySuffix(n) => {
             name.ends_with(n) && src.is_file() && holds_private_key(src)

@@ -19,7 +19,9 @@ use super::mount::{Leases, Mount, MountRequest, RunMount};
 use super::object::ObjectStore;
 use super::paths::{ProjectDirs, mkdir_mode, remove_tree};
 use super::runs::{RunRecord, StoreMount, unmount_and_wait};
-use super::{GcOptions, GcReport, MountOutcome, MountResult, Notice, Store, gc, ms_since, promote};
+use super::{
+    GcOptions, GcReport, MountOutcome, MountResult, Notice, Store, eviction, ms_since, promote,
+};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::overlay::links::LinkGroups;
@@ -445,18 +447,20 @@ impl Store {
     /// of a small restore's commit).
     fn auto_gc(&self) -> Option<GcReport> {
         if let Ok(b) = self.usage_bound()
-            && gc::well_below_limits(&b, &self.limits)
+            && eviction::well_below_limits(&b, &self.limits)
         {
             return None;
         }
         match self.quick_usage() {
-            Ok(u) if gc::over_limits(&u, &self.limits) => match self.gc(&GcOptions::default()) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::warn!(error = %e, "automatic gc failed");
-                    None
+            Ok(u) if eviction::over_limits(&u, &self.limits) => {
+                match self.gc(&GcOptions::default()) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "automatic gc failed");
+                        None
+                    }
                 }
-            },
+            }
             Ok(_) => None,
             Err(e) => {
                 tracing::warn!(error = %e, "could not measure the store");

@@ -18,7 +18,7 @@ use crate::ids::ProjectId;
 
 /// A salt's text form: 64 lowercase hex digits (and a newline when written).
 pub fn salt_to_hex(salt: &[u8; 32]) -> String {
-    salt.iter().map(|b| format!("{b:02x}")).collect()
+    crate::units::hex(salt)
 }
 
 /// Parses a salt's text form (64 hex digits, surrounding whitespace ignored); `None` for
@@ -114,7 +114,8 @@ impl Store {
     /// another local one changes the project's keys (its local layers are then reached only
     /// through the remote's keys): said in a [`Notice::Remote`].
     ///
-    /// Errors: [`Error::Io`] making the project directory or writing the salt;
+    /// Errors: [`Error::Io`] making the project directory or writing the salt, or when
+    /// getrandom(2) gives no bytes for a fresh one;
     /// [`Error::Failed`] for a local salt file that is not one.
     pub fn key_salt(&self, project: &ProjectId) -> Result<[u8; 32]> {
         let pd = self.project(project)?;
@@ -122,7 +123,7 @@ impl Store {
         let Some(remote) = self.remote() else {
             return match local {
                 Some(s) => Ok(s),
-                None => pd.write_salt(&fresh_salt(), false),
+                None => pd.write_salt(&fresh_salt()?, false),
             };
         };
         let here = remote.location();
@@ -132,7 +133,10 @@ impl Store {
         {
             return Ok(s);
         }
-        let proposed = local.unwrap_or_else(fresh_salt);
+        let proposed = match local {
+            Some(s) => s,
+            None => fresh_salt()?,
+        };
         let Some(agreed) = remote.agree_salt(self, project, &proposed) else {
             return match local {
                 Some(s) => Ok(s),
@@ -182,10 +186,13 @@ impl Store {
     }
 }
 
-/// 32 bytes from getrandom(2).
-fn fresh_salt() -> [u8; 32] {
-    let hex = crate::sys::random_hex(32);
-    salt_from_hex(hex.as_bytes()).unwrap_or([0; 32])
+/// 32 bytes from getrandom(2) (the kernel's CSPRNG; no weaker fallback).
+///
+/// Errors: [`Error::Io`] when the kernel gives no random bytes.
+fn fresh_salt() -> Result<[u8; 32]> {
+    let mut salt = [0u8; 32];
+    crate::sys::fill_random(&mut salt).map_err(|e| Error::io("getrandom(2)", e))?;
+    Ok(salt)
 }
 
 #[cfg(test)]
@@ -195,7 +202,7 @@ mod tests {
 
     #[test]
     fn hex_round_trip_and_refusals() {
-        let s = fresh_salt();
+        let s = fresh_salt().unwrap();
         assert_ne!(s, [0; 32]);
         assert_eq!(salt_from_hex(salt_to_hex(&s).as_bytes()), Some(s));
         assert_eq!(salt_from_hex(b"abc"), None);
@@ -215,7 +222,7 @@ mod tests {
         assert_eq!(mode, 0o600);
         // A second writer (a concurrent first run) gets the one already there.
         let pd = store.project(&p).unwrap();
-        assert_eq!(pd.write_salt(&fresh_salt(), false).unwrap(), a);
+        assert_eq!(pd.write_salt(&fresh_salt().unwrap(), false).unwrap(), a);
         fs::write(&path, "junk\n").unwrap();
         let e = store.key_salt(&p).unwrap_err().to_string();
         assert!(e.contains("not a key salt"), "{e}");
@@ -264,7 +271,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let mut store = Store::open(Some(t.path())).unwrap();
         let p = ProjectId::new("p").unwrap();
-        let remote_salt = fresh_salt();
+        let remote_salt = fresh_salt().unwrap();
         let tier = std::sync::Arc::new(Tier {
             salt: None,
             asked: 0.into(),

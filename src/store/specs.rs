@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -78,25 +79,18 @@ fn open_file(
     changeable_by: &mut Option<String>,
 ) -> Result<Option<File>> {
     let path = dir.path.join(name);
-    let fd = match rustix::fs::openat(
-        &dir.fd,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(None),
-        Err(Errno::LOOP) => {
+    let (f, m) = match crate::sys::open_nofollow(Some(dir.fd.as_fd()), Path::new(name)) {
+        Ok(opened) => opened,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(Error::invalid(format!(
                 "{}: a symlink inside the store; layercache does not follow links there \
                  (another user may have planted it): remove it",
                 path.display()
             )));
         }
-        Err(e) => return Err(Error::io(&path, e.into())),
+        Err(e) => return Err(Error::io(&path, e)),
     };
-    let f = File::from(fd);
-    let m = f.metadata().at(&path)?;
     if !m.file_type().is_file() {
         return Err(Error::invalid(format!(
             "{}: not a regular file; remove it",

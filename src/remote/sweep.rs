@@ -50,9 +50,6 @@ impl Inventory {
     }
 }
 
-/// Default grace period: objects and manifests younger than this are kept.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(24 * 3600);
-
 /// What remote gc did (or would do, with `dry_run`).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RemoteGcReport {
