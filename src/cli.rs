@@ -71,7 +71,7 @@ impl Cli {
     }
 }
 
-/// The subcommands (the CLI contract: README.md; code map: docs/ARCHITECTURE.md).
+/// The subcommands (the CLI contract: docs/commands.md; code map: docs/ARCHITECTURE.md).
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Mount a copy-on-write overlay of any directories (fuse-overlayfs compatible options).

@@ -554,7 +554,7 @@ fn short_of_descriptors_the_mount_works_or_fails_cleanly() {
     }
 }
 
-/// `LAYERCACHE_DAEMON_LOG` (README: often `/tmp/lc.log`) is never followed through a symlink:
+/// `LAYERCACHE_DAEMON_LOG` (docs/commands.md: often `/tmp/lc.log`) is never followed through a symlink:
 /// another user's `/tmp/lc.log -> /etc/…` would make a root daemon append to that file. A
 /// plain path gets the log, created 0600; a symlink gets no log and its target is untouched.
 #[test]

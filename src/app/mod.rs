@@ -331,7 +331,7 @@ fn cmd_sandbox_args(global: &GlobalArgs, args: &SandboxArgs) -> Result<i32> {
             binds.mounts.push((mp.clone(), mp));
         }
     } else {
-        // Issue 12: the mounts of existing `layercache mount` runs, seen where the spec's
+        // The mounts of existing `layercache mount` runs, seen where the spec's
         // cache of the same id is seen (and with its environment), else at their mountpoint.
         let store = store_cmds::open_existing(global)?;
         for id in &args.run {

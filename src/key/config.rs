@@ -1,4 +1,4 @@
-//! The tool configuration a preset's setup reads, as key inputs (issue 29 item 2): `npm ci`
+//! The tool configuration a preset's setup reads, as key inputs: `npm ci`
 //! runs the root and workspace packages' lifecycle scripts from `package.json` and reads
 //! `.npmrc`; pnpm reads `pnpm-workspace.yaml` and `.pnpmfile.cjs`; uv reads `pyproject.toml`
 //! and `uv.toml`; cargo reads the workspace's `Cargo.toml` files and `.cargo/config.toml`.

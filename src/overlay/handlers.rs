@@ -1,7 +1,7 @@
 //! `fuser::Filesystem` for [`OverlayFs`]: every handler is a thin call into an engine
 //! operation that returns `Result<_, Errno>`.
 //!
-//! Kernel caching setup (docs/ARCHITECTURE.md, "Overlay"): long entry/attr TTLs,
+//! Kernel caching setup (docs/PERFORMANCE.md and docs/overlay.md): long entry/attr TTLs,
 //! negative entries cached, readdirplus for every readdir, parallel directory operations,
 //! cached symlinks, and "no open" mode — open and opendir answer ENOSYS so the kernel stops
 //! sending them and serves pages and listings from its caches (FLUSH answers ENOSYS too, so

@@ -21,7 +21,7 @@ pub mod user;
 pub use bwrap::bwrap_user_preflight;
 use user::{RunUser, UserSource};
 
-/// Where a run's setup, maintenance and COMMAND run (`--sandbox`, README "Sandboxes"), and
+/// Where a run's setup, maintenance and COMMAND run (`--sandbox`, docs/sandboxes.md), and
 /// the one method set the run asks of it without naming the variant: its preflight
 /// ([`Sandbox::host_user`], [`Sandbox::unprivileged_refusal`], [`Sandbox::preflight`],
 /// [`Sandbox::check_bind_paths`]), what its views need ([`Sandbox::host_view_dirs`],

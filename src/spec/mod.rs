@@ -289,7 +289,7 @@ impl Cache {
         // Below the mount root nothing of the host is followed: every step sees the mount
         // root as a tmpfs of its own namespace (bwrap: `--tmpfs`; Docker: the container's
         // root), so entries another user made in a shared mount root (`/cache`, 1777) are
-        // never seen, and cannot refuse or redirect a view (issue 29 item 4). The mount root
+        // never seen, and cannot refuse or redirect a view. The mount root
         // itself is checked by the run (`run::hostpath`).
         if below(&paths.mount_root) {
             return Ok(mp);

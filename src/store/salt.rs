@@ -1,4 +1,4 @@
-//! A project's key salt (issue 29 item 3): 32 random bytes kept at `projects/<p>/key-salt`
+//! A project's key salt: 32 random bytes kept at `projects/<p>/key-salt`
 //! (64 hex digits and a newline, mode 0600, in the 0700 project directory), the key of the
 //! keyed digests a cache key and its recorded inputs are made of (`crate::key::KeySalt`), so a
 //! digest of a weak secret cannot be tried offline without it and two projects' digests of
