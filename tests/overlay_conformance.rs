@@ -520,6 +520,23 @@ fn chattr_immutable_and_append_only_apply_to_the_upper_file() {
     );
     chattr("-a", &fx.p("g"));
     fs::remove_file(fx.p("g")).unwrap();
+    // A non-empty directory in an immutable or append-only one: the removal is refused as
+    // fs/namei.c may_delete refuses it (EACCES/EPERM), before any ENOTEMPTY (generic/079).
+    write(&fx.p("d/sub/f"), "f\n");
+    let _clear_d = ClearFlags(vec![fx.p("d"), fx.upper.join("d")]);
+    for (flag, want) in [
+        ("+i", [libc::EACCES, libc::EPERM]),
+        ("+a", [libc::EPERM; 2]),
+    ] {
+        chattr(flag, &fx.p("d"));
+        let e = fs::remove_dir(fx.p("d/sub")).expect_err("rmdir in a flagged directory");
+        assert!(
+            want.contains(&e.raw_os_error().unwrap_or(0)),
+            "rmdir of a non-empty directory in a chattr {flag} directory: {e}"
+        );
+        chattr(&flag.replace('+', "-"), &fx.p("d"));
+    }
+    fs::remove_dir_all(fx.p("d")).unwrap();
 }
 
 /// Kernel overlayfs mounts lower layers alone (no upperdir) read-only: the merged view of the

@@ -13,7 +13,7 @@ use super::inode::Backing;
 use super::ops::timespec;
 use super::stack::{Kind, Tree};
 use super::whiteout;
-use crate::sys::{Xattrs, cstr};
+use crate::sys::{FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, Xattrs, cstr};
 
 /// What a SETATTR changes (each `None` is left alone): permission bits and file type bits as
 /// chmod(2) takes them, owner ids, size in bytes, access and modification times.
@@ -149,6 +149,63 @@ impl OverlayFs {
 
     /// The inode flags ioctls the kernel sends a FUSE daemon for `chattr`, `lsattr` and
     /// `xfs_io chattr` (its fileattr calls, fs/fuse/ioctl.c `fuse_fileattr_get`/`_set`):
+    /// Refuses the removal of node `victim` from directory node `parent` as fs/namei.c
+    /// `may_delete` does, before the filesystem sees it: `EACCES` for an immutable parent
+    /// (its `inode_permission` for writing), `EPERM` for an append-only parent or an immutable
+    /// or append-only victim. The upper filesystem applies the same rules when the daemon
+    /// removes there, but an RMDIR's merged emptiness check comes first and would answer
+    /// `ENOTEMPTY` instead (xfstests generic/079). Inode flags live only on upper files (a
+    /// flags change copies up), so nodes without one pass. Caller holds `ns`.
+    ///
+    /// Errors: `EACCES`, `EPERM`, `ENOENT` for a node that is gone, or the errno of opening
+    /// an upper file.
+    pub(super) fn check_may_delete(&self, parent: u64, victim: u64) -> OpResult<()> {
+        const FS_IMMUTABLE_FL: u32 = 0x10; // include/uapi/linux/fs.h
+        const FS_APPEND_FL: u32 = 0x20;
+        let p = self.upper_inode_flags(parent)?;
+        if p & FS_IMMUTABLE_FL != 0 {
+            return Err(Errno::EACCES);
+        }
+        if p & FS_APPEND_FL != 0
+            || self.upper_inode_flags(victim)? & (FS_IMMUTABLE_FL | FS_APPEND_FL) != 0
+        {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
+    /// Node `id`'s inode flags as its upper file has them (`FS_IOC_GETFLAGS`); 0 for a node
+    /// without an upper file, a node that is neither a file nor a directory, or an upper
+    /// filesystem without inode flags. Caller holds `ns`.
+    ///
+    /// Errors: `ENOENT` for a node that is gone, or the errno of opening the upper file.
+    fn upper_inode_flags(&self, id: u64) -> OpResult<u32> {
+        let n = self.backing(id)?;
+        let dir = match n.kind {
+            _ if !n.upper => return Ok(0),
+            Kind::Dir => libc::O_DIRECTORY,
+            Kind::File => 0,
+            _ => return Ok(0),
+        };
+        let f = self
+            .stack
+            .open(n.tree, &n.path, libc::O_RDONLY | libc::O_NONBLOCK | dir, 0)
+            .map_err(errno)?;
+        let mut buf = [0u8; 28];
+        match crate::sys::ioctl_fileattr(std::os::fd::AsFd::as_fd(&f), FS_IOC_GETFLAGS, &mut buf) {
+            Ok(()) => Ok(u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]])),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL)
+                ) =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(errno(e)),
+        }
+    }
+
     /// `FS_IOC_GETFLAGS`/`FS_IOC_FSGETXATTR` read node `id`'s file (its upper copy, or its lower
     /// one) and answer the flags (`in_data` unused, a 4-byte int or a 28-byte `struct fsxattr`),
     /// `FS_IOC_SETFLAGS`/`FS_IOC_FSSETXATTR` copy the node up and set `in_data` on its upper
@@ -165,10 +222,8 @@ impl OverlayFs {
     /// those itself), `EINVAL` for `in_data` of the wrong size, the upper filesystem's errno
     /// (`EOPNOTSUPP`, `EPERM`…), `ENOENT` for a node that is gone.
     pub fn fileattr_ioctl(&self, id: u64, cmd: u32, in_data: &[u8]) -> OpResult<Vec<u8>> {
-        // include/uapi/linux/fs.h: _IOR('f', 1, long), _IOW('f', 2, long) (the kernel passes
-        // an int), _IOR('X', 31, struct fsxattr), _IOW('X', 32, struct fsxattr).
-        const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
-        const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+        // include/uapi/linux/fs.h: _IOR('X', 31, struct fsxattr), _IOW('X', 32, struct
+        // fsxattr); FS_IOC_GETFLAGS/SETFLAGS (the kernel passes an int) are sys's.
         const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
         const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
         const FSXATTR_SIZE: usize = 28;

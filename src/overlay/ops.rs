@@ -557,6 +557,7 @@ impl OverlayFs {
         if r.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
+        self.check_may_delete(parent, r.id)?;
         let rel = child(&pdir.path, name).map_err(errno)?;
         self.check_empty(&r, &rel)?;
         self.ensure_upper_dir(parent)?;
