@@ -432,28 +432,7 @@ pub fn validate_made(
     raw: &RawOptions,
     mountpoint: &Path,
 ) -> Result<(OverlayConfig, Option<PathBuf>)> {
-    if raw.lowerdirs.len() > 63 {
-        return Err(Error::invalid(format!(
-            "lowerdir: {} directories given, at most 63 are supported",
-            raw.lowerdirs.len()
-        )));
-    }
-    let lowerdirs = raw
-        .lowerdirs
-        .iter()
-        .map(|p| existing_dir("lowerdir", p))
-        .collect::<Result<Vec<_>>>()?;
-    let mnt = existing_dir("mountpoint", mountpoint)?;
-    if let Some(l) = lowerdirs.iter().find(|l| mnt != **l && mnt.starts_with(l)) {
-        return Err(Error::invalid(format!(
-            "mountpoint {} is inside lowerdir {}: the mount would show itself at {} (its \
-             daemon never looks through its own mountpoint); mount over the lowerdir itself \
-             or at a directory outside every lowerdir",
-            mnt.display(),
-            l.display(),
-            mnt.strip_prefix(l).unwrap_or(&mnt).display()
-        )));
-    }
+    let (lowerdirs, mnt) = checked_lowers(raw, mountpoint)?;
     let Some(upper_given) = raw.upperdir.as_deref() else {
         return Ok((
             config(raw, lowerdirs, PathBuf::new(), PathBuf::new(), true),
@@ -462,21 +441,7 @@ pub fn validate_made(
     };
     let upperdir = existing_dir("upperdir", upper_given)?;
     // The workdir is created only once every check passed: a refused mount leaves nothing.
-    let (workdir, create_work) = match &raw.workdir {
-        Some(w) if raw.read_only && !w.exists() => (PathBuf::new(), None),
-        None if raw.read_only => (PathBuf::new(), None),
-        Some(w) => planned_dir("workdir", w)?,
-        None => {
-            let name = upperdir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let parent = upperdir.parent().ok_or_else(|| {
-                Error::invalid("upperdir /: give a workdir= on the same filesystem")
-            })?;
-            planned_dir("workdir", &parent.join(format!(".{name}.layercache-work")))?
-        }
-    };
+    let (workdir, create_work) = planned_workdir(raw, &upperdir)?;
     for l in &lowerdirs {
         if nested(l, &upperdir) {
             return Err(Error::invalid(format!(
@@ -531,6 +496,59 @@ pub fn validate_made(
         config(raw, lowerdirs, upperdir, workdir, raw.read_only),
         create_work,
     ))
+}
+
+/// The lowerdirs (at most 63, each an existing directory, canonical) and the canonical
+/// mountpoint, which may not lie strictly inside a lowerdir.
+///
+/// Errors: [`Error::Invalid`] naming the offending input.
+fn checked_lowers(raw: &RawOptions, mountpoint: &Path) -> Result<(Vec<PathBuf>, PathBuf)> {
+    if raw.lowerdirs.len() > 63 {
+        return Err(Error::invalid(format!(
+            "lowerdir: {} directories given, at most 63 are supported",
+            raw.lowerdirs.len()
+        )));
+    }
+    let lowerdirs = raw
+        .lowerdirs
+        .iter()
+        .map(|p| existing_dir("lowerdir", p))
+        .collect::<Result<Vec<_>>>()?;
+    let mnt = existing_dir("mountpoint", mountpoint)?;
+    if let Some(l) = lowerdirs.iter().find(|l| mnt != **l && mnt.starts_with(l)) {
+        return Err(Error::invalid(format!(
+            "mountpoint {} is inside lowerdir {}: the mount would show itself at {} (its \
+             daemon never looks through its own mountpoint); mount over the lowerdir itself \
+             or at a directory outside every lowerdir",
+            mnt.display(),
+            l.display(),
+            mnt.strip_prefix(l).unwrap_or(&mnt).display()
+        )));
+    }
+    Ok((lowerdirs, mnt))
+}
+
+/// Where the workdir of a mount with upperdir `upperdir` is (canonical, or planned) and the
+/// topmost directory creating it would make; no workdir for a read-only mount without an
+/// existing one. The default is `.<upper name>.layercache-work` beside the upperdir.
+///
+/// Errors: [`Error::Invalid`] for an upperdir of `/` without a workdir, or as [`planned_dir`].
+fn planned_workdir(raw: &RawOptions, upperdir: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
+    Ok(match &raw.workdir {
+        Some(w) if raw.read_only && !w.exists() => (PathBuf::new(), None),
+        None if raw.read_only => (PathBuf::new(), None),
+        Some(w) => planned_dir("workdir", w)?,
+        None => {
+            let name = upperdir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let parent = upperdir.parent().ok_or_else(|| {
+                Error::invalid("upperdir /: give a workdir= on the same filesystem")
+            })?;
+            planned_dir("workdir", &parent.join(format!(".{name}.layercache-work")))?
+        }
+    })
 }
 
 /// The canonical path `p` has or will have once created, and the topmost directory that
