@@ -21,9 +21,6 @@ use super::stack::{Kind, Stack, Tree, top_lower};
 use super::whiteout;
 use crate::sys::{self, Xattrs, child, cstr};
 
-/// The largest xattr value the VFS hands out (`XATTR_SIZE_MAX`), bytes.
-const XATTR_MAX: usize = 64 * 1024;
-
 /// Where copy-up reads the xattrs it copies: an open file or directory ([`Xattrs`]), or a
 /// symlink or special file of a layer, read through the stack ([`LayerXattrs`]).
 trait XattrSource {
@@ -50,21 +47,7 @@ impl XattrSource for LayerXattrs<'_> {
         self.0.xattr_names(self.1, self.2)
     }
     fn value(&self, name: &CStr) -> io::Result<Vec<u8>> {
-        // As Xattrs::value: a small buffer first, the largest value the VFS hands out after
-        // ERANGE.
-        let mut buf = vec![0u8; 256];
-        loop {
-            match self.0.xattr(self.1, self.2, name, &mut buf) {
-                Ok(n) => {
-                    buf.truncate(n);
-                    return Ok(buf);
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ERANGE) && buf.len() < XATTR_MAX => {
-                    buf.resize(XATTR_MAX, 0)
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        sys::whole_value(|buf| self.0.xattr(self.1, self.2, name, buf))
     }
 }
 

@@ -104,19 +104,7 @@ impl Xattrs<'_> {
     ///
     /// Errors: as [`Xattrs::get_into`] (never `ERANGE`: the buffer grows).
     pub fn value(self, name: &CStr) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; 256];
-        loop {
-            match self.get_into(name, &mut buf) {
-                Ok(n) => {
-                    buf.truncate(n);
-                    return Ok(buf);
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ERANGE) && buf.len() < XATTR_MAX => {
-                    buf.resize(XATTR_MAX, 0)
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        whole_value(|buf| self.get_into(name, buf))
     }
 }
 
@@ -150,4 +138,25 @@ pub fn remove_xattr(path: &Path, name: &[u8]) -> io::Result<()> {
 
 fn cbytes(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// A whole xattr value read by `get` (a getxattr-like call filling its buffer and returning
+/// the length): into a small buffer first, then, after `ERANGE`, one of the largest size the
+/// VFS hands out (64 KiB, XATTR_SIZE_MAX).
+///
+/// Errors: `get`'s errno (`ENODATA` when absent…).
+pub fn whole_value(mut get: impl FnMut(&mut [u8]) -> io::Result<usize>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        match get(&mut buf) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) && buf.len() < XATTR_MAX => {
+                buf.resize(XATTR_MAX, 0)
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
