@@ -111,6 +111,15 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
+/// `n` files as a person would write it: `1 file`, `0 files`, `10428 files`.
+pub fn fmt_files(n: u64) -> String {
+    if n == 1 {
+        "1 file".to_string()
+    } else {
+        format!("{n} files")
+    }
+}
+
 /// `bytes` as lowercase hex, two digits a byte (what salts, tokens, digests and temporary
 /// names are written as).
 pub fn hex(bytes: &[u8]) -> String {
@@ -120,6 +129,13 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_counts_read_as_words() {
+        assert_eq!(fmt_files(0), "0 files");
+        assert_eq!(fmt_files(1), "1 file");
+        assert_eq!(fmt_files(10428), "10428 files");
+    }
 
     #[test]
     fn parses_sizes_and_durations() {

@@ -344,7 +344,7 @@ fn save_success_keeps_build_output_for_the_next_run() {
     assert!(
         err.contains("layercache: deps: saved what the run wrote to ")
             && err.contains("as a newer layer of its key (2 files, ")
-            && err.contains("new 1 files, 6 B)"),
+            && err.contains("new 1 file, 6 B)"),
         "{err}"
     );
     let named: Vec<_> = (sb.ls().into_iter())

@@ -478,11 +478,11 @@ fn save_views(mounts: &mut Mounts<'_>, saves: &[&Prep]) -> Vec<Event> {
             Ok(Some(c)) => {
                 eprintln!(
                     "layercache: {id}: saved what the run wrote to {} as a newer layer of its \
-                     key ({} files, {}; new {} files, {})",
+                     key ({}, {}; new {}, {})",
                     view.display(),
-                    c.files,
+                    crate::units::fmt_files(c.files),
                     fmt_bytes(c.bytes),
-                    c.new_files,
+                    crate::units::fmt_files(c.new_files),
                     fmt_bytes(c.new_bytes)
                 );
                 events.push(Event {

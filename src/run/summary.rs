@@ -70,12 +70,12 @@ pub(super) fn summary_line(e: &telemetry::Event) -> String {
             }
         }
         _ => line.push_str(&format!(
-            " (setup {}, promote {}: {} files, {}; new {} files, {})",
+            " (setup {}, promote {}: {}, {}; new {}, {})",
             telemetry::fmt_ms(e.setup_ms),
             telemetry::fmt_ms(e.promote_ms),
-            e.files,
+            crate::units::fmt_files(e.files),
             fmt_bytes(e.bytes),
-            e.new_files,
+            crate::units::fmt_files(e.new_files),
             fmt_bytes(e.new_bytes)
         )),
     }
