@@ -49,7 +49,7 @@ fn setup_is_announced_and_a_heartbeat_runs_while_it_does() {
     let err = stderr(&out);
     assert!(
         err.contains(
-            "layercache: deps: miss (no earlier layer), running setup: head -c 70000 /dev/zero"
+            "layercache: deps: miss (no layer to restore from), running setup: head -c 70000 /dev/zero"
         ),
         "{err}"
     );

@@ -37,7 +37,7 @@ pub(super) fn heartbeat_line(label: &str, elapsed_ms: u64, bytes: Option<u64>) -
 }
 
 /// The line said before a cache's script starts (no newline), e.g. `layercache: node_modules:
-/// miss (no earlier layer), running setup: npm ci --no-audit --no-fund`. `result` is what the
+/// miss (no layer to restore from), running setup: npm ci --no-audit --no-fund`. `result` is what the
 /// mount found, `matched` the key of the layer a restore starts from, `what` `setup` or
 /// `maintenance`; the script is shown by the branch it takes in `workdir` when it has the
 /// presets' `if [ -f LOCKFILE ]` form ([`chosen_branch`]), else by its first non-blank line,
@@ -55,7 +55,7 @@ pub(super) fn start_line(
         (CacheResult::Hit, _) => "hit".to_string(),
         (CacheResult::Restore, Some(m)) => format!("restore from the layer of key {m}"),
         (CacheResult::Restore, None) => "restore".to_string(),
-        (CacheResult::Miss, _) => "miss (no earlier layer)".to_string(),
+        (CacheResult::Miss, _) => "miss (no layer to restore from)".to_string(),
     };
     let (first, more) = match chosen_branch(script, workdir) {
         Some(branch) => (branch, false),
@@ -207,7 +207,7 @@ mod tests {
                 "npm ci\n",
                 Path::new("/nonexistent")
             ),
-            "layercache: node_modules: miss (no earlier layer), running setup: npm ci"
+            "layercache: node_modules: miss (no layer to restore from), running setup: npm ci"
         );
         assert_eq!(
             start_line(
