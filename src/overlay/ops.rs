@@ -868,7 +868,7 @@ impl OverlayFs {
     /// mapping change mtime and ctime behind the kernel's cache
     /// ([`Passthrough::has_writer`](super::passthrough::Passthrough::has_writer)).
     pub(super) fn attr_ttl(&self, id: u64) -> std::time::Duration {
-        if self.nodes.successor(id).is_some() || (self.pt.on() && self.pt.has_writer(id)) {
+        if self.nodes.successor(id).is_some() || self.pt.has_writer(id) {
             std::time::Duration::ZERO
         } else {
             TTL

@@ -37,7 +37,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use fuser::BackingId;
 use parking_lot::{Condvar, Mutex};
@@ -117,6 +117,9 @@ pub struct Passthrough {
     nodes: Mutex<HashMap<u64, NodeIo>>,
     /// Notified when passthrough opens are released.
     released: Condvar,
+    /// Outstanding passthrough opens for writing, all nodes: [`Self::has_writer`] answers the
+    /// common case (none) without the lock, on every attribute reply.
+    writers: AtomicU32,
 }
 
 impl Passthrough {
@@ -126,6 +129,7 @@ impl Passthrough {
             on: AtomicBool::new(on),
             nodes: Mutex::default(),
             released: Condvar::new(),
+            writers: AtomicU32::new(0),
         }
     }
 
@@ -144,6 +148,21 @@ impl Passthrough {
     /// lock held, at most once). A passthrough answer counts as an outstanding open until
     /// [`Self::released`].
     pub fn open(
+        &self,
+        id: u64,
+        key: FileKey,
+        write: bool,
+        register: impl FnOnce() -> io::Result<BackingId>,
+    ) -> OpenMode {
+        let m = self.decide(id, key, write, register);
+        if write && matches!(m, OpenMode::Passthrough(_)) {
+            self.writers.fetch_add(1, Ordering::Release);
+        }
+        m
+    }
+
+    /// [`Self::open`]'s decision, without counting writers.
+    fn decide(
         &self,
         id: u64,
         key: FileKey,
@@ -210,6 +229,9 @@ impl Passthrough {
     /// TTL ([`super::OverlayFs::attr_ttl`]), as kernel overlayfs's stat shows the upper
     /// inode's (xfstests generic/080, 215).
     pub fn has_writer(&self, id: u64) -> bool {
+        if self.writers.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         self.nodes
             .lock()
             .get(&id)
@@ -225,8 +247,9 @@ impl Passthrough {
             && let Some(a) = &mut n.active
         {
             a.count = a.count.saturating_sub(1);
-            if write {
-                a.writers = a.writers.saturating_sub(1);
+            if write && a.writers > 0 {
+                a.writers -= 1;
+                self.writers.fetch_sub(1, Ordering::Release);
             }
             if a.count == 0 {
                 n.active = None;
