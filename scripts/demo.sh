@@ -28,13 +28,16 @@ fi
 
 # A debug build: the first one compiles every dependency (10-14 minutes on a 2-core machine),
 # later ones take seconds. cargo's own progress lines show what it is doing meanwhile.
-if [ -x target/debug/layercache ]; then
+# cargo builds into CARGO_TARGET_DIR when it is set (relative to the repository), else target/.
+target=${CARGO_TARGET_DIR:-target}
+case $target in /*) ;; *) target=$repo/$target ;; esac
+bin=$target/debug/layercache
+if [ -x "$bin" ]; then
   echo "== building layercache (cargo build: seconds when little changed)"
 else
   echo "== building layercache (cargo build, the first time: ~10-14 min on 2 cores; progress below)"
 fi
 cargo build
-bin=$repo/target/debug/layercache
 
 tmp=$(mktemp -d /tmp/layercache-demo.XXXXXX)
 cleanup() {
