@@ -81,6 +81,14 @@ pub(crate) struct Event {
     /// "pulled N objects, B in T" as the run's summary line does.
     #[serde(default)]
     pub pulled_ms: u64,
+    /// Remote tier: the layer was mounted lazily (only its manifest was fetched before the
+    /// run; file content comes on first open), and the bytes of its objects that were not
+    /// local then.
+    #[serde(default)]
+    pub remote_lazy: bool,
+    /// See [`Event::remote_lazy`]: bytes still to fetch when the layer was mounted.
+    #[serde(default)]
+    pub lazy_bytes: u64,
     /// Regular files the promotion stored as new objects (`files - new_files` reused objects
     /// already in the store: the lower layer's or another version's).
     #[serde(default)]
@@ -530,6 +538,8 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
         pulled_bytes: 0,
         pulled_objects: 0,
         pulled_ms: 0,
+        remote_lazy: false,
+        lazy_bytes: 0,
         new_files: 0,
         new_bytes: 0,
         why: Vec::new(),

@@ -40,12 +40,15 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Overlay(args) => {
             overlay::cli_overlay(&args.options, &args.mountpoint, args.foreground)
         }
-        Command::OverlayDaemon(args) => overlay::cli_daemon(
-            args.config_fd,
-            args.ready_fd,
-            args.owner_pid,
-            &args.mountpoint,
-        ),
+        Command::OverlayDaemon(args) => {
+            overlay::set_layer_maker(remote::lazy::make_layer);
+            overlay::cli_daemon(
+                args.config_fd,
+                args.ready_fd,
+                args.owner_pid,
+                &args.mountpoint,
+            )
+        }
         Command::Run(args) => cmd_run(&cli.global, &args),
         Command::Presets => {
             print!("{}", spec::presets_text(cli.global.json));
@@ -461,10 +464,15 @@ fn run_over_store(
         .iter()
         .map(|c| (c.id.clone(), passthrough.unwrap_or(c.passthrough)))
         .collect();
+    let whole = (cfg.spec.caches.iter())
+        .filter(|c| c.save == crate::spec::SaveWhen::Success)
+        .map(|c| c.id.clone())
+        .collect();
     let mounter = StoreMounter::new(store, fill_wait)
         .with_key_salt(KeySalt::from_env()?)
         .with_squash(squash)
-        .with_passthrough(passthrough);
+        .with_passthrough(passthrough)
+        .with_whole_layers(whole);
     // Runs a killed `layercache run` left behind (its daemons end with it) are reaped here.
     if let Ok(pd) = mounter.store().project(&cfg.spec.project) {
         let _ = mounter.store().reap_runs(&pd);

@@ -73,6 +73,8 @@ pub fn mount(global: &GlobalArgs, a: &MountArgs) -> Result<i32> {
         mountpoint: Some(a.mountpoint.clone()),
         squash: Default::default(),
         owner: None,
+        // Its view may be committed later: the layer must be local.
+        lazy: false,
         passthrough: Default::default(),
     };
     let store = open(global)?;

@@ -159,6 +159,7 @@ fn end_with_owner(owner: u32, mountpoint: &Path) -> Result<()> {
             }
             tracing::info!(owner, mountpoint = %mnt.display(), "owner gone: unmounting");
             let _ = fusermount::detach(&mnt);
+            super::layer::run_exit_hooks();
             std::process::exit(0);
         })
         .map(drop)
@@ -279,6 +280,7 @@ pub fn mount_foreground(
         // say): leave no dead mount behind for the caller, who is told the mount failed.
         let _ = fusermount::detach(mountpoint);
     }
+    super::layer::run_exit_hooks();
     res.at(mountpoint)
 }
 
@@ -312,6 +314,7 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
                 tracing::info!(?sig, mountpoint = %mnt.display(), "signal: unmounting");
                 let _ = fusermount::detach(&mnt);
                 if sig == EXIT_NOW {
+                    super::layer::run_exit_hooks();
                     std::process::exit(0);
                 }
             }

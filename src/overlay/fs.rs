@@ -240,6 +240,15 @@ impl OverlayFs {
             dirs.extend(cfg.lowerdirs.iter().map(|l| ("lowerdir", l.as_path())));
             layer_dir_error(&dirs, e)
         })?;
+        let mut stack = stack;
+        for m in &cfg.made_lowers {
+            let layer = super::layer::make_layer(&m.spec).map_err(|e| {
+                Error::Failed(format!("lower layer {} cannot be made: {e}", m.index))
+            })?;
+            stack
+                .set_lower(m.index, layer)
+                .map_err(|e| Error::Failed(format!("lower layer {}: {e}", m.index)))?;
+        }
         let orphans = cfg.workdir.join(ORPHANS);
         let _ = std::fs::remove_dir_all(&orphans);
         std::fs::create_dir_all(&orphans).map_err(|e| Error::io(&orphans, e))?;

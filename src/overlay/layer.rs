@@ -24,6 +24,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::whiteout;
@@ -97,6 +98,53 @@ pub trait Layer: Send + Sync {
     ///
     /// Errors: the errno of making the view.
     fn noatime_view(&self) -> io::Result<Option<(OwnedFd, Box<dyn Layer>)>>;
+}
+
+/// Makes a lower layer from its description ([`super::options::MadeLower::spec`]): the
+/// remote tier's lazily fetched layer is one. Set once per process with [`set_layer_maker`].
+///
+/// Errors: the maker's, as an errno-carrying `io::Error` (the mount then fails).
+pub type LayerMaker = fn(&serde_json::Value) -> io::Result<Box<dyn Layer>>;
+
+static MAKER: OnceLock<LayerMaker> = OnceLock::new();
+
+/// Sets the maker of this process's made lowers (the daemon's entry sets it before mounting);
+/// a second call is ignored.
+pub fn set_layer_maker(maker: LayerMaker) {
+    let _ = MAKER.set(maker);
+}
+
+/// What made layers must do before the daemon exits (write what they recorded); run by
+/// [`run_exit_hooks`].
+type ExitHook = Box<dyn Fn() + Send + Sync>;
+
+static EXIT_HOOKS: parking_lot::Mutex<Vec<ExitHook>> = parking_lot::Mutex::new(Vec::new());
+
+/// Registers `hook` to run once before the daemon exits, by any of its ways out (the session
+/// ended, a signal, the owner's exit).
+pub fn on_daemon_exit(hook: Box<dyn Fn() + Send + Sync>) {
+    EXIT_HOOKS.lock().push(hook);
+}
+
+/// Runs (and forgets) the hooks of [`on_daemon_exit`].
+pub(super) fn run_exit_hooks() {
+    let hooks = std::mem::take(&mut *EXIT_HOOKS.lock());
+    for h in hooks {
+        h();
+    }
+}
+
+/// The layer `spec` describes, made by the process's [`LayerMaker`].
+///
+/// Errors: `EOPNOTSUPP` when no maker is set; the maker's error.
+pub(super) fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
+    match MAKER.get() {
+        Some(make) => make(spec),
+        None => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this process cannot make a lower layer from a description",
+        )),
+    }
 }
 
 /// One directory of a layer, opened for a run of lookups of its names and one listing (see

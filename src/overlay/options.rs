@@ -68,6 +68,22 @@ pub struct OverlayConfig {
     /// views, `layercache mount`) have private per-run uppers and keep none.
     #[serde(default)]
     pub persist_handles: bool,
+    /// Lower layers the daemon makes with the process's [`super::LayerMaker`] instead of
+    /// opening `lowerdirs[index]` as a directory tree (the store's lazily fetched remote
+    /// layers); empty for every mount of `layercache overlay`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub made_lowers: Vec<MadeLower>,
+}
+
+/// A lower layer made from a description rather than opened as a directory (see
+/// [`OverlayConfig::made_lowers`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MadeLower {
+    /// Which lower it replaces, `lowerdirs` order (0 = topmost). `lowerdirs[index]` is still
+    /// a directory that exists (validated like any lowerdir, never read).
+    pub index: usize,
+    /// What the maker reads (its own JSON shape).
+    pub spec: serde_json::Value,
 }
 
 /// Whether the `-o` strings ask for `allow_other` or `allow_root` (libfuse's options; both
@@ -605,6 +621,7 @@ fn config(
 ) -> OverlayConfig {
     OverlayConfig {
         persist_handles: !read_only && !upperdir.as_os_str().is_empty(),
+        made_lowers: Vec::new(),
         lowerdirs,
         upperdir,
         workdir,

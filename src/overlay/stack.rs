@@ -302,6 +302,19 @@ impl Stack {
         }
     }
 
+    /// Replaces lower `index` (0 = topmost) with `layer`.
+    ///
+    /// Errors: `EINVAL` for an index the stack does not have.
+    pub fn set_lower(&mut self, index: usize, layer: Box<dyn Layer>) -> io::Result<()> {
+        match self.lowers.get_mut(index) {
+            Some(l) => {
+                *l = layer;
+                Ok(())
+            }
+            None => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+
     /// True when the stack has an upper dir.
     pub fn has_upper(&self) -> bool {
         self.upper.is_some()

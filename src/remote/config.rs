@@ -25,7 +25,7 @@ use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::RemoteError;
 use crate::error::{Error, Result};
@@ -44,7 +44,7 @@ pub const DEFAULT_PACK_SIZE: u64 = 16 << 20;
 pub const DEFAULT_CONCURRENCY: usize = 32;
 
 /// Where credentials come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Credentials {
     /// `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`), or a web identity
@@ -56,7 +56,7 @@ pub enum Credentials {
 }
 
 /// What kind of object store the URL names.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", tag = "kind")]
 pub enum Target {
     /// `s3://bucket/prefix`.
@@ -72,7 +72,7 @@ pub enum Target {
 }
 
 /// The validated remote configuration.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteConfig {
     /// The URL as given (for messages).
     pub url: String,
@@ -98,6 +98,10 @@ pub struct RemoteConfig {
     pub concurrency: usize,
     /// Target pack size, bytes.
     pub pack_size: u64,
+    /// Mount an exact remote hit lazily (`[remote] lazy`, `LAYERCACHE_LAZY`; see
+    /// `super::lazy`).
+    #[serde(default)]
+    pub lazy: bool,
 }
 
 /// A bad `[remote]` entry, URL or credential setting.
@@ -175,7 +179,23 @@ impl RemoteFile {
                     .map_err(|e| bad_config(format!("[remote] pack_size: {e}")))?
                     .unwrap_or(DEFAULT_PACK_SIZE),
             },
+            lazy: lazy_choice(self.lazy)?,
         }))
+    }
+}
+
+/// Whether remote hits mount lazily: `LAYERCACHE_LAZY` (`1`/`true`/`0`/`false`) over the
+/// file's `lazy`, default true.
+///
+/// Errors: [`RemoteError::BadConfig`] for another value of the variable.
+fn lazy_choice(file: Option<bool>) -> Result<bool> {
+    match std::env::var("LAYERCACHE_LAZY").as_deref() {
+        Err(_) | Ok("") => Ok(file.unwrap_or(true)),
+        Ok("1") | Ok("true") | Ok("yes") => Ok(true),
+        Ok("0") | Ok("false") | Ok("no") => Ok(false),
+        Ok(v) => Err(bad_config(format!(
+            "LAYERCACHE_LAZY={v:?}: want 1 (mount remote hits lazily) or 0 (pull them whole)"
+        ))),
     }
 }
 

@@ -112,6 +112,15 @@ impl Layout {
     pub fn key(&self, p: &ProjectId, cache: &CacheId, key: &CacheKey) -> ObjectPath {
         self.keys(p, cache).join(key.as_str())
     }
+
+    /// `caches/<cache>/traces/<key>`: the order in which a run of the key's layer first
+    /// opened its files (paths, one per line), for a lazy mount to fetch in (`lazy`).
+    pub fn trace(&self, p: &ProjectId, cache: &CacheId, key: &CacheKey) -> ObjectPath {
+        self.caches(p)
+            .join(cache.as_str())
+            .join("traces")
+            .join(key.as_str())
+    }
 }
 
 #[cfg(test)]

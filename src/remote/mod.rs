@@ -28,6 +28,7 @@
 mod config;
 mod error;
 mod layout;
+pub mod lazy;
 mod manifest;
 mod pack;
 mod pull;
@@ -46,7 +47,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, RemoteKind, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
-use crate::store::{Notice, ProjectDirs, PullReport, RemoteTier, Store};
+use crate::store::{Fetched, Notice, ProjectDirs, RemoteTier, Store};
 pub use config::RemoteConfig;
 pub use error::RemoteError;
 pub use layout::Layout;
@@ -207,13 +208,19 @@ impl RemoteTier for Remote {
         cache: &CacheId,
         key: &CacheKey,
         restore_keys: &[CacheKey],
-    ) -> Option<PullReport> {
+        lazy: bool,
+    ) -> Option<Fetched> {
         let found = self.block_on(
             Some(self.cfg.lookup_timeout),
             self.find(&pd.project, cache, key, restore_keys),
         );
         let r = found.and_then(|f| match f {
-            Some(f) => self.pull(store, pd, cache, &f).map(Some),
+            Some(f) if f.exact && lazy && self.cfg.lazy => self
+                .prepare_lazy(pd, cache, &f)
+                .map(|l| Some(Fetched::Lazy(l))),
+            Some(f) => self
+                .pull(store, pd, cache, &f)
+                .map(|r| Some(Fetched::Pulled(r))),
             None => Ok(None),
         });
         match r {
@@ -297,6 +304,18 @@ impl RemoteTier for Remote {
                 None
             }
         }
+    }
+
+    fn finish_lazy(
+        &self,
+        store: &Store,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        layer: &LayerId,
+        run_dir: &std::path::Path,
+    ) -> Option<String> {
+        self.finish_lazy_layer(store, pd, cache, key, layer, run_dir)
     }
 
     fn location(&self) -> String {

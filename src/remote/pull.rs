@@ -136,6 +136,19 @@ impl Remote {
         cache: &CacheId,
         layer: &LayerId,
     ) -> Result<(RemoteManifest, u64)> {
+        let (m, bytes) = self.manifest_bytes(project, cache, layer).await?;
+        Ok((m, bytes.len() as u64))
+    }
+
+    /// [`Remote::manifest`] with the bytes it was read from.
+    ///
+    /// Errors: as [`Remote::manifest`].
+    pub async fn manifest_bytes(
+        &self,
+        project: &ProjectId,
+        cache: &CacheId,
+        layer: &LayerId,
+    ) -> Result<(RemoteManifest, bytes::Bytes)> {
         let path = self.layout.manifest(project, layer);
         let what = format!("reading the manifest of layer {layer}");
         let bytes = self
@@ -163,7 +176,7 @@ impl Remote {
                 m.layer.project, m.layer.cache, m.layer.layer
             )));
         }
-        Ok((m, bytes.len() as u64))
+        Ok((m, bytes))
     }
 
     /// Pulls the layer `found` names into `store` and publishes it locally under

@@ -76,7 +76,7 @@ impl Drop for Temps {
 }
 
 /// One (content, metadata tag) object a layer needs and the entries that link it.
-struct Variant<'m> {
+pub(super) struct Variant<'m> {
     tag: u64,
     /// The first entry with this metadata (what the object's inode gets).
     meta: &'m Entry,
@@ -156,6 +156,21 @@ impl<'m> Plan<'m> {
             .filter(|(_, vs)| vs.iter().any(|v| v.have.is_none()))
             .filter_map(|(id, _)| objects.path_for(id, 0).parent().map(Path::to_path_buf))
             .collect()
+    }
+}
+
+impl<'m> Variant<'m> {
+    /// The object with `e`'s metadata, linked by no entry (a lazily fetched layer's: its
+    /// tree comes later, from a pull).
+    ///
+    /// Errors: as [`Entry::meta_tag`].
+    pub(super) fn of(e: &'m Entry) -> Result<Variant<'m>> {
+        Ok(Variant {
+            tag: e.meta_tag()?,
+            meta: e,
+            links: Vec::new(),
+            have: None,
+        })
     }
 }
 
@@ -350,7 +365,7 @@ pub(super) fn writers_stopped() -> Error {
 ///
 /// Errors: [`Error::Io`] naming the path; [`Error::Failed`] when the metadata cannot be
 /// reproduced (e.g. another owner when not root).
-fn write_object(tmp: &Path, dst: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result<bool> {
+pub(super) fn write_object(tmp: &Path, dst: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result<bool> {
     let f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -440,7 +455,7 @@ fn unreproducible(tmp: &Path, e: &Entry) -> Error {
 /// `dst` (same directory). `Ok(false)` when `dst` existed already (`tmp` is removed).
 ///
 /// Errors: as [`write_object`].
-fn make_object(tmp: &Path, dst: &Path, v: &Variant<'_>) -> Result<bool> {
+pub(super) fn make_object(tmp: &Path, dst: &Path, v: &Variant<'_>) -> Result<bool> {
     let r = (|| {
         apply_meta(tmp, v.meta)?;
         let got = meta_tag(tmp, &fs::symlink_metadata(tmp).at(tmp)?).at(tmp)?;

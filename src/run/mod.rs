@@ -373,6 +373,8 @@ fn mount_all(
             pulled_bytes: mounted.pulled.as_ref().map_or(0, |p| p.pulled_bytes),
             pulled_objects: mounted.pulled.as_ref().map_or(0, |p| p.pulled_objects),
             pulled_ms: mounted.pulled.as_ref().map_or(0, |p| p.ms),
+            remote_lazy: mounted.pulled.as_ref().is_some_and(|p| p.lazy),
+            lazy_bytes: mounted.pulled.as_ref().map_or(0, |p| p.lazy_bytes),
             new_files: 0,
             new_bytes: 0,
             // Why a miss or restore, against the nearest layer's recorded inputs.
@@ -500,6 +502,8 @@ fn save_views(mounts: &mut Mounts<'_>, saves: &[&Prep]) -> Vec<Event> {
                     pulled_bytes: 0,
                     pulled_objects: 0,
                     pulled_ms: 0,
+                    remote_lazy: false,
+                    lazy_bytes: 0,
                     why: Vec::new(),
                     saved: true,
                     ..p.event.clone()

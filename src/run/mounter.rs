@@ -23,6 +23,9 @@ pub struct StoreMounter {
     /// A key salt provisioned outside the store (`LAYERCACHE_KEY_SALT`), used instead of the
     /// project's.
     salt: Option<crate::key::KeySalt>,
+    /// Caches whose layer must be local when mounted (their view is promoted again after
+    /// the run, `save = "success"`): a remote hit of theirs is pulled whole, never lazily.
+    whole: std::collections::BTreeSet<CacheId>,
 }
 
 impl StoreMounter {
@@ -36,7 +39,14 @@ impl StoreMounter {
             squash: Default::default(),
             passthrough: BTreeMap::new(),
             salt: None,
+            whole: Default::default(),
         }
+    }
+
+    /// Pulls a remote hit of each listed cache whole before mounting it (never lazily).
+    pub fn with_whole_layers(mut self, caches: std::collections::BTreeSet<CacheId>) -> Self {
+        self.whole = caches;
+        self
     }
 
     /// Keys every project with `salt` (provisioned outside the store, e.g. from a secret
@@ -104,6 +114,7 @@ impl Mounter for StoreMounter {
             squash: self.squash,
             passthrough: (self.passthrough.get(cache).copied())
                 .unwrap_or(crate::overlay::options::PassthroughChoice::Auto),
+            lazy: !self.whole.contains(cache),
         })?;
         let upper = Some(m.upper(&self.store));
         let out = m.outcome.clone();

@@ -52,13 +52,17 @@ pub(super) fn summary_line(e: &telemetry::Event) -> String {
         telemetry::fmt_ms(e.prep_ms())
     );
     // A layer that came from the remote tier says so (its JSON has `remote_hit`).
-    let pulled = e.remote_hit.then(|| {
-        format!(
+    let pulled = e.remote_hit.then(|| match e.remote_lazy {
+        true => format!(
+            "mounted lazily from the remote: {} to fetch on first read",
+            fmt_bytes(e.lazy_bytes)
+        ),
+        false => format!(
             "pulled from the remote: {} objects, {} in {}",
             e.pulled_objects,
             fmt_bytes(e.pulled_bytes),
             telemetry::fmt_ms(e.pulled_ms)
-        )
+        ),
     });
     match e.result {
         CacheResult::Hit => {
@@ -110,6 +114,8 @@ mod tests {
             pulled_objects: 200,
             pulled_bytes: 2253,
             pulled_ms: 1500,
+            remote_lazy: false,
+            lazy_bytes: 0,
             mount_ms: 1600,
             ..telemetry::sample_event(CacheResult::Hit)
         };

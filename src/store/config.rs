@@ -152,6 +152,10 @@ pub struct RemoteFile {
     /// Target size of a pack of small objects, e.g. "16M"; objects above a quarter of it are
     /// stored alone.
     pub pack_size: Option<String>,
+    /// Mount an exact remote hit at once and fetch file content on first open (default
+    /// true); `false` pulls the whole layer before the run's scripts start. The environment
+    /// variable `LAYERCACHE_LAZY=0|1` overrides it for one run.
+    pub lazy: Option<bool>,
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ pub(crate) use publish::{CommitResult, PublishSpec};
 pub(crate) use runs::MountResult;
 pub(crate) use salt::{salt_from_hex, salt_to_hex};
 pub(crate) use specs::StoredSpec;
-pub(crate) use tier::{PullReport, RemoteTier};
+pub(crate) use tier::{Fetched, LazyLower, PullReport, RemoteTier};
 pub(crate) use views::{reap_made_views, record_made_views};
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).

@@ -67,6 +67,10 @@ pub struct MountRequest {
     /// Whether the overlay uses FUSE passthrough; `Auto` decides from the mounted layer's
     /// manifest ([`crate::overlay::options::PassthroughChoice::decide`]).
     pub passthrough: crate::overlay::options::PassthroughChoice,
+    /// Whether an exact hit found only in the remote tier may be mounted lazily (its content
+    /// fetched on first open, [`super::LazyLower`]); false pulls it whole first (a cache whose
+    /// view is promoted again after the run, `save = "success"`, needs its layer local).
+    pub lazy: bool,
 }
 
 impl MountRequest {
@@ -83,6 +87,7 @@ impl MountRequest {
             owner: rec.owner_pid,
             squash: rec.squash,
             passthrough: rec.passthrough,
+            lazy: false,
         }
     }
 }
@@ -172,6 +177,9 @@ pub(super) struct RunMount<'a> {
     pub(super) fill: Option<Lease>,
     /// An existing run directory to mount again (its upper kept), instead of a new run.
     pub(super) reuse: Option<&'a Path>,
+    /// The lower layer when it is mounted lazily (then `layer` is `None`), and the shared
+    /// lease on its partial directory.
+    pub(super) lazy: Option<(super::LazyLower, Lease)>,
 }
 
 impl Store {
@@ -248,8 +256,10 @@ impl Store {
         if let Some(parent) = fill_path.parent() {
             fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         }
-        let found = self.settle_lookup(&pd, req, &fill_path, t0 + req.fill_wait)?;
+        let mut found = self.settle_lookup(&pd, req, &fill_path, t0 + req.fill_wait)?;
         let lookup_ms = ms_since(t0);
+        let lazy = found.lazy.take();
+        let lazy_report = lazy.as_ref().map(|(l, _)| l.report.clone());
         let (result, matched_key, layer) = match found.lookup {
             Lookup::Hit { layer } => (MountResult::Hit, Some(req.key.clone()), Some(layer)),
             Lookup::Restore { matched_key, layer } => {
@@ -263,12 +273,13 @@ impl Store {
             mnt: mnt.as_deref(),
             result,
             matched_key,
-            layer: layer.zip(found.lower_lease),
+            layer: layer.filter(|_| lazy.is_none()).zip(found.lower_lease),
             fill: found.fill,
             reuse: None,
+            lazy,
         })?;
         m.outcome.waited_ms = found.waited.as_millis() as u64;
-        m.outcome.remote = found.pulled;
+        m.outcome.remote = found.pulled.or(lazy_report);
         m.outcome.lookup_ms = lookup_ms;
         m.outcome.total_ms = ms_since(t0);
         tracing::info!(result = ?m.outcome.result, run = %m.outcome.run,
@@ -353,9 +364,25 @@ impl Store {
                     Lookup::Restore { .. } => &[],
                     _ => &req.restore_keys,
                 };
-                pulled = r.fetch_for_mount(self, pd, &req.cache, &req.key, restore);
-                if pulled.is_some() {
-                    continue;
+                match r.fetch_for_mount(self, pd, &req.cache, &req.key, restore, req.lazy) {
+                    Some(super::Fetched::Pulled(rep)) => {
+                        pulled = Some(rep);
+                        continue;
+                    }
+                    Some(super::Fetched::Lazy(lazy)) => {
+                        let lease = Lease::acquire(&lazy.dir.join("lease"), Mode::Shared)?;
+                        // A hit needs no fill: the lock goes with its file.
+                        if let Some(f) = fill.take() {
+                            f.remove();
+                        }
+                        let found = Lookup::Hit {
+                            layer: lazy.layer.clone(),
+                        };
+                        let mut s = Settled::new(found, None, None, waited, None);
+                        s.lazy = Some((lazy, lease));
+                        return Ok(s);
+                    }
+                    None => {}
                 }
             }
             match &found {
@@ -421,6 +448,7 @@ impl Store {
                 let _ = remove_tree(&run_dir);
             }
         })?;
+        let lazy_layer = m.lazy.as_ref().map(|(l, _)| l.layer.clone());
         let layer = m.layer.as_ref().map(|(id, _)| id.clone());
         if let Some(id) = &layer
             && let Err(e) = m.pd.layer(id).touch_used()
@@ -429,6 +457,7 @@ impl Store {
         }
         let mut others = vec![started.run_lease];
         others.extend(m.layer.map(|(_, l)| l));
+        others.extend(m.lazy.map(|(_, l)| l));
         let has_fill = m.fill.is_some();
         Ok(Mount {
             outcome: MountOutcome {
@@ -437,7 +466,7 @@ impl Store {
                 cache: m.req.cache.clone(),
                 key: m.req.key.clone(),
                 matched_key: m.matched_key,
-                layer,
+                layer: layer.or(lazy_layer),
                 bytes: started.counts.bytes,
                 files: started.counts.files,
                 mountpoint: started.mnt,
@@ -467,6 +496,8 @@ struct Settled {
     fill: Option<Lease>,
     waited: Duration,
     pulled: Option<PullReport>,
+    /// A remote hit to mount lazily, with the lease on its partial directory.
+    lazy: Option<(super::LazyLower, Lease)>,
 }
 
 impl Settled {
@@ -483,6 +514,7 @@ impl Settled {
             fill,
             waited,
             pulled,
+            lazy: None,
         }
     }
 }
@@ -522,12 +554,13 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path) -> Result<Starte
     mkdir_mode(&upper, 0o755)?;
     mkdir_mode(&work, 0o700)?;
     let run_lease = Lease::acquire(&run_dir.join("lease"), Mode::Exclusive)?;
-    let (lower_dir, counts) = match &m.layer {
-        Some((id, _)) => {
+    let (lower_dir, counts) = match (&m.layer, &m.lazy) {
+        (Some((id, _)), _) => {
             let l = m.pd.layer(id);
             (l.tree(), l.manifest()?.counts)
         }
-        None => (m.pd.empty(), TreeCounts::default()),
+        (None, Some((lazy, _))) => (lazy.dir.clone(), lazy.counts),
+        (None, None) => (m.pd.empty(), TreeCounts::default()),
     };
     let raw = overlay::options::RawOptions {
         lowerdirs: vec![lower_dir],
@@ -545,6 +578,13 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path) -> Result<Starte
         let links = overlay::links::LowerLinks::Recorded(m.pd.layer(id).links_path());
         cfg.lower_links = vec![links];
     }
+    if let Some((lazy, _)) = &m.lazy {
+        let links = overlay::links::LowerLinks::Recorded(lazy.dir.join("links"));
+        cfg.lower_links = vec![links];
+        let mut spec = lazy.spec.clone();
+        spec["run_dir"] = serde_json::Value::String(run_dir.to_string_lossy().into_owned());
+        cfg.made_lowers = vec![overlay::options::MadeLower { index: 0, spec }];
+    }
     let mut hold: Vec<OwnedFd> = Vec::new();
     let mut fill_lock_fd = None;
     if let Some(f) = &m.fill {
@@ -553,6 +593,9 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path) -> Result<Starte
         hold.push(d);
     }
     if let Some((_, l)) = &m.layer {
+        hold.push(l.dup_fd()?);
+    }
+    if let Some((_, l)) = &m.lazy {
         hold.push(l.dup_fd()?);
     }
     hold.push(run_lease.dup_fd()?);
@@ -565,6 +608,7 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path) -> Result<Starte
         result: m.result,
         matched_key: m.matched_key.clone(),
         lower: m.layer.as_ref().map(|(id, _)| id.clone()),
+        lazy_layer: m.lazy.as_ref().map(|(l, _)| l.layer.clone()),
         mountpoint: mnt.clone(),
         daemon_pid: 0,
         fill_lock_fd,
@@ -631,6 +675,7 @@ mod tests {
             owner: None,
             squash: Default::default(),
             passthrough: crate::overlay::options::PassthroughChoice::Auto,
+            lazy: false,
         };
         let pd = store.project(&req.project).unwrap();
         let fill_path = pd.fill_lock(&req.cache, &req.key);

@@ -46,6 +46,11 @@ impl ProjectDirs {
     pub fn layer(&self, id: &LayerId) -> Layer {
         Layer::new(&self.layers(), id.clone())
     }
+    /// `partial/<layer>`: a remote layer mounted lazily, until every object is local and it
+    /// is published (see `crate::remote::lazy`).
+    pub fn partial(&self, id: &LayerId) -> PathBuf {
+        self.sub("partial").join(id.as_str())
+    }
     /// `caches/<cache>/keys/`.
     pub fn keys_dir(&self, cache: &CacheId) -> PathBuf {
         self.sub("caches").join(cache.as_str()).join("keys")

@@ -349,6 +349,7 @@ impl Store {
             layer,
             fill: held.fill,
             reuse: Some(run_dir),
+            lazy: None,
         }) {
             self.notify(Notice::RemountFailed {
                 mountpoint: mnt.to_path_buf(),
@@ -381,6 +382,7 @@ impl Store {
             layer: Some((layer.clone(), lease)),
             fill: None,
             reuse: None,
+            lazy: None,
         })
         .map(Some)
     }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::lease::{self, Mode};
 use super::paths::{ProjectDirs, canonical_mountpoint, read_names, remove_tree};
-use super::{RUN_GRACE, Store, UNMOUNT_WAIT};
+use super::{Notice, RUN_GRACE, Store, UNMOUNT_WAIT};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::{overlay, sys};
@@ -85,6 +85,10 @@ pub struct RunRecord {
     /// (see [`Store::clear_leftover_mounts`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mounter_pid: Option<u32>,
+    /// The remote layer mounted lazily as the lower (`lower` is `None` then): when the mount
+    /// ends, [`super::RemoteTier::finish_lazy`] stores its trace and publishes it if complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy_layer: Option<LayerId>,
 }
 
 /// A store mount found by [`Store::store_mount`]: its canonical mountpoint, run record and
@@ -312,6 +316,12 @@ impl Store {
     pub fn umount_run(&self, m: StoreMount) -> Result<()> {
         let _span = tracing::info_span!("umount", run = %m.rec.run).entered();
         unmount_and_wait(&m.mnt, m.rec.daemon_pid)?;
+        if let (Some(layer), Some(r)) = (&m.rec.lazy_layer, &self.remote)
+            && let Some(message) =
+                r.finish_lazy(self, &m.pd, &m.rec.cache, &m.rec.key, layer, &m.run_dir)
+        {
+            self.notify(Notice::Remote { message });
+        }
         // Whatever else of this store is still mounted there (a dead commit's remount stacked
         // under or over the recorded one) goes too: after `umount`, nothing of ours is left.
         self.clear_leftover_mounts(&m.mnt, true)?;

@@ -242,7 +242,19 @@ mod tests {
             _: &crate::ids::CacheId,
             _: &crate::ids::CacheKey,
             _: &[crate::ids::CacheKey],
-        ) -> Option<super::super::PullReport> {
+            _: bool,
+        ) -> Option<super::super::Fetched> {
+            None
+        }
+        fn finish_lazy(
+            &self,
+            _: &Store,
+            _: &ProjectDirs,
+            _: &crate::ids::CacheId,
+            _: &crate::ids::CacheKey,
+            _: &crate::ids::LayerId,
+            _: &std::path::Path,
+        ) -> Option<String> {
             None
         }
         fn push_background(

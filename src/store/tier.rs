@@ -14,10 +14,12 @@ use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 /// `crate::remote::Remote`). Attached with [`Store::set_remote`].
 pub trait RemoteTier: Send + Sync {
     /// On a local miss of `key` of `cache` in `pd` (under the key's fill lock): find `key`,
-    /// then the newest key of each prefix of `restore_keys`, and publish what was found into
-    /// the store (through [`Store::publish_built`]). `None` when nothing was pulled. Never
-    /// fails: an unreachable, slow or refusing tier, or a broken layer, costs one
-    /// [`super::Notice::Remote`] and the mount goes on as a local miss.
+    /// then the newest key of each prefix of `restore_keys`. An exact hit is mounted lazily
+    /// when `lazy` (and the tier is configured so): its partial directory is laid out
+    /// ([`Fetched::Lazy`]); anything else found is published into the store (through
+    /// [`Store::publish_built`], [`Fetched::Pulled`]). `None` when nothing was found or
+    /// pulled. Never fails: an unreachable, slow or refusing tier, or a broken layer, costs
+    /// one [`super::Notice::Remote`] and the mount goes on as a local miss.
     fn fetch_for_mount(
         &self,
         store: &Store,
@@ -25,7 +27,22 @@ pub trait RemoteTier: Send + Sync {
         cache: &CacheId,
         key: &CacheKey,
         restore_keys: &[CacheKey],
-    ) -> Option<PullReport>;
+        lazy: bool,
+    ) -> Option<Fetched>;
+
+    /// After the mount of a lazy layer ended (its daemon exited): reads what the daemon wrote
+    /// in `run_dir`, stores the run's access trace beside the key in the tier, publishes the
+    /// layer locally when every object is here (and removes its partial directory), and
+    /// returns the line that tells the user (`None`: nothing to say). Never fails.
+    fn finish_lazy(
+        &self,
+        store: &Store,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        layer: &LayerId,
+        run_dir: &std::path::Path,
+    ) -> Option<String>;
 
     /// After a publish of `layer` under `cache`/`key` in `pd`: push it on a thread of its own;
     /// [`RemoteTier::wait_pushes`] collects the result.
@@ -57,6 +74,32 @@ pub trait RemoteTier: Send + Sync {
     fn location(&self) -> String;
 }
 
+/// What [`RemoteTier::fetch_for_mount`] did.
+#[derive(Clone, Debug)]
+pub enum Fetched {
+    /// The layer was pulled and published locally.
+    Pulled(PullReport),
+    /// The exact key's layer is to be mounted lazily.
+    Lazy(LazyLower),
+}
+
+/// A layer to mount lazily: a partial directory ([`ProjectDirs::partial`]) and the
+/// description the overlay daemon makes the lower layer from.
+#[derive(Clone, Debug)]
+pub struct LazyLower {
+    /// The layer.
+    pub layer: LayerId,
+    /// Its partial directory (holds the manifest, its link groups and its local objects).
+    pub dir: std::path::PathBuf,
+    /// The maker's description ([`crate::overlay::options::MadeLower::spec`]), a JSON object;
+    /// the store sets its `run_dir` to the run's directory when it mounts it.
+    pub spec: serde_json::Value,
+    /// The layer's counts (bytes, files, large bytes), from its manifest.
+    pub counts: super::TreeCounts,
+    /// The lookup and manifest fetch (`lazy` set, nothing pulled yet).
+    pub report: PullReport,
+}
+
 /// What a pull did.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PullReport {
@@ -78,4 +121,15 @@ pub struct PullReport {
     pub manifest_bytes: u64,
     /// Milliseconds for the whole pull.
     pub ms: u64,
+    /// True when the layer is mounted lazily: only the manifest was fetched; file content
+    /// comes on first open ([`LazyLower`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lazy: bool,
+    /// For a lazy mount: bytes of the layer's objects not local when it was mounted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lazy_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -52,6 +52,12 @@ pub fn empty_stat() -> libc::stat {
     unsafe { std::mem::zeroed() }
 }
 
+/// An all-zero `struct statx` (what a layer without a file to `statx` fills in).
+pub fn empty_statx() -> libc::statx {
+    // SAFETY: struct statx is plain integers; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
 /// `mkdirat(dir, rel, mode)`. Errors: its errno (`EEXIST`, `ENOENT`…).
 pub fn mkdirat(dir: RawFd, rel: &CStr, mode: u32) -> io::Result<()> {
     // SAFETY: valid C string.

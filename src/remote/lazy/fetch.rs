@@ -1,0 +1,692 @@
+//! Fetching a lazy layer's content: one scheduler for demand reads (a FUSE request waits on
+//! them), the replay of a recorded access trace and background completion.
+//!
+//! * **Units.** A packed object comes with its pack neighbours that are not local yet: one
+//!   ranged GET of a window of the pack (at most [`DEMAND_WINDOW`] bytes for a demand read,
+//!   [`BACKGROUND_WINDOW`] in the background), split and verified object by object. An object
+//!   stored alone is fetched whole, streamed into a temporary file and hashed on arrival (the
+//!   manifest records one digest per object: a reader sees none of its bytes before all of
+//!   them are verified).
+//! * **One fetch per object.** Every object of a unit in flight is registered; a demand read
+//!   of any of them waits for that unit ([`Flight`]) instead of starting another.
+//! * **Verified before seen.** Bytes become a local object (`objects/<aa>/<hash>-<tag>`, with
+//!   the metadata of the first file that uses it, exactly as a pull writes it) only after their
+//!   length and blake3 match the manifest; the object is hardlinked into the layer's `held/`
+//!   directory, which keeps it from gc and is what a reader opens. A later run (or the pull that
+//!   completes the layer) finds it there and never fetches it again.
+//! * **Classes.** Demand units start at once. Trace replay and completion run on one
+//!   background task, at most [`BACKGROUND_UNITS`] units at once, and only one while a demand
+//!   read is in flight, so a reader's request is not queued behind a bulk transfer.
+//! * **Faults.** Every attempt has a progress deadline (no byte for [`Limits::progress`]: it
+//!   is abandoned) and is retried with backoff until [`Limits::bound`] has passed since the
+//!   first; then the waiters get the error (EIO to the reader). A missing object, or bytes that
+//!   do not match their digest, is not retried: the layer is marked broken (the run's log and
+//!   the next mount say so) and nothing wrong is ever served.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use object_store::{GetOptions, GetRange, ObjectStoreExt};
+use parking_lot::{Condvar, Mutex};
+
+use super::super::Remote;
+use super::super::manifest::RemoteManifest;
+use super::super::unpack::{Variant, make_object, write_object};
+use super::tree::Tree;
+use crate::error::{Error, Result};
+use crate::ids::{ObjectId, ProjectId};
+use crate::store::ObjectStore as LocalObjects;
+
+/// Bytes of pack a demand read fetches around the object it needs (its neighbours are
+/// usually the files read next: a package's other modules).
+pub(super) const DEMAND_WINDOW: u64 = 512 << 10;
+
+/// Bytes of pack one background unit fetches.
+pub(super) const BACKGROUND_WINDOW: u64 = 4 << 20;
+
+/// Background units in flight at most (one while a demand read waits).
+pub(super) const BACKGROUND_UNITS: usize = 4;
+
+/// How long a fetch may go without progress, and in all, before its readers get EIO.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// No byte for this long abandons an attempt (it is retried).
+    pub progress: Duration,
+    /// No retry starts after this long since the first attempt.
+    pub bound: Duration,
+}
+
+impl Limits {
+    /// 10 s of no progress, 60 s in all; `LAYERCACHE_LAZY_TIMEOUT` (seconds) sets the bound
+    /// (and a progress deadline of a third of it, at most 10 s).
+    pub fn from_env() -> Limits {
+        let bound = std::env::var("LAYERCACHE_LAZY_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| *s > 0.0)
+            .map_or(Duration::from_secs(60), Duration::from_secs_f64);
+        Limits {
+            progress: (bound / 3).min(Duration::from_secs(10)),
+            bound,
+        }
+    }
+}
+
+/// Where an object's bytes are in the remote.
+#[derive(Clone, Copy, Debug)]
+enum Loc {
+    /// In pack `pack` (index into [`Shared::packs`]) at byte `offset`, `len` bytes, position
+    /// `pos` in that pack's list.
+    Packed {
+        pack: u32,
+        offset: u64,
+        len: u64,
+        pos: u32,
+    },
+    /// Stored alone under `objects/`.
+    Alone,
+}
+
+/// An object's state.
+const UNKNOWN: u8 = 0;
+const LOCAL: u8 = 1;
+
+/// One unit in flight: its result, once known, for every waiter.
+struct Flight {
+    done: Mutex<Option<std::result::Result<(), String>>>,
+    cv: Condvar,
+}
+
+impl Flight {
+    fn new() -> Arc<Flight> {
+        Arc::new(Flight {
+            done: Mutex::new(None),
+            cv: Condvar::new(),
+        })
+    }
+
+    fn finish(&self, r: std::result::Result<(), String>) {
+        *self.done.lock() = Some(r);
+        self.cv.notify_all();
+    }
+
+    /// Waits for the result, at most `limit`.
+    fn wait(&self, limit: Duration) -> std::result::Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let mut d = self.done.lock();
+        while d.is_none() {
+            if self.cv.wait_until(&mut d, deadline).timed_out() {
+                return Err("no answer from the fetch in time".into());
+            }
+        }
+        d.clone().expect("checked")
+    }
+}
+
+/// What the fetcher counts (for the run's report).
+#[derive(Default)]
+pub(super) struct Counts {
+    /// Object bytes fetched.
+    pub bytes: AtomicU64,
+    /// GET requests sent (attempts, retries included).
+    pub gets: AtomicU64,
+    /// Objects fetched.
+    pub objects: AtomicU64,
+}
+
+/// The state shared by the readers' threads and the fetch tasks.
+pub(super) struct Shared {
+    remote: Remote,
+    project: ProjectId,
+    manifest: Arc<RemoteManifest>,
+    tree: Arc<Tree>,
+    objects: LocalObjects,
+    /// `held/`: a link to every local object of the layer, by hex id.
+    held: PathBuf,
+    ids: Vec<ObjectId>,
+    loc: Vec<Loc>,
+    /// Pack name and its objects by offset.
+    packs: Vec<(String, Vec<u32>)>,
+    state: Vec<AtomicU8>,
+    flights: Mutex<HashMap<u32, Arc<Flight>>>,
+    limits: Limits,
+    /// Demand units in flight.
+    demand: AtomicUsize,
+    pub counts: Counts,
+    /// The first error that makes the layer unusable (a corrupt or missing object).
+    pub broken: Mutex<Option<String>>,
+    /// Set once every object is local.
+    pub complete: AtomicBool,
+    /// Set when the fetcher is dropped: the background task stops.
+    stop: AtomicBool,
+}
+
+impl Shared {
+    /// The fetcher of the layer `tree` (made from `manifest`) of `project`, its objects kept in
+    /// `objects` and linked into `held`.
+    ///
+    /// Errors: [`Error::Failed`] for a malformed object id in the manifest.
+    pub fn new(
+        remote: Remote,
+        project: ProjectId,
+        manifest: Arc<RemoteManifest>,
+        tree: Arc<Tree>,
+        objects: LocalObjects,
+        held: PathBuf,
+        limits: Limits,
+    ) -> Result<Shared> {
+        let ids = tree
+            .objects
+            .iter()
+            .map(|(hex, _)| {
+                ObjectId::from_hex(hex)
+                    .map_err(|e| Error::Failed(format!("remote manifest object {hex}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let index: HashMap<&str, u32> = (tree.objects.iter().enumerate())
+            .map(|(i, (hex, _))| (hex.as_str(), i as u32))
+            .collect();
+        let mut loc = vec![Loc::Alone; ids.len()];
+        let mut packs = Vec::new();
+        for (name, objs) in &manifest.packs {
+            let mut list: Vec<(u64, u64, u32)> = objs
+                .iter()
+                .filter_map(|(hex, off, len)| index.get(hex.as_str()).map(|&i| (*off, *len, i)))
+                .collect();
+            if list.is_empty() {
+                continue;
+            }
+            list.sort_unstable();
+            let p = packs.len() as u32;
+            for (pos, &(offset, len, i)) in list.iter().enumerate() {
+                loc[i as usize] = Loc::Packed {
+                    pack: p,
+                    offset,
+                    len,
+                    pos: pos as u32,
+                };
+            }
+            packs.push((name.clone(), list.into_iter().map(|(_, _, i)| i).collect()));
+        }
+        let state = (0..ids.len()).map(|_| AtomicU8::new(UNKNOWN)).collect();
+        Ok(Shared {
+            remote,
+            project,
+            manifest,
+            tree,
+            objects,
+            held,
+            ids,
+            loc,
+            packs,
+            state,
+            flights: Mutex::new(HashMap::new()),
+            limits,
+            demand: AtomicUsize::new(0),
+            counts: Counts::default(),
+            broken: Mutex::new(None),
+            complete: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Objects of the layer (distinct contents).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// `held/<hex>` of object `o`.
+    fn held_path(&self, o: u32) -> PathBuf {
+        self.held.join(&self.tree.objects[o as usize].0)
+    }
+
+    /// Opens object `o`'s local file read-only, if it is local: its link in `held/`, else the
+    /// object the store has with the metadata of its first file (a pull or an earlier layer
+    /// made it), which is then linked into `held/`.
+    ///
+    /// Errors: the `open`/`link` errno other than `ENOENT`.
+    fn open_local(&self, o: u32) -> io::Result<Option<File>> {
+        let open = |p: &Path| {
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(p)
+        };
+        let held = self.held_path(o);
+        match open(&held) {
+            Ok(f) => {
+                self.state[o as usize].store(LOCAL, Relaxed);
+                return Ok(Some(f));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let Some(obj) = self.object_path(o) else {
+            return Ok(None);
+        };
+        match fs::hard_link(&obj, &held) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        self.state[o as usize].store(LOCAL, Relaxed);
+        open(&held).map(Some)
+    }
+
+    /// The store's object of `o` with its first file's metadata (`objects/<aa>/<hex>-<tag>`).
+    fn object_path(&self, o: u32) -> Option<PathBuf> {
+        let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
+        let tag = e.meta_tag().ok()?;
+        Some(self.objects.path_for(&self.ids[o as usize], tag))
+    }
+
+    /// Whether object `o` is local (checked on disk once, then remembered); a store object
+    /// with its bytes and metadata is linked into `held/` on the way.
+    fn is_local(&self, o: u32) -> bool {
+        if self.state[o as usize].load(Relaxed) == LOCAL {
+            return true;
+        }
+        let held = self.held_path(o);
+        let here = held.exists()
+            || self
+                .object_path(o)
+                .is_some_and(|p| match fs::hard_link(&p, &held) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == io::ErrorKind::AlreadyExists,
+                });
+        if here {
+            self.state[o as usize].store(LOCAL, Relaxed);
+        }
+        here
+    }
+
+    /// The data of object `o` for a reader: local at once, else after a demand fetch.
+    ///
+    /// Errors: `EIO` when the fetch failed (the reason is logged and kept for the report).
+    pub fn open(self: &Arc<Self>, o: u32, path: &[u8]) -> io::Result<File> {
+        loop {
+            if let Some(f) = self.open_local(o)? {
+                return Ok(f);
+            }
+            if let Err(why) = self.fetch(o, DEMAND_WINDOW, true) {
+                tracing::error!(
+                    file = %String::from_utf8_lossy(path),
+                    "reading a lazily fetched file: {why}"
+                );
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+        }
+    }
+
+    /// Makes object `o` local: joins the unit in flight that holds it, or starts one of at
+    /// most `window` bytes (`demand`: counted as a demand read). Returns once that unit ended.
+    ///
+    /// Errors: the unit's error, as a message.
+    fn fetch(
+        self: &Arc<Self>,
+        o: u32,
+        window: u64,
+        demand: bool,
+    ) -> std::result::Result<(), String> {
+        let flight = self.join_or_start(o, window, demand);
+        let Some(flight) = flight else {
+            return Ok(());
+        };
+        flight.wait(self.limits.bound + Duration::from_secs(30))
+    }
+
+    /// The flight holding `o` (a new one started with `o`'s unit when none does); `None` when
+    /// `o` is local already.
+    fn join_or_start(self: &Arc<Self>, o: u32, window: u64, demand: bool) -> Option<Arc<Flight>> {
+        let mut flights = self.flights.lock();
+        if let Some(f) = flights.get(&o) {
+            return Some(f.clone());
+        }
+        if self.state[o as usize].load(Relaxed) == LOCAL {
+            return None;
+        }
+        let unit = self.unit(o, window, &flights);
+        let f = Flight::new();
+        for &u in &unit {
+            flights.insert(u, f.clone());
+        }
+        drop(flights);
+        if demand {
+            self.demand.fetch_add(1, Relaxed);
+        }
+        let me = Arc::clone(self);
+        let fl = f.clone();
+        self.remote.rt.spawn(async move {
+            let r = me.run_unit(&unit).await;
+            if let Err(e) = &r
+                && matches!(e, Error::Remote { kind, .. } if !kind.is_transient())
+            {
+                me.broken.lock().get_or_insert_with(|| e.to_string());
+            }
+            let mut flights = me.flights.lock();
+            for u in &unit {
+                flights.remove(u);
+            }
+            drop(flights);
+            if demand {
+                me.demand.fetch_sub(1, Relaxed);
+            }
+            fl.finish(r.map_err(|e| e.to_string()));
+        });
+        Some(f)
+    }
+
+    /// The objects one unit fetches with `o`: `o` alone when stored alone; otherwise `o` and
+    /// its pack neighbours that are neither local nor in flight, contiguous, at most `window`
+    /// bytes in all.
+    fn unit(&self, o: u32, window: u64, flights: &HashMap<u32, Arc<Flight>>) -> Vec<u32> {
+        let Loc::Packed { pack, len, pos, .. } = self.loc[o as usize] else {
+            return vec![o];
+        };
+        let list = &self.packs[pack as usize].1;
+        let free =
+            |i: u32| self.state[i as usize].load(Relaxed) != LOCAL && !flights.contains_key(&i);
+        let size = |i: u32| match self.loc[i as usize] {
+            Loc::Packed { len, .. } => len,
+            Loc::Alone => 0,
+        };
+        let (mut lo, mut hi, mut total) = (pos as usize, pos as usize + 1, len);
+        while hi < list.len() && free(list[hi]) && total + size(list[hi]) <= window {
+            total += size(list[hi]);
+            hi += 1;
+        }
+        while lo > 0 && free(list[lo - 1]) && total + size(list[lo - 1]) <= window {
+            total += size(list[lo - 1]);
+            lo -= 1;
+        }
+        list[lo..hi].to_vec()
+    }
+
+    /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone), retrying
+    /// transient failures until the bound; every object of it is local when this returns `Ok`.
+    ///
+    /// Errors: the remote's error (transient after the bound; a missing object or a corrupt
+    /// one at once).
+    async fn run_unit(&self, unit: &[u32]) -> Result<()> {
+        let t0 = Instant::now();
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let r = match self.loc[unit[0] as usize] {
+                Loc::Alone => self.fetch_alone(unit[0]).await,
+                Loc::Packed { .. } => self.fetch_packed(unit).await,
+            };
+            match r {
+                Err(Error::Remote { kind, .. })
+                    if kind.is_transient() && t0.elapsed() + backoff < self.limits.bound =>
+                {
+                    tracing::warn!(
+                        elapsed_ms = t0.elapsed().as_millis() as u64,
+                        "lazy fetch: no progress from the remote; retrying"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// A timeout error of the remote for `what` (no byte for the progress deadline).
+    fn stalled(&self, what: &str) -> Error {
+        super::super::RemoteError::Timeout {
+            url: self.remote.cfg.url.clone(),
+            what: format!(
+                "{what} (no progress for {} s)",
+                self.limits.progress.as_secs()
+            ),
+            secs: self.limits.progress.as_secs_f64(),
+            source: None,
+        }
+        .into()
+    }
+
+    /// One GET of the pack range of `unit`, split and stored object by object.
+    async fn fetch_packed(&self, unit: &[u32]) -> Result<()> {
+        let (pack, start) = match self.loc[unit[0] as usize] {
+            Loc::Packed { pack, offset, .. } => (pack, offset),
+            Loc::Alone => unreachable!("a packed unit"),
+        };
+        let end = match self.loc[*unit.last().expect("a unit is never empty") as usize] {
+            Loc::Packed { offset, len, .. } => offset + len,
+            Loc::Alone => unreachable!("a packed unit"),
+        };
+        let name = &self.packs[pack as usize].0;
+        let what = format!("fetching pack {name} bytes {start}..{end}");
+        let path = self.remote.layout.pack(&self.project, name);
+        let mut buf = Vec::with_capacity((end - start) as usize);
+        if end > start {
+            let opts = GetOptions {
+                range: Some(GetRange::Bounded(start..end)),
+                ..Default::default()
+            };
+            self.counts.gets.fetch_add(1, Relaxed);
+            let got = tokio::time::timeout(
+                self.limits.progress,
+                self.remote.store.get_opts(&path, opts),
+            )
+            .await
+            .map_err(|_| self.stalled(&what))?
+            .map_err(|e| self.remote.error(&what, e))?;
+            let mut stream = got.into_stream();
+            loop {
+                let next = tokio::time::timeout(self.limits.progress, stream.next())
+                    .await
+                    .map_err(|_| self.stalled(&what))?;
+                match next {
+                    Some(chunk) => {
+                        let chunk = chunk.map_err(|e| self.remote.error(&what, e))?;
+                        self.counts.bytes.fetch_add(chunk.len() as u64, Relaxed);
+                        buf.extend_from_slice(&chunk);
+                    }
+                    None => break,
+                }
+            }
+        }
+        if buf.len() as u64 != end - start {
+            return Err(self.corrupt(
+                &format!("pack {name}"),
+                format!("{} bytes received of {}", buf.len(), end - start),
+            ));
+        }
+        for &o in unit {
+            let Loc::Packed { offset, len, .. } = self.loc[o as usize] else {
+                continue;
+            };
+            let bytes = &buf[(offset - start) as usize..(offset - start + len) as usize];
+            if blake3::hash(bytes).as_bytes() != &self.ids[o as usize].0 {
+                return Err(self.corrupt(
+                    &format!("object {} in pack {name}", self.ids[o as usize]),
+                    "its bytes do not match its id".into(),
+                ));
+            }
+            self.store_bytes(o, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Streams object `o` (stored alone) into a temporary file beside its place, hashing it,
+    /// and moves it into place once it is verified.
+    async fn fetch_alone(&self, o: u32) -> Result<()> {
+        let id = self.ids[o as usize];
+        let dst = self.object_path(o).ok_or_else(|| {
+            Error::Failed(format!("object {id}: its entry's metadata is malformed"))
+        })?;
+        let tmp = temp_beside(&dst)?;
+        let r = self.stream_to(o, &tmp).await;
+        let r = r.and_then(|()| {
+            let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
+            make_object(&tmp, &dst, &Variant::of(e)?)?;
+            self.hold(o, &dst)
+        });
+        if r.is_err() {
+            let _ = fs::remove_file(&tmp);
+        } else {
+            self.counts.objects.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    /// GETs object `o` into `tmp` (created), checking length and blake3.
+    async fn stream_to(&self, o: u32, tmp: &Path) -> Result<()> {
+        let id = self.ids[o as usize];
+        let size = self.tree.objects[o as usize].1;
+        let what = format!("fetching object {id}");
+        let path = self.remote.layout.object(&self.project, &id);
+        self.counts.gets.fetch_add(1, Relaxed);
+        let got = tokio::time::timeout(self.limits.progress, self.remote.store.get(&path))
+            .await
+            .map_err(|_| self.stalled(&what))?
+            .map_err(|e| self.remote.error(&what, e))?;
+        let mut stream = got.into_stream();
+        let mut f = fs::File::create_new(tmp).map_err(|e| Error::io(tmp, e))?;
+        let mut h = blake3::Hasher::new();
+        let mut n = 0u64;
+        loop {
+            let next = tokio::time::timeout(self.limits.progress, stream.next())
+                .await
+                .map_err(|_| self.stalled(&what))?;
+            let Some(chunk) = next else { break };
+            let chunk = chunk.map_err(|e| self.remote.error(&what, e))?;
+            self.counts.bytes.fetch_add(chunk.len() as u64, Relaxed);
+            h.update(&chunk);
+            n += chunk.len() as u64;
+            f.write_all(&chunk).map_err(|e| Error::io(tmp, e))?;
+        }
+        if n != size || h.finalize().as_bytes() != &id.0 {
+            return Err(self.corrupt(
+                &format!("object {id}"),
+                format!("{n} of {size} bytes received, not matching its id"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the verified `bytes` of object `o` as the store's object (its first file's
+    /// metadata) and links it into `held/`.
+    fn store_bytes(&self, o: u32, bytes: &[u8]) -> Result<()> {
+        let dst = self.object_path(o).ok_or_else(|| {
+            Error::Failed(format!("object {}: malformed entry", self.ids[o as usize]))
+        })?;
+        let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
+        let tmp = temp_beside(&dst)?;
+        write_object(&tmp, &dst, &Variant::of(e)?, bytes)?;
+        self.hold(o, &dst)?;
+        self.counts.objects.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Links the object at `obj` into `held/` and marks `o` local.
+    fn hold(&self, o: u32, obj: &Path) -> Result<()> {
+        let held = self.held_path(o);
+        match fs::hard_link(obj, &held) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(&held, e)),
+        }
+        self.state[o as usize].store(LOCAL, Relaxed);
+        Ok(())
+    }
+
+    /// A corrupt-object error naming `what`.
+    fn corrupt(&self, what: &str, detail: String) -> Error {
+        super::super::RemoteError::Corrupt {
+            url: self.remote.cfg.url.clone(),
+            what: what.to_string(),
+            detail,
+        }
+        .into()
+    }
+
+    /// The background class: the objects of `first` (the replayed trace, in order), then
+    /// every other object in pack order, at most [`BACKGROUND_UNITS`] units at once and one
+    /// while a demand read is in flight. Sets [`Shared::complete`] when every object is local.
+    pub async fn background(self: Arc<Self>, first: Vec<u32>) {
+        let mut order = first;
+        order.extend(self.packs.iter().flat_map(|(_, l)| l.iter().copied()));
+        order.extend(
+            (0..self.ids.len() as u32).filter(|&o| matches!(self.loc[o as usize], Loc::Alone)),
+        );
+        let running = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for o in order {
+            if self.stop.load(Relaxed) || self.broken.lock().is_some() {
+                break;
+            }
+            if self.is_local(o) || self.flights.lock().contains_key(&o) {
+                continue;
+            }
+            loop {
+                let n = running.load(Relaxed);
+                let cap = if self.demand.load(Relaxed) > 0 {
+                    1
+                } else {
+                    BACKGROUND_UNITS
+                };
+                if n < cap {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let Some(flight) = self.join_or_start(o, BACKGROUND_WINDOW, false) else {
+                continue;
+            };
+            running.fetch_add(1, Relaxed);
+            let running = running.clone();
+            tasks.push(tokio::task::spawn_blocking(move || {
+                let r = flight.wait(Duration::from_secs(3600));
+                running.fetch_sub(1, Relaxed);
+                r
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        let all = (0..self.ids.len() as u32).all(|o| self.state[o as usize].load(Relaxed) == LOCAL);
+        self.complete.store(all, Relaxed);
+        tracing::info!(complete = all, "lazy layer: background completion ended");
+    }
+
+    /// Starts [`Shared::background`] with the replayed trace `first`.
+    pub fn spawn_background(self: &Arc<Self>, first: Vec<u32>) {
+        let me = Arc::clone(self);
+        self.remote.rt.spawn(me.background(first));
+    }
+
+    /// Tells the background task to stop starting units.
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+    }
+
+    /// Objects local now (by the remembered state).
+    pub fn local_count(&self) -> (u64, u64) {
+        let mut n = 0;
+        let mut bytes = 0;
+        for (o, s) in self.state.iter().enumerate() {
+            if s.load(Relaxed) == LOCAL {
+                n += 1;
+                bytes += self.tree.objects[o].1;
+            }
+        }
+        (n, bytes)
+    }
+}
+
+/// A fresh temporary name beside `dst` (its fan-out directory created if missing).
+fn temp_beside(dst: &Path) -> Result<PathBuf> {
+    let dir = dst.parent().expect("an object path has a directory");
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    Ok(dir.join(format!(".lazy-{}", crate::sys::random_hex(8))))
+}

@@ -1,0 +1,210 @@
+//! The run's side of a lazy layer: laying out its partial directory before the mount
+//! ([`Remote::prepare_lazy`]) and, after the mount, storing the run's trace and publishing the
+//! layer once it is complete ([`Remote::finish_lazy_layer`]).
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::Path;
+use std::time::Instant;
+
+use object_store::{ObjectStoreExt, PutPayload};
+
+use super::super::Remote;
+use super::super::manifest::{KeyRecord, RemoteManifest};
+use super::super::pull::Found;
+use super::{HELD, LINKS, LazyReport, LazySpec, MANIFEST, REPLAY, REPORT, TRACE};
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{CacheId, CacheKey, LayerId};
+use crate::store::{LazyLower, ProjectDirs, PullReport, Store};
+use crate::units::fmt_bytes;
+
+/// `broken` of a partial directory: why an earlier run found the layer unusable.
+const BROKEN: &str = "broken";
+/// `key.json` of a partial directory: the key record the layer was found by.
+const KEY_RECORD: &str = "key.json";
+
+/// Writes `body` to `path` through a temporary file beside it and a rename (readers see the
+/// old file or the new one, never a part).
+///
+/// Errors: [`Error::Io`] naming the path.
+pub(super) fn replace_file(path: &Path, body: &[u8]) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(
+        ".{}.{}",
+        name.unwrap_or_default(),
+        crate::sys::random_hex(6)
+    ));
+    fs::write(&tmp, body).at(&tmp)?;
+    fs::rename(&tmp, path).at(path).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
+}
+
+impl Remote {
+    /// Lays out the partial directory of the exact hit `found` in `pd` for a lazy mount: the
+    /// manifest (fetched once per layer; a partial directory an earlier run made keeps its
+    /// own), its link groups, the key's recorded trace (fetched each time: the newest) and
+    /// `held/`. The fetches are bounded by `lookup_timeout`.
+    ///
+    /// Errors: [`Error::Failed`] when an earlier run found the layer broken (it is not used
+    /// again); the remote's errors; [`Error::Io`] locally.
+    pub(in crate::remote) fn prepare_lazy(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        found: &Found,
+    ) -> Result<LazyLower> {
+        let t0 = Instant::now();
+        let layer = &found.record.layer;
+        let dir = pd.partial(layer);
+        if let Ok(why) = fs::read_to_string(dir.join(BROKEN)) {
+            return Err(Error::Failed(format!(
+                "remote layer {layer} was found broken by an earlier run ({}); it is not used",
+                why.trim()
+            )));
+        }
+        let held = dir.join(HELD);
+        fs::create_dir_all(&held).at(&held)?;
+        let mpath = dir.join(MANIFEST);
+        let have = fs::read(&mpath).ok();
+        let trace_path = self.layout.trace(&pd.project, cache, &found.key);
+        let (manifest, trace) = self.block_on(Some(self.cfg.lookup_timeout), async {
+            let manifest = async {
+                match &have {
+                    Some(_) => Ok(None),
+                    None => self
+                        .manifest_bytes(&pd.project, cache, layer)
+                        .await
+                        .map(Some),
+                }
+            };
+            let trace = async {
+                match self.store.get(&trace_path).await {
+                    Ok(g) => Ok(g.bytes().await.ok()),
+                    Err(e) if super::super::is_not_found(&e) => Ok(None),
+                    Err(e) => Err(self.error("reading the key's access trace", e)),
+                }
+            };
+            futures::try_join!(manifest, trace)
+        })?;
+        let (m, manifest_bytes) = match (manifest, have) {
+            (Some((m, bytes)), _) => {
+                replace_file(&mpath, &bytes)?;
+                let links = dir.join(LINKS);
+                crate::overlay::links::LinkGroups::write(&links, &m.links).at(&links)?;
+                let n = bytes.len() as u64;
+                (m, n)
+            }
+            (None, Some(bytes)) => {
+                let m: RemoteManifest = serde_json::from_slice(&bytes)
+                    .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
+                (m, 0)
+            }
+            (None, None) => unreachable!("fetched when not here"),
+        };
+        replace_file(&dir.join(REPLAY), trace.as_deref().unwrap_or_default())?;
+        let record = serde_json::to_vec(&found.record).unwrap_or_default();
+        replace_file(&dir.join(KEY_RECORD), &record)?;
+        let here: HashSet<String> = fs::read_dir(&held)
+            .at(&held)?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        let objects = m.objects()?;
+        let missing: u64 = (objects.iter())
+            .filter(|(id, _)| !here.contains(&id.to_string()))
+            .map(|(_, s)| *s)
+            .sum();
+        let spec = LazySpec {
+            remote: self.cfg.clone(),
+            project: pd.project.clone(),
+            dir: dir.clone(),
+            objects: pd.objects().dir().to_path_buf(),
+            run_dir: Default::default(),
+        };
+        let report = PullReport {
+            key: found.key.to_string(),
+            layer: layer.to_string(),
+            result: "lazy".into(),
+            objects: objects.len() as u64,
+            manifest_bytes,
+            ms: t0.elapsed().as_millis() as u64,
+            lazy: true,
+            lazy_bytes: missing,
+            ..Default::default()
+        };
+        tracing::info!(ms = report.ms, missing, "lazy: partial directory ready");
+        Ok(LazyLower {
+            layer: layer.clone(),
+            dir,
+            spec: serde_json::to_value(&spec)
+                .map_err(|e| Error::Failed(format!("lazy layer spec: {e}")))?,
+            counts: m.layer.counts,
+            report,
+        })
+    }
+
+    /// See [`crate::store::RemoteTier::finish_lazy`]: the line for the user, if any.
+    pub(in crate::remote) fn finish_lazy_layer(
+        &self,
+        store: &Store,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        layer: &LayerId,
+        run_dir: &Path,
+    ) -> Option<String> {
+        let report: LazyReport =
+            serde_json::from_slice(&fs::read(run_dir.join(REPORT)).ok()?).ok()?;
+        let dir = pd.partial(layer);
+        if let Some(why) = &report.broken {
+            let _ = replace_file(&dir.join(BROKEN), why.as_bytes());
+            return Some(format!(
+                "{cache}: the remote layer {layer} is broken ({why}); it is not used again \
+                 (`layercache remote gc` does not repair it: push the key again)"
+            ));
+        }
+        let trace = fs::read(run_dir.join(TRACE)).unwrap_or_default();
+        if !trace.is_empty() && self.healthy.load(std::sync::atomic::Ordering::SeqCst) {
+            let path = self.layout.trace(&pd.project, cache, key);
+            let put = async {
+                (self.store.put(&path, PutPayload::from(trace)).await)
+                    .map_err(|e| self.error("storing the run's access trace", e))
+            };
+            if let Err(e) = self.block_on(Some(self.cfg.lookup_timeout), put) {
+                tracing::warn!("lazy layer: {e}");
+            }
+        }
+        let fetched = format!(
+            "{cache}: fetched lazily {} of {} ({} objects, {} GETs) while the run lasted",
+            fmt_bytes(report.fetched_bytes),
+            fmt_bytes(report.bytes),
+            report.fetched_objects,
+            report.gets
+        );
+        if !report.complete {
+            return Some(format!(
+                "{fetched}; {} of the layer's objects are here, the next run fetches the rest",
+                report.local_objects
+            ));
+        }
+        let record: Option<KeyRecord> = fs::read(dir.join(KEY_RECORD))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let Some(record) = record else {
+            return Some(fetched);
+        };
+        let found = Found {
+            key: key.clone(),
+            exact: true,
+            record,
+        };
+        Some(match self.pull(store, pd, cache, &found) {
+            Ok(r) => format!(
+                "{fetched}; the layer is complete and now local ({} in {})",
+                r.result,
+                crate::telemetry::fmt_ms(r.ms)
+            ),
+            Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
+        })
+    }
+}
