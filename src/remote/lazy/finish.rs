@@ -200,9 +200,8 @@ impl Remote {
         };
         Some(match self.pull(store, pd, cache, &found) {
             Ok(r) => format!(
-                "{fetched}; the layer is complete and now local ({} in {})",
-                r.result,
-                crate::telemetry::fmt_ms(r.ms)
+                "{fetched}; the layer is complete and now local ({} in {} ms)",
+                r.result, r.ms
             ),
             Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
         })
