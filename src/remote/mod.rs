@@ -601,10 +601,28 @@ mod tests {
                 .result,
             "exists"
         );
+        // A lazy mount's access trace beside key k lives as long as the key; one whose key
+        // is gone is removed.
+        use object_store::ObjectStoreExt;
+        let trace = remote.layout.trace(&p, &c, &k1);
+        let orphan = remote.layout.trace(&p, &c, &CacheKey::new("gone").unwrap());
+        remote
+            .block_on(None, async {
+                for t in [&trace, &orphan] {
+                    remote.store.put(t, "a/b\n".into()).await.unwrap();
+                }
+                Ok(())
+            })
+            .unwrap();
         let rep = remote.gc(Duration::ZERO, false).unwrap();
         assert_eq!(
             (rep.keys, rep.removed_objects, rep.broken_keys.len()),
             (2, 0, 0)
+        );
+        let exists = |t| remote.block_on(None, async { Ok(remote.store.head(t).await.is_ok()) });
+        assert_eq!(
+            (exists(&trace).unwrap(), exists(&orphan).unwrap()),
+            (true, false)
         );
     }
 }

@@ -179,7 +179,13 @@ impl Remote {
         inv: &Inventory,
         rep: &mut RemoteGcReport,
     ) -> Result<(HashSet<LayerId>, Refs)> {
-        let keys = self.list_all(&self.layout.caches(project)).await?;
+        // `caches/<cache>/keys/<key>` and, beside them, `caches/<cache>/traces/<key>` (a lazy
+        // mount's access trace): a trace lives as long as its key.
+        let (traces, keys): (Vec<_>, Vec<_>) =
+            (self.list_all(&self.layout.caches(project)).await?)
+                .into_iter()
+                .partition(|m| trace_key(&m.location).is_some());
+        let mut kept_keys: HashSet<String> = HashSet::new();
         let mut live: HashSet<LayerId> = HashSet::new();
         let mut refs = Refs::default();
         for k in keys {
@@ -207,6 +213,7 @@ impl Remote {
                 (Some(l), Some(r)) if complete => {
                     live.insert(l);
                     refs.extend(r);
+                    kept_keys.insert(k.location.to_string());
                 }
                 _ => {
                     rep.broken_keys.push(k.location.to_string());
@@ -214,6 +221,13 @@ impl Remote {
                         self.delete(&k.location).await?;
                     }
                 }
+            }
+        }
+        for t in traces {
+            let key = trace_key(&t.location).unwrap_or_default();
+            if !kept_keys.contains(&key) && !rep.dry_run {
+                tracing::info!(trace = %t.location, "remote gc: removing the trace of a key that is gone");
+                self.delete(&t.location).await?;
             }
         }
         Ok((live, refs))
@@ -326,4 +340,16 @@ impl Remote {
 
 fn chrono_ms_now() -> i64 {
     crate::units::now_ms() as i64
+}
+
+/// For `…/caches/<cache>/traces/<key>`, the location of its key (`…/caches/<cache>/keys/<key>`);
+/// `None` for any other location.
+fn trace_key(location: &object_store::path::Path) -> Option<String> {
+    let parts: Vec<_> = location.parts().collect();
+    let n = parts.len();
+    (n >= 3 && parts[n - 2].as_ref() == "traces").then(|| {
+        let mut p: Vec<&str> = parts.iter().map(|p| p.as_ref()).collect();
+        p[n - 2] = "keys";
+        p.join("/")
+    })
 }
