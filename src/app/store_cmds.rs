@@ -238,10 +238,14 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             size(r.bytes, a.bytes),
             r.files,
             if r.in_use { "yes" } else { "no" },
-            if keys.is_empty() {
-                "(unpublished)".to_string()
-            } else {
-                keys.join(",")
+            match (r.partial_bytes, keys.is_empty()) {
+                (Some(b), _) => format!(
+                    "(remote, mounted lazily: {} of {} here)",
+                    size(b, a.bytes),
+                    size(r.bytes, a.bytes)
+                ),
+                (None, true) => "(unpublished)".to_string(),
+                (None, false) => keys.join(","),
             }
         ));
     }
@@ -286,7 +290,7 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
             emit(&format!("{verb} {layer}"));
         }
         emit(&format!(
-            "{}{} {} layer(s), removed {} object(s) ({}), {} stale run(s), {} staging entr(ies), {} orphan layer(s), {} view dir(s); {} layer(s) in use kept; now {}, {} inodes, {} layers",
+            "{}{} {} layer(s), removed {} object(s) ({}), {} stale run(s), {} staging entr(ies), {} orphan layer(s), {} partial layer(s), {} view dir(s); {} layer(s) in use kept; now {}, {} inodes, {} layers",
             if r.dry_run { "(dry run) " } else { "" },
             if r.dry_run { "would evict" } else { "evicted" },
             r.evicted.len(),
@@ -295,6 +299,7 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
             r.removed_runs,
             r.removed_staging,
             r.removed_orphans,
+            r.removed_partial,
             r.removed_view_dirs,
             r.in_use,
             size(r.after.bytes),

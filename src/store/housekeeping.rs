@@ -41,6 +41,11 @@ pub struct LayerInfo {
     pub files: u64,
     /// Mounted right now.
     pub in_use: bool,
+    /// For a remote layer mounted lazily and not complete here yet (`partial/<layer>`): the
+    /// bytes of its objects that are local (`bytes` is the whole layer's). `None` for a
+    /// local layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_bytes: Option<u64>,
 }
 
 /// Options of [`super::Store::gc`].
@@ -87,6 +92,10 @@ pub struct GcReport {
     /// ([`super::keep_failed_logs`]).
     #[serde(default)]
     pub removed_failed_logs: u64,
+    /// Partial (lazily mounted) remote layers removed: published locally since, or unused
+    /// for longer than the age limit; no run using them (`partial/<layer>`).
+    #[serde(default)]
+    pub removed_partial: u64,
     /// Failed setups' kept logs still kept (younger than 7 days), and where: one
     /// `projects/<p>/failed/<run>` directory each.
     #[serde(default)]
@@ -155,8 +164,10 @@ impl Store {
                     files: m.counts.files,
                     in_use: lease::is_held(&l.lease_path(), Mode::Exclusive)?,
                     layer: id,
+                    partial_bytes: None,
                 });
             }
+            out.extend(partial_layers(&pd, &mut keys)?);
         }
         out.sort_by_key(|l| std::cmp::Reverse(l.created_ms));
         Ok(out)
@@ -202,6 +213,7 @@ impl Store {
         // upper), which the sweep below then removes.
         for (pi, pd) in pds.iter().enumerate() {
             let (staging, runs) = self.remove_crash_garbage(pd, dry, &mut doomed.of(pi))?;
+            report.removed_partial += remove_partials(pd, limits.max_age, dry, &mut doomed.of(pi))?;
             report.removed_staging += staging;
             report.removed_runs += runs;
             self.reap_failed_logs(pd, dry, &mut report)?;
@@ -713,4 +725,102 @@ fn tree_usage(root: &Path) -> Result<(Vec<(u64, u64)>, u64)> {
         }
     }
     Ok((objs, own))
+}
+
+/// Phase 1 of [`Store::gc`], partial layers of `pd` (`partial/<layer>`, see
+/// `crate::remote::lazy`): each that no run holds (its `lease` free) and that is published
+/// locally now, or unused for longer than `max_age` (`None`: no age limit), goes — its `held/`
+/// links with it, so objects only it kept are swept after; with `dry`, counted in `doomed`.
+/// Returns how many.
+///
+/// Errors: [`Error::Io`] reading or removing them.
+fn remove_partials(
+    pd: &ProjectDirs,
+    max_age: Option<std::time::Duration>,
+    dry: bool,
+    doomed: &mut DoomedLinks<'_>,
+) -> Result<u64> {
+    let root = pd.root.join("partial");
+    let mut n = 0;
+    for name in read_names(&root)? {
+        let dir = root.join(&name);
+        let published = LayerId::new(&name).is_ok_and(|id| pd.layer(&id).tree().is_dir());
+        let idle = fs::metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .unwrap_or_default();
+        if !published && max_age.is_none_or(|age| idle < age) {
+            continue;
+        }
+        let Some(lease) = Lease::try_acquire(&dir.join("lease"), Mode::Exclusive)? else {
+            continue; // a run is using it
+        };
+        n += 1;
+        if dry {
+            doomed.tree(&dir)?;
+        } else {
+            remove_tree(&dir)?;
+        }
+        drop(lease);
+    }
+    Ok(n)
+}
+
+/// The rows of `pd`'s partial layers (`partial/<layer>`) that are not published locally: what
+/// their `key.json` (the remote key record they were found by) says, with the bytes of the
+/// objects in their `held/`. An unreadable one is left out.
+///
+/// Errors: [`Error::Io`] listing `partial/` or taking a lease probe.
+fn partial_layers(
+    pd: &ProjectDirs,
+    keys: &mut HashMap<LayerId, Vec<CacheKey>>,
+) -> Result<Vec<LayerInfo>> {
+    let root = pd.root.join("partial");
+    let mut out = Vec::new();
+    for name in read_names(&root)? {
+        let Ok(id) = LayerId::new(&name) else {
+            continue;
+        };
+        let dir = root.join(&name);
+        if pd.layer(&id).tree().is_dir() {
+            continue;
+        }
+        let rec: Option<serde_json::Value> = fs::read(dir.join("key.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let Some(rec) = rec else { continue };
+        let cache: Option<CacheId> = fs::read(dir.join("manifest.json")).ok().and_then(|b| {
+            // Only the layer's own header is needed; a full parse of a big manifest is not.
+            let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+            CacheId::new(v["layer"]["cache"].as_str()?).ok()
+        });
+        let Some(cache) = cache else { continue };
+        let num = |k: &str| rec[k].as_u64().unwrap_or(0);
+        let held: u64 = fs::read_dir(dir.join("held"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let used = fs::metadata(&dir).and_then(|m| m.modified()).ok();
+        out.push(LayerInfo {
+            project: pd.project.clone(),
+            cache,
+            keys: keys.remove(&id).unwrap_or_default(),
+            parent: None,
+            created_ms: num("created_ms"),
+            last_used_ms: used
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64),
+            bytes: num("bytes"),
+            files: num("files"),
+            in_use: lease::is_held(&dir.join("lease"), Mode::Exclusive)?,
+            layer: id,
+            partial_bytes: Some(held),
+        });
+    }
+    Ok(out)
 }
