@@ -267,6 +267,11 @@ pub struct RunArgs {
     /// mode).
     #[arg(long)]
     pub passthrough: Option<String>,
+    /// Mount a layer found only in the remote tier lazily (`true`: at once, file content
+    /// fetched on first open) or pull it whole first (`false`); overrides `[remote] lazy` and
+    /// LAYERCACHE_LAZY for this run.
+    #[arg(long, value_name = "BOOL")]
+    pub lazy: Option<bool>,
     /// The sandbox image id that enters the key's environment fingerprint [env:
     /// LAYERCACHE_IMAGE]
     #[arg(long)]

@@ -425,7 +425,8 @@ fn cmd_run(global: &GlobalArgs, args: &RunArgs) -> Result<i32> {
         return run::run(&cfg, &NoMounts);
     }
     let fill_wait = Duration::from_secs(args.fill_wait);
-    run_over_store(&cfg, global.remote.as_deref(), flag, squash, fill_wait)
+    let remote = (global.remote.as_deref(), args.lazy);
+    run_over_store(&cfg, remote, flag, squash, fill_wait)
 }
 
 /// The path flags of `args` as [`run::preflight::paths`] takes them.
@@ -446,7 +447,7 @@ fn path_flags(args: &PathArgs) -> PathFlags<'_> {
 /// Errors: as [`run::run`], and opening the store or the remote tier.
 fn run_over_store(
     cfg: &RunConfig,
-    remote: Option<&str>,
+    (remote, lazy): (Option<&str>, Option<bool>),
     passthrough: Option<PassthroughChoice>,
     squash: Squash,
     fill_wait: Duration,
@@ -456,7 +457,7 @@ fn run_over_store(
         rootless::enter(r)?;
     }
     let mut store = Store::open(Some(&cfg.store))?.with_notify(store_cmds::stderr_notices());
-    remote::attach(&mut store, remote)?;
+    remote::attach(&mut store, remote, lazy)?;
     let remote = store.remote().cloned();
     let passthrough = cfg
         .spec

@@ -16,7 +16,7 @@ use crate::store::Store;
 ///
 /// Errors: [`Error::Invalid`] when none is configured, naming both ways to configure one.
 pub fn require(store: &Store, global: &GlobalArgs) -> Result<Arc<Remote>> {
-    crate::remote::open_for(store, global.remote.as_deref())?.ok_or_else(|| {
+    crate::remote::open_for(store, global.remote.as_deref(), None)?.ok_or_else(|| {
         Error::invalid(format!(
             "no remote configured: pass --remote s3://bucket/prefix (or set LAYERCACHE_REMOTE), or \
              add [remote] url = \"s3://bucket/prefix\" to {}",
@@ -209,7 +209,7 @@ fn gc(global: &GlobalArgs, remote: &Remote, a: &RemoteGcArgs) -> Result<i32> {
 /// (of `project`, or all) and how many of them this store lacks; `None` without a remote. A
 /// remote that cannot be read is reported in the line, never as an error of `ls`.
 pub fn ls_note(global: &GlobalArgs, store: &Store, project: Option<ProjectId>) -> Option<String> {
-    let remote = match crate::remote::open_for(store, global.remote.as_deref()) {
+    let remote = match crate::remote::open_for(store, global.remote.as_deref(), None) {
         Ok(Some(r)) => r,
         Ok(None) => return None,
         Err(e) => return Some(format!("remote: {e}")),

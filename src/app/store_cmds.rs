@@ -19,7 +19,7 @@ use crate::units;
 /// Errors: as [`Store::open`] and [`crate::remote::attach`].
 pub fn open(global: &GlobalArgs) -> Result<Store> {
     let mut store = Store::open(Some(&store_root(global)?))?.with_notify(stderr_notices());
-    crate::remote::attach(&mut store, global.remote.as_deref())?;
+    crate::remote::attach(&mut store, global.remote.as_deref(), None)?;
     Ok(store)
 }
 
@@ -109,7 +109,7 @@ pub fn commit(global: &GlobalArgs, a: &MountpointArg) -> Result<i32> {
         }));
     };
     let mut store = store.with_notify(stderr_notices());
-    crate::remote::attach(&mut store, global.remote.as_deref())?;
+    crate::remote::attach(&mut store, global.remote.as_deref(), None)?;
     let out = match store.commit(&a.mountpoint) {
         Err(e @ Error::NotAStoreMount { .. }) => return Err(not_ours(e)),
         r => r?,

@@ -372,14 +372,21 @@ impl RemoteTier for Remote {
 }
 
 /// Opens the remote for a store: `--remote URL` (`flag`) or `[remote]` of config.toml; `None`
-/// when neither names one.
+/// when neither names one. `lazy` (`run --lazy`) overrides whether exact hits mount lazily.
 ///
 /// Errors: [`RemoteError::BadConfig`] (exit 2) for a bad `[remote]` entry or URL, or missing
 /// credentials.
-pub fn open_for(store: &crate::store::Store, flag: Option<&str>) -> Result<Option<Arc<Remote>>> {
+pub fn open_for(
+    store: &crate::store::Store,
+    flag: Option<&str>,
+    lazy: Option<bool>,
+) -> Result<Option<Arc<Remote>>> {
     let file = store.remote_file().cloned().unwrap_or_default();
     match file.resolve(flag)? {
-        Some(cfg) => Ok(Some(Arc::new(Remote::open(cfg)?))),
+        Some(mut cfg) => {
+            cfg.lazy = lazy.unwrap_or(cfg.lazy);
+            Ok(Some(Arc::new(Remote::open(cfg)?)))
+        }
         None => Ok(None),
     }
 }
@@ -387,8 +394,12 @@ pub fn open_for(store: &crate::store::Store, flag: Option<&str>) -> Result<Optio
 /// [`open_for`] and attach it to `store` (see [`crate::store::Store::set_remote`]).
 ///
 /// Errors: as [`open_for`].
-pub fn attach(store: &mut crate::store::Store, flag: Option<&str>) -> Result<()> {
-    if let Some(r) = open_for(store, flag)? {
+pub fn attach(
+    store: &mut crate::store::Store,
+    flag: Option<&str>,
+    lazy: Option<bool>,
+) -> Result<()> {
+    if let Some(r) = open_for(store, flag, lazy)? {
         store.set_remote(r);
     }
     Ok(())
