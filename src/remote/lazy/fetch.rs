@@ -14,9 +14,11 @@
 //!   length and blake3 match the manifest; the object is hardlinked into the layer's `held/`
 //!   directory, which keeps it from gc and is what a reader opens. A later run (or the pull that
 //!   completes the layer) finds it there and never fetches it again.
-//! * **Classes.** Demand units start at once. Trace replay and completion run on one
-//!   background task, at most [`BACKGROUND_UNITS`] units at once, and only one while a demand
-//!   read is in flight, so a reader's request is not queued behind a bulk transfer.
+//! * **Classes.** Demand units start at once. One background task then replays the trace
+//!   (at most [`TRACE_UNITS`] units of [`TRACE_WINDOW`] bytes at once, also while a reader
+//!   waits: they are what the run opens next) and completes the layer (at most
+//!   [`BACKGROUND_UNITS`] units, none started while a demand read is in flight, so a reader's
+//!   request does not share the link with more than a couple of bulk transfers).
 //! * **Faults.** Every attempt has a progress deadline (no byte for [`Limits::progress`]: it
 //!   is abandoned) and is retried with backoff until [`Limits::bound`] has passed since the
 //!   first; then the waiters get the error (EIO to the reader). A missing object, or bytes that
@@ -40,7 +42,7 @@ use super::super::Remote;
 use super::super::manifest::RemoteManifest;
 use super::super::unpack::{Variant, make_object, write_object};
 use super::tree::Tree;
-use crate::error::{Error, Result};
+use crate::error::{Error, RemoteKind, Result};
 use crate::ids::{ObjectId, ProjectId};
 use crate::store::ObjectStore as LocalObjects;
 
@@ -49,10 +51,25 @@ use crate::store::ObjectStore as LocalObjects;
 pub(super) const DEMAND_WINDOW: u64 = 512 << 10;
 
 /// Bytes of pack one background unit fetches.
-pub(super) const BACKGROUND_WINDOW: u64 = 4 << 20;
+pub(super) const BACKGROUND_WINDOW: u64 = 1 << 20;
 
-/// Background units in flight at most (one while a demand read waits).
-pub(super) const BACKGROUND_UNITS: usize = 4;
+/// Completion units in flight at most (none is started while a demand read waits).
+pub(super) const BACKGROUND_UNITS: usize = 2;
+
+/// Trace replay units in flight at most (also while a demand read waits).
+pub(super) const TRACE_UNITS: usize = 3;
+
+/// Bytes of pack one trace replay unit fetches.
+pub(super) const TRACE_WINDOW: u64 = 1 << 20;
+
+/// Who waits for a unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// A reader (a FUSE request).
+    Demand,
+    /// Trace replay or completion.
+    Background,
+}
 
 /// How long a fetch may go without progress, and in all, before its readers get EIO.
 #[derive(Clone, Copy, Debug)]
@@ -159,6 +176,8 @@ pub(super) struct Shared {
     limits: Limits,
     /// Demand units in flight.
     demand: AtomicUsize,
+    /// Background units in flight.
+    background: AtomicUsize,
     pub counts: Counts,
     /// The first error that makes the layer unusable (a corrupt or missing object).
     pub broken: Mutex<Option<String>>,
@@ -230,6 +249,7 @@ impl Shared {
             flights: Mutex::new(HashMap::new()),
             limits,
             demand: AtomicUsize::new(0),
+            background: AtomicUsize::new(0),
             counts: Counts::default(),
             broken: Mutex::new(None),
             complete: AtomicBool::new(false),
@@ -316,7 +336,7 @@ impl Shared {
             if let Some(f) = self.open_local(o)? {
                 return Ok(f);
             }
-            if let Err(why) = self.fetch(o, DEMAND_WINDOW, true) {
+            if let Err(why) = self.fetch(o, DEMAND_WINDOW) {
                 tracing::error!(
                     file = %String::from_utf8_lossy(path),
                     "reading a lazily fetched file: {why}"
@@ -326,26 +346,20 @@ impl Shared {
         }
     }
 
-    /// Makes object `o` local: joins the unit in flight that holds it, or starts one of at
-    /// most `window` bytes (`demand`: counted as a demand read). Returns once that unit ended.
+    /// Makes object `o` local for a reader: joins the unit in flight that holds it, or starts
+    /// one of at most `window` bytes (a demand unit). Returns once that unit ended.
     ///
     /// Errors: the unit's error, as a message.
-    fn fetch(
-        self: &Arc<Self>,
-        o: u32,
-        window: u64,
-        demand: bool,
-    ) -> std::result::Result<(), String> {
-        let flight = self.join_or_start(o, window, demand);
-        let Some(flight) = flight else {
-            return Ok(());
-        };
-        flight.wait(self.limits.bound + Duration::from_secs(30))
+    fn fetch(self: &Arc<Self>, o: u32, window: u64) -> std::result::Result<(), String> {
+        match self.join_or_start(o, window, Class::Demand) {
+            Some(flight) => flight.wait(self.limits.bound + Duration::from_secs(30)),
+            None => Ok(()),
+        }
     }
 
-    /// The flight holding `o` (a new one started with `o`'s unit when none does); `None` when
-    /// `o` is local already.
-    fn join_or_start(self: &Arc<Self>, o: u32, window: u64, demand: bool) -> Option<Arc<Flight>> {
+    /// The flight holding `o` (a new one of `class` started with `o`'s unit when none does);
+    /// `None` when `o` is local already.
+    fn join_or_start(self: &Arc<Self>, o: u32, window: u64, class: Class) -> Option<Arc<Flight>> {
         let mut flights = self.flights.lock();
         if let Some(f) = flights.get(&o) {
             return Some(f.clone());
@@ -359,15 +373,23 @@ impl Shared {
             flights.insert(u, f.clone());
         }
         drop(flights);
-        if demand {
-            self.demand.fetch_add(1, Relaxed);
-        }
+        let counter = match class {
+            Class::Demand => &self.demand,
+            Class::Background => &self.background,
+        };
+        counter.fetch_add(1, Relaxed);
         let me = Arc::clone(self);
         let fl = f.clone();
         self.remote.rt.spawn(async move {
             let r = me.run_unit(&unit).await;
             if let Err(e) = &r
-                && matches!(e, Error::Remote { kind, .. } if !kind.is_transient())
+                && matches!(
+                    e,
+                    Error::Remote {
+                        kind: RemoteKind::NotFound | RemoteKind::Corrupt,
+                        ..
+                    }
+                )
             {
                 me.broken.lock().get_or_insert_with(|| e.to_string());
             }
@@ -376,9 +398,11 @@ impl Shared {
                 flights.remove(u);
             }
             drop(flights);
-            if demand {
-                me.demand.fetch_sub(1, Relaxed);
+            match class {
+                Class::Demand => &me.demand,
+                Class::Background => &me.background,
             }
+            .fetch_sub(1, Relaxed);
             fl.finish(r.map_err(|e| e.to_string()));
         });
         Some(f)
@@ -610,53 +634,45 @@ impl Shared {
         .into()
     }
 
-    /// The background class: the objects of `first` (the replayed trace, in order), then
-    /// every other object in pack order, at most [`BACKGROUND_UNITS`] units at once and one
-    /// while a demand read is in flight. Sets [`Shared::complete`] when every object is local.
+    /// The background classes: first the objects of `first` (the replayed trace, in order:
+    /// what the run will likely open next, so at most [`TRACE_UNITS`] units at once even while
+    /// a demand read is in flight), then every other object in pack order (completion: at most
+    /// [`BACKGROUND_UNITS`] at once, and none started while a demand read is in flight). Sets
+    /// [`Shared::complete`] when every object is local.
     pub async fn background(self: Arc<Self>, first: Vec<u32>) {
-        let mut order = first;
-        order.extend(self.packs.iter().flat_map(|(_, l)| l.iter().copied()));
-        order.extend(
-            (0..self.ids.len() as u32).filter(|&o| matches!(self.loc[o as usize], Loc::Alone)),
-        );
-        let running = Arc::new(AtomicUsize::new(0));
-        let mut tasks = Vec::new();
-        for o in order {
-            if self.stop.load(Relaxed) || self.broken.lock().is_some() {
-                break;
-            }
-            if self.is_local(o) || self.flights.lock().contains_key(&o) {
-                continue;
-            }
-            loop {
-                let n = running.load(Relaxed);
-                let cap = if self.demand.load(Relaxed) > 0 {
-                    1
-                } else {
-                    BACKGROUND_UNITS
-                };
-                if n < cap {
+        let rest: Vec<u32> = (self.packs.iter().flat_map(|(_, l)| l.iter().copied()))
+            .chain(
+                (0..self.ids.len() as u32).filter(|&o| matches!(self.loc[o as usize], Loc::Alone)),
+            )
+            .collect();
+        for (order, cap, window, yields) in [
+            (first, TRACE_UNITS, TRACE_WINDOW, false),
+            (rest, BACKGROUND_UNITS, BACKGROUND_WINDOW, true),
+        ] {
+            for o in order {
+                if self.stop.load(Relaxed) || self.broken.lock().is_some() {
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                if self.is_local(o) || self.flights.lock().contains_key(&o) {
+                    continue;
+                }
+                loop {
+                    let busy = self.background.load(Relaxed) >= cap
+                        || (yields && self.demand.load(Relaxed) > 0);
+                    if !busy {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                self.join_or_start(o, window, Class::Background);
             }
-            let Some(flight) = self.join_or_start(o, BACKGROUND_WINDOW, false) else {
-                continue;
-            };
-            running.fetch_add(1, Relaxed);
-            let running = running.clone();
-            tasks.push(tokio::task::spawn_blocking(move || {
-                let r = flight.wait(Duration::from_secs(3600));
-                running.fetch_sub(1, Relaxed);
-                r
-            }));
-        }
-        for t in tasks {
-            let _ = t.await;
+            while self.background.load(Relaxed) > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         let all = (0..self.ids.len() as u32).all(|o| self.state[o as usize].load(Relaxed) == LOCAL);
         self.complete.store(all, Relaxed);
-        tracing::info!(complete = all, "lazy layer: background completion ended");
+        tracing::info!(complete = all, "lazy layer: background fetching ended");
     }
 
     /// Starts [`Shared::background`] with the replayed trace `first`.
