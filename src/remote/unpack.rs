@@ -366,6 +366,18 @@ pub(super) fn writers_stopped() -> Error {
 /// Errors: [`Error::Io`] naming the path; [`Error::Failed`] when the metadata cannot be
 /// reproduced (e.g. another owner when not root).
 pub(super) fn write_object(tmp: &Path, dst: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result<bool> {
+    write_unnamed(tmp, v, bytes)?;
+    rename_into(tmp, dst).inspect_err(|_| {
+        let _ = fs::remove_file(tmp);
+    })
+}
+
+/// The part of [`write_object`] before the rename: the new file `tmp` with `bytes` and `v`'s
+/// metadata, its tag checked (a lazy fetch links it elsewhere before it names it an object).
+/// On error `tmp` is removed.
+///
+/// Errors: as [`write_object`].
+pub(super) fn write_unnamed(tmp: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result<()> {
     let f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -375,9 +387,7 @@ pub(super) fn write_object(tmp: &Path, dst: &Path, v: &Variant<'_>, bytes: &[u8]
     let r = (|| {
         (&f).write_all(bytes).at(tmp)?;
         set_meta_fd(&f, v.meta).at(tmp)?;
-        check_tag_fd(&f, v, tmp)?;
-        drop(f);
-        rename_into(tmp, dst)
+        check_tag_fd(&f, v, tmp)
     })();
     if r.is_err() {
         let _ = fs::remove_file(tmp);
@@ -456,13 +466,24 @@ fn unreproducible(tmp: &Path, e: &Entry) -> Error {
 ///
 /// Errors: as [`write_object`].
 pub(super) fn make_object(tmp: &Path, dst: &Path, v: &Variant<'_>) -> Result<bool> {
+    give_meta(tmp, v)?;
+    rename_into(tmp, dst).inspect_err(|_| {
+        let _ = fs::remove_file(tmp);
+    })
+}
+
+/// The part of [`make_object`] before the rename: `tmp` gets `v`'s metadata and its tag is
+/// checked. On error `tmp` is removed.
+///
+/// Errors: as [`make_object`].
+pub(super) fn give_meta(tmp: &Path, v: &Variant<'_>) -> Result<()> {
     let r = (|| {
         apply_meta(tmp, v.meta)?;
         let got = meta_tag(tmp, &fs::symlink_metadata(tmp).at(tmp)?).at(tmp)?;
         if got != v.tag {
             return Err(unreproducible(tmp, v.meta));
         }
-        rename_into(tmp, dst)
+        Ok(())
     })();
     if r.is_err() {
         let _ = fs::remove_file(tmp);
@@ -471,7 +492,7 @@ pub(super) fn make_object(tmp: &Path, dst: &Path, v: &Variant<'_>) -> Result<boo
 }
 
 /// `rename(tmp, dst)` unless `dst` exists: `Ok(false)` then, and `tmp` is removed.
-fn rename_into(tmp: &Path, dst: &Path) -> Result<bool> {
+pub(super) fn rename_into(tmp: &Path, dst: &Path) -> Result<bool> {
     match sys::rename_noreplace(tmp, dst) {
         Ok(()) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {

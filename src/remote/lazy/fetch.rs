@@ -40,7 +40,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::super::Remote;
 use super::super::manifest::RemoteManifest;
-use super::super::unpack::{Variant, make_object, write_object};
+use super::super::unpack::{Variant, give_meta, rename_into, write_unnamed};
 use super::tree::Tree;
 use crate::error::{Error, RemoteKind, Result};
 use crate::ids::{ObjectId, ProjectId};
@@ -541,24 +541,18 @@ impl Shared {
         Ok(())
     }
 
-    /// Streams object `o` (stored alone) into a temporary file beside its place, hashing it,
-    /// and moves it into place once it is verified.
+    /// Streams object `o` (stored alone) into a temporary file, hashing it, and makes it
+    /// local once it is verified ([`Shared::place`]).
     async fn fetch_alone(&self, o: u32) -> Result<()> {
-        let id = self.ids[o as usize];
-        let dst = self.object_path(o).ok_or_else(|| {
-            Error::Failed(format!("object {id}: its entry's metadata is malformed"))
-        })?;
-        let tmp = temp_beside(&dst)?;
+        let tmp = self.temp();
         let r = self.stream_to(o, &tmp).await;
         let r = r.and_then(|()| {
             let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
-            make_object(&tmp, &dst, &Variant::of(e)?)?;
-            self.hold(o, &dst)
+            give_meta(&tmp, &Variant::of(e)?)?;
+            self.place(o, &tmp)
         });
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
-        } else {
-            self.counts.objects.fetch_add(1, Relaxed);
         }
         r
     }
@@ -598,29 +592,48 @@ impl Shared {
         Ok(())
     }
 
-    /// Writes the verified `bytes` of object `o` as the store's object (its first file's
-    /// metadata) and links it into `held/`.
+    /// Writes the verified `bytes` of object `o` with its first file's metadata and makes it
+    /// local ([`Shared::place`]).
     fn store_bytes(&self, o: u32, bytes: &[u8]) -> Result<()> {
-        let dst = self.object_path(o).ok_or_else(|| {
-            Error::Failed(format!("object {}: malformed entry", self.ids[o as usize]))
-        })?;
         let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
-        let tmp = temp_beside(&dst)?;
-        write_object(&tmp, &dst, &Variant::of(e)?, bytes)?;
-        self.hold(o, &dst)?;
-        self.counts.objects.fetch_add(1, Relaxed);
-        Ok(())
+        let tmp = self.temp();
+        write_unnamed(&tmp, &Variant::of(e)?, bytes)?;
+        self.place(o, &tmp).inspect_err(|_| {
+            let _ = fs::remove_file(&tmp);
+        })
     }
 
-    /// Links the object at `obj` into `held/` and marks `o` local.
-    fn hold(&self, o: u32, obj: &Path) -> Result<()> {
+    /// A fresh temporary name in the partial directory (the store's filesystem; gc never
+    /// sweeps a partial directory a run holds, so a file being written there is safe from it).
+    fn temp(&self) -> PathBuf {
+        let dir = self.held.parent().unwrap_or(&self.held);
+        dir.join(format!(".fetch-{}", crate::sys::random_hex(8)))
+    }
+
+    /// Makes the verified file `tmp` (metadata set) object `o`: links it into `held/` first,
+    /// then renames it to its object name — so the object never has a single link, which gc
+    /// would take for unreferenced. When another run made either name meanwhile, its file
+    /// (the same bytes and metadata) stands and `tmp` goes.
+    ///
+    /// Errors: [`Error::Io`] linking or renaming.
+    fn place(&self, o: u32, tmp: &Path) -> Result<()> {
         let held = self.held_path(o);
-        match fs::hard_link(obj, &held) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        match fs::hard_link(tmp, &held) {
+            Ok(()) => {
+                let dst = self.object_path(o).ok_or_else(|| {
+                    Error::Failed(format!("object {}: malformed entry", self.ids[o as usize]))
+                })?;
+                let fan = dst.parent().expect("an object path has a directory");
+                fs::create_dir_all(fan).map_err(|e| Error::io(fan, e))?;
+                rename_into(tmp, &dst)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let _ = fs::remove_file(tmp);
+            }
             Err(e) => return Err(Error::io(&held, e)),
         }
         self.state[o as usize].store(LOCAL, Relaxed);
+        self.counts.objects.fetch_add(1, Relaxed);
         Ok(())
     }
 
@@ -698,11 +711,4 @@ impl Shared {
         }
         (n, bytes)
     }
-}
-
-/// A fresh temporary name beside `dst` (its fan-out directory created if missing).
-fn temp_beside(dst: &Path) -> Result<PathBuf> {
-    let dir = dst.parent().expect("an object path has a directory");
-    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    Ok(dir.join(format!(".lazy-{}", crate::sys::random_hex(8))))
 }
