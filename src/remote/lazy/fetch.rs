@@ -234,7 +234,16 @@ impl Shared {
             }
             packs.push((name.clone(), list.into_iter().map(|(_, _, i)| i).collect()));
         }
-        let state = (0..ids.len()).map(|_| AtomicU8::new(UNKNOWN)).collect();
+        let state: Vec<AtomicU8> = (0..ids.len()).map(|_| AtomicU8::new(UNKNOWN)).collect();
+        // What an earlier run fetched is here already: never fetched again, not even as a
+        // neighbour in a pack window.
+        if let Ok(dir) = fs::read_dir(&held) {
+            for name in dir.flatten().map(|e| e.file_name()) {
+                if let Some(&i) = name.to_str().and_then(|n| index.get(n)) {
+                    state[i as usize].store(LOCAL, Relaxed);
+                }
+            }
+        }
         Ok(Shared {
             remote,
             project,
@@ -332,7 +341,9 @@ impl Shared {
     ///
     /// Errors: `EIO` when the fetch failed (the reason is logged and kept for the report).
     pub fn open(self: &Arc<Self>, o: u32, path: &[u8]) -> io::Result<File> {
-        loop {
+        // A fetch that ended well leaves the object local; a second round covers a unit that
+        // another reader's fetch had just finished.
+        for _ in 0..3 {
             if let Some(f) = self.open_local(o)? {
                 return Ok(f);
             }
@@ -344,6 +355,11 @@ impl Shared {
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
         }
+        tracing::error!(
+            file = %String::from_utf8_lossy(path),
+            "reading a lazily fetched file: fetched, yet not in held/"
+        );
+        Err(io::Error::from_raw_os_error(libc::EIO))
     }
 
     /// Makes object `o` local for a reader: joins the unit in flight that holds it, or starts

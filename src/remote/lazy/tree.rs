@@ -255,3 +255,149 @@ fn d_type(mode: u32) -> u8 {
         _ => libc::DT_UNKNOWN,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{CacheId, CacheKey, ProjectId};
+    use crate::remote::manifest::{Entry, REMOTE_MANIFEST_FORMAT};
+    use crate::store::{MANIFEST_FORMAT, Manifest, TreeCounts, new_layer_id};
+
+    fn entry(path: &str, kind: Kind, mode: u32) -> Entry {
+        Entry {
+            path: path.into(),
+            kind,
+            mode,
+            uid: 7,
+            gid: 8,
+            mtime: (100, 5),
+            atime: (200, 6),
+            xattrs: vec![(hex("user.a"), hex("v1"))],
+        }
+    }
+
+    fn hex(s: &str) -> String {
+        s.bytes().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn manifest() -> RemoteManifest {
+        let file = |o: &str, size| Kind::File {
+            object: o.repeat(32),
+            size,
+        };
+        RemoteManifest {
+            remote_format: REMOTE_MANIFEST_FORMAT,
+            layer: Manifest {
+                format: MANIFEST_FORMAT,
+                layer: new_layer_id(),
+                project: ProjectId::new("p").unwrap(),
+                cache: CacheId::new("c").unwrap(),
+                key: CacheKey::new("k").unwrap(),
+                parent: None,
+                created_ms: 0,
+                counts: TreeCounts::default(),
+                dropped: vec![],
+            },
+            entries: vec![
+                entry("", Kind::Dir, 0o40755),
+                entry("d", Kind::Dir, 0o40700),
+                entry("d/e", Kind::Dir, 0o40755),
+                entry("d/a", file("aa", 10), 0o100644),
+                entry("d/hard", file("aa", 10), 0o100644),
+                entry("b", file("bb", 3), 0o100755),
+                entry(
+                    "l",
+                    Kind::Symlink {
+                        target: "d/a".into(),
+                    },
+                    0o120777,
+                ),
+            ],
+            packs: Default::default(),
+            links: vec![vec!["d/a".into(), "d/hard".into()]],
+        }
+    }
+
+    /// Every attribute a pulled tree would show through the overlay comes from the manifest:
+    /// type, mode, owner, size, times (ctime = mtime), link counts (a link group's size; a
+    /// directory's 2 + subdirectories), listings, symlink targets, xattrs; files share their
+    /// content's object.
+    #[test]
+    fn the_tree_answers_what_a_pulled_tree_shows() {
+        let m = manifest();
+        let t = Tree::new(&m, 42).unwrap();
+        let st = |p: &CStr| t.stat(t.find(p).unwrap());
+        let root = st(c".");
+        assert_eq!((root.st_mode, root.st_nlink, root.st_dev), (0o40755, 3, 42));
+        assert_eq!(st(c"./d").st_nlink, 3, "d has one subdirectory");
+        let a = st(c"d/a");
+        assert_eq!(
+            (
+                a.st_mode,
+                a.st_uid,
+                a.st_gid,
+                a.st_size,
+                a.st_nlink,
+                a.st_blocks
+            ),
+            (0o100644, 7, 8, 10, 2, 1)
+        );
+        assert_eq!(
+            (a.st_mtime, a.st_mtime_nsec, a.st_ctime, a.st_atime),
+            (100, 5, 100, 200)
+        );
+        assert_eq!(st(c"b").st_nlink, 1, "a file in no link group");
+        assert_eq!(
+            st(c"l").st_size,
+            3,
+            "a symlink's size is its target's length"
+        );
+        assert_eq!(
+            t.find(c"d/missing").unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
+        let names = |p: &CStr| -> Vec<(String, u8)> {
+            (t.names(t.find(p).unwrap()).into_iter())
+                .map(|(n, d)| (n.into_string().unwrap(), d))
+                .collect()
+        };
+        assert_eq!(
+            names(c"."),
+            vec![
+                ("d".into(), libc::DT_DIR),
+                ("b".into(), libc::DT_REG),
+                ("l".into(), libc::DT_LNK)
+            ]
+        );
+        assert_eq!(names(c"d").len(), 3);
+        let d = t.find(c"d").unwrap();
+        assert_eq!(t.child(d, c"a"), t.find(c"d/a").ok());
+        assert_eq!(t.child(d, c"zz"), None);
+        let l = &t.nodes[t.find(c"l").unwrap() as usize];
+        assert_eq!(l.target.as_deref(), Some(&b"d/a"[..]));
+        assert_eq!(l.xattrs, vec![(c"user.a".to_owned(), b"v1".to_vec())]);
+        // One content, one object: d/a and d/hard share it; b has its own.
+        assert_eq!(t.objects.len(), 2);
+        let obj = |p: &CStr| t.nodes[t.find(p).unwrap() as usize].object;
+        assert_eq!(obj(c"d/a"), obj(c"d/hard"));
+        assert_ne!(obj(c"d/a"), obj(c"b"));
+        assert_eq!(obj(c"d"), None);
+        let x = t.statx(t.find(c"b").unwrap());
+        assert_eq!(
+            (x.stx_size, x.stx_mode, x.stx_mtime.tv_sec),
+            (3, 0o100755, 100)
+        );
+    }
+
+    /// A manifest whose entry comes before its parent (or under a file) is refused, not served.
+    #[test]
+    fn an_entry_without_its_directory_before_it_is_refused() {
+        let mut m = manifest();
+        m.entries.swap(1, 3); // d/a before d
+        let e = Tree::new(&m, 1).err().unwrap().to_string();
+        assert!(e.contains("d/a") && e.contains("parent"), "{e}");
+        let mut m = manifest();
+        m.entries.push(entry("b/under-a-file", Kind::Fifo, 0o10644));
+        assert!(Tree::new(&m, 1).is_err());
+    }
+}
