@@ -17,8 +17,9 @@
 //! * **Classes.** Demand units start at once. One background task then replays the trace
 //!   (at most [`TRACE_UNITS`] units of [`TRACE_WINDOW`] bytes at once, also while a reader
 //!   waits: they are what the run opens next) and completes the layer (at most
-//!   [`BACKGROUND_UNITS`] units, none started while a demand read is in flight, so a reader's
-//!   request does not share the link with more than a couple of bulk transfers).
+//!   [`BACKGROUND_UNITS`] units, none started while a demand read is in flight or within
+//!   [`COMPLETION_QUIET`] of the mount or of the last one, so a reader's request does not share
+//!   the link with bulk transfers, and a run that only walks its tree fetches nothing).
 //! * **Faults.** Every attempt has a progress deadline (no byte for [`Limits::progress`]: it
 //!   is abandoned) and is retried with backoff until [`Limits::bound`] has passed since the
 //!   first; then the waiters get the error (EIO to the reader). A missing object, or bytes that
@@ -58,6 +59,11 @@ pub(super) const BACKGROUND_UNITS: usize = 2;
 
 /// Trace replay units in flight at most (also while a demand read waits).
 pub(super) const TRACE_UNITS: usize = 3;
+
+/// How long after the mount completion starts, and how long after the last demand read it
+/// resumes: a run that only lists or stats its tree (`ls -lR`, `find`) fetches nothing, and a
+/// reader is not competing with bulk transfers while it is busy.
+pub(super) const COMPLETION_QUIET: Duration = Duration::from_millis(1500);
 
 /// Bytes of pack one trace replay unit fetches.
 pub(super) const TRACE_WINDOW: u64 = 1 << 20;
@@ -178,6 +184,9 @@ pub(super) struct Shared {
     demand: AtomicUsize,
     /// Background units in flight.
     background: AtomicUsize,
+    /// When the fetcher started, and (ms after that) when the last demand unit ended.
+    started: Instant,
+    last_demand_ms: AtomicU64,
     pub counts: Counts,
     /// The first error that makes the layer unusable (a corrupt or missing object).
     pub broken: Mutex<Option<String>>,
@@ -259,6 +268,8 @@ impl Shared {
             limits,
             demand: AtomicUsize::new(0),
             background: AtomicUsize::new(0),
+            started: Instant::now(),
+            last_demand_ms: AtomicU64::new(0),
             counts: Counts::default(),
             broken: Mutex::new(None),
             complete: AtomicBool::new(false),
@@ -415,7 +426,11 @@ impl Shared {
             }
             drop(flights);
             match class {
-                Class::Demand => &me.demand,
+                Class::Demand => {
+                    let now = me.started.elapsed().as_millis() as u64;
+                    me.last_demand_ms.store(now, Relaxed);
+                    &me.demand
+                }
                 Class::Background => &me.background,
             }
             .fetch_sub(1, Relaxed);
@@ -687,7 +702,7 @@ impl Shared {
                 }
                 loop {
                     let busy = self.background.load(Relaxed) >= cap
-                        || (yields && self.demand.load(Relaxed) > 0);
+                        || (yields && (self.demand.load(Relaxed) > 0 || !self.quiet()));
                     if !busy {
                         break;
                     }
@@ -702,6 +717,14 @@ impl Shared {
         let all = (0..self.ids.len() as u32).all(|o| self.state[o as usize].load(Relaxed) == LOCAL);
         self.complete.store(all, Relaxed);
         tracing::info!(complete = all, "lazy layer: background fetching ended");
+    }
+
+    /// Whether completion may start a unit: [`COMPLETION_QUIET`] has passed since the start
+    /// and since the last demand read ended.
+    fn quiet(&self) -> bool {
+        let now = self.started.elapsed();
+        let last = Duration::from_millis(self.last_demand_ms.load(Relaxed));
+        now >= COMPLETION_QUIET && now.saturating_sub(last) >= COMPLETION_QUIET
     }
 
     /// Starts [`Shared::background`] with the replayed trace `first`.
