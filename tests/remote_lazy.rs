@@ -1,0 +1,1011 @@
+//! Lazy remote layers (src/remote/lazy/) against a real SeaweedFS behind the link model
+//! (scripts/linkproxy.py: one token bucket shared by all connections, a control file that cuts
+//! the link). Runner A fills a layer and pushes it straight to the server; runners B, C, …
+//! (empty stores) reach the server through the proxy, and their runs' remote hits mount the
+//! layer from its manifest at once and fetch file content on first open.
+//!
+//! What a COMMAND sees of the daemon's state it reads itself from the store: the run's
+//! `lazy-report.json` (rewritten every second by the daemon) and the layer's partial directory;
+//! both go when the run ends. Every mount sits below a [`Sandbox`] whose Drop unmounts what is
+//! left; the server and the proxy are stopped by pid by their guards.
+//!
+//! Timing: no assertion says how fast anything is. The fault tests bound a hang (a read that
+//! must fail within 20 s, a run that must end within minutes) and rely on one ordering: a
+//! 32 MiB object over a 40 Mbit/s link takes ≥ 6 s to arrive, while COMMAND starts well under a
+//! second after the mount and cuts the link first thing (background completion waits a moment
+//! after the mount besides). The whole file takes about 2.5 minutes (two tests at a time); the
+//! slow-link test alone about 45 s.
+
+use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "common/remote.rs"]
+mod remote_common;
+#[path = "common/run.rs"]
+mod run_common;
+
+use remote_common::{LinkProxy, Runner, Weed, s3, stderr};
+use run_common::{Sandbox, can_mount, have_tool, run_ok, show};
+
+/// The project of every spec here.
+const PROJECT: &str = "lazy";
+
+/// A data cache keyed by data.lock whose setup writes small files in several directories
+/// (one mode 0600, one 0755), a symlink, a hardlink pair and a file with the same bytes that is
+/// not linked, an empty file and an empty directory, a user xattr, and `big.bin`: `big_mib` MiB
+/// of random bytes (over a quarter of the 16 MiB pack size: stored alone in the remote).
+fn data_spec(big_mib: u32) -> String {
+    format!(
+        r#"project = "{PROJECT}"
+[[cache]]
+id = "data"
+key_files = ["data.lock"]
+env = {{ DATA = "{{mount}}" }}
+setup = """
+set -e
+mkdir -p $DATA/a/b $DATA/c $DATA/empty-dir
+for i in 1 2 3 4 5; do echo "small $i" > $DATA/a/s$i.txt; done
+chmod 600 $DATA/a/s5.txt
+echo deep > $DATA/a/b/deep.txt
+echo zed > $DATA/c/z.txt
+printf '#!/bin/sh\\necho hi\\n' > $DATA/c/run.sh
+chmod 755 $DATA/c/run.sh
+ln -s a/b/deep.txt $DATA/link
+echo pair > $DATA/c/h1
+ln $DATA/c/h1 $DATA/c/h2
+echo pair > $DATA/c/same
+: > $DATA/empty
+head -c {big_mib}M /dev/urandom > $DATA/big.bin
+python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.note", b"hello")' $DATA/a/s1.txt
+"""
+"#
+    )
+}
+
+/// What these tests need besides root and FUSE: python3 (the proxy, the xattr) and sha256sum.
+fn ready() -> bool {
+    can_mount() && have_tool("python3") && have_tool("sha256sum")
+}
+
+/// A sandbox with the data spec (`big_mib`), data.lock `v1`, and runner A (straight to the
+/// server, prefix `prefix`) that has filled the key and pushed it. Returns the sandbox, the
+/// spec, A and A's push line's uploaded bytes.
+fn pushed_by_a(w: &Weed, prefix: &str, big_mib: u32) -> (Sandbox, PathBuf, Runner, u64) {
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", &data_spec(big_mib));
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(w, sb.path("store-a"), prefix, "");
+    let out = a.run(&sb, &spec, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let bytes = pushed_bytes(&out);
+    (sb, spec, a, bytes)
+}
+
+/// The uploaded bytes of a run's push line ("… N of M object(s) uploaded (B bytes) in T ms").
+fn pushed_bytes(o: &Output) -> u64 {
+    let e = stderr(o);
+    let line = e
+        .lines()
+        .find(|l| l.contains("pushed key"))
+        .unwrap_or_else(|| panic!("no push line in:\n{e}"));
+    let b = line.rsplit_once(" bytes)").unwrap().0;
+    b.rsplit_once('(').unwrap().1.parse().unwrap()
+}
+
+/// `<store>/v1/projects/lazy`.
+fn project_dir(r: &Runner) -> PathBuf {
+    r.store.join("v1/projects").join(PROJECT)
+}
+
+/// The tree of the one layer published in `r`'s store.
+fn only_layer(r: &Runner) -> PathBuf {
+    let layers: Vec<PathBuf> = std::fs::read_dir(project_dir(r).join("layers"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert_eq!(layers.len(), 1, "{layers:?}");
+    layers[0].clone()
+}
+
+/// The line of `o`'s stderr starting with `prefix`.
+fn line_of(o: &Output, prefix: &str) -> String {
+    let e = stderr(o);
+    e.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in:\n{e}"))
+        .to_string()
+}
+
+/// COMMAND's own output of a run without `--json` (stdout is COMMAND's).
+fn out(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// sha256 of a file, hex.
+fn sha256(p: &Path) -> String {
+    let o = run_ok(Command::new("sha256sum").arg(p));
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// A shell loop (for COMMAND) that waits until the run's lazy-report.json says the layer is
+/// complete (at most 120 s; the test then fails on what the run says).
+fn wait_complete(r: &Runner) -> String {
+    format!(
+        "for i in $(seq 1200); do grep -qs '\"complete\":true' {}/runs/*/lazy-report.json && \
+         break; sleep 0.1; done",
+        project_dir(r).display()
+    )
+}
+
+/// A shell snippet (for COMMAND) that prints the run's lazy-report.json once the daemon has
+/// rewritten it after this point (it does every second; at most 30 s).
+fn fresh_report(r: &Runner, mark: &Path) -> String {
+    format!(
+        "touch {m}; sleep 0.01; for i in $(seq 300); do for f in {runs}/runs/*/lazy-report.json; \
+         do [ $f -nt {m} ] && cat $f && break 2; done; sleep 0.1; done",
+        m = mark.display(),
+        runs = project_dir(r).display()
+    )
+}
+
+/// Runs `cmd` (stdout/stderr captured) and returns its output and how long it took; SIGKILLs
+/// it and panics when it has not ended within `limit` (a hang).
+fn output_within(mut cmd: Command, limit: Duration, what: &str) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => {
+            let o = o.unwrap();
+            eprintln!("{what}: {:?}: {}", t0.elapsed(), show(&o));
+            (o, t0.elapsed())
+        }
+        Err(_) => {
+            // SAFETY: kill(2) on the pid of our own child (its waiter thread reaps it).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{what}: still running after {limit:?} (a hang)");
+        }
+    }
+}
+
+/// One entry of a layer's tree, as compared between stores.
+#[derive(Debug, PartialEq, Eq)]
+struct Entry {
+    /// 'd', 'f', 'l' or '?'.
+    kind: char,
+    /// Permission bits.
+    perm: u32,
+    size: u64,
+    /// A symlink's target.
+    target: Option<PathBuf>,
+    /// A file's blake3.
+    hash: Option<String>,
+    /// `user.*` xattrs.
+    xattrs: BTreeMap<String, Vec<u8>>,
+}
+
+/// Every entry below `root` by relative path (the root itself as "").
+fn tree_of(root: &Path) -> BTreeMap<String, Entry> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let ft = m.file_type();
+        let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        let kind = match () {
+            _ if ft.is_dir() => 'd',
+            _ if ft.is_file() => 'f',
+            _ if ft.is_symlink() => 'l',
+            _ => '?',
+        };
+        if ft.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+        out.insert(
+            rel,
+            Entry {
+                kind,
+                perm: m.permissions().mode() & 0o7777,
+                size: if ft.is_dir() { 0 } else { m.len() },
+                target: ft.is_symlink().then(|| std::fs::read_link(&p).unwrap()),
+                hash: ft.is_file().then(|| {
+                    blake3::hash(&std::fs::read(&p).unwrap())
+                        .to_hex()
+                        .to_string()
+                }),
+                xattrs: user_xattrs(&p),
+            },
+        );
+    }
+    out
+}
+
+/// The `user.*` xattrs of `p` (not following a symlink).
+fn user_xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 4096];
+    // SAFETY: a NUL-terminated path and a buffer of the length given.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n <= 0 {
+        return BTreeMap::new();
+    }
+    names.truncate(n as usize);
+    let mut out = BTreeMap::new();
+    for name in names.split(|&b| b == 0).filter(|n| n.starts_with(b"user.")) {
+        let cn = std::ffi::CString::new(name).unwrap();
+        let mut v = vec![0u8; 4096];
+        // SAFETY: NUL-terminated path and name, a buffer of the length given.
+        let len =
+            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        assert!(len >= 0, "lgetxattr {p:?} {cn:?}");
+        v.truncate(len as usize);
+        out.insert(String::from_utf8_lossy(name).into_owned(), v);
+    }
+    out
+}
+
+/// A layer's recorded link groups (`<layer>/links`: paths NUL-separated, groups ended by an
+/// extra NUL), each sorted, sorted.
+fn link_groups(layer: &Path) -> Vec<Vec<String>> {
+    let bytes = std::fs::read(layer.join("links")).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
+    let mut groups: Vec<Vec<String>> = text
+        .split("\0\0")
+        .filter(|g| !g.is_empty())
+        .map(|g| {
+            let mut v: Vec<String> = g
+                .split('\0')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect();
+            v.sort();
+            v
+        })
+        .collect();
+    groups.sort();
+    groups
+}
+
+/// Files below `dir` whose bytes do not hash to the id their name starts with (a store's
+/// `objects/<aa>/<hex>-<tag>` or a partial layer's `held/<hex>`); temporary files (a leading
+/// `.`) are not objects and are skipped. Returns (checked, bad).
+fn misnamed_objects(dir: &Path) -> (usize, Vec<PathBuf>) {
+    let (mut checked, mut bad) = (0, Vec::new());
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(p);
+            } else if ft.is_file() && !name.starts_with('.') && name.len() >= 64 {
+                checked += 1;
+                let h = blake3::hash(&std::fs::read(&p).unwrap()).to_hex();
+                if h.as_str() != &name[..64] {
+                    bad.push(p);
+                }
+            }
+        }
+    }
+    (checked, bad)
+}
+
+/// `verify --json` of `r`'s store finds nothing wrong; every held/ link of a partial layer is
+/// its object's bytes too.
+fn assert_store_verifies(r: &Runner) {
+    let v = r.lc(&["--json", "verify"]);
+    assert!(v.status.success());
+    let rep: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    assert!(
+        rep["bad_objects"].as_array().unwrap().is_empty()
+            && rep["quarantined"].as_array().unwrap().is_empty(),
+        "{rep}"
+    );
+    let (_, bad) = misnamed_objects(&project_dir(r).join("objects"));
+    assert!(bad.is_empty(), "objects not matching their name: {bad:?}");
+    let (_, bad) = misnamed_objects(&project_dir(r).join("partial"));
+    assert!(
+        bad.is_empty(),
+        "held objects not matching their name: {bad:?}"
+    );
+}
+
+/// An empty store B reaches the server through the link: its run is a hit at once, mounted
+/// lazily (the summary line and the event say so), COMMAND reads files, a symlink, a big
+/// file, the hardlink pair and an xattr correctly; background completion fetches the rest and
+/// the layer is published locally: `verify` is clean, B's next run is a local hit that asks no
+/// remote, and B's layer tree is A's (paths, types, modes, sizes, symlink targets, bytes,
+/// xattrs, link groups). The manifest carries no trace: the key was pushed by a runner that
+/// never ran it lazily (an old key's case).
+#[test]
+fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let (sb, spec, a, up_bytes) = pushed_by_a(&w, "hit", 6);
+    let a_layer = only_layer(&a);
+    let big = sha256(&a_layer.join("tree/big.bin"));
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "hit", "");
+
+    let script = format!(
+        "set -e; cat $DATA/a/s1.txt $DATA/link; sha256sum < $DATA/big.bin; \
+         stat -c '%i %h' $DATA/c/h1 $DATA/c/h2 $DATA/c/same; \
+         python3 -c 'import os, sys; print(os.getxattr(sys.argv[1], \"user.note\").decode())' \
+         $DATA/a/s1.txt; $DATA/c/run.sh; {}",
+        wait_complete(&b)
+    );
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    let said: Vec<String> = out(&rb).lines().map(String::from).collect();
+    assert_eq!(said[..2], ["small 1", "deep"], "{said:?}");
+    assert_eq!(said[2], format!("{big}  -"), "big.bin's bytes");
+    let ino = |l: &str| -> (String, String) {
+        let (i, n) = l.split_once(' ').unwrap();
+        (i.to_string(), n.to_string())
+    };
+    let (h1, h2, same) = (ino(&said[3]), ino(&said[4]), ino(&said[5]));
+    assert_eq!(h1, h2, "the hardlink pair is one inode");
+    assert_eq!(h1.1, "2");
+    assert!(same.0 != h1.0 && same.1 == "1", "{said:?}");
+    assert_eq!(said[6..], ["hello", "hi"], "{said:?}");
+
+    let summary = line_of(&rb, "layercache: data ");
+    assert!(
+        summary.starts_with("layercache: data hit in ")
+            && summary.contains("(mounted lazily from the remote: ")
+            && summary.ends_with(" to fetch on first read)"),
+        "{summary}"
+    );
+    let e = &b.events()[0];
+    assert_eq!(
+        (
+            &e["result"],
+            &e["remote_hit"],
+            &e["remote_lazy"],
+            &e["setup_ms"]
+        ),
+        (&"hit".into(), &true.into(), &true.into(), &0.into()),
+        "{e}"
+    );
+    assert_eq!(
+        e["lazy_bytes"].as_u64(),
+        Some(up_bytes),
+        "nothing was local: {e}"
+    );
+    let done = line_of(&rb, "layercache: data: fetched lazily ");
+    assert!(
+        done.contains("the layer is complete and now local"),
+        "{done}"
+    );
+    // The content came as ranged reads of the pack and one GET of the big object.
+    let log = link.log();
+    let gets = |what: &str| {
+        log.iter()
+            .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains(what))
+            .count()
+    };
+    assert!(
+        log.iter().any(|r| r["method"] == "GET"
+            && r["path"].as_str().unwrap().contains("/packs/")
+            && r["range"].is_string()),
+        "no ranged pack read: {log:?}"
+    );
+    assert_eq!(gets("/objects/"), 1, "{log:?}");
+
+    assert_store_verifies(&b);
+    let b_layer = only_layer(&b);
+    assert_eq!(
+        b_layer.file_name(),
+        a_layer.file_name(),
+        "the layer keeps its id"
+    );
+    let (ta, tb) = (
+        tree_of(&a_layer.join("tree")),
+        tree_of(&b_layer.join("tree")),
+    );
+    assert_eq!(ta.len(), tb.len(), "{:?}\n{:?}", ta.keys(), tb.keys());
+    for (p, ea) in &ta {
+        assert_eq!(Some(ea), tb.get(p), "{p}");
+    }
+    assert_eq!(
+        ta["a/s1.txt"].xattrs["user.note"], b"hello",
+        "the xattr travels"
+    );
+    assert_eq!(ta["a/s5.txt"].perm, 0o600);
+    assert_eq!(link_groups(&b_layer), [["c/h1", "c/h2"]]);
+    assert_eq!(link_groups(&a_layer), link_groups(&b_layer));
+    // What the lazy mount kept (its partial directory) is garbage once the layer is published.
+    let partial = project_dir(&b)
+        .join("partial")
+        .join(b_layer.file_name().unwrap());
+    assert!(b.lc(&["gc"]).status.success());
+    assert!(!partial.exists(), "gc left {}", partial.display());
+
+    // Now local: a hit that asks the remote nothing.
+    let requests = link.log().len();
+    let again = b.run_as(false, &sb, &spec, &["cat", "/dev/null"]);
+    assert_eq!(again.status.code(), Some(0));
+    let local = line_of(&again, "layercache: data ");
+    assert!(
+        local.starts_with("layercache: data hit in ") && !local.contains("remote"),
+        "{local}"
+    );
+    assert_eq!(b.events()[1]["remote_hit"], false);
+    assert!(!stderr(&again).contains("lazily"), "{}", stderr(&again));
+    assert_eq!(link.log().len(), requests, "a local hit sent requests");
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A lazily mounted layer is served from its manifest: `ls -lR` and `find -printf` of every
+/// entry's type, mode, size, links, owner, mtime and symlink target through B's lazy mount
+/// show exactly what a local hit on A shows, and the daemon's report says no file was opened
+/// (background completion still fetches: that is not what a reader waits for).
+#[test]
+fn listing_a_lazy_layer_opens_no_file() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "ls", 6);
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "ls", "")
+        .with_env("LAYERCACHE_LAZY", "1");
+    // (Not the root: the mount's root is the run's own directory, made at mount time.)
+    let find = "cd $DATA && ls -lR . > /dev/null && find . -mindepth 1 -printf \
+                '%p|%y|%m|%s|%n|%U|%G|%T@|%l\\n' | sort";
+
+    let ra = a.run_as(false, &sb, &spec, &["sh", "-c", find]);
+    assert_eq!(ra.status.code(), Some(0));
+    assert_eq!(a.events()[1]["result"], "hit");
+    let listed = out(&ra);
+    assert_eq!(listed.lines().count(), 18, "{listed}");
+
+    let mark = sb.path("mark");
+    let script = format!("{find}; echo REPORT; {}", fresh_report(&b, &mark));
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    let text = out(&rb);
+    let (lazy_listing, report) = text.split_once("REPORT\n").unwrap();
+    assert_eq!(lazy_listing, listed, "the lazy mount's metadata");
+    let report: serde_json::Value = serde_json::from_str(report.trim())
+        .unwrap_or_else(|e| panic!("no report ({e}): {report:?}"));
+    assert_eq!(report["opened"], 0, "{report}");
+    // `ls -lR` as a user runs it.
+    let ls = b.run_as(false, &sb, &spec, &["sh", "-c", "ls -lR $DATA"]);
+    assert_eq!(ls.status.code(), Some(0));
+    let ls = out(&ls);
+    for name in [
+        "s1.txt", "deep.txt", "z.txt", "run.sh", "h1", "h2", "same", "empty", "big.bin",
+    ] {
+        assert!(ls.contains(name), "{name} not listed: {ls}");
+    }
+    assert!(ls.contains("link -> a/b/deep.txt"), "{ls}");
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// B's lazy run records the order in which it first opened the layer's files and stores it
+/// beside the key in the remote (`caches/<cache>/traces/<key>`); a third empty store C's lazy
+/// run gets that trace as its partial layer's `replay`, in order; C's run (which opens no
+/// file of the layer) leaves the stored trace as it was.
+#[test]
+fn a_lazy_run_stores_its_trace_and_the_next_fresh_runner_replays_it() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let (sb, spec, _a, _) = pushed_by_a(&w, "trace", 6);
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "trace", "");
+    let c = Runner::via(&w, &link.endpoint(), sb.path("store-c"), "trace", "");
+    let order = ["c/z.txt", "a/b/deep.txt", "big.bin", "a/s3.txt"];
+    let cat: Vec<String> = order.iter().map(|p| format!("$DATA/{p}")).collect();
+    let script = format!("cat {} $DATA/c/z.txt > /dev/null", cat.join(" "));
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0));
+    let key = b.events()[0]["key"].as_str().unwrap().to_string();
+    let want: String = order.iter().map(|p| format!("{p}\n")).collect();
+
+    let path = object_store::path::Path::from(format!(
+        "trace/v1/projects/{PROJECT}/caches/data/traces/{key}"
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = s3(&w);
+    let stored = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(async { client.get(&path).await.unwrap().bytes().await.unwrap() })
+    };
+    assert_eq!(
+        String::from_utf8_lossy(&stored(&rt)),
+        want,
+        "the stored trace"
+    );
+
+    let replay = format!("cat {}/partial/*/replay", project_dir(&c).display());
+    let rc = c.run_as(false, &sb, &spec, &["sh", "-c", &replay]);
+    assert_eq!(rc.status.code(), Some(0));
+    assert_eq!(c.events()[0]["remote_lazy"], true);
+    assert_eq!(out(&rc), want, "C's replay");
+    assert_eq!(
+        String::from_utf8_lossy(&stored(&rt)),
+        want,
+        "C kept B's trace"
+    );
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// The link is cut in the middle of a run (after a small file was read, before a big one has
+/// arrived): with `LAYERCACHE_LAZY_TIMEOUT=3` the big file's read fails with EIO within 20 s,
+/// the run ends (the link still down), no object in the store or held by the partial layer is
+/// anything but its verified bytes, and a later run with the link up reads the file. A cut of
+/// 1.5 s (default bound: 10 s without progress) is only a pause: the read succeeds; a cut of
+/// 12 s with `LAYERCACHE_LAZY_TIMEOUT=30` outlasts the progress deadline (10 s): the fetch is
+/// retried and the read succeeds. A link down when the run looks the key up means no lazy
+/// mount: a local miss.
+#[test]
+fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_survived() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    // 32 MiB at 40 Mbit/s: over 6 s to arrive.
+    let Some(link) = LinkProxy::start(w.endpoint(), 40.0, 5) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "cut", 32);
+    let big = sha256(&only_layer(&a).join("tree/big.bin"));
+    let control = link.control();
+    let daemon_log = sb.path("daemon.log");
+    let c = Runner::via(&w, &link.endpoint(), sb.path("store-c"), "cut", "")
+        .with_env("LAYERCACHE_LAZY_TIMEOUT", "3")
+        .with_env("LAYERCACHE_DAEMON_LOG", daemon_log.to_str().unwrap());
+
+    // COMMAND reads a small file, cuts the link (the proxy polls its control file every
+    // 100 ms), then reads the big file, timing the read.
+    let script = format!(
+        "cat $DATA/a/s1.txt; echo down > {ctl}; sleep 0.3; t0=$(date +%s%N); \
+         if cat $DATA/big.bin > /dev/null 2> {err}; then echo READ-OK; else echo READ-FAILED; \
+         fi; echo ms $(( ($(date +%s%N) - t0) / 1000000 ))",
+        ctl = control.display(),
+        err = sb.path("cat-err").display()
+    );
+    let args = c.run_args(false, &sb, &spec, &["sh", "-c", &script]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (rc, took) = output_within(c.command(&args), Duration::from_secs(180), "cut run");
+    let said = out(&rc);
+    assert!(said.starts_with("small 1\nREAD-FAILED\n"), "{said}");
+    let ms: u64 = said.rsplit_once("ms ").unwrap().1.trim().parse().unwrap();
+    assert!(ms < 20_000, "the read failed after {ms} ms");
+    let err = std::fs::read_to_string(sb.path("cat-err")).unwrap();
+    assert!(err.contains("Input/output error"), "{err}");
+    assert_eq!(c.events()[0]["remote_lazy"], true);
+    eprintln!("LAZY cut: EIO after {ms} ms; the run ended after {took:?} with the link down");
+    let e = stderr(&rc);
+    assert!(
+        e.contains("the next run fetches the rest"),
+        "the run says the layer is incomplete: {e}"
+    );
+    // The daemon's log names the file and the remote's failure.
+    let logged = std::fs::read_to_string(&daemon_log).unwrap_or_default();
+    let failed = logged
+        .lines()
+        .find(|l| l.contains("big.bin"))
+        .unwrap_or_else(|| panic!("the daemon's log does not name big.bin:\n{logged}"));
+    assert!(failed.contains("no progress"), "{failed}");
+    assert_store_verifies(&c);
+    let ls = c.lc(&["ls"]);
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains("mounted lazily: "),
+        "ls shows the partial layer: {}",
+        show(&ls)
+    );
+    assert!(sb.mounts_below().is_empty());
+
+    // The link is back: the next run reads it (resuming from what is local).
+    link.up();
+    let sum = ["sh", "-c", "sha256sum < $DATA/big.bin"];
+    let args = c.run_args(false, &sb, &spec, &sum);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (again, _) = output_within(c.command(&args), Duration::from_secs(180), "run after");
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(out(&again), format!("{big}  -\n"));
+    assert_eq!(c.events()[1]["remote_lazy"], true);
+    assert_store_verifies(&c);
+
+    // A 1.5 s cut as the read starts: a pause, not a failure (default bound).
+    let d = Runner::via(&w, &link.endpoint(), sb.path("store-d"), "cut", "");
+    let blip = |secs: &str| {
+        format!(
+            "echo down > {ctl}; (sleep {secs}; echo up > {ctl}) & sha256sum < $DATA/big.bin; wait",
+            ctl = control.display()
+        )
+    };
+    let script = blip("1.5");
+    let args = d.run_args(false, &sb, &spec, &["sh", "-c", &script]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (rd, _) = output_within(d.command(&args), Duration::from_secs(180), "blip run");
+    assert_eq!(rd.status.code(), Some(0));
+    assert_eq!(out(&rd), format!("{big}  -\n"));
+    assert_store_verifies(&d);
+
+    // A 12 s cut with a 30 s bound: the 10 s progress deadline passes, the fetch is retried.
+    let e = Runner::via(&w, &link.endpoint(), sb.path("store-e"), "cut", "")
+        .with_env("LAYERCACHE_LAZY_TIMEOUT", "30");
+    let script = blip("12");
+    let args = e.run_args(false, &sb, &spec, &["sh", "-c", &script]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (re, took) = output_within(e.command(&args), Duration::from_secs(240), "long cut run");
+    assert_eq!(re.status.code(), Some(0), "{}", show(&re));
+    assert_eq!(out(&re), format!("{big}  -\n"));
+    eprintln!("LAZY 12 s cut survived; the run took {took:?}");
+    assert_store_verifies(&e);
+
+    // The link down when the run looks the key up: no lazy mount, a local miss with a warning.
+    let f = Runner::via(
+        &w,
+        &link.endpoint(),
+        sb.path("store-f"),
+        "cut",
+        "lookup_timeout = \"2s\"\n",
+    );
+    link.down();
+    let args = f.run_args(false, &sb, &spec, &["cat", "/dev/null"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (rf, _) = output_within(f.command(&args), Duration::from_secs(180), "run, link down");
+    link.up();
+    assert_eq!(rf.status.code(), Some(0), "{}", show(&rf));
+    let ev = &f.events()[0];
+    assert_eq!(
+        (&ev["result"], &ev["remote_hit"], &ev["remote_lazy"]),
+        (&"miss".into(), &false.into(), &false.into()),
+        "{ev}"
+    );
+    // (A fresh store asks for the key salt first: that is the one warning.)
+    let said = stderr(&rf);
+    let warnings: Vec<&str> = (said.lines())
+        .filter(|l| l.starts_with("layercache: ") && !l.contains(", running setup: "))
+        .filter(|l| !l.starts_with("layercache: data miss in "))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("no answer within 2 s"),
+        "{warnings:?}"
+    );
+    assert!(!project_dir(&f).join("partial").exists());
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A big file arriving slowly but steadily over the link (12 MiB at 2.5 Mbit/s: about 40 s)
+/// is read whole, however long it takes, with `LAYERCACHE_LAZY_TIMEOUT=2`: the bound is on a
+/// fetch that makes no progress (docs/remote.md: "a demand read that gets no byte for …"), not
+/// on a transfer that does.
+#[test]
+#[ignore = "fails: a GET of an object stored alone is cut by the remote's 30 s request timeout \
+            however steadily it arrives; the reader gets EIO (src/remote/lazy/fetch.rs stream_to)"]
+fn a_slow_but_steady_fetch_is_not_cut_off() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 2.5, 5) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "slow", 12);
+    let big = sha256(&only_layer(&a).join("tree/big.bin"));
+    let daemon_log = sb.path("daemon.log");
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "slow", "")
+        .with_env("LAYERCACHE_LAZY_TIMEOUT", "2")
+        .with_env("LAYERCACHE_DAEMON_LOG", daemon_log.to_str().unwrap());
+    let read = "t0=$(date +%s%N); sha256sum < $DATA/big.bin; s=$?; \
+                echo ms $(( ($(date +%s%N) - t0) / 1000000 )); exit $s";
+    let args = b.run_args(false, &sb, &spec, &["sh", "-c", read]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (rb, took) = output_within(b.command(&args), Duration::from_secs(300), "slow run");
+    eprintln!("LAZY slow link: the run took {took:?}");
+    let logged = std::fs::read_to_string(&daemon_log).unwrap_or_default();
+    assert_eq!(
+        rb.status.code(),
+        Some(0),
+        "{}\ndaemon log:\n{logged}",
+        show(&rb)
+    );
+    assert!(
+        out(&rb).starts_with(&format!("{big}  -\nms ")),
+        "{}",
+        out(&rb)
+    );
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// An object missing from the remote (deleted behind the runners' backs): B's lazy run reads
+/// the small files correctly, the big file's read fails (EIO: COMMAND fails), the run says the
+/// layer is broken and not used again; B's next run does not mount it lazily (a local miss:
+/// setup runs) and nothing wrong is ever served.
+#[test]
+fn a_missing_object_breaks_the_lazy_layer_for_good_and_nothing_wrong_is_served() {
+    use futures::TryStreamExt;
+    use object_store::{ObjectStore, ObjectStoreExt};
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, _a, _) = pushed_by_a(&w, "gone", 6);
+    let b = Runner::new(&w, sb.path("store-b"), "gone", "");
+
+    // The big file is the one object stored alone.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = s3(&w);
+    let objects = object_store::path::Path::from(format!("gone/v1/projects/{PROJECT}/objects"));
+    let found: Vec<_> = rt.block_on(async {
+        client
+            .list(Some(&objects))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    });
+    assert_eq!(found.len(), 1, "{found:?}");
+    rt.block_on(client.delete(&found[0].location)).unwrap();
+
+    let script = "cat $DATA/a/s2.txt $DATA/c/z.txt && sha256sum < $DATA/big.bin";
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", script]);
+    assert_ne!(rb.status.code(), Some(0), "COMMAND read a missing object");
+    assert_eq!(
+        out(&rb),
+        "small 2\nzed\n",
+        "only what was there, nothing wrong"
+    );
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    let e = stderr(&rb);
+    assert!(
+        e.contains("Input/output error") && e.contains("is broken") && e.contains("not used again"),
+        "{e}"
+    );
+    assert_store_verifies(&b);
+
+    let again = b.run_as(false, &sb, &spec, &["sh", "-c", script]);
+    assert_eq!(again.status.code(), Some(0), "{}", show(&again));
+    let ev = &b.events()[1];
+    assert_eq!(
+        (&ev["result"], &ev["remote_lazy"], &ev["published"]),
+        (&"miss".into(), &false.into(), &true.into()),
+        "{ev}"
+    );
+    let said = out(&again);
+    assert!(said.starts_with("small 2\nzed\n"), "{said}");
+    let own = sha256(&only_layer(&b).join("tree/big.bin"));
+    assert_eq!(said, format!("small 2\nzed\n{own}  -\n"), "B's own fill");
+    assert!(
+        stderr(&again).contains("found broken by an earlier run"),
+        "{}",
+        stderr(&again)
+    );
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// `[remote] lazy = false` pulls a remote hit whole before COMMAND (the summary says "pulled
+/// from the remote", no partial layer is made); `LAYERCACHE_LAZY=1` overrides the file for
+/// one run and `LAYERCACHE_LAZY=0` overrides the default; `run --lazy true|false` overrides
+/// both.
+#[test]
+fn lazy_is_a_choice_of_the_config_and_the_environment() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, _a, _) = pushed_by_a(&w, "choice", 1);
+    let summary = |r: &Runner| {
+        let o = r.run_as(false, &sb, &spec, &["cat", "/dev/null"]);
+        assert_eq!(o.status.code(), Some(0));
+        line_of(&o, "layercache: data ")
+    };
+    let whole = Runner::new(&w, sb.path("store-b"), "choice", "lazy = false\n");
+    let line = summary(&whole);
+    assert!(line.contains("(pulled from the remote: "), "{line}");
+    assert_eq!(whole.events()[0]["remote_lazy"], false);
+    assert!(!project_dir(&whole).join("partial").exists());
+
+    let over = Runner::new(&w, sb.path("store-c"), "choice", "lazy = false\n")
+        .with_env("LAYERCACHE_LAZY", "1");
+    let line = summary(&over);
+    assert!(line.contains("(mounted lazily from the remote: "), "{line}");
+
+    let env0 = Runner::new(&w, sb.path("store-d"), "choice", "").with_env("LAYERCACHE_LAZY", "0");
+    let line = summary(&env0);
+    assert!(line.contains("(pulled from the remote: "), "{line}");
+    assert_eq!(env0.events()[0]["remote_lazy"], false);
+
+    // `run --lazy false` over the default, `--lazy true` over the environment.
+    let flag = |r: &Runner, lazy: &str| {
+        let mut args = r.run_args(false, &sb, &spec, &["cat", "/dev/null"]);
+        args.insert(1, format!("--lazy={lazy}"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = r.lc(&args);
+        assert_eq!(o.status.code(), Some(0));
+        line_of(&o, "layercache: data ")
+    };
+    let e = Runner::new(&w, sb.path("store-e"), "choice", "");
+    assert!(flag(&e, "false").contains("(pulled from the remote: "));
+    let f = Runner::new(&w, sb.path("store-f"), "choice", "").with_env("LAYERCACHE_LAZY", "0");
+    assert!(flag(&f, "true").contains("(mounted lazily from the remote: "));
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// The unprivileged user of the rootless test (the one tests/run_rootless.rs uses; made when
+/// missing).
+const USER: &str = "lcrootless";
+
+/// The test user's (uid, gid), the user made with `useradd` when missing.
+fn test_user() -> (u32, u32) {
+    let id = |flag: &str| Command::new("id").args([flag, USER]).output();
+    if !id("-u").is_ok_and(|o| o.status.success()) {
+        // A concurrent test may have made it meanwhile: only its existence matters.
+        let _ = Command::new("useradd")
+            .args(["-m", "-s", "/bin/sh", USER])
+            .output();
+    }
+    let num = |flag: &str| -> u32 {
+        let o = run_ok(Command::new("id").args([flag, USER]));
+        String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+    };
+    (num("-u"), num("-g"))
+}
+
+/// `layercache ARGS…` as the test user with no capabilities, inside a private mount namespace
+/// of the test where a 0666 copy of the `/dev/fuse` node (`fuse_node`) is bound over
+/// `/dev/fuse` (as tests/run_rootless.rs does), with only PATH, HOME and `env` set.
+fn as_user(
+    (uid, gid): (u32, u32),
+    fuse_node: &Path,
+    home: &Path,
+    env: &[(String, String)],
+    args: &[&str],
+) -> Command {
+    let script = format!(
+        "mount --bind {} /dev/fuse && exec setpriv --reuid={uid} --regid={gid} --clear-groups \
+         --inh-caps=-all -- \"$@\"",
+        fuse_node.display()
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"])
+        .arg(run_common::BIN)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    cmd
+}
+
+/// A lazy hit without root: the test user (no capabilities; the run's own namespaces) fills
+/// and pushes the layer from one store of its own (a root runner's key is not the user's: the
+/// layer's owner is part of it), then runs with an empty store and gets the layer mounted
+/// lazily; COMMAND reads files and the big file correctly and runs as the user; what it sees
+/// of the entries (owner, mode, size, links) is what the same user sees of the layer pulled
+/// whole (`LAYERCACHE_LAZY=0`) into a third store; the lazily fetched objects verify clean, and
+/// nothing is left mounted.
+#[test]
+fn a_lazy_hit_works_without_root() {
+    if !ready() || !have_tool("unshare") || !have_tool("setpriv") {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", &data_spec(6));
+    let user = test_user();
+    // The user's part of the sandbox: its home (stores), workdir and mount root, its own.
+    for d in ["u/home", "u/work", "u/cache", "dev"] {
+        std::fs::create_dir_all(sb.path(d)).unwrap();
+    }
+    std::fs::set_permissions(sb.path(""), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(sb.path("u/work/data.lock"), "v1").unwrap();
+    let fuse = sb.path("dev/fuse");
+    run_ok(Command::new("mknod").args(["-m", "666", fuse.to_str().unwrap(), "c", "10", "229"]));
+    let stores: Vec<Runner> = ["fill", "lazy", "whole"]
+        .iter()
+        .map(|n| Runner::new(&w, sb.path(&format!("u/home/store-{n}")), "rootless", ""))
+        .collect();
+    run_ok(Command::new("chown").args([
+        "-R",
+        &format!("{}:{}", user.0, user.1),
+        sb.path("u").to_str().unwrap(),
+    ]));
+    let look = "cd $DATA && cat a/s1.txt link && sha256sum < big.bin && \
+                stat -c '%n %u %g %a %s %h' a/s1.txt a/s5.txt c/h1 c/h2 c/run.sh big.bin link \
+                && id -u";
+    let run = |r: &Runner, lazy: &str| {
+        let mut env = r.env.clone();
+        env.push(("LAYERCACHE_LAZY".into(), lazy.into()));
+        let (work, root) = (sb.path("u/work"), sb.path("u/cache"));
+        let args = [
+            "--store",
+            r.store.to_str().unwrap(),
+            "--remote",
+            r.url.as_deref().unwrap(),
+            "run",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--workdir",
+            work.to_str().unwrap(),
+            "--mount-root",
+            root.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            look,
+        ];
+        let cmd = as_user(user, &fuse, &sb.path("u/home"), &env, &args);
+        let (o, _) = output_within(cmd, Duration::from_secs(180), "user run");
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        o
+    };
+    let filled = run(&stores[0], "1");
+    assert!(stderr(&filled).contains("pushed key"), "{}", show(&filled));
+    let big = sha256(&only_layer(&stores[0]).join("tree/big.bin"));
+    let lazy = run(&stores[1], "1");
+    assert!(
+        line_of(&lazy, "layercache: data ").contains("(mounted lazily from the remote: "),
+        "{}",
+        show(&lazy)
+    );
+    let said = out(&lazy);
+    assert!(
+        said.starts_with(&format!("small 1\ndeep\n{big}  -\n")),
+        "{said}"
+    );
+    assert!(
+        said.ends_with(&format!("\n{}\n", user.0)),
+        "COMMAND ran as the user: {said}"
+    );
+    assert_eq!(
+        said,
+        out(&filled),
+        "the user's lazy mount shows what its filled layer shows"
+    );
+    let whole = run(&stores[2], "0");
+    assert!(
+        line_of(&whole, "layercache: data ").contains("(pulled from the remote: "),
+        "{}",
+        show(&whole)
+    );
+    assert_eq!(
+        said,
+        out(&whole),
+        "a lazy mount shows what a pulled layer shows"
+    );
+    // Verified by root (the user's objects are the user's files; root reads them all).
+    assert_store_verifies(&stores[1]);
+    assert!(sb.mounts_below().is_empty());
+}
