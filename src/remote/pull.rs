@@ -193,6 +193,22 @@ impl Remote {
         cache: &CacheId,
         found: &Found,
     ) -> Result<PullReport> {
+        self.pull_with(store, pd, cache, found, None)
+    }
+
+    /// [`Remote::pull`], taking the objects a lazy mount fetched from `held` (its `held/`
+    /// directory: verified bytes by hex id, moved or copied into the store's objects) before
+    /// downloading anything.
+    ///
+    /// Errors: as [`Remote::pull`].
+    pub fn pull_with(
+        &self,
+        store: &Store,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        found: &Found,
+        held: Option<&Path>,
+    ) -> Result<PullReport> {
         let t0 = Instant::now();
         let layer = &found.record.layer;
         let (manifest, manifest_bytes) =
@@ -216,7 +232,7 @@ impl Remote {
             ..Default::default()
         };
         let published = store.publish_built(pd, &spec, |objects, tree| {
-            self.build(pd, objects, &manifest, tree, &mut report)
+            self.build(pd, objects, (&manifest, held), tree, &mut report)
         })?;
         tracing::info!(
             ms = published.publish_ms,
@@ -243,7 +259,7 @@ impl Remote {
         &self,
         pd: &ProjectDirs,
         objects: &LocalObjects,
-        m: &RemoteManifest,
+        (m, held): (&RemoteManifest, Option<&Path>),
         tree: &Path,
         report: &mut PullReport,
     ) -> Result<TreeStats> {
@@ -260,7 +276,7 @@ impl Remote {
         };
         stats.counts.new_objects = 0;
         stats.counts.new_bytes = 0;
-        let r = self.build_inner(pd, objects, m, tree, report, &mut stats);
+        let r = self.build_inner(pd, objects, (m, held), tree, report, &mut stats);
         if let Err(e) = r {
             undo_created_objects(&stats);
             return Err(e);
@@ -272,13 +288,13 @@ impl Remote {
         &self,
         pd: &ProjectDirs,
         objects: &LocalObjects,
-        m: &RemoteManifest,
+        (m, held): (&RemoteManifest, Option<&Path>),
         tree: &Path,
         report: &mut PullReport,
         stats: &mut TreeStats,
     ) -> Result<()> {
         let t = Instant::now();
-        let plan = Plan::new(objects, m)?;
+        let plan = Plan::new(objects, m, held)?;
         report.objects = plan.sizes.len() as u64;
         report.pulled_objects = plan.missing.len() as u64;
         report.pulled_bytes = plan.missing.iter().map(|(_, s)| s).sum();

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -76,7 +77,7 @@ impl Drop for Temps {
 }
 
 /// One (content, metadata tag) object a layer needs and the entries that link it.
-pub(super) struct Variant<'m> {
+struct Variant<'m> {
     tag: u64,
     /// The first entry with this metadata (what the object's inode gets).
     meta: &'m Entry,
@@ -93,15 +94,22 @@ pub(super) struct Plan<'m> {
     pub sizes: HashMap<ObjectId, u64>,
     /// Content to download, sorted.
     pub missing: Vec<(ObjectId, u64)>,
-    /// Content held locally: a file with its bytes (`None` when every variant exists).
-    local: Vec<(ObjectId, Option<PathBuf>)>,
+    /// Content held locally: a file with its bytes (`None` when every variant exists), and
+    /// whether that file is the pull's to move into place (a lazy fetch's, verified).
+    local: Vec<(ObjectId, Option<PathBuf>, bool)>,
 }
 
 impl<'m> Plan<'m> {
-    /// Plans the objects of `m` against what `objects` holds.
+    /// Plans the objects of `m` against what `objects` holds, and what `held` holds (the
+    /// `held/` directory of a lazily mounted layer: verified bytes named by their hex id; a
+    /// file there with one link is moved into place, one linked elsewhere too is copied).
     ///
     /// Errors: [`Error::Io`] listing the objects; [`Error::Failed`] for a malformed entry.
-    pub(super) fn new(objects: &LocalObjects, m: &'m RemoteManifest) -> Result<Plan<'m>> {
+    pub(super) fn new(
+        objects: &LocalObjects,
+        m: &'m RemoteManifest,
+        held: Option<&Path>,
+    ) -> Result<Plan<'m>> {
         let mut exact: HashMap<(ObjectId, u64), PathBuf> = HashMap::new();
         let mut by_content: HashMap<ObjectId, PathBuf> = HashMap::new();
         for (path, id, _) in objects.list()? {
@@ -131,11 +139,18 @@ impl<'m> Plan<'m> {
         }
         let mut missing = Vec::new();
         let mut local = Vec::new();
+        let in_held = |id: &ObjectId| {
+            let p = held?.join(id.to_string());
+            let n = fs::symlink_metadata(&p).ok()?.nlink();
+            Some((p, n == 1))
+        };
         for (id, vs) in &variants {
             if vs.iter().all(|v| v.have.is_some()) {
-                local.push((*id, None));
+                local.push((*id, None, false));
             } else if let Some(p) = by_content.get(id) {
-                local.push((*id, Some(p.clone())));
+                local.push((*id, Some(p.clone()), false));
+            } else if let Some((p, only)) = in_held(id) {
+                local.push((*id, Some(p), only));
             } else {
                 missing.push((*id, sizes[id]));
             }
@@ -156,21 +171,6 @@ impl<'m> Plan<'m> {
             .filter(|(_, vs)| vs.iter().any(|v| v.have.is_none()))
             .filter_map(|(id, _)| objects.path_for(id, 0).parent().map(Path::to_path_buf))
             .collect()
-    }
-}
-
-impl<'m> Variant<'m> {
-    /// The object with `e`'s metadata, linked by no entry (a lazily fetched layer's: its
-    /// tree comes later, from a pull).
-    ///
-    /// Errors: as [`Entry::meta_tag`].
-    pub(super) fn of(e: &'m Entry) -> Result<Variant<'m>> {
-        Ok(Variant {
-            tag: e.meta_tag()?,
-            meta: e,
-            links: Vec::new(),
-            have: None,
-        })
     }
 }
 
@@ -260,10 +260,14 @@ impl<'a> Unpack<'a> {
                     ready.wait(); // the tree's directories exist
                     while failed.lock().is_none() {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some((id, from)) = self.plan.local.get(i) else {
+                        let Some((id, from, moved)) = self.plan.local.get(i) else {
                             break;
                         };
-                        let src = from.as_deref().map_or(Src::Linked, Src::Local);
+                        let src = match (from.as_deref(), moved) {
+                            (None, _) => Src::Linked,
+                            (Some(p), true) => Src::Temp(p),
+                            (Some(p), false) => Src::Local(p),
+                        };
                         if let Err(e) = self.place(id, src) {
                             fail(e);
                         }
@@ -365,19 +369,7 @@ pub(super) fn writers_stopped() -> Error {
 ///
 /// Errors: [`Error::Io`] naming the path; [`Error::Failed`] when the metadata cannot be
 /// reproduced (e.g. another owner when not root).
-pub(super) fn write_object(tmp: &Path, dst: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result<bool> {
-    write_unnamed(tmp, v, bytes)?;
-    rename_into(tmp, dst).inspect_err(|_| {
-        let _ = fs::remove_file(tmp);
-    })
-}
-
-/// The part of [`write_object`] before the rename: the new file `tmp` with `bytes` and `v`'s
-/// metadata, its tag checked (a lazy fetch links it elsewhere before it names it an object).
-/// On error `tmp` is removed.
-///
-/// Errors: as [`write_object`].
-pub(super) fn write_unnamed(tmp: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result<()> {
+fn write_object(tmp: &Path, dst: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result<bool> {
     let f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -387,7 +379,9 @@ pub(super) fn write_unnamed(tmp: &Path, v: &Variant<'_>, bytes: &[u8]) -> Result
     let r = (|| {
         (&f).write_all(bytes).at(tmp)?;
         set_meta_fd(&f, v.meta).at(tmp)?;
-        check_tag_fd(&f, v, tmp)
+        check_tag_fd(&f, v, tmp)?;
+        drop(f);
+        rename_into(tmp, dst)
     })();
     if r.is_err() {
         let _ = fs::remove_file(tmp);
@@ -465,25 +459,14 @@ fn unreproducible(tmp: &Path, e: &Entry) -> Error {
 /// `dst` (same directory). `Ok(false)` when `dst` existed already (`tmp` is removed).
 ///
 /// Errors: as [`write_object`].
-pub(super) fn make_object(tmp: &Path, dst: &Path, v: &Variant<'_>) -> Result<bool> {
-    give_meta(tmp, v)?;
-    rename_into(tmp, dst).inspect_err(|_| {
-        let _ = fs::remove_file(tmp);
-    })
-}
-
-/// The part of [`make_object`] before the rename: `tmp` gets `v`'s metadata and its tag is
-/// checked. On error `tmp` is removed.
-///
-/// Errors: as [`make_object`].
-pub(super) fn give_meta(tmp: &Path, v: &Variant<'_>) -> Result<()> {
+fn make_object(tmp: &Path, dst: &Path, v: &Variant<'_>) -> Result<bool> {
     let r = (|| {
         apply_meta(tmp, v.meta)?;
         let got = meta_tag(tmp, &fs::symlink_metadata(tmp).at(tmp)?).at(tmp)?;
         if got != v.tag {
             return Err(unreproducible(tmp, v.meta));
         }
-        Ok(())
+        rename_into(tmp, dst)
     })();
     if r.is_err() {
         let _ = fs::remove_file(tmp);
@@ -492,7 +475,7 @@ pub(super) fn give_meta(tmp: &Path, v: &Variant<'_>) -> Result<()> {
 }
 
 /// `rename(tmp, dst)` unless `dst` exists: `Ok(false)` then, and `tmp` is removed.
-pub(super) fn rename_into(tmp: &Path, dst: &Path) -> Result<bool> {
+fn rename_into(tmp: &Path, dst: &Path) -> Result<bool> {
     match sys::rename_noreplace(tmp, dst) {
         Ok(()) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {

@@ -36,12 +36,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use object_store::{GetOptions, GetRange, ObjectStoreExt};
+use object_store::{GetOptions, GetRange};
 use parking_lot::{Condvar, Mutex};
 
 use super::super::Remote;
 use super::super::manifest::RemoteManifest;
-use super::super::unpack::{Variant, give_meta, rename_into, write_unnamed};
 use super::tree::Tree;
 use crate::error::{Error, RemoteKind, Result};
 use crate::ids::{ObjectId, ProjectId};
@@ -56,6 +55,13 @@ pub(super) const BACKGROUND_WINDOW: u64 = 1 << 20;
 
 /// Completion units in flight at most (none is started while a demand read waits).
 pub(super) const BACKGROUND_UNITS: usize = 2;
+
+/// Bytes one GET of an object stored alone asks for (a request never carries more, so the
+/// per-request timeout never cuts a steady transfer of a big object).
+pub(super) const PIECE: u64 = 4 << 20;
+
+/// Failed reads a report names.
+pub(super) const FAILED_KEPT: usize = 5;
 
 /// Trace replay units in flight at most (also while a demand read waits).
 pub(super) const TRACE_UNITS: usize = 3;
@@ -156,7 +162,7 @@ impl Flight {
 /// What the fetcher counts (for the run's report).
 #[derive(Default)]
 pub(super) struct Counts {
-    /// Object bytes fetched.
+    /// Bytes of the objects fetched (each counted once, retried transfers not again).
     pub bytes: AtomicU64,
     /// GET requests sent (attempts, retries included).
     pub gets: AtomicU64,
@@ -190,6 +196,8 @@ pub(super) struct Shared {
     pub counts: Counts,
     /// The first error that makes the layer unusable (a corrupt or missing object).
     pub broken: Mutex<Option<String>>,
+    /// Reads that got EIO: "path: why", the first [`FAILED_KEPT`].
+    pub failed: Mutex<Vec<String>>,
     /// Set once every object is local.
     pub complete: AtomicBool,
     /// Set when the fetcher is dropped: the background task stops.
@@ -272,6 +280,7 @@ impl Shared {
             last_demand_ms: AtomicU64::new(0),
             counts: Counts::default(),
             broken: Mutex::new(None),
+            failed: Mutex::new(Vec::new()),
             complete: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         })
@@ -359,10 +368,12 @@ impl Shared {
                 return Ok(f);
             }
             if let Err(why) = self.fetch(o, DEMAND_WINDOW) {
-                tracing::error!(
-                    file = %String::from_utf8_lossy(path),
-                    "reading a lazily fetched file: {why}"
-                );
+                let file = String::from_utf8_lossy(path);
+                tracing::error!(%file, "reading a lazily fetched file: {why}");
+                let mut failed = self.failed.lock();
+                if failed.len() < FAILED_KEPT {
+                    failed.push(format!("{file}: {why}"));
+                }
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
         }
@@ -379,13 +390,15 @@ impl Shared {
     /// Errors: the unit's error, as a message.
     fn fetch(self: &Arc<Self>, o: u32, window: u64) -> std::result::Result<(), String> {
         match self.join_or_start(o, window, Class::Demand) {
-            Some(flight) => flight.wait(self.limits.bound + Duration::from_secs(30)),
+            // The unit always ends: every step of it has a progress deadline.
+            Some(flight) => flight.wait(Duration::from_secs(3600)),
             None => Ok(()),
         }
     }
 
-    /// The flight holding `o` (a new one of `class` started with `o`'s unit when none does);
-    /// `None` when `o` is local already.
+    /// The flight of `o` (a new unit of `class` started with `o` first when none holds it);
+    /// `None` when `o` is local already. Every object of a unit has its own flight, ended as
+    /// soon as that object is local, so a reader waits for its own file only.
     fn join_or_start(self: &Arc<Self>, o: u32, window: u64, class: Class) -> Option<Arc<Flight>> {
         let mut flights = self.flights.lock();
         if let Some(f) = flights.get(&o) {
@@ -395,10 +408,10 @@ impl Shared {
             return None;
         }
         let unit = self.unit(o, window, &flights);
-        let f = Flight::new();
         for &u in &unit {
-            flights.insert(u, f.clone());
+            flights.insert(u, Flight::new());
         }
+        let mine = flights[&o].clone();
         drop(flights);
         let counter = match class {
             Class::Demand => &self.demand,
@@ -406,9 +419,8 @@ impl Shared {
         };
         counter.fetch_add(1, Relaxed);
         let me = Arc::clone(self);
-        let fl = f.clone();
         self.remote.rt.spawn(async move {
-            let r = me.run_unit(&unit).await;
+            let r = me.clone().run_unit(o, &unit).await;
             if let Err(e) = &r
                 && matches!(
                     e,
@@ -420,11 +432,11 @@ impl Shared {
             {
                 me.broken.lock().get_or_insert_with(|| e.to_string());
             }
-            let mut flights = me.flights.lock();
-            for u in &unit {
-                flights.remove(u);
+            // What the unit did not make local gets its error.
+            let why = r.err().map(|e| e.to_string());
+            for &u in &unit {
+                me.done(u, Err(why.clone().unwrap_or_else(|| "not fetched".into())));
             }
-            drop(flights);
             match class {
                 Class::Demand => {
                     let now = me.started.elapsed().as_millis() as u64;
@@ -434,9 +446,17 @@ impl Shared {
                 Class::Background => &me.background,
             }
             .fetch_sub(1, Relaxed);
-            fl.finish(r.map_err(|e| e.to_string()));
         });
-        Some(f)
+        Some(mine)
+    }
+
+    /// Ends the flight of `o` (if it still has one) with `r`; `Ok` when `o` is local.
+    fn done(&self, o: u32, r: std::result::Result<(), String>) {
+        let f = self.flights.lock().remove(&o);
+        if let Some(f) = f {
+            let local = self.state[o as usize].load(Relaxed) == LOCAL;
+            f.finish(if local { Ok(()) } else { r });
+        }
     }
 
     /// The objects one unit fetches with `o`: `o` alone when stored alone; otherwise `o` and
@@ -465,18 +485,20 @@ impl Shared {
         list[lo..hi].to_vec()
     }
 
-    /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone), retrying
-    /// transient failures until the bound; every object of it is local when this returns `Ok`.
+    /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone; `first`
+    /// among them is made local first), retrying transient failures until the bound; every
+    /// object of it is local when this returns `Ok`.
     ///
     /// Errors: the remote's error (transient after the bound; a missing object or a corrupt
     /// one at once).
-    async fn run_unit(&self, unit: &[u32]) -> Result<()> {
+    async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32]) -> Result<()> {
         let t0 = Instant::now();
+        let _done = scopeguard_log(unit.len(), t0);
         let mut backoff = Duration::from_millis(200);
         loop {
             let r = match self.loc[unit[0] as usize] {
                 Loc::Alone => self.fetch_alone(unit[0]).await,
-                Loc::Packed { .. } => self.fetch_packed(unit).await,
+                Loc::Packed { .. } => self.clone().fetch_packed(first, unit).await,
             };
             match r {
                 Err(Error::Remote { kind, .. })
@@ -508,8 +530,10 @@ impl Shared {
         .into()
     }
 
-    /// One GET of the pack range of `unit`, split and stored object by object.
-    async fn fetch_packed(&self, unit: &[u32]) -> Result<()> {
+    /// One GET of the pack range of `unit` (objects made local by an earlier attempt are
+    /// skipped), split, verified and stored object by object on a blocking thread, `first`
+    /// first.
+    async fn fetch_packed(self: Arc<Self>, first: u32, unit: &[u32]) -> Result<()> {
         let (pack, start) = match self.loc[unit[0] as usize] {
             Loc::Packed { pack, offset, .. } => (pack, offset),
             Loc::Alone => unreachable!("a packed unit"),
@@ -520,35 +544,18 @@ impl Shared {
         };
         let name = &self.packs[pack as usize].0;
         let what = format!("fetching pack {name} bytes {start}..{end}");
-        let path = self.remote.layout.pack(&self.project, name);
         let mut buf = Vec::with_capacity((end - start) as usize);
         if end > start {
+            let path = self.remote.layout.pack(&self.project, name);
             let opts = GetOptions {
                 range: Some(GetRange::Bounded(start..end)),
                 ..Default::default()
             };
-            self.counts.gets.fetch_add(1, Relaxed);
-            let got = tokio::time::timeout(
-                self.limits.progress,
-                self.remote.store.get_opts(&path, opts),
-            )
-            .await
-            .map_err(|_| self.stalled(&what))?
-            .map_err(|e| self.remote.error(&what, e))?;
-            let mut stream = got.into_stream();
-            loop {
-                let next = tokio::time::timeout(self.limits.progress, stream.next())
-                    .await
-                    .map_err(|_| self.stalled(&what))?;
-                match next {
-                    Some(chunk) => {
-                        let chunk = chunk.map_err(|e| self.remote.error(&what, e))?;
-                        self.counts.bytes.fetch_add(chunk.len() as u64, Relaxed);
-                        buf.extend_from_slice(&chunk);
-                    }
-                    None => break,
-                }
-            }
+            self.get_into(&what, self.remote.store.get_opts(&path, opts), |c| {
+                buf.extend_from_slice(c);
+                Ok(())
+            })
+            .await?;
         }
         if buf.len() as u64 != end - start {
             return Err(self.corrupt(
@@ -556,20 +563,60 @@ impl Shared {
                 format!("{} bytes received of {}", buf.len(), end - start),
             ));
         }
-        for &o in unit {
-            let Loc::Packed { offset, len, .. } = self.loc[o as usize] else {
-                continue;
-            };
-            let bytes = &buf[(offset - start) as usize..(offset - start + len) as usize];
-            if blake3::hash(bytes).as_bytes() != &self.ids[o as usize].0 {
-                return Err(self.corrupt(
-                    &format!("object {} in pack {name}", self.ids[o as usize]),
-                    "its bytes do not match its id".into(),
-                ));
+        let order: Vec<u32> = std::iter::once(first)
+            .chain(unit.iter().copied().filter(|&u| u != first))
+            .filter(|&u| self.state[u as usize].load(Relaxed) != LOCAL)
+            .collect();
+        let me = self.clone();
+        let name = name.clone();
+        tokio::task::spawn_blocking(move || {
+            for o in order {
+                let Loc::Packed { offset, len, .. } = me.loc[o as usize] else {
+                    continue;
+                };
+                let bytes = &buf[(offset - start) as usize..(offset - start + len) as usize];
+                if blake3::hash(bytes).as_bytes() != &me.ids[o as usize].0 {
+                    return Err(me.corrupt(
+                        &format!("object {} in pack {name}", me.ids[o as usize]),
+                        "its bytes do not match its id".into(),
+                    ));
+                }
+                me.store_bytes(o, bytes)?;
+                me.done(o, Ok(()));
             }
-            self.store_bytes(o, bytes)?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Failed(format!("lazy fetch: {e}")))?
+    }
+
+    /// Sends one GET (`request`) and hands each chunk of its body to `each`, abandoning it
+    /// when the answer or a chunk takes longer than the progress deadline; counts the GET.
+    ///
+    /// Errors: [`Shared::stalled`]; the remote's error; `each`'s.
+    async fn get_into(
+        &self,
+        what: &str,
+        request: impl std::future::Future<
+            Output = std::result::Result<object_store::GetResult, object_store::Error>,
+        >,
+        mut each: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.counts.gets.fetch_add(1, Relaxed);
+        let got = tokio::time::timeout(self.limits.progress, request)
+            .await
+            .map_err(|_| self.stalled(what))?
+            .map_err(|e| self.remote.error(what, e))?;
+        let mut stream = got.into_stream();
+        loop {
+            let next = tokio::time::timeout(self.limits.progress, stream.next())
+                .await
+                .map_err(|_| self.stalled(what))?;
+            match next {
+                Some(chunk) => each(&chunk.map_err(|e| self.remote.error(what, e))?)?,
+                None => return Ok(()),
+            }
         }
-        Ok(())
     }
 
     /// Streams object `o` (stored alone) into a temporary file, hashing it, and makes it
@@ -577,42 +624,61 @@ impl Shared {
     async fn fetch_alone(&self, o: u32) -> Result<()> {
         let tmp = self.temp();
         let r = self.stream_to(o, &tmp).await;
-        let r = r.and_then(|()| {
-            let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
-            give_meta(&tmp, &Variant::of(e)?)?;
-            self.place(o, &tmp)
-        });
+        let r = r.and_then(|()| self.place(o, &tmp));
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
         }
         r
     }
 
-    /// GETs object `o` into `tmp` (created), checking length and blake3.
+    /// GETs object `o` into `tmp` (created) in ranges of [`PIECE`] bytes, one after the
+    /// other, each retried on its own after a stall (until the bound has passed since the last
+    /// piece that arrived), hashing as it goes; checks length and blake3 at the end. A big
+    /// object arriving slowly but steadily is never cut off: no request carries more than a
+    /// piece.
+    ///
+    /// Errors: as [`Shared::get_into`] once a piece's retries are over;
+    /// [`RemoteError::Corrupt`](super::super::RemoteError) when the bytes do not match.
     async fn stream_to(&self, o: u32, tmp: &Path) -> Result<()> {
         let id = self.ids[o as usize];
         let size = self.tree.objects[o as usize].1;
         let what = format!("fetching object {id}");
         let path = self.remote.layout.object(&self.project, &id);
-        self.counts.gets.fetch_add(1, Relaxed);
-        let got = tokio::time::timeout(self.limits.progress, self.remote.store.get(&path))
-            .await
-            .map_err(|_| self.stalled(&what))?
-            .map_err(|e| self.remote.error(&what, e))?;
-        let mut stream = got.into_stream();
         let mut f = fs::File::create_new(tmp).map_err(|e| Error::io(tmp, e))?;
         let mut h = blake3::Hasher::new();
         let mut n = 0u64;
-        loop {
-            let next = tokio::time::timeout(self.limits.progress, stream.next())
-                .await
-                .map_err(|_| self.stalled(&what))?;
-            let Some(chunk) = next else { break };
-            let chunk = chunk.map_err(|e| self.remote.error(&what, e))?;
-            self.counts.bytes.fetch_add(chunk.len() as u64, Relaxed);
-            h.update(&chunk);
-            n += chunk.len() as u64;
-            f.write_all(&chunk).map_err(|e| Error::io(tmp, e))?;
+        while n < size {
+            let end = (n + PIECE).min(size);
+            let mut piece = Vec::with_capacity((end - n) as usize);
+            let (t0, mut backoff) = (Instant::now(), Duration::from_millis(200));
+            loop {
+                piece.clear();
+                let opts = GetOptions {
+                    range: Some(GetRange::Bounded(n..end)),
+                    ..Default::default()
+                };
+                let r = self
+                    .get_into(&what, self.remote.store.get_opts(&path, opts), |c| {
+                        piece.extend_from_slice(c);
+                        Ok(())
+                    })
+                    .await;
+                match r {
+                    Err(Error::Remote { kind, .. })
+                        if kind.is_transient() && t0.elapsed() + backoff < self.limits.bound =>
+                    {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                    r => break r?,
+                }
+            }
+            if piece.is_empty() {
+                break; // the object is shorter than the manifest says: caught below
+            }
+            h.update(&piece);
+            f.write_all(&piece).map_err(|e| Error::io(tmp, e))?;
+            n += piece.len() as u64;
         }
         if n != size || h.finalize().as_bytes() != &id.0 {
             return Err(self.corrupt(
@@ -623,15 +689,22 @@ impl Shared {
         Ok(())
     }
 
-    /// Writes the verified `bytes` of object `o` with its first file's metadata and makes it
-    /// local ([`Shared::place`]).
+    /// Writes the verified `bytes` of object `o` to a new file and makes it local
+    /// ([`Shared::place`]).
     fn store_bytes(&self, o: u32, bytes: &[u8]) -> Result<()> {
-        let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
         let tmp = self.temp();
-        write_unnamed(&tmp, &Variant::of(e)?, bytes)?;
-        self.place(o, &tmp).inspect_err(|_| {
+        let r = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(bytes))
+            .map_err(|e| Error::io(&tmp, e))
+            .and_then(|()| self.place(o, &tmp));
+        if r.is_err() {
             let _ = fs::remove_file(&tmp);
-        })
+        }
+        r
     }
 
     /// A fresh temporary name in the partial directory (the store's filesystem; gc never
@@ -641,30 +714,25 @@ impl Shared {
         dir.join(format!(".fetch-{}", crate::sys::random_hex(8)))
     }
 
-    /// Makes the verified file `tmp` (metadata set) object `o`: links it into `held/` first,
-    /// then renames it to its object name — so the object never has a single link, which gc
-    /// would take for unreferenced. When another run made either name meanwhile, its file
-    /// (the same bytes and metadata) stands and `tmp` goes.
+    /// Makes the verified file `tmp` object `o`'s bytes: renames it to `held/<hex>` (what
+    /// readers open; the pull that completes the layer makes the store's objects of it, with
+    /// their metadata). When another run put it there meanwhile, that file (the same bytes)
+    /// stands and `tmp` goes. Nothing is written in the store's `objects/` while the layer is
+    /// partial, so gc has nothing of it to race with.
     ///
-    /// Errors: [`Error::Io`] linking or renaming.
+    /// Errors: [`Error::Io`] renaming.
     fn place(&self, o: u32, tmp: &Path) -> Result<()> {
         let held = self.held_path(o);
-        match fs::hard_link(tmp, &held) {
-            Ok(()) => {
-                let dst = self.object_path(o).ok_or_else(|| {
-                    Error::Failed(format!("object {}: malformed entry", self.ids[o as usize]))
-                })?;
-                let fan = dst.parent().expect("an object path has a directory");
-                fs::create_dir_all(fan).map_err(|e| Error::io(fan, e))?;
-                rename_into(tmp, &dst)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+        match crate::sys::rename_noreplace(tmp, &held) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 let _ = fs::remove_file(tmp);
             }
             Err(e) => return Err(Error::io(&held, e)),
         }
         self.state[o as usize].store(LOCAL, Relaxed);
         self.counts.objects.fetch_add(1, Relaxed);
+        (self.counts.bytes).fetch_add(self.tree.objects[o as usize].1, Relaxed);
         Ok(())
     }
 
@@ -750,4 +818,19 @@ impl Shared {
         }
         (n, bytes)
     }
+}
+
+/// Logs a unit's size and duration when it ends (debug).
+fn scopeguard_log(objects: usize, t0: Instant) -> impl Drop {
+    struct G(usize, Instant);
+    impl Drop for G {
+        fn drop(&mut self) {
+            tracing::debug!(
+                objects = self.0,
+                ms = self.1.elapsed().as_millis() as u64,
+                "lazy unit done"
+            );
+        }
+    }
+    G(objects, t0)
 }

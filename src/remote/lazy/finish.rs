@@ -156,11 +156,15 @@ impl Remote {
         let report: LazyReport =
             serde_json::from_slice(&fs::read(run_dir.join(REPORT)).ok()?).ok()?;
         let dir = pd.partial(layer);
+        let failed = match report.failed.is_empty() {
+            true => String::new(),
+            false => format!("; reads that failed (EIO): {}", report.failed.join("; ")),
+        };
         if let Some(why) = &report.broken {
             let _ = replace_file(&dir.join(BROKEN), why.as_bytes());
             return Some(format!(
                 "{cache}: the remote layer {layer} is broken ({why}); it is not used again \
-                 (`layercache remote gc` does not repair it: push the key again)"
+                 (`layercache remote gc` does not repair it: push the key again){failed}"
             ));
         }
         let trace = fs::read(run_dir.join(TRACE)).unwrap_or_default();
@@ -171,11 +175,11 @@ impl Remote {
                     .map_err(|e| self.error("storing the run's access trace", e))
             };
             if let Err(e) = self.block_on(Some(self.cfg.lookup_timeout), put) {
-                tracing::warn!("lazy layer: {e}");
+                tracing::warn!("lazy layer: storing the run's access trace in the remote: {e}");
             }
         }
         let fetched = format!(
-            "{cache}: fetched lazily {} of {} ({} objects, {} GETs) while the run lasted",
+            "{cache}: fetched lazily {} of {} ({} objects, {} GETs) while the run lasted{failed}",
             fmt_bytes(report.fetched_bytes),
             fmt_bytes(report.bytes),
             report.fetched_objects,
@@ -198,12 +202,14 @@ impl Remote {
             exact: true,
             record,
         };
-        Some(match self.pull(store, pd, cache, &found) {
-            Ok(r) => format!(
-                "{fetched}; the layer is complete and now local ({} in {} ms)",
-                r.result, r.ms
-            ),
-            Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
-        })
+        Some(
+            match self.pull_with(store, pd, cache, &found, Some(&dir.join(HELD))) {
+                Ok(r) => format!(
+                    "{fetched}; the layer is complete and now local ({} in {} ms)",
+                    r.result, r.ms
+                ),
+                Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
+            },
+        )
     }
 }

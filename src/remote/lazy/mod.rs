@@ -96,6 +96,9 @@ pub struct LazyReport {
     /// Why the layer must not be used again (a missing or corrupt object), if so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broken: Option<String>,
+    /// Reads that got EIO, "path: why" (the first few).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<String>,
 }
 
 /// A layer served from its remote manifest, its file content fetched on first open (see the
@@ -210,6 +213,7 @@ impl LazyLayer {
             opened: trace.len() as u64,
             complete: local_objects == self.shared.len() as u64,
             broken: self.shared.broken.lock().clone(),
+            failed: self.shared.failed.lock().clone(),
         };
         let mut lines = Vec::new();
         for i in trace {
