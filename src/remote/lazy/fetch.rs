@@ -7,13 +7,15 @@
 //!   stored alone is fetched whole, streamed into a temporary file and hashed on arrival (the
 //!   manifest records one digest per object: a reader sees none of its bytes before all of
 //!   them are verified).
-//! * **One fetch per object.** Every object of a unit in flight is registered; a demand read
-//!   of any of them waits for that unit ([`Flight`]) instead of starting another.
-//! * **Verified before seen.** Bytes become a local object (`objects/<aa>/<hash>-<tag>`, with
-//!   the metadata of the first file that uses it, exactly as a pull writes it) only after their
-//!   length and blake3 match the manifest; the object is hardlinked into the layer's `held/`
-//!   directory, which keeps it from gc and is what a reader opens. A later run (or the pull that
-//!   completes the layer) finds it there and never fetches it again.
+//! * **One fetch per object.** Every object of a unit in flight has a [`Flight`]; a demand
+//!   read of any of them waits for that flight instead of starting another, and each flight
+//!   ends as soon as its object is here (the object a reader asked for is stored first).
+//! * **Verified before seen.** Bytes are written (to a temporary file in the partial
+//!   directory, renamed to `held/<hex>`) only after their length and blake3 match the
+//!   manifest; `held/<hex>` is what a reader opens. Nothing goes into the store's `objects/`
+//!   while the layer is partial (so gc has nothing of it to race with): the pull that
+//!   completes the layer moves each held file into place as the store's object, with the
+//!   metadata of its files. A later run finds `held/` and never fetches an object twice.
 //! * **Classes.** Demand units start at once. One background task then replays the trace
 //!   (at most [`TRACE_UNITS`] units of [`TRACE_WINDOW`] bytes at once, also while a reader
 //!   waits: they are what the run opens next) and completes the layer (at most

@@ -44,7 +44,8 @@ use tree::Tree;
 
 /// `manifest.json` of a partial directory: the remote manifest as fetched.
 pub const MANIFEST: &str = "manifest.json";
-/// `held/` of a partial directory: a hardlink to each local object of the layer, by hex id.
+/// `held/` of a partial directory: the verified bytes of each object of the layer that is
+/// here, by hex id (a fetched file, or a link to a store object with those bytes).
 pub const HELD: &str = "held";
 /// `replay` of a partial directory: the access trace to replay (paths, one per line).
 pub const REPLAY: &str = "replay";
