@@ -5,7 +5,8 @@
 #   bash scripts/bench.sh [--quick] [--runs N]
 #                         [--impls native,kernel,fuse-overlayfs,layercache,layercache-pt,
 #                                  layercache-user,layercache-user-nouring]
-#                         [--only walk,readall,require,seqread,pagecache,copyup,fill,mount,store,tree,density]
+#                         [--only walk,readall,require,seqread,pagecache,copyup,fill,mount,store,tree,density,
+#                                 kinds]
 #                         [--tree N] [--worktree] [--no-build]
 #
 # Every cell is the median of N runs (default 5; --quick: 3 runs and a 100,000-entry tree), each
@@ -27,9 +28,16 @@
 # density = page cache held by N = 1, 4, 8 runs (mounts) of one layer, each reading its view
 # fully while the others hold theirs (caches dropped first, counted in a memory cgroup): the npm
 # tree alone, the npm tree + the 512 MiB file, and a layer of 6 x 48 MiB .so-like files + 4,000
-# small ones (generated once; two rounds, the larger sample kept); then, with 4 runs holding the npm + 512 MiB layer, the 512 MiB
+# small ones (generated once), a venv with numpy and pandas (python3 -m venv + pip, made once) and
+# the target dir of the cargo-app fixture after `cargo build` (made once); two rounds, the larger
+# sample kept; then, with 4 runs holding the npm + 512 MiB layer, the 512 MiB
 # file's first and warm read in a fresh run (median of 6). Ratios to native (one read of the
-# files; N bind mounts of the lower) and to kernel overlayfs.
+# files; N bind mounts of the lower) and to kernel overlayfs. Before pagecache and density count,
+# the daemons' executables and the libraries they load are read outside the counted cgroup: they
+# are shared by every run on the machine (the report gives their size), the layer's pages are not.
+# kinds = the first walk and the first read-all of each density layer on a fresh mount, right
+# after the same pass over the lower (its page cache warm), with the layer's files and bytes in
+# files of >= 1 MiB (what `run`'s passthrough `auto` decides from).
 # Ratios are to kernel overlayfs measured in the same run. layercache is built in release mode
 # from the committed HEAD (--worktree: from the working tree) and left out, with the reason
 # printed, while it does not build or mount. Needs root; installs fuse3, fuse-overlayfs, nodejs,
@@ -43,7 +51,7 @@ set -euo pipefail
 ARGS=("$@")
 RUNS=5 TREE_N=1000000 TMO=900 BUILD=1 BUILD_FROM="" QUICK=""
 IMPLS=(native kernel fuse-overlayfs layercache layercache-pt layercache-user)
-ALL_WORKLOADS="walk readall require seqread pagecache copyup fill mount store tree density"
+ALL_WORKLOADS="walk readall require seqread pagecache copyup fill mount store tree density kinds"
 WORKLOADS=$ALL_WORKLOADS
 while [ $# -gt 0 ]; do
   case $1 in
@@ -54,7 +62,7 @@ while [ $# -gt 0 ]; do
     --tree) TREE_N=$2; shift ;;
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
-    -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,46p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -182,6 +190,18 @@ pc_cgroup() {
   [ -f "/sys/fs/cgroup$path/memory.stat" ] && echo "/sys/fs/cgroup$path file"
 }
 
+# warm_daemons: reads the daemons' executables and the shared libraries they load into the page
+# cache (from outside a counting cgroup): one copy serves every run on the machine.
+DAEMON_BINS=("$LC_BIN" "$(command -v fuse-overlayfs || true)")
+warm_daemons() {
+  local f
+  for f in "${DAEMON_BINS[@]}"; do
+    [ -f "$f" ] || continue
+    cat "$f" >/dev/null
+    ldd "$f" 2>/dev/null | awk '$3 ~ /^\// { print $3 }' | xargs -r cat >/dev/null
+  done
+}
+
 # page cache: 4 fresh mounts of IMPL over the lower, each read fully, caches dropped first.
 # The mounts, their daemons and the readers run in a memory cgroup of their own, whose page
 # cache (memory.stat) is what they brought in — other work on the machine does not count; the
@@ -193,6 +213,7 @@ pagecache_run() {
     cg=$cg/lcbench-$$; rmdir "$cg" 2>/dev/null || true; mkdir "$cg"
   fi
   lc_drop_caches
+  warm_daemons
   kib=$(
     local before after ok=1
     if [ -n "${cg:-}" ]; then echo "$BASHPID" >"$cg/cgroup.procs"; fi
@@ -336,22 +357,83 @@ for d in range(100):
 EOF2
   touch "$SO_LOWER/.lc-ready"
 }
-# d_read SET MNT: reads what one run of layer SET reads (its whole view).
-d_read() {
+# A venv with numpy and pandas (PyPI), made once; a failure is logged and the set is left out.
+VENV_LOWER=$B/venv-lower
+venv_lower() {
+  [ -f "$VENV_LOWER/.lc-ready" ] && return 0
+  log "creating a venv with numpy and pandas in $VENV_LOWER (once)"
+  rm -rf "$VENV_LOWER" && mkdir -p "$VENV_LOWER"
+  python3 -m venv "$VENV_LOWER/venv" >&2 && "$VENV_LOWER/venv/bin/pip" install -q numpy pandas >&2 \
+    && touch "$VENV_LOWER/.lc-ready"
+}
+# The target dir of the cargo-app fixture after a debug `cargo build` (crates.io), made once.
+CARGO_LOWER=$B/cargo-lower
+cargo_lower() {
+  [ -f "$CARGO_LOWER/.lc-ready" ] && return 0
+  log "building the cargo-app fixture into $CARGO_LOWER/target (once)"
+  rm -rf "$CARGO_LOWER" && mkdir -p "$CARGO_LOWER"
+  cp -r "$LC_FIXTURES/cargo-app/." "$CARGO_LOWER/" \
+    && (cd "$CARGO_LOWER" && CARGO_TARGET_DIR=$CARGO_LOWER/target cargo build -q) >&2 \
+    && touch "$CARGO_LOWER/.lc-ready"
+}
+# The density sets whose lower could be made.
+d_sets() {
+  local set
+  for set in ${LAYERCACHE_DENSITY_SETS:-npm npmbig so venv cargo}; do
+    case $set in
+      so) so_lower ;;
+      venv) venv_lower || { log "no venv layer: left out"; continue; } ;;
+      cargo) cargo_lower || { log "no cargo target layer: left out"; continue; } ;;
+    esac
+    echo "$set"
+  done
+}
+# d_top SET: what one run of layer SET reads (its whole view), relative to the mount.
+d_top() {
   case $1 in
-    npm) tar -C "$2" -cf - node_modules | wc -c >/dev/null ;;
-    npmbig) tar -C "$2" -cf - node_modules big.bin | wc -c >/dev/null ;;
-    so) tar -C "$2" -cf - lib pkg | wc -c >/dev/null ;;
+    npm) echo node_modules ;;
+    npmbig) echo node_modules big.bin ;;
+    so) echo lib pkg ;;
+    venv) echo venv ;;
+    cargo) echo target ;;
   esac
 }
-d_lower() { if [ "$1" = so ]; then echo "$SO_LOWER"; else echo "$LC_LOWER"; fi; }
+# d_read SET MNT: reads what one run of layer SET reads.
+# shellcheck disable=SC2046 # d_top's words are the top entries
+d_read() { tar -C "$2" -cf - $(d_top "$1") | wc -c >/dev/null; }
+d_lower() {
+  case $1 in
+    so) echo "$SO_LOWER" ;;
+    venv) echo "$VENV_LOWER" ;;
+    cargo) echo "$CARGO_LOWER" ;;
+    *) echo "$LC_LOWER" ;;
+  esac
+}
+d_name() {
+  case $1 in
+    npm) echo "npm tree" ;;
+    npmbig) echo "npm tree + 512 MiB" ;;
+    so) echo "6 × 48 MiB .so + 4,000 small" ;;
+    venv) echo "venv (numpy, pandas)" ;;
+    cargo) echo "cargo target dir" ;;
+  esac
+}
+# d_counts SET: "FILES LARGE_BYTES" of what a run of SET reads (regular files; bytes in files of
+# >= 1 MiB), the two figures PassthroughChoice::decide takes from a layer's manifest.
+d_counts() {
+  local lower
+  lower=$(d_lower "$1")
+  # shellcheck disable=SC2046
+  (cd "$lower" && find $(d_top "$1") -type f -printf '%s\n') \
+    | awk '{ n++; if ($1 >= 1048576) l += $1 } END { printf "%d %d\n", n, l }'
+}
 # d_drop LOWER: drops the page cache until fincore shows less than 1 MiB of LOWER's big files
 # resident (one drop_caches can leave pages in place on a busy machine), at most 5 times.
 d_drop() {
   local t res
   for t in 1 2 3 4 5; do
     lc_drop_caches
-    res=$(find "$1" -maxdepth 2 -type f -size +1M -exec fincore --bytes --noheadings -o RES {} + | awk '{ s += $1 } END { print s + 0 }')
+    res=$(find "$1" -type f -size +1M -exec fincore --bytes --noheadings -o RES {} + | awk '{ s += $1 } END { print s + 0 }')
     [ "$res" -lt $((1 << 20)) ] && return 0
     log "after drop_caches $t: $((res >> 20)) MiB of $1 still resident"; sleep 1
   done
@@ -365,6 +447,7 @@ density_run() {
   read -r cg field <<<"$(pc_cgroup)"
   if [ -n "${cg:-}" ]; then cg=$cg/lcbench-$$; rmdir "$cg" 2>/dev/null || true; mkdir "$cg"; fi
   d_drop "$lower"
+  warm_daemons
   kib=$(
     ok=1
     if [ -n "${cg:-}" ]; then echo "$BASHPID" >"$cg/cgroup.procs"; fi
@@ -372,7 +455,7 @@ density_run() {
     for k in $(seq "$n"); do
       rm -rf "$r/d$k"
       if lc_mount "$i" "$lower" "$r/d$k/upper" "$r/d$k/work" "$r/d$k/mnt" 2>/dev/null; then
-        timeout "$TMO" bash -c "$(declare -f d_read); d_read $set $r/d$k/mnt" || ok=""
+        timeout "$TMO" bash -c "$(declare -f d_read d_top); d_read $set $r/d$k/mnt" || ok=""
       else ok=""; fi
     done
     after=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
@@ -404,8 +487,25 @@ density_run() {
   fi
 }
 
+# kinds_run SET IMPL: the first walk and the first read-all of layer SET on fresh mounts of IMPL,
+# each right after the same pass over the lower, into RES["kinds walk|read SET IMPL"].
+k_read() { timeout "$TMO" bash -c "$(declare -f d_read d_top); d_read $KSET $1"; }
+kinds_run() {
+  local lower
+  KSET=$1 lower=$(d_lower "$1")
+  w_walk "$lower" >/dev/null 2>&1 || true
+  if fresh "$2" "$lower"; then measure "kinds walk $1 $2" w_walk "$FRESH_MNT" || true
+  else FAIL["kinds walk $1 $2"]=$FAILED_MOUNT; fi
+  done_mount
+  k_read "$lower" >/dev/null 2>&1 || true
+  if fresh "$2" "$lower"; then measure "kinds read $1 $2" k_read "$FRESH_MNT" || true
+  else FAIL["kinds read $1 $2"]=$FAILED_MOUNT; fi
+  done_mount
+}
+
 # --- the runs --------------------------------------------------------------------------------
 log "implementations: ${IMPLS[*]}; workloads: $WORKLOADS; $RUNS runs each"
+if want density || want kinds; then mapfile -t D_SETS < <(d_sets); fi
 START=$(date +%s)
 for run in $(seq "$RUNS"); do
   for w in walk readall require seqread; do
@@ -423,13 +523,18 @@ for run in $(seq "$RUNS"); do
   fi
   if want fill; then log "run $run/$RUNS: fill"; for i in "${IMPLS[@]}"; do fill_run "$i"; done; fi
   if want store && has_impl layercache; then log "run $run/$RUNS: layercache store"; store_run "$run"; fi
+  if want kinds; then
+    for set in "${D_SETS[@]}"; do
+      log "run $run/$RUNS: first passes over the $set layer"
+      for i in "${IMPLS[@]}"; do kinds_run "$set" "$i"; done
+    done
+  fi
 done
 if want density; then
-  so_lower
   # Twice (LAYERCACHE_DENSITY_ROUNDS), the larger kept: a page another cgroup brought in (not
   # dropped, or read meanwhile) is not charged to ours, so a sample can only come out low.
   for rep in $(seq "${LAYERCACHE_DENSITY_ROUNDS:-2}"); do
-    for set in ${LAYERCACHE_DENSITY_SETS:-npm npmbig so}; do
+    for set in "${D_SETS[@]}"; do
       for n in ${LAYERCACHE_DENSITY_N:-1 4 8}; do
         log "density (round $rep): $set, $n runs"
         for i in "${IMPLS[@]}"; do
@@ -482,7 +587,7 @@ row() { # LABEL KEY-PREFIX TARGET
   hdr="| workload |" sep="|---|"
   for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
   if has_impl layercache; then hdr+=" layercache target |"; sep+="---|"; fi
-  [ "$WORKLOADS" = density ] || { echo "$hdr"; echo "$sep"; }
+  for w in walk readall require seqread pagecache copyup fill mount tree; do want "$w" && { echo "$hdr"; echo "$sep"; break; }; done
   for w in walk readall require seqread; do
     want "$w" || continue
     case $w in
@@ -525,9 +630,9 @@ row() { # LABEL KEY-PREFIX TARGET
     hdr="| layer | N |" sep="|---|---|"
     for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
     echo "$hdr"; echo "$sep"
-    for set in npm npmbig so; do
-      case $set in npm) sn="npm tree" ;; npmbig) sn="npm tree + 512 MiB" ;; so) sn="6 × 48 MiB .so + 4,000 small" ;; esac
-      for n in 1 4 8; do
+    for set in "${D_SETS[@]}"; do
+      sn=$(d_name "$set")
+      for n in ${LAYERCACHE_DENSITY_N:-1 4 8}; do
         line="| $sn | $n |"
         nat=$(d_max "density $set 1 native")
         ker=$(d_max "density $set $n kernel")
@@ -544,17 +649,45 @@ row() { # LABEL KEY-PREFIX TARGET
         echo "$line"
       done
     done
+    if [[ " ${D_SETS[*]} " == *" npmbig "* ]]; then
+      echo
+      echo "512 MiB file in a fresh run while 4 runs hold the npm tree + 512 MiB layer (median of 3 per round; ratio to kernel overlayfs):"
+      echo
+      hdr="| read |" sep="|---|"
+      for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
+      echo "$hdr"; echo "$sep"
+      for p in first warm; do
+        line="| 512 MiB, $p |"
+        for i in "${IMPLS[@]}"; do line+=" $(cell "dbig $p" "$i") |"; done
+        echo "$line"
+      done
+    fi
     echo
-    echo "512 MiB file in a fresh run while 4 runs hold the npm tree + 512 MiB layer (median of 3 per round; ratio to kernel overlayfs):"
+  fi
+  if want kinds; then
     echo
-    hdr="| read |" sep="|---|"
+    echo "first passes over each layer kind on a fresh mount, the lower's page cache warm (median of $RUNS, implementations interleaved; ratio to kernel overlayfs):"
+    echo
+    hdr="| layer | files | bytes in files ≥ 1 MiB | pass |" sep="|---|---|---|---|"
     for i in "${IMPLS[@]}"; do hdr+=" ${LABEL[$i]} |"; sep+="---|"; done
     echo "$hdr"; echo "$sep"
-    for p in first warm; do
-      line="| 512 MiB, $p |"
-      for i in "${IMPLS[@]}"; do line+=" $(cell "dbig $p" "$i") |"; done
-      echo "$line"
+    for set in "${D_SETS[@]}"; do
+      read -r files large <<<"$(d_counts "$set")"
+      for p in walk read; do
+        line="| $(d_name "$set") | $files | $((large >> 20)) MiB | first $p |"
+        for i in "${IMPLS[@]}"; do line+=" $(cell "kinds $p $set" "$i") |"; done
+        echo "$line"
+      done
     done
+    echo
+  fi
+  if want pagecache || want density; then
+    line="daemon executables and their libraries, read into the page cache before each count outside the counted cgroup:"
+    for f in "${DAEMON_BINS[@]}"; do
+      [ -f "$f" ] || continue
+      line+=" $(basename "$f") $(stat -c %s "$f" | awk '{ printf "%.1f", $1 / 1048576 }') MiB"
+    done
+    echo "$line"
     echo
   fi
   want copyup && row "copy-up (append 1 byte to 512 MiB)" copyup ""
