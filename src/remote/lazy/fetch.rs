@@ -414,6 +414,18 @@ impl Shared {
             flights.insert(u, Flight::new());
         }
         let mine = flights[&o].clone();
+        // Read-ahead: a reader's next files are usually the pack's next ones (a package's
+        // other modules; packs hold files in path order), and every byte is fetched once the
+        // layer completes anyway: the window after this one starts too.
+        let ahead = match (class, self.loc[*unit.last().expect("never empty") as usize]) {
+            (Class::Demand, Loc::Packed { pack, pos, .. }) => {
+                let list = &self.packs[pack as usize].1;
+                list.get(pos as usize + 1).copied().filter(|&n| {
+                    self.state[n as usize].load(Relaxed) != LOCAL && !flights.contains_key(&n)
+                })
+            }
+            _ => None,
+        };
         drop(flights);
         let counter = match class {
             Class::Demand => &self.demand,
@@ -449,6 +461,9 @@ impl Shared {
             }
             .fetch_sub(1, Relaxed);
         });
+        if let Some(n) = ahead {
+            self.join_or_start(n, window, Class::Background);
+        }
         Some(mine)
     }
 
