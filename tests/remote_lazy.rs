@@ -708,8 +708,6 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
 /// fetch that makes no progress (docs/remote.md: "a demand read that gets no byte for …"), not
 /// on a transfer that does.
 #[test]
-#[ignore = "fails: a GET of an object stored alone is cut by the remote's 30 s request timeout \
-            however steadily it arrives; the reader gets EIO (src/remote/lazy/fetch.rs stream_to)"]
 fn a_slow_but_steady_fetch_is_not_cut_off() {
     if !ready() {
         return;
