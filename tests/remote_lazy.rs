@@ -399,7 +399,8 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
         done.contains("the layer is complete and now local"),
         "{done}"
     );
-    // The content came as ranged reads of the pack and one GET of the big object.
+    // The content came as ranged reads of the pack and the big object (6 MiB) in two ranged
+    // GETs of at most 4 MiB.
     let log = link.log();
     let gets = |what: &str| {
         log.iter()
@@ -412,7 +413,13 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
             && r["range"].is_string()),
         "no ranged pack read: {log:?}"
     );
-    assert_eq!(gets("/objects/"), 1, "{log:?}");
+    assert_eq!(gets("/objects/"), 2, "{log:?}");
+    assert!(
+        log.iter()
+            .filter(|r| r["path"].as_str().unwrap().contains("/objects/"))
+            .all(|r| r["range"].is_string() && r["bytes"].as_u64() <= Some(4 << 20)),
+        "{log:?}"
+    );
 
     assert_store_verifies(&b);
     let b_layer = only_layer(&b);
