@@ -10,11 +10,11 @@ use std::time::SystemTime;
 
 use fuser::{Errno, FileAttr, TimeOrNow};
 
-use super::fs::{OpResult, OverlayFs, Resolved, TTL, errno};
-use super::inode::{Backing, Loc, orphan_name};
-use super::privs::{self, Caller};
-use super::stack::{Kind, Tree};
-use super::whiteout;
+use super::{OpResult, OverlayFs, Resolved, TTL, errno};
+use crate::overlay::inode::{Backing, Loc, orphan_name};
+use crate::overlay::privs::{self, Caller};
+use crate::overlay::stack::{Kind, Tree};
+use crate::overlay::whiteout;
 use crate::sys::{child, cstr};
 
 /// What becomes of the upper entry of a file whose name leaves the merged view (see
@@ -866,7 +866,7 @@ impl OverlayFs {
     /// through another kernel inode, so the fds still open on it ask every time; none either
     /// while a passthrough open for writing is outstanding, whose writes through a shared
     /// mapping change mtime and ctime behind the kernel's cache
-    /// ([`Passthrough::has_writer`](super::passthrough::Passthrough::has_writer)).
+    /// ([`Passthrough::has_writer`](crate::overlay::passthrough::Passthrough::has_writer)).
     pub(super) fn attr_ttl(&self, id: u64) -> std::time::Duration {
         if self.nodes.successor(id).is_some() || self.pt.has_writer(id) {
             std::time::Duration::ZERO

@@ -20,12 +20,12 @@ use fuser::{
 };
 
 use super::attrs::{AttrChange, XattrReply};
-use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
-use super::inode::{Backing, ROOT};
 use super::ops::NewEntry;
-use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
-use super::privs::{self, Caller};
-use super::stack::{DirFds, Kind};
+use super::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
+use crate::overlay::inode::{Backing, ROOT};
+use crate::overlay::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
+use crate::overlay::privs::{self, Caller};
+use crate::overlay::stack::{DirFds, Kind};
 
 /// Runs `f`, the work of FUSE operation `op` on node `node`, inside a debug-level span named
 /// `fuse` (fields `op`, `node`) and ends it with an event giving the errno (0 for success) and
@@ -168,9 +168,9 @@ impl OverlayFs {
 
     fn statfs_op(&self) -> OpResult<libc::statvfs> {
         let tree = if self.stack.has_upper() {
-            super::stack::Tree::Upper
+            crate::overlay::stack::Tree::Upper
         } else {
-            super::stack::Tree::Lower(0)
+            crate::overlay::stack::Tree::Lower(0)
         };
         self.stack.statvfs(tree).map_err(errno)
     }
@@ -559,7 +559,7 @@ impl fuser::Filesystem for OverlayFs {
             };
             let mut res = Ok(());
             reply.data_with(size as usize, |buf| {
-                let r = super::fs::read_into(&f, offset, buf);
+                let r = super::read_into(&f, offset, buf);
                 res = r.map(drop);
                 r
             });

@@ -2,6 +2,13 @@
 //! operation as a method returning `Result<_, Errno>`; `fuse.rs`-style glue lives in
 //! `handlers.rs`.
 
+mod attrs;
+mod copy_up;
+mod data_ops;
+mod fhandle;
+mod handlers;
+mod ops;
+
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
@@ -13,17 +20,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{Errno, FileAttr, FileType};
 use parking_lot::{Mutex, RwLock};
 
-use super::OverlayConfig;
-use super::dir::{Listing, Listings};
-use super::errno::to_errno;
-use super::fdcache::{CopyLocks, FdCache};
-use super::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
-use super::links::{LinkGroups, Links};
-use super::passthrough::Passthrough;
-use super::policy::MountPolicy;
-use super::removed::Removed;
-use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
+use crate::overlay::OverlayConfig;
+use crate::overlay::dir::{Listing, Listings};
+use crate::overlay::errno::to_errno;
+use crate::overlay::fdcache::{CopyLocks, FdCache};
+use crate::overlay::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
+use crate::overlay::links::{LinkGroups, Links};
+use crate::overlay::passthrough::Passthrough;
+use crate::overlay::policy::MountPolicy;
+use crate::overlay::removed::Removed;
+use crate::overlay::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::sys::child;
 
 /// How long the kernel may cache entries and attributes. Long: the lower layers are immutable
@@ -87,7 +94,7 @@ pub struct OverlayFs {
     pub(super) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// The node index this mount keeps in its workdir so file handles survive a remount
     /// (`node_index.rs`); `None` for mounts that keep none.
-    pub(super) journal: Option<super::node_index::Journal>,
+    pub(super) journal: Option<crate::overlay::node_index::Journal>,
 }
 
 /// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
@@ -228,7 +235,8 @@ impl OverlayFs {
             })?;
             let fs = OverlayFs::with_stack(cfg, stack)?;
             if !cfg.has_upper() {
-                fs.nodes.update(super::inode::ROOT, |n| n.upper = false);
+                fs.nodes
+                    .update(crate::overlay::inode::ROOT, |n| n.upper = false);
             }
             return Ok(fs);
         }
@@ -402,7 +410,7 @@ impl OverlayFs {
     }
 
     /// Resolves `name` in directory node `parent` (as [`Self::dir`] found it: `pdir`) across
-    /// the layers ([`Stack::lookup`]) and gives it its node id (see [`super::inode`]).
+    /// the layers ([`Stack::lookup`]) and gives it its node id (see [`crate::overlay::inode`]).
     /// `Ok(None)` when the name does not exist in the merged view (absent or whited out).
     ///
     /// Errors: `ENAMETOOLONG`, or the errno of reading a layer.
@@ -451,7 +459,7 @@ impl OverlayFs {
     }
 
     /// Gives the entry `e` found at `name` in directory node `parent` its node id (see
-    /// [`super::inode`]) and the identity it shows; `path` builds its path relative to the layer
+    /// [`crate::overlay::inode`]) and the identity it shows; `path` builds its path relative to the layer
     /// roots, needed only for a multiply-linked lower file.
     fn identify(
         &self,
@@ -584,7 +592,7 @@ impl OverlayFs {
     /// Records one more kernel reference to node `id` and returns its attributes: a node in
     /// the table must be attached; a forgotten one is resolved again at its parked name
     /// (its parent revived the same way) and must resolve to `id`. Either way the node then
-    /// holds a lookup of its parent ([`Node::pin`](super::inode::Node::pin)), revived the
+    /// holds a lookup of its parent ([`Node::pin`](crate::overlay::inode::Node::pin)), revived the
     /// same way, since the kernel's dentry of it has no parent to hold one.
     ///
     /// Errors: as [`Self::lookup_self`].

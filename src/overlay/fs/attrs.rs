@@ -8,11 +8,11 @@ use std::ffi::{CStr, CString, OsStr};
 
 use fuser::{Errno, FileAttr, TimeOrNow};
 
-use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::Backing;
 use super::ops::timespec;
-use super::stack::{Kind, Tree};
-use super::whiteout;
+use super::{OpResult, OverlayFs, errno};
+use crate::overlay::inode::Backing;
+use crate::overlay::stack::{Kind, Tree};
+use crate::overlay::whiteout;
 use crate::sys::{FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, Xattrs, cstr};
 
 /// What a SETATTR changes (each `None` is left alone): permission bits and file type bits as

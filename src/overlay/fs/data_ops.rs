@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use fuser::Errno;
 
-use super::fs::{OpResult, OverlayFs, errno};
-use super::passthrough::{FileKey, OpenMode};
-use super::stack::Tree;
+use super::{OpResult, OverlayFs, errno};
+use crate::overlay::passthrough::{FileKey, OpenMode};
+use crate::overlay::stack::Tree;
 
 impl OverlayFs {
     /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
-    /// A lower file is opened with `O_NOATIME` ([`super::stack::Stack::open`]): reading
+    /// A lower file is opened with `O_NOATIME` ([`crate::overlay::stack::Stack::open`]): reading
     /// through the mount never writes the read-only layer's inodes.
     ///
     /// A copy-up that completes while a lower file is being opened here wins: the lower fd is

@@ -15,10 +15,10 @@ use std::path::Path;
 
 use fuser::Errno;
 
-use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Backing, Loc, orphan_name};
-use super::stack::{Kind, Stack, Tree, top_lower};
-use super::whiteout;
+use super::{OpResult, OverlayFs, errno};
+use crate::overlay::inode::{Backing, Loc, orphan_name};
+use crate::overlay::stack::{Kind, Stack, Tree, top_lower};
+use crate::overlay::whiteout;
 use crate::sys::{self, Xattrs, child, cstr};
 
 /// Where copy-up reads the xattrs it copies: an open file or directory ([`Xattrs`]), or a
@@ -354,7 +354,7 @@ impl OverlayFs {
     /// Copy-up by re-lookup (`passthrough.rs`): lower file `id`, held open by the kernel
     /// through passthrough to the lower file, gets its copy (staged at `tmp` from `path`, stat
     /// `st`) under a **new** node id, which its name now resolves to and which shows `id` as
-    /// its `st_ino`; `id` follows the copy from now on ([`super::inode::Nodes::supersede`]).
+    /// its `st_ino`; `id` follows the copy from now on ([`crate::overlay::inode::Nodes::supersede`]).
     /// The kernel inode of `id` keeps its lower backing: no backing ever changes under an
     /// open file. An OPEN of `id` is answered `ESTALE` from now on, so the kernel looks the
     /// name up again and opens the copy. Caller holds `ns` and `id`'s copy-up lock.
