@@ -14,15 +14,18 @@
 //! explicit `-o passthrough`, which is refused.
 
 mod daemon;
+mod data;
 mod dir;
 pub mod errno;
 mod fdcache;
 mod fs;
 pub mod fusermount;
 mod inode;
+mod kernel;
 mod layer;
 pub mod links;
 mod mount;
+mod names;
 mod node_index;
 pub mod options;
 mod passthrough;
