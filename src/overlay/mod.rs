@@ -14,7 +14,6 @@
 //! explicit `-o passthrough`, which is refused.
 
 mod daemon;
-mod data;
 mod dir;
 pub mod errno;
 mod fdcache;
@@ -26,6 +25,7 @@ mod layer;
 pub mod links;
 mod mount;
 mod names;
+mod node_data;
 mod node_index;
 pub mod options;
 mod passthrough;

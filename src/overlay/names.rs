@@ -353,17 +353,20 @@ impl Names {
     /// orphan becomes due for removal ([`Self::take_due_orphans`]). `freed` is called with
     /// each freed node id, with no lock held.
     pub fn forget(&self, id: u64, n: u64, mut freed: impl FnMut(u64)) {
-        let mut work = vec![(id, n)];
-        while let Some((id, n)) = work.pop() {
+        // Nodes still to forget (a pinned parent, a copy): allocated only when there are any,
+        // so a plain FORGET allocates nothing.
+        let mut more = Vec::new();
+        let mut next = Some((id, n));
+        while let Some((id, n)) = next.take().or_else(|| more.pop()) {
             let Some(node) = self.nodes.forget(id, n) else {
                 continue;
             };
             if node.pin != 0 {
-                work.push((node.pin, 1));
+                more.push((node.pin, 1));
             }
             if node.succ != 0 {
                 // The daemon's own reference to the copy that superseded it.
-                work.push((node.succ, 1));
+                more.push((node.succ, 1));
             }
             self.nodes.shrink_if_sparse();
             if node.loc == Loc::Gone {

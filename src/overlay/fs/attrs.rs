@@ -155,7 +155,8 @@ impl OverlayFs {
     /// or append-only victim. The upper filesystem applies the same rules when the daemon
     /// removes there, but an RMDIR's merged emptiness check comes first and would answer
     /// `ENOTEMPTY` instead (xfstests generic/079). Inode flags live only on upper files (a
-    /// flags change copies up), so nodes without one pass. Caller holds the namespace ([`Names::shared`](crate::overlay::names::Names::shared)).
+    /// flags change copies up), so nodes without one pass. Caller holds the namespace
+    /// (`Names::shared`).
     ///
     /// Errors: `EACCES`, `EPERM`, `ENOENT` for a node that is gone, or the errno of opening
     /// an upper file.
@@ -176,7 +177,7 @@ impl OverlayFs {
 
     /// Node `id`'s inode flags as its upper file has them (`FS_IOC_GETFLAGS`); 0 for a node
     /// without an upper file, a node that is neither a file nor a directory, or an upper
-    /// filesystem without inode flags. Caller holds the namespace ([`Names::shared`](crate::overlay::names::Names::shared)).
+    /// filesystem without inode flags. Caller holds the namespace (`Names::shared`).
     ///
     /// Errors: `ENOENT` for a node that is gone, or the errno of opening the upper file.
     fn upper_inode_flags(&self, id: u64) -> OpResult<u32> {

@@ -260,7 +260,7 @@ impl OverlayFs {
     }
 
     /// Makes sure directory node `id` and all its ancestors exist in the upper dir (metadata
-    /// copy-up of lower directories). Caller holds the namespace ([`Names::shared`](crate::overlay::names::Names::shared)).
+    /// copy-up of lower directories). Caller holds the namespace (`Names::shared`).
     pub(super) fn ensure_upper_dir(&self, id: u64) -> OpResult<()> {
         for d in self.names.missing_upper_dirs(id)? {
             let _c = self.data.copy_lock(d);
@@ -285,7 +285,8 @@ impl OverlayFs {
     }
 
     /// Copies node `id` up if it is not in the upper dir yet (regular files: bytes up to
-    /// `limit`, for a truncate that would discard the rest). Caller holds the namespace ([`Names::shared`](crate::overlay::names::Names::shared)).
+    /// `limit`, for a truncate that would discard the rest). Caller holds the namespace
+    /// (`Names::shared`).
     ///
     /// Errors: `ENOENT` for a node that is gone; the errno of a failed copy (nothing is left
     /// half-copied in the upper dir).
@@ -341,10 +342,11 @@ impl OverlayFs {
     /// Copy-up by re-lookup (`passthrough.rs`): lower file `id`, held open by the kernel
     /// through passthrough to the lower file, gets its copy (staged at `tmp` from `path`, stat
     /// `st`) under a **new** node id, which its name now resolves to and which shows `id` as
-    /// its `st_ino`; `id` follows the copy from now on ([`crate::overlay::inode::Nodes::supersede`]).
+    /// its `st_ino`; `id` follows the copy from now on (`Nodes::supersede`).
     /// The kernel inode of `id` keeps its lower backing: no backing ever changes under an
     /// open file. An OPEN of `id` is answered `ESTALE` from now on, so the kernel looks the
-    /// name up again and opens the copy. Caller holds the namespace ([`Names::shared`](crate::overlay::names::Names::shared)) and `id`'s copy-up lock.
+    /// name up again and opens the copy. Caller holds the namespace (`Names::shared`) and `id`'s
+    /// copy-up lock.
     ///
     /// Errors: the errno of publishing the copy (then nothing changed).
     fn supersede(&self, id: u64, tmp: &CStr, path: &CStr, st: &libc::stat) -> OpResult<()> {

@@ -1,5 +1,5 @@
 //! The engine's operations on a node's data: where the names part locates it, opened through
-//! the data part (`data.rs`: the fd cache, the copy-up locks, passthrough) — OPEN (passthrough
+//! the data part (`node_data.rs`: the fd cache, the copy-up locks, passthrough) — OPEN (passthrough
 //! or cached, `passthrough.rs`), READ's file, WRITE, and the inode-flags check of an OPEN for
 //! writing.
 
@@ -16,7 +16,7 @@ use crate::overlay::stack::Tree;
 
 impl OverlayFs {
     /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first),
-    /// from the data part ([`Data::fd`](crate::overlay::data::Data::fd)), which opens it where
+    /// from the data part ([`Data::fd`](crate::overlay::node_data::Data::fd)), which opens it where
     /// the names part locates it when none is cached. A lower file is opened with `O_NOATIME`
     /// ([`crate::overlay::stack::Stack::open`]): reading through the mount never writes the
     /// read-only layer's inodes.
@@ -143,7 +143,7 @@ impl OverlayFs {
 
     /// The check of [`Self::check_open_for_write`]: node `id`'s upper file opened with the
     /// access mode and `O_APPEND` bit of `flags`, `None` when the node has no upper file.
-    /// Caller holds the namespace ([`Names::shared`](crate::overlay::names::Names::shared)).
+    /// Caller holds the namespace (`Names::shared`).
     ///
     /// Errors: `ENOENT` for a node that is gone, or the open's errno.
     fn open_upper_as(&self, id: u64, flags: i32) -> OpResult<Option<File>> {

@@ -30,7 +30,7 @@ impl OverlayFs {
 
     /// At mount (before serving): takes the workdir's index lock and reads its node index,
     /// continues the mount that wrote it when it was of these layers, with the entries still
-    /// true ([`Nodes::restore`](crate::overlay::inode::Nodes::restore)), and writes the journal of this
+    /// true (`Nodes::restore`), and writes the journal of this
     /// mount (those entries, a new reservation). Without the lock (another daemon holds it
     /// past [`LOCK_WAIT`]) the mount keeps no index; when its journal cannot be written, the
     /// old one is removed and the mount starts afresh (new generation) without one. Never
@@ -150,7 +150,7 @@ impl OverlayFs {
         kept
     }
 
-    /// After [`Nodes::remember`](crate::overlay::inode::Nodes::remember) gave the kernel node `id` the
+    /// After `Nodes::remember` gave the kernel node `id` the
     /// name `name` in directory `parent` (whose path relative to the layer roots is `ppath`):
     /// reserves counter ids, and records the node when the name is new to it. `upper_st` is
     /// the `stat` of its upper inode when it is kept in the upper dir (the one the lookup just

@@ -1,5 +1,5 @@
 //! The overlay engine: [`OverlayFs`], the parts of a mount as private fields — the layer
-//! stack (`stack.rs`), the names (`names.rs`), the data (`data.rs`), the policy (`policy.rs`)
+//! stack (`stack.rs`), the names (`names.rs`), the data (`node_data.rs`), the policy (`policy.rs`)
 //! and the kernel side (`kernel.rs`) — and every filesystem operation that needs more than one
 //! of them, as a method returning `Result<_, Errno>`. This file: opening a mount, resolving a
 //! name across the layers, attributes. Its children: namespace operations (`ops.rs`), copy-up
@@ -26,13 +26,13 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::overlay::OverlayConfig;
-use crate::overlay::data::Data;
 use crate::overlay::dir::Listing;
 use crate::overlay::errno::{OpResult, errno};
 use crate::overlay::inode::{Backing, ORPHANS, ROOT};
 use crate::overlay::kernel::Kernel;
 use crate::overlay::links::Links;
 use crate::overlay::names::{Names, Relookup, Resolved};
+use crate::overlay::node_data::Data;
 use crate::overlay::policy::MountPolicy;
 use crate::overlay::stack::{DirFds, Entry, Stack, Tree};
 use crate::sys::child;

@@ -709,7 +709,7 @@ impl OverlayFs {
         res
     }
 
-    /// Keeps the books after `id` moved to (`newparent`, `newname`) ([`Names::moved`](crate::overlay::names::Names::moved)): it and
+    /// Keeps the books after `id` moved to (`newparent`, `newname`) (`Names::moved`): it and
     /// everything below it now live only in the upper dir, so their cached fds go; the parent
     /// lookup it gave up is forgotten, and the node index records it.
     fn moved(&self, id: u64, kind: Kind, newparent: u64, newname: &OsStr) {
@@ -728,7 +728,7 @@ impl OverlayFs {
     }
 
     /// Called when the kernel drops `n` references to `id`: frees each node that leaves the
-    /// table ([`Names::forget`](crate::overlay::names::Names::forget)) and its cached fd and backing.
+    /// table (`Names::forget`) and its cached fd and backing.
     pub fn forget(&self, id: u64, n: u64) {
         self.names.forget(id, n, |gone| self.data.forget(gone));
     }
