@@ -1,5 +1,6 @@
 //! Directory listings for the stateless readdir: a directory's merged names (from
 //! [`Stack::merged_names`](super::stack::Stack::merged_names)) kept while the kernel holds it.
+//! Inside the names part (`names.rs`), which alone uses them.
 //!
 //! The kernel is told not to open directories (opendir answers ENOSYS), so readdir is
 //! stateless: offsets index a per-directory listing kept while the kernel holds the directory.

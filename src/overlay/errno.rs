@@ -2,6 +2,14 @@
 
 use fuser::Errno;
 
+/// Result type of the engine's operations: an errno for the kernel on failure.
+pub(crate) type OpResult<T> = std::result::Result<T, Errno>;
+
+/// [`to_errno`] of an owned error (for `map_err`).
+pub(crate) fn errno(e: std::io::Error) -> Errno {
+    to_errno(&e)
+}
+
 /// Maps an `io::Error` to the errno sent to the kernel. An error without an OS code (a bug or
 /// a library error) becomes `EIO` and is logged, so it is never silently misreported.
 pub fn to_errno(err: &std::io::Error) -> Errno {

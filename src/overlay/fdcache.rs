@@ -1,6 +1,6 @@
-//! The fd cache and the copy-up locks of the overlay engine's data part (`data.rs` holds the
-//! operations that use them): [`FdCache`], each node's open data file, and [`CopyLocks`], one
-//! copy-up of a node at a time. Types with private fields and no knowledge of the engine.
+//! The fd cache and the copy-up locks inside the overlay engine's data part (`node_data.rs`, which
+//! alone uses them): [`FdCache`], each node's open data file, and [`CopyLocks`], one copy-up of
+//! a node at a time. Types with private fields and no knowledge of the engine.
 
 use std::fs::File;
 use std::io;

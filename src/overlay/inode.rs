@@ -1,7 +1,9 @@
 //! The node table: FUSE node ids, their lookup counts and where each node lives in the layers.
+//! Inside the names part (`names.rs`), which alone uses it ([`Backing`], what it locates, goes
+//! out to the engine).
 //!
 //! Node ids are the `st_ino` a name shows except for lower files with several links (which show
-//! the lower inode's identity or their recorded link group's, `OverlayFs::shown`), so they must
+//! the lower inode's identity or their recorded link group's, `Names::shown`), so they must
 //! be stable for the life of the mount and survive copy-up. They are derived from the identity
 //! of what a name refers to ([`IdKey`]):
 //! * a lower directory, or a lower non-directory with one link: `(lower layer + 1) << 56 | ino`
@@ -28,7 +30,7 @@
 //! (and LOOKUP(id, "..") to connect a directory), so a node the kernel forgets is not
 //! forgotten here: its name, (parent id, name), is parked ([`Nodes::parked`]) — up to
 //! [`PARKED_MAX`] of them, the least recently parked dropped first — and found again from there
-//! (`OverlayFs::revive`), which checks that the name still resolves to the same id.
+//! (`OverlayFs::revive` in `fs/mod.rs`), which checks that the name still resolves to the same id.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};

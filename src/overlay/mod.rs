@@ -13,23 +13,20 @@
 //! xattrs) checks for it ([`crate::sys::init_ns_admin`]) and falls back silently, except an
 //! explicit `-o passthrough`, which is refused.
 
-mod attrs;
-mod copy_up;
 mod daemon;
-mod data;
 mod dir;
 pub mod errno;
 mod fdcache;
-mod fhandle;
 mod fs;
 pub mod fusermount;
-mod handlers;
 mod inode;
+mod kernel;
 mod layer;
 pub mod links;
 mod mount;
+mod names;
+mod node_data;
 mod node_index;
-mod ops;
 pub mod options;
 mod passthrough;
 mod policy;

@@ -226,7 +226,7 @@ impl Passthrough {
     /// passthrough file dirties the backing file's pages and moves the backing inode's mtime
     /// and ctime, and no request tells the FUSE inode (fs/fuse/passthrough.c maps the backing
     /// file; only write(2) invalidates the attributes). Its attributes are then sent with no
-    /// TTL ([`super::OverlayFs::attr_ttl`]), as kernel overlayfs's stat shows the upper
+    /// TTL (the engine's `attr_ttl`, `fs/ops.rs`), as kernel overlayfs's stat shows the upper
     /// inode's (xfstests generic/080, 215).
     pub fn has_writer(&self, id: u64) -> bool {
         if self.writers.load(Ordering::Acquire) == 0 {

@@ -3,7 +3,7 @@
 //! ownership a run as another user sees (`squash_to_uid`/`squash_to_gid`), and how each lower
 //! shows its hard links (`links.rs`). Fixed at mount; private fields, read through methods.
 
-use fuser::FileAttr;
+use fuser::{FileAttr, FopenFlags};
 
 use super::links::Links;
 use super::options::Squash;
@@ -45,6 +45,18 @@ impl MountPolicy {
     /// update from the kernel itself (fs/fuse/inode.c `fuse_iget` sets `S_NOATIME`).
     pub fn strict_atime(&self) -> bool {
         self.strict_atime
+    }
+
+    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
+    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
+    /// reader's first read reaches the daemon and updates the upper file's atime; no open
+    /// has anything to flush (`FOPEN_NOFLUSH`).
+    pub fn cached_open_flags(&self) -> FopenFlags {
+        if self.strict_atime {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
+        }
     }
 
     /// Whether the mount maps ownership (`squash_to_uid` or `squash_to_gid` set).

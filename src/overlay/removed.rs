@@ -2,8 +2,8 @@
 //! `<workdir>/orphans/<id>` for their open fds (orphans), the orphans it forgot (removed by
 //! the next request a process waits for, `OverlayFs::reap_orphans`), and removed directories
 //! it still holds (an open fd, a process's cwd), with the attributes they had at removal.
-//! One part of the engine with private fields; `ops.rs` decides when a name becomes one of
-//! these and `fs.rs`/`attrs.rs` answer for them.
+//! A type with private fields inside the names part (`names.rs`), which alone uses it; the
+//! engine's `fs/ops.rs` decides when a name becomes one of these.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

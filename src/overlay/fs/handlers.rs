@@ -1,5 +1,6 @@
 //! `fuser::Filesystem` for [`OverlayFs`]: every handler is a thin call into an engine
-//! operation that returns `Result<_, Errno>`.
+//! operation that returns `Result<_, Errno>`, or into a part (`self.names`, `self.data`,
+//! `self.policy`, `self.stack`, `self.kernel`) when one part answers alone.
 //!
 //! Kernel caching setup (docs/PERFORMANCE.md and docs/overlay.md): long entry/attr TTLs,
 //! negative entries cached, readdirplus for every readdir, parallel directory operations,
@@ -20,12 +21,12 @@ use fuser::{
 };
 
 use super::attrs::{AttrChange, XattrReply};
-use super::fs::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
-use super::inode::{Backing, ROOT};
 use super::ops::NewEntry;
-use super::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
-use super::privs::{self, Caller};
-use super::stack::{DirFds, Kind};
+use super::{OpResult, OverlayFs, TTL, attr_from_stat, errno};
+use crate::overlay::inode::{Backing, ROOT};
+use crate::overlay::passthrough::{FH_CACHED, FH_PASSTHROUGH, OpenMode};
+use crate::overlay::privs::{self, Caller};
+use crate::overlay::stack::{DirFds, Kind, Tree};
 
 /// Runs `f`, the work of FUSE operation `op` on node `node`, inside a debug-level span named
 /// `fuse` (fields `op`, `node`) and ends it with an event giving the errno (0 for success) and
@@ -116,13 +117,13 @@ impl OverlayFs {
     /// recorded): cached, or in passthrough mode its backing registered through `reply`.
     /// On failure the reference is given back.
     fn open_created(&self, a: FileAttr, reply: &ReplyCreate) -> OpResult<(FileAttr, OpenMode)> {
-        if !self.pt.on() {
+        if !self.data.passthrough_on() {
             return Ok((a, OpenMode::Cached));
         }
         match self.open_node(a.ino.0, true, None, |f| reply.open_backing(f)) {
             Ok(m) => Ok((a, m)),
             Err(e) => {
-                self.nodes.unremember(a.ino.0);
+                self.names.unremember(a.ino.0);
                 Err(e)
             }
         }
@@ -134,45 +135,25 @@ impl OverlayFs {
             Ok((a, OpenMode::Passthrough(b))) => reply.created_passthrough(
                 &TTL,
                 &a,
-                self.generation(),
+                self.names.generation(),
                 FileHandle(FH_PASSTHROUGH),
                 FopenFlags::FOPEN_NOFLUSH,
                 &b,
             ),
             Ok((a, OpenMode::Busy)) => {
                 // A new file has no readers: cannot happen; undo the lookup the reply carried.
-                self.nodes.unremember(a.ino.0);
+                self.names.unremember(a.ino.0);
                 reply.error(Errno::ETXTBSY)
             }
             Ok((a, OpenMode::Cached)) => reply.created(
                 &TTL,
                 &a,
-                self.generation(),
+                self.names.generation(),
                 FileHandle(FH_CACHED),
-                self.cached_open_flags(),
+                self.policy.cached_open_flags(),
             ),
             Err(e) => reply.error(e),
         }
-    }
-
-    /// The flags of a cached (not passthrough) open: the page cache is kept across opens
-    /// (`FOPEN_KEEP_CACHE`), except under `strictatime`, where each open drops it so that a
-    /// reader's first read reaches the daemon and updates the upper file's atime.
-    fn cached_open_flags(&self) -> FopenFlags {
-        if self.policy.strict_atime() {
-            FopenFlags::FOPEN_NOFLUSH
-        } else {
-            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
-        }
-    }
-
-    fn statfs_op(&self) -> OpResult<libc::statvfs> {
-        let tree = if self.stack.has_upper() {
-            super::stack::Tree::Upper
-        } else {
-            super::stack::Tree::Lower(0)
-        };
-        self.stack.statvfs(tree).map_err(errno)
     }
 
     /// Walks "." and ".." then the listing of `dir` from `offset`. `add` gets the entry's id
@@ -191,8 +172,8 @@ impl OverlayFs {
         offset: u64,
         mut add: impl FnMut(u64, &OsStr, Kind, u64, &Backing, &DirFds<'_>) -> OpResult<bool>,
     ) -> OpResult<()> {
-        let _g = self.ns.read();
-        let d = self.dir(dir)?;
+        let _g = self.names.shared();
+        let d = self.names.dir(dir)?;
         let at = DirFds::new(&self.stack, d.upper, d.lowers, &d.path);
         let listing = self.listing(dir, &at)?;
         let parent = if d.parent != 0 { d.parent } else { dir };
@@ -244,13 +225,13 @@ impl fuser::Filesystem for OverlayFs {
         if let Err(unsupported) = config.add_capabilities(want) {
             let _ = config.add_capabilities(want & !unsupported);
         }
-        if self.pt.on() {
+        if self.data.passthrough_on() {
             // Backing files must sit on a filesystem that is not itself stacked (ext4, xfs,
             // tmpfs…); a lower on overlayfs makes registering fail, which turns passthrough off.
             let pt = InitFlags::FUSE_PASSTHROUGH | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
             if config.add_capabilities(pt).is_err() || config.set_max_stack_depth(1).is_err() {
                 let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
-                self.pt.turn_off();
+                self.data.passthrough_off();
             }
         }
         let _ = config.set_max_write(1 << 20);
@@ -267,7 +248,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let r = traced(self, "lookup", parent.0, || {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             // The VFS resolves "." and ".." itself: these come only from the FUSE module's
             // export operations (FUSE_EXPORT_SUPPORT), for a file handle whose inode it forgot
             // and for the parent of a directory opened by handle.
@@ -278,8 +259,8 @@ impl fuser::Filesystem for OverlayFs {
             }
         });
         match r {
-            Ok(Some((id, a))) => reply.entry_of(INodeNo(id), &TTL, &a, self.generation()),
-            Ok(None) => reply.entry(&TTL, &negative_entry(), self.generation()),
+            Ok(Some((id, a))) => reply.entry_of(INodeNo(id), &TTL, &a, self.names.generation()),
+            Ok(None) => reply.entry(&TTL, &negative_entry(), self.names.generation()),
             Err(e) => reply.error(e),
         }
     }
@@ -293,7 +274,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let r = traced(self, "getattr", ino.0, || {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.getattr_node(ino.0)
         });
         match r {
@@ -312,7 +293,7 @@ impl fuser::Filesystem for OverlayFs {
         reply: fuser::ReplyStatx,
     ) {
         let r = traced(self, "statx", ino.0, || {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.statx_node(ino.0)
         });
         match r {
@@ -356,7 +337,7 @@ impl fuser::Filesystem for OverlayFs {
                 let file_gid = match gid {
                     Some(g) => g,
                     None => {
-                        let _g = self.ns.read();
+                        let _g = self.names.shared();
                         self.getattr_node(ino.0)?.gid
                     }
                 };
@@ -402,7 +383,7 @@ impl fuser::Filesystem for OverlayFs {
         let r = traced(self, "mknod", parent.0, || {
             self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
-        entry(reply, r, self.generation());
+        entry(reply, r, self.names.generation());
     }
 
     fn mkdir(
@@ -418,7 +399,7 @@ impl fuser::Filesystem for OverlayFs {
             let what = NewEntry::Dir(mode);
             self.make_masked(parent.0, name, req.uid(), req.gid(), what, umask)
         });
-        entry(reply, r, self.generation());
+        entry(reply, r, self.names.generation());
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -451,7 +432,7 @@ impl fuser::Filesystem for OverlayFs {
             let what = NewEntry::Symlink(target);
             self.make(parent.0, link_name, req.uid(), req.gid(), what)
         });
-        entry(reply, r, self.generation());
+        entry(reply, r, self.names.generation());
     }
 
     fn rename(
@@ -482,16 +463,16 @@ impl fuser::Filesystem for OverlayFs {
             let what = NewEntry::Link(ino.0);
             self.make(newparent.0, newname, req.uid(), req.gid(), what)
         });
-        entry(reply, r, self.generation());
+        entry(reply, r, self.names.generation());
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if !self.pt.on() && !self.policy.strict_atime() {
+        if !self.data.passthrough_on() && !self.policy.strict_atime() {
             // No-open mode: the kernel stops sending OPEN/RELEASE and keeps its page cache.
             return reply.error(Errno::ENOSYS);
         }
         let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-        if !self.pt.on() {
+        if !self.data.passthrough_on() {
             if write
                 && let Err(e) = traced(self, "open", ino.0, || {
                     self.check_open_for_write(ino.0, flags.0)
@@ -499,7 +480,7 @@ impl fuser::Filesystem for OverlayFs {
             {
                 return reply.error(e);
             }
-            return reply.opened(FileHandle(FH_CACHED), self.cached_open_flags());
+            return reply.opened(FileHandle(FH_CACHED), self.policy.cached_open_flags());
         }
         let r = traced(self, "open", ino.0, || {
             let check = write.then_some(flags.0);
@@ -510,12 +491,14 @@ impl fuser::Filesystem for OverlayFs {
                 if write {
                     // Attributes cached before this writer are dropped; from now on they are
                     // sent with no TTL while it is open (`Passthrough::has_writer`).
-                    self.invalidate_attrs(ino.0);
+                    self.kernel.invalidate_attrs(ino.0);
                 }
                 reply.opened_passthrough(FileHandle(FH_PASSTHROUGH), FopenFlags::FOPEN_NOFLUSH, &b)
             }
             Ok(OpenMode::Busy) => reply.error(Errno::ETXTBSY),
-            Ok(OpenMode::Cached) => reply.opened(FileHandle(FH_CACHED), self.cached_open_flags()),
+            Ok(OpenMode::Cached) => {
+                reply.opened(FileHandle(FH_CACHED), self.policy.cached_open_flags())
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -531,7 +514,7 @@ impl fuser::Filesystem for OverlayFs {
         reply: ReplyEmpty,
     ) {
         if fh.0 == FH_PASSTHROUGH {
-            self.pt
+            self.data
                 .released(ino.0, flags.0 & libc::O_ACCMODE != libc::O_RDONLY);
         }
         reply.ok();
@@ -559,7 +542,7 @@ impl fuser::Filesystem for OverlayFs {
             };
             let mut res = Ok(());
             reply.data_with(size as usize, |buf| {
-                let r = super::fs::read_into(&f, offset, buf);
+                let r = super::read_into(&f, offset, buf);
                 res = r.map(drop);
                 r
             });
@@ -693,16 +676,17 @@ impl fuser::Filesystem for OverlayFs {
                             name,
                             &TTL,
                             &a,
-                            self.generation(),
+                            self.names.generation(),
                         ));
                     }
                     let (id, a) = match self.resolve_at(dir, d, at, name)? {
                         Some(r) => (r.id, self.remember(dir, d, name, &r)),
                         None => return Ok(false),
                     };
-                    let full = reply.add(INodeNo(id), cookie, name, &TTL, &a, self.generation());
+                    let full =
+                        reply.add(INodeNo(id), cookie, name, &TTL, &a, self.names.generation());
                     if full {
-                        self.nodes.unremember(id);
+                        self.names.unremember(id);
                     }
                     Ok(full)
                 })
@@ -726,7 +710,15 @@ impl fuser::Filesystem for OverlayFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match traced(self, "statfs", ROOT, || self.statfs_op()) {
+        let r = traced(self, "statfs", ROOT, || {
+            let tree = if self.stack.has_upper() {
+                Tree::Upper
+            } else {
+                Tree::Lower(0)
+            };
+            self.stack.statvfs(tree).map_err(errno)
+        });
+        match r {
             Ok(s) => reply.statfs(
                 s.f_blocks,
                 s.f_bfree,
@@ -756,8 +748,8 @@ impl fuser::Filesystem for OverlayFs {
             if name == "system.posix_acl_access" {
                 // Copied up by the setxattr: the upper file or directory.
                 let p = {
-                    let _g = self.ns.read();
-                    let l = self.backing(ino.0)?;
+                    let _g = self.names.shared();
+                    let l = self.names.locate(ino.0)?;
                     self.stack.proc_path(l.tree, &l.path)
                 };
                 let p = std::path::Path::new(std::ffi::OsStr::from_bytes(p.as_bytes()));

@@ -8,11 +8,11 @@ use std::ffi::{CStr, CString, OsStr};
 
 use fuser::{Errno, FileAttr, TimeOrNow};
 
-use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::Backing;
 use super::ops::timespec;
-use super::stack::{Kind, Tree};
-use super::whiteout;
+use super::{OpResult, OverlayFs, errno};
+use crate::overlay::inode::Backing;
+use crate::overlay::stack::{Kind, Tree};
+use crate::overlay::whiteout;
 use crate::sys::{FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, Xattrs, cstr};
 
 /// What a SETATTR changes (each `None` is left alone): permission bits and file type bits as
@@ -49,7 +49,7 @@ impl OverlayFs {
     pub fn setattr(&self, id: u64, change: &AttrChange) -> OpResult<FileAttr> {
         match self.setattr_on_disk(id, change) {
             // Only a node with no place on disk can be a removed directory held open.
-            Err(e) if e == Errno::ENOENT && self.gone_dir_attr(id).is_some() => {
+            Err(e) if e == Errno::ENOENT && self.names.gone_dir_attr(id).is_some() => {
                 self.setattr_gone_dir(id, change)
             }
             r => r,
@@ -59,9 +59,9 @@ impl OverlayFs {
     /// [`Self::setattr`] of a node that has a place in a layer.
     fn setattr_on_disk(&self, id: u64, change: &AttrChange) -> OpResult<FileAttr> {
         {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.copy_up(id, change.size)?;
-            let n = self.backing(id)?;
+            let n = self.names.locate(id)?;
             let (layer, p) = (n.tree, &n.path);
             if let Some(m) = change.mode
                 && n.kind != Kind::Symlink
@@ -109,8 +109,8 @@ impl OverlayFs {
             TimeOrNow::Now => now,
             TimeOrNow::SpecificTime(t) => t,
         };
-        self.removed
-            .change_dir(id, |a| {
+        self.names
+            .change_gone_dir(id, |a| {
                 if let Some(m) = change.mode {
                     a.perm = (m & 0o7777) as u16;
                 }
@@ -133,8 +133,8 @@ impl OverlayFs {
 
     /// The target of symlink node `id`. Errors: `EINVAL` for a non-symlink, or the layer's errno.
     pub fn readlink(&self, id: u64) -> OpResult<Vec<u8>> {
-        let _g = self.ns.read();
-        let l = self.backing(id)?;
+        let _g = self.names.shared();
+        let l = self.names.locate(id)?;
         self.stack.readlink(l.tree, &l.path).map_err(errno)
     }
 
@@ -155,7 +155,8 @@ impl OverlayFs {
     /// or append-only victim. The upper filesystem applies the same rules when the daemon
     /// removes there, but an RMDIR's merged emptiness check comes first and would answer
     /// `ENOTEMPTY` instead (xfstests generic/079). Inode flags live only on upper files (a
-    /// flags change copies up), so nodes without one pass. Caller holds `ns`.
+    /// flags change copies up), so nodes without one pass. Caller holds the namespace
+    /// (`Names::shared`).
     ///
     /// Errors: `EACCES`, `EPERM`, `ENOENT` for a node that is gone, or the errno of opening
     /// an upper file.
@@ -176,11 +177,11 @@ impl OverlayFs {
 
     /// Node `id`'s inode flags as its upper file has them (`FS_IOC_GETFLAGS`); 0 for a node
     /// without an upper file, a node that is neither a file nor a directory, or an upper
-    /// filesystem without inode flags. Caller holds `ns`.
+    /// filesystem without inode flags. Caller holds the namespace (`Names::shared`).
     ///
     /// Errors: `ENOENT` for a node that is gone, or the errno of opening the upper file.
     fn upper_inode_flags(&self, id: u64) -> OpResult<u32> {
-        let n = self.backing(id)?;
+        let n = self.names.locate(id)?;
         let dir = match n.kind {
             _ if !n.upper => return Ok(0),
             Kind::Dir => libc::O_DIRECTORY,
@@ -240,11 +241,11 @@ impl OverlayFs {
         if set && self.policy.read_only() {
             return Err(Errno::EROFS);
         }
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         if set {
             self.copy_up(id, None)?;
         }
-        let n = self.backing(id)?;
+        let n = self.names.locate(id)?;
         let dir = match n.kind {
             Kind::Dir => libc::O_DIRECTORY,
             Kind::File => 0,
@@ -260,10 +261,10 @@ impl OverlayFs {
         }
         crate::sys::ioctl_fileattr(std::os::fd::AsFd::as_fd(&f), cmd, &mut buf).map_err(errno)?;
         if set {
-            self.fds.forget(id);
+            self.data.drop_fd(id);
             // The flags change moved the upper file's ctime (generic/277); no FUSE reply
             // carries attributes after an ioctl, and fs/fuse/ioctl.c keeps the cached ones.
-            self.invalidate_attrs(id);
+            self.kernel.invalidate_attrs(id);
             return Ok(Vec::new());
         }
         Ok(buf[..size].to_vec())
@@ -273,9 +274,9 @@ impl OverlayFs {
     /// removed directory held open, which has none left (`ls -l` asks for security.selinux and
     /// POSIX ACLs on it).
     fn xattr_read_at(&self, id: u64) -> OpResult<Option<Backing>> {
-        match self.backing(id) {
+        match self.names.locate(id) {
             Ok(l) => Ok(Some(l)),
-            Err(e) if e == Errno::ENOENT && self.gone_dir_attr(id).is_some() => Ok(None),
+            Err(e) if e == Errno::ENOENT && self.names.gone_dir_attr(id).is_some() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -285,7 +286,7 @@ impl OverlayFs {
         if write {
             self.copy_up(id, None)?;
         }
-        let l = self.backing(id)?;
+        let l = self.names.locate(id)?;
         Ok(self.stack.proc_path(l.tree, &l.path))
     }
 
@@ -296,7 +297,7 @@ impl OverlayFs {
         if whiteout::is_private_xattr(name.as_bytes()) {
             return Err(Errno::NO_XATTR);
         }
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         let Some(l) = self.xattr_read_at(id)? else {
             return Err(Errno::NO_XATTR);
         };
@@ -318,7 +319,7 @@ impl OverlayFs {
     /// empty list for a removed directory held open (see getxattr).
     pub fn listxattr(&self, id: u64, size: u32) -> OpResult<XattrReply> {
         let mut out = Vec::new();
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         if let Some(l) = self.xattr_read_at(id)? {
             for name in self.stack.xattr_names(l.tree, &l.path).map_err(errno)? {
                 if !whiteout::is_private_xattr(&name) {
@@ -344,7 +345,7 @@ impl OverlayFs {
         if whiteout::is_private_xattr(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         let p = self.xattr_path(id, true)?;
         let cname = cstr(name).map_err(errno)?;
         Xattrs::Path(&p).set(&cname, value, flags).map_err(errno)
@@ -356,7 +357,7 @@ impl OverlayFs {
         if whiteout::is_private_xattr(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         let p = self.xattr_path(id, true)?;
         let cname = cstr(name).map_err(errno)?;
         Xattrs::Path(&p).remove(&cname).map_err(errno)

@@ -10,11 +10,11 @@ use std::time::SystemTime;
 
 use fuser::{Errno, FileAttr, TimeOrNow};
 
-use super::fs::{OpResult, OverlayFs, Resolved, TTL, errno};
-use super::inode::{Backing, Loc, orphan_name};
-use super::privs::{self, Caller};
-use super::stack::{Kind, Tree};
-use super::whiteout;
+use super::{OpResult, OverlayFs, Resolved, TTL, errno};
+use crate::overlay::inode::{Backing, orphan_name};
+use crate::overlay::privs::{self, Caller};
+use crate::overlay::stack::{Kind, Tree};
+use crate::overlay::whiteout;
 use crate::sys::{child, cstr};
 
 /// What becomes of the upper entry of a file whose name leaves the merged view (see
@@ -83,17 +83,6 @@ impl OverlayFs {
         self.stack.lower_has(pdir.lowers, &rel).map_err(errno)
     }
 
-    /// Marks upper directory `rel` opaque. Errors: the errno of opening it or of the xattr.
-    fn set_opaque(&self, rel: &CStr) -> OpResult<()> {
-        self.stack.set_opaque(Tree::Upper, rel).map_err(errno)
-    }
-
-    /// Puts a whiteout of upper path `rel` (in the mount's form). Errors: the `mknodat` or
-    /// `openat` errno.
-    fn whiteout(&self, rel: &CStr) -> OpResult<()> {
-        self.stack.create_whiteout(rel).map_err(errno)
-    }
-
     /// Creates `name` in `parent` owned by `uid`/`gid` (the parent's gid when it is setgid),
     /// replacing a whiteout atomically and making a new directory opaque when it hides a
     /// deleted lower directory. Returns the new entry's attributes (lookup count +1).
@@ -138,7 +127,7 @@ impl OverlayFs {
         if whiteout::is_marker_name(name.as_bytes()) {
             return Err(Errno::EPERM);
         }
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         let (pdir, existing) = self.resolve_in(parent, name)?;
         if existing.is_some() {
             return Err(Errno::EEXIST);
@@ -184,8 +173,8 @@ impl OverlayFs {
             return Err(errno(e));
         }
         let (id, attr) = self.lookup_and_remember(parent, name)?.ok_or(Errno::EIO)?;
-        let kind = self.nodes.peek(id, |n| n.kind).unwrap_or(Kind::File);
-        self.listings.added(parent, name, kind);
+        let kind = self.names.kind(id).unwrap_or(Kind::File);
+        self.names.entry_added(parent, name, kind);
         Ok(attr)
     }
 
@@ -223,12 +212,12 @@ impl OverlayFs {
         mode: u32,
         umask: u32,
     ) -> OpResult<FileAttr> {
-        let _g = self.ns.read();
-        if self.nodes.peek(parent, |n| n.kind).ok_or(Errno::ENOENT)? != Kind::Dir {
+        let _g = self.names.shared();
+        if self.names.kind(parent).ok_or(Errno::ENOENT)? != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
         self.ensure_upper_dir(parent)?;
-        let pdir = self.backing(parent)?;
+        let pdir = self.names.locate(parent)?;
         let pst = self.stack.stat(Tree::Upper, &pdir.path).map_err(errno)?;
         let (uid, gid, setgid) = self.new_owner(&pst, uid, gid);
         let tmp = self.tmp_name();
@@ -249,17 +238,17 @@ impl OverlayFs {
                 return Err(errno(e));
             }
         };
-        let id = self.nodes.upper_id(st.st_ino);
+        let id = self.names.upper_id(st.st_ino);
         if let Err(e) = self
             .stack
             .rename(Tree::Work, &tmp, Tree::Work, &orphan_name(id), 0)
         {
-            self.nodes.drop_upper(st.st_ino);
+            self.names.drop_upper(st.st_ino);
             let _ = self.stack.unlink(Tree::Work, &tmp, false);
             return Err(errno(e));
         }
-        self.kept_as_orphan(id);
-        self.nodes.remember_unnamed(id, Kind::File);
+        self.names.kept_as_orphan(id);
+        self.names.remember_unnamed(id, Kind::File);
         self.getattr_node(id)
     }
 
@@ -325,7 +314,8 @@ impl OverlayFs {
             NewEntry::Special(mode, rdev) => self.stack.mknod(layer, at, mode, rdev)?,
             NewEntry::Link(src) => {
                 let s = self
-                    .backing(src)
+                    .names
+                    .locate(src)
                     .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
                 self.stack.link(s.tree, &s.path, layer, at)?;
             }
@@ -385,33 +375,27 @@ impl OverlayFs {
     ///
     /// Errors: the errno of moving, linking or removing the upper entry.
     fn detach(&self, r: &Resolved, rel: &CString, leaving: Leaving) -> OpResult<()> {
-        let held = self.nodes.peek(r.id, |n| n.lookups > 0) == Some(true);
+        let held = self.names.is_held(r.id);
         if r.kind == Kind::Dir {
             // Removed by rmdir or replaced by a rename: its upper inode number may be reused.
             if r.upper {
-                self.nodes.drop_upper(r.st.st_ino);
+                self.names.drop_upper(r.st.st_ino);
             }
             if held {
                 let mut attr = self.attr_of(r);
                 attr.nlink = 0;
-                self.removed.keep_dir(r.id, attr);
-                self.nodes.update(r.id, |n| n.loc = Loc::Gone);
+                self.names.dir_removed(r.id, attr);
             }
             return Ok(());
         }
         if !r.upper {
             if held {
-                let p = rel.clone();
-                self.nodes.update(r.id, |n| {
-                    n.loc = Loc::Orphan {
-                        lower_path: Some(p),
-                    }
-                });
+                self.names.lower_unlinked(r.id, rel.clone());
             }
             return Ok(());
         }
         match leaving {
-            Leaving::Unlinked if !held || self.removed.is_orphan(r.id) => {
+            Leaving::Unlinked if !held || self.names.is_orphan(r.id) => {
                 // Held: another name of this inode is already kept there, and rename(2)
                 // between two links of one inode would do nothing, so just drop this name.
                 self.stack.unlink(Tree::Upper, rel, false).map_err(errno)?;
@@ -430,26 +414,18 @@ impl OverlayFs {
             Leaving::Replaced => {}
         }
         if held {
-            self.kept_as_orphan(r.id);
+            self.names.kept_as_orphan(r.id);
         } else if r.st.st_nlink <= 1 {
-            self.nodes.drop_upper(r.st.st_ino);
+            self.names.drop_upper(r.st.st_ino);
         }
         Ok(())
-    }
-
-    /// Records that unlinked node `id`'s upper data is now kept at [`orphan_name`] in the
-    /// workdir (until [`Self::forget`] drops it).
-    pub(super) fn kept_as_orphan(&self, id: u64) {
-        self.removed.keep_orphan(id);
-        self.nodes
-            .update(id, |n| n.loc = Loc::Orphan { lower_path: None });
     }
 
     /// Removes non-directory `name` from `parent` (a whiteout hides a lower copy).
     ///
     /// Errors: `ENOENT`, `EISDIR`, or the upper dir's errno.
     pub fn unlink(&self, parent: u64, name: &OsStr) -> OpResult<()> {
-        let _g = self.ns.write();
+        let _g = self.names.exclusive();
         let (pdir, r) = self.resolve_in(parent, name)?;
         let r = r.ok_or(Errno::ENOENT)?;
         if r.kind == Kind::Dir {
@@ -462,9 +438,9 @@ impl OverlayFs {
             self.detach(&r, &rel, Leaving::Unlinked)?;
         }
         if lower_has {
-            self.whiteout(&rel)?;
+            self.stack.create_whiteout(&rel).map_err(errno)?;
         }
-        self.listings.removed(parent, name);
+        self.names.entry_removed(parent, name);
         Ok(())
     }
 
@@ -483,22 +459,14 @@ impl OverlayFs {
         r: &Resolved,
         rel: &CString,
     ) -> OpResult<bool> {
-        if !r.upper || r.st.st_nlink <= 1 || self.removed.is_orphan(r.id) {
+        if !r.upper || r.st.st_nlink <= 1 || self.names.is_orphan(r.id) {
             return Ok(false);
         }
-        let Some(at) = self.nodes.peek(r.id, |n| match &n.loc {
-            Loc::Attached {
-                parent: p,
-                name: nm,
-            } => Some(*p == parent && **nm == *name),
-            _ => None,
-        }) else {
-            // Not held: the plain unlink of `detach` is all there is to do.
+        // Not held, or held with no name: the plain unlink of `detach` is all there is to do.
+        let Some((p, nm)) = self.names.attached_name(r.id) else {
             return Ok(false);
         };
-        let Some(here) = at else {
-            return Ok(false);
-        };
+        let here = p == parent && *nm == *name;
         let other = if here {
             match self
                 .stack
@@ -513,13 +481,8 @@ impl OverlayFs {
         };
         self.stack.unlink(Tree::Upper, rel, false).map_err(errno)?;
         if let Some(o) = other {
-            self.nodes.update(r.id, |n| {
-                n.loc = Loc::Attached {
-                    parent,
-                    name: o.as_os_str().into(),
-                }
-            });
-            if self.journal.is_some() {
+            self.names.relinked(r.id, parent, &o);
+            if self.kernel.keeps_index() {
                 let path = child(&pdir.path, &o).ok();
                 self.index_node(r.id, path.as_deref());
             }
@@ -542,16 +505,11 @@ impl OverlayFs {
         }
     }
 
-    /// Removes whiteouts left inside upper directory `rel` so it can be removed or replaced.
-    fn purge_whiteouts(&self, rel: &CStr) -> OpResult<()> {
-        self.stack.purge_whiteouts(rel).map_err(errno)
-    }
-
     /// Removes the empty (in the merged view) directory `name` from `parent`.
     ///
     /// Errors: `ENOENT`, `ENOTDIR`, `ENOTEMPTY`, or the upper dir's errno.
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> OpResult<()> {
-        let _g = self.ns.write();
+        let _g = self.names.exclusive();
         let (pdir, r) = self.resolve_in(parent, name)?;
         let r = r.ok_or(Errno::ENOENT)?;
         if r.kind != Kind::Dir {
@@ -563,15 +521,15 @@ impl OverlayFs {
         self.ensure_upper_dir(parent)?;
         let lower_has = self.lower_has(&pdir, name)?;
         if r.upper {
-            self.purge_whiteouts(&rel)?;
+            self.stack.purge_whiteouts(&rel).map_err(errno)?;
             self.stack.unlink(Tree::Upper, &rel, true).map_err(errno)?;
         }
         if lower_has {
-            self.whiteout(&rel)?;
+            self.stack.create_whiteout(&rel).map_err(errno)?;
         }
         self.detach(&r, &rel, Leaving::Unlinked)?;
-        self.listings.removed(parent, name);
-        self.listings.forget(r.id);
+        self.names.entry_removed(parent, name);
+        self.names.drop_listing(r.id);
         Ok(())
     }
 
@@ -599,7 +557,7 @@ impl OverlayFs {
         // namespace lock shared); the rename proper below, which holds it exclusively, then
         // finds the tree already up and only moves it.
         {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             if let (_, Some(src)) = self.resolve_in(parent, name)?
                 && src.kind == Kind::Dir
                 && src.lowers != 0
@@ -607,7 +565,7 @@ impl OverlayFs {
                 self.bring_up(parent, name, &src)?;
             }
         }
-        let _g = self.ns.write();
+        let _g = self.names.exclusive();
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let (pdir, src) = self.resolve_in(parent, name)?;
         let src = src.ok_or(Errno::ENOENT)?;
@@ -634,16 +592,16 @@ impl OverlayFs {
         let src_lower = self.lower_has(&pdir, name)?;
         let dst_lower = self.lower_has(&npdir, newname)?;
         if src.kind == Kind::Dir && dst_lower {
-            self.set_opaque(&srel)?;
+            self.stack.set_opaque(Tree::Upper, &srel).map_err(errno)?;
         }
         // Clear the target: an emptied directory or whiteout in the upper dir, detach its node.
         if let Some(d) = &dst {
             if d.kind == Kind::Dir {
                 self.check_empty(d, &drel)?;
                 if d.upper {
-                    self.purge_whiteouts(&drel)?;
+                    self.stack.purge_whiteouts(&drel).map_err(errno)?;
                 }
-                self.listings.forget(d.id);
+                self.names.drop_listing(d.id);
             }
             self.detach(d, &drel, Leaving::Replaced)?;
         }
@@ -667,9 +625,9 @@ impl OverlayFs {
             self.stack.remove_marker(&drel).map_err(errno)?;
         }
         self.moved(src.id, src.kind, newparent, newname);
-        self.listings.removed(parent, name);
-        self.listings.removed(newparent, newname);
-        self.listings.added(newparent, newname, src.kind);
+        self.names.entry_removed(parent, name);
+        self.names.entry_removed(newparent, newname);
+        self.names.entry_added(newparent, newname, src.kind);
         Ok(())
     }
 
@@ -687,7 +645,7 @@ impl OverlayFs {
         self.bring_up(newparent, newname, d)?;
         for (r, p) in [(src, srel), (d, drel)] {
             if r.kind == Kind::Dir {
-                self.set_opaque(p)?;
+                self.stack.set_opaque(Tree::Upper, p).map_err(errno)?;
             }
         }
         self.stack
@@ -695,8 +653,8 @@ impl OverlayFs {
             .map_err(errno)?;
         self.moved(src.id, src.kind, newparent, newname);
         self.moved(d.id, d.kind, parent, name);
-        self.listings.added(newparent, newname, src.kind);
-        self.listings.added(parent, name, d.kind);
+        self.names.entry_added(newparent, newname, src.kind);
+        self.names.entry_added(parent, name, d.kind);
         Ok(())
     }
 
@@ -719,12 +677,12 @@ impl OverlayFs {
             },
         ) {
             Ok(()) if device_form => {}
-            Ok(()) => self.whiteout(srel)?,
+            Ok(()) => self.stack.create_whiteout(srel).map_err(errno)?,
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) => {
                 self.stack
                     .rename(Tree::Upper, srel, Tree::Upper, drel, 0)
                     .map_err(errno)?;
-                self.whiteout(srel)?;
+                self.stack.create_whiteout(srel).map_err(errno)?;
             }
             Err(e) => return Err(errno(e)),
         }
@@ -737,85 +695,42 @@ impl OverlayFs {
             return Ok(());
         }
         // Make sure a node exists for the entry so copy-up can find its path.
-        self.nodes
-            .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
+        self.names.remember(parent, name, r);
         let res = (|| {
             self.copy_up(r.id, None)?;
             if r.kind == Kind::Dir {
-                let d = Backing::upper_dir(r.lowers, parent, self.path_of(r.id)?);
+                let d = Backing::upper_dir(r.lowers, parent, self.names.path(r.id)?);
                 self.copy_up_tree(r.id, &d)?;
-                self.set_opaque(&d.path)?;
+                self.stack.set_opaque(Tree::Upper, &d.path).map_err(errno)?;
             }
             Ok(())
         })();
-        self.nodes.unremember(r.id);
+        self.names.unremember(r.id);
         res
     }
 
-    /// Updates the node table after `id` moved to (`newparent`, `newname`): it and everything
-    /// below it now live only in the upper dir.
+    /// Keeps the books after `id` moved to (`newparent`, `newname`) (`Names::moved`): it and
+    /// everything below it now live only in the upper dir, so their cached fds go; the parent
+    /// lookup it gave up is forgotten, and the node index records it.
     fn moved(&self, id: u64, kind: Kind, newparent: u64, newname: &OsStr) {
-        // A file superseded while it was brought up: its copy is what moved.
-        let id = self.nodes.successor(id).unwrap_or(id);
-        let pinned = self.nodes.update(id, |n| {
-            n.loc = Loc::Attached {
-                parent: newparent,
-                name: newname.into(),
-            };
-            n.upper = true;
-            n.lowers = 0;
-            let held = n.pin;
-            if held != 0 {
-                n.pin = newparent;
-            }
-            held
-        });
-        if let Some(old) = pinned.filter(|&p| p != 0 && p != newparent) {
-            // The held parent lookup moves along (the kernel holds both parents here).
-            self.nodes.update(newparent, |n| n.lookups += 1);
-            self.forget(old, 1);
+        let m = self.names.moved(id, kind, newparent, newname);
+        if m.unpinned != 0 {
+            self.forget(m.unpinned, 1);
         }
-        if kind == Kind::Dir {
-            for d in self.nodes.descendants(id) {
-                self.nodes.update(d, |n| {
-                    n.upper = true;
-                    n.lowers = 0;
-                });
-                self.fds.forget(d);
-                self.listings.forget(d);
-            }
-            self.listings.forget(id);
+        for d in m.below {
+            self.data.drop_fd(d);
         }
-        self.fds.forget(id);
-        if self.journal.is_some() {
-            let path = self.nodes.path(id);
-            self.index_node(id, path.as_deref());
+        self.data.drop_fd(m.id);
+        if self.kernel.keeps_index() {
+            let path = self.names.path(m.id).ok();
+            self.index_node(m.id, path.as_deref());
         }
     }
 
-    /// Called when the kernel drops its last reference to `id`: frees the node, its cached fd
-    /// and listing, and the orphaned data of an unlinked file.
+    /// Called when the kernel drops `n` references to `id`: frees each node that leaves the
+    /// table (`Names::forget`) and its cached fd and backing.
     pub fn forget(&self, id: u64, n: u64) {
-        if let Some(node) = self.nodes.forget(id, n) {
-            if node.pin != 0 {
-                self.forget(node.pin, 1);
-            }
-            self.pt.forget(id);
-            if node.succ != 0 {
-                // The daemon's own reference to the copy that superseded it.
-                self.forget(node.succ, 1);
-            }
-            self.nodes.shrink_if_sparse();
-            if node.loc == Loc::Gone {
-                self.removed.drop_dir(id);
-            }
-            self.fds.forget(id);
-            self.listings.forget(id);
-            // An orphan's data is not removed here: a FORGET holds no mount busy, so `umount`
-            // may have returned by now, and nothing may change the workdir after that. The
-            // next request a process waits for removes it (`reap_orphans`).
-            self.removed.forgot(id);
-        }
+        self.names.forget(id, n, |gone| self.data.forget(gone));
     }
 
     /// Removes the kept data (`<workdir>/orphans/<id>`) of the unlinked files the kernel
@@ -825,22 +740,19 @@ impl OverlayFs {
     /// (what the kernel forgets just before the unmount stays until the next mount removes
     /// the orphans).
     pub fn reap_orphans(&self) {
-        if !self.removed.due() {
+        if !self.names.orphans_due() {
             return;
         }
         // Exclusive against lookups: a lookup of another name of an inode computes nlink from
         // the upper (which counts the orphan link) and then subtracts the orphan link if
         // `orphans` still lists it; both must see the same state.
-        let _g = self.ns.write();
-        for id in self.removed.take_due() {
-            if !self.removed.release_orphan(id) {
-                continue;
-            }
+        let _g = self.names.exclusive();
+        for id in self.names.take_due_orphans() {
             let o = orphan_name(id);
             if let Ok(st) = self.stack.stat(Tree::Work, &o)
                 && st.st_nlink <= 1
             {
-                self.nodes.drop_upper(st.st_ino);
+                self.names.drop_upper(st.st_ino);
             }
             let _ = self.stack.unlink(Tree::Work, &o, false);
         }
@@ -855,7 +767,7 @@ impl OverlayFs {
     pub(super) fn drop_setid(&self, id: u64, caller: &Caller) -> OpResult<Option<u32>> {
         // fstat and fchmod need no write access (an append-only file has no read-write fd).
         let f = {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.data_fd(id, false)?
         };
         privs::drop_after_write(&f, caller, |g| self.policy.shown_gid(g)).map_err(errno)
@@ -866,9 +778,9 @@ impl OverlayFs {
     /// through another kernel inode, so the fds still open on it ask every time; none either
     /// while a passthrough open for writing is outstanding, whose writes through a shared
     /// mapping change mtime and ctime behind the kernel's cache
-    /// ([`Passthrough::has_writer`](super::passthrough::Passthrough::has_writer)).
+    /// ([`Passthrough::has_writer`](crate::overlay::passthrough::Passthrough::has_writer)).
     pub(super) fn attr_ttl(&self, id: u64) -> std::time::Duration {
-        if self.nodes.successor(id).is_some() || self.pt.has_writer(id) {
+        if self.names.successor(id).is_some() || self.data.has_passthrough_writer(id) {
             std::time::Duration::ZERO
         } else {
             TTL
@@ -876,12 +788,12 @@ impl OverlayFs {
     }
 
     pub(super) fn fsync_node(&self, id: u64, datasync: bool) -> OpResult<()> {
-        if !self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
+        if !self.names.is_upper(id).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
         // fsync needs no write access (an append-only file has no read-write fd).
         let f = {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.data_fd(id, false)?
         };
         let r = if datasync {
@@ -900,7 +812,7 @@ impl OverlayFs {
         mode: i32,
     ) -> OpResult<()> {
         let f = {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.copy_up(id, None)?;
             self.data_fd(id, true)?
         };
@@ -909,7 +821,7 @@ impl OverlayFs {
 
     pub(super) fn lseek_node(&self, id: u64, offset: i64, whence: i32) -> OpResult<i64> {
         let f = {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.data_fd(id, false)?
         };
         // The shared fd's position is not used by pread/pwrite.
@@ -925,7 +837,7 @@ impl OverlayFs {
         len: u64,
     ) -> OpResult<u32> {
         let (fi, fo) = {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.copy_up(id_out, None)?;
             (self.data_fd(id_in, false)?, self.data_fd(id_out, true)?)
         };

@@ -8,10 +8,10 @@ use std::ffi::{CStr, OsStr};
 use std::io;
 use std::time::Instant;
 
-use super::fs::OverlayFs;
-use super::inode::{Loc, ROOT};
-use super::node_index::*;
-use super::stack::Tree;
+use super::OverlayFs;
+use crate::overlay::inode::ROOT;
+use crate::overlay::node_index::*;
+use crate::overlay::stack::Tree;
 
 impl OverlayFs {
     /// The identity of this mount's upper root and lower roots ([`Roots`]).
@@ -30,7 +30,7 @@ impl OverlayFs {
 
     /// At mount (before serving): takes the workdir's index lock and reads its node index,
     /// continues the mount that wrote it when it was of these layers, with the entries still
-    /// true ([`Nodes::restore`](super::inode::Nodes::restore)), and writes the journal of this
+    /// true (`Nodes::restore`), and writes the journal of this
     /// mount (those entries, a new reservation). Without the lock (another daemon holds it
     /// past [`LOCK_WAIT`]) the mount keeps no index; when its journal cannot be written, the
     /// old one is removed and the mount starts afresh (new generation) without one. Never
@@ -71,7 +71,7 @@ impl OverlayFs {
         });
         let (generation, next, kept) = match &old {
             Some(index) => (index.generation, index.next, self.still_true(index)),
-            None => (self.nodes.generation(), 2, Vec::new()),
+            None => (self.names.index_generation(), 2, Vec::new()),
         };
         let mine = Index {
             generation,
@@ -94,7 +94,7 @@ impl OverlayFs {
                 return;
             }
         };
-        self.journal = Some(journal);
+        self.kernel.keep_index(journal);
         if old.is_none() {
             return;
         }
@@ -110,7 +110,7 @@ impl OverlayFs {
             names = mine.entries.len(),
             "node index of the last mount restored"
         );
-        self.nodes.restore(generation, next, parked, uppers);
+        self.names.restore(generation, next, parked, uppers);
     }
 
     /// The entries of `index` that are still true: an upper entry whose path holds the
@@ -150,7 +150,7 @@ impl OverlayFs {
         kept
     }
 
-    /// After [`Nodes::remember`](super::inode::Nodes::remember) gave the kernel node `id` the
+    /// After `Nodes::remember` gave the kernel node `id` the
     /// name `name` in directory `parent` (whose path relative to the layer roots is `ppath`):
     /// reserves counter ids, and records the node when the name is new to it. `upper_st` is
     /// the `stat` of its upper inode when it is kept in the upper dir (the one the lookup just
@@ -163,11 +163,11 @@ impl OverlayFs {
         upper_st: Option<&libc::stat>,
         new_name: bool,
     ) {
-        let Some(j) = &self.journal else {
+        if !self.kernel.keeps_index() {
             return;
-        };
+        }
         if !new_name {
-            j.reserve(self.nodes.next_counter());
+            self.kernel.reserve(self.names.next_counter());
             return;
         }
         match upper_st {
@@ -182,14 +182,7 @@ impl OverlayFs {
     /// Runs `f` with the node index records it makes written in one go at its end
     /// ([`Journal::batch`]); the caller replies after this returns.
     pub(super) fn index_batch<R>(&self, f: impl FnOnce() -> R) -> R {
-        let Some(j) = &self.journal else {
-            return f();
-        };
-        let (r, compact) = j.batch(f);
-        if compact {
-            j.compact(|| self.index_snapshot());
-        }
-        r
+        self.kernel.batch(f, || self.index_snapshot())
     }
 
     /// Records node `id` in the node index, when this mount keeps one: where it is attached
@@ -203,15 +196,11 @@ impl OverlayFs {
     /// [`Self::index_node`] with the upper inode's `stat` when the caller has it (`upper`:
     /// its path and maybe its `stat`; without one it is read here).
     fn index_node_at(&self, id: u64, upper: Option<(&CStr, Option<&libc::stat>)>) {
-        let Some(j) = &self.journal else {
+        if !self.kernel.keeps_index() {
             return;
-        };
-        j.reserve(self.nodes.next_counter());
-        let attached = self.nodes.peek(id, |n| match &n.loc {
-            Loc::Attached { parent, name } => Some((*parent, name.clone())),
-            _ => None,
-        });
-        let Some((parent, name)) = attached.flatten().or_else(|| self.nodes.parked(id)) else {
+        }
+        self.kernel.reserve(self.names.next_counter());
+        let Some((parent, name)) = self.names.last_name(id) else {
             return;
         };
         if id == ROOT || parent == 0 {
@@ -227,9 +216,7 @@ impl OverlayFs {
         let Some(rec) = self.index_entry(id, parent, name, upper) else {
             return;
         };
-        if j.append(&rec.record()) {
-            j.compact(|| self.index_snapshot());
-        }
+        self.kernel.append(&rec.record(), || self.index_snapshot());
     }
 
     /// The node index entry of node `id`, named `name` in `parent`, with the inode at `upper`
@@ -244,13 +231,13 @@ impl OverlayFs {
         upper: Option<(&CStr, libc::stat)>,
     ) -> Option<Entry> {
         let kept = upper.and_then(|(path, st)| {
-            let (known, shown) = self.nodes.upper_known(st.st_ino)?;
+            let (known, shown) = self.names.upper_known(st.st_ino)?;
             (known == id).then(|| (upper_identity(self.stack.fd(Tree::Upper), path, &st), shown))
         });
         let (upper, shown) = match kept {
             Some((u, shown)) => (Some(u), shown),
             // Only ids derived from a lower inode are found again without one.
-            None if id >= COUNTER_END => (None, self.nodes.shown_id(id)),
+            None if id >= COUNTER_END => (None, self.names.shown_id(id)),
             None => return None,
         };
         Some(Entry {
@@ -268,7 +255,7 @@ impl OverlayFs {
     /// Errors: the `fstat` errno of a layer root.
     fn index_snapshot(&self) -> io::Result<Index> {
         let t = Instant::now();
-        let (list, next) = self.nodes.index_names(PARKED_MAX);
+        let (list, next) = self.names.index_names(PARKED_MAX);
         let names: HashMap<u64, (u64, &OsStr)> =
             list.iter().map(|(id, p, n)| (*id, (*p, &**n))).collect();
         let mut memo = root_memo();
@@ -282,7 +269,7 @@ impl OverlayFs {
             entries.extend(self.index_entry(*id, *parent, name.clone(), upper));
         }
         let index = Index {
-            generation: self.nodes.generation(),
+            generation: self.names.index_generation(),
             next,
             roots: self.roots()?,
             entries,

@@ -1,6 +1,7 @@
-//! The data part of the overlay engine: the operations on a node's data that go through the
-//! fd cache and the copy-up locks (`fdcache.rs`) — OPEN (passthrough or cached,
-//! `passthrough.rs`), READ's file, WRITE, and the inode-flags check of an OPEN for writing.
+//! The engine's operations on a node's data: where the names part locates it, opened through
+//! the data part (`node_data.rs`: the fd cache, the copy-up locks, passthrough) — OPEN (passthrough
+//! or cached, `passthrough.rs`), READ's file, WRITE, and the inode-flags check of an OPEN for
+//! writing.
 
 use std::fs::File;
 use std::io;
@@ -9,51 +10,36 @@ use std::sync::Arc;
 
 use fuser::Errno;
 
-use super::fs::{OpResult, OverlayFs, errno};
-use super::passthrough::{FileKey, OpenMode};
-use super::stack::Tree;
+use super::{OpResult, OverlayFs, errno};
+use crate::overlay::passthrough::{FileKey, OpenMode};
+use crate::overlay::stack::Tree;
 
 impl OverlayFs {
-    /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first).
-    /// A lower file is opened with `O_NOATIME` ([`super::stack::Stack::open`]): reading
-    /// through the mount never writes the read-only layer's inodes.
+    /// A cached fd for node `id`'s data, writable if asked (the caller copied it up first),
+    /// from the data part ([`Data::fd`](crate::overlay::node_data::Data::fd)), which opens it where
+    /// the names part locates it when none is cached. A lower file is opened with `O_NOATIME`
+    /// ([`crate::overlay::stack::Stack::open`]): reading through the mount never writes the
+    /// read-only layer's inodes.
     ///
-    /// A copy-up that completes while a lower file is being opened here wins: the lower fd is
-    /// not cached (a later READ or GETATTR would be served from the lower file, not the copy)
-    /// and the node's data is opened again where it now is.
+    /// Errors: `ENOENT` for a node that is gone, `EIO` for a writable fd of a lower file, or
+    /// the open's errno.
     pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<File>> {
-        loop {
-            if let Some(f) = self.open_data_fd(id, writable)? {
-                return Ok(f);
+        let open = || {
+            let l = self.names.locate(id)?;
+            let lower = matches!(l.tree, Tree::Lower(_));
+            if writable && lower {
+                return Err(Errno::EIO);
             }
-        }
-    }
-
-    /// One attempt of [`Self::data_fd`]: `None` when a copy-up of the node completed while its
-    /// lower file was being opened.
-    fn open_data_fd(&self, id: u64, writable: bool) -> OpResult<Option<Arc<File>>> {
-        if let Some(f) = self.fds.get(id, writable) {
-            return Ok(Some(f));
-        }
-        let l = self.backing(id)?;
-        let lower = matches!(l.tree, Tree::Lower(_));
-        if writable && lower {
-            return Err(Errno::EIO);
-        }
-        let flags = if writable {
-            libc::O_RDWR
-        } else {
-            libc::O_RDONLY
+            let flags = if writable {
+                libc::O_RDWR
+            } else {
+                libc::O_RDONLY
+            };
+            let file = self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?;
+            Ok((file, lower))
         };
-        let file = Arc::new(self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?);
-        // A copy-up marks the node upper, then drops its cached fd under the cache's lock: if
-        // it is not upper now, its drop comes after this insert and takes the lower fd out
-        // again.
-        let still = || !lower || self.nodes.peek(id, |n| n.upper) == Some(false);
-        if !self.fds.insert(id, file.clone(), writable, lower, still) {
-            return Ok(None);
-        }
-        Ok(Some(file))
+        let still_lower = || self.names.is_upper(id) == Some(false);
+        self.data.fd(id, writable, open, still_lower)
     }
 
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
@@ -72,7 +58,7 @@ impl OverlayFs {
         check: Option<i32>,
         register: impl FnOnce(&File) -> io::Result<fuser::BackingId>,
     ) -> OpResult<OpenMode> {
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         let checked = match check {
             Some(flags) => self.open_upper_as(id, flags)?,
             None => None,
@@ -80,15 +66,15 @@ impl OverlayFs {
         if write {
             self.copy_up(id, None)?;
         }
-        if self.nodes.successor(id).is_some() {
+        if self.names.successor(id).is_some() {
             // Superseded by a copy (copy-up by re-lookup, `passthrough.rs`): the kernel
             // retries the open once with LOOKUP_REVAL, and its LOOKUP finds the copy.
             return Err(Errno::ESTALE);
         }
         // A lower file: no copy-up may change its data between here and the answer (it
         // would give the node another backing file while the kernel gets this one).
-        let _c = match self.nodes.peek(id, |n| n.upper) {
-            Some(false) => Some(self.copy_locks.lock(id)),
+        let _c = match self.names.is_upper(id) {
+            Some(false) => Some(self.data.copy_lock(id)),
             _ => None,
         };
         let cached;
@@ -101,12 +87,12 @@ impl OverlayFs {
         };
         let st = crate::sys::fstat(f).map_err(errno)?;
         let key: FileKey = (st.st_dev, st.st_ino);
-        Ok(self.pt.open(id, key, write, || register(f)))
+        Ok(self.data.open(id, key, write, || register(f)))
     }
 
     /// The file READs of node `id` are served from (upper copy or lower file).
     pub(super) fn read_fd(&self, id: u64) -> OpResult<Arc<File>> {
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         self.data_fd(id, false)
     }
 
@@ -120,11 +106,11 @@ impl OverlayFs {
     /// Errors: the errno of the copy-up, the open (EPERM for an immutable file) or the write.
     pub fn write(&self, id: u64, offset: u64, data: &[u8]) -> OpResult<u32> {
         let f = {
-            let _g = self.ns.read();
+            let _g = self.names.shared();
             self.copy_up(id, None)?;
             match self.data_fd(id, true) {
                 Err(e) if e == Errno::EPERM => {
-                    let l = self.backing(id)?;
+                    let l = self.names.locate(id)?;
                     let f = self
                         .stack
                         .open(l.tree, &l.path, libc::O_WRONLY | libc::O_APPEND, 0)
@@ -151,17 +137,17 @@ impl OverlayFs {
     ///
     /// Errors: the open's errno.
     pub(super) fn check_open_for_write(&self, id: u64, flags: i32) -> OpResult<()> {
-        let _g = self.ns.read();
+        let _g = self.names.shared();
         self.open_upper_as(id, flags).map(drop)
     }
 
     /// The check of [`Self::check_open_for_write`]: node `id`'s upper file opened with the
     /// access mode and `O_APPEND` bit of `flags`, `None` when the node has no upper file.
-    /// Caller holds `ns`.
+    /// Caller holds the namespace (`Names::shared`).
     ///
     /// Errors: `ENOENT` for a node that is gone, or the open's errno.
     fn open_upper_as(&self, id: u64, flags: i32) -> OpResult<Option<File>> {
-        let l = self.backing(id)?;
+        let l = self.names.locate(id)?;
         if !l.upper {
             return Ok(None);
         }

@@ -15,10 +15,12 @@ use std::path::Path;
 
 use fuser::Errno;
 
-use super::fs::{OpResult, OverlayFs, errno};
-use super::inode::{Backing, Loc, orphan_name};
-use super::stack::{Kind, Stack, Tree, top_lower};
-use super::whiteout;
+use super::OverlayFs;
+use crate::overlay::errno::{OpResult, errno};
+use crate::overlay::inode::{Backing, orphan_name};
+use crate::overlay::names::CopyState;
+use crate::overlay::stack::{Kind, Stack, Tree, top_lower};
+use crate::overlay::whiteout;
 use crate::sys::{self, Xattrs, child, cstr};
 
 /// Where copy-up reads the xattrs it copies: an open file or directory ([`Xattrs`]), or a
@@ -239,12 +241,12 @@ impl OverlayFs {
         let cparent = cstr(parent.as_os_str())?;
         // Copy-ups into one parent must not interleave here: each restores the parent's
         // timestamps as it saw them before its rename.
-        let _p = self.publish_lock.lock();
+        let _p = self.data.publish_lock();
         let ino = self.stack.stat(Tree::Work, tmp)?.st_ino;
-        self.nodes.register_upper(ino, id);
+        self.names.register_upper(ino, id);
         let pst = self.stack.stat(Tree::Upper, &cparent)?;
         if let Err(e) = self.stack.rename(Tree::Work, tmp, Tree::Upper, dst, 0) {
-            self.nodes.drop_upper(ino);
+            self.names.drop_upper(ino);
             let _ = self
                 .stack
                 .unlink(Tree::Work, tmp, Kind::from_mode(st.st_mode) == Kind::Dir);
@@ -258,29 +260,17 @@ impl OverlayFs {
     }
 
     /// Makes sure directory node `id` and all its ancestors exist in the upper dir (metadata
-    /// copy-up of lower directories). Caller holds `ns`.
+    /// copy-up of lower directories). Caller holds the namespace (`Names::shared`).
     pub(super) fn ensure_upper_dir(&self, id: u64) -> OpResult<()> {
-        let mut chain = Vec::new();
-        let mut cur = id;
-        loop {
-            let (upper, parent) = self
-                .nodes
-                .peek(cur, |n| (n.upper, n.loc.parent()))
-                .ok_or(Errno::ENOENT)?;
-            if upper {
-                break;
-            }
-            chain.push(cur);
-            cur = parent.ok_or(Errno::ENOENT)?;
-        }
-        for &d in chain.iter().rev() {
-            let _c = self.copy_locks.lock(d);
-            if self.nodes.peek(d, |n| n.upper).ok_or(Errno::ENOENT)? {
+        for d in self.names.missing_upper_dirs(id)? {
+            let _c = self.data.copy_lock(d);
+            if self.names.is_upper(d).ok_or(Errno::ENOENT)? {
                 continue;
             }
             let dir = self
-                .nodes
+                .names
                 .locate(d)
+                .ok()
                 .filter(|l| l.attached)
                 .ok_or(Errno::ENOENT)?;
             let (l, rel) = (top_lower(dir.lowers).ok_or(Errno::ENOENT)?, &dir.path);
@@ -289,24 +279,25 @@ impl OverlayFs {
                 .stage_copy(Tree::Lower(l), rel, &st, None)
                 .map_err(errno)?;
             self.publish_staged(&tmp, rel, &st, d).map_err(errno)?;
-            self.nodes.update(d, |n| n.upper = true);
+            self.names.dir_copied_up(d);
         }
         Ok(())
     }
 
     /// Copies node `id` up if it is not in the upper dir yet (regular files: bytes up to
-    /// `limit`, for a truncate that would discard the rest). Caller holds `ns`.
+    /// `limit`, for a truncate that would discard the rest). Caller holds the namespace
+    /// (`Names::shared`).
     ///
     /// Errors: `ENOENT` for a node that is gone; the errno of a failed copy (nothing is left
     /// half-copied in the upper dir).
     pub(super) fn copy_up(&self, id: u64, limit: Option<u64>) -> OpResult<()> {
         // Every WRITE comes through here: answer the common case from one read of the node.
-        let (upper, kind, gone, parent) = self
-            .nodes
-            .peek(id, |n| {
-                (n.upper, n.kind, n.loc == Loc::Gone, n.loc.parent())
-            })
-            .ok_or(Errno::ENOENT)?;
+        let CopyState {
+            upper,
+            kind,
+            gone,
+            parent,
+        } = self.names.copy_up_state(id)?;
         if upper {
             return Ok(());
         }
@@ -320,15 +311,15 @@ impl OverlayFs {
         if let Some(p) = parent {
             self.ensure_upper_dir(p)?;
         }
-        let _c = self.copy_locks.lock(id);
-        if self.nodes.peek(id, |n| n.upper).ok_or(Errno::ENOENT)? {
+        let _c = self.data.copy_lock(id);
+        if self.names.is_upper(id).ok_or(Errno::ENOENT)? {
             return Ok(());
         }
-        let src = self.backing(id)?;
+        let src = self.names.locate(id)?;
         let sl = src.tree;
         let st = self.stack.stat(sl, &src.path).map_err(errno)?;
         let tmp = self.stage_copy(sl, &src.path, &st, limit).map_err(errno)?;
-        if parent.is_some() && self.pt.has_open(id) {
+        if parent.is_some() && self.data.has_passthrough_open(id) {
             return self.supersede(id, &tmp, &src.path, &st);
         }
         if parent.is_some() {
@@ -339,36 +330,33 @@ impl OverlayFs {
             self.stack
                 .rename(Tree::Work, &tmp, Tree::Work, &dst, 0)
                 .map_err(errno)?;
-            self.kept_as_orphan(id);
+            self.names.kept_as_orphan(id);
             let ino = self.stack.stat(Tree::Work, &dst).map_err(errno)?.st_ino;
-            self.nodes.register_upper(ino, id);
+            self.names.register_upper(ino, id);
         }
-        self.nodes.update(id, |n| {
-            n.upper = true;
-            n.lowers = 0;
-        });
-        self.fds.forget(id);
+        self.names.copied_up(id);
+        self.data.drop_fd(id);
         Ok(())
     }
 
     /// Copy-up by re-lookup (`passthrough.rs`): lower file `id`, held open by the kernel
     /// through passthrough to the lower file, gets its copy (staged at `tmp` from `path`, stat
     /// `st`) under a **new** node id, which its name now resolves to and which shows `id` as
-    /// its `st_ino`; `id` follows the copy from now on ([`super::inode::Nodes::supersede`]).
+    /// its `st_ino`; `id` follows the copy from now on (`Nodes::supersede`).
     /// The kernel inode of `id` keeps its lower backing: no backing ever changes under an
     /// open file. An OPEN of `id` is answered `ESTALE` from now on, so the kernel looks the
-    /// name up again and opens the copy. Caller holds `ns` and `id`'s copy-up lock.
+    /// name up again and opens the copy. Caller holds the namespace (`Names::shared`) and `id`'s
+    /// copy-up lock.
     ///
     /// Errors: the errno of publishing the copy (then nothing changed).
     fn supersede(&self, id: u64, tmp: &CStr, path: &CStr, st: &libc::stat) -> OpResult<()> {
-        let copy = self.nodes.fresh_id();
-        self.nodes.show_as(copy, id);
+        let copy = self.names.copy_id(id);
         self.publish_staged(tmp, path, st, copy).map_err(errno)?;
-        if !self.nodes.supersede(id, copy, path.to_owned()) {
+        if !self.names.supersede(id, copy, path.to_owned()) {
             return Err(Errno::ENOENT);
         }
         self.index_node(copy, Some(path));
-        self.fds.forget(id);
+        self.data.drop_fd(id);
         tracing::debug!(node = id, copy, "copy-up by re-lookup");
         Ok(())
     }
@@ -376,7 +364,7 @@ impl OverlayFs {
     /// Copies the merged contents of directory `dir` (as `d`, already present in the upper
     /// dir) into the upper dir, recursively — used before renaming a directory that has lower
     /// contents. Every copied entry is registered under the id it had, so `st_ino` values do
-    /// not change. Caller holds `ns` (for reading is enough: each entry is copied under its
+    /// not change. Caller holds the namespace (shared is enough: each entry is copied under its
     /// copy-up lock, and no name can leave the merged view meanwhile).
     pub(super) fn copy_up_tree(&self, dir: u64, d: &Backing) -> OpResult<()> {
         let names = self
@@ -391,7 +379,7 @@ impl OverlayFs {
             let r = if r.upper {
                 r
             } else {
-                let _c = self.copy_locks.lock(r.id);
+                let _c = self.data.copy_lock(r.id);
                 // Another copy-up (a writer of this file) may have run meanwhile.
                 match self.resolve(dir, d, &name)? {
                     Some(r) if !r.upper => {
@@ -399,7 +387,7 @@ impl OverlayFs {
                         let tmp = self
                             .stage_copy(Tree::Lower(l), &crel, &r.st, None)
                             .map_err(errno)?;
-                        if r.kind != Kind::Dir && self.pt.has_open(r.id) {
+                        if r.kind != Kind::Dir && self.data.has_passthrough_open(r.id) {
                             self.supersede(r.id, &tmp, &crel, &r.st)?;
                         } else {
                             self.publish_staged(&tmp, &crel, &r.st, r.id)
@@ -412,12 +400,12 @@ impl OverlayFs {
                 }
             };
             if r.upper {
-                self.nodes.register_upper(r.st.st_ino, r.id);
+                self.names.register_upper(r.st.st_ino, r.id);
             }
             if r.kind == Kind::Dir && r.lowers != 0 {
                 self.copy_up_tree(r.id, &Backing::upper_dir(r.lowers, dir, crel))?;
             }
-            self.fds.forget(r.id);
+            self.data.drop_fd(r.id);
         }
         Ok(())
     }

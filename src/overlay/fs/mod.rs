@@ -1,29 +1,40 @@
-//! The overlay engine: name resolution across layers, attributes, and every filesystem
-//! operation as a method returning `Result<_, Errno>`; `fuse.rs`-style glue lives in
-//! `handlers.rs`.
+//! The overlay engine: [`OverlayFs`], the parts of a mount as private fields — the layer
+//! stack (`stack.rs`), the names (`names.rs`), the data (`node_data.rs`), the policy (`policy.rs`)
+//! and the kernel side (`kernel.rs`) — and every filesystem operation that needs more than one
+//! of them, as a method returning `Result<_, Errno>`. This file: opening a mount, resolving a
+//! name across the layers, attributes. Its children: namespace operations (`ops.rs`), copy-up
+//! (`copy_up.rs`), the data operations (`data_ops.rs`), attributes and xattrs (`attrs.rs`),
+//! file handles across a remount (`fhandle.rs`) and the `fuser::Filesystem` glue
+//! (`handlers.rs`). Only this module's files see the parts; none reaches inside one.
+
+mod attrs;
+mod copy_up;
+mod data_ops;
+mod fhandle;
+mod handlers;
+mod ops;
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
-use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FileType};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
-use super::OverlayConfig;
-use super::dir::{Listing, Listings};
-use super::errno::to_errno;
-use super::fdcache::{CopyLocks, FdCache};
-use super::inode::{Backing, Loc, Nodes, ORPHANS, ROOT};
-use super::links::{LinkGroups, Links};
-use super::passthrough::Passthrough;
-use super::policy::MountPolicy;
-use super::removed::Removed;
-use super::stack::{DirFds, Entry, Kind, Stack, Tree, top_lower};
 use crate::error::{Error, Result};
+use crate::overlay::OverlayConfig;
+use crate::overlay::dir::Listing;
+use crate::overlay::errno::{OpResult, errno};
+use crate::overlay::inode::{Backing, ORPHANS, ROOT};
+use crate::overlay::kernel::Kernel;
+use crate::overlay::links::Links;
+use crate::overlay::names::{Names, Relookup, Resolved};
+use crate::overlay::node_data::Data;
+use crate::overlay::policy::MountPolicy;
+use crate::overlay::stack::{DirFds, Entry, Stack, Tree};
 use crate::sys::child;
 
 /// How long the kernel may cache entries and attributes. Long: the lower layers are immutable
@@ -31,74 +42,23 @@ use crate::sys::child;
 pub const TTL: Duration = Duration::from_secs(3600);
 const NAME_MAX: usize = 255;
 
-/// Result type of the engine's operations: an errno for the kernel on failure.
-pub type OpResult<T> = std::result::Result<T, Errno>;
-
-/// What a name resolves to: the layer stack's [`Entry`] and the node id it has.
-#[derive(Clone, Debug)]
-pub struct Resolved {
-    /// The node id (= st_ino).
-    pub id: u64,
-    /// What the layers hold at the name.
-    pub entry: Entry,
-    /// The inode number and link count the name shows ([`OverlayFs::shown`]).
-    pub shown: (u64, u32),
-}
-
-impl std::ops::Deref for Resolved {
-    type Target = Entry;
-    fn deref(&self) -> &Entry {
-        &self.entry
-    }
-}
-
-/// The overlay filesystem state shared by all worker threads.
+/// The overlay filesystem state shared by all worker threads: the parts it is made of, each
+/// with private fields and a narrow interface — the layer stack, the names (node table,
+/// listings, removed names, the namespace lock), the data (fd cache, copy-up locks,
+/// passthrough), the mount's policy and the kernel side (notifier, node index). The engine's
+/// operations (this module's files) call into them; a part never reaches into another.
 pub struct OverlayFs {
-    pub(super) stack: Stack,
-    pub(super) nodes: Nodes,
-    pub(super) listings: Listings,
-    /// Serialises namespace changes that move existing paths (rename, unlink, rmdir) against
-    /// path-based operations. Taken once per operation at its top; never nested.
-    pub(super) ns: RwLock<()>,
-    /// Per-node copy-up locks (two writers never copy the same file twice; unrelated files
-    /// copy in parallel).
-    pub(super) copy_locks: CopyLocks,
-    /// Serialises the short publish step of copy-ups (rename into the upper dir and restoring
-    /// the parent's timestamps).
-    pub(super) publish_lock: Mutex<()>,
-    /// The fd cache: each node's open data file (`data.rs`).
-    pub(super) fds: FdCache,
-    /// What the kernel still holds of removed names: orphans and removed directories
-    /// (`removed.rs`).
-    pub(super) removed: Removed,
+    stack: Stack,
+    names: Names,
+    data: Data,
+    policy: MountPolicy,
+    kernel: Kernel,
     tmp_seq: std::sync::atomic::AtomicU64,
-    /// FUSE passthrough state (see `passthrough.rs`).
-    pub(super) pt: Passthrough,
-    /// The mount's fixed choices: read-only, strictatime, ownership mapping, how lowers
-    /// show hard links (`policy.rs`).
-    pub(super) policy: MountPolicy,
     /// The private views the layers are read through, kept open for the life of the mount:
     /// noatime views of the lowers in passthrough mode ([`Stack::lowers_noatime`]) and the
     /// view of the upper dir and workdir with the mount's atime rule
     /// ([`Stack::upper_atime`]).
     _lower_views: Vec<std::os::fd::OwnedFd>,
-    /// The session's notifier, set once the session exists (`daemon.rs`): how the engine tells
-    /// the kernel that attributes it caches changed where no reply carries them (FUSE_IOCTL).
-    pub(super) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
-    /// The node index this mount keeps in its workdir so file handles survive a remount
-    /// (`node_index.rs`); `None` for mounts that keep none.
-    pub(super) journal: Option<super::node_index::Journal>,
-}
-
-/// The inode number shown for link group `group` of store layer `layer` (see `links.rs`):
-/// top byte 0x7f, which no node id has (lower ids use 0x01..=0x40, path ids set the top bit,
-/// counter ids stay below 2^56).
-fn group_ino(layer: u8, group: u32) -> u64 {
-    (0x7f << 56) | ((layer as u64) << 48) | group as u64
-}
-
-pub(super) fn errno(e: io::Error) -> Errno {
-    to_errno(&e)
 }
 
 fn ts(sec: i64, nsec: i64) -> SystemTime {
@@ -151,15 +111,6 @@ pub fn attr_from_stat(ino: u64, st: &libc::stat, nlink: u32) -> FileAttr {
         rdev: st.st_rdev as u32,
         blksize: st.st_blksize as u32,
         flags: 0,
-    }
-}
-
-/// What a multiply-linked file at `path` of store layer `layer` (link groups `g`), node `id`,
-/// shows: its group's inode and size, or its node id and one link when it is in no group.
-fn shown_recorded(id: u64, layer: u8, g: &LinkGroups, path: &std::ffi::CStr) -> (u64, u32) {
-    match g.group(path) {
-        Some((group, size)) => (group_ino(layer, group), size),
-        None => (id, 1),
     }
 }
 
@@ -228,7 +179,7 @@ impl OverlayFs {
             })?;
             let fs = OverlayFs::with_stack(cfg, stack)?;
             if !cfg.has_upper() {
-                fs.nodes.update(super::inode::ROOT, |n| n.upper = false);
+                fs.names.root_without_upper();
             }
             return Ok(fs);
         }
@@ -302,27 +253,19 @@ impl OverlayFs {
             .map(|i| Links::load(cfg.lower_links.get(i).unwrap_or(&Default::default())))
             .collect::<io::Result<Vec<_>>>()
             .map_err(|e| Error::invalid(format!("cannot read the link groups of a lower: {e}")))?;
-        let cap = NonZeroUsize::new(4096).expect("nonzero");
         Ok(OverlayFs {
             stack,
-            nodes: Nodes::new(lowers),
-            listings: Listings::default(),
-            ns: RwLock::new(()),
-            copy_locks: CopyLocks::default(),
-            publish_lock: Mutex::new(()),
-            fds: FdCache::new(cap),
-            removed: Removed::default(),
-            tmp_seq: Default::default(),
-            pt: Passthrough::new(passthrough),
-            _lower_views: views,
+            names: Names::new(lowers),
+            data: Data::new(passthrough),
             policy: MountPolicy::new(
                 cfg.squash,
                 cfg.read_only,
                 rule.mode == crate::sys::AtimeMode::Strict,
                 links,
             ),
-            journal: None,
-            notifier: Default::default(),
+            kernel: Kernel::default(),
+            tmp_seq: Default::default(),
+            _lower_views: views,
         })
     }
 
@@ -330,13 +273,13 @@ impl OverlayFs {
     /// file, for a STATX: where its data is is looked up once for both. The birth time is the
     /// upper copy's once there is one, as kernel overlayfs shows the real inode's, and `None`
     /// where its filesystem keeps none or the node has no file any more (a removed directory
-    /// held open). Caller holds `ns`.
+    /// held open). Caller holds the namespace.
     ///
     /// Errors: as [`Self::getattr_node`].
     pub(super) fn statx_node(&self, id: u64) -> OpResult<(FileAttr, Option<SystemTime>)> {
-        match self.backing(id) {
+        match self.names.locate(id) {
             Ok(l) => Ok((self.attr_at(id, &l)?, self.birth_time(&l))),
-            Err(e) => self.gone_dir_attr(id).map(|a| (a, None)).ok_or(e),
+            Err(e) => self.names.gone_dir_attr(id).map(|a| (a, None)).ok_or(e),
         }
     }
 
@@ -350,27 +293,7 @@ impl OverlayFs {
     /// Where the daemon puts the session's notifier once the session is made (the engine is
     /// moved into the session first).
     pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
-        self.notifier.clone()
-    }
-
-    /// Makes the kernel drop the attributes it caches of node `id` (FUSE_NOTIFY_INVAL_INODE
-    /// with a negative offset: attributes and ACLs only, no page cache), so the next stat asks
-    /// the daemon. Sent from the handler before its reply: with no page range the kernel's
-    /// `fuse_reverse_inval_inode` takes no inode lock and waits for no page, so the request in
-    /// flight cannot deadlock it (unlike INVAL_ENTRY or a page range, see
-    /// /work/shared/notes/warmstart.md), and the caller's next stat sees the change. Written
-    /// to /dev/fuse, also when requests come over io_uring (6.18 takes no notification
-    /// there). Best effort: without a session (unit tests), or when the kernel no longer has
-    /// the inode (ENOENT), there is nothing cached to drop.
-    pub(super) fn invalidate_attrs(&self, id: u64) {
-        let Some(n) = self.notifier.get() else {
-            return;
-        };
-        match n.inval_inode(fuser::INodeNo(id), -1, 0) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => tracing::debug!(node = id, "inval_inode: {e}"),
-        }
+        self.kernel.notifier_slot()
     }
 
     /// A fresh name for a staging entry in the workdir.
@@ -381,37 +304,8 @@ impl OverlayFs {
         CString::new(format!("tmp-{}-{n}", std::process::id())).expect("no NUL")
     }
 
-    /// Relative path of an attached node. Errors: `ENOENT` for detached nodes.
-    pub(super) fn path_of(&self, id: u64) -> OpResult<CString> {
-        self.nodes.path(id).ok_or(Errno::ENOENT)
-    }
-
-    /// Where node `id` currently keeps its data. Errors: `ENOENT` for a node that is gone.
-    pub(super) fn backing(&self, id: u64) -> OpResult<Backing> {
-        self.nodes.locate(id).ok_or(Errno::ENOENT)
-    }
-
-    /// Directory node `id` as one read of the node table finds it: the layers it is merged
-    /// from, its path and its parent. The caller holds `ns`, so the snapshot stays true for
-    /// the rest of its operation.
-    ///
-    /// Errors: `ENOTDIR` for another kind of node, `ENOENT` for one that is absent, removed or
-    /// detached.
-    pub(super) fn dir(&self, id: u64) -> OpResult<Backing> {
-        match self.nodes.locate(id) {
-            Some(l) if l.kind != Kind::Dir => Err(Errno::ENOTDIR),
-            Some(l) if l.attached => Ok(l),
-            Some(_) => Err(Errno::ENOENT),
-            // Removed, or below a detached node: the kind still decides first.
-            None if self.nodes.peek(id, |n| n.kind != Kind::Dir) == Some(true) => {
-                Err(Errno::ENOTDIR)
-            }
-            None => Err(Errno::ENOENT),
-        }
-    }
-
-    /// Resolves `name` in directory node `parent` (as [`Self::dir`] found it: `pdir`) across
-    /// the layers ([`Stack::lookup`]) and gives it its node id (see [`super::inode`]).
+    /// Resolves `name` in directory node `parent` (as [`Names::dir`] found it: `pdir`) across
+    /// the layers ([`Stack::lookup`]) and gives it its node id ([`Names::identify`]).
     /// `Ok(None)` when the name does not exist in the merged view (absent or whited out).
     ///
     /// Errors: `ENAMETOOLONG`, or the errno of reading a layer.
@@ -432,7 +326,10 @@ impl OverlayFs {
         else {
             return Ok(None);
         };
-        Ok(Some(self.identify(parent, name, e, || Ok(crel))?))
+        let r = self
+            .names
+            .identify(parent, name, e, &self.policy, || Ok(crel))?;
+        Ok(Some(r))
     }
 
     /// Like [`Self::resolve`], with the parent directory's layers open (`at`, made from the
@@ -455,81 +352,18 @@ impl OverlayFs {
         let Some(e) = at.lookup(&cname).map_err(errno)? else {
             return Ok(None);
         };
-        let r = self.identify(parent, name, e, || child(&pdir.path, name).map_err(errno))?;
+        let path = || child(&pdir.path, name).map_err(errno);
+        let r = self.names.identify(parent, name, e, &self.policy, path)?;
         Ok(Some(r))
     }
 
-    /// Gives the entry `e` found at `name` in directory node `parent` its node id (see
-    /// [`super::inode`]) and the identity it shows; `path` builds its path relative to the layer
-    /// roots, needed only for a multiply-linked lower file.
-    fn identify(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        e: Entry,
-        path: impl FnOnce() -> OpResult<CString>,
-    ) -> OpResult<Resolved> {
-        let id = match (e.upper, top_lower(e.lowers), e.lower_ino) {
-            // A merged directory: identity from the top lower dir.
-            (true, Some(l), Some(ino)) => self.nodes.lower_id(l, ino),
-            (true, _, _) => self.nodes.upper_id(e.st.st_ino),
-            (false, Some(l), _) if e.kind == Kind::Dir || e.st.st_nlink <= 1 => {
-                self.nodes.lower_id(l, e.st.st_ino)
-            }
-            (false, _, _) => self.nodes.path_id(parent, name),
-        };
-        let shown = if self.shown_needs_path(&e) {
-            self.shown(id, &e, &path()?)
-        } else {
-            self.shown(id, &e, c"")
-        };
-        Ok(Resolved {
-            id,
-            entry: e,
-            shown,
-        })
-    }
-
-    /// Whether [`Self::shown`] reads the entry's path: only for a lower non-directory with
-    /// several links.
-    fn shown_needs_path(&self, e: &Entry) -> bool {
-        e.kind != Kind::Dir && !e.upper && e.st.st_nlink > 1 && e.lowers != 0
-    }
-
-    /// The inode number and link count that entry `e` at `path` (relative to the layer roots),
-    /// node `id`, shows: its node id and own link count, except
-    /// * a merged directory shows nlink 1 (its link count is not known without reading every
-    ///   layer; `find` and `fts` take 1 as "unknown");
-    /// * a lower non-directory with several links shows, as kernel overlayfs does, the lower
-    ///   inode's identity (one `st_ino` for all its names, [`Nodes::lower_id`]) and its link
-    ///   count — while each name stays a node of its own, so a name that is copied up breaks
-    ///   from the group (kernel overlayfs without `index=on`);
-    /// * in a store layer ([`Links::Recorded`]) such a file shows its recorded link group's
-    ///   inode and size, and a file in no group shows its node id and nlink 1.
-    pub(super) fn shown(&self, id: u64, e: &Entry, path: &std::ffi::CStr) -> (u64, u32) {
-        // The copy made by a copy-up by re-lookup shows the node it superseded.
-        let id = self.nodes.shown_id(id);
-        let nlink = e.st.st_nlink as u32;
-        if e.kind == Kind::Dir {
-            return (id, if e.lowers != 0 { 1 } else { nlink });
-        }
-        let top = top_lower(e.lowers).filter(|_| !e.upper && nlink > 1);
-        let Some(l) = top else {
-            return (id, nlink);
-        };
-        match self.policy.links(l) {
-            Some(Links::Recorded(g)) => shown_recorded(id, l, g, path),
-            _ => (self.nodes.lower_id(l, e.st.st_ino), nlink),
-        }
-    }
-
-    /// Resolves a child of `parent`; returns the parent as [`Self::dir`] found it too.
+    /// Resolves a child of `parent`; returns the parent as [`Names::dir`] found it too.
     pub(super) fn resolve_in(
         &self,
         parent: u64,
         name: &OsStr,
     ) -> OpResult<(Backing, Option<Resolved>)> {
-        let pdir = self.dir(parent)?;
+        let pdir = self.names.dir(parent)?;
         let r = self.resolve(parent, &pdir, name)?;
         Ok((pdir, r))
     }
@@ -540,7 +374,7 @@ impl OverlayFs {
         let (ino, nlink) = r.shown;
         let mut attr = attr_from_stat(ino, &r.st, nlink);
         // The orphan link in the workdir (kept for open fds) is not a name the user can see.
-        if r.upper && self.removed.is_orphan(r.id) {
+        if r.upper && self.names.is_orphan(r.id) {
             attr.nlink = attr.nlink.saturating_sub(1);
         }
         self.policy.squashed(attr)
@@ -555,11 +389,6 @@ impl OverlayFs {
     ) -> OpResult<Option<(u64, FileAttr)>> {
         let (pdir, r) = self.resolve_in(parent, name)?;
         Ok(r.map(|r| (r.id, self.remember(parent, &pdir, name, &r))))
-    }
-
-    /// The generation sent with every entry of this mount ([`Nodes::generation`]).
-    pub(super) fn generation(&self) -> fuser::Generation {
-        fuser::Generation(self.nodes.generation().into())
     }
 
     /// LOOKUP(`id`, "."): node `id` itself, which the kernel may have forgotten (it opens a
@@ -579,37 +408,23 @@ impl OverlayFs {
     ///
     /// Errors: as [`Self::lookup_self`], for the parent.
     pub(super) fn lookup_parent(&self, id: u64) -> OpResult<(u64, FileAttr)> {
-        let parent = if id == ROOT {
-            ROOT
-        } else {
-            match self.nodes.peek(id, |n| n.loc.parent()) {
-                Some(p) => p.ok_or(Errno::ENOENT)?,
-                None => self.nodes.parked(id).ok_or(Errno::ENOENT)?.0,
-            }
-        };
+        let parent = self.names.parent(id)?;
         Ok((parent, self.revive(parent, 0)?))
     }
 
     /// Records one more kernel reference to node `id` and returns its attributes: a node in
     /// the table must be attached; a forgotten one is resolved again at its parked name
     /// (its parent revived the same way) and must resolve to `id`. Either way the node then
-    /// holds a lookup of its parent ([`Node::pin`](super::inode::Node::pin)), revived the
-    /// same way, since the kernel's dentry of it has no parent to hold one.
+    /// holds a lookup of its parent ([`Names::pin`]), revived the same way, since the kernel's
+    /// dentry of it has no parent to hold one.
     ///
     /// Errors: as [`Self::lookup_self`].
     fn revive(&self, id: u64, depth: u32) -> OpResult<FileAttr> {
         if depth > 4096 {
             return Err(Errno::ENOENT);
         }
-        let live = self.nodes.update(id, |n| match n.loc {
-            Loc::Attached { parent, .. } => {
-                n.lookups += 1;
-                Some((parent, n.pin))
-            }
-            _ => None,
-        });
-        match live {
-            Some(Some((parent, pin))) => {
+        match self.names.relookup(id) {
+            Relookup::Attached { parent, pin } => {
                 // The kernel gets this node on a dentry with no parent, so nothing of the
                 // kernel's may hold its directory: the node holds it (as one found at its
                 // parked name does), or the kernel's forgetting that directory leaves it with
@@ -618,21 +433,21 @@ impl OverlayFs {
                 // on its way.
                 if pin == 0 && parent != ROOT && id != ROOT {
                     if let Err(e) = self.revive(parent, depth + 1) {
-                        self.nodes.unremember(id);
+                        self.names.unremember(id);
                         return Err(e);
                     }
-                    if !self.nodes.pin(id, parent) {
+                    if !self.names.pin(id, parent) {
                         self.forget(parent, 1);
                     }
                 }
                 return self
                     .getattr_node(id)
-                    .inspect_err(|_| self.nodes.unremember(id));
+                    .inspect_err(|_| self.names.unremember(id));
             }
-            Some(None) => return Err(Errno::ENOENT),
-            None => {}
+            Relookup::Detached => return Err(Errno::ENOENT),
+            Relookup::Absent => {}
         }
-        let (parent, name) = self.nodes.parked(id).ok_or(Errno::ENOENT)?;
+        let (parent, name) = self.names.parked(id).ok_or(Errno::ENOENT)?;
         self.revive(parent, depth + 1)?;
         let found = self.resolve_in(parent, &name);
         let out = match found {
@@ -642,14 +457,14 @@ impl OverlayFs {
         };
         // Kept while the node lives when it was found (its dentry has no parent to pin it);
         // the parent is a directory: never an orphan, so forgetting takes no namespace lock.
-        if out.is_err() || !self.nodes.pin(id, parent) {
+        if out.is_err() || !self.names.pin(id, parent) {
             self.forget(parent, 1);
         }
         out
     }
 
     /// Records a kernel reference to the resolved entry `name` of directory node `parent`
-    /// (as [`Self::dir`] found it: `pdir`) and returns the attributes to send with it.
+    /// (as [`Names::dir`] found it: `pdir`) and returns the attributes to send with it.
     pub(super) fn remember(
         &self,
         parent: u64,
@@ -657,10 +472,8 @@ impl OverlayFs {
         name: &OsStr,
         r: &Resolved,
     ) -> FileAttr {
-        let new_name = self
-            .nodes
-            .remember(r.id, parent, name, r.kind, r.upper, r.lowers);
-        if self.journal.is_some() {
+        let new_name = self.names.remember(parent, name, r);
+        if self.kernel.keeps_index() {
             let upper_st = r.upper.then_some(&r.st);
             self.index_remembered(r.id, &pdir.path, name, upper_st, new_name);
         }
@@ -668,33 +481,25 @@ impl OverlayFs {
     }
 
     /// Current attributes of node `id` (for a removed directory still held by the kernel, the
-    /// ones kept in [`Removed`]).
+    /// ones the names part keeps).
     ///
     /// Errors: `ENOENT` for a node that is not (or no longer) known, or the `fstatat` errno.
     pub(super) fn getattr_node(&self, id: u64) -> OpResult<FileAttr> {
-        match self.backing(id) {
+        match self.names.locate(id) {
             Ok(l) => self.attr_at(id, &l),
-            Err(e) => self.gone_dir_attr(id).ok_or(e),
+            Err(e) => self.names.gone_dir_attr(id).ok_or(e),
         }
     }
 
-    /// The kept attributes of `id` when it is a removed directory the kernel still holds.
-    pub(super) fn gone_dir_attr(&self, id: u64) -> Option<FileAttr> {
-        if self.nodes.peek(id, |n| n.loc == Loc::Gone) != Some(true) {
-            return None;
-        }
-        self.removed.dir_attr(id)
-    }
-
-    /// The attributes of node `id`, whose data is where [`Self::backing`] found it (`l`); for
-    /// a lower file whose fd is cached, from that fd ([`FdCache::lower_stat`]).
+    /// The attributes of node `id`, whose data is where [`Names::locate`] found it (`l`); for
+    /// a lower file whose fd is cached, from that fd ([`Data::lower_stat`]).
     ///
     /// Errors: the `fstatat`/`fstat` errno.
     pub(super) fn attr_at(&self, id: u64, l: &Backing) -> OpResult<FileAttr> {
         // A superseded node's attributes are its copy's (`l` is where the copy is).
-        let id = self.nodes.successor_if_any(id);
+        let id = self.names.successor_or_self(id);
         let cached = match l.tree {
-            Tree::Lower(_) => self.fds.lower_stat(id),
+            Tree::Lower(_) => self.data.lower_stat(id),
             _ => None,
         };
         let st = match cached {
@@ -709,7 +514,7 @@ impl OverlayFs {
             lower_ino: None,
             st,
         };
-        let shown = self.shown(id, &entry, &l.path);
+        let shown = self.names.shown(id, &entry, &l.path, &self.policy);
         let r = Resolved { id, entry, shown };
         let mut attr = self.attr_of(&r);
         // An unlinked lower-only file has no name left.
@@ -719,16 +524,12 @@ impl OverlayFs {
         Ok(attr)
     }
 
-    /// The listing of directory node `dir` (as [`Self::dir`] found it: `d`; its layers open
-    /// in `at`), built from the layers' merged names on first use.
+    /// The listing of directory node `dir` (its layers open in `at`), built from the layers'
+    /// merged names on first use.
     ///
     /// Errors: the errno of reading a layer.
     pub(super) fn listing(&self, dir: u64, at: &DirFds<'_>) -> OpResult<Arc<Mutex<Listing>>> {
-        if let Some(l) = self.listings.get(dir) {
-            return Ok(l);
-        }
-        let names = at.merged_names().map_err(errno)?;
-        Ok(self.listings.insert(dir, names))
+        self.names.listing(dir, || at.merged_names())
     }
 }
 
