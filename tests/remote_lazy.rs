@@ -469,6 +469,48 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
 /// entry's type, mode, size, links, owner, mtime and symlink target through B's lazy mount
 /// show exactly what a local hit on A shows, and the daemon's report says no file was opened
 /// (background completion still fetches: that is not what a reader waits for).
+/// Writing into a lazily mounted layer copies up from it like from a local one: an append to a
+/// lower file keeps its bytes and its `user.*` xattr (which the manifest holds, not the fetched
+/// bytes), a new file in a lower directory (that directory copied up), a chmod of the stored-alone
+/// big file; the run's view shows it all and the layer itself is unchanged when it completes.
+#[test]
+fn writes_to_a_lazy_layer_copy_up_as_from_a_local_one() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, a, _) = pushed_by_a(&w, "write", 6);
+    let b = Runner::new(&w, sb.path("store-b"), "write", "");
+    let script = "set -e; echo more >> $DATA/a/s1.txt; cat $DATA/a/s1.txt; \
+         python3 -c 'import os, sys; print(os.getxattr(sys.argv[1], \"user.note\").decode())' \
+           $DATA/a/s1.txt; \
+         mkdir $DATA/a/b/new; echo x > $DATA/a/b/new/y; echo z > $DATA/c/added; \
+         chmod 700 $DATA/big.bin; stat -c %a $DATA/big.bin; ls $DATA/a/b";
+    let script = format!("{script}; {}", wait_complete(&b));
+    let rb = b.run(&sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    // (stdout: the `--json` summary line, then COMMAND's output)
+    assert!(
+        out(&rb).ends_with("\nsmall 1\nmore\nhello\n700\ndeep.txt\nnew\n"),
+        "{}",
+        out(&rb)
+    );
+    assert_eq!(b.events()[0]["remote_lazy"], true, "{}", b.events()[0]);
+    // The writes went to the run's upper only: the layer B completes is A's.
+    let done = line_of(&rb, "layercache: data: fetched lazily ");
+    assert!(
+        done.contains("the layer is complete and now local"),
+        "{done}"
+    );
+    let (ta, tb) = (
+        tree_of(&only_layer(&a).join("tree")),
+        tree_of(&only_layer(&b).join("tree")),
+    );
+    assert_eq!(ta, tb);
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
 #[test]
 fn listing_a_lazy_layer_opens_no_file() {
     if !ready() {

@@ -173,19 +173,18 @@ impl OverlayFs {
                     )?;
                     let len = limit.map_or(st.st_size as u64, |l| l.min(st.st_size as u64));
                     copy_data(&src, &dst, len)?;
-                    copy_xattrs(&Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
+                    // Through the layer, not the opened file: a layer served from a manifest
+                    // keeps a file's xattrs there, not on its data file.
+                    copy_xattrs(&LayerXattrs(&self.stack, sl, srel), Xattrs::Fd(dst.as_fd()))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
                 Kind::Dir => {
                     self.stack.mkdir(Tree::Work, &tmp, 0o700)?;
-                    let src = self
-                        .stack
-                        .open(sl, srel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
                     let dst =
                         self.stack
                             .open(Tree::Work, &tmp, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                    copy_xattrs(&Xattrs::Fd(src.as_fd()), Xattrs::Fd(dst.as_fd()))?;
+                    copy_xattrs(&LayerXattrs(&self.stack, sl, srel), Xattrs::Fd(dst.as_fd()))?;
                     self.stack.chown(Tree::Work, &tmp, st.st_uid, st.st_gid)?;
                     self.stack.chmod(Tree::Work, &tmp, mode)?;
                 }
