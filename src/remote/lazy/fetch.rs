@@ -179,7 +179,7 @@ pub(super) struct Shared {
     manifest: Arc<RemoteManifest>,
     tree: Arc<Tree>,
     objects: LocalObjects,
-    /// `held/`: a link to every local object of the layer, by hex id.
+    /// `held/`: the verified bytes of every object of the layer that is here, by hex id.
     held: PathBuf,
     ids: Vec<ObjectId>,
     loc: Vec<Loc>,
