@@ -414,6 +414,12 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
         "no ranged pack read: {log:?}"
     );
     assert_eq!(gets("/objects/"), 2, "{log:?}");
+    // The manifest came in its compact form (at the mount, and again to publish); the JSON
+    // one was never read.
+    assert!(
+        gets(".compact") >= 1 && gets("/manifests/") == gets(".compact"),
+        "{log:?}"
+    );
     assert!(
         log.iter()
             .filter(|r| r["path"].as_str().unwrap().contains("/objects/"))
@@ -859,6 +865,72 @@ fn a_missing_object_breaks_the_lazy_layer_for_good_and_nothing_wrong_is_served()
         stderr(&again)
     );
     assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A layer pushed by an older version has only the JSON manifest: B's lazy run asks for the
+/// compact one, gets 404, reads the JSON and mounts lazily all the same (the right bytes); C's
+/// full pull of it is as good; and `remote gc` keeps a live layer's manifests, both forms.
+#[test]
+fn a_layer_without_a_compact_manifest_still_mounts_lazily_and_pulls() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "old", 1);
+    let layer = only_layer(&a);
+    let layer_id = layer.file_name().unwrap().to_str().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = s3(&w);
+    let manifest = |ext: &str| {
+        object_store::path::Path::from(format!(
+            "old/v1/projects/{PROJECT}/manifests/{layer_id}.{ext}"
+        ))
+    };
+    let exists = |p: &object_store::path::Path| rt.block_on(client.head(p)).is_ok();
+    assert!(exists(&manifest("json")) && exists(&manifest("compact")));
+    // gc keeps a live layer's manifests (grace 0: only liveness protects them).
+    let gc = a.lc(&["remote", "gc", "--grace", "0"]);
+    assert!(gc.status.success(), "{}", stderr(&gc));
+    assert!(exists(&manifest("json")) && exists(&manifest("compact")));
+    rt.block_on(client.delete(&manifest("compact"))).unwrap();
+
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "old", "");
+    let script = "cat $DATA/a/s1.txt $DATA/link && sha256sum < $DATA/big.bin";
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    let big = sha256(&layer.join("tree/big.bin"));
+    assert_eq!(out(&rb), format!("small 1\ndeep\n{big}  -\n"));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    let asked: Vec<(String, u64)> = (link.log().iter())
+        .filter(|r| r["path"].as_str().unwrap().contains("/manifests/"))
+        .map(|r| {
+            let p = r["path"].as_str().unwrap();
+            (
+                p.rsplit('.').next().unwrap().to_string(),
+                r["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        asked[..2],
+        [("compact".to_string(), 404), ("json".to_string(), 200)],
+        "the compact form first, then the JSON: {asked:?}"
+    );
+
+    let c = Runner::new(&w, sb.path("store-c"), "old", "").with_env("LAYERCACHE_LAZY", "0");
+    let rc = c.run_as(false, &sb, &spec, &["sh", "-c", script]);
+    assert_eq!(rc.status.code(), Some(0), "{}", show(&rc));
+    assert_eq!(out(&rc), out(&rb));
+    assert_eq!(c.events()[0]["remote_lazy"], false);
+    assert_store_verifies(&c);
     assert!(sb.mounts_below().is_empty());
 }
 

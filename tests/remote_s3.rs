@@ -364,7 +364,29 @@ fn concurrent_publish_of_one_key_keeps_one_and_gc_removes_the_loser() {
         .join("tree");
     let f0 = std::fs::read_to_string(pd.join("f0")).unwrap();
     assert!(f0 == "a 0" || f0 == "b 0", "{f0}");
-    // The loser's pack and manifest are garbage; the winner's stay.
+    // The loser's pack and manifest (both forms) are garbage; the winner's stay.
+    let manifests = || -> Vec<String> {
+        use futures::TryStreamExt;
+        use object_store::ObjectStore;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = object_store::path::Path::from("race/v1/projects/race/manifests");
+        let mut names: Vec<String> = rt
+            .block_on(s3(&w).list(Some(&dir)).try_collect::<Vec<_>>())
+            .unwrap()
+            .into_iter()
+            .map(|m| m.location.filename().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let form = |n: &str| n.rsplit('.').next().unwrap().to_string();
+    let before = manifests();
+    let mut forms: Vec<String> = before.iter().map(|n| form(n)).collect();
+    forms.sort();
+    assert_eq!(forms, ["compact", "compact", "json", "json"], "{before:?}");
     let gc: serde_json::Value =
         serde_json::from_slice(&a.lc(&["--json", "remote", "gc", "--grace", "0"]).stdout).unwrap();
     // (20 small files: one pack per runner.)
@@ -377,6 +399,11 @@ fn concurrent_publish_of_one_key_keeps_one_and_gc_removes_the_loser() {
         "{gc}"
     );
     assert!(gc["broken_keys"].as_array().unwrap().is_empty());
+    assert_eq!(
+        manifests(),
+        [format!("{winner}.compact"), format!("{winner}.json")],
+        "{before:?}"
+    );
     let d = Runner::new(&w, sb.path("store-d"), "race", "");
     assert!(
         d.lc(&["remote", "pull", "--project", "race", "--cache", "c", "k1"])

@@ -93,6 +93,12 @@ impl Layout {
         self.manifests(p).join(format!("{layer}.json"))
     }
 
+    /// `…/manifests/<layer>.compact`: the same manifest in its compact form (`compact.rs`),
+    /// written after the JSON one; absent for layers pushed by older versions.
+    pub fn compact_manifest(&self, p: &ProjectId, layer: &LayerId) -> ObjectPath {
+        self.manifests(p).join(format!("{layer}.compact"))
+    }
+
     /// `<prefix>/v1/projects/<project>/key-salt`: the project's key salt (64 hex digits),
     /// created once, create-only (store/salt.rs).
     pub fn salt(&self, p: &ProjectId) -> ObjectPath {

@@ -405,10 +405,68 @@ pub struct Location {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ids::{CacheId, CacheKey, ProjectId};
     use crate::store::{MANIFEST_FORMAT, TreeCounts, new_layer_id};
+
+    /// An entry of [`sample_manifest`]: owner 7:8, fixed times, one xattr.
+    pub(crate) fn sample_entry(path: &str, kind: Kind, mode: u32) -> Entry {
+        Entry {
+            path: path.into(),
+            kind,
+            mode,
+            uid: 7,
+            gid: 8,
+            mtime: (100, 5),
+            atime: (200, 6),
+            xattrs: vec![(hex("user.a"), hex("v1"))],
+        }
+    }
+
+    fn hex(s: &str) -> String {
+        s.bytes().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A small manifest with every kind but fifos, a link group and xattrs: the remote and
+    /// lazy tests' fixture.
+    pub(crate) fn sample_manifest() -> RemoteManifest {
+        let file = |o: &str, size| Kind::File {
+            object: o.repeat(32),
+            size,
+        };
+        RemoteManifest {
+            remote_format: REMOTE_MANIFEST_FORMAT,
+            layer: Manifest {
+                format: MANIFEST_FORMAT,
+                layer: new_layer_id(),
+                project: ProjectId::new("p").unwrap(),
+                cache: CacheId::new("c").unwrap(),
+                key: CacheKey::new("k").unwrap(),
+                parent: None,
+                created_ms: 0,
+                counts: TreeCounts::default(),
+                dropped: vec![],
+            },
+            entries: vec![
+                sample_entry("", Kind::Dir, 0o40755),
+                sample_entry("d", Kind::Dir, 0o40700),
+                sample_entry("d/e", Kind::Dir, 0o40755),
+                sample_entry("d/a", file("aa", 10), 0o100644),
+                sample_entry("d/hard", file("aa", 10), 0o100644),
+                sample_entry("b", file("bb", 3), 0o100755),
+                sample_entry(
+                    "l",
+                    Kind::Symlink {
+                        target: "d/a".into(),
+                    },
+                    0o120777,
+                ),
+            ],
+            packs: Default::default(),
+            links: vec![vec!["d/a".into(), "d/hard".into()]],
+        }
+    }
 
     /// A key record of a version before `inputs` still reads (no inputs), and one without
     /// inputs is written as before.

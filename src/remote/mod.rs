@@ -25,6 +25,7 @@
 
 #![forbid(unsafe_code)]
 
+mod compact;
 mod config;
 mod error;
 mod layout;

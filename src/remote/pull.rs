@@ -140,7 +140,9 @@ impl Remote {
         Ok((m, bytes.len() as u64))
     }
 
-    /// [`Remote::manifest`] with the bytes it was read from.
+    /// [`Remote::manifest`] with the bytes it was read from: the compact form
+    /// (`manifests/<layer>.compact`, see `compact.rs`) when the remote has it, else the JSON
+    /// one (a layer pushed by an older version). [`super::compact::parse`] reads either.
     ///
     /// Errors: as [`Remote::manifest`].
     pub async fn manifest_bytes(
@@ -149,16 +151,21 @@ impl Remote {
         cache: &CacheId,
         layer: &LayerId,
     ) -> Result<(RemoteManifest, bytes::Bytes)> {
-        let path = self.layout.manifest(project, layer);
         let what = format!("reading the manifest of layer {layer}");
-        let bytes = self
-            .store
-            .get(&path)
-            .await
-            .map_err(|e| self.error(&what, e))?
-            .bytes()
-            .await
-            .map_err(|e| self.error(&what, e))?;
+        let get = async |path: &object_store::path::Path| {
+            let got = self.store.get(path).await?;
+            got.bytes().await
+        };
+        let compact = self.layout.compact_manifest(project, layer);
+        let (path, bytes) = match get(&compact).await {
+            Ok(b) => (compact, b),
+            Err(e) if super::is_not_found(&e) => {
+                let path = self.layout.manifest(project, layer);
+                let b = get(&path).await.map_err(|e| self.error(&what, e))?;
+                (path, b)
+            }
+            Err(e) => return Err(self.error(&what, e)),
+        };
         let corrupt = |detail: String| -> Error {
             RemoteError::Corrupt {
                 url: self.cfg.url.clone(),
@@ -167,7 +174,7 @@ impl Remote {
             }
             .into()
         };
-        let m: RemoteManifest = serde_json::from_slice(&bytes)
+        let m = super::compact::parse(&bytes)
             .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
         m.validate().map_err(|e| corrupt(e.to_string()))?;
         if &m.layer.project != project || &m.layer.cache != cache || &m.layer.layer != layer {

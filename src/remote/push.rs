@@ -124,12 +124,27 @@ impl Remote {
             report.uploaded_objects = n;
             report.uploaded_bytes = bytes;
             let body = serde_json::to_vec(&m).map_err(|e| Error::Failed(e.to_string()))?;
+            let compact = super::compact::encode(&m)?;
             report.manifest_bytes = body.len() as u64;
-            let mpath = self.layout.manifest(project, layer);
-            self.store
-                .put(&mpath, PutPayload::from(body))
-                .await
-                .map_err(|e| self.error("writing the manifest", e))?;
+            // JSON first (every version reads it), then the compact form (what a lazy mount
+            // and a pull of this version read first), then the key.
+            for (path, body, what) in [
+                (
+                    self.layout.manifest(project, layer),
+                    body,
+                    "writing the manifest",
+                ),
+                (
+                    self.layout.compact_manifest(project, layer),
+                    compact,
+                    "writing the compact manifest",
+                ),
+            ] {
+                self.store
+                    .put(&path, PutPayload::from(body))
+                    .await
+                    .map_err(|e| self.error(what, e))?;
+            }
             report.result = self.create_key(project, cache, key, &record).await?.into();
             Ok(())
         })?;

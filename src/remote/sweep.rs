@@ -39,6 +39,8 @@ struct Inventory {
     packs: HashMap<String, Vec<ObjectMeta>>,
     /// Manifests, by layer.
     manifests: HashMap<LayerId, ObjectMeta>,
+    /// Compact manifests (`<layer>.compact`), by layer: they go with their JSON manifest.
+    compacts: HashMap<LayerId, ObjectMeta>,
 }
 
 impl Inventory {
@@ -152,19 +154,25 @@ impl Remote {
             let id = name.split('.').next().unwrap_or(name).to_string();
             packs.entry(id).or_default().push(m);
         }
-        let manifests: HashMap<LayerId, ObjectMeta> = self
-            .list_all(&self.layout.manifests(project))
-            .await?
-            .into_iter()
-            .filter_map(|m| {
-                let name = m.location.filename()?.strip_suffix(".json")?;
-                Some((LayerId::new(name).ok()?, m))
-            })
-            .collect();
+        let (mut manifests, mut compacts) = (HashMap::new(), HashMap::new());
+        for m in self.list_all(&self.layout.manifests(project)).await? {
+            let Some(name) = m.location.filename() else {
+                continue;
+            };
+            let (set, layer) = match (name.strip_suffix(".json"), name.strip_suffix(".compact")) {
+                (Some(l), _) => (&mut manifests, l),
+                (_, Some(l)) => (&mut compacts, l),
+                _ => continue,
+            };
+            if let Ok(l) = LayerId::new(layer) {
+                set.insert(l, m);
+            }
+        }
         Ok(Inventory {
             objects,
             packs,
             manifests,
+            compacts,
         })
     }
 
@@ -262,6 +270,18 @@ impl Remote {
                 if !rep.dry_run {
                     self.delete(&m.location).await?;
                 }
+            }
+        }
+        // A compact manifest goes with its JSON one: kept while that is live or young (or,
+        // without one, while young itself: a push in flight writes the JSON first).
+        for (l, m) in &inv.compacts {
+            let young = |m: &ObjectMeta| m.last_modified.timestamp_millis() > cutoff;
+            if live.contains(l) || inv.manifests.get(l).map_or(young(m), young) {
+                continue;
+            }
+            rep.freed_bytes += m.size;
+            if !rep.dry_run {
+                self.delete(&m.location).await?;
             }
         }
         for (id, m) in &inv.objects {

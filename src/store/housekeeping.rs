@@ -790,11 +790,15 @@ fn partial_layers(
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let Some(rec) = rec else { continue };
-        let cache: Option<CacheId> = fs::read(dir.join("manifest.json")).ok().and_then(|b| {
-            // Only the layer's own header is needed; a full parse of a big manifest is not.
-            let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
-            CacheId::new(v["layer"]["cache"].as_str()?).ok()
-        });
+        // `cache` names it; partial directories of an earlier version only have the JSON
+        // manifest, whose header says it.
+        let cache: Option<CacheId> = match fs::read_to_string(dir.join("cache")) {
+            Ok(c) => CacheId::new(c.trim()).ok(),
+            Err(_) => fs::read(dir.join("manifest.json")).ok().and_then(|b| {
+                let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+                CacheId::new(v["layer"]["cache"].as_str()?).ok()
+            }),
+        };
         let Some(cache) = cache else { continue };
         let num = |k: &str| rec[k].as_u64().unwrap_or(0);
         let held: u64 = fs::read_dir(dir.join("held"))

@@ -10,9 +10,9 @@ use std::time::Instant;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use super::super::Remote;
-use super::super::manifest::{KeyRecord, RemoteManifest};
+use super::super::manifest::KeyRecord;
 use super::super::pull::Found;
-use super::{HELD, LINKS, LazyReport, LazySpec, MANIFEST, REPLAY, REPORT, TRACE};
+use super::{HELD, LINKS, LazyReport, LazySpec, MANIFEST, OLD_MANIFEST, REPLAY, REPORT, TRACE};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId};
 use crate::store::{LazyLower, ProjectDirs, PullReport, Store};
@@ -22,6 +22,9 @@ use crate::units::fmt_bytes;
 const BROKEN: &str = "broken";
 /// `key.json` of a partial directory: the key record the layer was found by.
 const KEY_RECORD: &str = "key.json";
+
+/// `cache` of a partial directory: the id of the cache the layer is of (what `ls` shows).
+const CACHE: &str = "cache";
 
 /// Writes `body` to `path` through a temporary file beside it and a rename (readers see the
 /// old file or the new one, never a part).
@@ -66,6 +69,12 @@ impl Remote {
         let held = dir.join(HELD);
         fs::create_dir_all(&held).at(&held)?;
         let mpath = dir.join(MANIFEST);
+        // A partial directory of an earlier version keeps its manifest as JSON: moved to
+        // the name the daemon reads (either form parses).
+        let old = dir.join(OLD_MANIFEST);
+        if !mpath.exists() && old.exists() {
+            fs::rename(&old, &mpath).at(&old)?;
+        }
         let have = fs::read(&mpath).ok();
         let trace_path = self.layout.trace(&pd.project, cache, &found.key);
         let (manifest, trace) = self.block_on(Some(self.cfg.lookup_timeout), async {
@@ -89,14 +98,18 @@ impl Remote {
         })?;
         let (m, manifest_bytes) = match (manifest, have) {
             (Some((m, bytes)), _) => {
-                replace_file(&mpath, &bytes)?;
+                // Kept compact, whatever form the remote had (the daemon parses it again).
+                match bytes.starts_with(super::super::compact::MAGIC) {
+                    true => replace_file(&mpath, &bytes)?,
+                    false => replace_file(&mpath, &super::super::compact::encode(&m)?)?,
+                }
                 let links = dir.join(LINKS);
                 crate::overlay::links::LinkGroups::write(&links, &m.links).at(&links)?;
                 let n = bytes.len() as u64;
                 (m, n)
             }
             (None, Some(bytes)) => {
-                let m: RemoteManifest = serde_json::from_slice(&bytes)
+                let m = super::super::compact::parse(&bytes)
                     .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
                 (m, 0)
             }
@@ -105,6 +118,7 @@ impl Remote {
         replace_file(&dir.join(REPLAY), trace.as_deref().unwrap_or_default())?;
         let record = serde_json::to_vec(&found.record).unwrap_or_default();
         replace_file(&dir.join(KEY_RECORD), &record)?;
+        replace_file(&dir.join(CACHE), cache.as_str().as_bytes())?;
         let here: HashSet<String> = fs::read_dir(&held)
             .at(&held)?
             .filter_map(|e| e.ok()?.file_name().into_string().ok())

@@ -34,7 +34,6 @@ use serde::{Deserialize, Serialize};
 
 use super::Remote;
 use super::config::RemoteConfig;
-use super::manifest::RemoteManifest;
 use crate::ids::ProjectId;
 use crate::overlay::{Layer, LayerDir};
 use crate::store::ObjectStore as LocalObjects;
@@ -42,8 +41,12 @@ pub use fetch::Limits;
 use fetch::Shared;
 use tree::Tree;
 
-/// `manifest.json` of a partial directory: the remote manifest as fetched.
-pub const MANIFEST: &str = "manifest.json";
+/// `manifest` of a partial directory: the remote manifest as fetched (compact or JSON form:
+/// `compact::parse` reads either).
+pub const MANIFEST: &str = "manifest";
+
+/// What partial directories of an earlier version hold instead of [`MANIFEST`] (JSON).
+pub const OLD_MANIFEST: &str = "manifest.json";
 /// `held/` of a partial directory: the verified bytes of each object of the layer that is
 /// here, by hex id (a fetched file, or a link to a store object with those bytes).
 pub const HELD: &str = "held";
@@ -157,7 +160,7 @@ impl LazyLayer {
         use crate::error::{Error, IoContext};
         let mpath = spec.dir.join(MANIFEST);
         let bytes = std::fs::read(&mpath).at(&mpath)?;
-        let m: RemoteManifest = serde_json::from_slice(&bytes)
+        let m = super::compact::parse(&bytes)
             .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
         let held_dir = spec.dir.join(HELD);
         let held = File::open(&held_dir).at(&held_dir)?;

@@ -259,64 +259,7 @@ fn d_type(mode: u32) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{CacheId, CacheKey, ProjectId};
-    use crate::remote::manifest::{Entry, REMOTE_MANIFEST_FORMAT};
-    use crate::store::{MANIFEST_FORMAT, Manifest, TreeCounts, new_layer_id};
-
-    fn entry(path: &str, kind: Kind, mode: u32) -> Entry {
-        Entry {
-            path: path.into(),
-            kind,
-            mode,
-            uid: 7,
-            gid: 8,
-            mtime: (100, 5),
-            atime: (200, 6),
-            xattrs: vec![(hex("user.a"), hex("v1"))],
-        }
-    }
-
-    fn hex(s: &str) -> String {
-        s.bytes().map(|b| format!("{b:02x}")).collect()
-    }
-
-    fn manifest() -> RemoteManifest {
-        let file = |o: &str, size| Kind::File {
-            object: o.repeat(32),
-            size,
-        };
-        RemoteManifest {
-            remote_format: REMOTE_MANIFEST_FORMAT,
-            layer: Manifest {
-                format: MANIFEST_FORMAT,
-                layer: new_layer_id(),
-                project: ProjectId::new("p").unwrap(),
-                cache: CacheId::new("c").unwrap(),
-                key: CacheKey::new("k").unwrap(),
-                parent: None,
-                created_ms: 0,
-                counts: TreeCounts::default(),
-                dropped: vec![],
-            },
-            entries: vec![
-                entry("", Kind::Dir, 0o40755),
-                entry("d", Kind::Dir, 0o40700),
-                entry("d/e", Kind::Dir, 0o40755),
-                entry("d/a", file("aa", 10), 0o100644),
-                entry("d/hard", file("aa", 10), 0o100644),
-                entry("b", file("bb", 3), 0o100755),
-                entry(
-                    "l",
-                    Kind::Symlink {
-                        target: "d/a".into(),
-                    },
-                    0o120777,
-                ),
-            ],
-            packs: Default::default(),
-            links: vec![vec!["d/a".into(), "d/hard".into()]],
-        }
-    }
+    use crate::remote::manifest::tests::{sample_entry as entry, sample_manifest as manifest};
 
     /// Every attribute a pulled tree would show through the overlay comes from the manifest:
     /// type, mode, owner, size, times (ctime = mtime), link counts (a link group's size; a
