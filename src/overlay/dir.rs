@@ -2,8 +2,8 @@
 //! [`Stack::merged_names`](super::stack::Stack::merged_names)) kept while the kernel holds it.
 //! Inside the names part (`names.rs`), which alone uses them.
 //!
-//! The kernel is told not to open directories (opendir answers ENOSYS), so readdir is
-//! stateless: offsets index a per-directory listing kept while the kernel holds the directory.
+//! Readdir is stateless (opendir answers ENOSYS, or in passthrough mode a handle that names
+//! nothing): offsets index a per-directory listing kept while the kernel holds the directory.
 //! The listing only grows at its end and deleted names become tombstones that keep their
 //! name: a name created again takes its old slot back. So offsets stay valid, and no entry
 //! is returned twice or skipped while entries are deleted, created or renamed during
