@@ -17,8 +17,10 @@
 //!   completes the layer moves each held file into place as the store's object, with the
 //!   metadata of its files. A later run finds `held/` and never fetches an object twice.
 //! * **Classes.** Demand units start at once. One background task then replays the trace
-//!   (at most [`TRACE_UNITS`] units of [`TRACE_WINDOW`] bytes at once, also while a reader
-//!   waits: they are what the run opens next) and completes the layer (at most
+//!   (at most [`TRACE_UNITS`] units of at most [`TRACE_WINDOW`] bytes at once, also while a
+//!   reader waits: they are what the run opens next; a unit holds traced objects and gaps of
+//!   at most [`TRACE_GAP`] between them, not whole windows, and a demand read starts no
+//!   read-ahead meanwhile) and completes the layer (at most
 //!   [`BACKGROUND_UNITS`] units, none started while a demand read is in flight or within
 //!   [`COMPLETION_QUIET`] of the mount or of the last one, so a reader's request does not share
 //!   the link with bulk transfers, and a run that only walks its tree fetches nothing).
@@ -65,8 +67,16 @@ pub(super) const PIECE: u64 = 4 << 20;
 /// Failed reads a report names.
 pub(super) const FAILED_KEPT: usize = 5;
 
-/// Trace replay units in flight at most (also while a demand read waits).
-pub(super) const TRACE_UNITS: usize = 3;
+/// Trace replay units in flight at most (also while a demand read waits). A unit is mostly
+/// the traced files of a package (tens to hundreds of KiB): several in flight keep a link with
+/// 20 ms to the first byte busy.
+pub(super) const TRACE_UNITS: usize = 6;
+
+/// Bytes of untraced pack neighbours a trace replay unit fetches to join two traced runs in
+/// one GET (as `object_store::coalesce_ranges` joins ranges): at 200 Mbit/s a gap this size
+/// is ~10 ms of link time, less than a request's delay to its first byte (20 ms in the
+/// benchmark's link, more from a busy server).
+pub(super) const TRACE_GAP: u64 = 256 << 10;
 
 /// How long after the mount completion starts, and how long after the last demand read it
 /// resumes: a run that only lists or stats its tree (`ls -lR`, `find`) fetches nothing, and a
@@ -81,7 +91,9 @@ pub(super) const TRACE_WINDOW: u64 = 1 << 20;
 enum Class {
     /// A reader (a FUSE request).
     Demand,
-    /// Trace replay or completion.
+    /// Trace replay: a unit holds traced objects (and small gaps between them) only.
+    Trace,
+    /// Completion (and a demand read's read-ahead).
     Background,
 }
 
@@ -204,6 +216,11 @@ pub(super) struct Shared {
     pub complete: AtomicBool,
     /// Set when the fetcher is dropped: the background task stops.
     stop: AtomicBool,
+    /// Per object: in the replayed trace (set before the replay starts).
+    traced: Vec<AtomicBool>,
+    /// While the trace is replayed: a demand read starts no read-ahead (the trace says what
+    /// comes next).
+    replaying: AtomicBool,
 }
 
 impl Shared {
@@ -263,6 +280,7 @@ impl Shared {
                 }
             }
         }
+        let traced = (0..ids.len()).map(|_| AtomicBool::new(false)).collect();
         Ok(Shared {
             remote,
             project,
@@ -285,6 +303,8 @@ impl Shared {
             failed: Mutex::new(Vec::new()),
             complete: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            traced,
+            replaying: AtomicBool::new(false),
         })
     }
 
@@ -409,7 +429,10 @@ impl Shared {
         if self.state[o as usize].load(Relaxed) == LOCAL {
             return None;
         }
-        let unit = self.unit(o, window, &flights);
+        let unit = match class {
+            Class::Trace => self.trace_unit(o, window, &flights),
+            _ => self.unit(o, window, &flights),
+        };
         for &u in &unit {
             flights.insert(u, Flight::new());
         }
@@ -418,7 +441,7 @@ impl Shared {
         // other modules; packs hold files in path order), and every byte is fetched once the
         // layer completes anyway: the window after this one starts too.
         let ahead = match (class, self.loc[*unit.last().expect("never empty") as usize]) {
-            (Class::Demand, Loc::Packed { pack, pos, .. }) => {
+            (Class::Demand, Loc::Packed { pack, pos, .. }) if !self.replaying.load(Relaxed) => {
                 let list = &self.packs[pack as usize].1;
                 list.get(pos as usize + 1).copied().filter(|&n| {
                     self.state[n as usize].load(Relaxed) != LOCAL && !flights.contains_key(&n)
@@ -429,7 +452,7 @@ impl Shared {
         drop(flights);
         let counter = match class {
             Class::Demand => &self.demand,
-            Class::Background => &self.background,
+            Class::Trace | Class::Background => &self.background,
         };
         counter.fetch_add(1, Relaxed);
         let me = Arc::clone(self);
@@ -457,7 +480,7 @@ impl Shared {
                     me.last_demand_ms.store(now, Relaxed);
                     &me.demand
                 }
-                Class::Background => &me.background,
+                Class::Trace | Class::Background => &me.background,
             }
             .fetch_sub(1, Relaxed);
         });
@@ -500,6 +523,39 @@ impl Shared {
             lo -= 1;
         }
         list[lo..hi].to_vec()
+    }
+
+    /// The objects one trace replay unit fetches with `o`: `o` alone when stored alone;
+    /// otherwise `o` and the pack neighbours after it that are neither local nor in flight,
+    /// contiguous, at most `window` bytes, ending on a traced object, with runs of untraced
+    /// ones of at most [`TRACE_GAP`] bytes between traced ones.
+    fn trace_unit(&self, o: u32, window: u64, flights: &HashMap<u32, Arc<Flight>>) -> Vec<u32> {
+        let Loc::Packed { pack, len, pos, .. } = self.loc[o as usize] else {
+            return vec![o];
+        };
+        let list = &self.packs[pack as usize].1;
+        let (mut hi, mut end, mut total, mut gap) = (pos as usize + 1, pos as usize + 1, len, 0);
+        while let Some(&i) = list.get(hi) {
+            let size = match self.loc[i as usize] {
+                Loc::Packed { len, .. } => len,
+                Loc::Alone => 0,
+            };
+            let free = self.state[i as usize].load(Relaxed) != LOCAL && !flights.contains_key(&i);
+            if !free || total + size > window {
+                break;
+            }
+            total += size;
+            hi += 1;
+            if self.traced[i as usize].load(Relaxed) {
+                (end, gap) = (hi, 0);
+            } else {
+                gap += size;
+                if gap > TRACE_GAP {
+                    break;
+                }
+            }
+        }
+        list[pos as usize..end].to_vec()
     }
 
     /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone; `first`
@@ -774,10 +830,15 @@ impl Shared {
                 (0..self.ids.len() as u32).filter(|&o| matches!(self.loc[o as usize], Loc::Alone)),
             )
             .collect();
-        for (order, cap, window, yields) in [
-            (first, TRACE_UNITS, TRACE_WINDOW, false),
-            (rest, BACKGROUND_UNITS, BACKGROUND_WINDOW, true),
+        for &o in &first {
+            self.traced[o as usize].store(true, Relaxed);
+        }
+        self.replaying.store(!first.is_empty(), Relaxed);
+        for (order, cap, window, class) in [
+            (first, TRACE_UNITS, TRACE_WINDOW, Class::Trace),
+            (rest, BACKGROUND_UNITS, BACKGROUND_WINDOW, Class::Background),
         ] {
+            let yields = class == Class::Background;
             for o in order {
                 if self.stop.load(Relaxed) || self.broken.lock().is_some() {
                     break;
@@ -793,11 +854,12 @@ impl Shared {
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                self.join_or_start(o, window, Class::Background);
+                self.join_or_start(o, window, class);
             }
             while self.background.load(Relaxed) > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            self.replaying.store(false, Relaxed);
         }
         let all = (0..self.ids.len() as u32).all(|o| self.state[o as usize].load(Relaxed) == LOCAL);
         self.complete.store(all, Relaxed);
