@@ -428,6 +428,21 @@ pub(crate) mod tests {
         s.bytes().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// The local manifest of the samples: project `p`, cache `c`, key `k`, a new layer id.
+    fn sample_header() -> Manifest {
+        Manifest {
+            format: MANIFEST_FORMAT,
+            layer: new_layer_id(),
+            project: ProjectId::new("p").unwrap(),
+            cache: CacheId::new("c").unwrap(),
+            key: CacheKey::new("k").unwrap(),
+            parent: None,
+            created_ms: 0,
+            counts: TreeCounts::default(),
+            dropped: vec![],
+        }
+    }
+
     /// A small manifest with every kind but fifos, a link group and xattrs: the remote and
     /// lazy tests' fixture.
     pub(crate) fn sample_manifest() -> RemoteManifest {
@@ -437,17 +452,7 @@ pub(crate) mod tests {
         };
         RemoteManifest {
             remote_format: REMOTE_MANIFEST_FORMAT,
-            layer: Manifest {
-                format: MANIFEST_FORMAT,
-                layer: new_layer_id(),
-                project: ProjectId::new("p").unwrap(),
-                cache: CacheId::new("c").unwrap(),
-                key: CacheKey::new("k").unwrap(),
-                parent: None,
-                created_ms: 0,
-                counts: TreeCounts::default(),
-                dropped: vec![],
-            },
+            layer: sample_header(),
             entries: vec![
                 sample_entry("", Kind::Dir, 0o40755),
                 sample_entry("d", Kind::Dir, 0o40700),
@@ -498,17 +503,7 @@ pub(crate) mod tests {
         };
         RemoteManifest {
             remote_format: REMOTE_MANIFEST_FORMAT,
-            layer: Manifest {
-                format: MANIFEST_FORMAT,
-                layer: new_layer_id(),
-                project: ProjectId::new("p").unwrap(),
-                cache: CacheId::new("c").unwrap(),
-                key: CacheKey::new("k").unwrap(),
-                parent: None,
-                created_ms: 0,
-                counts: TreeCounts::default(),
-                dropped: vec![],
-            },
+            layer: sample_header(),
             entries: vec![
                 e("", Kind::Dir),
                 e("d", Kind::Dir),

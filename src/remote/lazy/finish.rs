@@ -67,7 +67,6 @@ impl Remote {
             )));
         }
         let held = dir.join(HELD);
-        fs::create_dir_all(&held).at(&held)?;
         let mpath = dir.join(MANIFEST);
         // A partial directory of an earlier version keeps its manifest as JSON: moved to
         // the name the daemon reads (either form parses).
@@ -96,6 +95,9 @@ impl Remote {
             };
             futures::try_join!(manifest, trace)
         })?;
+        // Made only once the remote has answered: a remote that is down at mount time leaves
+        // no partial directory behind (the run is a local miss).
+        fs::create_dir_all(&held).at(&held)?;
         let (m, manifest_bytes) = match (manifest, have) {
             (Some((m, bytes)), _) => {
                 // Kept compact, whatever form the remote had (the daemon parses it again).
