@@ -158,9 +158,9 @@ mod tests {
         }
         let t = tempfile::tempdir().unwrap();
         let root = t.path().join("S");
-        let old = rustix::process::umask(rustix::fs::Mode::empty());
+        let old = crate::sys::thread_umask(0);
         let opened = crate::store::Store::open(Some(&root));
-        rustix::process::umask(old);
+        crate::sys::thread_umask(old);
         let store = opened.unwrap();
         for (p, m) in [
             (root.clone(), 0o755),

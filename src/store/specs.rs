@@ -378,9 +378,9 @@ mod tests {
         let store = super::super::Store::open(Some(&root)).unwrap();
         trust::chown_tree(&root, 65534);
         let pd = store.project(&ProjectId::new("p").unwrap()).unwrap();
-        let old = rustix::process::umask(Mode::from_raw_mode(0o077));
+        let old = crate::sys::thread_umask(0o077);
         let saved = pd.save_spec("project = \"p\"\n");
-        rustix::process::umask(old);
+        crate::sys::thread_umask(old);
         saved.unwrap();
         for (p, mode) in [
             (pd.root.clone(), 0o700),

@@ -346,10 +346,10 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let root = t.path().join("a/b/store");
         // umask 000, as in the review's reproduction; put back below.
-        let old = rustix::process::umask(Mode::empty());
+        let old = crate::sys::thread_umask(0);
         let made = make_dirs(&root);
         let walked = made.map(|()| walk(&root, &[("v1", 0o755), ("x", 0o700)], Missing::Create));
-        rustix::process::umask(old);
+        crate::sys::thread_umask(old);
         let w = walked.unwrap().unwrap().unwrap();
         for (p, m) in [
             (t.path().join("a"), 0o755),

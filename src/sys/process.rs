@@ -245,3 +245,18 @@ pub fn malloc_trim() {
         libc::malloc_trim(0);
     }
 }
+
+/// Sets the calling thread's umask to `mask` and returns the one it had, after giving the
+/// thread a file-system context of its own (`unshare(CLONE_FS)`): the umask is shared by every
+/// thread of a process otherwise, and a unit test that changed it would make the files and
+/// directories other tests create meanwhile (on other threads) writable by everyone. The
+/// thread's cwd and root stay as they were. For tests only.
+///
+/// Panics when `unshare` fails (it does not on Linux for `CLONE_FS`).
+#[cfg(test)]
+pub fn thread_umask(mask: u32) -> u32 {
+    // SAFETY: CLONE_FS unshares cwd, root and umask only; no file descriptor table changes.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::FS) }
+        .expect("unshare(CLONE_FS)");
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(mask)).bits()
+}
