@@ -65,6 +65,89 @@ struct RawCache {
     save: Option<String>,
 }
 
+/// The fields of [`RawCache`], as a spec names them (a unit test checks they are serde's).
+pub(super) const CACHE_FIELDS: &[&str] = &[
+    "id",
+    "preset",
+    "setup",
+    "restore_setup",
+    "maintenance",
+    "key_files",
+    "restore_keys",
+    "env",
+    "mountpoint",
+    "exclude",
+    "relocatable",
+    "passthrough",
+    "save",
+];
+
+/// The known field `name` most likely meant (Jaro-Winkler similarity ≥ 0.8, as clap's
+/// suggestions use strsim), if any.
+fn did_you_mean(name: &str, known: &[&'static str]) -> Option<&'static str> {
+    (known.iter())
+        .map(|k| (strsim::jaro_winkler(name, k), *k))
+        .filter(|(score, _)| *score >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| k)
+}
+
+/// The 1-based line of `text` where field `field` of `cache[i]` (`None`: the top level) is
+/// set: a line `field = …` (TOML) or `"field": …` (JSON) after the i-th `[[cache]]` header
+/// (before the first for the top level). `None` when no such line is found (an inline table,
+/// a JSON spec's caches).
+fn field_line(text: &str, cache: Option<usize>, field: &str) -> Option<usize> {
+    let mut section: Option<usize> = None;
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("[[cache]]") || t.starts_with("[[caches]]") {
+            section = Some(section.map_or(0, |s| s + 1));
+            continue;
+        }
+        if section != cache {
+            continue;
+        }
+        let rest = (t.strip_prefix(field))
+            .or_else(|| t.strip_prefix(&format!("\"{field}\"")))
+            .map(str::trim_start);
+        if rest.is_some_and(|r| r.starts_with('=') || r.starts_with(':')) {
+            return Some(n + 1);
+        }
+    }
+    None
+}
+
+/// `errors` with the line of each unknown field added (`… unknown field `x` at line 4 …`).
+fn with_lines(text: &str, errors: Vec<String>) -> Vec<String> {
+    errors
+        .into_iter()
+        .map(|e| {
+            let Some((head, msg)) = e.split_once(": ") else {
+                return e;
+            };
+            if !msg.starts_with("unknown field") {
+                return e;
+            }
+            let (cache, field) = match head.strip_prefix("cache[").and_then(|r| r.split_once("]."))
+            {
+                Some((i, f)) => (i.parse().ok(), f),
+                None => (None, head),
+            };
+            let Some(line) = field_line(text, cache, field) else {
+                return e;
+            };
+            // After "unknown field" and its quoted name, if serde gave one.
+            let quoted = format!("unknown field `{field}`");
+            let at = if msg.starts_with(&quoted) {
+                quoted.len()
+            } else {
+                "unknown field".len()
+            };
+            format!("{head}: {} at line {line}{}", &msg[..at], &msg[at..])
+        })
+        .collect()
+}
+
 /// Reads a spec from `FILE`, or standard input when `source` is `-`.
 ///
 /// Errors: [`Error::Invalid`] naming the file when it cannot be read or parsed (see [`parse`]);
@@ -119,12 +202,20 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
     let mut doc = document(text).map_err(|e| vec![e])?;
     let mut errors: Vec<String> = Vec::new();
     let known = ["project", "user", "cache", "caches"];
+    let mut meant = Vec::new();
     for k in doc.keys().filter(|k| !known.contains(&k.as_str())) {
+        let hint = did_you_mean(k, &known).map(|m| {
+            meant.push(m);
+            format!("did you mean `{m}`? ")
+        });
         errors.push(format!(
-            "{k}: unknown field (a spec has project, user and [[cache]] tables)"
+            "{k}: unknown field ({}a spec has project, user and [[cache]] tables)",
+            hint.unwrap_or_default()
         ));
     }
     let project = match doc.remove("project") {
+        // A misspelt `project` was said already.
+        None if meant.contains(&"project") => None,
         None => {
             errors.push("project: missing: name the project, e.g. project = \"acme-web\"".into());
             None
@@ -207,7 +298,7 @@ pub fn parse_all(text: &str) -> std::result::Result<Spec, Vec<String>> {
             caches: caches.into_iter().map(|(_, c)| c).collect(),
             user,
         }),
-        _ => Err(errors),
+        _ => Err(with_lines(text, errors)),
     }
 }
 
@@ -271,7 +362,22 @@ fn raw_cache(i: usize, value: serde_json::Value) -> (Option<RawCache>, Vec<Strin
         probe.insert("id".into(), serde_json::Value::String("x".into()));
         probe.insert(k.clone(), v.clone());
         if let Err(e) = RawCache::deserialize(serde_json::Value::Object(probe)) {
-            errors.push(format!("cache[{i}].{k}: {e}"));
+            match did_you_mean(k, CACHE_FIELDS).filter(|_| !CACHE_FIELDS.contains(&k.as_str())) {
+                // A misspelt field: said with what it likely is, and that field's own
+                // "missing" checks (a preset's: setup's and key_files') are not repeated.
+                Some(meant) => {
+                    errors.push(format!(
+                        "cache[{i}].{k}: unknown field `{k}`, did you mean `{meant}`? (a cache's \
+                         fields: {})",
+                        CACHE_FIELDS.join(", ")
+                    ));
+                    bad.push(meant.to_string());
+                    if meant == "preset" {
+                        bad.extend(["setup".to_string(), "key_files".to_string()]);
+                    }
+                }
+                None => errors.push(format!("cache[{i}].{k}: {e}")),
+            }
             bad.push(k.clone());
         }
     }

@@ -338,6 +338,60 @@ fn a_type_error_hides_no_other_error() {
     assert!(parse_all("project = \"p\"\n[[caches]]\nid = \"a\"\npreset = \"npm\"\n").is_ok());
 }
 
+/// A misspelt field is named with its line and what it likely is, and the checks of the field
+/// it stands for (`key_files: missing`; a preset's `setup` and `key_files`) are not repeated;
+/// a field nothing resembles keeps serde's message, with its line.
+#[test]
+fn a_misspelt_field_says_its_line_and_what_was_meant_once() {
+    let text =
+        "project = \"p\"\n[[cache]]\nid = \"a\"\nkey_file = [\"x.lock\"]\nsetup = \"true\"\n";
+    let errors = parse_all(text).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].starts_with(
+            "cache[0].key_file: unknown field `key_file` at line 4, did you mean `key_files`?"
+        ),
+        "{errors:#?}"
+    );
+    let text = "project = \"p\"\n[[cache]]\nid = \"a\"\n[[cache]]\nid = \"b\"\nprest = \"npm\"\n";
+    let errors = parse_all(text).unwrap_err();
+    // cache[0] lacks setup and key_files; cache[1]'s are a preset's, which it misspelt.
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert!(
+        errors[0].starts_with("cache[0].setup: missing"),
+        "{errors:#?}"
+    );
+    assert!(
+        errors[2]
+            .starts_with("cache[1].prest: unknown field `prest` at line 6, did you mean `preset`?"),
+        "{errors:#?}"
+    );
+    let errors = parse_all("projekt = \"p\"\n").unwrap_err();
+    assert_eq!(
+        errors,
+        [
+            "projekt: unknown field at line 1 (did you mean `project`? a spec has project, user and \
+          [[cache]] tables)"
+        ]
+    );
+    let errors = parse_all("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nzzz = 1\n")
+        .unwrap_err();
+    assert!(
+        errors[0].starts_with("cache[0].zzz: unknown field `zzz` at line 5, expected one of"),
+        "{errors:#?}"
+    );
+}
+
+/// [`super::parse::CACHE_FIELDS`] is what serde knows of a cache.
+#[test]
+fn the_cache_fields_listed_are_serdes() {
+    let errors = parse_all("project = \"p\"\n[[cache]]\nid = \"a\"\npreset = \"npm\"\nzzz = 1\n")
+        .unwrap_err();
+    let listed = errors[0].split_once("expected one of ").unwrap().1;
+    let serde: Vec<&str> = listed.split(", ").map(|f| f.trim_matches('`')).collect();
+    assert_eq!(serde, super::parse::CACHE_FIELDS);
+}
+
 #[test]
 fn templates_expand() {
     let mut paths = Paths {
