@@ -477,6 +477,26 @@ fn run_without_spec_reads_layercache_toml_or_says_what_to_pass() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
 }
 
+/// A bare `run` (no COMMAND) prepares the caches and says that no command ran and how to
+/// give one; a run with a COMMAND does not say it.
+#[test]
+fn a_run_without_command_says_so() {
+    let Some(sb) = deps_sandbox() else { return };
+    let s = sb.write_spec("s.toml", &spec("echo x > \"$DEPS/f\"", ""));
+    let none: [&str; 0] = [];
+    let out = sb.run_cmd(&[], &s, &none, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: no COMMAND given: only the caches were prepared; `layercache run -- COMMAND…`"),
+        "{err}"
+    );
+    let out = sb.run_cmd(&[], &s, &["true"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!stderr(&out).contains("no COMMAND"), "{}", stderr(&out));
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// Inode flags a setup set on files of its cache (`chattr +i`, `+a`): a failed run's upper is
 /// still removed (so `gc` never meets EPERM), and a successful one is promoted without them.
 #[test]
@@ -619,6 +639,23 @@ fn env_backed_options_work_and_stay_out_of_usage_lines() {
         "{}",
         stderr(&out)
     );
+    // A file where the store should be is named as what it is, for every command.
+    let file = sb.path("a-file");
+    std::fs::write(&file, "x").unwrap();
+    for cmd in [&["ls"][..], &["gc"], &["stats"]] {
+        let out = Command::new(BIN)
+            .arg("--store")
+            .arg(&file)
+            .args(cmd)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}");
+        assert!(
+            stderr(&out).contains(&format!("{}: not a directory", file.display())),
+            "{cmd:?}: {}",
+            stderr(&out)
+        );
+    }
     let out = Command::new(BIN)
         .env("LAYERCACHE_STORE", &missing)
         .env("LAYERCACHE_IMAGE", "img")

@@ -489,19 +489,31 @@ fn run_over_store(
     status
 }
 
-/// The store root: `--store`/`LAYERCACHE_STORE`, else [`store::default_root`].
+/// The store root: `--store`/`LAYERCACHE_STORE` (made absolute), else [`store::default_root`].
 ///
-/// Errors: [`Error::Invalid`] when no default can be derived.
+/// Errors: [`Error::Invalid`] when no default can be derived, or when the given path exists
+/// and is not a directory (naming it).
 pub(crate) fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
     match &global.store {
         // Made absolute here, once: the run's steps, daemons and views work in other
         // directories, where a relative store path would name another (empty) store.
-        Some(s) => std::path::absolute(s).map_err(|e| {
-            Error::invalid(format!(
-                "--store / LAYERCACHE_STORE {}: cannot make it an absolute path: {e}",
-                s.display()
-            ))
-        }),
+        Some(s) => {
+            let root = std::path::absolute(s).map_err(|e| {
+                Error::invalid(format!(
+                    "--store / LAYERCACHE_STORE {}: cannot make it an absolute path: {e}",
+                    s.display()
+                ))
+            })?;
+            // A store is a directory: a file there is a mistyped path, said as such.
+            match std::fs::metadata(&root) {
+                Ok(m) if !m.is_dir() => Err(Error::invalid(format!(
+                    "--store / LAYERCACHE_STORE {}: not a directory (a store is a directory, \
+                     made by the first `mount` or `run` where none exists)",
+                    s.display()
+                ))),
+                _ => Ok(root),
+            }
+        }
         None => store::default_root(),
     }
 }

@@ -444,6 +444,14 @@ fn command(
     views: &Views,
     saves: &[&Prep],
 ) -> (Vec<Event>, Result<i32>) {
+    if command.is_empty() {
+        // What a newcomer's bare `layercache run` did, said: without it the caches' lines
+        // are all there is, and nothing says no command ran.
+        eprintln!(
+            "layercache: no COMMAND given: only the caches were prepared; `layercache run -- \
+             COMMAND…` runs one with them in place"
+        );
+    }
     let status = match steps.command(command, true, run_env, views) {
         Ok(s) => s,
         Err(e) => return (Vec::new(), Err(e)),
