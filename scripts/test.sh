@@ -106,9 +106,10 @@ echo "test.sh: overlay semantics again with LAYERCACHE_URING=0 (/dev/fuse transp
 LAYERCACHE_URING=0 cargo test --no-fail-fast --test overlay_basic --test overlay_rename \
   --test overlay_readdir -- --test-threads=2 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-# And in FUSE passthrough mode (`-o passthrough`, what `layercache run` picks for layers of
-# large files): every semantic holds there too, save the one documented rule (fds opened before a
-# copy-up keep the lower content; tests/common passthrough_mode). ~30 s on a 2-CPU machine.
+# And in FUSE passthrough mode (`-o passthrough`, what `layercache run` picks as root for every
+# layer that has a file): every semantic holds there too, save the one documented rule (fds
+# opened before a copy-up keep the lower content; tests/common passthrough_mode). ~30 s on a
+# 2-CPU machine.
 echo "test.sh: overlay semantics again with LAYERCACHE_PASSTHROUGH=1 (FUSE passthrough mode)"
 LAYERCACHE_PASSTHROUGH=1 cargo test --no-fail-fast --test overlay_basic --test overlay_rename \
   --test overlay_readdir --test overlay_conformance --test overlay_apps -- --test-threads=2 2>&1 \
