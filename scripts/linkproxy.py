@@ -346,7 +346,9 @@ class Proxy:
 
 async def watch_control(path, link):
     """Polls the control file every 100 ms: `down` cuts the link, anything else (or no file)
-    restores it."""
+    restores it. Each state taken is written to `<path>.state` (`down` or `up`, replaced
+    whole), so a caller can wait until the link is really cut or restored."""
+    state = None
     while True:
         try:
             with open(path, "rb") as f:
@@ -357,6 +359,13 @@ async def watch_control(path, link):
             link.is_up.clear()
         else:
             link.is_up.set()
+        now = b"down" if down else b"up"
+        if now != state:
+            tmp = "%s.state.tmp" % path
+            with open(tmp, "wb") as f:
+                f.write(now + b"\n")
+            os.replace(tmp, path + ".state")
+            state = now
         await asyncio.sleep(0.1)
 
 

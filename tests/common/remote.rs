@@ -330,14 +330,33 @@ impl LinkProxy {
         self.dir.path().join("control")
     }
 
-    /// Cuts the link: no byte moves on any connection until [`LinkProxy::up`].
+    /// Cuts the link: no byte moves on any connection until [`LinkProxy::up`]. Returns once
+    /// the proxy has taken it (its `control.state` says so; panics after 30 s).
     pub fn down(&self) {
-        std::fs::write(self.control(), "down\n").unwrap();
+        self.set("down");
     }
 
-    /// Restores the link.
+    /// Restores the link, once the proxy has taken it (as [`LinkProxy::down`]).
     pub fn up(&self) {
-        std::fs::write(self.control(), "up\n").unwrap();
+        self.set("up");
+    }
+
+    fn set(&self, state: &str) {
+        std::fs::write(self.control(), format!("{state}\n")).unwrap();
+        let taken = self.dir.path().join("control.state");
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(&taken)
+            .map(|s| s.trim().to_string())
+            .ok()
+            .as_deref()
+            != Some(state)
+        {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "the link proxy did not take {state:?} within 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// The requests logged so far (one JSON object each: method, path, range, status, bytes…).
