@@ -101,9 +101,10 @@ impl Remote {
         let (m, manifest_bytes) = match (manifest, have) {
             (Some((m, bytes)), _) => {
                 // Kept compact, whatever form the remote had (the daemon parses it again).
-                match bytes.starts_with(super::super::compact::MAGIC) {
-                    true => replace_file(&mpath, &bytes)?,
-                    false => replace_file(&mpath, &super::super::compact::encode(&m)?)?,
+                if bytes.starts_with(super::super::compact::MAGIC) {
+                    replace_file(&mpath, &bytes)?;
+                } else {
+                    replace_file(&mpath, &super::super::compact::encode(&m)?)?;
                 }
                 let links = dir.join(LINKS);
                 crate::overlay::links::LinkGroups::write(&links, &m.links).at(&links)?;
