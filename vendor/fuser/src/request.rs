@@ -74,6 +74,45 @@ impl<'a> RequestWithSender<'a> {
     /// This calls the appropriate filesystem operation method for the
     /// request and sends back the returned reply to the kernel
     pub(crate) fn dispatch<FS: Filesystem>(&self, se: &SessionEventLoop<FS>) {
+        // layercache addition (PATCHES.md): a panic anywhere in dispatch (the handler, its
+        // reply, or the debug line before them, e.g. a log writer that panics when its file
+        // cannot be written) must still answer the request: the caller would otherwise wait
+        // for ever in the kernel, and over io_uring the entry would never be committed.
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.dispatch_unguarded(se);
+        }));
+        if served.is_err() {
+            self.answer_after_panic();
+            // Logging may be what panicked: a second panic here is not let out.
+            let unique = self.request.unique().0;
+            let _ = std::panic::catch_unwind(|| {
+                error!("request {unique}: handler panicked, answered EIO");
+            });
+        }
+    }
+
+    /// Answers EIO for a request whose dispatch panicked, unless it expects no answer (FORGET)
+    /// or was answered already. On /dev/fuse a second answer to an answered request is
+    /// refused by the kernel (ENOENT, unique ids are never reused within a connection); an
+    /// io_uring entry answers only a request it has no answer for (`RingReply::answer_unanswered`).
+    fn answer_after_panic(&self) {
+        if matches!(
+            self.request.operation(),
+            Ok(ll::Operation::Forget(_) | ll::Operation::BatchForget(_))
+        ) {
+            return;
+        }
+        let unique = self.request.unique();
+        match &self.ch {
+            ReplyTo::Channel(ch) => {
+                let r = ResponseErrno(Errno::EIO);
+                let _ = crate::ll::reply::Response::with_iovec(&r, unique, |iov| ch.send(iov));
+            }
+            ReplyTo::Ring(slot) => slot.answer_unanswered(unique.0, libc::EIO),
+        }
+    }
+
+    fn dispatch_unguarded<FS: Filesystem>(&self, se: &SessionEventLoop<FS>) {
         debug!("{} thread={}", self.request, se.thread_name);
         match self.dispatch_req(se) {
             Ok(Some(resp)) => self.reply::<ReplyRaw>().send_ll(&resp),

@@ -109,11 +109,22 @@ const IOV_SEGS: u32 = 2;
 /// The reply slot of one ring entry. Replies may be sent from any thread (fuser's contract);
 /// `send` (or `fill`, for READ data) writes the reply straight into the entry's buffers and the entry's thread waits in
 /// `take` until it has, then commits.
+#[derive(Debug, Default)]
+struct Slot {
+    /// `unique` of the request being served; 0 while the entry waits for one. A reply for
+    /// another request (one that outlived a panicked dispatch answered with EIO) is refused,
+    /// as /dev/fuse refuses a reply to an unknown request, instead of landing in the next
+    /// request's buffers.
+    unique: u64,
+    /// Body length of the reply written for that request (`Err` when it did not fit);
+    /// `None` until the filesystem has replied.
+    reply: Option<Result<usize, usize>>,
+}
+
 #[derive(Debug)]
 pub(crate) struct RingReply {
-    /// Body length of the reply written for the current request (`Err` when it did not fit);
-    /// `None` until the filesystem has replied.
-    written: Mutex<Option<Result<usize, usize>>>,
+    /// The request the entry serves and its reply so far.
+    written: Mutex<Slot>,
     ready: Condvar,
     /// The entry's `in_out` header area (receives the 16-byte `fuse_out_header`).
     out_header: *mut u8,
@@ -135,9 +146,17 @@ impl RingReply {
     /// Writes a complete reply (`fuse_out_header` followed by its payload) into the entry.
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
         let mut written = self.written.lock();
+        // struct fuse_out_header { u32 len; i32 error; u64 unique; }: the first slice holds it.
+        let unique = data
+            .first()
+            .and_then(|h| h.get(8..16))
+            .map_or(0, |u| u64::from_ne_bytes(u.try_into().unwrap()));
+        if !written.answers(unique) {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
         let total: usize = data.iter().map(|d| d.len()).sum();
         let body = total.saturating_sub(OUT_HEADER_SZ);
-        *written = Some(if total < OUT_HEADER_SZ || body > self.payload_sz {
+        written.reply = Some(if total < OUT_HEADER_SZ || body > self.payload_sz {
             Err(total)
         } else {
             let mut at = 0usize;
@@ -185,6 +204,9 @@ impl RingReply {
         fill: impl FnOnce(&mut [u8]) -> Result<usize, crate::Errno>,
     ) {
         let mut written = self.written.lock();
+        if !written.answers(unique) {
+            return;
+        }
         let max = max.min(self.payload_sz);
         // SAFETY: see the impl's SAFETY note; max <= payload_sz.
         let buf = unsafe { std::slice::from_raw_parts_mut(self.payload, max) };
@@ -196,14 +218,8 @@ impl RingReply {
             Ok(Err(e)) => (0, -e.code()),
             Err(_) => (0, -libc::EIO),
         };
-        // struct fuse_out_header { u32 len; i32 error; u64 unique; }
-        let mut h = [0u8; OUT_HEADER_SZ];
-        h[0..4].copy_from_slice(&((OUT_HEADER_SZ + body) as u32).to_ne_bytes());
-        h[4..8].copy_from_slice(&error.to_ne_bytes());
-        h[8..16].copy_from_slice(&unique.to_ne_bytes());
-        // SAFETY: OUT_HEADER_SZ <= IN_OUT_SZ bytes of the entry's header area.
-        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.out_header, OUT_HEADER_SZ) };
-        *written = Some(Ok(body));
+        self.write_header(unique, error, body);
+        written.reply = Some(Ok(body));
         self.ready.notify_one();
         drop(written);
         if let Err(panic) = filled {
@@ -220,11 +236,51 @@ impl RingReply {
     fn take(&self) -> Result<usize, usize> {
         let mut written = self.written.lock();
         loop {
-            if let Some(r) = written.take() {
+            if let Some(r) = written.reply.take() {
+                written.unique = 0;
                 return r;
             }
             self.ready.wait(&mut written);
         }
+    }
+
+    /// Makes `unique` the request this entry serves: replies for it are taken from now on.
+    fn serve(&self, unique: u64) {
+        *self.written.lock() = Slot {
+            unique,
+            reply: None,
+        };
+    }
+
+    /// Answers request `unique` with `errno` if it is the one being served and has no reply
+    /// yet (its dispatch panicked before a reply was written).
+    pub(crate) fn answer_unanswered(&self, unique: u64, errno: i32) {
+        let mut written = self.written.lock();
+        if !written.answers(unique) {
+            return;
+        }
+        self.write_header(unique, -errno, 0);
+        written.reply = Some(Ok(0));
+        self.ready.notify_one();
+    }
+
+    /// Writes the `fuse_out_header` of a reply with `body` bytes and `error` (0 or -errno).
+    fn write_header(&self, unique: u64, error: i32, body: usize) {
+        // struct fuse_out_header { u32 len; i32 error; u64 unique; }
+        let mut h = [0u8; OUT_HEADER_SZ];
+        h[0..4].copy_from_slice(&((OUT_HEADER_SZ + body) as u32).to_ne_bytes());
+        h[4..8].copy_from_slice(&error.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        // SAFETY: OUT_HEADER_SZ <= IN_OUT_SZ bytes of the entry's header area.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.out_header, OUT_HEADER_SZ) };
+    }
+}
+
+impl Slot {
+    /// Whether a reply to `unique` goes into the entry now: it is the request being served
+    /// and nothing answered it yet.
+    fn answers(&self, unique: u64) -> bool {
+        self.unique == unique && unique != 0 && self.reply.is_none()
     }
 }
 
@@ -537,7 +593,7 @@ fn serve<FS: Filesystem>(
         },
     ];
     let slot = Arc::new(RingReply {
-        written: Mutex::new(None),
+        written: Mutex::new(Slot::default()),
         ready: Condvar::new(),
         out_header: hdr,
         payload: pl,
@@ -650,17 +706,13 @@ fn serve<FS: Filesystem>(
 
         match RequestWithSender::new(ReplyTo::Ring(slot.clone()), buf) {
             Some(req) => {
+                slot.serve(req.request.unique().0);
                 if let Ok(Operation::Destroy(_)) = req.request.operation() {
                     req.reply::<ReplyEmpty>().ok();
                 } else {
-                    // A panicking handler has replied EIO (its reply was dropped, or `fill`
-                    // answered): keep serving rather than leave the entry to hang.
-                    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        req.dispatch(se);
-                    }));
-                    if served.is_err() {
-                        error!("io_uring queue {qid}: request handler panicked");
-                    }
+                    // A dispatch that panics answers EIO (see `dispatch`): the entry keeps
+                    // serving rather than wait for ever for a reply.
+                    req.dispatch(se);
                 }
             }
             None => {
