@@ -585,3 +585,74 @@ fn daemon_log_is_private_and_never_a_planted_symlink() {
             .is_symlink()
     );
 }
+
+/// A daemon log that cannot be written (`LAYERCACHE_DAEMON_LOG=/dev/full`: every write fails
+/// with ENOSPC) loses its lines, never a request. A log line that failed used to panic the
+/// request's handler (the log writer reported it with `eprintln!`, which panics when stderr
+/// cannot be written) and the request was never answered: its caller waited for ever, as a
+/// test of the whole suite once did when the disk filled.
+#[test]
+fn a_daemon_log_that_cannot_be_written_loses_lines_not_requests() {
+    require_root!();
+    only_layercache!("layercache's own daemon");
+    let mut fx = unmounted_fixture();
+    let out = Command::new(BIN)
+        .arg("overlay")
+        .args(["-o", &fx.options()])
+        .arg(&fx.mnt)
+        .envs([
+            ("LAYERCACHE_LOG", "debug"),
+            ("LAYERCACHE_DAEMON_LOG", "/dev/full"),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    let mnt = fx.mnt.display().to_string();
+    // Every access runs in a child killed after 60 s, so a request left unanswered fails
+    // this test instead of hanging it; the daemon is then killed, which aborts the
+    // connection and frees every waiter.
+    let accesses: [&[&str]; 4] = [
+        &["stat", &mnt],
+        &["cat", &format!("{mnt}/f")],
+        &["ls", &format!("{mnt}/inside")],
+        &["sh", "-c", &format!("echo new > {mnt}/new")],
+    ];
+    for args in accesses {
+        let out = Command::new("timeout")
+            .args(["-s", "KILL", "60"])
+            .args(args)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            kill_daemon_of(&fx.mnt);
+            lazy_umount(&fx.mnt);
+            panic!(
+                "{args:?} over a mount whose daemon cannot log: {:?} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    fx.adopt_mount();
+    assert_eq!(read(&fx.p("f")), "f");
+    fx.unmount();
+    assert_eq!(read(&fx.upper.join("new")), "new\n");
+}
+
+/// SIGKILLs the daemon serving `mnt` (found by its command line), which aborts the FUSE
+/// connection: every request waiting on it fails with ENOTCONN.
+fn kill_daemon_of(mnt: &Path) {
+    let want = mnt.as_os_str().as_encoded_bytes();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        if args.contains(&&b"overlay-daemon"[..]) && args.contains(&want) {
+            let _ = Command::new("kill")
+                .args(["-9", &e.file_name().to_string_lossy()])
+                .status();
+        }
+    }
+}

@@ -79,10 +79,15 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
 
 /// Logging to stderr, filtered by `LAYERCACHE_LOG`, else `RUST_LOG` (tracing-subscriber's
 /// `EnvFilter` syntax, e.g. `debug` or `layercache::fuse=debug`), else `warn`.
+///
+/// A line that cannot be written (a daemon log on a full filesystem: ENOSPC) is dropped.
+/// tracing-subscriber would otherwise report it with `eprintln!`, which panics when stderr
+/// cannot be written either, and a panic in a FUSE handler's log line took the request down.
 fn init_tracing() {
     let asked = tracing_subscriber::EnvFilter::try_from_env("LAYERCACHE_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env());
     let builder = tracing_subscriber::fmt()
+        .log_internal_errors(false)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = match asked {
