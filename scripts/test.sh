@@ -97,13 +97,51 @@ cargo clippy --all-targets --quiet -- -D warnings
 # The module dependency arrows of src/ must not form a cycle (docs/ARCHITECTURE.md).
 bash scripts/import-graph.sh >/dev/null
 cargo build --quiet
+
+# The tests' own mount places (temp dirs they create), not other layercache users' mounts.
+test_mounts() {
+  awk '$3 == "fuse.layercache" && $2 ~ /\/(lc-test-|layercache-run-|\.tmp)/ {print $2}' /proc/mounts
+}
+# Runs "$@" with a deadline of $1 seconds. A test that hangs (a request its daemon never
+# answers, say) then fails the suite, with libtest's "has been running for over 60 seconds"
+# naming it in the log, instead of using up CI's whole time: the daemons of the tests' mounts
+# are killed first (which aborts their connections and frees every waiting caller), then the
+# test processes.
+with_deadline() {
+  local secs=$1; shift
+  setsid "$@" &
+  local pid=$!
+  (
+    # Checks every second, so it ends by itself soon after the command (and leaves no sleep
+    # holding the caller's pipe).
+    for ((i = 0; i < secs; i++)); do
+      sleep 1
+      kill -0 "$pid" 2>/dev/null || exit 0
+    done
+    echo "test.sh: still running after ${secs}s: ending it (a hung test fails the suite)" >&2
+    for m in $(test_mounts); do
+      for p in $(grep -l -s -F -x -z -e "$m" /proc/[0-9]*/cmdline | cut -d/ -f3); do
+        tr '\0' '\n' < "/proc/$p/cmdline" | grep -q -x overlay-daemon && kill -KILL "$p"
+      done
+    done
+    sleep 5
+    kill -KILL -- "-$pid" 2>/dev/null
+  ) &
+  local dog=$!
+  wait "$pid"
+  local rc=$?
+  wait "$dog" 2>/dev/null
+  return "$rc"
+}
+
 set +e
-cargo test --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
+# ~13 minutes on a 2-CPU machine.
+with_deadline 2700 cargo test --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # The suite above runs over FUSE io_uring where the kernel has it; the core semantics again over
 # the /dev/fuse read loop, which is what kernels without io_uring (or LAYERCACHE_URING=0) get.
 echo "test.sh: overlay semantics again with LAYERCACHE_URING=0 (/dev/fuse transport)"
-LAYERCACHE_URING=0 cargo test --no-fail-fast --test overlay_basic --test overlay_rename \
+LAYERCACHE_URING=0 with_deadline 900 cargo test --no-fail-fast --test overlay_basic --test overlay_rename \
   --test overlay_readdir -- --test-threads=2 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 # And in FUSE passthrough mode (`-o passthrough`, what `layercache run` picks as root for every
@@ -111,13 +149,12 @@ LAYERCACHE_URING=0 cargo test --no-fail-fast --test overlay_basic --test overlay
 # opened before a copy-up keep the lower content; tests/common passthrough_mode). ~30 s on a
 # 2-CPU machine.
 echo "test.sh: overlay semantics again with LAYERCACHE_PASSTHROUGH=1 (FUSE passthrough mode)"
-LAYERCACHE_PASSTHROUGH=1 cargo test --no-fail-fast --test overlay_basic --test overlay_rename \
+LAYERCACHE_PASSTHROUGH=1 with_deadline 900 cargo test --no-fail-fast --test overlay_basic --test overlay_rename \
   --test overlay_readdir --test overlay_conformance --test overlay_apps -- --test-threads=2 2>&1 \
   | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 set -e
-# Only the tests' own mount places (temp dirs they create), not other layercache users' mounts.
-left=$(awk '$3 == "fuse.layercache" && $2 ~ /\/(lc-test-|layercache-run-|\.tmp)/ {print $2}' /proc/mounts)
+left=$(test_mounts)
 if [ -n "$left" ]; then
   echo "test.sh: layercache mounts left behind (a test without a mount guard):"; echo "$left"
   status=1
