@@ -1128,3 +1128,62 @@ fn a_lazy_hit_works_without_root() {
     assert_store_verifies(&stores[1]);
     assert!(sb.mounts_below().is_empty());
 }
+
+/// A manifest that breaks the rules a pull checks (here an entry `a/../../escape`, which
+/// would name a file outside the layer) is refused by a lazy run as by a full pull: a warning
+/// that names the manifest and the rule, the run goes on as a local miss (its own setup),
+/// and no partial layer is left of it.
+#[test]
+fn a_manifest_that_breaks_the_rules_is_refused_and_the_run_is_a_miss() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, a, _) = pushed_by_a(&w, "rules", 1);
+    let layer = only_layer(&a);
+    let layer_id = layer.file_name().unwrap().to_str().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = s3(&w);
+    let manifest = |ext: &str| {
+        object_store::path::Path::from(format!(
+            "rules/v1/projects/{PROJECT}/manifests/{layer_id}.{ext}"
+        ))
+    };
+    let json = rt
+        .block_on(async { client.get(&manifest("json")).await?.bytes().await })
+        .unwrap();
+    let mut m: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let entries = m["entries"].as_array_mut().unwrap();
+    let mut escape = (entries.iter())
+        .find(|e| e["type"] == "file")
+        .unwrap_or_else(|| panic!("a file entry in {entries:?}"))
+        .clone();
+    escape["path"] = "a/../../escape".into();
+    entries.push(escape);
+    let body = serde_json::to_vec(&m).unwrap();
+    rt.block_on(client.put(&manifest("json"), body.into()))
+        .unwrap();
+    rt.block_on(client.delete(&manifest("compact"))).unwrap();
+
+    let b = Runner::new(&w, sb.path("store-b"), "rules", "");
+    let rb = b.run_as(false, &sb, &spec, &["cat", "/dev/null"]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    let err = stderr(&rb);
+    assert!(
+        err.contains("not a plain relative path") && err.contains(layer_id),
+        "{err}"
+    );
+    assert_ne!(b.events()[0]["remote_lazy"], true, "{}", show(&rb));
+    assert_ne!(b.events()[0]["result"], "hit", "{}", show(&rb));
+    let partial = project_dir(&b).join("partial");
+    let left: Vec<_> = std::fs::read_dir(&partial)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "partial layers left: {left:?}");
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}

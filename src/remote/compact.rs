@@ -12,7 +12,8 @@
 //!
 //! Layout: [`MAGIC`] (8 bytes), then one zstd frame holding the postcard encoding of [`Wire`].
 //! Decoding yields exactly the manifest that was encoded (a unit test checks it field by field),
-//! so every reader of a manifest is unchanged. The JSON form stays the authority: a push writes
+//! so every reader of a manifest is unchanged; a lazy mount reads the decoded [`Wire`] itself
+//! ([`wire`]: objects by index, paths as prefix + rest), which spares it a string per entry. The JSON form stays the authority: a push writes
 //! both (JSON first, so older readers never miss it), `remote gc` removes them together, and a
 //! reader falls back to the JSON when no compact form exists (a layer pushed by an older
 //! version).
@@ -36,41 +37,46 @@ const MAX_DECODED: u64 = 1 << 30;
 /// zstd level: 3 is zstd's default; higher levels gain little on what does not compress (ids).
 const LEVEL: i32 = 3;
 
-/// The encoded manifest.
+/// The encoded manifest; also what a lazy layer's daemon builds its tree from
+/// ([`wire`]), which spares it the manifest's per-entry strings (hex ids, whole paths).
 #[derive(Serialize, Deserialize)]
-struct Wire {
-    remote_format: u32,
+pub(crate) struct Wire {
+    pub remote_format: u32,
     /// The layer's local manifest, as JSON (small; keeps its optional fields exact).
-    layer: String,
+    pub layer: String,
     /// The distinct object ids, in order of first use (entries first, then packs).
-    objects: Vec<[u8; 32]>,
-    entries: Vec<WireEntry>,
+    pub objects: Vec<[u8; 32]>,
+    pub entries: Vec<WireEntry>,
     /// Pack id → `(object index, offset, length)`.
-    packs: Vec<(String, Vec<PackedObject>)>,
+    pub packs: Vec<(String, Vec<PackedObject>)>,
     /// Link groups as entry indexes.
-    links: Vec<Vec<u32>>,
+    pub links: Vec<Vec<u32>>,
 }
 
-/// `(object index, offset, length)` of an object in a pack.
-type PackedObject = (u32, u64, u64);
+/// `(object index, offset, length)` of an object in a pack (bytes).
+pub(crate) type PackedObject = (u32, u64, u64);
 
+/// An entry of [`Wire`]: [`Entry`] with its path relative to the previous entry's and its
+/// object by index.
 #[derive(Serialize, Deserialize)]
-struct WireEntry {
+pub(crate) struct WireEntry {
     /// Bytes of the path shared with the previous entry's path.
-    shared: u32,
+    pub shared: u32,
     /// The rest of the path.
-    rest: String,
-    kind: WireKind,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    mtime: (i64, i64),
-    atime: (i64, i64),
-    xattrs: Vec<(String, String)>,
+    pub rest: String,
+    pub kind: WireKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: (i64, i64),
+    pub atime: (i64, i64),
+    /// Content xattrs, name and value in hex (as [`Entry::xattrs`]).
+    pub xattrs: Vec<(String, String)>,
 }
 
+/// [`Kind`] with a file's object by index into [`Wire::objects`].
 #[derive(Serialize, Deserialize)]
-enum WireKind {
+pub(crate) enum WireKind {
     Dir,
     File { object: u32, size: u64 },
     Symlink { target: String },
@@ -86,6 +92,13 @@ fn bad(what: impl std::fmt::Display) -> Error {
 /// Errors: [`Error::Failed`] for a malformed object id, or a link group naming a path that is
 /// not an entry of `m`.
 pub fn encode(m: &RemoteManifest) -> Result<Vec<u8>> {
+    encode_wire(&to_wire(m)?)
+}
+
+/// `m` as [`Wire`].
+///
+/// Errors: as [`encode`].
+fn to_wire(m: &RemoteManifest) -> Result<Wire> {
     let mut objects = ObjectTable::default();
     let mut entries = Vec::with_capacity(m.entries.len());
     let mut prev = "";
@@ -136,18 +149,14 @@ pub fn encode(m: &RemoteManifest) -> Result<Vec<u8>> {
                 .collect::<Result<Vec<_>>>()
         })
         .collect::<Result<Vec<_>>>()?;
-    let wire = Wire {
+    Ok(Wire {
         remote_format: m.remote_format,
         layer: serde_json::to_string(&m.layer).map_err(bad)?,
         objects: objects.ids,
         entries,
         packs,
         links,
-    };
-    let raw = postcard::to_stdvec(&wire).map_err(bad)?;
-    let mut out = MAGIC.to_vec();
-    out.extend(zstd::bulk::compress(&raw, LEVEL).map_err(bad)?);
-    Ok(out)
+    })
 }
 
 /// The distinct object ids of a manifest being encoded, in order of first use.
@@ -186,6 +195,48 @@ fn common_prefix(a: &str, b: &str) -> usize {
 /// decode or decodes to more than 1 GiB, an encoding that does not parse, or an index (path
 /// prefix, object, entry) out of range.
 pub fn decode(bytes: &[u8]) -> Result<RemoteManifest> {
+    from_wire(decode_wire(bytes)?)
+}
+
+/// The [`Wire`] of a manifest in either form (compact, or JSON as [`parse`] reads it). Not
+/// validated, as [`decode`].
+///
+/// Errors: as [`parse`].
+pub(crate) fn wire(bytes: &[u8]) -> Result<Wire> {
+    if bytes.starts_with(MAGIC) {
+        decode_wire(bytes)
+    } else {
+        to_wire(&parse(bytes)?)
+    }
+}
+
+/// The compact form of the manifest `w` (as [`encode`] makes it).
+///
+/// Errors: [`Error::Failed`] if it cannot be serialized or compressed.
+pub(crate) fn encode_wire(w: &Wire) -> Result<Vec<u8>> {
+    let raw = postcard::to_stdvec(w).map_err(bad)?;
+    let mut out = MAGIC.to_vec();
+    out.extend(zstd::bulk::compress(&raw, LEVEL).map_err(bad)?);
+    Ok(out)
+}
+
+/// The layer's local manifest `w` carries, once its format is checked.
+///
+/// Errors: [`Error::Failed`] for a remote format other than
+/// [`super::manifest::REMOTE_MANIFEST_FORMAT`] or a header that does not parse.
+pub(crate) fn header(w: &Wire) -> Result<crate::store::Manifest> {
+    let want = super::manifest::REMOTE_MANIFEST_FORMAT;
+    if w.remote_format != want {
+        return Err(bad(format!(
+            "format {} is not supported (want {want})",
+            w.remote_format
+        )));
+    }
+    serde_json::from_str(&w.layer).map_err(|e| bad(format!("its layer header: {e}")))
+}
+
+/// The [`Wire`] of a compact manifest. Errors: as [`decode`].
+fn decode_wire(bytes: &[u8]) -> Result<Wire> {
     let body = bytes
         .strip_prefix(MAGIC.as_slice())
         .ok_or_else(|| bad("it does not start with the compact manifest's magic bytes"))?;
@@ -198,7 +249,11 @@ pub fn decode(bytes: &[u8]) -> Result<RemoteManifest> {
     if raw.len() as u64 > MAX_DECODED {
         return Err(bad("it decodes to more than 1 GiB"));
     }
-    let wire: Wire = postcard::from_bytes(&raw).map_err(bad)?;
+    postcard::from_bytes(&raw).map_err(bad)
+}
+
+/// The manifest `wire` encodes. Errors: as [`decode`].
+fn from_wire(wire: Wire) -> Result<RemoteManifest> {
     let hexes: Vec<String> = (wire.objects.iter())
         .map(|b| ObjectId(*b).to_hex())
         .collect();

@@ -141,7 +141,10 @@ pub struct KeyRecord {
     pub inputs: Option<crate::store::Inputs>,
 }
 
-fn unhex(s: &str, path: &str) -> Result<Vec<u8>> {
+/// The bytes the hex string `s` (of the entry at `path`, named in the error) spells.
+///
+/// Errors: [`Error::Failed`] for an odd length or a character that is no hex digit.
+pub(crate) fn unhex(s: &str, path: &str) -> Result<Vec<u8>> {
     let bad = || Error::Failed(format!("remote manifest entry {path:?}: bad hex {s:?}"));
     if !s.len().is_multiple_of(2) {
         return Err(bad());

@@ -151,6 +151,29 @@ impl Remote {
         cache: &CacheId,
         layer: &LayerId,
     ) -> Result<(RemoteManifest, bytes::Bytes)> {
+        let (path, bytes) = self.manifest_object(project, layer).await?;
+        let corrupt = |detail: String| self.corrupt_manifest(&path, detail);
+        let m = super::compact::parse(&bytes)
+            .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
+        m.validate().map_err(|e| corrupt(e.to_string()))?;
+        if &m.layer.project != project || &m.layer.cache != cache || &m.layer.layer != layer {
+            return Err(corrupt(format!(
+                "it is of {}/{} layer {}, not {project}/{cache} layer {layer}",
+                m.layer.project, m.layer.cache, m.layer.layer
+            )));
+        }
+        Ok((m, bytes))
+    }
+
+    /// The manifest object of `layer` of `project` as stored: its path and bytes, the compact
+    /// form when the remote has it, else the JSON one. Not parsed.
+    ///
+    /// Errors: [`RemoteError`] naming the remote (not found when neither form exists).
+    pub async fn manifest_object(
+        &self,
+        project: &ProjectId,
+        layer: &LayerId,
+    ) -> Result<(object_store::path::Path, bytes::Bytes)> {
         let what = format!("reading the manifest of layer {layer}");
         let get = async |path: &object_store::path::Path| {
             let got = self.store.get(path).await?;
@@ -166,24 +189,18 @@ impl Remote {
             }
             Err(e) => return Err(self.error(&what, e)),
         };
-        let corrupt = |detail: String| -> Error {
-            RemoteError::Corrupt {
-                url: self.cfg.url.clone(),
-                what: format!("manifest {path}"),
-                detail,
-            }
-            .into()
-        };
-        let m = super::compact::parse(&bytes)
-            .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
-        m.validate().map_err(|e| corrupt(e.to_string()))?;
-        if &m.layer.project != project || &m.layer.cache != cache || &m.layer.layer != layer {
-            return Err(corrupt(format!(
-                "it is of {}/{} layer {}, not {project}/{cache} layer {layer}",
-                m.layer.project, m.layer.cache, m.layer.layer
-            )));
+        Ok((path, bytes))
+    }
+
+    /// The error for the manifest at `path` that is wrong as `detail` says
+    /// ([`RemoteError::Corrupt`]).
+    pub fn corrupt_manifest(&self, path: &object_store::path::Path, detail: String) -> Error {
+        RemoteError::Corrupt {
+            url: self.cfg.url.clone(),
+            what: format!("manifest {path}"),
+            detail,
         }
-        Ok((m, bytes))
+        .into()
     }
 
     /// Pulls the layer `found` names into `store` and publishes it locally under

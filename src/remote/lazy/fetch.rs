@@ -44,7 +44,7 @@ use object_store::{GetOptions, GetRange};
 use parking_lot::{Condvar, Mutex};
 
 use super::super::Remote;
-use super::super::manifest::RemoteManifest;
+use super::super::compact::Wire;
 use super::tree::Tree;
 use crate::error::{Error, RemoteKind, Result};
 use crate::ids::{ObjectId, ProjectId};
@@ -188,7 +188,6 @@ pub(super) struct Counts {
 pub(super) struct Shared {
     remote: Remote,
     project: ProjectId,
-    manifest: Arc<RemoteManifest>,
     tree: Arc<Tree>,
     objects: LocalObjects,
     /// `held/`: the verified bytes of every object of the layer that is here, by hex id.
@@ -231,29 +230,27 @@ impl Shared {
     pub fn new(
         remote: Remote,
         project: ProjectId,
-        manifest: Arc<RemoteManifest>,
+        wire: &Wire,
         tree: Arc<Tree>,
         objects: LocalObjects,
         held: PathBuf,
         limits: Limits,
     ) -> Result<Shared> {
-        let ids = tree
-            .objects
-            .iter()
-            .map(|(hex, _)| {
-                ObjectId::from_hex(hex)
-                    .map_err(|e| Error::Failed(format!("remote manifest object {hex}: {e}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let index: HashMap<&str, u32> = (tree.objects.iter().enumerate())
-            .map(|(i, (hex, _))| (hex.as_str(), i as u32))
+        let ids: Vec<ObjectId> = tree.objects.iter().map(|(id, _)| *id).collect();
+        // The tree's index of each of the manifest's objects (its files' objects; a pack may
+        // hold others, which no file needs).
+        let index: HashMap<&[u8; 32], u32> = (ids.iter().enumerate())
+            .map(|(i, id)| (&id.0, i as u32))
             .collect();
         let mut loc = vec![Loc::Alone; ids.len()];
         let mut packs = Vec::new();
-        for (name, objs) in &manifest.packs {
+        for (name, objs) in &wire.packs {
             let mut list: Vec<(u64, u64, u32)> = objs
                 .iter()
-                .filter_map(|(hex, off, len)| index.get(hex.as_str()).map(|&i| (*off, *len, i)))
+                .filter_map(|&(o, off, len)| {
+                    let id = wire.objects.get(o as usize)?;
+                    index.get(id).map(|&i| (off, len, i))
+                })
                 .collect();
             if list.is_empty() {
                 continue;
@@ -275,7 +272,8 @@ impl Shared {
         // neighbour in a pack window.
         if let Ok(dir) = fs::read_dir(&held) {
             for name in dir.flatten().map(|e| e.file_name()) {
-                if let Some(&i) = name.to_str().and_then(|n| index.get(n)) {
+                let id = name.to_str().and_then(|n| ObjectId::from_hex(n).ok());
+                if let Some(&i) = id.as_ref().and_then(|id| index.get(&id.0)) {
                     state[i as usize].store(LOCAL, Relaxed);
                 }
             }
@@ -284,7 +282,6 @@ impl Shared {
         Ok(Shared {
             remote,
             project,
-            manifest,
             tree,
             objects,
             held,
@@ -315,7 +312,7 @@ impl Shared {
 
     /// `held/<hex>` of object `o`.
     fn held_path(&self, o: u32) -> PathBuf {
-        self.held.join(&self.tree.objects[o as usize].0)
+        self.held.join(self.ids[o as usize].to_hex())
     }
 
     /// Opens object `o`'s local file read-only, if it is local: its link in `held/`, else the
@@ -354,8 +351,7 @@ impl Shared {
 
     /// The store's object of `o` with its first file's metadata (`objects/<aa>/<hex>-<tag>`).
     fn object_path(&self, o: u32) -> Option<PathBuf> {
-        let e = &self.manifest.entries[self.tree.object_entry[o as usize] as usize];
-        let tag = e.meta_tag().ok()?;
+        let tag = self.tree.meta_tag(self.tree.object_entry[o as usize]);
         Some(self.objects.path_for(&self.ids[o as usize], tag))
     }
 

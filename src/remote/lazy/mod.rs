@@ -160,22 +160,27 @@ impl LazyLayer {
         use crate::error::{Error, IoContext};
         let mpath = spec.dir.join(MANIFEST);
         let bytes = std::fs::read(&mpath).at(&mpath)?;
-        let m = super::compact::parse(&bytes)
+        let wire = super::compact::wire(&bytes)
             .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
+        drop(bytes);
         let held_dir = spec.dir.join(HELD);
         let held = File::open(&held_dir).at(&held_dir)?;
         let dev = held.metadata().at(&held_dir)?;
-        let tree = Arc::new(Tree::new(&m, std::os::unix::fs::MetadataExt::dev(&dev))?);
+        let tree = Tree::new(&wire, std::os::unix::fs::MetadataExt::dev(&dev))
+            .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
+        let tree = Arc::new(tree);
         let remote = Remote::open(spec.remote.clone())?;
         let shared = Shared::new(
             remote,
             spec.project.clone(),
-            Arc::new(m),
+            &wire,
             tree.clone(),
             LocalObjects::new(&spec.objects),
             held_dir,
             Limits::from_env(),
         )?;
+        // Its 100k strings take tens of ms to free: not on the way to the mount.
+        std::thread::spawn(move || drop(wire));
         let opened = (0..tree.nodes.len())
             .map(|_| AtomicBool::new(false))
             .collect();

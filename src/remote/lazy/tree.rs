@@ -14,8 +14,10 @@ use std::ffi::{CStr, CString, OsString};
 use std::io;
 use std::os::unix::ffi::OsStringExt;
 
-use super::super::manifest::{Kind, RemoteManifest};
+use super::super::compact::{Wire, WireKind};
+use super::super::manifest::unhex;
 use crate::error::{Error, Result};
+use crate::ids::ObjectId;
 
 /// One entry of the tree.
 pub(super) struct Node {
@@ -45,12 +47,21 @@ pub(super) struct Node {
 pub(super) struct Tree {
     pub nodes: Vec<Node>,
     by_path: HashMap<Box<[u8]>, u32>,
-    /// The distinct contents of the layer's files: `(blake3 hex, bytes)`, first use first.
-    pub objects: Vec<(String, u64)>,
+    /// The distinct contents of the layer's files: `(id, bytes)`, first use first.
+    pub objects: Vec<(ObjectId, u64)>,
     /// For each content, the entry whose metadata its local object gets (its first file).
     pub object_entry: Vec<u32>,
     /// The `st_dev` every entry shows.
     dev: u64,
+}
+
+/// Whether `path` is a plain relative path: components that are neither empty, `.` nor `..`,
+/// and no NUL.
+fn plain_relative(path: &[u8]) -> bool {
+    !path.contains(&0)
+        && path
+            .split(|&b| b == b'/')
+            .all(|c| !c.is_empty() && c != b"." && c != b"..")
 }
 
 /// `rel` as the tree's key: `.` and a leading `./` name the root and its children.
@@ -63,57 +74,88 @@ fn key(rel: &CStr) -> &[u8] {
 }
 
 impl Tree {
-    /// The tree of `m` (validated: parents before children, root first), showing `dev` as every
-    /// entry's device.
+    /// The tree of the manifest `w`, showing `dev` as every entry's device, checked as
+    /// [`RemoteManifest::validate`](crate::remote::manifest::RemoteManifest::validate) checks
+    /// a manifest: the root directory first, plain relative paths (no empty, `.` or `..`
+    /// component, no NUL), parents before children, link groups of two or more regular files
+    /// with the same object and metadata, each file in one group. Built from the manifest's
+    /// wire form (objects by index, paths as prefix + rest), so a layer of 100k files costs no
+    /// hex id or path string per entry: what a lazy mount reads before its command starts.
     ///
-    /// Errors: [`Error::Failed`] for a malformed object id or xattr, or an entry whose parent
-    /// is not a directory of the manifest.
-    pub fn new(m: &RemoteManifest, dev: u64) -> Result<Tree> {
-        let mut group_size: HashMap<&str, u32> = HashMap::new();
-        for g in &m.links {
-            for p in g {
-                group_size.insert(p.as_str(), g.len() as u32);
+    /// Errors: [`Error::Failed`] naming the entry or link group that breaks a rule, or an
+    /// index (path prefix, object, link entry) out of range, or a malformed xattr.
+    pub fn new(w: &Wire, dev: u64) -> Result<Tree> {
+        let bad = |what: String| Error::Failed(format!("remote manifest: {what}"));
+        let mut group_size = vec![0u32; w.entries.len()];
+        for g in &w.links {
+            if g.len() < 2 {
+                return Err(bad(format!("link group {g:?} has fewer than two files")));
+            }
+            for &i in g {
+                let n = (group_size.get_mut(i as usize))
+                    .ok_or_else(|| bad(format!("link entry {i} out of range")))?;
+                if *n != 0 {
+                    return Err(bad(format!("entry {i} is in more than one link group")));
+                }
+                *n = g.len() as u32;
             }
         }
+        if !matches!(w.entries.first(), Some(e) if e.shared == 0 && e.rest.is_empty() && matches!(e.kind, WireKind::Dir))
+        {
+            return Err(bad("the first entry must be the root directory".into()));
+        }
         let mut t = Tree {
-            nodes: Vec::with_capacity(m.entries.len()),
-            by_path: HashMap::with_capacity(m.entries.len()),
+            nodes: Vec::with_capacity(w.entries.len()),
+            by_path: HashMap::with_capacity(w.entries.len()),
             objects: Vec::new(),
             object_entry: Vec::new(),
             dev,
         };
-        let mut object_of: HashMap<&str, u32> = HashMap::new();
-        for (i, e) in m.entries.iter().enumerate() {
+        // Wire object index -> tree object index (u32::MAX: no entry uses it yet).
+        let mut of_wire = vec![u32::MAX; w.objects.len()];
+        for (i, e) in w.entries.iter().enumerate() {
             let i = i as u32;
+            let path: Box<[u8]> = {
+                let prev: &[u8] = t.nodes.last().map_or(b"", |n| &n.path);
+                let shared = (prev.get(..e.shared as usize))
+                    .ok_or_else(|| bad(format!("path prefix {} out of range", e.shared)))?;
+                [shared, e.rest.as_bytes()].concat().into()
+            };
             let (size, object, target) = match &e.kind {
-                Kind::Dir => (4096, None, None),
-                Kind::File { object, size } => {
-                    let next = t.objects.len() as u32;
-                    let idx = *object_of.entry(object.as_str()).or_insert(next);
-                    if idx == next {
-                        t.objects.push((object.clone(), *size));
+                WireKind::Dir => (4096, None, None),
+                WireKind::File { object, size } => {
+                    let slot = (of_wire.get_mut(*object as usize))
+                        .ok_or_else(|| bad(format!("object index {object} out of range")))?;
+                    if *slot == u32::MAX {
+                        *slot = t.objects.len() as u32;
+                        t.objects
+                            .push((ObjectId(w.objects[*object as usize]), *size));
                         t.object_entry.push(i);
                     }
-                    (*size, Some(idx), None)
+                    (*size, Some(*slot), None)
                 }
-                Kind::Symlink { target } => (
+                WireKind::Symlink { target } => (
                     target.len() as u64,
                     None,
                     Some(target.as_bytes().to_vec().into_boxed_slice()),
                 ),
-                Kind::Fifo => (0, None, None),
+                WireKind::Fifo => (0, None, None),
             };
-            let xattrs = e
-                .xattr_bytes()?
+            let shown = String::from_utf8_lossy(&path);
+            if i > 0 && !plain_relative(&path) {
+                return Err(bad(format!("entry {shown:?}: not a plain relative path")));
+            }
+            let xattrs = (e.xattrs.iter())
+                .map(|(n, v)| Ok((unhex(n, &shown)?, unhex(v, &shown)?)))
+                .collect::<Result<Vec<_>>>()?
                 .into_iter()
                 .filter_map(|(n, v)| CString::new(n).ok().map(|n| (n, v)))
                 .collect();
             let nlink = match &e.kind {
-                Kind::Dir => 2,
-                Kind::File { .. } => group_size.get(e.path.as_str()).copied().unwrap_or(1),
+                WireKind::Dir => 2,
+                WireKind::File { .. } => group_size[i as usize].max(1),
                 _ => 1,
             };
-            let path: Box<[u8]> = e.path.as_bytes().into();
             if i > 0 {
                 let parent = match path.iter().rposition(|&b| b == b'/') {
                     Some(n) => &path[..n],
@@ -125,18 +167,19 @@ impl Tree {
                     .copied()
                     .filter(|&p| t.nodes[p as usize].mode & libc::S_IFMT == libc::S_IFDIR)
                     .ok_or_else(|| {
-                        Error::Failed(format!(
-                            "remote manifest entry {:?}: its parent is not a directory before it",
-                            e.path
+                        bad(format!(
+                            "entry {shown:?}: its parent is not a directory before it"
                         ))
                     })?;
                 let pn = &mut t.nodes[p as usize];
                 pn.children.push(i);
-                if matches!(e.kind, Kind::Dir) {
+                if matches!(e.kind, WireKind::Dir) {
                     pn.nlink += 1;
                 }
             }
-            t.by_path.insert(path.clone(), i);
+            if t.by_path.insert(path.clone(), i).is_some() {
+                return Err(bad(format!("entry {shown:?} comes twice")));
+            }
             t.nodes.push(Node {
                 path,
                 mode: e.mode,
@@ -152,7 +195,46 @@ impl Tree {
                 children: Vec::new(),
             });
         }
+        t.check_links(w)?;
         Ok(t)
+    }
+
+    /// Checks that each link group of `w` is one file of the filled tree: regular files with
+    /// the same object and metadata (the sizes and indexes were checked by [`Tree::new`]).
+    ///
+    /// Errors: [`Error::Failed`] naming the group's first path and the file that differs.
+    fn check_links(&self, w: &Wire) -> Result<()> {
+        let one_file = |n: &Node| (n.object, n.mode, n.uid, n.gid, n.mtime);
+        for g in &w.links {
+            let first = &self.nodes[g[0] as usize];
+            for &i in g {
+                let n = &self.nodes[i as usize];
+                if n.object.is_none() || one_file(n) != one_file(first) {
+                    return Err(Error::Failed(format!(
+                        "remote manifest: link group of {:?}: {:?} is not the same regular file",
+                        String::from_utf8_lossy(&first.path),
+                        String::from_utf8_lossy(&n.path)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The local object tag (`<meta>` of `objects/<aa>/<hex>-<meta>`) of entry `i`'s file:
+    /// what [`crate::remote::manifest::Entry::meta_tag`] gives for its manifest entry.
+    pub fn meta_tag(&self, i: u32) -> u64 {
+        let n = &self.nodes[i as usize];
+        let meta = crate::store::SharedMeta {
+            mode: n.mode,
+            uid: n.uid,
+            gid: n.gid,
+            mtime: n.mtime,
+        };
+        let xattrs: Vec<(Vec<u8>, Vec<u8>)> = (n.xattrs.iter())
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.clone()))
+            .collect();
+        meta.tag(&xattrs)
     }
 
     /// The entry at `rel` (`.` for the root).
@@ -259,7 +341,26 @@ fn d_type(mode: u32) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::compact;
     use crate::remote::manifest::tests::{sample_entry as entry, sample_manifest as manifest};
+    use crate::remote::manifest::{Kind, RemoteManifest};
+
+    /// The tree of `m` as a lazy layer's daemon reads it: from its compact form, which must
+    /// give the same tree as the JSON form (a layer pushed by an older version).
+    fn tree_of(m: &RemoteManifest, dev: u64) -> Result<Tree> {
+        let from_json = Tree::new(&compact::wire(&serde_json::to_vec(m).unwrap())?, dev);
+        let t = Tree::new(&compact::wire(&compact::encode(m)?)?, dev)?;
+        let j = from_json.unwrap();
+        assert_eq!(j.nodes.len(), t.nodes.len());
+        for (a, b) in j.nodes.iter().zip(&t.nodes) {
+            assert_eq!(
+                (&a.path, a.mode, a.object, a.nlink),
+                (&b.path, b.mode, b.object, b.nlink)
+            );
+        }
+        assert_eq!(j.objects, t.objects);
+        Ok(t)
+    }
 
     /// Every attribute a pulled tree would show through the overlay comes from the manifest:
     /// type, mode, owner, size, times (ctime = mtime), link counts (a link group's size; a
@@ -268,7 +369,7 @@ mod tests {
     #[test]
     fn the_tree_answers_what_a_pulled_tree_shows() {
         let m = manifest();
-        let t = Tree::new(&m, 42).unwrap();
+        let t = tree_of(&m, 42).unwrap();
         let st = |p: &CStr| t.stat(t.find(p).unwrap());
         let root = st(c".");
         assert_eq!((root.st_mode, root.st_nlink, root.st_dev), (0o40755, 3, 42));
@@ -325,6 +426,10 @@ mod tests {
         assert_eq!(obj(c"d/a"), obj(c"d/hard"));
         assert_ne!(obj(c"d/a"), obj(c"b"));
         assert_eq!(obj(c"d"), None);
+        // A fetched object is looked for in the store under its first file's metadata.
+        for (i, e) in m.entries.iter().enumerate() {
+            assert_eq!(t.meta_tag(i as u32), e.meta_tag().unwrap(), "{}", e.path);
+        }
         let x = t.statx(t.find(c"b").unwrap());
         assert_eq!(
             (x.stx_size, x.stx_mode, x.stx_mtime.tv_sec),
@@ -337,10 +442,54 @@ mod tests {
     fn an_entry_without_its_directory_before_it_is_refused() {
         let mut m = manifest();
         m.entries.swap(1, 3); // d/a before d
-        let e = Tree::new(&m, 1).err().unwrap().to_string();
+        let e = tree_of(&m, 1).err().unwrap().to_string();
         assert!(e.contains("d/a") && e.contains("parent"), "{e}");
         let mut m = manifest();
         m.entries.push(entry("b/under-a-file", Kind::Fifo, 0o10644));
-        assert!(Tree::new(&m, 1).is_err());
+        assert!(tree_of(&m, 1).is_err());
+    }
+
+    /// What a full pull refuses (`RemoteManifest::validate`), a lazy mount refuses too: the
+    /// tree is the lazy layer's check of its manifest.
+    #[test]
+    fn the_tree_refuses_what_validate_refuses() {
+        let with_entry = |path: &str| {
+            let mut m = manifest();
+            m.entries.push(entry(path, Kind::Dir, 0o40755));
+            m
+        };
+        let with_links = |links: &[&[&str]]| {
+            let mut m = manifest();
+            m.links = (links.iter())
+                .map(|g| g.iter().map(|p| p.to_string()).collect())
+                .collect();
+            m
+        };
+        let mut root_later = manifest();
+        root_later.entries.swap(0, 1);
+        let mut no_root = manifest();
+        no_root.entries[0].kind = Kind::Fifo;
+        let bad = [
+            with_entry("d/."),
+            with_entry("d/../x"),
+            with_entry("d//x"),
+            with_entry("/abs"),
+            with_entry("d/x\0y"),
+            root_later,
+            no_root,
+            with_links(&[&["d/a"]]),
+            with_links(&[&["d/a", "d"]]),
+            with_links(&[&["d/a", "l"]]),
+            with_links(&[&["d/a", "b"]]),
+            with_links(&[&["d/a", "d/hard"], &["d/hard", "d/a"]]),
+        ];
+        for m in bad {
+            let what = format!("{:?} / {:?}", m.entries.last().unwrap().path, m.links);
+            assert!(m.validate().is_err(), "validate accepts {what}");
+            assert!(tree_of(&m, 1).is_err(), "the tree accepts {what}");
+        }
+        // A path twice would be two nodes for one name: refused as well.
+        assert!(tree_of(&with_entry("d"), 1).is_err());
+        tree_of(&manifest(), 1).unwrap();
     }
 }
