@@ -29,10 +29,12 @@
 # bytes and GETs that went through the proxy (its log). Medians over the runs.
 # Writes benches/results/<date>-lazy-<commit>.md (+ .tsv with every sample) and prints it.
 #
-#   bash scripts/bench-lazy.sh [--runs N] [--quick] [--bin PATH] [--cap SECONDS]    (root)
+#   bash scripts/bench-lazy.sh [--runs N] [--quick|--start] [--bin PATH] [--cap SECONDS] (root)
 #     --runs N    iterations (default 5)
 #     --quick     1 run, npm + ls only, the 200 Mbit/s link (a smoke check); the report is
 #                 <date>-lazy-quick-<commit>.md
+#     --start     time to COMMAND start only: npm (all variants) and big (lazy only; its full
+#                 pull takes ~50 s a run), the 200 Mbit/s link; <date>-lazy-start-<commit>.md
 #     --bin PATH  use this binary instead of building one (`cargo build --release`)
 #     --cap S     give up waiting for a layer to be complete after S seconds (default 300)
 # The binary used is copied to /var/tmp/lc-bin-bench first, so a rebuild by someone else cannot
@@ -47,11 +49,12 @@ REPO=$PWD
 # (arguments: project, cache, key). Adjust here if the lazy-remote code puts it elsewhere.
 trace_object() { echo "v1/projects/$1/caches/$2/traces/$3"; }
 
-RUNS=5 QUICK=0 BIN_IN="" CAP_S=300
+RUNS=5 QUICK=0 START=0 BIN_IN="" CAP_S=300
 while [ $# -gt 0 ]; do
   case $1 in
     --runs) RUNS=$2; shift ;;
     --quick) QUICK=1 ;;
+    --start) START=1 ;;
     --bin) BIN_IN=$2; shift ;;
     --cap) CAP_S=$2; shift ;;
     -h | --help) sed -n '2,43p' "$0"; exit 0 ;;
@@ -63,8 +66,12 @@ done
 # shellcheck source=scripts/lib-bench.sh
 source scripts/lib-bench.sh # log, die, lc_median
 
+# BIG: the ten-times layer is measured (on the first link); BIG_VARIANTS: how.
+BIG=1 BIG_VARIANTS="full lazy"
 if [ "$QUICK" = 1 ]; then
-  RUNS=1 WORKLOADS="npm ls" LINKS="200:20"
+  RUNS=1 WORKLOADS="npm ls" LINKS="200:20" BIG=0
+elif [ "$START" = 1 ]; then
+  WORKLOADS="npm" LINKS="200:20" BIG_VARIANTS="lazy"
 else
   WORKLOADS="npm venv cargo ls" LINKS="200:20 1000:5"
 fi
@@ -273,6 +280,7 @@ fill() { # fill WORKLOAD: store A runs it (a miss: setup fills the layer) and pu
 
 ALL_FILLS="npm"
 [ "$QUICK" = 1 ] || ALL_FILLS="npm venv cargo big"
+[ "$START" = 0 ] || ALL_FILLS="npm big"
 setup_npm
 setup_ls
 for w in $ALL_FILLS; do
@@ -438,9 +446,10 @@ for link in $LINKS; do
         cell "$link" "$i" "$w" "${VARIANTS[$(((k + i - 1) % 3))]}"
       done
     done
-    if [ "$QUICK" = 0 ] && [ "$link" = "${LINKS%% *}" ]; then
+    if [ "$BIG" = 1 ] && [ "$link" = "${LINKS%% *}" ]; then
       for k in 0 1; do
-        cell "$link" "$i" big "$([ $(((k + i) % 2)) = 1 ] && echo full || echo lazy)" nopoll
+        v=$([ $(((k + i) % 2)) = 1 ] && echo full || echo lazy)
+        case " $BIG_VARIANTS " in *" $v "*) cell "$link" "$i" big "$v" nopoll ;; esac
       done
     fi
   done
@@ -449,7 +458,9 @@ MINUTES=$((($(date +%s) - T_START + 59) / 60))
 
 # --- the report -------------------------------------------------------------------------------
 DAY=$(date -u +%Y-%m-%d)
-if [ "$QUICK" = 1 ]; then NAME=$DAY-lazy-quick-$COMMIT; else NAME=$DAY-lazy-$COMMIT; fi
+if [ "$QUICK" = 1 ]; then NAME=$DAY-lazy-quick-$COMMIT
+elif [ "$START" = 1 ]; then NAME=$DAY-lazy-start-$COMMIT
+else NAME=$DAY-lazy-$COMMIT; fi
 OUT=benches/results/$NAME.md
 mkdir -p benches/results
 cp "$TSV" "benches/results/$NAME.tsv"
@@ -489,7 +500,7 @@ mib() { awk -v b="$1" 'BEGIN { if (b == "-") print "-"; else printf "%.1f", b / 
   echo "had remote_lazy."
   echo
   echo "Layers:"
-  for w in $WORKLOADS $([ "$QUICK" = 1 ] || echo big); do
+  for w in $WORKLOADS $([ "$BIG" = 0 ] || echo big); do
     [ "$w" = ls ] && continue
     echo "* $w: $(mib "${LBYTES[$w]}") MiB in ${LFILES[$w]} files; COMMAND \`${CMD[$w]}\`; trace for lazy+trace: $([ -n "${TRACE[$w]:-}" ] && echo "$(stat -c %s "${TRACE[$w]}") bytes" || echo none recorded)"
   done
@@ -519,7 +530,7 @@ mib() { awk -v b="$1" 'BEGIN { if (b == "-") print "-"; else printf "%.1f", b / 
         echo "    $w $v: ${NOTES["$link|$w|$v"]:-(nothing: not mounted lazily)}"
       done
     done
-    if [ "$QUICK" = 0 ] && [ "$link" = "${LINKS%% *}" ]; then
+    if [ "$BIG" = 1 ] && [ "$link" = "${LINKS%% *}" ]; then
       echo
       echo "Ten times the npm layer ($(mib "${LBYTES[big]}") MiB in ${LFILES[big]} files), COMMAND \`true\`:"
       echo
