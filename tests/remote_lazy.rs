@@ -591,11 +591,7 @@ fn a_lazy_run_stores_its_trace_and_the_next_fresh_runner_replays_it() {
     let path = object_store::path::Path::from(format!(
         "trace/v1/projects/{PROJECT}/caches/data/traces/{key}"
     ));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = s3(&w);
+    let (rt, client) = (runtime(), s3(&w));
     let stored = |rt: &tokio::runtime::Runtime| {
         rt.block_on(async { client.get(&path).await.unwrap().bytes().await.unwrap() })
     };
@@ -815,11 +811,7 @@ fn a_missing_object_breaks_the_lazy_layer_for_good_and_nothing_wrong_is_served()
     let b = Runner::new(&w, sb.path("store-b"), "gone", "");
 
     // The big file is the one object stored alone.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = s3(&w);
+    let (rt, client) = (runtime(), s3(&w));
     let objects = object_store::path::Path::from(format!("gone/v1/projects/{PROJECT}/objects"));
     let found: Vec<_> = rt.block_on(async {
         client
@@ -868,6 +860,22 @@ fn a_missing_object_breaks_the_lazy_layer_for_good_and_nothing_wrong_is_served()
     assert!(sb.mounts_below().is_empty());
 }
 
+/// A current-thread tokio runtime, for the tests' own S3 requests.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The remote path of layer `layer_id`'s manifest in form `ext` (`json`, `compact`), under
+/// the remote prefix `prefix`.
+fn manifest_object(prefix: &str, layer_id: &str, ext: &str) -> object_store::path::Path {
+    object_store::path::Path::from(format!(
+        "{prefix}/v1/projects/{PROJECT}/manifests/{layer_id}.{ext}"
+    ))
+}
+
 /// A layer pushed by an older version has only the JSON manifest: B's lazy run asks for the
 /// compact one, gets 404, reads the JSON and mounts lazily all the same (the right bytes); C's
 /// full pull of it is as good; and `remote gc` keeps a live layer's manifests, both forms.
@@ -884,16 +892,8 @@ fn a_layer_without_a_compact_manifest_still_mounts_lazily_and_pulls() {
     let (sb, spec, a, _) = pushed_by_a(&w, "old", 1);
     let layer = only_layer(&a);
     let layer_id = layer.file_name().unwrap().to_str().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = s3(&w);
-    let manifest = |ext: &str| {
-        object_store::path::Path::from(format!(
-            "old/v1/projects/{PROJECT}/manifests/{layer_id}.{ext}"
-        ))
-    };
+    let (rt, client) = (runtime(), s3(&w));
+    let manifest = |ext: &str| manifest_object("old", layer_id, ext);
     let exists = |p: &object_store::path::Path| rt.block_on(client.head(p)).is_ok();
     assert!(exists(&manifest("json")) && exists(&manifest("compact")));
     // gc keeps a live layer's manifests (grace 0: only liveness protects them).
@@ -1141,18 +1141,14 @@ fn a_manifest_that_breaks_the_rules_is_refused_and_the_run_is_a_miss() {
     }
     let Some(w) = Weed::start() else { return };
     let (sb, spec, a, _) = pushed_by_a(&w, "rules", 1);
-    let layer = only_layer(&a);
-    let layer_id = layer.file_name().unwrap().to_str().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = s3(&w);
-    let manifest = |ext: &str| {
-        object_store::path::Path::from(format!(
-            "rules/v1/projects/{PROJECT}/manifests/{layer_id}.{ext}"
-        ))
-    };
+    let layer_id = only_layer(&a)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let (rt, client) = (runtime(), s3(&w));
+    let manifest = |ext: &str| manifest_object("rules", &layer_id, ext);
     let json = rt
         .block_on(async { client.get(&manifest("json")).await?.bytes().await })
         .unwrap();
@@ -1174,7 +1170,7 @@ fn a_manifest_that_breaks_the_rules_is_refused_and_the_run_is_a_miss() {
     assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
     let err = stderr(&rb);
     assert!(
-        err.contains("not a plain relative path") && err.contains(layer_id),
+        err.contains("not a plain relative path") && err.contains(&layer_id),
         "{err}"
     );
     assert_ne!(b.events()[0]["remote_lazy"], true, "{}", show(&rb));
