@@ -169,7 +169,9 @@ if [ -e "$WRAPPER" ] && ! grep -qF "$REG" "$WRAPPER"; then
 fi
 mkdir -p "$REG"
 printf '%s\t%s\n' "$W" "$LC_BIN" >"$REG_ENTRY"
-cat >"$WRAPPER.tmp" <<EOF
+# A temp name of this run's own: two runs started together each write the same wrapper.
+wtmp=$WRAPPER.$$.tmp
+cat >"$wtmp" <<EOF
 #!/bin/sh
 $WRAPPER_MARK (removed when the last run exits)
 for f in $REG/*.run; do
@@ -181,8 +183,8 @@ done
 echo "layercache (xfstests wrapper): no scripts/xfstests.sh run owns: \$*" >&2
 exit 1
 EOF
-chmod 755 "$WRAPPER.tmp"
-mv "$WRAPPER.tmp" "$WRAPPER"
+chmod 755 "$wtmp"
+mv "$wtmp" "$WRAPPER"
 mkdir -p "$W/bin"
 printf '#!/bin/sh\n# df -T for xfstests: a fuse.layercache mount is FSTYP=fuse\n/usr/bin/df "$@" | sed "s/ fuse\\.layercache / fuse /"\n' >"$W/bin/df"
 chmod 755 "$W/bin/df"
