@@ -106,9 +106,7 @@ const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// `FUSE_URING_IOV_SEGS`: a REGISTER carries two iovecs (header, payload).
 const IOV_SEGS: u32 = 2;
 
-/// The reply slot of one ring entry. Replies may be sent from any thread (fuser's contract);
-/// `send` (or `fill`, for READ data) writes the reply straight into the entry's buffers and the entry's thread waits in
-/// `take` until it has, then commits.
+/// What a ring entry's reply slot holds: the request it serves and its reply so far.
 #[derive(Debug, Default)]
 struct Slot {
     /// `unique` of the request being served; 0 while the entry waits for one. A reply for
@@ -121,6 +119,9 @@ struct Slot {
     reply: Option<Result<usize, usize>>,
 }
 
+/// The reply slot of one ring entry. Replies may be sent from any thread (fuser's contract);
+/// `send` (or `fill`, for READ data) writes the reply straight into the entry's buffers and the entry's thread waits in
+/// `take` until it has, then commits.
 #[derive(Debug)]
 pub(crate) struct RingReply {
     /// The request the entry serves and its reply so far.
