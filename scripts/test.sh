@@ -121,7 +121,8 @@ with_deadline() {
     echo "test.sh: still running after ${secs}s: ending it (a hung test fails the suite)" >&2
     for m in $(test_mounts); do
       for p in $(grep -l -s -F -x -z -e "$m" /proc/[0-9]*/cmdline | cut -d/ -f3); do
-        tr '\0' '\n' < "/proc/$p/cmdline" | grep -q -x overlay-daemon && kill -KILL "$p"
+        # (The grep above may list itself: gone by now, its cmdline unreadable.)
+        { tr '\0' '\n' < "/proc/$p/cmdline"; } 2>/dev/null | grep -q -x overlay-daemon && kill -KILL "$p"
       done
     done
     sleep 5
