@@ -336,10 +336,7 @@ impl Shared {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let Some(obj) = self.object_path(o) else {
-            return Ok(None);
-        };
-        match fs::hard_link(&obj, &held) {
+        match fs::hard_link(self.object_path(o), &held) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -350,9 +347,9 @@ impl Shared {
     }
 
     /// The store's object of `o` with its first file's metadata (`objects/<aa>/<hex>-<tag>`).
-    fn object_path(&self, o: u32) -> Option<PathBuf> {
+    fn object_path(&self, o: u32) -> PathBuf {
         let tag = self.tree.meta_tag(self.tree.object_entry[o as usize]);
-        Some(self.objects.path_for(&self.ids[o as usize], tag))
+        self.objects.path_for(&self.ids[o as usize], tag)
     }
 
     /// Whether object `o` is local (checked on disk once, then remembered); a store object
@@ -363,12 +360,10 @@ impl Shared {
         }
         let held = self.held_path(o);
         let here = held.exists()
-            || self
-                .object_path(o)
-                .is_some_and(|p| match fs::hard_link(&p, &held) {
-                    Ok(()) => true,
-                    Err(e) => e.kind() == io::ErrorKind::AlreadyExists,
-                });
+            || match fs::hard_link(self.object_path(o), &held) {
+                Ok(()) => true,
+                Err(e) => e.kind() == io::ErrorKind::AlreadyExists,
+            };
         if here {
             self.state[o as usize].store(LOCAL, Relaxed);
         }

@@ -96,8 +96,8 @@ impl Remote {
         // Checked as the daemon reads it (its wire form and tree): a layer of 100k files is
         // decoded in tens of ms, where the whole manifest's strings took hundreds.
         let (bytes, fetched) = match (manifest, have) {
-            (Some((path, bytes)), _) => (bytes.to_vec(), Some(path)),
-            (None, Some(bytes)) => (bytes, None),
+            (Some((path, bytes)), _) => (bytes, Some(path)),
+            (None, Some(bytes)) => (bytes.into(), None),
             (None, None) => unreachable!("fetched when not here"),
         };
         let corrupt = |detail: String| match &fetched {

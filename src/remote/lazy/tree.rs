@@ -100,8 +100,8 @@ impl Tree {
                 *n = g.len() as u32;
             }
         }
-        if !matches!(w.entries.first(), Some(e) if e.shared == 0 && e.rest.is_empty() && matches!(e.kind, WireKind::Dir))
-        {
+        let root = w.entries.first();
+        if !root.is_some_and(|e| e.rest.is_empty() && matches!(e.kind, WireKind::Dir)) {
             return Err(bad("the first entry must be the root directory".into()));
         }
         let mut t = Tree {
