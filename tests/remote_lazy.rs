@@ -414,12 +414,18 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
         "no ranged pack read: {log:?}"
     );
     assert_eq!(gets("/objects/"), 2, "{log:?}");
-    // The manifest came in its compact form (at the mount, and again to publish); the JSON
-    // one was never read.
+    // Before the mount only the tree manifest came; the daemon fetched the compact form
+    // (the object table) after it, and the publish read it again; the JSON one was never read.
+    let manifests: Vec<&str> = (log.iter())
+        .map(|r| r["path"].as_str().unwrap())
+        .filter(|p| p.contains("/manifests/"))
+        .map(|p| p.rsplit('.').next().unwrap())
+        .collect();
     assert!(
-        gets(".compact") >= 1 && gets("/manifests/") == gets(".compact"),
-        "{log:?}"
+        manifests.len() >= 2 && manifests[0] == "tree" && manifests[1] == "compact",
+        "{manifests:?}"
     );
+    assert!(!manifests.contains(&"json"), "{manifests:?}");
     assert!(
         log.iter()
             .filter(|r| r["path"].as_str().unwrap().contains("/objects/"))
@@ -852,7 +858,7 @@ fn a_missing_object_breaks_the_lazy_layer_for_good_and_nothing_wrong_is_served()
     let own = sha256(&only_layer(&b).join("tree/big.bin"));
     assert_eq!(said, format!("small 2\nzed\n{own}  -\n"), "B's own fill");
     assert!(
-        stderr(&again).contains("found broken by an earlier run"),
+        stderr(&again).contains("is marked broken"),
         "{}",
         stderr(&again)
     );
@@ -877,8 +883,9 @@ fn manifest_object(prefix: &str, layer_id: &str, ext: &str) -> object_store::pat
 }
 
 /// A layer pushed by an older version has only the JSON manifest: B's lazy run asks for the
-/// compact one, gets 404, reads the JSON and mounts lazily all the same (the right bytes); C's
-/// full pull of it is as good; and `remote gc` keeps a live layer's manifests, both forms.
+/// tree and the compact forms, gets 404s, reads the JSON and mounts lazily all the same (the
+/// right bytes); C's full pull of it is as good; and `remote gc` keeps a live layer's
+/// manifests, every form.
 #[test]
 fn a_layer_without_a_compact_manifest_still_mounts_lazily_and_pulls() {
     use object_store::ObjectStoreExt;
@@ -895,12 +902,14 @@ fn a_layer_without_a_compact_manifest_still_mounts_lazily_and_pulls() {
     let (rt, client) = (runtime(), s3(&w));
     let manifest = |ext: &str| manifest_object("old", layer_id, ext);
     let exists = |p: &object_store::path::Path| rt.block_on(client.head(p)).is_ok();
-    assert!(exists(&manifest("json")) && exists(&manifest("compact")));
+    let forms = ["json", "compact", "tree"];
+    assert!(forms.iter().all(|f| exists(&manifest(f))));
     // gc keeps a live layer's manifests (grace 0: only liveness protects them).
     let gc = a.lc(&["remote", "gc", "--grace", "0"]);
     assert!(gc.status.success(), "{}", stderr(&gc));
-    assert!(exists(&manifest("json")) && exists(&manifest("compact")));
+    assert!(forms.iter().all(|f| exists(&manifest(f))));
     rt.block_on(client.delete(&manifest("compact"))).unwrap();
+    rt.block_on(client.delete(&manifest("tree"))).unwrap();
 
     let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "old", "");
     let script = "cat $DATA/a/s1.txt $DATA/link && sha256sum < $DATA/big.bin";
@@ -920,9 +929,13 @@ fn a_layer_without_a_compact_manifest_still_mounts_lazily_and_pulls() {
         })
         .collect();
     assert_eq!(
-        asked[..2],
-        [("compact".to_string(), 404), ("json".to_string(), 200)],
-        "the compact form first, then the JSON: {asked:?}"
+        asked[..3],
+        [
+            ("tree".to_string(), 404),
+            ("compact".to_string(), 404),
+            ("json".to_string(), 200)
+        ],
+        "the tree form first, then the compact one, then the JSON: {asked:?}"
     );
 
     let c = Runner::new(&w, sb.path("store-c"), "old", "").with_env("LAYERCACHE_LAZY", "0");
@@ -1164,6 +1177,7 @@ fn a_manifest_that_breaks_the_rules_is_refused_and_the_run_is_a_miss() {
     rt.block_on(client.put(&manifest("json"), body.into()))
         .unwrap();
     rt.block_on(client.delete(&manifest("compact"))).unwrap();
+    rt.block_on(client.delete(&manifest("tree"))).unwrap();
 
     let b = Runner::new(&w, sb.path("store-b"), "rules", "");
     let rb = b.run_as(false, &sb, &spec, &["cat", "/dev/null"]);
@@ -1181,5 +1195,68 @@ fn a_manifest_that_breaks_the_rules_is_refused_and_the_run_is_a_miss() {
         .unwrap_or_default();
     assert!(left.is_empty(), "partial layers left: {left:?}");
     assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A tree manifest (what a fresh runner mounts from) whose entries break the rules, behind a
+/// header that is right: the run hands it to the daemon, which refuses it and marks the
+/// partial layer broken; the run then pulls the layer whole (its compact manifest is good)
+/// and runs on the right bytes, and the store verifies (a later run that finds the broken
+/// mark does not mount that layer lazily: `prepare_lazy` refuses it).
+#[test]
+fn a_tree_manifest_that_breaks_the_rules_is_refused_by_the_daemon_and_the_run_pulls_whole() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, a, _) = pushed_by_a(&w, "badtree", 1);
+    let layer_id = only_layer(&a)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let (rt, client) = (runtime(), s3(&w));
+    let tree = manifest_object("badtree", &layer_id, "tree");
+    let body = rt
+        .block_on(async { client.get(&tree).await?.bytes().await })
+        .unwrap();
+    let (magic, frame) = body.split_at(8);
+    assert_eq!(magic, b"LCTREE1\n");
+    let mut raw = zstd::decode_all(frame).unwrap();
+    // "a/s1.txt" is stored as "s1.txt" after "a/b/deep.txt" (paths share their prefix):
+    // the same length, so the encoding stays whole, but the path becomes "a/../../".
+    let at = (raw.windows(6).position(|w| w == b"s1.txt"))
+        .unwrap_or_else(|| panic!("no entry s1.txt in the tree manifest"));
+    raw[at..at + 6].copy_from_slice(b"../../");
+    let mut bad = magic.to_vec();
+    bad.extend(zstd::encode_all(raw.as_slice(), 3).unwrap());
+    rt.block_on(client.put(&tree, bad.into())).unwrap();
+
+    let b = Runner::new(&w, sb.path("store-b"), "badtree", "");
+    let rb = b.run_as(
+        false,
+        &sb,
+        &spec,
+        &["sh", "-c", "cat $DATA/a/s1.txt $DATA/link"],
+    );
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    assert_eq!(out(&rb), "small 1\ndeep\n");
+    let err = stderr(&rb);
+    assert!(
+        err.contains("lazily failed") && err.contains("not a plain relative path"),
+        "{err}"
+    );
+    assert_eq!(b.events()[0]["remote_lazy"], false, "{}", show(&rb));
+    assert_eq!(b.events()[0]["result"], "hit", "{}", show(&rb));
+    let broken = project_dir(&b)
+        .join("partial")
+        .join(&layer_id)
+        .join("broken");
+    let why = std::fs::read_to_string(&broken).unwrap_or_default();
+    assert!(why.contains("not a plain relative path"), "{why:?}");
+    assert_store_verifies(&b);
+
     assert!(sb.mounts_below().is_empty());
 }

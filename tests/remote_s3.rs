@@ -386,7 +386,11 @@ fn concurrent_publish_of_one_key_keeps_one_and_gc_removes_the_loser() {
     let before = manifests();
     let mut forms: Vec<String> = before.iter().map(|n| form(n)).collect();
     forms.sort();
-    assert_eq!(forms, ["compact", "compact", "json", "json"], "{before:?}");
+    assert_eq!(
+        forms,
+        ["compact", "compact", "json", "json", "tree", "tree"],
+        "{before:?}"
+    );
     let gc: serde_json::Value =
         serde_json::from_slice(&a.lc(&["--json", "remote", "gc", "--grace", "0"]).stdout).unwrap();
     // (20 small files: one pack per runner.)
@@ -401,7 +405,11 @@ fn concurrent_publish_of_one_key_keeps_one_and_gc_removes_the_loser() {
     assert!(gc["broken_keys"].as_array().unwrap().is_empty());
     assert_eq!(
         manifests(),
-        [format!("{winner}.compact"), format!("{winner}.json")],
+        [
+            format!("{winner}.compact"),
+            format!("{winner}.json"),
+            format!("{winner}.tree")
+        ],
         "{before:?}"
     );
     let d = Runner::new(&w, sb.path("store-d"), "race", "");

@@ -13,10 +13,13 @@
 //! Layout: [`MAGIC`] (8 bytes), then one zstd frame holding the postcard encoding of [`Wire`].
 //! Decoding yields exactly the manifest that was encoded (a unit test checks it field by field),
 //! so every reader of a manifest is unchanged; a lazy mount reads the decoded [`Wire`] itself
-//! ([`wire`]: objects by index, paths as prefix + rest), which spares it a string per entry. The JSON form stays the authority: a push writes
-//! both (JSON first, so older readers never miss it), `remote gc` removes them together, and a
-//! reader falls back to the JSON when no compact form exists (a layer pushed by an older
-//! version).
+//! ([`wire`]: objects by index, paths as prefix + rest), which spares it a string per entry.
+//! A lazy mount starts from less: the *tree manifest* ([`TreeHead`], `<layer>.tree`), the same
+//! entries and link groups without the object table (the ids, ~90 % of the bytes), fetched
+//! after the mount. The JSON form stays the authority: a push writes all three (JSON first, so
+//! older readers never miss it; the tree last, as it names the compact form), `remote gc`
+//! removes them together, and a reader falls back to the next form when one is missing (a
+//! layer pushed by an older version).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -91,14 +94,16 @@ fn bad(what: impl std::fmt::Display) -> Error {
 ///
 /// Errors: [`Error::Failed`] for a malformed object id, or a link group naming a path that is
 /// not an entry of `m`.
+#[cfg(test)]
 pub fn encode(m: &RemoteManifest) -> Result<Vec<u8>> {
     encode_wire(&to_wire(m)?)
 }
 
 /// `m` as [`Wire`].
 ///
-/// Errors: as [`encode`].
-fn to_wire(m: &RemoteManifest) -> Result<Wire> {
+/// Errors: [`Error::Failed`] for a malformed object id, or a link group naming a path that is
+/// not an entry of `m`.
+pub(crate) fn to_wire(m: &RemoteManifest) -> Result<Wire> {
     let mut objects = ObjectTable::default();
     let mut entries = Vec::with_capacity(m.entries.len());
     let mut prev = "";
@@ -225,21 +230,34 @@ pub(crate) fn encode_wire(w: &Wire) -> Result<Vec<u8>> {
 /// Errors: [`Error::Failed`] for a remote format other than
 /// [`super::manifest::REMOTE_MANIFEST_FORMAT`] or a header that does not parse.
 pub(crate) fn header(w: &Wire) -> Result<crate::store::Manifest> {
+    check_header(w.remote_format, &w.layer)
+}
+
+/// The layer's local manifest `layer` (JSON) of a manifest in `remote_format`. Errors: as
+/// [`header`].
+fn check_header(remote_format: u32, layer: &str) -> Result<crate::store::Manifest> {
     let want = super::manifest::REMOTE_MANIFEST_FORMAT;
-    if w.remote_format != want {
+    if remote_format != want {
         return Err(bad(format!(
-            "format {} is not supported (want {want})",
-            w.remote_format
+            "format {remote_format} is not supported (want {want})"
         )));
     }
-    serde_json::from_str(&w.layer).map_err(|e| bad(format!("its layer header: {e}")))
+    serde_json::from_str(layer).map_err(|e| bad(format!("its layer header: {e}")))
 }
 
 /// The [`Wire`] of a compact manifest. Errors: as [`decode`].
 fn decode_wire(bytes: &[u8]) -> Result<Wire> {
+    postcard::from_bytes(&unzstd(bytes, MAGIC, "compact manifest")?).map_err(bad)
+}
+
+/// The zstd frame after `magic` in `bytes` (what `what` names), decoded.
+///
+/// Errors: [`Error::Failed`] for other first bytes, a frame that does not decode or decodes
+/// to more than 1 GiB.
+fn unzstd(bytes: &[u8], magic: &[u8; 8], what: &str) -> Result<Vec<u8>> {
     let body = bytes
-        .strip_prefix(MAGIC.as_slice())
-        .ok_or_else(|| bad("it does not start with the compact manifest's magic bytes"))?;
+        .strip_prefix(magic.as_slice())
+        .ok_or_else(|| bad(format!("it does not start with the {what}'s magic bytes")))?;
     let mut raw = Vec::new();
     zstd::stream::read::Decoder::new(body)
         .map_err(bad)?
@@ -249,7 +267,101 @@ fn decode_wire(bytes: &[u8]) -> Result<Wire> {
     if raw.len() as u64 > MAX_DECODED {
         return Err(bad("it decodes to more than 1 GiB"));
     }
-    postcard::from_bytes(&raw).map_err(bad)
+    Ok(raw)
+}
+
+/// The first bytes of a tree manifest (format 1): see [`TreeHead`].
+pub const TREE_MAGIC: &[u8; 8] = b"LCTREE1\n";
+
+/// What a lazy mount needs before its command starts, without the object ids and pack
+/// table that make up ~90 % of a compact manifest: `manifests/<layer>.tree`, written by a
+/// push beside the compact form ([`encode_tree`]). Layout: [`TREE_MAGIC`] (8 bytes), then one
+/// zstd frame holding the postcard encoding of this struct. Its entries index the compact
+/// form's object table, which the layer's daemon fetches after the mount; the compact form's
+/// length and blake3 digest tie the two together.
+#[derive(Deserialize)]
+pub(crate) struct TreeHead {
+    /// Encoded first, so [`tree_prefix`] reads it alone.
+    pub prefix: TreePrefix,
+    pub entries: Vec<WireEntry>,
+    /// Link groups as entry indexes.
+    pub links: Vec<Vec<u32>>,
+}
+
+/// The first fields of a [`TreeHead`]: what a run checks before it hands the tree to the
+/// layer's daemon (decoding them costs nothing per entry).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TreePrefix {
+    pub remote_format: u32,
+    /// The layer's local manifest, as JSON.
+    pub layer: String,
+    /// Bytes of the compact form.
+    pub compact_len: u64,
+    /// The blake3 digest of the compact form.
+    pub compact_digest: [u8; 32],
+    /// Entries of the compact form's object table.
+    pub objects: u32,
+    /// Bytes of the distinct objects the entries name.
+    pub object_bytes: u64,
+}
+
+/// [`TreeHead`] as written: borrows the compact form's entries.
+#[derive(Serialize)]
+struct TreeHeadRef<'a> {
+    prefix: &'a TreePrefix,
+    entries: &'a [WireEntry],
+    links: &'a [Vec<u32>],
+}
+
+/// The tree manifest of `w`, whose compact form is `compact` (see [`TreeHead`]).
+///
+/// Errors: [`Error::Failed`] if it cannot be serialized or compressed.
+pub(crate) fn encode_tree(w: &Wire, compact: &[u8]) -> Result<Vec<u8>> {
+    let mut seen = vec![false; w.objects.len()];
+    let mut object_bytes = 0u64;
+    for e in &w.entries {
+        if let WireKind::File { object, size } = e.kind
+            && let Some(s) = seen.get_mut(object as usize)
+            && !std::mem::replace(s, true)
+        {
+            object_bytes += size;
+        }
+    }
+    let prefix = TreePrefix {
+        remote_format: w.remote_format,
+        layer: w.layer.clone(),
+        compact_len: compact.len() as u64,
+        compact_digest: *blake3::hash(compact).as_bytes(),
+        objects: w.objects.len() as u32,
+        object_bytes,
+    };
+    let head = TreeHeadRef {
+        prefix: &prefix,
+        entries: &w.entries,
+        links: &w.links,
+    };
+    let raw = postcard::to_stdvec(&head).map_err(bad)?;
+    let mut out = TREE_MAGIC.to_vec();
+    out.extend(zstd::bulk::compress(&raw, LEVEL).map_err(bad)?);
+    Ok(out)
+}
+
+/// Decodes a tree manifest. Not validated: [`super::lazy`]'s tree checks its entries.
+///
+/// Errors: as [`decode`], for [`TREE_MAGIC`].
+pub(crate) fn decode_tree(bytes: &[u8]) -> Result<TreeHead> {
+    postcard::from_bytes(&unzstd(bytes, TREE_MAGIC, "tree manifest")?).map_err(bad)
+}
+
+/// The [`TreePrefix`] of a tree manifest and the layer's local manifest it carries (format
+/// checked), without decoding its entries.
+///
+/// Errors: as [`decode_tree`]; as [`header`].
+pub(crate) fn tree_prefix(bytes: &[u8]) -> Result<(TreePrefix, crate::store::Manifest)> {
+    let raw = unzstd(bytes, TREE_MAGIC, "tree manifest")?;
+    let (prefix, _): (TreePrefix, _) = postcard::take_from_bytes(&raw).map_err(bad)?;
+    let header = check_header(prefix.remote_format, &prefix.layer)?;
+    Ok((prefix, header))
 }
 
 /// The manifest `wire` encodes. Errors: as [`decode`].
@@ -377,6 +489,46 @@ mod tests {
             d[i] ^= 0x5a;
             let _ = decode(&d); // an error or, rarely, a different manifest; never a panic
         }
+    }
+
+    /// The tree manifest holds the compact form's entries and links and names the compact
+    /// form by length and digest; its prefix reads alone; damage is an error.
+    #[test]
+    fn the_tree_manifest_is_the_compact_form_without_its_object_table() {
+        let m = sample_manifest();
+        let w = to_wire(&m).unwrap();
+        let compact = encode_wire(&w).unwrap();
+        let t = encode_tree(&w, &compact).unwrap();
+        assert!(t.starts_with(TREE_MAGIC));
+        let head = decode_tree(&t).unwrap();
+        assert_eq!(head.prefix.compact_len, compact.len() as u64);
+        assert_eq!(
+            &head.prefix.compact_digest,
+            blake3::hash(&compact).as_bytes()
+        );
+        assert_eq!(head.prefix.objects as usize, w.objects.len());
+        let distinct: std::collections::HashSet<_> = (m.entries.iter())
+            .filter_map(|e| match &e.kind {
+                Kind::File { object, size } => Some((object.clone(), *size)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            head.prefix.object_bytes,
+            distinct.iter().map(|(_, s)| s).sum::<u64>()
+        );
+        assert_eq!(
+            postcard::to_stdvec(&head.entries).unwrap(),
+            postcard::to_stdvec(&w.entries).unwrap()
+        );
+        assert_eq!(head.links, w.links);
+        let (prefix, header) = tree_prefix(&t).unwrap();
+        assert_eq!(prefix, head.prefix);
+        assert_eq!(header, m.layer);
+        // The compact form is not a tree manifest, nor a cut one.
+        assert!(decode_tree(&compact).is_err());
+        assert!(decode_tree(&t[..t.len() / 2]).is_err());
+        assert!(tree_prefix(&t[..t.len() / 2]).is_err());
     }
 
     #[test]

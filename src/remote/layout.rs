@@ -99,6 +99,13 @@ impl Layout {
         self.manifests(p).join(format!("{layer}.compact"))
     }
 
+    /// `…/manifests/<layer>.tree`: what a lazy mount reads before its command starts (the
+    /// entries of the compact form without its object table, `compact::TreeHead`), written
+    /// after the compact form; absent for layers pushed by older versions.
+    pub fn tree_manifest(&self, p: &ProjectId, layer: &LayerId) -> ObjectPath {
+        self.manifests(p).join(format!("{layer}.tree"))
+    }
+
     /// `<prefix>/v1/projects/<project>/key-salt`: the project's key salt (64 hex digits),
     /// created once, create-only (store/salt.rs).
     pub fn salt(&self, p: &ProjectId) -> ObjectPath {

@@ -124,10 +124,14 @@ impl Remote {
             report.uploaded_objects = n;
             report.uploaded_bytes = bytes;
             let body = serde_json::to_vec(&m).map_err(|e| Error::Failed(e.to_string()))?;
-            let compact = super::compact::encode(&m)?;
+            let wire = super::compact::to_wire(&m)?;
+            let compact = super::compact::encode_wire(&wire)?;
+            let tree = super::compact::encode_tree(&wire, &compact)?;
+            drop(wire);
             report.manifest_bytes = body.len() as u64;
-            // JSON first (every version reads it), then the compact form (what a lazy mount
-            // and a pull of this version read first), then the key.
+            // JSON first (every version reads it), then the compact form (what a pull of
+            // this version reads first), then the tree (what a lazy mount reads first: it
+            // names the compact form), then the key.
             for (path, body, what) in [
                 (
                     self.layout.manifest(project, layer),
@@ -138,6 +142,11 @@ impl Remote {
                     self.layout.compact_manifest(project, layer),
                     compact,
                     "writing the compact manifest",
+                ),
+                (
+                    self.layout.tree_manifest(project, layer),
+                    tree,
+                    "writing the tree manifest",
                 ),
             ] {
                 self.store

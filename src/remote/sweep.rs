@@ -39,8 +39,9 @@ struct Inventory {
     packs: HashMap<String, Vec<ObjectMeta>>,
     /// Manifests, by layer.
     manifests: HashMap<LayerId, ObjectMeta>,
-    /// Compact manifests (`<layer>.compact`), by layer: they go with their JSON manifest.
-    compacts: HashMap<LayerId, ObjectMeta>,
+    /// The other forms of manifests (`<layer>.compact`, `<layer>.tree`) and their layer: they
+    /// go with their JSON manifest.
+    compacts: Vec<(LayerId, ObjectMeta)>,
 }
 
 impl Inventory {
@@ -154,18 +155,20 @@ impl Remote {
             let id = name.split('.').next().unwrap_or(name).to_string();
             packs.entry(id).or_default().push(m);
         }
-        let (mut manifests, mut compacts) = (HashMap::new(), HashMap::new());
+        let (mut manifests, mut compacts) = (HashMap::new(), Vec::new());
         for m in self.list_all(&self.layout.manifests(project)).await? {
             let Some(name) = m.location.filename() else {
                 continue;
             };
-            let (set, layer) = match (name.strip_suffix(".json"), name.strip_suffix(".compact")) {
-                (Some(l), _) => (&mut manifests, l),
-                (_, Some(l)) => (&mut compacts, l),
-                _ => continue,
-            };
-            if let Ok(l) = LayerId::new(layer) {
-                set.insert(l, m);
+            if let Some(l) = name.strip_suffix(".json") {
+                if let Ok(l) = LayerId::new(l) {
+                    manifests.insert(l, m);
+                }
+                continue;
+            }
+            let other = (name.strip_suffix(".compact")).or_else(|| name.strip_suffix(".tree"));
+            if let Some(Ok(l)) = other.map(LayerId::new) {
+                compacts.push((l, m));
             }
         }
         Ok(Inventory {
@@ -272,7 +275,7 @@ impl Remote {
                 }
             }
         }
-        // A compact manifest goes with its JSON one: kept while that is live or young (or,
+        // A compact or tree manifest goes with its JSON one: kept while that is live or young (or,
         // without one, while young itself: a push in flight writes the JSON first).
         for (l, m) in &inv.compacts {
             let young = |m: &ObjectMeta| m.last_modified.timestamp_millis() > cutoff;

@@ -267,7 +267,8 @@ impl Store {
             }
             Lookup::Miss => (MountResult::Miss, None, None),
         };
-        let mut m = self.mount_run(RunMount {
+        let was_lazy = lazy.is_some();
+        let mounted = self.mount_run(RunMount {
             pd: &pd,
             req,
             mnt: mnt.as_deref(),
@@ -277,7 +278,26 @@ impl Store {
             fill: found.fill,
             reuse: None,
             lazy,
-        })?;
+        });
+        let mut m = match mounted {
+            // The daemon refused the lazy layer (its manifest breaks the rules: the daemon
+            // marked it broken) or could not make it: once more without lazy layers (a full
+            // pull, or a local miss when the remote's layer is no good).
+            Err(e) if was_lazy && req.lazy => {
+                self.notify(Notice::Remote {
+                    message: format!(
+                        "mounting {} key {} lazily failed: {e}; pulling it whole instead",
+                        req.cache, req.key
+                    ),
+                });
+                drop(_e);
+                return self.mount(&MountRequest {
+                    lazy: false,
+                    ..req.clone()
+                });
+            }
+            r => r?,
+        };
         m.outcome.waited_ms = found.waited.as_millis() as u64;
         m.outcome.remote = found.pulled.or(lazy_report);
         m.outcome.lookup_ms = lookup_ms;

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use object_store::{GetOptions, GetRange};
+use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use parking_lot::{Condvar, Mutex};
 
 use super::super::Remote;
@@ -184,6 +184,63 @@ pub(super) struct Counts {
     pub objects: AtomicU64,
 }
 
+/// A timeout error of `remote` for `what` (no byte for the progress deadline of `limits`).
+fn stalled(remote: &Remote, limits: Limits, what: &str) -> Error {
+    super::super::RemoteError::Timeout {
+        url: remote.cfg.url.clone(),
+        what: format!("{what} (no progress for {} s)", limits.progress.as_secs()),
+        secs: limits.progress.as_secs_f64(),
+        source: None,
+    }
+    .into()
+}
+
+/// The whole object at `path` of `remote` (`what` names it in errors): each attempt is
+/// abandoned after no byte for the progress deadline of `limits`; attempts that fail
+/// transiently are retried with backoff (200 ms doubling, at most 5 s) until the bound of
+/// `limits` has passed since the first.
+///
+/// Errors: the remote's error (`NotFound` for a missing object) or a timeout once the
+/// retries are over.
+pub(super) fn get_retrying(
+    remote: &Remote,
+    path: &object_store::path::Path,
+    what: &str,
+    limits: Limits,
+) -> Result<Vec<u8>> {
+    let once = async || -> Result<Vec<u8>> {
+        let got = tokio::time::timeout(limits.progress, remote.store.get(path))
+            .await
+            .map_err(|_| stalled(remote, limits, what))?
+            .map_err(|e| remote.error(what, e))?;
+        let mut stream = got.into_stream();
+        let mut out = Vec::new();
+        loop {
+            let next = tokio::time::timeout(limits.progress, stream.next())
+                .await
+                .map_err(|_| stalled(remote, limits, what))?;
+            match next {
+                Some(chunk) => out.extend_from_slice(&chunk.map_err(|e| remote.error(what, e))?),
+                None => return Ok(out),
+            }
+        }
+    };
+    remote.block_on(None, async {
+        let (t0, mut backoff) = (Instant::now(), Duration::from_millis(200));
+        loop {
+            match once().await {
+                Err(Error::Remote { kind, .. })
+                    if kind.is_transient() && t0.elapsed() + backoff < limits.bound =>
+                {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                r => return r,
+            }
+        }
+    })
+}
+
 /// The state shared by the readers' threads and the fetch tasks.
 pub(super) struct Shared {
     remote: Remote,
@@ -223,10 +280,12 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// The fetcher of the layer `tree` (made from `manifest`) of `project`, its objects kept in
-    /// `objects` and linked into `held`.
+    /// The fetcher of the layer `tree` (made from `wire`, or from the tree manifest of the
+    /// compact manifest `wire`) of `project`, its objects kept in `objects` and linked into
+    /// `held`.
     ///
-    /// Errors: [`Error::Failed`] for a malformed object id in the manifest.
+    /// Errors: [`Error::Failed`] for an object index of `tree` that `wire`'s object table
+    /// lacks.
     pub fn new(
         remote: Remote,
         project: ProjectId,
@@ -236,7 +295,17 @@ impl Shared {
         held: PathBuf,
         limits: Limits,
     ) -> Result<Shared> {
-        let ids: Vec<ObjectId> = tree.objects.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<ObjectId> = (tree.objects.iter())
+            .map(|&(w, _)| {
+                let id = wire.objects.get(w as usize).ok_or_else(|| {
+                    Error::Failed(format!(
+                        "remote manifest: object index {w} out of range (its object table has {})",
+                        wire.objects.len()
+                    ))
+                })?;
+                Ok(ObjectId(*id))
+            })
+            .collect::<Result<_>>()?;
         // The tree's index of each of the manifest's objects (its files' objects; a pack may
         // hold others, which no file needs).
         let index: HashMap<&[u8; 32], u32> = (ids.iter().enumerate())
@@ -303,11 +372,6 @@ impl Shared {
             traced,
             replaying: AtomicBool::new(false),
         })
-    }
-
-    /// Objects of the layer (distinct contents).
-    pub fn len(&self) -> usize {
-        self.ids.len()
     }
 
     /// `held/<hex>` of object `o`.
@@ -582,16 +646,7 @@ impl Shared {
 
     /// A timeout error of the remote for `what` (no byte for the progress deadline).
     fn stalled(&self, what: &str) -> Error {
-        super::super::RemoteError::Timeout {
-            url: self.remote.cfg.url.clone(),
-            what: format!(
-                "{what} (no progress for {} s)",
-                self.limits.progress.as_secs()
-            ),
-            secs: self.limits.progress.as_secs_f64(),
-            source: None,
-        }
-        .into()
+        stalled(&self.remote, self.limits, what)
     }
 
     /// One GET of the pack range of `unit` (objects made local by an earlier attempt are

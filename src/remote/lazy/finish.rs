@@ -13,14 +13,14 @@ use super::super::Remote;
 use super::super::manifest::KeyRecord;
 use super::super::pull::Found;
 use super::tree::Tree;
-use super::{HELD, LINKS, LazyReport, LazySpec, MANIFEST, OLD_MANIFEST, REPLAY, REPORT, TRACE};
+use super::{
+    BROKEN, HELD, LazyReport, LazySpec, MANIFEST, OLD_MANIFEST, REPLAY, REPORT, TRACE, TREE,
+};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ObjectId};
 use crate::store::{LazyLower, ProjectDirs, PullReport, Store};
 use crate::units::fmt_bytes;
 
-/// `broken` of a partial directory: why an earlier run found the layer unusable.
-const BROKEN: &str = "broken";
 /// `key.json` of a partial directory: the key record the layer was found by.
 const KEY_RECORD: &str = "key.json";
 
@@ -44,14 +44,27 @@ pub(super) fn replace_file(path: &Path, body: &[u8]) -> Result<()> {
     })
 }
 
+/// A manifest a lazy mount starts from: the remote's path when fetched now (`None`: the
+/// partial directory had it), and its bytes.
+enum Got {
+    /// The compact or JSON manifest.
+    Manifest(Option<object_store::path::Path>, bytes::Bytes),
+    /// The tree manifest.
+    Tree(Option<object_store::path::Path>, bytes::Bytes),
+}
+
 impl Remote {
     /// Lays out the partial directory of the exact hit `found` in `pd` for a lazy mount: the
-    /// manifest (fetched once per layer; a partial directory an earlier run made keeps its
-    /// own), its link groups, the key's recorded trace (fetched each time: the newest) and
-    /// `held/`. The fetches are bounded by `lookup_timeout`.
+    /// tree manifest (`<layer>.tree`: the entries without the object table, which the daemon
+    /// fetches after the mount; only its header is checked here, the daemon checks the rest
+    /// and marks the directory broken if it must), or for a layer pushed without one the
+    /// compact (or JSON) manifest, checked whole, and its link groups; the key's recorded
+    /// trace (fetched each time: the newest) and `held/`. A partial directory an earlier run
+    /// made keeps its manifests. The fetches are bounded by `lookup_timeout`.
     ///
     /// Errors: [`Error::Failed`] when an earlier run found the layer broken (it is not used
-    /// again); the remote's errors; [`Error::Io`] locally.
+    /// again); the remote's errors ([`super::super::RemoteError::Corrupt`] for a manifest of
+    /// another layer or one that does not parse); [`Error::Io`] locally.
     pub(in crate::remote) fn prepare_lazy(
         &self,
         pd: &ProjectDirs,
@@ -63,25 +76,41 @@ impl Remote {
         let dir = pd.partial(layer);
         if let Ok(why) = fs::read_to_string(dir.join(BROKEN)) {
             return Err(Error::Failed(format!(
-                "remote layer {layer} was found broken by an earlier run ({}); it is not used",
+                "remote layer {layer} is marked broken ({}); it is not used",
                 why.trim()
             )));
         }
         let held = dir.join(HELD);
         let mpath = dir.join(MANIFEST);
+        let tpath = dir.join(TREE);
         // A partial directory of an earlier version keeps its manifest as JSON: moved to
         // the name the daemon reads (either form parses).
         let old = dir.join(OLD_MANIFEST);
         if !mpath.exists() && old.exists() {
             fs::rename(&old, &mpath).at(&old)?;
         }
-        let have = fs::read(&mpath).ok();
+        let have = match fs::read(&mpath) {
+            Ok(b) => Some(Got::Manifest(None, b.into())),
+            Err(_) => fs::read(&tpath).ok().map(|b| Got::Tree(None, b.into())),
+        };
         let trace_path = self.layout.trace(&pd.project, cache, &found.key);
-        let (manifest, trace) = self.block_on(Some(self.cfg.lookup_timeout), async {
+        let (got, trace) = self.block_on(Some(self.cfg.lookup_timeout), async {
             let manifest = async {
-                match &have {
-                    Some(_) => Ok(None),
-                    None => (self.manifest_object(&pd.project, layer).await).map(Some),
+                if have.is_some() {
+                    return Ok(None);
+                }
+                let path = self.layout.tree_manifest(&pd.project, layer);
+                let what = format!("reading the tree manifest of layer {layer}");
+                match self.store.get(&path).await {
+                    Ok(g) => {
+                        let b = g.bytes().await.map_err(|e| self.error(&what, e))?;
+                        Ok(Some(Got::Tree(Some(path), b)))
+                    }
+                    Err(e) if super::super::is_not_found(&e) => {
+                        let (path, b) = self.manifest_object(&pd.project, layer).await?;
+                        Ok(Some(Got::Manifest(Some(path), b)))
+                    }
+                    Err(e) => Err(self.error(&what, e)),
                 }
             };
             let trace = async {
@@ -93,62 +122,76 @@ impl Remote {
             };
             futures::try_join!(manifest, trace)
         })?;
-        // Checked as the daemon reads it (its wire form and tree): a layer of 100k files is
-        // decoded in tens of ms, where the whole manifest's strings took hundreds.
-        let (bytes, fetched) = match (manifest, have) {
-            (Some((path, bytes)), _) => (bytes, Some(path)),
-            (None, Some(bytes)) => (bytes.into(), None),
-            (None, None) => unreachable!("fetched when not here"),
+        let got = got.or(have).expect("fetched when not here");
+        let (fetched, bytes) = match &got {
+            Got::Manifest(p, b) | Got::Tree(p, b) => (p.clone(), b.clone()),
+        };
+        let local = match got {
+            Got::Manifest(..) => &mpath,
+            Got::Tree(..) => &tpath,
         };
         let corrupt = |detail: String| match &fetched {
             Some(path) => self.corrupt_manifest(path, detail),
-            None => Error::Failed(format!("{}: {detail}", mpath.display())),
+            None => Error::Failed(format!("{}: {detail}", local.display())),
         };
-        let wire = super::super::compact::wire(&bytes)
-            .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
-        let header = super::super::compact::header(&wire).map_err(|e| corrupt(e.to_string()))?;
-        if header.project != pd.project || &header.cache != cache || &header.layer != layer {
-            return Err(corrupt(format!(
-                "it is of {}/{} layer {}, not {}/{cache} layer {layer}",
-                header.project, header.cache, header.layer, pd.project
-            )));
-        }
-        let tree = Tree::new(&wire, 0).map_err(|e| corrupt(e.to_string()))?;
-        // Made only once the remote has answered: a remote that is down at mount time leaves
-        // no partial directory behind (the run is a local miss).
-        fs::create_dir_all(&held).at(&held)?;
-        let manifest_bytes = match fetched {
-            Some(_) => {
-                // Kept compact, whatever form the remote had (the daemon parses it again).
-                if bytes.starts_with(super::super::compact::MAGIC) {
-                    replace_file(&mpath, &bytes)?;
-                } else {
-                    replace_file(&mpath, &super::super::compact::encode_wire(&wire)?)?;
-                }
-                let groups: Vec<Vec<&[u8]>> = (wire.links.iter())
-                    .map(|g| g.iter().map(|&i| &*tree.nodes[i as usize].path).collect())
-                    .collect();
-                let links = dir.join(LINKS);
-                crate::overlay::links::LinkGroups::write(&links, &groups).at(&links)?;
-                bytes.len() as u64
+        let check = |header: &crate::store::Manifest| {
+            if header.project != pd.project || &header.cache != cache || &header.layer != layer {
+                return Err(corrupt(format!(
+                    "it is of {}/{} layer {}, not {}/{cache} layer {layer}",
+                    header.project, header.cache, header.layer, pd.project
+                )));
             }
-            None => 0,
+            Ok(())
+        };
+        let (counts, objects, missing) = match got {
+            Got::Tree(..) => {
+                let (prefix, header) = super::super::compact::tree_prefix(&bytes)
+                    .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
+                check(&header)?;
+                // Made only once the remote has answered: a remote that is down at mount
+                // time leaves no partial directory behind (the run is a local miss).
+                fs::create_dir_all(&held).at(&held)?;
+                if fetched.is_some() {
+                    replace_file(&tpath, &bytes)?;
+                }
+                (header.counts, found.record.objects, prefix.object_bytes)
+            }
+            Got::Manifest(..) => {
+                let wire = super::super::compact::wire(&bytes)
+                    .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
+                let header =
+                    super::super::compact::header(&wire).map_err(|e| corrupt(e.to_string()))?;
+                check(&header)?;
+                let tree = Tree::new(&wire, 0).map_err(|e| corrupt(e.to_string()))?;
+                fs::create_dir_all(&held).at(&held)?;
+                if fetched.is_some() {
+                    // Kept compact, whatever form the remote had (the daemon parses it again).
+                    if bytes.starts_with(super::super::compact::MAGIC) {
+                        replace_file(&mpath, &bytes)?;
+                    } else {
+                        replace_file(&mpath, &super::super::compact::encode_wire(&wire)?)?;
+                    }
+                }
+                let here: HashSet<[u8; 32]> = fs::read_dir(&held)
+                    .at(&held)?
+                    .filter_map(|e| ObjectId::from_hex(e.ok()?.file_name().to_str()?).ok())
+                    .map(|id| id.0)
+                    .collect();
+                let missing: u64 = (tree.objects.iter())
+                    .filter(|(w, _)| !here.contains(&wire.objects[*w as usize]))
+                    .map(|(_, s)| *s)
+                    .sum();
+                let objects = tree.objects.len() as u64;
+                drop(here);
+                // Their 100k allocations take tens of ms to free: not on the way to the mount.
+                std::thread::spawn(move || drop((wire, tree)));
+                (header.counts, objects, missing)
+            }
         };
         replace_file(&dir.join(REPLAY), trace.as_deref().unwrap_or_default())?;
         let record = serde_json::to_vec(&found.record).unwrap_or_default();
         replace_file(&dir.join(KEY_RECORD), &record)?;
         replace_file(&dir.join(CACHE), cache.as_str().as_bytes())?;
-        let here: HashSet<ObjectId> = fs::read_dir(&held)
-            .at(&held)?
-            .filter_map(|e| ObjectId::from_hex(e.ok()?.file_name().to_str()?).ok())
-            .collect();
-        let objects = tree.objects.len();
-        let missing: u64 = (tree.objects.iter())
-            .filter(|(id, _)| !here.contains(id))
-            .map(|(_, s)| *s)
-            .sum();
-        // Their 100k allocations take tens of ms to free: not on the way to the mount.
-        std::thread::spawn(move || drop((wire, tree, bytes)));
         let spec = LazySpec {
             remote: self.cfg.clone(),
             project: pd.project.clone(),
@@ -160,8 +203,8 @@ impl Remote {
             key: found.key.to_string(),
             layer: layer.to_string(),
             result: "lazy".into(),
-            objects: objects as u64,
-            manifest_bytes,
+            objects,
+            manifest_bytes: fetched.map_or(0, |_| bytes.len() as u64),
             ms: t0.elapsed().as_millis() as u64,
             lazy: true,
             lazy_bytes: missing,
@@ -173,7 +216,7 @@ impl Remote {
             dir,
             spec: serde_json::to_value(&spec)
                 .map_err(|e| Error::Failed(format!("lazy layer spec: {e}")))?,
-            counts: header.counts,
+            counts,
             report,
         })
     }

@@ -3,14 +3,16 @@
 //! this for container images; docs/remote.md has the user's view).
 //!
 //! * The run's side ([`Remote::prepare_lazy`], in the run's process): on an exact remote hit,
-//!   fetch the key record, the manifest and the key's recorded access trace, and lay out the
-//!   layer's *partial* directory in the local store ([`crate::store::ProjectDirs::partial`]):
-//!   `manifest.json`, `links` (its link groups, as a pulled layer has them), `replay` (the
-//!   trace to replay) and `held/` (a link to every object of the layer that is local).
+//!   fetch the key record, the layer's tree manifest (its entries without the object table)
+//!   and the key's recorded access trace, and lay out the layer's *partial* directory in the
+//!   local store ([`crate::store::ProjectDirs::partial`]): [`TREE`], `replay` (the trace to
+//!   replay) and `held/` (the verified objects of the layer that are here).
 //! * The daemon's side ([`make_layer`], the overlay's [`crate::overlay::LayerMaker`]): a
 //!   [`LazyLayer`] answers lookups, attributes, listings, symlinks and xattrs from the
-//!   manifest ([`tree`]) and fetches a file's object on its first open ([`fetch`]); the trace
-//!   is replayed and the rest fetched in the background. It writes what it did to the run's
+//!   manifest's entries ([`tree`]; it writes [`LINKS`], the link groups as a pulled layer has
+//!   them), fetches the compact manifest (the object table) once mounted, and fetches a file's
+//!   object on its first open ([`fetch`]); the trace is replayed and the rest fetched in the
+//!   background. It writes what it did to the run's
 //!   directory ([`LazyReport`], and the order in which the run first opened files).
 //! * The end ([`Remote::finish_lazy`], in the run's process after the unmount): the run's
 //!   trace is stored beside the key in the remote for the next fresh runner, and when every
@@ -41,12 +43,20 @@ pub use fetch::Limits;
 use fetch::Shared;
 use tree::Tree;
 
-/// `manifest` of a partial directory: the remote manifest as fetched (compact or JSON form:
-/// `compact::parse` reads either).
+/// `manifest` of a partial directory: the remote manifest (compact form; the JSON form of an
+/// older push is kept re-encoded), fetched by the run for a layer pushed without a tree
+/// manifest, else by the daemon after the mount.
 pub const MANIFEST: &str = "manifest";
 
 /// What partial directories of an earlier version hold instead of [`MANIFEST`] (JSON).
 pub const OLD_MANIFEST: &str = "manifest.json";
+/// `tree` of a partial directory: the layer's tree manifest (`compact::TreeHead`), what a
+/// fresh runner fetches before the mount; the daemon then fetches the compact manifest (the
+/// object table) and keeps it as [`MANIFEST`].
+pub const TREE: &str = "tree";
+/// `broken` of a partial directory: why a run found the layer unusable (it is not used
+/// again).
+pub const BROKEN: &str = "broken";
 /// `held/` of a partial directory: the verified bytes of each object of the layer that is
 /// here, by hex id (a fetched file, or a link to a store object with those bytes).
 pub const HELD: &str = "held";
@@ -109,7 +119,10 @@ pub struct LazyReport {
 /// module docs).
 pub struct LazyLayer {
     tree: Arc<Tree>,
-    shared: Arc<Shared>,
+    /// The fetcher: at once when the partial directory has the compact manifest, else once
+    /// a thread has fetched it after the mount ([`TableSlot`]).
+    shared: TableSlot,
+    limits: Limits,
     /// Per entry: opened by this run already.
     opened: Vec<AtomicBool>,
     /// Entries in the order this run first opened them.
@@ -121,10 +134,13 @@ pub struct LazyLayer {
 
 /// The overlay's [`crate::overlay::LayerMaker`] for [`LazySpec`]s: reads the manifest, starts
 /// the fetcher (and its background replay and completion) and registers the report's writing
-/// at the daemon's exit.
+/// at the daemon's exit. A partial directory with only the tree manifest ([`TREE`]) is served
+/// at once; a thread fetches the compact manifest (its object table) meanwhile and starts
+/// the fetcher then.
 ///
-/// Errors: `EINVAL` for a spec or manifest that does not parse; the errno of opening the
-/// partial directory.
+/// Errors: `EINVAL` for a spec or manifest that does not parse or breaks the rules (the
+/// partial directory is then marked [`BROKEN`]: the run that mounts it falls back to a local
+/// miss); the errno of opening the partial directory.
 pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         io::Error::new(
@@ -133,10 +149,34 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
         )
     };
     let spec: LazySpec = serde_json::from_value(spec.clone()).map_err(|e| bad("spec", &e))?;
-    let layer = Arc::new(LazyLayer::open(&spec).map_err(|e| bad("opening", &e))?);
-    let bg = layer.clone();
+    let (layer, table) = LazyLayer::open(&spec).map_err(|e| {
+        if let crate::error::Error::Failed(why) = &e {
+            let _ = finish::replace_file(&spec.dir.join(BROKEN), why.as_bytes());
+        }
+        bad("opening", &e)
+    })?;
+    let layer = Arc::new(layer);
     let replay = layer.replay_order(&spec.dir.join(REPLAY));
-    layer.shared.spawn_background(replay);
+    match table {
+        Some(shared) => {
+            let shared = Arc::new(shared);
+            shared.spawn_background(replay);
+            layer.shared.set(Ok(shared));
+        }
+        None => {
+            let l = layer.clone();
+            std::thread::Builder::new()
+                .name("lazy-table".into())
+                .spawn(move || {
+                    let r = l.fetch_table(&spec).map(Arc::new);
+                    if let Ok(s) = &r {
+                        s.spawn_background(replay);
+                    }
+                    l.shared.set(r);
+                })?;
+        }
+    }
+    let bg = layer.clone();
     crate::overlay::on_daemon_exit(Box::new(move || bg.write_report()));
     // Also written every second, so a daemon killed outright leaves a recent one.
     let periodic = Arc::downgrade(&layer);
@@ -152,46 +192,185 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
     Ok(Box::new(ArcLayer(layer)))
 }
 
+/// Why a lazy layer has no fetcher: its compact manifest could not be had.
+#[derive(Clone, Debug)]
+struct TableError {
+    /// The manifest is missing or wrong (not a transient failure): the layer is broken.
+    broken: bool,
+    why: String,
+}
+
+/// The fetcher of a [`LazyLayer`], once there is one (or why there is none).
+#[derive(Default)]
+struct TableSlot {
+    slot: Mutex<Option<std::result::Result<Arc<Shared>, TableError>>>,
+    ready: parking_lot::Condvar,
+}
+
+impl TableSlot {
+    fn set(&self, r: std::result::Result<Arc<Shared>, TableError>) {
+        *self.slot.lock() = Some(r);
+        self.ready.notify_all();
+    }
+
+    /// The fetcher or why there is none, if that is known.
+    fn get(&self) -> Option<std::result::Result<Arc<Shared>, TableError>> {
+        self.slot.lock().clone()
+    }
+
+    /// [`TableSlot::get`], waiting up to `limit` for it to be known.
+    fn wait(&self, limit: std::time::Duration) -> std::result::Result<Arc<Shared>, TableError> {
+        let mut slot = self.slot.lock();
+        let deadline = std::time::Instant::now() + limit;
+        while slot.is_none() {
+            if self.ready.wait_until(&mut slot, deadline).timed_out() {
+                break;
+            }
+        }
+        slot.clone().unwrap_or_else(|| {
+            Err(TableError {
+                broken: false,
+                why: format!(
+                    "the layer's compact manifest did not arrive within {} s",
+                    limit.as_secs()
+                ),
+            })
+        })
+    }
+}
+
 impl LazyLayer {
-    /// Reads the partial directory of `spec` and starts the fetcher.
+    /// Reads the partial directory of `spec`: its compact manifest when it has one (the tree
+    /// and the fetcher come from it), else its tree manifest (the fetcher waits for
+    /// [`LazyLayer::fetch_table`]). Writes the layer's link groups ([`LINKS`]) when missing.
     ///
-    /// Errors: [`crate::error::Error`] reading or parsing the manifest, opening the remote.
-    fn open(spec: &LazySpec) -> crate::error::Result<LazyLayer> {
+    /// Errors: [`crate::error::Error::Failed`] for a manifest that does not parse or breaks the
+    /// rules; [`crate::error::Error`] reading it, opening the remote.
+    fn open(spec: &LazySpec) -> crate::error::Result<(LazyLayer, Option<Shared>)> {
         use crate::error::{Error, IoContext};
-        let mpath = spec.dir.join(MANIFEST);
-        let bytes = std::fs::read(&mpath).at(&mpath)?;
-        let wire = super::compact::wire(&bytes)
-            .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
-        drop(bytes);
         let held_dir = spec.dir.join(HELD);
         let held = File::open(&held_dir).at(&held_dir)?;
-        let dev = held.metadata().at(&held_dir)?;
-        let tree = Tree::new(&wire, std::os::unix::fs::MetadataExt::dev(&dev))
-            .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
-        let tree = Arc::new(tree);
-        let remote = Remote::open(spec.remote.clone())?;
-        let shared = Shared::new(
-            remote,
-            spec.project.clone(),
-            &wire,
-            tree.clone(),
-            LocalObjects::new(&spec.objects),
-            held_dir,
-            Limits::from_env(),
-        )?;
-        // Its 100k strings take tens of ms to free: not on the way to the mount.
-        std::thread::spawn(move || drop(wire));
+        let dev = std::os::unix::fs::MetadataExt::dev(&held.metadata().at(&held_dir)?);
+        let limits = Limits::from_env();
+        let mpath = spec.dir.join(MANIFEST);
+        let (tree, table) = match std::fs::read(&mpath) {
+            Ok(bytes) => {
+                let wire = super::compact::wire(&bytes)
+                    .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
+                drop(bytes);
+                let tree = Tree::new(&wire, dev)
+                    .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
+                let tree = Arc::new(tree);
+                write_links(&spec.dir, &tree, &wire.links)?;
+                let shared = Shared::new(
+                    Remote::open(spec.remote.clone())?,
+                    spec.project.clone(),
+                    &wire,
+                    tree.clone(),
+                    LocalObjects::new(&spec.objects),
+                    held_dir,
+                    limits,
+                )?;
+                // Its 100k strings take tens of ms to free: not on the way to the mount.
+                std::thread::spawn(move || drop(wire));
+                (tree, Some(shared))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let tpath = spec.dir.join(TREE);
+                let bytes = std::fs::read(&tpath).at(&tpath)?;
+                let head = super::compact::decode_tree(&bytes)
+                    .map_err(|e| Error::Failed(format!("{}: {e}", tpath.display())))?;
+                drop(bytes);
+                let tree = Tree::build(
+                    &head.entries,
+                    &head.links,
+                    head.prefix.objects as usize,
+                    dev,
+                )
+                .map_err(|e| Error::Failed(format!("{}: {e}", tpath.display())))?;
+                let tree = Arc::new(tree);
+                write_links(&spec.dir, &tree, &head.links)?;
+                std::thread::spawn(move || drop(head));
+                (tree, None)
+            }
+            Err(e) => return Err(Error::io(&mpath, e)),
+        };
         let opened = (0..tree.nodes.len())
             .map(|_| AtomicBool::new(false))
             .collect();
-        Ok(LazyLayer {
+        let layer = LazyLayer {
             tree,
-            shared: Arc::new(shared),
+            shared: TableSlot::default(),
+            limits,
             opened,
             trace: Mutex::new(Vec::new()),
             held,
             run_dir: spec.run_dir.clone(),
-        })
+        };
+        Ok((layer, table))
+    }
+
+    /// Fetches the compact manifest the partial directory's tree manifest names (retried with
+    /// backoff while the remote fails transiently, until the bound of [`Limits`]), checks its
+    /// length and digest, keeps it as [`MANIFEST`] and makes the fetcher from it.
+    ///
+    /// Errors: a [`TableError`], broken when the manifest is missing, does not match or does
+    /// not parse.
+    fn fetch_table(&self, spec: &LazySpec) -> std::result::Result<Shared, TableError> {
+        let fail = |broken: bool| {
+            move |e: &dyn std::fmt::Display| TableError {
+                broken,
+                why: e.to_string(),
+            }
+        };
+        let tpath = spec.dir.join(TREE);
+        let prefix = (std::fs::read(&tpath).map_err(|e| crate::error::Error::io(&tpath, e)))
+            .and_then(|b| super::compact::tree_prefix(&b))
+            .map_err(|e| fail(true)(&e))?;
+        let (prefix, header) = prefix;
+        let remote = Remote::open(spec.remote.clone()).map_err(|e| fail(false)(&e))?;
+        let path = remote.layout.compact_manifest(&spec.project, &header.layer);
+        let bytes =
+            fetch::get_retrying(&remote, &path, "reading the compact manifest", self.limits)
+                .map_err(|e| {
+                    let broken = matches!(&e, crate::error::Error::Remote { kind, .. }
+                    if *kind == crate::error::RemoteKind::NotFound);
+                    fail(broken)(&e)
+                })?;
+        if bytes.len() as u64 != prefix.compact_len
+            || blake3::hash(&bytes).as_bytes() != &prefix.compact_digest
+        {
+            return Err(fail(true)(&format!(
+                "{path}: {} bytes that are not the compact manifest its tree manifest names",
+                bytes.len()
+            )));
+        }
+        let wire = super::compact::wire(&bytes).map_err(|e| fail(true)(&format!("{path}: {e}")))?;
+        if wire.entries.len() != self.tree.nodes.len()
+            || wire.objects.len() != prefix.objects as usize
+        {
+            return Err(fail(true)(&format!(
+                "{path}: it does not describe the tree its tree manifest has"
+            )));
+        }
+        if let Err(e) = finish::replace_file(&spec.dir.join(MANIFEST), &bytes) {
+            tracing::warn!("lazy layer: keeping the compact manifest: {e}");
+        }
+        drop(bytes);
+        let held = spec.dir.join(HELD);
+        let shared = Shared::new(
+            remote,
+            spec.project.clone(),
+            &wire,
+            self.tree.clone(),
+            LocalObjects::new(&spec.objects),
+            held,
+            self.limits,
+        )
+        .map_err(|e| fail(true)(&e))?;
+        std::thread::spawn(move || drop(wire));
+        tracing::info!("lazy layer: the object table is here");
+        Ok(shared)
     }
 
     /// The objects of the files `replay` lists (one path per line), in its order; an absent
@@ -209,21 +388,28 @@ impl LazyLayer {
 
     /// Writes [`REPORT`] and [`TRACE`] into the run's directory (each replaced whole).
     fn write_report(&self) {
-        let (local_objects, local_bytes) = self.shared.local_count();
         let trace = self.trace.lock().clone();
-        let r = LazyReport {
-            objects: self.shared.len() as u64,
+        let objects = self.tree.objects.len() as u64;
+        let mut r = LazyReport {
+            objects,
             bytes: self.tree.objects.iter().map(|(_, s)| s).sum(),
-            local_objects,
-            local_bytes,
-            fetched_objects: self.shared.counts.objects.load(Relaxed),
-            fetched_bytes: self.shared.counts.bytes.load(Relaxed),
-            gets: self.shared.counts.gets.load(Relaxed),
             opened: trace.len() as u64,
-            complete: local_objects == self.shared.len() as u64,
-            broken: self.shared.broken.lock().clone(),
-            failed: self.shared.failed.lock().clone(),
+            ..Default::default()
         };
+        match self.shared.get() {
+            Some(Ok(s)) => {
+                (r.local_objects, r.local_bytes) = s.local_count();
+                r.fetched_objects = s.counts.objects.load(Relaxed);
+                r.fetched_bytes = s.counts.bytes.load(Relaxed);
+                r.gets = s.counts.gets.load(Relaxed);
+                r.complete = r.local_objects == objects;
+                r.broken = s.broken.lock().clone();
+                r.failed = s.failed.lock().clone();
+            }
+            Some(Err(e)) if e.broken => r.broken = Some(e.why),
+            Some(Err(e)) => r.failed = vec![format!("the layer's object table: {}", e.why)],
+            None => {}
+        }
         let mut lines = Vec::new();
         for i in trace {
             lines.extend_from_slice(&self.tree.nodes[i as usize].path);
@@ -241,8 +427,27 @@ impl LazyLayer {
 
 impl Drop for LazyLayer {
     fn drop(&mut self) {
-        self.shared.stop();
+        if let Some(Ok(s)) = self.shared.get() {
+            s.stop();
+        }
     }
+}
+
+/// Writes the link groups `links` (entry indexes of `tree`) to the partial directory `dir`
+/// ([`LINKS`], what the overlay reads next) unless it has them.
+///
+/// Errors: [`crate::error::Error::Io`] writing the file.
+fn write_links(dir: &Path, tree: &Tree, links: &[Vec<u32>]) -> crate::error::Result<()> {
+    use crate::error::IoContext;
+    let path = dir.join(LINKS);
+    if links.is_empty() || path.exists() {
+        return Ok(());
+    }
+    let groups: Vec<Vec<&[u8]>> = (links.iter())
+        .map(|g| g.iter().map(|&i| &*tree.nodes[i as usize].path).collect())
+        .collect();
+    crate::overlay::links::LinkGroups::write(&path, &groups).at(&path)?;
+    Ok(())
 }
 
 /// A [`LazyLayer`] shared with its report writers.
@@ -278,7 +483,12 @@ impl Layer for ArcLayer {
         if !l.opened[i as usize].swap(true, Relaxed) {
             l.trace.lock().push(i);
         }
-        l.shared.open(o, &n.path)
+        let shared = l.shared.wait(l.limits.bound).map_err(|e| {
+            let file = String::from_utf8_lossy(&n.path);
+            tracing::error!(%file, "reading a lazily fetched file: {}", e.why);
+            io::Error::from_raw_os_error(libc::EIO)
+        })?;
+        shared.open(o, &n.path)
     }
 
     fn readlink(&self, rel: &CStr) -> io::Result<Vec<u8>> {

@@ -9,15 +9,14 @@
 //! numbers are the entry's index plus one (unique within the layer; the overlay shows its own
 //! node ids).
 
-use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsString};
+use std::hash::BuildHasher;
 use std::io;
 use std::os::unix::ffi::OsStringExt;
 
-use super::super::compact::{Wire, WireKind};
+use super::super::compact::{Wire, WireEntry, WireKind};
 use super::super::manifest::unhex;
 use crate::error::{Error, Result};
-use crate::ids::ObjectId;
 
 /// One entry of the tree.
 pub(super) struct Node {
@@ -46,9 +45,12 @@ pub(super) struct Node {
 /// The tree of one manifest.
 pub(super) struct Tree {
     pub nodes: Vec<Node>,
-    by_path: HashMap<Box<[u8]>, u32>,
-    /// The distinct contents of the layer's files: `(id, bytes)`, first use first.
-    pub objects: Vec<(ObjectId, u64)>,
+    /// Entry indexes by the hash of their path ([`Tree::index`]).
+    by_path: hashbrown::HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
+    /// The distinct contents of the layer's files: `(index in the compact manifest's object
+    /// table, bytes)`, first use first (the ids come with that table: [`super::fetch`]).
+    pub objects: Vec<(u32, u64)>,
     /// For each content, the entry whose metadata its local object gets (its first file).
     pub object_entry: Vec<u32>,
     /// The `st_dev` every entry shows.
@@ -85,9 +87,22 @@ impl Tree {
     /// Errors: [`Error::Failed`] naming the entry or link group that breaks a rule, or an
     /// index (path prefix, object, link entry) out of range, or a malformed xattr.
     pub fn new(w: &Wire, dev: u64) -> Result<Tree> {
+        Tree::build(&w.entries, &w.links, w.objects.len(), dev)
+    }
+
+    /// [`Tree::new`] of a manifest's `entries` and `links` (a compact manifest's or a tree
+    /// manifest's), whose object table has `objects` entries.
+    ///
+    /// Errors: as [`Tree::new`].
+    pub fn build(
+        entries: &[WireEntry],
+        links: &[Vec<u32>],
+        objects: usize,
+        dev: u64,
+    ) -> Result<Tree> {
         let bad = |what: String| Error::Failed(format!("remote manifest: {what}"));
-        let mut group_size = vec![0u32; w.entries.len()];
-        for g in &w.links {
+        let mut group_size = vec![0u32; entries.len()];
+        for g in links {
             if g.len() < 2 {
                 return Err(bad(format!("link group {g:?} has fewer than two files")));
             }
@@ -100,20 +115,21 @@ impl Tree {
                 *n = g.len() as u32;
             }
         }
-        let root = w.entries.first();
+        let root = entries.first();
         if !root.is_some_and(|e| e.rest.is_empty() && matches!(e.kind, WireKind::Dir)) {
             return Err(bad("the first entry must be the root directory".into()));
         }
         let mut t = Tree {
-            nodes: Vec::with_capacity(w.entries.len()),
-            by_path: HashMap::with_capacity(w.entries.len()),
+            nodes: Vec::with_capacity(entries.len()),
+            by_path: hashbrown::HashTable::with_capacity(entries.len()),
+            hasher: Default::default(),
             objects: Vec::new(),
             object_entry: Vec::new(),
             dev,
         };
         // Wire object index -> tree object index (u32::MAX: no entry uses it yet).
-        let mut of_wire = vec![u32::MAX; w.objects.len()];
-        for (i, e) in w.entries.iter().enumerate() {
+        let mut of_wire = vec![u32::MAX; objects];
+        for (i, e) in entries.iter().enumerate() {
             let i = i as u32;
             let path: Box<[u8]> = {
                 let prev: &[u8] = t.nodes.last().map_or(b"", |n| &n.path);
@@ -128,8 +144,7 @@ impl Tree {
                         .ok_or_else(|| bad(format!("object index {object} out of range")))?;
                     if *slot == u32::MAX {
                         *slot = t.objects.len() as u32;
-                        t.objects
-                            .push((ObjectId(w.objects[*object as usize]), *size));
+                        t.objects.push((*object, *size));
                         t.object_entry.push(i);
                     }
                     (*size, Some(*slot), None)
@@ -141,12 +156,15 @@ impl Tree {
                 ),
                 WireKind::Fifo => (0, None, None),
             };
-            let shown = String::from_utf8_lossy(&path);
+            let shown = || String::from_utf8_lossy(&path);
             if i > 0 && !plain_relative(&path) {
-                return Err(bad(format!("entry {shown:?}: not a plain relative path")));
+                return Err(bad(format!(
+                    "entry {:?}: not a plain relative path",
+                    shown()
+                )));
             }
             let xattrs = (e.xattrs.iter())
-                .map(|(n, v)| Ok((unhex(n, &shown)?, unhex(v, &shown)?)))
+                .map(|(n, v)| Ok((unhex(n, &shown())?, unhex(v, &shown())?)))
                 .collect::<Result<Vec<_>>>()?
                 .into_iter()
                 .filter_map(|(n, v)| CString::new(n).ok().map(|n| (n, v)))
@@ -162,13 +180,12 @@ impl Tree {
                     None => &b""[..],
                 };
                 let p = t
-                    .by_path
-                    .get(parent)
-                    .copied()
+                    .index(parent)
                     .filter(|&p| t.nodes[p as usize].mode & libc::S_IFMT == libc::S_IFDIR)
                     .ok_or_else(|| {
                         bad(format!(
-                            "entry {shown:?}: its parent is not a directory before it"
+                            "entry {:?}: its parent is not a directory before it",
+                            shown()
                         ))
                     })?;
                 let pn = &mut t.nodes[p as usize];
@@ -177,9 +194,10 @@ impl Tree {
                     pn.nlink += 1;
                 }
             }
-            if t.by_path.insert(path.clone(), i).is_some() {
-                return Err(bad(format!("entry {shown:?} comes twice")));
+            if t.index(&path).is_some() {
+                return Err(bad(format!("entry {:?} comes twice", shown())));
             }
+            let hash = t.hasher.hash_one(&*path);
             t.nodes.push(Node {
                 path,
                 mode: e.mode,
@@ -194,8 +212,11 @@ impl Tree {
                 xattrs,
                 children: Vec::new(),
             });
+            let (nodes, hasher) = (&t.nodes, &t.hasher);
+            t.by_path
+                .insert_unique(hash, i, |&j| hasher.hash_one(&*nodes[j as usize].path));
         }
-        t.check_links(w)?;
+        t.check_links(links)?;
         Ok(t)
     }
 
@@ -203,9 +224,9 @@ impl Tree {
     /// the same object and metadata (the sizes and indexes were checked by [`Tree::new`]).
     ///
     /// Errors: [`Error::Failed`] naming the group's first path and the file that differs.
-    fn check_links(&self, w: &Wire) -> Result<()> {
+    fn check_links(&self, links: &[Vec<u32>]) -> Result<()> {
         let one_file = |n: &Node| (n.object, n.mode, n.uid, n.gid, n.mtime);
-        for g in &w.links {
+        for g in links {
             let first = &self.nodes[g[0] as usize];
             for &i in g {
                 let n = &self.nodes[i as usize];
@@ -237,13 +258,20 @@ impl Tree {
         meta.tag(&xattrs)
     }
 
+    /// The entry whose path is `path` (empty for the root), if any.
+    fn index(&self, path: &[u8]) -> Option<u32> {
+        let hash = self.hasher.hash_one(path);
+        (self
+            .by_path
+            .find(hash, |&j| &*self.nodes[j as usize].path == path))
+        .copied()
+    }
+
     /// The entry at `rel` (`.` for the root).
     ///
     /// Errors: `ENOENT` when the tree has none.
     pub fn find(&self, rel: &CStr) -> io::Result<u32> {
-        self.by_path
-            .get(key(rel))
-            .copied()
+        self.index(key(rel))
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
     }
 
@@ -255,7 +283,7 @@ impl Tree {
             p.push(b'/');
         }
         p.extend_from_slice(name.to_bytes());
-        self.by_path.get(p.as_slice()).copied()
+        self.index(&p)
     }
 
     /// Whether entry `i` is a directory.
@@ -345,20 +373,31 @@ mod tests {
     use crate::remote::manifest::tests::{sample_entry as entry, sample_manifest as manifest};
     use crate::remote::manifest::{Kind, RemoteManifest};
 
-    /// The tree of `m` as a lazy layer's daemon reads it: from its compact form, which must
-    /// give the same tree as the JSON form (a layer pushed by an older version).
+    /// The tree of `m` as a lazy layer's daemon reads it: from its tree manifest, which must
+    /// give the same tree as its compact form and as the JSON form (layers pushed by older
+    /// versions).
     fn tree_of(m: &RemoteManifest, dev: u64) -> Result<Tree> {
         let from_json = Tree::new(&compact::wire(&serde_json::to_vec(m).unwrap())?, dev);
-        let t = Tree::new(&compact::wire(&compact::encode(m)?)?, dev)?;
-        let j = from_json.unwrap();
-        assert_eq!(j.nodes.len(), t.nodes.len());
-        for (a, b) in j.nodes.iter().zip(&t.nodes) {
-            assert_eq!(
-                (&a.path, a.mode, a.object, a.nlink),
-                (&b.path, b.mode, b.object, b.nlink)
-            );
+        let compact = compact::encode(m)?;
+        let wire = compact::wire(&compact)?;
+        let from_compact = Tree::new(&wire, dev);
+        let head = compact::decode_tree(&compact::encode_tree(&wire, &compact)?)?;
+        let t = Tree::build(
+            &head.entries,
+            &head.links,
+            head.prefix.objects as usize,
+            dev,
+        )?;
+        for other in [from_json.unwrap(), from_compact.unwrap()] {
+            assert_eq!(other.nodes.len(), t.nodes.len());
+            for (a, b) in other.nodes.iter().zip(&t.nodes) {
+                assert_eq!(
+                    (&a.path, a.mode, a.object, a.nlink),
+                    (&b.path, b.mode, b.object, b.nlink)
+                );
+            }
+            assert_eq!(other.objects, t.objects);
         }
-        assert_eq!(j.objects, t.objects);
         Ok(t)
     }
 
