@@ -687,8 +687,15 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
     );
     assert!(sb.mounts_below().is_empty());
 
-    // The link is back: the next run reads it (resuming from what is local).
+    // The link is back: the next run reads it (resuming from what is local: the manifests
+    // the first run kept are not fetched again).
     link.up();
+    let manifest_gets = || {
+        (link.log().iter())
+            .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains("/manifests/"))
+            .count()
+    };
+    let before = manifest_gets();
     let sum = ["sh", "-c", "sha256sum < $DATA/big.bin"];
     let args = c.run_args(false, &sb, &spec, &sum);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -696,6 +703,8 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
     assert_eq!(again.status.code(), Some(0));
     assert_eq!(out(&again), format!("{big}  -\n"));
     assert_eq!(c.events()[1]["remote_lazy"], true);
+    // (Publishing the completed layer reads the manifest once more: a pull's own check.)
+    assert!(manifest_gets() <= before + 1, "{:?}", link.log());
     assert_store_verifies(&c);
 
     // A 1.5 s cut as the read starts: a pause, not a failure (default bound).

@@ -89,9 +89,11 @@ impl Remote {
         if !mpath.exists() && old.exists() {
             fs::rename(&old, &mpath).at(&old)?;
         }
-        let have = match fs::read(&mpath) {
-            Ok(b) => Some(Got::Manifest(None, b.into())),
-            Err(_) => fs::read(&tpath).ok().map(|b| Got::Tree(None, b.into())),
+        // The tree manifest when an earlier run kept it (the daemon reads the compact one
+        // kept beside it, if any, after the mount).
+        let have = match fs::read(&tpath) {
+            Ok(b) => Some(Got::Tree(None, b.into())),
+            Err(_) => fs::read(&mpath).ok().map(|b| Got::Manifest(None, b.into())),
         };
         let trace_path = self.layout.trace(&pd.project, cache, &found.key);
         let (got, trace) = self.block_on(Some(self.cfg.lookup_timeout), async {
@@ -154,7 +156,14 @@ impl Remote {
                 if fetched.is_some() {
                     replace_file(&tpath, &bytes)?;
                 }
-                (header.counts, found.record.objects, prefix.object_bytes)
+                // What earlier runs fetched is here (held/ holds only the layer's objects).
+                let here: u64 = fs::read_dir(&held)
+                    .at(&held)?
+                    .filter_map(|e| e.ok()?.metadata().ok())
+                    .map(|m| m.len())
+                    .sum();
+                let missing = prefix.object_bytes.saturating_sub(here);
+                (header.counts, found.record.objects, missing)
             }
             Got::Manifest(..) => {
                 let wire = super::super::compact::wire(&bytes)

@@ -252,9 +252,24 @@ impl LazyLayer {
         let held = File::open(&held_dir).at(&held_dir)?;
         let dev = std::os::unix::fs::MetadataExt::dev(&held.metadata().at(&held_dir)?);
         let limits = Limits::from_env();
-        let mpath = spec.dir.join(MANIFEST);
-        let (tree, table) = match std::fs::read(&mpath) {
+        let tpath = spec.dir.join(TREE);
+        let (tree, table) = match std::fs::read(&tpath) {
             Ok(bytes) => {
+                let head = super::compact::decode_tree(&bytes)
+                    .map_err(|e| Error::Failed(format!("{}: {e}", tpath.display())))?;
+                drop(bytes);
+                let objects = head.prefix.objects as usize;
+                let tree = Tree::build(&head.entries, &head.links, objects, dev)
+                    .map_err(|e| Error::Failed(format!("{}: {e}", tpath.display())))?;
+                let tree = Arc::new(tree);
+                write_links(&spec.dir, &tree, &head.links)?;
+                std::thread::spawn(move || drop(head));
+                (tree, None)
+            }
+            // A layer pushed without a tree manifest: the run fetched the compact one.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let mpath = spec.dir.join(MANIFEST);
+                let bytes = std::fs::read(&mpath).at(&mpath)?;
                 let wire = super::compact::wire(&bytes)
                     .map_err(|e| Error::Failed(format!("{}: {e}", mpath.display())))?;
                 drop(bytes);
@@ -275,25 +290,7 @@ impl LazyLayer {
                 std::thread::spawn(move || drop(wire));
                 (tree, Some(shared))
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let tpath = spec.dir.join(TREE);
-                let bytes = std::fs::read(&tpath).at(&tpath)?;
-                let head = super::compact::decode_tree(&bytes)
-                    .map_err(|e| Error::Failed(format!("{}: {e}", tpath.display())))?;
-                drop(bytes);
-                let tree = Tree::build(
-                    &head.entries,
-                    &head.links,
-                    head.prefix.objects as usize,
-                    dev,
-                )
-                .map_err(|e| Error::Failed(format!("{}: {e}", tpath.display())))?;
-                let tree = Arc::new(tree);
-                write_links(&spec.dir, &tree, &head.links)?;
-                std::thread::spawn(move || drop(head));
-                (tree, None)
-            }
-            Err(e) => return Err(Error::io(&mpath, e)),
+            Err(e) => return Err(Error::io(&tpath, e)),
         };
         let opened = (0..tree.nodes.len())
             .map(|_| AtomicBool::new(false))
@@ -310,9 +307,10 @@ impl LazyLayer {
         Ok((layer, table))
     }
 
-    /// Fetches the compact manifest the partial directory's tree manifest names (retried with
-    /// backoff while the remote fails transiently, until the bound of [`Limits`]), checks its
-    /// length and digest, keeps it as [`MANIFEST`] and makes the fetcher from it.
+    /// The compact manifest the partial directory's tree manifest names — its [`MANIFEST`]
+    /// when an earlier run kept it, else fetched (retried with backoff while the remote fails
+    /// transiently, until the bound of [`Limits`]) and kept — checked by its length and
+    /// digest; makes the fetcher from it.
     ///
     /// Errors: a [`TableError`], broken when the manifest is missing, does not match or does
     /// not parse.
@@ -330,16 +328,25 @@ impl LazyLayer {
         let (prefix, header) = prefix;
         let remote = Remote::open(spec.remote.clone()).map_err(|e| fail(false)(&e))?;
         let path = remote.layout.compact_manifest(&spec.project, &header.layer);
-        let bytes =
-            fetch::get_retrying(&remote, &path, "reading the compact manifest", self.limits)
-                .map_err(|e| {
+        let named = |b: &[u8]| {
+            b.len() as u64 == prefix.compact_len
+                && blake3::hash(b).as_bytes() == &prefix.compact_digest
+        };
+        let mpath = spec.dir.join(MANIFEST);
+        let kept = std::fs::read(&mpath).ok().filter(|b| named(b));
+        let fetched = kept.is_none();
+        let bytes = match kept {
+            Some(b) => b,
+            None => {
+                let what = "reading the compact manifest";
+                fetch::get_retrying(&remote, &path, what, self.limits).map_err(|e| {
                     let broken = matches!(&e, crate::error::Error::Remote { kind, .. }
-                    if *kind == crate::error::RemoteKind::NotFound);
+                        if *kind == crate::error::RemoteKind::NotFound);
                     fail(broken)(&e)
-                })?;
-        if bytes.len() as u64 != prefix.compact_len
-            || blake3::hash(&bytes).as_bytes() != &prefix.compact_digest
-        {
+                })?
+            }
+        };
+        if !named(&bytes) {
             return Err(fail(true)(&format!(
                 "{path}: {} bytes that are not the compact manifest its tree manifest names",
                 bytes.len()
@@ -353,7 +360,7 @@ impl LazyLayer {
                 "{path}: it does not describe the tree its tree manifest has"
             )));
         }
-        if let Err(e) = finish::replace_file(&spec.dir.join(MANIFEST), &bytes) {
+        if fetched && let Err(e) = finish::replace_file(&mpath, &bytes) {
             tracing::warn!("lazy layer: keeping the compact manifest: {e}");
         }
         drop(bytes);
