@@ -110,6 +110,12 @@ fn only_layer(r: &Runner) -> PathBuf {
     layers[0].clone()
 }
 
+/// The id of the one layer published in `r`'s store.
+fn only_layer_id(r: &Runner) -> String {
+    let layer = only_layer(r);
+    layer.file_name().unwrap().to_str().unwrap().to_string()
+}
+
 /// The line of `o`'s stderr starting with `prefix`.
 fn line_of(o: &Output, prefix: &str) -> String {
     let e = stderr(o);
@@ -1163,12 +1169,7 @@ fn a_manifest_that_breaks_the_rules_is_refused_and_the_run_is_a_miss() {
     }
     let Some(w) = Weed::start() else { return };
     let (sb, spec, a, _) = pushed_by_a(&w, "rules", 1);
-    let layer_id = only_layer(&a)
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
+    let layer_id = only_layer_id(&a);
     let (rt, client) = (runtime(), s3(&w));
     let manifest = |ext: &str| manifest_object("rules", &layer_id, ext);
     let json = rt
@@ -1220,12 +1221,7 @@ fn a_tree_manifest_that_breaks_the_rules_is_refused_by_the_daemon_and_the_run_pu
     }
     let Some(w) = Weed::start() else { return };
     let (sb, spec, a, _) = pushed_by_a(&w, "badtree", 1);
-    let layer_id = only_layer(&a)
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
+    let layer_id = only_layer_id(&a);
     let (rt, client) = (runtime(), s3(&w));
     let tree = manifest_object("badtree", &layer_id, "tree");
     let body = rt

@@ -267,7 +267,7 @@ impl Store {
             }
             Lookup::Miss => (MountResult::Miss, None, None),
         };
-        let was_lazy = lazy.is_some();
+        let refused = lazy.as_ref().map(|(l, _)| l.refused.clone());
         let mounted = self.mount_run(RunMount {
             pd: &pd,
             req,
@@ -280,10 +280,10 @@ impl Store {
             lazy,
         });
         let mut m = match mounted {
-            // The daemon refused the lazy layer (its manifest breaks the rules: the daemon
-            // marked it broken) or could not make it: once more without lazy layers (a full
-            // pull, or a local miss when the remote's layer is no good).
-            Err(e) if was_lazy && req.lazy => {
+            // The daemon refused the lazy layer (its manifest breaks the rules; it marked the
+            // layer broken): once more without lazy layers (a full pull, or a local miss when
+            // the remote's layer is no good).
+            Err(e) if req.lazy && refused.is_some_and(|r| r.exists()) => {
                 self.notify(Notice::Remote {
                     message: format!(
                         "mounting {} key {} lazily failed: {e}; pulling it whole instead",

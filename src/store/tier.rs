@@ -98,6 +98,9 @@ pub struct LazyLower {
     pub counts: super::TreeCounts,
     /// The lookup and manifest fetch (`lazy` set, nothing pulled yet).
     pub report: PullReport,
+    /// The file the daemon writes when it refuses the layer (its manifest breaks the rules):
+    /// a mount that fails with it present is tried again without lazy layers.
+    pub refused: std::path::PathBuf,
 }
 
 /// What a pull did.

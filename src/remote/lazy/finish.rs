@@ -222,6 +222,7 @@ impl Remote {
         tracing::info!(ms = report.ms, missing, "lazy: partial directory ready");
         Ok(LazyLower {
             layer: layer.clone(),
+            refused: dir.join(BROKEN),
             dir,
             spec: serde_json::to_value(&spec)
                 .map_err(|e| Error::Failed(format!("lazy layer spec: {e}")))?,
