@@ -627,3 +627,43 @@ fn recorded_variable_digests_are_keyed_per_project() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("LAYERCACHE_KEY_SALT: not a key salt"));
 }
+
+/// A store named by a relative path through `..`, or through a symlink, is the same store as
+/// its canonical path: setup writes into the run's overlay (not the plain directory under its
+/// mount point), the layer holds what setup wrote, and a hit through the other spelling shows
+/// it. (A run tells its own mounts from others' by their paths in mountinfo, which shows them
+/// canonical: an uncanonical store path once made a run detach its own mount.)
+#[test]
+fn a_store_named_relatively_or_through_a_symlink_is_the_same_store() {
+    if !can_mount() {
+        return;
+    }
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec("rel.toml", &deps_spec("rel", "echo made > \"$DEPS/file\""));
+    let link = sb.path("store-link");
+    std::os::unix::fs::symlink(sb.path("store"), &link).unwrap();
+    let run = |store: &str, script: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.current_dir(sb.work())
+            .args(["--store", store, "run", "--spec"])
+            .arg(&spec)
+            .arg("--mount-root")
+            .arg(sb.path("cache"))
+            .args(["--", "sh", "-c", script]);
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert_eq!(run("../store", "cat \"$DEPS/file\""), "made");
+    assert_eq!(sb.events()[0]["result"], "miss");
+    assert_eq!(sb.events()[0]["files"], 1, "{:?}", sb.events());
+    let linked = link.to_str().unwrap().to_string();
+    assert_eq!(run(&linked, "cat \"$DEPS/file\""), "made");
+    assert_eq!(sb.events()[1]["result"], "hit");
+    assert!(sb.mounts_below().is_empty());
+}

@@ -3,7 +3,7 @@
 //! `clear`, `verify`) are in `app/store_cmds.rs`; the store itself knows nothing of the CLI.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::{Cli, Command, GlobalArgs, KeyArgs, LsArgs, PathArgs, RunArgs, SandboxArgs};
@@ -494,16 +494,42 @@ fn run_over_store(
     status
 }
 
-/// The store root: `--store`/`LAYERCACHE_STORE` (made absolute), else [`store::default_root`].
+/// `p` made absolute with its longest existing ancestor canonical (`..` and symlinks
+/// resolved) and the rest appended: the form the kernel shows mount points in
+/// (`/proc/self/mountinfo`), which a run compares with its own mounts' paths.
+///
+/// Errors: as [`std::path::absolute`].
+fn resolved(p: &Path) -> std::io::Result<PathBuf> {
+    let abs = std::path::absolute(p)?;
+    let mut rest = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        if let Ok(mut c) = cur.canonicalize() {
+            c.extend(rest.iter().rev());
+            return Ok(c);
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return Ok(abs),
+        }
+    }
+}
+
+/// The store root: `--store`/`LAYERCACHE_STORE` (made absolute and canonical, see
+/// [`resolved`]), else [`store::default_root`].
 ///
 /// Errors: [`Error::Invalid`] when no default can be derived, or when the given path exists
 /// and is not a directory (naming it).
 pub(crate) fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
     match &global.store {
         // Made absolute here, once: the run's steps, daemons and views work in other
-        // directories, where a relative store path would name another (empty) store.
+        // directories, where a relative store path would name another (empty) store; and
+        // canonical: a run tells its own mounts from others' by their paths in mountinfo.
         Some(s) => {
-            let root = std::path::absolute(s).map_err(|e| {
+            let root = resolved(s).map_err(|e| {
                 Error::invalid(format!(
                     "--store / LAYERCACHE_STORE {}: cannot make it an absolute path: {e}",
                     s.display()
