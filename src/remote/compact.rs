@@ -221,7 +221,7 @@ pub(crate) fn wire(bytes: &[u8]) -> Result<Wire> {
 pub(crate) fn encode_wire(w: &Wire) -> Result<Vec<u8>> {
     let raw = postcard::to_stdvec(w).map_err(bad)?;
     let mut out = MAGIC.to_vec();
-    out.extend(zstd::bulk::compress(&raw, LEVEL).map_err(bad)?);
+    out.extend(compress(&raw)?);
     Ok(out)
 }
 
@@ -248,6 +248,17 @@ fn check_header(remote_format: u32, layer: &str) -> Result<crate::store::Manifes
 /// The [`Wire`] of a compact manifest. Errors: as [`decode`].
 fn decode_wire(bytes: &[u8]) -> Result<Wire> {
     postcard::from_bytes(&unzstd(bytes, MAGIC, "compact manifest")?).map_err(bad)
+}
+
+/// `raw` as one zstd frame at [`LEVEL`] with its content checksum (a frame damaged in the
+/// remote or on the way fails to decode instead of decoding to another manifest; frames
+/// written without one, by older versions, still decode).
+///
+/// Errors: [`Error::Failed`] if zstd fails.
+fn compress(raw: &[u8]) -> Result<Vec<u8>> {
+    let mut c = zstd::bulk::Compressor::new(LEVEL).map_err(bad)?;
+    c.include_checksum(true).map_err(bad)?;
+    c.compress(raw).map_err(bad)
 }
 
 /// The zstd frame after `magic` in `bytes` (what `what` names), decoded.
@@ -342,7 +353,7 @@ pub(crate) fn encode_tree(w: &Wire, compact: &[u8]) -> Result<Vec<u8>> {
     };
     let raw = postcard::to_stdvec(&head).map_err(bad)?;
     let mut out = TREE_MAGIC.to_vec();
-    out.extend(zstd::bulk::compress(&raw, LEVEL).map_err(bad)?);
+    out.extend(compress(&raw)?);
     Ok(out)
 }
 
@@ -484,10 +495,14 @@ mod tests {
         let c = encode(&sample_manifest()).unwrap();
         assert!(decode(&c[1..]).is_err());
         assert!(decode(&c[..c.len() / 2]).is_err());
-        for i in (MAGIC.len()..c.len()).step_by(7) {
+        for i in MAGIC.len()..c.len() {
             let mut d = c.clone();
             d[i] ^= 0x5a;
-            let _ = decode(&d); // an error or, rarely, a different manifest; never a panic
+            // the frame's checksum: an error, never a different manifest (nor a panic); a
+            // flip zstd ignores (a header field, padding) decodes to the same one
+            if let Ok(back) = decode(&d) {
+                assert_eq!(back, sample_manifest(), "a flip at byte {i}");
+            }
         }
     }
 
@@ -529,6 +544,17 @@ mod tests {
         assert!(decode_tree(&compact).is_err());
         assert!(decode_tree(&t[..t.len() / 2]).is_err());
         assert!(tree_prefix(&t[..t.len() / 2]).is_err());
+        // Any flipped bit is an error (the frame's checksum), never another tree.
+        // (A flip zstd ignores, in a header field or padding, decodes to the same tree.)
+        let raw_entries = postcard::to_stdvec(&w.entries).unwrap();
+        let same = |h: &TreeHead| postcard::to_stdvec(&h.entries).unwrap() == raw_entries;
+        for i in TREE_MAGIC.len()..t.len() {
+            let mut d = t.clone();
+            d[i] ^= 0x10;
+            if let Ok(h) = decode_tree(&d) {
+                assert!(same(&h) && h.prefix == head.prefix, "a flip at byte {i}");
+            }
+        }
     }
 
     #[test]
