@@ -545,7 +545,8 @@ pub(crate) fn store_root(global: &GlobalArgs) -> Result<PathBuf> {
                 _ => Ok(root),
             }
         }
-        None => store::default_root(),
+        // ($XDG_CACHE_HOME or /var/lib may be, or lie under, a symlink.)
+        None => store::default_root().map(|r| resolved(&r).unwrap_or(r)),
     }
 }
 
