@@ -208,37 +208,75 @@ pub(super) fn get_retrying(
     what: &str,
     limits: Limits,
 ) -> Result<Vec<u8>> {
-    let once = async || -> Result<Vec<u8>> {
-        let got = tokio::time::timeout(limits.progress, remote.store.get(path))
-            .await
-            .map_err(|_| stalled(remote, limits, what))?
-            .map_err(|e| remote.error(what, e))?;
-        let mut stream = got.into_stream();
-        let mut out = Vec::new();
-        loop {
-            let next = tokio::time::timeout(limits.progress, stream.next())
-                .await
-                .map_err(|_| stalled(remote, limits, what))?;
-            match next {
-                Some(chunk) => out.extend_from_slice(&chunk.map_err(|e| remote.error(what, e))?),
-                None => return Ok(out),
-            }
-        }
-    };
     remote.block_on(None, async {
-        let (t0, mut backoff) = (Instant::now(), Duration::from_millis(200));
-        loop {
-            match once().await {
-                Err(Error::Remote { kind, .. })
-                    if kind.is_transient() && t0.elapsed() + backoff < limits.bound =>
-                {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                r => return r,
-            }
-        }
+        retrying(limits, || async {
+            let mut out = Vec::new();
+            get_progressing(remote, limits, what, remote.store.get(path), |c| {
+                out.extend_from_slice(c);
+                Ok(())
+            })
+            .await?;
+            Ok(out)
+        })
+        .await
     })
+}
+
+/// Runs `attempt` again while it fails transiently, until the next try would start later
+/// than the bound of `limits` after the first; the waits between tries start at 200 ms and
+/// double up to 5 s.
+///
+/// Errors: the last attempt's.
+async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
+    limits: Limits,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T> {
+    let (t0, mut backoff) = (Instant::now(), Duration::from_millis(200));
+    loop {
+        match attempt().await {
+            Err(Error::Remote { kind, .. })
+                if kind.is_transient() && t0.elapsed() + backoff < limits.bound =>
+            {
+                tracing::warn!(
+                    elapsed_ms = t0.elapsed().as_millis() as u64,
+                    "lazy fetch: no progress from the remote; retrying"
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Awaits the GET `request` of `remote` (`what` names it in errors) and hands each chunk of
+/// its body to `each`, abandoning it when the answer or a chunk takes longer than the
+/// progress deadline of `limits`.
+///
+/// Errors: a timeout ([`stalled`]); the remote's error; `each`'s.
+async fn get_progressing(
+    remote: &Remote,
+    limits: Limits,
+    what: &str,
+    request: impl std::future::Future<
+        Output = std::result::Result<object_store::GetResult, object_store::Error>,
+    >,
+    mut each: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let got = tokio::time::timeout(limits.progress, request)
+        .await
+        .map_err(|_| stalled(remote, limits, what))?
+        .map_err(|e| remote.error(what, e))?;
+    let mut stream = got.into_stream();
+    loop {
+        let next = tokio::time::timeout(limits.progress, stream.next())
+            .await
+            .map_err(|_| stalled(remote, limits, what))?;
+        match next {
+            Some(chunk) => each(&chunk.map_err(|e| remote.error(what, e))?)?,
+            None => return Ok(()),
+        }
+    }
 }
 
 /// The state shared by the readers' threads and the fetch tasks.
@@ -622,31 +660,13 @@ impl Shared {
     async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32]) -> Result<()> {
         let t0 = Instant::now();
         let _done = scopeguard_log(unit.len(), t0);
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            let r = match self.loc[unit[0] as usize] {
+        retrying(self.limits, || async {
+            match self.loc[unit[0] as usize] {
                 Loc::Alone => self.fetch_alone(unit[0]).await,
                 Loc::Packed { .. } => self.clone().fetch_packed(first, unit).await,
-            };
-            match r {
-                Err(Error::Remote { kind, .. })
-                    if kind.is_transient() && t0.elapsed() + backoff < self.limits.bound =>
-                {
-                    tracing::warn!(
-                        elapsed_ms = t0.elapsed().as_millis() as u64,
-                        "lazy fetch: no progress from the remote; retrying"
-                    );
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                r => return r,
             }
-        }
-    }
-
-    /// A timeout error of the remote for `what` (no byte for the progress deadline).
-    fn stalled(&self, what: &str) -> Error {
-        stalled(&self.remote, self.limits, what)
+        })
+        .await
     }
 
     /// One GET of the pack range of `unit` (objects made local by an earlier attempt are
@@ -712,30 +732,17 @@ impl Shared {
     /// Sends one GET (`request`) and hands each chunk of its body to `each`, abandoning it
     /// when the answer or a chunk takes longer than the progress deadline; counts the GET.
     ///
-    /// Errors: [`Shared::stalled`]; the remote's error; `each`'s.
+    /// Errors: as [`get_progressing`].
     async fn get_into(
         &self,
         what: &str,
         request: impl std::future::Future<
             Output = std::result::Result<object_store::GetResult, object_store::Error>,
         >,
-        mut each: impl FnMut(&[u8]) -> Result<()>,
+        each: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         self.counts.gets.fetch_add(1, Relaxed);
-        let got = tokio::time::timeout(self.limits.progress, request)
-            .await
-            .map_err(|_| self.stalled(what))?
-            .map_err(|e| self.remote.error(what, e))?;
-        let mut stream = got.into_stream();
-        loop {
-            let next = tokio::time::timeout(self.limits.progress, stream.next())
-                .await
-                .map_err(|_| self.stalled(what))?;
-            match next {
-                Some(chunk) => each(&chunk.map_err(|e| self.remote.error(what, e))?)?,
-                None => return Ok(()),
-            }
-        }
+        get_progressing(&self.remote, self.limits, what, request, each).await
     }
 
     /// Streams object `o` (stored alone) into a temporary file, hashing it, and makes it
@@ -768,30 +775,21 @@ impl Shared {
         let mut n = 0u64;
         while n < size {
             let end = (n + PIECE).min(size);
-            let mut piece = Vec::with_capacity((end - n) as usize);
-            let (t0, mut backoff) = (Instant::now(), Duration::from_millis(200));
-            loop {
-                piece.clear();
+            let piece = retrying(self.limits, || async {
+                let mut piece = Vec::with_capacity((end - n) as usize);
                 let opts = GetOptions {
                     range: Some(GetRange::Bounded(n..end)),
                     ..Default::default()
                 };
-                let r = self
-                    .get_into(&what, self.remote.store.get_opts(&path, opts), |c| {
-                        piece.extend_from_slice(c);
-                        Ok(())
-                    })
-                    .await;
-                match r {
-                    Err(Error::Remote { kind, .. })
-                        if kind.is_transient() && t0.elapsed() + backoff < self.limits.bound =>
-                    {
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                    r => break r?,
-                }
-            }
+                let get = self.remote.store.get_opts(&path, opts);
+                self.get_into(&what, get, |c| {
+                    piece.extend_from_slice(c);
+                    Ok(())
+                })
+                .await?;
+                Ok(piece)
+            })
+            .await?;
             if piece.is_empty() {
                 break; // the object is shorter than the manifest says: caught below
             }
