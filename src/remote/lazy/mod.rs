@@ -158,17 +158,17 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
     let layer = Arc::new(layer);
     let replay = layer.replay_order(&spec.dir.join(REPLAY));
     match table {
-        Some(shared) => {
-            let shared = Arc::new(shared);
+        Table::Ready(shared) => {
+            let shared = Arc::new(*shared);
             shared.spawn_background(replay);
             layer.shared.set(Ok(shared));
         }
-        None => {
+        Table::Pending(prefix) => {
             let l = layer.clone();
             std::thread::Builder::new()
                 .name("lazy-table".into())
                 .spawn(move || {
-                    let r = l.fetch_table(&spec).map(Arc::new);
+                    let r = l.fetch_table(&spec, &prefix).map(Arc::new);
                     if let Ok(s) = &r {
                         s.spawn_background(replay);
                     }
@@ -190,6 +190,13 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
             }
         })?;
     Ok(Box::new(ArcLayer(layer)))
+}
+
+/// The fetcher [`LazyLayer::open`] made, or what the layer waits for to make one.
+enum Table {
+    Ready(Box<Shared>),
+    /// The tree manifest's prefix: it names the compact manifest to fetch.
+    Pending(super::compact::TreePrefix),
 }
 
 /// Why a lazy layer has no fetcher: its compact manifest could not be had.
@@ -246,7 +253,7 @@ impl LazyLayer {
     ///
     /// Errors: [`crate::error::Error::Failed`] for a manifest that does not parse or breaks the
     /// rules; [`crate::error::Error`] reading it, opening the remote.
-    fn open(spec: &LazySpec) -> crate::error::Result<(LazyLayer, Option<Shared>)> {
+    fn open(spec: &LazySpec) -> crate::error::Result<(LazyLayer, Table)> {
         use crate::error::{Error, IoContext};
         let held_dir = spec.dir.join(HELD);
         let held = File::open(&held_dir).at(&held_dir)?;
@@ -263,8 +270,9 @@ impl LazyLayer {
                     .map_err(|e| Error::Failed(format!("{}: {e}", tpath.display())))?;
                 let tree = Arc::new(tree);
                 write_links(&spec.dir, &tree, &head.links)?;
+                let prefix = head.prefix.clone();
                 std::thread::spawn(move || drop(head));
-                (tree, None)
+                (tree, Table::Pending(prefix))
             }
             // A layer pushed without a tree manifest: the run fetched the compact one.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -288,7 +296,7 @@ impl LazyLayer {
                 )?;
                 // Its 100k strings take tens of ms to free: not on the way to the mount.
                 std::thread::spawn(move || drop(wire));
-                (tree, Some(shared))
+                (tree, Table::Ready(Box::new(shared)))
             }
             Err(e) => return Err(Error::io(&tpath, e)),
         };
@@ -307,25 +315,26 @@ impl LazyLayer {
         Ok((layer, table))
     }
 
-    /// The compact manifest the partial directory's tree manifest names — its [`MANIFEST`]
+    /// The compact manifest the tree manifest's `prefix` names — its [`MANIFEST`]
     /// when an earlier run kept it, else fetched (retried with backoff while the remote fails
     /// transiently, until the bound of [`Limits`]) and kept — checked by its length and
     /// digest; makes the fetcher from it.
     ///
     /// Errors: a [`TableError`], broken when the manifest is missing, does not match or does
     /// not parse.
-    fn fetch_table(&self, spec: &LazySpec) -> std::result::Result<Shared, TableError> {
+    fn fetch_table(
+        &self,
+        spec: &LazySpec,
+        prefix: &super::compact::TreePrefix,
+    ) -> std::result::Result<Shared, TableError> {
         let fail = |broken: bool| {
             move |e: &dyn std::fmt::Display| TableError {
                 broken,
                 why: e.to_string(),
             }
         };
-        let tpath = spec.dir.join(TREE);
-        let prefix = (std::fs::read(&tpath).map_err(|e| crate::error::Error::io(&tpath, e)))
-            .and_then(|b| super::compact::tree_prefix(&b))
-            .map_err(|e| fail(true)(&e))?;
-        let (prefix, header) = prefix;
+        let header: crate::store::Manifest =
+            serde_json::from_str(&prefix.layer).map_err(|e| fail(true)(&e))?;
         let remote = Remote::open(spec.remote.clone()).map_err(|e| fail(false)(&e))?;
         let path = remote.layout.compact_manifest(&spec.project, &header.layer);
         let named = |b: &[u8]| {
