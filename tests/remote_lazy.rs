@@ -405,8 +405,8 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
         done.contains("the layer is complete and now local"),
         "{done}"
     );
-    // The content came as ranged reads of the pack and the big object (6 MiB) in two ranged
-    // GETs of at most 4 MiB.
+    // The content came as ranged reads of the pack and of the big object (6 MiB, served piece
+    // by piece): every piece once, in ranged GETs of at most 8 MiB (a reader's read-ahead).
     let log = link.log();
     let gets = |what: &str| {
         log.iter()
@@ -419,7 +419,12 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
             && r["range"].is_string()),
         "no ranged pack read: {log:?}"
     );
-    assert_eq!(gets("/objects/"), 2, "{log:?}");
+    assert!(gets("/objects/") >= 2, "{log:?}");
+    let object_bytes: u64 = (log.iter())
+        .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains("/objects/"))
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(object_bytes, 6 << 20, "each piece once: {log:?}");
     // Before the mount only the tree manifest came; the daemon fetched the compact form
     // (the object table) after it, and the publish read it again; the JSON one was never read.
     let manifests: Vec<&str> = (log.iter())
@@ -435,7 +440,7 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
     assert!(
         log.iter()
             .filter(|r| r["path"].as_str().unwrap().contains("/objects/"))
-            .all(|r| r["range"].is_string() && r["bytes"].as_u64() <= Some(4 << 20)),
+            .all(|r| r["range"].is_string() && r["bytes"].as_u64() <= Some(8 << 20)),
         "{log:?}"
     );
 
@@ -1263,5 +1268,139 @@ fn a_tree_manifest_that_breaks_the_rules_is_refused_by_the_daemon_and_the_run_pu
     assert!(why.contains("not a plain relative path"), "{why:?}");
     assert_store_verifies(&b);
 
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// The GETs of `link`'s log for the objects stored alone under `prefix`, in the order they
+/// started: (first byte asked, bytes received).
+fn object_gets(link: &LinkProxy, prefix: &str) -> Vec<(u64, u64)> {
+    let dir = format!("/{prefix}/v1/projects/{PROJECT}/objects/");
+    let mut gets: Vec<(f64, u64, u64)> = (link.log().iter())
+        .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains(&dir))
+        .map(|r| {
+            let first = (r["range"].as_str())
+                .and_then(|h| h.strip_prefix("bytes="))
+                .and_then(|h| h.split('-').next())
+                .map_or(0, |n| n.parse().unwrap());
+            (
+                r["t"].as_f64().unwrap(),
+                first,
+                r["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    gets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    gets.into_iter().map(|(_, f, b)| (f, b)).collect()
+}
+
+/// A big object (24 MiB, stored alone) is served piece by piece: A's push writes the layer's
+/// piece table; B's read of 1 MiB at 10 MiB gets the right bytes, and its first GET of the
+/// object starts at that piece (with its read-ahead), not at byte 0; background completion then fetches the other
+/// pieces, each once (24 MiB of object GETs in all), and the published layer is A's file.
+/// A read file still shows its own metadata (mode 0600, not the held file's). A piece table
+/// whose digests do not make the object's id is ignored (C fetches the object whole, from
+/// byte 0, and reads the right bytes); an object whose bytes were changed in the remote
+/// fails the read of the changed piece (EIO) and breaks the layer: nothing wrong is served.
+#[test]
+fn a_big_object_is_served_piece_by_piece_each_piece_verified() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    const MIB: u64 = 1 << 20;
+    let (sb, spec, a, _) = pushed_by_a(&w, "pieces", 24);
+    let layer = only_layer(&a);
+    let layer_id = only_layer_id(&a);
+    let (rt, client) = (runtime(), s3(&w));
+    let table_path = manifest_object("pieces", &layer_id, "pieces");
+    let table = rt.block_on(async {
+        client
+            .get(&table_path)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+    });
+    assert!(
+        table.starts_with(b"LCPIECE1\n"),
+        "{:?}",
+        &table[..16.min(table.len())]
+    );
+    let slice = |root: &Path| {
+        let o = run_ok(Command::new("sh").arg("-c").arg(format!(
+            "dd if={} bs=1M skip=10 count=1 2>/dev/null | sha256sum",
+            root.join("tree/big.bin").display()
+        )));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let want = slice(&layer);
+    let read = "dd if=$DATA/big.bin bs=1M skip=10 count=1 2>/dev/null | sha256sum; \
+                cat $DATA/a/s5.txt > /dev/null; stat -c %a $DATA/a/s5.txt";
+
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "pieces", "");
+    let script = format!("{read}; {}", wait_complete(&b));
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    assert_eq!(out(&rb), format!("{want}600\n"));
+    let gets = object_gets(&link, "pieces");
+    // The piece read (and its read-ahead, in the same GET) first.
+    assert_eq!(gets[0].0, 10 * MIB, "the piece read first: {gets:?}");
+    let total: u64 = gets.iter().map(|g| g.1).sum();
+    assert_eq!(total, 24 * MIB, "each piece once: {gets:?}");
+    assert_eq!(
+        sha256(&only_layer(&b).join("tree/big.bin")),
+        sha256(&layer.join("tree/big.bin"))
+    );
+    assert_store_verifies(&b);
+
+    // A piece table that does not make the object's id: the object is fetched whole.
+    let mut bad = table.to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    rt.block_on(client.put(&table_path, bad.into())).unwrap();
+    let before = object_gets(&link, "pieces").len();
+    let c = Runner::via(&w, &link.endpoint(), sb.path("store-c"), "pieces", "");
+    let rc = c.run_as(false, &sb, &spec, &["sh", "-c", read]);
+    assert_eq!(rc.status.code(), Some(0), "{}", show(&rc));
+    assert_eq!(out(&rc), format!("{want}600\n"));
+    let gets = object_gets(&link, "pieces");
+    assert_eq!(gets[before].0, 0, "fetched whole, from byte 0: {gets:?}");
+    rt.block_on(client.put(&table_path, table.clone().into()))
+        .unwrap();
+
+    // Changed bytes in the remote's object: the changed piece is refused.
+    let objects = object_store::path::Path::from(format!("pieces/v1/projects/{PROJECT}/objects"));
+    let found: Vec<_> = rt.block_on(async {
+        use futures::TryStreamExt;
+        use object_store::ObjectStore;
+        client
+            .list(Some(&objects))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    });
+    assert_eq!(found.len(), 1, "{found:?}");
+    let obj = &found[0].location;
+    let mut body = rt
+        .block_on(async { client.get(obj).await.unwrap().bytes().await.unwrap() })
+        .to_vec();
+    body[(10 * MIB + 5) as usize] ^= 0x40;
+    rt.block_on(client.put(obj, body.into())).unwrap();
+    let d = Runner::via(&w, &link.endpoint(), sb.path("store-d"), "pieces", "");
+    let check = "dd if=$DATA/big.bin bs=1M skip=10 count=1 of=/dev/null 2>&1; echo dd=$?";
+    let rd = d.run_as(false, &sb, &spec, &["sh", "-c", check]);
+    let said = out(&rd);
+    assert!(
+        said.contains("Input/output error") && !said.contains("dd=0"),
+        "{said}"
+    );
+    assert!(stderr(&rd).contains("is broken"), "{}", show(&rd));
+    assert_store_verifies(&d);
     assert!(sb.mounts_below().is_empty());
 }

@@ -9,6 +9,62 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::layer::{LowerData, ReadGate};
+
+/// A node's open data file as the cache keeps it: the file (what `Deref` gives), and for a
+/// lower file still arriving, the gate its reads wait on ([`LowerData`]).
+pub struct DataFile {
+    file: File,
+    gate: Option<Arc<dyn ReadGate>>,
+    fstat_is_meta: bool,
+}
+
+impl DataFile {
+    /// The data file `d` as the cache keeps it.
+    pub fn new(d: LowerData) -> DataFile {
+        DataFile {
+            file: d.file,
+            gate: d.gate,
+            fstat_is_meta: d.fstat_is_meta,
+        }
+    }
+
+    /// Blocks until bytes `offset..offset + len` are readable ([`ReadGate::ready`]); at once
+    /// for a complete file.
+    ///
+    /// Errors: `EIO` from the gate.
+    pub fn ready(&self, offset: u64, len: u64) -> io::Result<()> {
+        match &self.gate {
+            Some(g) => g.ready(offset, len),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether every byte is in place (no gate, or its [`ReadGate::complete`]).
+    pub fn complete(&self) -> bool {
+        self.gate.as_ref().is_none_or(|g| g.complete())
+    }
+}
+
+impl std::os::fd::AsRawFd for DataFile {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+impl std::os::fd::AsFd for DataFile {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+impl std::ops::Deref for DataFile {
+    type Target = File;
+    fn deref(&self) -> &File {
+        &self.file
+    }
+}
+
 /// The fd cache: the open data file of up to a fixed number of nodes (least recently used
 /// ones are closed first), so READs, WRITEs and the GETATTR after a READ of a lower file cost
 /// no `openat`.
@@ -18,7 +74,7 @@ pub struct FdCache {
 
 #[derive(Clone)]
 struct CachedFd {
-    file: Arc<File>,
+    file: Arc<DataFile>,
     writable: bool,
     /// Opened in a lower layer (the node had no upper copy then).
     lower: bool,
@@ -33,7 +89,7 @@ impl FdCache {
     }
 
     /// The cached file of node `id`, if there is one that is writable when `writable` asks.
-    pub fn get(&self, id: u64, writable: bool) -> Option<Arc<File>> {
+    pub fn get(&self, id: u64, writable: bool) -> Option<Arc<DataFile>> {
         let mut fds = self.fds.lock();
         let fd = fds.get(&id)?;
         (fd.writable || !writable).then(|| fd.file.clone())
@@ -46,7 +102,7 @@ impl FdCache {
     pub fn insert(
         &self,
         id: u64,
-        file: Arc<File>,
+        file: Arc<DataFile>,
         writable: bool,
         lower: bool,
         still: impl FnOnce() -> bool,
@@ -71,9 +127,9 @@ impl FdCache {
     /// `fstat` of the lower file READs of node `id` were last served from, if its fd is still
     /// cached: the attributes of a lower file at the cost of one `fstat`, without walking its
     /// path again (the GETATTR a reader's `fstat` sends after every first READ, since the
-    /// kernel invalidates atime then). Only fds opened in a lower layer count: a lower file
-    /// never changes through the mount, and a copy-up drops the node's cached fd. `None` when
-    /// no such fd is cached.
+    /// kernel invalidates atime then). Only fds opened in a lower layer whose `fstat` is the
+    /// file's metadata count: a lower file never changes through the mount, and a copy-up
+    /// drops the node's cached fd. `None` when no such fd is cached.
     ///
     /// Errors: the `fstat` errno.
     pub fn lower_stat(&self, id: u64) -> Option<io::Result<libc::stat>> {
@@ -81,9 +137,9 @@ impl FdCache {
             .fds
             .lock()
             .peek(&id)
-            .filter(|c| c.lower)
+            .filter(|c| c.lower && c.file.fstat_is_meta)
             .map(|c| c.file.clone())?;
-        Some(crate::sys::fstat(&*f))
+        Some(crate::sys::fstat(&f.file))
     }
 
     /// Drops node `id`'s cached fd (after a copy-up, so the next access opens the upper copy).

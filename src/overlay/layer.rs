@@ -57,6 +57,21 @@ pub trait Layer: Send + Sync {
     /// Errors: the `openat` errno (`ENOENT`, `ELOOP` for a symlink, `EROFS`…).
     fn open(&self, rel: &CStr, flags: libc::c_int) -> io::Result<File>;
 
+    /// Opens the file `rel` for READs (`flags` as [`Layer::open`]'s): the file those READs
+    /// are served from, which may still be arriving — then with the [`ReadGate`] every read
+    /// of it waits on first. A copy-up never reads through this: it uses [`Layer::open`], which
+    /// returns only once every byte is there. The default is [`Layer::open`]'s file, complete,
+    /// its `fstat` the file's metadata.
+    ///
+    /// Errors: as [`Layer::open`].
+    fn open_data(&self, rel: &CStr, flags: libc::c_int) -> io::Result<LowerData> {
+        Ok(LowerData {
+            file: self.open(rel, flags)?,
+            gate: None,
+            fstat_is_meta: true,
+        })
+    }
+
     /// The target of the symlink `rel`, in bytes.
     ///
     /// Errors: the `readlinkat` errno (`EINVAL` for a non-symlink).
@@ -98,6 +113,33 @@ pub trait Layer: Send + Sync {
     ///
     /// Errors: the errno of making the view.
     fn noatime_view(&self) -> io::Result<Option<(OwnedFd, Box<dyn Layer>)>>;
+}
+
+/// A lower file opened for READs ([`Layer::open_data`]).
+pub struct LowerData {
+    /// The file READs are served from (`pread` at the file's own offsets).
+    pub file: File,
+    /// What every read of `file` waits on first while its bytes are still arriving; `None`
+    /// when the file is complete.
+    pub gate: Option<std::sync::Arc<dyn ReadGate>>,
+    /// Whether `fstat` of `file` gives the layer file's metadata (mode, owner, times): true for
+    /// a directory tree's own file; false where the bytes are kept in a file of another shape
+    /// (a lazily fetched object), whose metadata then comes from [`Layer::stat`].
+    pub fstat_is_meta: bool,
+}
+
+/// The readiness of a lower file whose bytes arrive while it is read ([`LowerData::gate`]):
+/// the file has its final size from the start; a byte range is readable once the layer has
+/// written and verified it there.
+pub trait ReadGate: Send + Sync {
+    /// Blocks until bytes `offset..offset + len` of the file (clipped at its size; nothing past
+    /// it) are in place and verified.
+    ///
+    /// Errors: `EIO` when they cannot be had within the layer's bound (the layer logs why).
+    fn ready(&self, offset: u64, len: u64) -> io::Result<()>;
+
+    /// Whether every byte of the file is in place (a passthrough open may then be given).
+    fn complete(&self) -> bool;
 }
 
 /// Makes a lower layer from its description ([`super::options::MadeLower::spec`]): the

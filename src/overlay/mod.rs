@@ -37,7 +37,9 @@ pub mod stack;
 pub mod whiteout;
 
 pub use daemon::{DaemonFailure, cli_daemon, cli_overlay, mount_daemon, mount_foreground};
-pub use layer::{Layer, LayerDir, LayerMaker, on_daemon_exit, set_layer_maker};
+pub use layer::{
+    Layer, LayerDir, LayerMaker, LowerData, ReadGate, on_daemon_exit, set_layer_maker,
+};
 pub use mount::{is_mountpoint_busy, unmount, upperdir_of, wait_pidfd};
 pub use options::OverlayConfig;
 

@@ -4,7 +4,6 @@
 //! an OPEN gets). Private fields; the engine (`fs/`) finds where a node's data is (the names
 //! part) and asks this part for the file, the locks and the answer to an OPEN.
 
-use std::fs::File;
 use std::io;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -12,7 +11,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::errno::OpResult;
-use super::fdcache::{CopyGuard, CopyLocks, FdCache};
+use super::fdcache::{CopyGuard, CopyLocks, DataFile, FdCache};
 use super::passthrough::{FileKey, OpenMode, Passthrough};
 
 /// How many nodes' data files the fd cache keeps open.
@@ -52,9 +51,9 @@ impl Data {
         &self,
         id: u64,
         writable: bool,
-        mut open: impl FnMut() -> OpResult<(File, bool)>,
+        mut open: impl FnMut() -> OpResult<(DataFile, bool)>,
         still_lower: impl Fn() -> bool,
-    ) -> OpResult<Arc<File>> {
+    ) -> OpResult<Arc<DataFile>> {
         loop {
             if let Some(f) = self.fds.get(id, writable) {
                 return Ok(f);

@@ -389,6 +389,27 @@ impl Stack {
         }
     }
 
+    /// The data file of `rel` in `layer` for READs: a lower layer's through
+    /// [`Layer::open_data`] (which may hand back a file still arriving, with its gate), the
+    /// upper dir's or the workdir's as [`Stack::open`] opens it, complete.
+    ///
+    /// Errors: as [`Stack::open`].
+    pub fn open_data(
+        &self,
+        layer: Tree,
+        rel: &CStr,
+        flags: libc::c_int,
+    ) -> io::Result<super::layer::LowerData> {
+        if let Tree::Lower(_) = layer {
+            return self.layer(layer)?.open_data(rel, flags);
+        }
+        Ok(super::layer::LowerData {
+            file: self.open(layer, rel, flags, 0)?,
+            gate: None,
+            fstat_is_meta: true,
+        })
+    }
+
     /// `/proc/self/fd/<root>/<rel>` of the upper dir or the workdir: a path for the xattr
     /// syscalls that have no *at form (a lower layer's xattrs are read with [`Stack::xattr`]).
     pub fn proc_path(&self, layer: Tree, rel: &CStr) -> CString {

@@ -106,6 +106,13 @@ impl Layout {
         self.manifests(p).join(format!("{layer}.tree"))
     }
 
+    /// `…/manifests/<layer>.pieces`: the piece table of the layer's big objects
+    /// (`pieces.rs`), written after the tree manifest when the layer stores an object alone
+    /// that is longer than one piece; absent otherwise and for layers pushed by older versions.
+    pub fn pieces(&self, p: &ProjectId, layer: &LayerId) -> ObjectPath {
+        self.manifests(p).join(format!("{layer}.pieces"))
+    }
+
     /// `<prefix>/v1/projects/<project>/key-salt`: the project's key salt (64 hex digits),
     /// created once, create-only (store/salt.rs).
     pub fn salt(&self, p: &ProjectId) -> ObjectPath {

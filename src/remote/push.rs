@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::Remote;
 use super::error::{self, classify};
 use super::manifest::{KeyRecord, Kind, RemoteManifest, from_layer};
+use super::pieces;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ObjectId, ProjectId};
 use crate::store::ProjectDirs;
@@ -123,6 +124,7 @@ impl Remote {
             let (n, bytes) = self.upload_objects(project, &objects, &mut m).await?;
             report.uploaded_objects = n;
             report.uploaded_bytes = bytes;
+            let pieces = self.piece_table(&objects)?;
             let body = serde_json::to_vec(&m).map_err(|e| Error::Failed(e.to_string()))?;
             let wire = super::compact::to_wire(&m)?;
             let compact = super::compact::encode_wire(&wire)?;
@@ -131,7 +133,8 @@ impl Remote {
             report.manifest_bytes = body.len() as u64;
             // JSON first (every version reads it), then the compact form (what a pull of
             // this version reads first), then the tree (what a lazy mount reads first: it
-            // names the compact form), then the key.
+            // names the compact form), then the piece table of its big objects if it has
+            // any, then the key.
             for (path, body, what) in [
                 (
                     self.layout.manifest(project, layer),
@@ -148,7 +151,15 @@ impl Remote {
                     tree,
                     "writing the tree manifest",
                 ),
-            ] {
+            ]
+            .into_iter()
+            .chain(pieces.map(|p| {
+                (
+                    self.layout.pieces(project, layer),
+                    p,
+                    "writing the piece table",
+                )
+            })) {
                 self.store
                     .put(&path, PutPayload::from(body))
                     .await
@@ -209,6 +220,37 @@ impl Remote {
         }
         let n = (todo.len() + new_small.len()) as u64;
         Ok((n, todo.iter().chain(&new_small).map(|t| t.2).sum()))
+    }
+
+    /// The piece table (`pieces.rs`) of the `objects` stored alone that are longer than one
+    /// piece, encoded; `None` when there is none. Reads each such file once more.
+    ///
+    /// Errors: [`Error::Io`] reading a file; [`Error::Failed`] when a file no longer matches
+    /// its object id (it is never described).
+    fn piece_table(&self, objects: &LayerObjects) -> Result<Option<Vec<u8>>> {
+        let alone = |size: u64| size > self.cfg.pack_size / 4 && size > pieces::PIECE_LEN;
+        let mut table = pieces::Table::new();
+        for id in objects
+            .order
+            .iter()
+            .filter(|id| alone(objects.files[*id].1))
+        {
+            let (path, size) = &objects.files[id];
+            let f = std::fs::File::open(path).at(path)?;
+            let cvs =
+                pieces::cvs_of(std::io::BufReader::with_capacity(1 << 20, f), *size).at(path)?;
+            if !pieces::matches(&cvs, *size, &id.0) {
+                return Err(Error::Failed(format!(
+                    "{}: its bytes no longer hash to object {id}; not pushed (run `layercache verify`)",
+                    path.display()
+                )));
+            }
+            table.push((id.0, cvs));
+        }
+        if table.is_empty() {
+            return Ok(None);
+        }
+        pieces::encode(&table).map(Some)
     }
 
     /// Creates the key `cache`/`key` of `project` on the remote with `record`, create-only:

@@ -39,7 +39,8 @@ struct Inventory {
     packs: HashMap<String, Vec<ObjectMeta>>,
     /// Manifests, by layer.
     manifests: HashMap<LayerId, ObjectMeta>,
-    /// The other forms of manifests (`<layer>.compact`, `<layer>.tree`) and their layer: they
+    /// The other forms of manifests (`<layer>.compact`, `<layer>.tree`) and the piece tables
+    /// (`<layer>.pieces`, `pieces.rs`) with their layer: they
     /// go with their JSON manifest.
     compacts: Vec<(LayerId, ObjectMeta)>,
 }
@@ -166,7 +167,9 @@ impl Remote {
                 }
                 continue;
             }
-            let other = (name.strip_suffix(".compact")).or_else(|| name.strip_suffix(".tree"));
+            let other = (name.strip_suffix(".compact"))
+                .or_else(|| name.strip_suffix(".tree"))
+                .or_else(|| name.strip_suffix(".pieces"));
             if let Some(Ok(l)) = other.map(LayerId::new) {
                 compacts.push((l, m));
             }

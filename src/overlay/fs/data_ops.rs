@@ -11,6 +11,7 @@ use std::sync::Arc;
 use fuser::Errno;
 
 use super::{OpResult, OverlayFs, errno};
+use crate::overlay::fdcache::DataFile;
 use crate::overlay::passthrough::{FileKey, OpenMode};
 use crate::overlay::stack::Tree;
 
@@ -23,7 +24,7 @@ impl OverlayFs {
     ///
     /// Errors: `ENOENT` for a node that is gone, `EIO` for a writable fd of a lower file, or
     /// the open's errno.
-    pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<File>> {
+    pub(super) fn data_fd(&self, id: u64, writable: bool) -> OpResult<Arc<DataFile>> {
         let open = || {
             let l = self.names.locate(id)?;
             let lower = matches!(l.tree, Tree::Lower(_));
@@ -35,8 +36,11 @@ impl OverlayFs {
             } else {
                 libc::O_RDONLY
             };
-            let file = self.stack.open(l.tree, &l.path, flags, 0).map_err(errno)?;
-            Ok((file, lower))
+            let data = self
+                .stack
+                .open_data(l.tree, &l.path, flags)
+                .map_err(errno)?;
+            Ok((DataFile::new(data), lower))
         };
         let still_lower = || self.names.is_upper(id) == Some(false);
         self.data.fd(id, writable, open, still_lower)
@@ -44,7 +48,7 @@ impl OverlayFs {
 
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
     /// when it is opened for writing (`write`), then decides passthrough, DIRECT_IO or cached
-    /// (see `passthrough.rs`); `register` registers an fd as a backing file. `check` is the
+    /// (see `passthrough.rs`; always cached for a lower file whose bytes are still arriving); `register` registers an fd as a backing file. `check` is the
     /// open(2) flags of an OPEN for writing whose upper file must allow it
     /// ([`Self::check_open_for_write`]): the file opened for that check is the one registered,
     /// so the upper file is opened once.
@@ -82,6 +86,11 @@ impl OverlayFs {
             Some(f) => f,
             None => {
                 cached = self.data_fd(id, false)?;
+                if !cached.complete() {
+                    // Bytes still arriving: READs must come here to wait for theirs (a
+                    // backing file would show the kernel the holes).
+                    return Ok(OpenMode::Cached);
+                }
                 &cached
             }
         };
@@ -90,8 +99,9 @@ impl OverlayFs {
         Ok(self.data.open(id, key, write, || register(f)))
     }
 
-    /// The file READs of node `id` are served from (upper copy or lower file).
-    pub(super) fn read_fd(&self, id: u64) -> OpResult<Arc<File>> {
+    /// The file READs of node `id` are served from (upper copy or lower file; a lower file
+    /// still arriving comes with its gate, [`DataFile::ready`]).
+    pub(super) fn read_fd(&self, id: u64) -> OpResult<Arc<DataFile>> {
         let _g = self.names.shared();
         self.data_fd(id, false)
     }

@@ -542,6 +542,11 @@ impl fuser::Filesystem for OverlayFs {
                     return Err(e);
                 }
             };
+            if let Err(e) = f.ready(offset, size as u64) {
+                let e = errno(e);
+                reply.error(e);
+                return Err(e);
+            }
             let mut res = Ok(());
             reply.data_with(size as usize, |buf| {
                 let r = super::read_into(&f, offset, buf);

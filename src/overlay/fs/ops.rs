@@ -824,6 +824,17 @@ impl OverlayFs {
             let _g = self.names.shared();
             self.data_fd(id, false)?
         };
+        if !f.complete() && matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE) {
+            // A file still arriving is sparse where its bytes are not here yet; the file it
+            // becomes is dense (a layer's objects are written whole).
+            let size = crate::sys::fstat(&f).map_err(errno)?.st_size;
+            return match (whence, offset) {
+                (_, o) if o < 0 => Err(Errno::EINVAL),
+                (_, o) if o >= size => Err(Errno::ENXIO),
+                (libc::SEEK_DATA, o) => Ok(o),
+                _ => Ok(size),
+            };
+        }
         // The shared fd's position is not used by pread/pwrite.
         crate::sys::lseek(&f, offset, whence).map_err(errno)
     }
@@ -843,6 +854,7 @@ impl OverlayFs {
         };
         let (mut oi, mut oo) = (off_in as i64, off_out as i64);
         let len = len.min(1 << 30) as usize;
+        fi.ready(off_in, len as u64).map_err(errno)?;
         let n = crate::sys::copy_file_range(&fi, &mut oi, &fo, &mut oo, len).map_err(errno)?;
         Ok(n as u32)
     }

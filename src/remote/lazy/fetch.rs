@@ -43,6 +43,8 @@ use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use parking_lot::{Condvar, Mutex};
 
+mod pieced;
+
 use super::super::Remote;
 use super::super::compact::Wire;
 use super::tree::Tree;
@@ -310,6 +312,11 @@ pub(super) struct Shared {
     pub complete: AtomicBool,
     /// Set when the fetcher is dropped: the background task stops.
     stop: AtomicBool,
+    /// The pieces' CVs of the objects stored alone that the layer's piece table describes
+    /// (checked against their ids): those are served piece by piece.
+    pieces: HashMap<u32, Vec<blake3::hazmat::ChainingValue>>,
+    /// The objects arriving piece by piece now.
+    pieced: Mutex<HashMap<u32, Arc<pieced::Pieced>>>,
     /// Per object: in the replayed trace (set before the replay starts).
     traced: Vec<AtomicBool>,
     /// While the trace is replayed: a demand read starts no read-ahead (the trace says what
@@ -322,8 +329,13 @@ impl Shared {
     /// compact manifest `wire`) of `project`, its objects kept in `objects` and linked into
     /// `held`.
     ///
+    /// `pieces` is the layer's piece table (`remote/pieces.rs`), empty when it has none; an
+    /// entry whose CVs do not merge to its object's id is left out (that object is fetched
+    /// whole) with a warning.
+    ///
     /// Errors: [`Error::Failed`] for an object index of `tree` that `wire`'s object table
     /// lacks.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         remote: Remote,
         project: ProjectId,
@@ -332,6 +344,7 @@ impl Shared {
         objects: LocalObjects,
         held: PathBuf,
         limits: Limits,
+        pieces: crate::remote::pieces::Table,
     ) -> Result<Shared> {
         let ids: Vec<ObjectId> = (tree.objects.iter())
             .map(|&(w, _)| {
@@ -386,6 +399,22 @@ impl Shared {
             }
         }
         let traced = (0..ids.len()).map(|_| AtomicBool::new(false)).collect();
+        let mut by_object = HashMap::new();
+        for (id, cvs) in pieces {
+            let Some(&i) = index.get(&id) else { continue };
+            let size = tree.objects[i as usize].1;
+            if !matches!(loc[i as usize], Loc::Alone) {
+                continue;
+            }
+            if crate::remote::pieces::matches(&cvs, size, &id) {
+                by_object.insert(i, cvs);
+            } else {
+                tracing::warn!(
+                    object = %ObjectId(id),
+                    "lazy layer: the piece table's digests do not make the object's id; it is fetched whole"
+                );
+            }
+        }
         Ok(Shared {
             remote,
             project,
@@ -409,6 +438,8 @@ impl Shared {
             stop: AtomicBool::new(false),
             traced,
             replaying: AtomicBool::new(false),
+            pieces: by_object,
+            pieced: Mutex::new(HashMap::new()),
         })
     }
 
@@ -499,6 +530,63 @@ impl Shared {
         Err(io::Error::from_raw_os_error(libc::EIO))
     }
 
+    /// The data of object `o` for a reader's READs: local at once; an object with pieces
+    /// ([`Shared::pieces`]) at once too, its bytes arriving while it is read (with the gate
+    /// READs wait on); any other after a demand fetch ([`Shared::open`]). Its `fstat` is never
+    /// the file's metadata (held files are the store's objects, mode 0400).
+    ///
+    /// Errors: `EIO` when the fetch failed or the sparse file cannot be made; the errno of
+    /// opening a local file.
+    pub fn open_data(
+        self: &Arc<Self>,
+        o: u32,
+        path: &[u8],
+    ) -> io::Result<crate::overlay::LowerData> {
+        let data = |file, gate| crate::overlay::LowerData {
+            file,
+            gate,
+            fstat_is_meta: false,
+        };
+        if let Some(f) = self.open_local(o)? {
+            return Ok(data(f, None));
+        }
+        if self.pieces.contains_key(&o) {
+            let p = self.pieced(o).map_err(|e| {
+                tracing::error!(file = %String::from_utf8_lossy(path), "reading a lazily fetched file: {e}");
+                io::Error::from_raw_os_error(libc::EIO)
+            })?;
+            let gate: Arc<dyn crate::overlay::ReadGate> = Arc::new(pieced::Gate(p.clone()));
+            return Ok(data(p.reader()?, Some(gate)));
+        }
+        self.open(o, path).map(|f| data(f, None))
+    }
+
+    /// The [`pieced::Pieced`] of object `o` (which has pieces), made on first use.
+    ///
+    /// Errors: [`Error::Io`] making its sparse file.
+    fn pieced(self: &Arc<Self>, o: u32) -> Result<Arc<pieced::Pieced>> {
+        let mut map = self.pieced.lock();
+        if let Some(p) = map.get(&o) {
+            return Ok(p.clone());
+        }
+        let cvs = self.pieces[&o].clone();
+        let size = self.tree.objects[o as usize].1;
+        let p = Arc::new(pieced::Pieced::new(self.clone(), o, size, cvs)?);
+        map.insert(o, p.clone());
+        Ok(p)
+    }
+
+    /// A read of object `o` got EIO because of `why`: logged, and kept for the report.
+    fn read_failed(&self, o: u32, why: &str) {
+        let e = self.tree.object_entry[o as usize];
+        let file = String::from_utf8_lossy(&self.tree.nodes[e as usize].path).into_owned();
+        tracing::error!(%file, "reading a lazily fetched file: {why}");
+        let mut failed = self.failed.lock();
+        if failed.len() < FAILED_KEPT {
+            failed.push(format!("{file}: {why}"));
+        }
+    }
+
     /// Makes object `o` local for a reader: joins the unit in flight that holds it, or starts
     /// one of at most `window` bytes (a demand unit). Returns once that unit ended.
     ///
@@ -550,7 +638,7 @@ impl Shared {
         counter.fetch_add(1, Relaxed);
         let me = Arc::clone(self);
         self.remote.rt.spawn(async move {
-            let r = me.clone().run_unit(o, &unit).await;
+            let r = me.clone().run_unit(o, &unit, class).await;
             if let Err(e) = &r
                 && matches!(
                     e,
@@ -652,17 +740,17 @@ impl Shared {
     }
 
     /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone; `first`
-    /// among them is made local first), retrying transient failures until the bound; every
-    /// object of it is local when this returns `Ok`.
+    /// among them is made local first) for `class`, retrying transient failures until the
+    /// bound; every object of it is local when this returns `Ok`.
     ///
     /// Errors: the remote's error (transient after the bound; a missing object or a corrupt
     /// one at once).
-    async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32]) -> Result<()> {
+    async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32], class: Class) -> Result<()> {
         let t0 = Instant::now();
         let _done = scopeguard_log(unit.len(), t0);
         retrying(self.limits, || async {
             match self.loc[unit[0] as usize] {
-                Loc::Alone => self.fetch_alone(unit[0]).await,
+                Loc::Alone => self.fetch_alone(unit[0], class).await,
                 Loc::Packed { .. } => self.clone().fetch_packed(first, unit).await,
             }
         })
@@ -746,8 +834,12 @@ impl Shared {
     }
 
     /// Streams object `o` (stored alone) into a temporary file, hashing it, and makes it
-    /// local once it is verified ([`Shared::place`]).
-    async fn fetch_alone(&self, o: u32) -> Result<()> {
+    /// local once it is verified ([`Shared::place`]); an object with pieces is filled piece
+    /// by piece instead, joining the pieces readers fetch ([`pieced::Pieced::fill`]).
+    async fn fetch_alone(self: &Arc<Self>, o: u32, class: Class) -> Result<()> {
+        if self.pieces.contains_key(&o) {
+            return self.pieced(o)?.fill(class != Class::Demand).await;
+        }
         let tmp = self.temp();
         let r = self.stream_to(o, &tmp).await;
         let r = r.and_then(|()| self.place(o, &tmp));
@@ -839,6 +931,14 @@ impl Shared {
     ///
     /// Errors: [`Error::Io`] renaming.
     fn place(&self, o: u32, tmp: &Path) -> Result<()> {
+        self.place_counted(o, tmp, true)
+    }
+
+    /// [`Shared::place`], adding the object's bytes to the fetched bytes when `count_bytes`
+    /// (an object fetched piece by piece counted each piece as it came).
+    ///
+    /// Errors: [`Error::Io`] renaming.
+    fn place_counted(&self, o: u32, tmp: &Path, count_bytes: bool) -> Result<()> {
         let held = self.held_path(o);
         match crate::sys::rename_noreplace(tmp, &held) {
             Ok(()) => {}
@@ -849,7 +949,9 @@ impl Shared {
         }
         self.state[o as usize].store(LOCAL, Relaxed);
         self.counts.objects.fetch_add(1, Relaxed);
-        (self.counts.bytes).fetch_add(self.tree.objects[o as usize].1, Relaxed);
+        if count_bytes {
+            (self.counts.bytes).fetch_add(self.tree.objects[o as usize].1, Relaxed);
+        }
         Ok(())
     }
 

@@ -62,6 +62,9 @@ pub const BROKEN: &str = "broken";
 pub const HELD: &str = "held";
 /// `replay` of a partial directory: the access trace to replay (paths, one per line).
 pub const REPLAY: &str = "replay";
+/// `pieces` of a partial directory: the layer's piece table as the remote has it
+/// (`remote/pieces.rs`), kept for the next run.
+pub const PIECES: &str = "pieces";
 /// `links` of a partial directory: the layer's link groups (`overlay::links` format).
 pub const LINKS: &str = "links";
 /// `lazy-report.json` in the run's directory: what the daemon fetched ([`LazyReport`]).
@@ -293,6 +296,8 @@ impl LazyLayer {
                     LocalObjects::new(&spec.objects),
                     held_dir,
                     limits,
+                    // Layers pushed without a tree manifest have no piece table either.
+                    Vec::new(),
                 )?;
                 // Its 100k strings take tens of ms to free: not on the way to the mount.
                 std::thread::spawn(move || drop(wire));
@@ -373,6 +378,7 @@ impl LazyLayer {
             tracing::warn!("lazy layer: keeping the compact manifest: {e}");
         }
         drop(bytes);
+        let pieces = self.piece_table(spec, &remote, &header.layer);
         let held = spec.dir.join(HELD);
         let shared = Shared::new(
             remote,
@@ -382,11 +388,62 @@ impl LazyLayer {
             LocalObjects::new(&spec.objects),
             held,
             self.limits,
+            pieces,
         )
         .map_err(|e| fail(true)(&e))?;
         std::thread::spawn(move || drop(wire));
         tracing::info!("lazy layer: the object table is here");
         Ok(shared)
+    }
+
+    /// The layer's piece table (`remote/pieces.rs`): the partial directory's [`PIECES`] when
+    /// an earlier run kept it, else fetched from the remote (retried as the compact manifest
+    /// is) and kept; empty when the layer has no object longer than one piece, when the remote
+    /// has none (a layer pushed by an older version: its big objects are fetched whole), or
+    /// when it cannot be had or read (logged).
+    fn piece_table(
+        &self,
+        spec: &LazySpec,
+        remote: &Remote,
+        layer: &crate::ids::LayerId,
+    ) -> crate::remote::pieces::Table {
+        use crate::remote::pieces;
+        if !(self.tree.objects.iter()).any(|&(_, size)| size > pieces::PIECE_LEN) {
+            return Vec::new();
+        }
+        let kept = spec.dir.join(PIECES);
+        let (bytes, fetched) = match std::fs::read(&kept) {
+            Ok(b) => (b, false),
+            Err(_) => {
+                let path = remote.layout.pieces(&spec.project, layer);
+                let what = "reading the piece table";
+                match fetch::get_retrying(remote, &path, what, self.limits) {
+                    Ok(b) => (b, true),
+                    Err(crate::error::Error::Remote {
+                        kind: crate::error::RemoteKind::NotFound,
+                        ..
+                    }) => return Vec::new(),
+                    Err(e) => {
+                        tracing::warn!(
+                            "lazy layer: no piece table, big objects are fetched whole: {e}"
+                        );
+                        return Vec::new();
+                    }
+                }
+            }
+        };
+        match pieces::decode(&bytes) {
+            Ok(t) => {
+                if fetched && let Err(e) = finish::replace_file(&kept, &bytes) {
+                    tracing::warn!("lazy layer: keeping the piece table: {e}");
+                }
+                t
+            }
+            Err(e) => {
+                tracing::warn!("lazy layer: big objects are fetched whole: {e}");
+                Vec::new()
+            }
+        }
     }
 
     /// The objects of the files `replay` lists (one path per line), in its order; an absent
@@ -400,6 +457,33 @@ impl LazyLayer {
             .filter_map(|p| self.tree.find(&p).ok())
             .filter_map(|i| self.tree.nodes[i as usize].object)
             .collect()
+    }
+
+    /// The object of the file `rel`, its path and the fetcher, for an open: the open goes
+    /// into the trace (first time only), and waits for the fetcher within the bound.
+    ///
+    /// Errors: `ENOENT` for a name the layer lacks; `EISDIR`, `ELOOP` or `ENXIO` for a
+    /// directory, a symlink or a special file; `EIO` when the object table cannot be had.
+    fn object_of(&self, rel: &CStr) -> io::Result<(u32, &[u8], Arc<Shared>)> {
+        let i = self.tree.find(rel)?;
+        let n = &self.tree.nodes[i as usize];
+        let Some(o) = n.object else {
+            let errno = match n.mode & libc::S_IFMT {
+                libc::S_IFDIR => libc::EISDIR,
+                libc::S_IFLNK => libc::ELOOP,
+                _ => libc::ENXIO,
+            };
+            return Err(io::Error::from_raw_os_error(errno));
+        };
+        if !self.opened[i as usize].swap(true, Relaxed) {
+            self.trace.lock().push(i);
+        }
+        let shared = self.shared.wait(self.limits.bound).map_err(|e| {
+            let file = String::from_utf8_lossy(&n.path);
+            tracing::error!(%file, "reading a lazily fetched file: {}", e.why);
+            io::Error::from_raw_os_error(libc::EIO)
+        })?;
+        Ok((o, &n.path, shared))
     }
 
     /// Writes [`REPORT`] and [`TRACE`] into the run's directory (each replaced whole).
@@ -485,26 +569,13 @@ impl Layer for ArcLayer {
     }
 
     fn open(&self, rel: &CStr, _flags: libc::c_int) -> io::Result<File> {
-        let l = &self.0;
-        let i = l.tree.find(rel)?;
-        let n = &l.tree.nodes[i as usize];
-        let Some(o) = n.object else {
-            let errno = match n.mode & libc::S_IFMT {
-                libc::S_IFDIR => libc::EISDIR,
-                libc::S_IFLNK => libc::ELOOP,
-                _ => libc::ENXIO,
-            };
-            return Err(io::Error::from_raw_os_error(errno));
-        };
-        if !l.opened[i as usize].swap(true, Relaxed) {
-            l.trace.lock().push(i);
-        }
-        let shared = l.shared.wait(l.limits.bound).map_err(|e| {
-            let file = String::from_utf8_lossy(&n.path);
-            tracing::error!(%file, "reading a lazily fetched file: {}", e.why);
-            io::Error::from_raw_os_error(libc::EIO)
-        })?;
-        shared.open(o, &n.path)
+        let (o, path, shared) = self.0.object_of(rel)?;
+        shared.open(o, path)
+    }
+
+    fn open_data(&self, rel: &CStr, _flags: libc::c_int) -> io::Result<crate::overlay::LowerData> {
+        let (o, path, shared) = self.0.object_of(rel)?;
+        shared.open_data(o, path)
     }
 
     fn readlink(&self, rel: &CStr) -> io::Result<Vec<u8>> {

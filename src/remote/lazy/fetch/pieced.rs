@@ -1,0 +1,415 @@
+//! A big object served piece by piece while it arrives (`remote/pieces.rs`): its bytes go into
+//! a sparse file of the object's size in the partial directory, each [`PIECE_LEN`] piece
+//! written only after it matched its CV; a read waits for the pieces it covers
+//! ([`ReadGate`]) and starts their fetch, with read-ahead that doubles on sequential reads (up
+//! to [`MAX_AHEAD`] pieces). One fetch per piece, shared by every waiter (a demand read, the
+//! whole-object fill of a copy-up or of background completion), and one GET per object in
+//! flight: the kernel's read-ahead sends several READs at once, and GETs of one reader that
+//! competed for the link would each stall (a slow link then cut them off). Once every piece is
+//! here the file is renamed into `held/` (the same inode: the fds readers hold see the same
+//! bytes) and the object is local like any other.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::time::Duration;
+
+use blake3::hazmat::ChainingValue;
+use object_store::{GetOptions, GetRange};
+use parking_lot::{Condvar, Mutex};
+
+use super::{Shared, retrying};
+use crate::error::{Error, RemoteKind, Result};
+use crate::overlay::ReadGate;
+use crate::remote::pieces::{PIECE_LEN, piece_cv};
+
+/// Pieces a sequential reader's read-ahead reaches at most past what it asked for (8 MiB).
+pub(in crate::remote::lazy) const MAX_AHEAD: u32 = 8;
+
+/// Pieces one GET of the whole-object fill asks for (a request never carries more, so the
+/// progress deadline never cuts a steady transfer).
+const FILL_PIECES: u32 = 4;
+
+/// One big object arriving piece by piece (see the module docs).
+pub(in crate::remote::lazy) struct Pieced {
+    shared: Arc<Shared>,
+    /// The object's index in the fetcher.
+    o: u32,
+    size: u64,
+    cvs: Vec<ChainingValue>,
+    /// The sparse file in the partial directory, until it is renamed into `held/`.
+    tmp: PathBuf,
+    file: File,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Every piece is here and the file is in `held/`.
+    done: AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    have: Vec<bool>,
+    /// A fetch holds the piece.
+    busy: Vec<bool>,
+    /// Why the last fetch of a piece failed (cleared when one starts again).
+    failed: HashMap<u32, String>,
+    /// The last piece a reader asked for, and the read-ahead it got.
+    last: Option<u32>,
+    ahead: u32,
+    /// Fetches of this object in flight (at most one).
+    inflight: u32,
+}
+
+impl Pieced {
+    /// The object `o` of `shared` (`size` bytes, its pieces' `cvs` checked against its id),
+    /// with a new sparse file of its size in the partial directory.
+    ///
+    /// Errors: [`Error::Io`] creating the file.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        o: u32,
+        size: u64,
+        cvs: Vec<ChainingValue>,
+    ) -> Result<Pieced> {
+        let tmp = shared.temp();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)
+            .and_then(|f| f.set_len(size).map(|()| f))
+            .map_err(|e| Error::io(&tmp, e))?;
+        let n = cvs.len();
+        Ok(Pieced {
+            shared,
+            o,
+            size,
+            cvs,
+            tmp,
+            file,
+            state: Mutex::new(State {
+                have: vec![false; n],
+                busy: vec![false; n],
+                ..Default::default()
+            }),
+            changed: Condvar::new(),
+            done: AtomicBool::new(false),
+        })
+    }
+
+    /// A read-only handle on the object's file (the same inode before and after it is
+    /// renamed into `held/`).
+    ///
+    /// Errors: the `dup` errno.
+    pub(super) fn reader(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
+    /// The bytes piece `p` covers.
+    fn span(&self, p: u32) -> (u64, u64) {
+        let at = p as u64 * PIECE_LEN;
+        (at, (at + PIECE_LEN).min(self.size))
+    }
+
+    /// Starts a fetch of the first run of pieces in `from..to` that are neither here nor held
+    /// by another fetch (`demand`: a reader waits for it) — unless a fetch of this object is
+    /// in flight: one GET per object at a time, so a reader's requests never compete with each
+    /// other for the link (the kernel's read-ahead sends several READs at once); waiters start
+    /// the next when it ends. Caller holds `st`.
+    fn start(self: &Arc<Self>, st: &mut State, from: u32, to: u32, demand: bool) {
+        if st.inflight > 0 {
+            return;
+        }
+        let free = |st: &State, p: u32| !st.have[p as usize] && !st.busy[p as usize];
+        let Some(first) = (from..to).find(|&p| free(st, p)) else {
+            return;
+        };
+        let mut end = first;
+        while end < to && free(st, end) {
+            st.busy[end as usize] = true;
+            st.failed.remove(&end);
+            end += 1;
+        }
+        st.inflight += 1;
+        let me = Arc::clone(self);
+        if demand {
+            self.shared.demand.fetch_add(1, Relaxed);
+        }
+        self.shared.remote.rt.spawn(async move {
+            let r = me.fetch_run(first, end).await;
+            me.ended(first, end, r.err());
+            if demand {
+                let now = me.shared.started.elapsed().as_millis() as u64;
+                me.shared.last_demand_ms.store(now, Relaxed);
+                me.shared.demand.fetch_sub(1, Relaxed);
+            }
+        });
+    }
+
+    /// GETs pieces `first..end` in one ranged request (a retry asks from the first piece not
+    /// here yet), writing each as soon as it arrived whole and matched its CV.
+    ///
+    /// Errors: the remote's (transient ones once the bound has passed since the last piece
+    /// arrived); a piece that does not match
+    /// its CV, or an object that is shorter than its pieces, is [`RemoteKind::Corrupt`].
+    async fn fetch_run(&self, first: u32, end: u32) -> Result<()> {
+        let next = AtomicU32::new(first);
+        // The bound counts from the last piece that arrived, not from the first request: a
+        // slow but steady transfer is never cut off (a stall is retried from where it stopped).
+        loop {
+            let before = next.load(Relaxed);
+            let r = self.fetch_from(&next, end).await;
+            match r {
+                Err(Error::Remote { kind, .. })
+                    if kind.is_transient() && next.load(Relaxed) > before => {}
+                r => return r,
+            }
+        }
+    }
+
+    /// One [`retrying`] round of [`Pieced::fetch_run`]: GETs from piece `next` (advanced as
+    /// pieces arrive) to `end`.
+    ///
+    /// Errors: as [`Pieced::fetch_run`].
+    async fn fetch_from(&self, next: &AtomicU32, end: u32) -> Result<()> {
+        let s = &self.shared;
+        let id = s.ids[self.o as usize];
+        let path = s.remote.layout.object(&s.project, &id);
+        retrying(s.limits, || async {
+            let from = next.load(Relaxed);
+            if from >= end {
+                return Ok(());
+            }
+            let (start, _) = self.span(from);
+            let (_, stop) = self.span(end - 1);
+            let what = format!("fetching object {id} bytes {start}..{stop}");
+            let opts = GetOptions {
+                range: Some(GetRange::Bounded(start..stop)),
+                ..Default::default()
+            };
+            let mut buf: Vec<u8> = Vec::with_capacity(PIECE_LEN as usize);
+            s.get_into(&what, s.remote.store.get_opts(&path, opts), |chunk| {
+                let mut chunk = chunk;
+                while !chunk.is_empty() {
+                    let p = next.load(Relaxed);
+                    if p >= end {
+                        return Err(s.corrupt(
+                            &format!("object {id}"),
+                            format!("more than the {} bytes asked for", stop - start),
+                        ));
+                    }
+                    let (at, to) = self.span(p);
+                    let want = (to - at) as usize - buf.len();
+                    let take = want.min(chunk.len());
+                    buf.extend_from_slice(&chunk[..take]);
+                    chunk = &chunk[take..];
+                    if buf.len() == (to - at) as usize {
+                        self.put(p, &buf)?;
+                        buf.clear();
+                        next.store(p + 1, Relaxed);
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+            if next.load(Relaxed) < end {
+                return Err(s.corrupt(
+                    &format!("object {id}"),
+                    format!(
+                        "its bytes end before byte {stop} (a GET of {start}..{stop} ended early)"
+                    ),
+                ));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Checks piece `p` against its CV and writes it.
+    ///
+    /// Errors: [`RemoteKind::Corrupt`] when it does not match; [`Error::Io`] writing.
+    fn put(&self, p: u32, bytes: &[u8]) -> Result<()> {
+        let s = &self.shared;
+        let (at, _) = self.span(p);
+        if piece_cv(at, bytes) != self.cvs[p as usize] {
+            return Err(s.corrupt(
+                &format!("object {} piece {p}", s.ids[self.o as usize]),
+                "its bytes do not match the piece's digest".into(),
+            ));
+        }
+        self.file
+            .write_all_at(bytes, at)
+            .map_err(|e| Error::io(&self.tmp, e))?;
+        s.counts.bytes.fetch_add(bytes.len() as u64, Relaxed);
+        let mut st = self.state.lock();
+        st.have[p as usize] = true;
+        st.busy[p as usize] = false;
+        drop(st);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// A fetch of pieces `first..end` ended (with `err` if it failed): the pieces it did not
+    /// write are free again and carry its error; a missing or corrupt object breaks the layer.
+    /// When every piece is here the object becomes local.
+    fn ended(&self, first: u32, end: u32, err: Option<Error>) {
+        if let Some(e) = &err
+            && matches!(
+                e,
+                Error::Remote {
+                    kind: RemoteKind::NotFound | RemoteKind::Corrupt,
+                    ..
+                }
+            )
+        {
+            self.shared
+                .broken
+                .lock()
+                .get_or_insert_with(|| e.to_string());
+        }
+        let why = err.map(|e| e.to_string());
+        let mut st = self.state.lock();
+        st.inflight -= 1;
+        for p in first..end {
+            if !st.have[p as usize] {
+                st.busy[p as usize] = false;
+                let why = why.clone().unwrap_or_else(|| "not fetched".into());
+                st.failed.insert(p, why);
+            }
+        }
+        let all = st.have.iter().all(|&h| h);
+        drop(st);
+        if all {
+            self.finish();
+        }
+        self.changed.notify_all();
+    }
+
+    /// Every piece is here: the file goes into `held/` (once) and the object is local.
+    fn finish(&self) {
+        if self.done.swap(true, Relaxed) {
+            return;
+        }
+        match self.shared.place_counted(self.o, &self.tmp, false) {
+            Ok(()) => {
+                self.shared.pieced.lock().remove(&self.o);
+            }
+            Err(e) => {
+                tracing::error!("lazy layer: keeping a fetched object: {e}");
+                self.done.store(false, Relaxed);
+            }
+        }
+    }
+
+    /// Waits until pieces `from..to` are here, starting fetches of those nobody fetches (up
+    /// to `ahead_to`: the read-ahead; `demand` for a reader) whenever no fetch of the object is
+    /// in flight. Every fetch ends (each GET has a progress deadline and a bound), so this
+    /// does too.
+    ///
+    /// Errors: the message of a failed fetch of a piece after this waiter started one, or of
+    /// a missing or corrupt object (the layer is broken).
+    fn wait(
+        self: &Arc<Self>,
+        from: u32,
+        to: u32,
+        ahead_to: u32,
+        demand: bool,
+    ) -> std::result::Result<(), String> {
+        let mut st = self.state.lock();
+        let mut started = false;
+        loop {
+            if let Some(why) = self.shared.broken.lock().clone() {
+                return Err(why);
+            }
+            let Some(p) = (from..to).find(|&p| !st.have[p as usize]) else {
+                return Ok(());
+            };
+            if !st.busy[p as usize] {
+                if started && let Some(why) = st.failed.get(&p) {
+                    return Err(why.clone());
+                }
+                self.start(&mut st, p, ahead_to.max(to), demand);
+                started |= st.busy[p as usize];
+            }
+            self.changed.wait_for(&mut st, Duration::from_secs(3600));
+        }
+    }
+
+    /// Makes every piece here (for a copy-up or reader's whole-file open, or for background
+    /// completion when `background`, which starts no GET while a demand read is in flight):
+    /// [`FILL_PIECES`] at a time, joining fetches in flight; the object is local when this
+    /// returns `Ok`.
+    ///
+    /// Errors: [`Error::Failed`] with the failed fetch's message (a missing or corrupt object
+    /// has marked the layer broken already).
+    pub(super) async fn fill(self: &Arc<Self>, background: bool) -> Result<()> {
+        let n = self.cvs.len() as u32;
+        let mut p = 0;
+        while p < n {
+            // Background completion starts no GET while a reader waits for one.
+            while background
+                && self.shared.demand.load(Relaxed) > 0
+                && !self.shared.stop.load(Relaxed)
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let to = (p + FILL_PIECES).min(n);
+            let me = Arc::clone(self);
+            let r = tokio::task::spawn_blocking(move || me.wait(p, to, to, false))
+                .await
+                .map_err(|e| Error::Failed(format!("lazy fetch: {e}")))?;
+            if let Err(why) = r {
+                let id = self.shared.ids[self.o as usize];
+                return Err(Error::Failed(format!("fetching object {id}: {why}")));
+            }
+            p = to;
+        }
+        self.finish();
+        if self.done.load(Relaxed) {
+            Ok(())
+        } else {
+            Err(Error::Failed("a fetched object could not be kept".into()))
+        }
+    }
+}
+
+/// The [`ReadGate`] of a [`Pieced`] object, what the overlay's READs of it wait on.
+pub(in crate::remote::lazy) struct Gate(pub(super) Arc<Pieced>);
+
+impl ReadGate for Gate {
+    fn ready(&self, offset: u64, len: u64) -> io::Result<()> {
+        let me = &self.0;
+        if me.done.load(Relaxed) || len == 0 || offset >= me.size {
+            return Ok(());
+        }
+        let from = (offset / PIECE_LEN) as u32;
+        let to = ((offset + len).min(me.size).div_ceil(PIECE_LEN)) as u32;
+        let n = me.cvs.len() as u32;
+        let ahead = {
+            // Read-ahead: doubled while the reader goes on where it stopped, else one piece.
+            let mut st = me.state.lock();
+            st.ahead = match st.last {
+                Some(l) if from == l || from == l + 1 => (st.ahead * 2).clamp(1, MAX_AHEAD),
+                _ => 1,
+            };
+            st.last = Some(to - 1);
+            st.ahead
+        };
+        // One GET for the pieces read and the read-ahead after them (the read's come first in
+        // its body).
+        me.wait(from, to, (to + ahead).min(n), true).map_err(|why| {
+            me.shared.read_failed(me.o, &why);
+            io::Error::from_raw_os_error(libc::EIO)
+        })
+    }
+
+    fn complete(&self) -> bool {
+        self.0.done.load(Relaxed)
+    }
+}
