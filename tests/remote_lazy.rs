@@ -1404,3 +1404,55 @@ fn a_big_object_is_served_piece_by_piece_each_piece_verified() {
     assert_store_verifies(&d);
     assert!(sb.mounts_below().is_empty());
 }
+
+/// A local hit records the order in which its run first opened the layer's files and stores
+/// it beside the key, once per layer (A's second hit sends no PUT): a fresh runner B's lazy
+/// mount of that key replays it although no lazy run ever ran the key.
+#[test]
+fn a_local_hit_stores_its_trace_once_and_a_fresh_runner_replays_it() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", &data_spec(1));
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::via(&w, &link.endpoint(), sb.path("store-a"), "hittrace", "");
+    let fill = a.run(&sb, &spec, &[]);
+    assert_eq!(fill.status.code(), Some(0), "{}", show(&fill));
+    let order = ["c/z.txt", "big.bin", "a/s2.txt"];
+    let cat: Vec<String> = order.iter().map(|p| format!("$DATA/{p}")).collect();
+    let script = format!("cat {} $DATA/c/z.txt > /dev/null", cat.join(" "));
+    let puts = || {
+        (link.log().iter())
+            .filter(|r| r["method"] == "PUT" && r["path"].as_str().unwrap().contains("/traces/"))
+            .count()
+    };
+    for n in 0..2 {
+        let hit = a.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+        assert_eq!(hit.status.code(), Some(0), "{}", show(&hit));
+        assert_eq!(a.events()[n + 1]["result"], "hit");
+        assert_eq!(puts(), 1, "one trace per layer, after hit {n}");
+    }
+    assert!(only_layer(&a).join("trace-stored").exists());
+    let key = a.events()[0]["key"].as_str().unwrap().to_string();
+    let path = object_store::path::Path::from(format!(
+        "hittrace/v1/projects/{PROJECT}/caches/data/traces/{key}"
+    ));
+    let (rt, client) = (runtime(), s3(&w));
+    let stored = rt.block_on(async { client.get(&path).await.unwrap().bytes().await.unwrap() });
+    let want: String = order.iter().map(|p| format!("{p}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&stored), want);
+
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "hittrace", "");
+    let replay = format!("cat {}/partial/*/replay", project_dir(&b).display());
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &replay]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    assert_eq!(out(&rb), want, "B replays A's hit's trace");
+    assert!(sb.mounts_below().is_empty());
+}

@@ -27,6 +27,7 @@ mod mount;
 mod names;
 mod node_data;
 mod node_index;
+mod open_trace;
 pub mod options;
 mod passthrough;
 mod policy;

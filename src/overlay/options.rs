@@ -68,6 +68,12 @@ pub struct OverlayConfig {
     /// views, `layercache mount`) have private per-run uppers and keep none.
     #[serde(default)]
     pub persist_handles: bool,
+    /// Where the daemon writes the order in which lower files' data is first opened
+    /// (`open_trace.rs`: one layer-relative path per line, every second and at exit); `None`
+    /// records nothing. Set by the store for a run's exact local hit (the remote tier keeps
+    /// it beside the key for fresh runners' lazy mounts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_trace: Option<PathBuf>,
     /// Lower layers the daemon makes with the process's [`super::LayerMaker`] instead of
     /// opening `lowerdirs[index]` as a directory tree (the store's lazily fetched remote
     /// layers); empty for every mount of `layercache overlay`.
@@ -629,6 +635,7 @@ fn config(
     OverlayConfig {
         persist_handles: !read_only && !upperdir.as_os_str().is_empty(),
         made_lowers: Vec::new(),
+        open_trace: None,
         lowerdirs,
         upperdir,
         workdir,

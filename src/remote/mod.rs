@@ -32,6 +32,7 @@ mod layout;
 pub mod lazy;
 mod manifest;
 mod pack;
+pub(crate) mod pieces;
 mod pull;
 mod push;
 mod salt;
@@ -317,6 +318,17 @@ impl RemoteTier for Remote {
         run_dir: &std::path::Path,
     ) -> Option<String> {
         self.finish_lazy_layer(store, pd, cache, key, layer, run_dir)
+    }
+
+    fn store_trace(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        trace: &std::path::Path,
+    ) -> bool {
+        let trace = std::fs::read(trace).unwrap_or_default();
+        !trace.is_empty() && self.put_trace(pd, cache, key, trace)
     }
 
     fn location(&self) -> String {

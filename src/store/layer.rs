@@ -116,6 +116,12 @@ impl Layer {
         self.dir.join("lease")
     }
 
+    /// `trace-stored`: present once a run's open trace of this layer was stored in the remote
+    /// tier beside its key (a local hit stores one only once).
+    pub fn trace_stored_path(&self) -> PathBuf {
+        self.dir.join("trace-stored")
+    }
+
     /// `used`: its mtime is the last mount time.
     pub fn used_path(&self) -> PathBuf {
         self.dir.join("used")

@@ -463,11 +463,12 @@ impl Store {
                 (id, d)
             }
         };
-        let started = start_daemon(&m, &run_id, &run_dir).inspect_err(|_| {
-            if m.reuse.is_none() {
-                let _ = remove_tree(&run_dir);
-            }
-        })?;
+        let started =
+            start_daemon(&m, &run_id, &run_dir, self.remote.is_some()).inspect_err(|_| {
+                if m.reuse.is_none() {
+                    let _ = remove_tree(&run_dir);
+                }
+            })?;
         let lazy_layer = m.lazy.as_ref().map(|(l, _)| l.layer.clone());
         let layer = m.layer.as_ref().map(|(id, _)| id.clone());
         if let Some(id) = &layer
@@ -556,11 +557,12 @@ struct Started {
 /// The mount of [`Store::mount_run`] in the run directory `run_dir` (run `run_id`): creates
 /// its upper, work dir and (for a private mount) `mnt`, takes the run lease, writes the run
 /// record and starts the overlay daemon over `m`'s layer (or the empty lower), handing it
-/// duplicates of the leases, then records the daemon's pid. The caller removes a new run
-/// directory on error.
+/// duplicates of the leases, then records the daemon's pid. With a `remote` tier, an exact
+/// hit's daemon records its first opens ([`super::runs::OPEN_TRACE`]) until the layer's trace
+/// was stored once. The caller removes a new run directory on error.
 ///
 /// Errors: as [`Store::mount`].
-fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path) -> Result<Started> {
+fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path, remote: bool) -> Result<Started> {
     let upper = run_dir.join("upper");
     let work = run_dir.join("work");
     let mnt = match m.mnt {
@@ -597,6 +599,14 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path) -> Result<Starte
     if let Some((id, _)) = &m.layer {
         let links = overlay::links::LowerLinks::Recorded(m.pd.layer(id).links_path());
         cfg.lower_links = vec![links];
+        // An exact hit's first opens, for fresh runners' lazy mounts of this key (stored
+        // once per layer: `trace-stored`).
+        if remote
+            && m.result == super::runs::MountResult::Hit
+            && !m.pd.layer(id).trace_stored_path().exists()
+        {
+            cfg.open_trace = Some(run_dir.join(super::runs::OPEN_TRACE));
+        }
     }
     if let Some((lazy, _)) = &m.lazy {
         let links = overlay::links::LowerLinks::Recorded(lazy.dir.join("links"));

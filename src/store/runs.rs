@@ -14,6 +14,11 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::{overlay, sys};
 
+/// `open-trace` in a run's directory: the order in which an exact local hit's run first opened
+/// the layer's files (the overlay's `open_trace`), stored beside the key in the remote tier
+/// once per layer ([`super::RemoteTier::store_trace`]) for fresh runners' lazy mounts.
+pub const OPEN_TRACE: &str = "open-trace";
+
 /// What a mount found for its key, `hit`, `restore` or `miss` (GitHub `actions/cache`: exact
 /// hit, restore-key hit, miss); serialised lowercase, as events and `--json` show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -321,6 +326,14 @@ impl Store {
                 r.finish_lazy(self, &m.pd, &m.rec.cache, &m.rec.key, layer, &m.run_dir)
         {
             self.notify(Notice::Remote { message });
+        }
+        if let (Some(layer), Some(r), MountResult::Hit) = (&m.rec.lower, &self.remote, m.rec.result)
+        {
+            let marker = m.pd.layer(layer).trace_stored_path();
+            let trace = m.run_dir.join(OPEN_TRACE);
+            if !marker.exists() && r.store_trace(&m.pd, &m.rec.cache, &m.rec.key, &trace) {
+                let _ = std::fs::write(&marker, b"");
+            }
         }
         // Whatever else of this store is still mounted there (a dead commit's remount stacked
         // under or over the recorded one) goes too: after `umount`, nothing of ours is left.

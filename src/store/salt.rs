@@ -257,6 +257,15 @@ mod tests {
         ) -> Option<String> {
             None
         }
+        fn store_trace(
+            &self,
+            _: &ProjectDirs,
+            _: &crate::ids::CacheId,
+            _: &crate::ids::CacheKey,
+            _: &std::path::Path,
+        ) -> bool {
+            false
+        }
         fn push_background(
             self: std::sync::Arc<Self>,
             _: ProjectDirs,

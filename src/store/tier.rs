@@ -44,6 +44,18 @@ pub trait RemoteTier: Send + Sync {
         run_dir: &std::path::Path,
     ) -> Option<String>;
 
+    /// After the mount of an exact local hit ended: stores the order in which its run first
+    /// opened the layer's files (the file `trace`, one path per line; nothing when it is
+    /// absent or empty) beside `cache`/`key` in the tier, where a fresh runner's lazy mount
+    /// replays it. Returns whether it was stored. Never fails (a failure is logged).
+    fn store_trace(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        trace: &std::path::Path,
+    ) -> bool;
+
     /// After a publish of `layer` under `cache`/`key` in `pd`: push it on a thread of its own;
     /// [`RemoteTier::wait_pushes`] collects the result.
     fn push_background(

@@ -40,6 +40,9 @@ impl OverlayFs {
                 .stack
                 .open_data(l.tree, &l.path, flags)
                 .map_err(errno)?;
+            if lower && let Some(t) = &self.trace {
+                t.record(&l.path);
+            }
             Ok((DataFile::new(data), lower))
         };
         let still_lower = || self.names.is_upper(id) == Some(false);

@@ -59,6 +59,9 @@ pub struct OverlayFs {
     /// view of the upper dir and workdir with the mount's atime rule
     /// ([`Stack::upper_atime`]).
     _lower_views: Vec<std::os::fd::OwnedFd>,
+    /// The first opens of lower files' data, when the mount records them
+    /// ([`OverlayConfig::open_trace`]).
+    trace: Option<std::sync::Arc<crate::overlay::open_trace::OpenTrace>>,
 }
 
 fn ts(sec: i64, nsec: i64) -> SystemTime {
@@ -248,6 +251,12 @@ impl OverlayFs {
                 }
             }
         }
+        let trace = match &cfg.open_trace {
+            Some(f) => {
+                Some(crate::overlay::open_trace::OpenTrace::start(f).map_err(|e| Error::io(f, e))?)
+            }
+            None => None,
+        };
         let lowers = stack.root_lowers();
         let links = (0..cfg.lowerdirs.len())
             .map(|i| Links::load(cfg.lower_links.get(i).unwrap_or(&Default::default())))
@@ -266,6 +275,7 @@ impl OverlayFs {
             kernel: Kernel::default(),
             tmp_seq: Default::default(),
             _lower_views: views,
+            trace,
         })
     }
 

@@ -231,6 +231,34 @@ impl Remote {
         })
     }
 
+    /// Stores a run's access `trace` (paths, one per line) beside `cache`/`key` of `pd`'s
+    /// project (`caches/<cache>/traces/<key>`, replaced: the newest run's), unless the remote
+    /// failed earlier in this process; within the lookup timeout. Returns whether it did; a
+    /// failure is logged.
+    pub(in crate::remote) fn put_trace(
+        &self,
+        pd: &ProjectDirs,
+        cache: &CacheId,
+        key: &CacheKey,
+        trace: Vec<u8>,
+    ) -> bool {
+        if !self.healthy.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        let path = self.layout.trace(&pd.project, cache, key);
+        let put = async {
+            (self.store.put(&path, PutPayload::from(trace)).await)
+                .map_err(|e| self.error("storing the run's access trace", e))
+        };
+        match self.block_on(Some(self.cfg.lookup_timeout), put) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("storing the run's access trace in the remote: {e}");
+                false
+            }
+        }
+    }
+
     /// See [`crate::store::RemoteTier::finish_lazy`]: the line for the user, if any.
     pub(in crate::remote) fn finish_lazy_layer(
         &self,
@@ -256,15 +284,8 @@ impl Remote {
             ));
         }
         let trace = fs::read(run_dir.join(TRACE)).unwrap_or_default();
-        if !trace.is_empty() && self.healthy.load(std::sync::atomic::Ordering::SeqCst) {
-            let path = self.layout.trace(&pd.project, cache, key);
-            let put = async {
-                (self.store.put(&path, PutPayload::from(trace)).await)
-                    .map_err(|e| self.error("storing the run's access trace", e))
-            };
-            if let Err(e) = self.block_on(Some(self.cfg.lookup_timeout), put) {
-                tracing::warn!("lazy layer: storing the run's access trace in the remote: {e}");
-            }
+        if !trace.is_empty() {
+            self.put_trace(pd, cache, key, trace);
         }
         let fetched = format!(
             "{cache}: fetched lazily {} of {} ({} objects, {} GETs) while the run lasted{failed}",
