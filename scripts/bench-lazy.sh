@@ -31,8 +31,8 @@
 #
 #   bash scripts/bench-lazy.sh [--runs N] [--quick|--start] [--bin PATH] [--cap SECONDS] (root)
 #     --runs N    iterations (default 5)
-#     --quick     1 run, npm + ls only, the 200 Mbit/s link (a smoke check); the report is
-#                 <date>-lazy-quick-<commit>.md
+#     --quick     npm + ls only, the 200 Mbit/s link, 1 run unless --runs says (a smoke
+#                 check); the report is <date>-lazy-quick-<commit>.md
 #     --start     time to COMMAND start only: npm (all variants) and big (lazy only; its full
 #                 pull takes ~50 s a run), the 200 Mbit/s link; <date>-lazy-start-<commit>.md
 #     --bin PATH  use this binary instead of building one (`cargo build --release`)
@@ -49,10 +49,10 @@ REPO=$PWD
 # (arguments: project, cache, key). Adjust here if the lazy-remote code puts it elsewhere.
 trace_object() { echo "v1/projects/$1/caches/$2/traces/$3"; }
 
-RUNS=5 QUICK=0 START=0 BIN_IN="" CAP_S=300
+RUNS=5 RUNS_SET=0 QUICK=0 START=0 BIN_IN="" CAP_S=300
 while [ $# -gt 0 ]; do
   case $1 in
-    --runs) RUNS=$2; shift ;;
+    --runs) RUNS=$2 RUNS_SET=1; shift ;;
     --quick) QUICK=1 ;;
     --start) START=1 ;;
     --bin) BIN_IN=$2; shift ;;
@@ -69,7 +69,8 @@ source scripts/lib-bench.sh # log, die, lc_median
 # BIG: the ten-times layer is measured (on the first link); BIG_VARIANTS: how.
 BIG=1 BIG_VARIANTS="full lazy"
 if [ "$QUICK" = 1 ]; then
-  RUNS=1 WORKLOADS="npm ls" LINKS="200:20" BIG=0
+  [ "$RUNS_SET" = 1 ] || RUNS=1
+  WORKLOADS="npm ls" LINKS="200:20" BIG=0
 elif [ "$START" = 1 ]; then
   WORKLOADS="npm" LINKS="200:20" BIG_VARIANTS="lazy"
 else

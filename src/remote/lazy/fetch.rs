@@ -22,8 +22,10 @@
 //!   at most [`TRACE_GAP`] between them, not whole windows, and a demand read starts no
 //!   read-ahead meanwhile) and completes the layer (at most
 //!   [`BACKGROUND_UNITS`] units, none started while a demand read is in flight or within
-//!   [`COMPLETION_QUIET`] of the mount or of the last one, so a reader's request does not share
-//!   the link with bulk transfers, and a run that only walks its tree fetches nothing).
+//!   [`COMPLETION_QUIET`] of the mount, of the last one or of the run's last open of a file,
+//!   so a reader's request does not share the link with bulk transfers, a run busy reading
+//!   what the trace brought does not share the CPU with them, and a run that only walks its
+//!   tree fetches nothing).
 //! * **Faults.** Every attempt has a progress deadline (no byte for [`Limits::progress`]: it
 //!   is abandoned) and is retried with backoff until [`Limits::bound`] has passed since the
 //!   first; then the waiters get the error (EIO to the reader). A missing object, or bytes that
@@ -300,7 +302,8 @@ pub(super) struct Shared {
     demand: AtomicUsize,
     /// Background units in flight.
     background: AtomicUsize,
-    /// When the fetcher started, and (ms after that) when the last demand unit ended.
+    /// When the fetcher started, and (ms after that) when the last demand unit ended or the
+    /// run last opened a file ([`Shared::opened`]).
     started: Instant,
     last_demand_ms: AtomicU64,
     pub counts: Counts,
@@ -1012,8 +1015,17 @@ impl Shared {
         tracing::info!(complete = all, "lazy layer: background fetching ended");
     }
 
+    /// The run opened one of the layer's files (fetched or not): completion waits for a quiet
+    /// moment after it as after a demand read ([`Shared::quiet`]), so bulk transfers (their
+    /// GETs, the server's and this daemon's CPU) do not compete with a run busy reading files
+    /// a trace replay already brought.
+    pub fn opened(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_demand_ms.fetch_max(now, Relaxed);
+    }
+
     /// Whether completion may start a unit: [`COMPLETION_QUIET`] has passed since the start
-    /// and since the last demand read ended.
+    /// and since the last demand read ended or file was opened.
     fn quiet(&self) -> bool {
         let now = self.started.elapsed();
         let last = Duration::from_millis(self.last_demand_ms.load(Relaxed));

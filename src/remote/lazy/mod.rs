@@ -483,6 +483,7 @@ impl LazyLayer {
             tracing::error!(%file, "reading a lazily fetched file: {}", e.why);
             io::Error::from_raw_os_error(libc::EIO)
         })?;
+        shared.opened();
         Ok((o, &n.path, shared))
     }
 

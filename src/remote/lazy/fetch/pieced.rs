@@ -138,16 +138,11 @@ impl Pieced {
         }
         st.inflight += 1;
         let me = Arc::clone(self);
-        if demand {
-            self.shared.demand.fetch_add(1, Relaxed);
-        }
         self.shared.remote.rt.spawn(async move {
             let r = me.fetch_run(first, end).await;
             me.ended(first, end, r.err());
             if demand {
-                let now = me.shared.started.elapsed().as_millis() as u64;
-                me.shared.last_demand_ms.store(now, Relaxed);
-                me.shared.demand.fetch_sub(1, Relaxed);
+                me.shared.opened();
             }
         });
     }
@@ -401,9 +396,15 @@ impl ReadGate for Gate {
             st.last = Some(to - 1);
             st.ahead
         };
+        // A reader waiting counts as a demand read: completion starts nothing meanwhile.
+        let s = &me.shared;
+        s.demand.fetch_add(1, Relaxed);
         // One GET for the pieces read and the read-ahead after them (the read's come first in
         // its body).
-        me.wait(from, to, (to + ahead).min(n), true).map_err(|why| {
+        let r = me.wait(from, to, (to + ahead).min(n), true);
+        s.opened();
+        s.demand.fetch_sub(1, Relaxed);
+        r.map_err(|why| {
             me.shared.read_failed(me.o, &why);
             io::Error::from_raw_os_error(libc::EIO)
         })
