@@ -859,6 +859,16 @@ fn a_missing_object_breaks_the_lazy_layer_for_good_and_nothing_wrong_is_served()
         "{e}"
     );
     assert_store_verifies(&b);
+    // `ls` says the partial layer is broken, not merely partly here.
+    let ls = b.lc(&["ls"]);
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    let row = (listed.lines())
+        .find(|l| l.contains("(remote"))
+        .unwrap_or_else(|| panic!("no partial layer in:\n{listed}"));
+    assert!(
+        row.contains("broken") && row.contains("not used") && !row.contains("mounted lazily"),
+        "{row}"
+    );
 
     let again = b.run_as(false, &sb, &spec, &["sh", "-c", script]);
     assert_eq!(again.status.code(), Some(0), "{}", show(&again));
