@@ -1275,3 +1275,42 @@ fn a_tree_manifest_that_breaks_the_rules_is_refused_by_the_daemon_and_the_run_pu
 
     assert!(sb.mounts_below().is_empty());
 }
+
+/// A layer whose compact manifest is gone from the remote, its tree and JSON manifests still
+/// there: the lazy daemon (which fetches the object table after the mount) falls back to the
+/// JSON manifest, checked as a full pull checks it, serves the right bytes and completes; the
+/// layer is not marked broken.
+#[test]
+fn a_lazy_daemon_falls_back_to_the_json_manifest_when_the_compact_one_is_missing() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, a, _) = pushed_by_a(&w, "nocompact", 1);
+    let layer = only_layer(&a);
+    let layer_id = only_layer_id(&a);
+    let (rt, client) = (runtime(), s3(&w));
+    rt.block_on(client.delete(&manifest_object("nocompact", &layer_id, "compact")))
+        .unwrap();
+    let b = Runner::new(&w, sb.path("store-b"), "nocompact", "");
+    let script = format!(
+        "cat $DATA/a/s1.txt $DATA/link && sha256sum < $DATA/big.bin && {}",
+        wait_complete(&b)
+    );
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    let big = sha256(&layer.join("tree/big.bin"));
+    assert_eq!(out(&rb), format!("small 1\ndeep\n{big}  -\n"));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    assert!(!stderr(&rb).contains("broken"), "{}", stderr(&rb));
+    let done = line_of(&rb, "layercache: data: fetched lazily ");
+    assert!(done.contains("now local"), "{done}");
+    let broken = project_dir(&b)
+        .join("partial")
+        .join(&layer_id)
+        .join("broken");
+    assert!(!broken.exists());
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
