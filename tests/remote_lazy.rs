@@ -1276,6 +1276,112 @@ fn a_tree_manifest_that_breaks_the_rules_is_refused_by_the_daemon_and_the_run_pu
     assert!(sb.mounts_below().is_empty());
 }
 
+/// The `.fetch-*` files in partial layer `dir` (temporary files of fetches).
+fn fetch_temps(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".fetch-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The bytes of every object of `kind` (`packs`, `objects`) under the remote prefix `prefix`
+/// (`.idx` files left out).
+fn remote_bytes(w: &Weed, prefix: &str, kind: &str) -> u64 {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let (rt, client) = (runtime(), s3(w));
+    let dir = object_store::path::Path::from(format!("{prefix}/v1/projects/{PROJECT}/{kind}"));
+    let metas: Vec<_> = rt.block_on(async {
+        client
+            .list(Some(&dir))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    });
+    (metas.iter())
+        .filter(|m| !m.location.as_ref().ends_with(".idx"))
+        .map(|m| m.size)
+        .sum()
+}
+
+/// Two fresh lazy runs at once on one store (one partial layer, two daemons) share their
+/// fetches: both read the same files at the same moment (a barrier), yet every byte of the
+/// stored-alone big file and of the packs crosses the link once; both see the right bytes;
+/// neither says the other's fill "ended without publishing it" (the other mounted the layer
+/// lazily: it published nothing and was not meant to), and the layer is published and
+/// verifies, with no fetch temp file left in its partial directory.
+#[test]
+fn concurrent_lazy_runs_on_one_store_fetch_each_object_once() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 40.0, 5) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "twice", 6);
+    let big = sha256(&only_layer(&a).join("tree/big.bin"));
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "twice", "");
+    let barrier = sb.path("barrier");
+    std::fs::create_dir_all(&barrier).unwrap();
+    let reports = format!("{}/runs/*/lazy-report.json", project_dir(&b).display());
+    let script = format!(
+        "set -e; touch {d}/$$; for i in $(seq 1200); do [ $(ls {d} | wc -l) -ge 2 ] && break; \
+         sleep 0.05; done; cat $DATA/a/s1.txt $DATA/c/z.txt; sha256sum < $DATA/big.bin; \
+         for i in $(seq 1200); do [ $(grep -ls '\"complete\":true' {reports} | wc -l) -ge 2 ] \
+         && break; sleep 0.1; done",
+        d = barrier.display()
+    );
+    let args = b.run_args(false, &sb, &spec, &["sh", "-c", &script]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let runs: Vec<_> = (0..2)
+        .map(|i| {
+            let c = b.command(&args);
+            std::thread::spawn(move || {
+                output_within(c, Duration::from_secs(300), &format!("run {i}")).0
+            })
+        })
+        .collect();
+    let outs: Vec<Output> = runs.into_iter().map(|h| h.join().unwrap()).collect();
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(0), "{}", show(o));
+        assert_eq!(out(o), format!("small 1\nzed\n{big}  -\n"));
+        assert!(
+            !stderr(o).contains("ended without publishing it"),
+            "{}",
+            stderr(o)
+        );
+    }
+    let ev = b.events();
+    assert_eq!(ev.len(), 2, "{ev:?}");
+    assert!(ev.iter().all(|e| e["remote_lazy"] == true), "{ev:?}");
+
+    let log = link.log();
+    let got = |what: &str| -> u64 {
+        (log.iter())
+            .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains(what))
+            .map(|r| r["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(got("/objects/"), 6 << 20, "the big file came once: {log:?}");
+    let packs = remote_bytes(&w, "twice", "packs");
+    assert!(
+        got("/packs/") <= packs,
+        "{} bytes of pack fetched, the packs hold {packs}: {log:?}",
+        got("/packs/")
+    );
+
+    assert_store_verifies(&b);
+    let layer_id = only_layer_id(&b);
+    let partial = project_dir(&b).join("partial").join(&layer_id);
+    assert_eq!(fetch_temps(&partial), Vec::<String>::new());
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// A layer whose compact manifest is gone from the remote, its tree and JSON manifests still
 /// there: the lazy daemon (which fetches the object table after the mount) falls back to the
 /// JSON manifest, checked as a full pull checks it, serves the right bytes and completes; the

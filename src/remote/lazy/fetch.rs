@@ -10,6 +10,13 @@
 //! * **One fetch per object.** Every object of a unit in flight has a [`Flight`]; a demand
 //!   read of any of them waits for that flight instead of starting another, and each flight
 //!   ends as soon as its object is here (the object a reader asked for is stored first).
+//!   Across the daemons of one partial layer (concurrent runs on one store) the same holds
+//!   through [`FETCH_LOCKS`]: a unit claims each of its objects with a byte lock there (never
+//!   waiting for one), fetches only what it claimed, and then waits, holding no lock, for the
+//!   objects another daemon claimed to arrive in `held/` — or for their locks to go free (that
+//!   daemon failed or was killed: the kernel drops its locks), when it claims them itself. A
+//!   claimed object is looked for in `held/` again before it is fetched. After
+//!   [`Limits::bound`] a unit stops waiting and fetches what is left regardless.
 //! * **Verified before seen.** Bytes are written (to a temporary file in the partial
 //!   directory, renamed to `held/<hex>`) only after their length and blake3 match the
 //!   manifest; `held/<hex>` is what a reader opens. Nothing goes into the store's `objects/`
@@ -85,6 +92,22 @@ pub(super) const COMPLETION_QUIET: Duration = Duration::from_millis(1500);
 
 /// Bytes of pack one trace replay unit fetches.
 pub(super) const TRACE_WINDOW: u64 = 1 << 20;
+
+/// `fetch-locks` of a partial directory: an empty file whose bytes stand for the layer's
+/// objects (at [`lock_offset`] of each id); a daemon holds an open file description lock on
+/// an object's byte while it fetches that object (see the module docs).
+pub(super) const FETCH_LOCKS: &str = "fetch-locks";
+
+/// How often a unit looks whether the objects another daemon claimed have arrived.
+const CLAIM_POLL: Duration = Duration::from_millis(20);
+
+/// The byte of [`FETCH_LOCKS`] that stands for object `id`: 62 bits of the id (every daemon
+/// of a layer agrees on it; two objects sharing one only wait for each other).
+fn lock_offset(id: &ObjectId) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id.0[..8]);
+    u64::from_le_bytes(b) >> 2
+}
 
 /// Who waits for a unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,6 +338,9 @@ pub(super) struct Shared {
     /// While the trace is replayed: a demand read starts no read-ahead (the trace says what
     /// comes next).
     replaying: AtomicBool,
+    /// [`FETCH_LOCKS`], open for writing (its own open file description: the locks of this
+    /// daemon); `None` where it cannot be had (objects are then fetched without claiming).
+    locks: Option<File>,
 }
 
 impl Shared {
@@ -386,6 +412,20 @@ impl Shared {
             }
         }
         let traced = (0..ids.len()).map(|_| AtomicBool::new(false)).collect();
+        let lock_path = held.parent().unwrap_or(&held).join(FETCH_LOCKS);
+        let locks = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&lock_path)
+            .inspect_err(|e| {
+                tracing::warn!(path = %lock_path.display(),
+                    "lazy layer: no fetch locks (daemons of this layer may fetch an object twice): {e}");
+            })
+            .ok();
         Ok(Shared {
             remote,
             project,
@@ -409,6 +449,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             traced,
             replaying: AtomicBool::new(false),
+            locks,
         })
     }
 
@@ -653,20 +694,117 @@ impl Shared {
 
     /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone; `first`
     /// among them is made local first), retrying transient failures until the bound; every
-    /// object of it is local when this returns `Ok`.
+    /// object of it is local when this returns `Ok`. Shares the work with the other daemons
+    /// of the layer: fetches only the objects it claims ([`Shared::claim`]), in contiguous
+    /// runs, and waits (holding no claim) for the rest to arrive from the daemon that claimed
+    /// them, claiming what that daemon lets go of; after [`Limits::bound`] it fetches what is
+    /// left without claiming.
     ///
     /// Errors: the remote's error (transient after the bound; a missing object or a corrupt
     /// one at once).
     async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32]) -> Result<()> {
         let t0 = Instant::now();
         let _done = scopeguard_log(unit.len(), t0);
-        retrying(self.limits, || async {
-            match self.loc[unit[0] as usize] {
-                Loc::Alone => self.fetch_alone(unit[0]).await,
-                Loc::Packed { .. } => self.clone().fetch_packed(first, unit).await,
+        let mut todo = unit.to_vec();
+        loop {
+            todo.retain(|&u| !self.arrived(u));
+            if todo.is_empty() {
+                return Ok(());
             }
-        })
-        .await
+            let claim = self.claim(&todo, t0.elapsed() >= self.limits.bound);
+            // Looked for again once claimed: the daemon that held the claim may have just
+            // placed it.
+            let mine: Vec<u32> = (claim.objects.iter().copied())
+                .filter(|&u| !self.arrived(u))
+                .collect();
+            if mine.is_empty() {
+                drop(claim);
+                tokio::time::sleep(CLAIM_POLL).await;
+                continue;
+            }
+            for (run_first, run) in self.runs(first, &mine) {
+                retrying(self.limits, || async {
+                    match self.loc[run[0] as usize] {
+                        Loc::Alone => self.fetch_alone(run[0]).await,
+                        Loc::Packed { .. } => self.clone().fetch_packed(run_first, &run).await,
+                    }
+                })
+                .await?;
+            }
+            drop(claim);
+        }
+    }
+
+    /// Whether object `o` is local, ending its flight (`Ok`) when it has just become so
+    /// (another daemon of the layer placed it in `held/`).
+    fn arrived(&self, o: u32) -> bool {
+        let was = self.state[o as usize].load(Relaxed) == LOCAL;
+        let now = was || self.is_local(o);
+        if now && !was {
+            self.done(o, Ok(()));
+        }
+        now
+    }
+
+    /// Claims for this daemon the objects of `todo` no other daemon of the layer claims (a
+    /// byte lock each in [`FETCH_LOCKS`], taken without waiting); all of them with `force` or
+    /// without the lock file. The claims go when the result is dropped.
+    fn claim(self: &Arc<Self>, todo: &[u32], force: bool) -> Claim {
+        let mut c = Claim {
+            shared: Arc::clone(self),
+            objects: Vec::new(),
+            offsets: Vec::new(),
+        };
+        for &u in todo {
+            let at = lock_offset(&self.ids[u as usize]);
+            match (&self.locks, force) {
+                (Some(f), false) => match crate::sys::ofd_lock_byte(f, at, true) {
+                    Ok(true) => {
+                        c.objects.push(u);
+                        c.offsets.push(at);
+                    }
+                    Ok(false) => {} // another daemon fetches it
+                    Err(e) => {
+                        tracing::debug!("lazy fetch: a fetch lock: {e}");
+                        c.objects.push(u);
+                    }
+                },
+                _ => c.objects.push(u),
+            }
+        }
+        c
+    }
+
+    /// `objects` (of one unit) as runs to fetch one GET each: each object stored alone on
+    /// its own, packed ones in runs of neighbours in their pack; the run holding `first`
+    /// comes first, with `first` as the object it makes local first (the others: their
+    /// first object).
+    fn runs(&self, first: u32, objects: &[u32]) -> Vec<(u32, Vec<u32>)> {
+        let mut runs: Vec<Vec<u32>> = Vec::new();
+        let key = |o: u32| match self.loc[o as usize] {
+            Loc::Packed { pack, pos, .. } => Some((pack, pos)),
+            Loc::Alone => None,
+        };
+        let mut sorted = objects.to_vec();
+        sorted.sort_by_key(|&o| key(o));
+        for o in sorted {
+            let joins = match (runs.last().and_then(|r| r.last()), key(o)) {
+                (Some(&prev), Some((pack, pos))) => {
+                    key(prev).is_some_and(|(pp, ppos)| pp == pack && ppos + 1 == pos)
+                }
+                _ => false,
+            };
+            match joins {
+                true => runs.last_mut().expect("joined a run").push(o),
+                false => runs.push(vec![o]),
+            }
+        }
+        if let Some(i) = runs.iter().position(|r| r.contains(&first)) {
+            runs.swap(0, i);
+        }
+        (runs.into_iter())
+            .map(|r| (if r.contains(&first) { first } else { r[0] }, r))
+            .collect()
     }
 
     /// One GET of the pack range of `unit` (objects made local by an earlier attempt are
@@ -940,6 +1078,25 @@ impl Shared {
             }
         }
         (n, bytes)
+    }
+}
+
+/// The objects a unit claimed ([`Shared::claim`]): their fetch locks go when it is dropped.
+struct Claim {
+    shared: Arc<Shared>,
+    /// The objects this unit fetches.
+    objects: Vec<u32>,
+    /// The bytes of [`FETCH_LOCKS`] it holds.
+    offsets: Vec<u64>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(f) = &self.shared.locks {
+            for &at in &self.offsets {
+                let _ = crate::sys::ofd_lock_byte(f, at, false);
+            }
+        }
     }
 }
 
