@@ -1382,6 +1382,46 @@ fn concurrent_lazy_runs_on_one_store_fetch_each_object_once() {
     assert!(sb.mounts_below().is_empty());
 }
 
+/// Temporary files of a fetch cut off by a crash go: one left in the partial directory
+/// (nothing holds it) is gone at the next open of the partial layer, and one a run leaves
+/// behind is gone once the layer is published.
+#[test]
+fn fetch_temp_files_go_at_the_next_open_and_when_the_layer_is_published() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, a, _) = pushed_by_a(&w, "temps", 1);
+    let layer_id = only_layer_id(&a);
+    let b = Runner::new(&w, sb.path("store-b"), "temps", "");
+    let r1 = b.run_as(false, &sb, &spec, &["sh", "-c", "cat $DATA/a/s1.txt"]);
+    assert_eq!(r1.status.code(), Some(0), "{}", show(&r1));
+    let partial = project_dir(&b).join("partial").join(&layer_id);
+    assert!(partial.is_dir(), "the first run left its partial layer");
+    // What a daemon killed mid-fetch leaves: a temporary file that no fetch holds.
+    let plant = |name: &str| {
+        format!(
+            "echo junk > {p}/{name} && touch -d '-1 minute' {p}/{name}",
+            p = partial.display()
+        )
+    };
+    run_ok(Command::new("sh").args(["-c", &plant(".fetch-0123456789abcdef")]));
+    let script = format!(
+        "ls -a {p} | grep -c '^\\.fetch-' || true; {}; {}",
+        plant(".fetch-fedcba9876543210"),
+        wait_complete(&b),
+        p = partial.display()
+    );
+    let r2 = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(r2.status.code(), Some(0), "{}", show(&r2));
+    assert_eq!(out(&r2), "0\n", "the open removed the stale temporary file");
+    let done = line_of(&r2, "layercache: data: fetched lazily ");
+    assert!(done.contains("now local"), "{done}");
+    assert_eq!(fetch_temps(&partial), Vec::<String>::new());
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// A layer whose compact manifest is gone from the remote, its tree and JSON manifests still
 /// there: the lazy daemon (which fetches the object table after the mount) falls back to the
 /// JSON manifest, checked as a full pull checks it, serves the right bytes and completes; the

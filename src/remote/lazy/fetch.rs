@@ -18,7 +18,8 @@
 //!   claimed object is looked for in `held/` again before it is fetched. After
 //!   [`Limits::bound`] a unit stops waiting and fetches what is left regardless.
 //! * **Verified before seen.** Bytes are written (to a temporary file in the partial
-//!   directory, renamed to `held/<hex>`) only after their length and blake3 match the
+//!   directory, `.fetch-*`, flocked by its writer until it is renamed; [`remove_stale_temps`]
+//!   removes those of a killed daemon; renamed to `held/<hex>`) only after their length and blake3 match the
 //!   manifest; `held/<hex>` is what a reader opens. Nothing goes into the store's `objects/`
 //!   while the layer is partial (so gc has nothing of it to race with): the pull that
 //!   completes the layer moves each held file into place as the store's object, with the
@@ -98,8 +99,15 @@ pub(super) const TRACE_WINDOW: u64 = 1 << 20;
 /// an object's byte while it fetches that object (see the module docs).
 pub(super) const FETCH_LOCKS: &str = "fetch-locks";
 
+/// The first bytes of the name of a fetch's temporary file in the partial directory.
+pub(super) const TEMP_PREFIX: &str = ".fetch-";
+
 /// How often a unit looks whether the objects another daemon claimed have arrived.
 const CLAIM_POLL: Duration = Duration::from_millis(20);
+
+/// How old a temporary file must be before [`remove_stale_temps`] takes it for a dead fetch's
+/// (its writer locks it right after creating it: this covers that moment).
+const TEMP_GRACE: Duration = Duration::from_secs(5);
 
 /// The byte of [`FETCH_LOCKS`] that stands for object `id`: 62 bits of the id (every daemon
 /// of a layer agrees on it; two objects sharing one only wait for each other).
@@ -107,6 +115,58 @@ fn lock_offset(id: &ObjectId) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&id.0[..8]);
     u64::from_le_bytes(b) >> 2
+}
+
+/// Removes the temporary files of fetches (`.fetch-*`) in partial directory `dir` that no
+/// fetch is writing: a fetch holds a flock on its file from just after creating it until it
+/// has renamed it into `held/`, so a file whose flock is free and that is older than
+/// [`TEMP_GRACE`] is what a daemon killed mid-fetch left. Returns how many went; best effort
+/// (what cannot be read or removed is left for gc).
+pub(super) fn remove_stale_temps(dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in entries.flatten() {
+        if !e
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(TEMP_PREFIX.as_bytes())
+        {
+            continue;
+        }
+        let path = e.path();
+        let Ok(f) = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+        else {
+            continue;
+        };
+        let old = (f.metadata().and_then(|m| m.modified()).ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= TEMP_GRACE);
+        if !old || crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+            continue;
+        }
+        // Still the file we locked (not renamed away and replaced meanwhile).
+        let same = |a: &fs::Metadata, b: &fs::Metadata| {
+            use std::os::unix::fs::MetadataExt;
+            a.ino() == b.ino() && a.dev() == b.dev()
+        };
+        let ours = f.metadata().ok();
+        let named = fs::symlink_metadata(&path).ok();
+        if let (Some(a), Some(b)) = (&ours, &named)
+            && same(a, b)
+            && fs::remove_file(&path).is_ok()
+        {
+            n += 1;
+        }
+    }
+    if n > 0 {
+        tracing::info!(dir = %dir.display(), removed = n, "lazy layer: removed stale fetch temporary files");
+    }
+    n
 }
 
 /// Who waits for a unit.
@@ -887,15 +947,18 @@ impl Shared {
     /// local once it is verified ([`Shared::place`]).
     async fn fetch_alone(&self, o: u32) -> Result<()> {
         let tmp = self.temp();
-        let r = self.stream_to(o, &tmp).await;
-        let r = r.and_then(|()| self.place(o, &tmp));
+        let r = match create_temp(&tmp, 0o600) {
+            // Held open (and flocked) until placed.
+            Ok(mut f) => (self.stream_to(o, &mut f, &tmp).await).and_then(|()| self.place(o, &tmp)),
+            Err(e) => Err(e),
+        };
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
         }
         r
     }
 
-    /// GETs object `o` into `tmp` (created) in ranges of [`PIECE`] bytes, one after the
+    /// GETs object `o` into `f` (the new file `tmp`) in ranges of [`PIECE`] bytes, one after the
     /// other, each retried on its own after a stall (until the bound has passed since the last
     /// piece that arrived), hashing as it goes; checks length and blake3 at the end. A big
     /// object arriving slowly but steadily is never cut off: no request carries more than a
@@ -903,12 +966,11 @@ impl Shared {
     ///
     /// Errors: as [`Shared::get_into`] once a piece's retries are over;
     /// [`RemoteError::Corrupt`](super::super::RemoteError) when the bytes do not match.
-    async fn stream_to(&self, o: u32, tmp: &Path) -> Result<()> {
+    async fn stream_to(&self, o: u32, f: &mut File, tmp: &Path) -> Result<()> {
         let id = self.ids[o as usize];
         let size = self.tree.objects[o as usize].1;
         let what = format!("fetching object {id}");
         let path = self.remote.layout.object(&self.project, &id);
-        let mut f = fs::File::create_new(tmp).map_err(|e| Error::io(tmp, e))?;
         let mut h = blake3::Hasher::new();
         let mut n = 0u64;
         while n < size {
@@ -948,14 +1010,11 @@ impl Shared {
     /// ([`Shared::place`]).
     fn store_bytes(&self, o: u32, bytes: &[u8]) -> Result<()> {
         let tmp = self.temp();
-        let r = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o400)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(bytes))
-            .map_err(|e| Error::io(&tmp, e))
-            .and_then(|()| self.place(o, &tmp));
+        // Held open (and flocked) until placed.
+        let r = create_temp(&tmp, 0o400).and_then(|mut f| {
+            f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+            self.place(o, &tmp)
+        });
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
         }
@@ -966,7 +1025,7 @@ impl Shared {
     /// sweeps a partial directory a run holds, so a file being written there is safe from it).
     fn temp(&self) -> PathBuf {
         let dir = self.held.parent().unwrap_or(&self.held);
-        dir.join(format!(".fetch-{}", crate::sys::random_hex(8)))
+        dir.join(format!("{TEMP_PREFIX}{}", crate::sys::random_hex(8)))
     }
 
     /// Makes the verified file `tmp` object `o`'s bytes: renames it to `held/<hex>` (what
@@ -1098,6 +1157,24 @@ impl Drop for Claim {
             }
         }
     }
+}
+
+/// Creates the temporary file `path` (mode `mode`, failing if it exists) and flocks it, so
+/// [`remove_stale_temps`] leaves it alone while it is open.
+///
+/// Errors: [`Error::Io`] creating it.
+fn create_temp(path: &Path, mode: u32) -> Result<File> {
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    if let Err(e) = crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
+        tracing::debug!(path = %path.display(), "lazy fetch: locking a temporary file: {e}");
+    }
+    Ok(f)
 }
 
 /// Logs a unit's size and duration when it ends (debug).

@@ -231,7 +231,9 @@ impl Remote {
         })
     }
 
-    /// See [`crate::store::RemoteTier::finish_lazy`]: the line for the user, if any.
+    /// See [`crate::store::RemoteTier::finish_lazy`]: the line for the user, if any. Once the
+    /// layer is published, the temporary files of fetches that no daemon holds go from its
+    /// partial directory.
     pub(in crate::remote) fn finish_lazy_layer(
         &self,
         store: &Store,
@@ -292,10 +294,15 @@ impl Remote {
         };
         Some(
             match self.pull_with(store, pd, cache, &found, Some(&dir.join(HELD))) {
-                Ok(r) => format!(
-                    "{fetched}; the layer is complete and now local ({} in {} ms)",
-                    r.result, r.ms
-                ),
+                Ok(r) => {
+                    // The partial directory is garbage now (gc removes it once no run holds
+                    // it); what a fetch cut off by a daemon's end left in it goes at once.
+                    super::fetch::remove_stale_temps(&dir);
+                    format!(
+                        "{fetched}; the layer is complete and now local ({} in {} ms)",
+                        r.result, r.ms
+                    )
+                }
                 Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
             },
         )

@@ -249,7 +249,8 @@ impl TableSlot {
 impl LazyLayer {
     /// Reads the partial directory of `spec`: its compact manifest when it has one (the tree
     /// and the fetcher come from it), else its tree manifest (the fetcher waits for
-    /// [`LazyLayer::fetch_table`]). Writes the layer's link groups ([`LINKS`]) when missing.
+    /// [`LazyLayer::fetch_table`]). Writes the layer's link groups ([`LINKS`]) when missing,
+    /// and removes the temporary files of fetches a killed daemon left there.
     ///
     /// Errors: [`crate::error::Error::Failed`] for a manifest that does not parse or breaks the
     /// rules; [`crate::error::Error`] reading it, opening the remote.
@@ -259,6 +260,8 @@ impl LazyLayer {
         let held = File::open(&held_dir).at(&held_dir)?;
         let dev = std::os::unix::fs::MetadataExt::dev(&held.metadata().at(&held_dir)?);
         let limits = Limits::from_env();
+        // What fetches of a daemon killed meanwhile left (another daemon's own are kept).
+        fetch::remove_stale_temps(&spec.dir);
         let tpath = spec.dir.join(TREE);
         let (tree, table) = match std::fs::read(&tpath) {
             Ok(bytes) => {
