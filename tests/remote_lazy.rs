@@ -1309,11 +1309,14 @@ fn remote_bytes(w: &Weed, prefix: &str, kind: &str) -> u64 {
 }
 
 /// Two fresh lazy runs at once on one store (one partial layer, two daemons) share their
-/// fetches: both read the same files at the same moment (a barrier), yet every byte of the
+/// fetches: both read the same files at the same moment (a barrier: a file each, by mktemp,
+/// for each run has its own PID namespace and `$$`; then both wait until both daemons have
+/// the whole layer — the first to see it leaves a mark, as its run's report then goes), yet every byte of the
 /// stored-alone big file and of the packs crosses the link once; both see the right bytes;
 /// neither says the other's fill "ended without publishing it" (the other mounted the layer
-/// lazily: it published nothing and was not meant to), and the layer is published and
-/// verifies, with no fetch temp file left in its partial directory.
+/// lazily: it published nothing and was not meant to); both find the layer complete and
+/// neither fails to publish it (they take turns; the later one finds it published), and the
+/// layer verifies, with no fetch temp file left in its partial directory.
 #[test]
 fn concurrent_lazy_runs_on_one_store_fetch_each_object_once() {
     if !ready() {
@@ -1330,10 +1333,12 @@ fn concurrent_lazy_runs_on_one_store_fetch_each_object_once() {
     std::fs::create_dir_all(&barrier).unwrap();
     let reports = format!("{}/runs/*/lazy-report.json", project_dir(&b).display());
     let script = format!(
-        "set -e; touch {d}/$$; for i in $(seq 1200); do [ $(ls {d} | wc -l) -ge 2 ] && break; \
-         sleep 0.05; done; cat $DATA/a/s1.txt $DATA/c/z.txt; sha256sum < $DATA/big.bin; \
-         for i in $(seq 1200); do [ $(grep -ls '\"complete\":true' {reports} | wc -l) -ge 2 ] \
-         && break; sleep 0.1; done",
+        "set -e; mktemp -p {d} > /dev/null; i=0; while [ $(ls {d} | wc -l) -lt 2 ]; do \
+         i=$((i + 1)); [ $i -lt 1200 ]; sleep 0.05; done; \
+         cat $DATA/a/s1.txt $DATA/c/z.txt; sha256sum < $DATA/big.bin; \
+         for i in $(seq 1200); do if [ -e {d}.done ] || \
+         [ $(grep -ls '\"complete\":true' {reports} | wc -l) -ge 2 ]; then touch {d}.done; \
+         break; fi; sleep 0.1; done",
         d = barrier.display()
     );
     let args = b.run_args(false, &sb, &spec, &["sh", "-c", &script]);
@@ -1350,10 +1355,16 @@ fn concurrent_lazy_runs_on_one_store_fetch_each_object_once() {
     for o in &outs {
         assert_eq!(o.status.code(), Some(0), "{}", show(o));
         assert_eq!(out(o), format!("small 1\nzed\n{big}  -\n"));
+        let e = stderr(o);
         assert!(
-            !stderr(o).contains("ended without publishing it"),
-            "{}",
-            stderr(o)
+            !e.contains("ended without publishing it") && !e.contains("filling it here"),
+            "{e}"
+        );
+        // Both found the layer complete; one published it, the other found it published.
+        let done = line_of(o, "layercache: data: fetched lazily ");
+        assert!(
+            done.contains("the layer is complete and now local"),
+            "{done}"
         );
     }
     let ev = b.events();
