@@ -1311,8 +1311,8 @@ fn remote_bytes(w: &Weed, prefix: &str, kind: &str) -> u64 {
 /// Two fresh lazy runs at once on one store (one partial layer, two daemons) share their
 /// fetches: both read the same files at the same moment (a barrier: a file each, by mktemp,
 /// for each run has its own PID namespace and `$$`; then both wait until both daemons have
-/// the whole layer — the first to see it leaves a mark, as its run's report then goes), yet every byte of the
-/// stored-alone big file and of the packs crosses the link once; both see the right bytes;
+/// the whole layer — the first to see it leaves a mark, as its run's report then goes), yet
+/// every byte of the stored-alone big file and of the packs crosses the link once; both see the right bytes;
 /// neither says the other's fill "ended without publishing it" (the other mounted the layer
 /// lazily: it published nothing and was not meant to); both find the layer complete and
 /// neither fails to publish it (they take turns; the later one finds it published), and the

@@ -19,8 +19,8 @@
 //!   [`Limits::bound`] a unit stops waiting and fetches what is left regardless.
 //! * **Verified before seen.** Bytes are written (to a temporary file in the partial
 //!   directory, `.fetch-*`, flocked by its writer until it is renamed; [`remove_stale_temps`]
-//!   removes those of a killed daemon; renamed to `held/<hex>`) only after their length and blake3 match the
-//!   manifest; `held/<hex>` is what a reader opens. Nothing goes into the store's `objects/`
+//!   removes those of a killed daemon; renamed to `held/<hex>`) only after their length and
+//!   blake3 match the manifest; `held/<hex>` is what a reader opens. Nothing goes into the store's `objects/`
 //!   while the layer is partial (so gc has nothing of it to race with): the pull that
 //!   completes the layer moves each held file into place as the store's object, with the
 //!   metadata of its files. A later run finds `held/` and never fetches an object twice.
@@ -164,7 +164,8 @@ pub(super) fn remove_stale_temps(dir: &Path) -> usize {
         }
     }
     if n > 0 {
-        tracing::info!(dir = %dir.display(), removed = n, "lazy layer: removed stale fetch temporary files");
+        let what = "lazy layer: removed stale fetch temporary files";
+        tracing::info!(dir = %dir.display(), removed = n, "{what}");
     }
     n
 }
@@ -482,8 +483,9 @@ impl Shared {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&lock_path)
             .inspect_err(|e| {
-                tracing::warn!(path = %lock_path.display(),
-                    "lazy layer: no fetch locks (daemons of this layer may fetch an object twice): {e}");
+                let what = "lazy layer: no fetch locks (daemons of this layer may fetch an \
+                            object twice)";
+                tracing::warn!(path = %lock_path.display(), "{what}: {e}");
             })
             .ok();
         Ok(Shared {
