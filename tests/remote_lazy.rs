@@ -864,6 +864,16 @@ fn a_missing_object_breaks_the_lazy_layer_for_good_and_nothing_wrong_is_served()
         "{e}"
     );
     assert_store_verifies(&b);
+    // `ls` says the partial layer is broken, not merely partly here.
+    let ls = b.lc(&["ls"]);
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    let row = (listed.lines())
+        .find(|l| l.contains("(remote"))
+        .unwrap_or_else(|| panic!("no partial layer in:\n{listed}"));
+    assert!(
+        row.contains("broken") && row.contains("not used") && !row.contains("mounted lazily"),
+        "{row}"
+    );
 
     let again = b.run_as(false, &sb, &spec, &["sh", "-c", script]);
     assert_eq!(again.status.code(), Some(0), "{}", show(&again));
@@ -1454,5 +1464,201 @@ fn a_local_hit_stores_its_trace_once_and_a_fresh_runner_replays_it() {
     assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
     assert_eq!(b.events()[0]["remote_lazy"], true);
     assert_eq!(out(&rb), want, "B replays A's hit's trace");
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// The `.fetch-*` files in partial layer `dir` (temporary files of fetches).
+fn fetch_temps(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".fetch-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The bytes of every object of `kind` (`packs`, `objects`) under the remote prefix `prefix`
+/// (`.idx` files left out).
+fn remote_bytes(w: &Weed, prefix: &str, kind: &str) -> u64 {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let (rt, client) = (runtime(), s3(w));
+    let dir = object_store::path::Path::from(format!("{prefix}/v1/projects/{PROJECT}/{kind}"));
+    let metas: Vec<_> = rt.block_on(async {
+        client
+            .list(Some(&dir))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    });
+    (metas.iter())
+        .filter(|m| !m.location.as_ref().ends_with(".idx"))
+        .map(|m| m.size)
+        .sum()
+}
+
+/// Two fresh lazy runs at once on one store (one partial layer, two daemons) share their
+/// fetches: both read the same files at the same moment (a barrier: a file each, by mktemp,
+/// for each run has its own PID namespace and `$$`; then both wait until both daemons have
+/// the whole layer — the first to see it leaves a mark, as its run's report then goes), yet
+/// every byte of the stored-alone big file and of the packs crosses the link once; both see the right bytes;
+/// neither says the other's fill "ended without publishing it" (the other mounted the layer
+/// lazily: it published nothing and was not meant to); both find the layer complete and
+/// neither fails to publish it (they take turns; the later one finds it published), and the
+/// layer verifies, with no fetch temp file left in its partial directory.
+#[test]
+fn concurrent_lazy_runs_on_one_store_fetch_each_object_once() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 40.0, 5) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "twice", 6);
+    let big = sha256(&only_layer(&a).join("tree/big.bin"));
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "twice", "");
+    let barrier = sb.path("barrier");
+    std::fs::create_dir_all(&barrier).unwrap();
+    let reports = format!("{}/runs/*/lazy-report.json", project_dir(&b).display());
+    let script = format!(
+        "set -e; mktemp -p {d} > /dev/null; i=0; while [ $(ls {d} | wc -l) -lt 2 ]; do \
+         i=$((i + 1)); [ $i -lt 1200 ]; sleep 0.05; done; \
+         cat $DATA/a/s1.txt $DATA/c/z.txt; sha256sum < $DATA/big.bin; \
+         for i in $(seq 1200); do if [ -e {d}.done ] || \
+         [ $(grep -ls '\"complete\":true' {reports} | wc -l) -ge 2 ]; then touch {d}.done; \
+         break; fi; sleep 0.1; done",
+        d = barrier.display()
+    );
+    let args = b.run_args(false, &sb, &spec, &["sh", "-c", &script]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let runs: Vec<_> = (0..2)
+        .map(|i| {
+            let c = b.command(&args);
+            std::thread::spawn(move || {
+                output_within(c, Duration::from_secs(300), &format!("run {i}")).0
+            })
+        })
+        .collect();
+    let outs: Vec<Output> = runs.into_iter().map(|h| h.join().unwrap()).collect();
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(0), "{}", show(o));
+        assert_eq!(out(o), format!("small 1\nzed\n{big}  -\n"));
+        let e = stderr(o);
+        assert!(
+            !e.contains("ended without publishing it") && !e.contains("filling it here"),
+            "{e}"
+        );
+        // Both found the layer complete; one published it, the other found it published.
+        let done = line_of(o, "layercache: data: fetched lazily ");
+        assert!(
+            done.contains("the layer is complete and now local"),
+            "{done}"
+        );
+    }
+    let ev = b.events();
+    assert_eq!(ev.len(), 2, "{ev:?}");
+    assert!(ev.iter().all(|e| e["remote_lazy"] == true), "{ev:?}");
+
+    let log = link.log();
+    let got = |what: &str| -> u64 {
+        (log.iter())
+            .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap().contains(what))
+            .map(|r| r["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(got("/objects/"), 6 << 20, "the big file came once: {log:?}");
+    let packs = remote_bytes(&w, "twice", "packs");
+    assert!(
+        got("/packs/") <= packs,
+        "{} bytes of pack fetched, the packs hold {packs}: {log:?}",
+        got("/packs/")
+    );
+
+    assert_store_verifies(&b);
+    let layer_id = only_layer_id(&b);
+    let partial = project_dir(&b).join("partial").join(&layer_id);
+    assert_eq!(fetch_temps(&partial), Vec::<String>::new());
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// Temporary files of a fetch cut off by a crash go: one left in the partial directory
+/// (nothing holds it) is gone at the next open of the partial layer, and one a run leaves
+/// behind is gone once the layer is published.
+#[test]
+fn fetch_temp_files_go_at_the_next_open_and_when_the_layer_is_published() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, a, _) = pushed_by_a(&w, "temps", 1);
+    let layer_id = only_layer_id(&a);
+    let b = Runner::new(&w, sb.path("store-b"), "temps", "");
+    let r1 = b.run_as(false, &sb, &spec, &["sh", "-c", "cat $DATA/a/s1.txt"]);
+    assert_eq!(r1.status.code(), Some(0), "{}", show(&r1));
+    let partial = project_dir(&b).join("partial").join(&layer_id);
+    assert!(partial.is_dir(), "the first run left its partial layer");
+    // What a daemon killed mid-fetch leaves: a temporary file that no fetch holds.
+    let plant = |name: &str| {
+        format!(
+            "echo junk > {p}/{name} && touch -d '-1 minute' {p}/{name}",
+            p = partial.display()
+        )
+    };
+    run_ok(Command::new("sh").args(["-c", &plant(".fetch-0123456789abcdef")]));
+    let script = format!(
+        "ls -a {p} | grep -c '^\\.fetch-' || true; {}; {}",
+        plant(".fetch-fedcba9876543210"),
+        wait_complete(&b),
+        p = partial.display()
+    );
+    let r2 = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(r2.status.code(), Some(0), "{}", show(&r2));
+    assert_eq!(out(&r2), "0\n", "the open removed the stale temporary file");
+    let done = line_of(&r2, "layercache: data: fetched lazily ");
+    assert!(done.contains("now local"), "{done}");
+    assert_eq!(fetch_temps(&partial), Vec::<String>::new());
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// A layer whose compact manifest is gone from the remote, its tree and JSON manifests still
+/// there: the lazy daemon (which fetches the object table after the mount) falls back to the
+/// JSON manifest, checked as a full pull checks it, serves the right bytes and completes; the
+/// layer is not marked broken.
+#[test]
+fn a_lazy_daemon_falls_back_to_the_json_manifest_when_the_compact_one_is_missing() {
+    use object_store::ObjectStoreExt;
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, a, _) = pushed_by_a(&w, "nocompact", 1);
+    let layer = only_layer(&a);
+    let layer_id = only_layer_id(&a);
+    let (rt, client) = (runtime(), s3(&w));
+    rt.block_on(client.delete(&manifest_object("nocompact", &layer_id, "compact")))
+        .unwrap();
+    let b = Runner::new(&w, sb.path("store-b"), "nocompact", "");
+    let script = format!(
+        "cat $DATA/a/s1.txt $DATA/link && sha256sum < $DATA/big.bin && {}",
+        wait_complete(&b)
+    );
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    let big = sha256(&layer.join("tree/big.bin"));
+    assert_eq!(out(&rb), format!("small 1\ndeep\n{big}  -\n"));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    assert!(!stderr(&rb).contains("broken"), "{}", stderr(&rb));
+    let done = line_of(&rb, "layercache: data: fetched lazily ");
+    assert!(done.contains("now local"), "{done}");
+    let broken = project_dir(&b)
+        .join("partial")
+        .join(&layer_id)
+        .join("broken");
+    assert!(!broken.exists());
+    assert_store_verifies(&b);
     assert!(sb.mounts_below().is_empty());
 }

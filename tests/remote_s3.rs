@@ -796,3 +796,71 @@ fn command_stdout(o: &Output) -> String {
         .map(|l| format!("{l}\n"))
         .collect()
 }
+
+/// `remote push` to a prefix that has no key salt yet writes the store's own there: runner A
+/// filled a key with no remote configured (its salt is its own), then pushed it by hand; a
+/// fresh runner B of that remote adopts A's salt, so it computes A's key and hits it instead
+/// of filling and pushing a second key.
+#[test]
+fn remote_push_establishes_the_stores_key_salt_where_the_remote_has_none() {
+    use object_store::ObjectStoreExt;
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", DATA_SPEC);
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let mut a = Runner::new(&w, sb.path("store-a"), "salted", "");
+    a.url = None; // no remote: A's salt is its own
+    let ra = a.run(&sb, &spec, &[]);
+    assert_eq!(ra.status.code(), Some(0), "{}", stderr(&ra));
+    assert!(!stderr(&ra).contains("pushed key"), "{}", stderr(&ra));
+    let key = a.events()[0]["key"].as_str().unwrap().to_string();
+    let local_salt =
+        std::fs::read_to_string(sb.path("store-a/v1/projects/remote-data/key-salt")).unwrap();
+
+    a.url = Some(w.url("salted"));
+    let push = a.lc(&[
+        "remote",
+        "push",
+        "--project",
+        "remote-data",
+        "--cache",
+        "data",
+        &key,
+    ]);
+    assert!(push.status.success(), "{}", stderr(&push));
+    let (rt, client) = (
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+        s3(&w),
+    );
+    let path = object_store::path::Path::from("salted/v1/projects/remote-data/key-salt");
+    let remote_salt = rt
+        .block_on(async { client.get(&path).await?.bytes().await })
+        .expect("the push wrote the project's key salt");
+    assert_eq!(
+        String::from_utf8_lossy(&remote_salt).trim(),
+        local_salt.trim()
+    );
+
+    let b = Runner::new(&w, sb.path("store-b"), "salted", "").with_env("LAYERCACHE_LAZY", "0");
+    let rb = b.run(&sb, &spec, &["cat", "/dev/null"]);
+    assert_eq!(rb.status.code(), Some(0), "{}", stderr(&rb));
+    let e = &b.events()[0];
+    assert_eq!(
+        e["key"].as_str(),
+        Some(key.as_str()),
+        "B keys as A did: {e}"
+    );
+    assert_eq!(
+        (&e["result"], &e["remote_hit"]),
+        (&"hit".into(), &true.into()),
+        "{e}"
+    );
+    assert_eq!(b.remote_ls().len(), 1, "one key on the remote");
+    assert!(sb.mounts_below().is_empty());
+}

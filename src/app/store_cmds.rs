@@ -239,6 +239,7 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             r.files,
             if r.in_use { "yes" } else { "no" },
             match (r.partial_bytes, keys.is_empty()) {
+                (Some(_), _) if r.broken.is_some() => broken_note(r.broken.as_deref()),
                 (Some(b), _) => format!(
                     "(remote, mounted lazily: {} of {} here)",
                     size(b, a.bytes),
@@ -254,6 +255,30 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
         emit(&line);
     }
     Ok(0)
+}
+
+/// What `ls` says of a partial layer a run found broken (`why`, its first line, shortened):
+/// that it is broken and not used again (a lazy run of its key goes on as a local miss; a full
+/// pull does not read the partial layer).
+fn broken_note(why: Option<&str>) -> String {
+    let why = why.and_then(|w| w.lines().next()).unwrap_or_default();
+    let why: String = match why.chars().count() > 120 {
+        true => why.chars().take(119).chain(['…']).collect(),
+        false => why.to_string(),
+    };
+    match why.is_empty() {
+        true => "(remote, broken; not used again)".to_string(),
+        false => format!("(remote, broken: {why}; not used again)"),
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn a_broken_partial_layer_is_listed_as_broken_and_unused() {
+    let n = broken_note(Some("object abc: missing\nmore"));
+    assert_eq!(n, "(remote, broken: object abc: missing; not used again)");
+    assert!(broken_note(Some(&"x".repeat(500))).chars().count() < 200);
+    assert_eq!(broken_note(None), "(remote, broken; not used again)");
 }
 
 /// `layercache gc`.

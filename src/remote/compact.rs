@@ -87,7 +87,19 @@ pub(crate) enum WireKind {
 }
 
 fn bad(what: impl std::fmt::Display) -> Error {
-    Error::Failed(format!("compact manifest: {what}"))
+    bad_in(COMPACT, what)
+}
+
+/// What errors about a compact manifest start with.
+const COMPACT: &str = "compact manifest";
+
+/// What errors about a tree manifest start with.
+const TREE: &str = "tree manifest";
+
+/// An [`Error::Failed`] about the manifest form `form` ([`COMPACT`], [`TREE`]): `"<form>:
+/// <what>"`.
+fn bad_in(form: &str, what: impl std::fmt::Display) -> Error {
+    Error::Failed(format!("{form}: {what}"))
 }
 
 /// Encodes `m` (see the module docs).
@@ -230,24 +242,25 @@ pub(crate) fn encode_wire(w: &Wire) -> Result<Vec<u8>> {
 /// Errors: [`Error::Failed`] for a remote format other than
 /// [`super::manifest::REMOTE_MANIFEST_FORMAT`] or a header that does not parse.
 pub(crate) fn header(w: &Wire) -> Result<crate::store::Manifest> {
-    check_header(w.remote_format, &w.layer)
+    check_header(COMPACT, w.remote_format, &w.layer)
 }
 
-/// The layer's local manifest `layer` (JSON) of a manifest in `remote_format`. Errors: as
-/// [`header`].
-fn check_header(remote_format: u32, layer: &str) -> Result<crate::store::Manifest> {
+/// The layer's local manifest `layer` (JSON) of a manifest (of form `form`, which errors
+/// name) in `remote_format`. Errors: as [`header`].
+fn check_header(form: &str, remote_format: u32, layer: &str) -> Result<crate::store::Manifest> {
     let want = super::manifest::REMOTE_MANIFEST_FORMAT;
     if remote_format != want {
-        return Err(bad(format!(
-            "format {remote_format} is not supported (want {want})"
-        )));
+        return Err(bad_in(
+            form,
+            format!("format {remote_format} is not supported (want {want})"),
+        ));
     }
-    serde_json::from_str(layer).map_err(|e| bad(format!("its layer header: {e}")))
+    serde_json::from_str(layer).map_err(|e| bad_in(form, format!("its layer header: {e}")))
 }
 
 /// The [`Wire`] of a compact manifest. Errors: as [`decode`].
 fn decode_wire(bytes: &[u8]) -> Result<Wire> {
-    postcard::from_bytes(&unzstd(bytes, MAGIC, "compact manifest")?).map_err(bad)
+    postcard::from_bytes(&unzstd(bytes, MAGIC, COMPACT)?).map_err(bad)
 }
 
 /// `raw` as one zstd frame at [`LEVEL`] with its content checksum (a frame damaged in the
@@ -261,22 +274,24 @@ fn compress(raw: &[u8]) -> Result<Vec<u8>> {
     c.compress(raw).map_err(bad)
 }
 
-/// The zstd frame after `magic` in `bytes` (what `what` names), decoded.
+/// The zstd frame after `magic` in `bytes` (a manifest of form `form`, which errors name),
+/// decoded.
 ///
 /// Errors: [`Error::Failed`] for other first bytes, a frame that does not decode or decodes
 /// to more than 1 GiB.
-fn unzstd(bytes: &[u8], magic: &[u8; 8], what: &str) -> Result<Vec<u8>> {
+fn unzstd(bytes: &[u8], magic: &[u8; 8], form: &str) -> Result<Vec<u8>> {
+    let bad = |what: String| bad_in(form, what);
     let body = bytes
         .strip_prefix(magic.as_slice())
-        .ok_or_else(|| bad(format!("it does not start with the {what}'s magic bytes")))?;
+        .ok_or_else(|| bad(format!("it does not start with the {form}'s magic bytes")))?;
     let mut raw = Vec::new();
     zstd::stream::read::Decoder::new(body)
-        .map_err(bad)?
+        .map_err(|e| bad(e.to_string()))?
         .take(MAX_DECODED + 1)
         .read_to_end(&mut raw)
         .map_err(|e| bad(format!("zstd: {e}")))?;
     if raw.len() as u64 > MAX_DECODED {
-        return Err(bad("it decodes to more than 1 GiB"));
+        return Err(bad("it decodes to more than 1 GiB".into()));
     }
     Ok(raw)
 }
@@ -361,7 +376,7 @@ pub(crate) fn encode_tree(w: &Wire, compact: &[u8]) -> Result<Vec<u8>> {
 ///
 /// Errors: as [`decode`], for [`TREE_MAGIC`].
 pub(crate) fn decode_tree(bytes: &[u8]) -> Result<TreeHead> {
-    postcard::from_bytes(&unzstd(bytes, TREE_MAGIC, "tree manifest")?).map_err(bad)
+    postcard::from_bytes(&unzstd(bytes, TREE_MAGIC, TREE)?).map_err(|e| bad_in(TREE, e))
 }
 
 /// The [`TreePrefix`] of a tree manifest and the layer's local manifest it carries (format
@@ -369,9 +384,10 @@ pub(crate) fn decode_tree(bytes: &[u8]) -> Result<TreeHead> {
 ///
 /// Errors: as [`decode_tree`]; as [`header`].
 pub(crate) fn tree_prefix(bytes: &[u8]) -> Result<(TreePrefix, crate::store::Manifest)> {
-    let raw = unzstd(bytes, TREE_MAGIC, "tree manifest")?;
-    let (prefix, _): (TreePrefix, _) = postcard::take_from_bytes(&raw).map_err(bad)?;
-    let header = check_header(prefix.remote_format, &prefix.layer)?;
+    let raw = unzstd(bytes, TREE_MAGIC, TREE)?;
+    let (prefix, _): (TreePrefix, _) =
+        postcard::take_from_bytes(&raw).map_err(|e| bad_in(TREE, e))?;
+    let header = check_header(TREE, prefix.remote_format, &prefix.layer)?;
     Ok((prefix, header))
 }
 
@@ -556,6 +572,32 @@ mod tests {
                 assert!(same(&h) && h.prefix == head.prefix, "a flip at byte {i}");
             }
         }
+    }
+
+    /// Errors about a tree manifest name the tree manifest (what the run's warning and the
+    /// broken mark then say), errors about a compact one the compact one.
+    #[test]
+    fn errors_name_the_manifest_form_they_are_about() {
+        let w = to_wire(&sample_manifest()).unwrap();
+        let compact = encode_wire(&w).unwrap();
+        let t = encode_tree(&w, &compact).unwrap();
+        let no_magic = "tree manifest: it does not start with the tree manifest's magic bytes";
+        let e = decode_tree(&compact).err().unwrap().to_string();
+        assert_eq!(e, no_magic);
+        let e = tree_prefix(&compact).err().unwrap().to_string();
+        assert_eq!(e, no_magic);
+        for cut in [
+            decode_tree(&t[..t.len() / 2]).err(),
+            tree_prefix(&t[..12]).err(),
+        ] {
+            let e = cut.unwrap().to_string();
+            assert!(e.starts_with("tree manifest: "), "{e}");
+        }
+        let e = decode(&t).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "compact manifest: it does not start with the compact manifest's magic bytes"
+        );
     }
 
     #[test]

@@ -40,11 +40,28 @@ pub struct PushReport {
     pub manifest_bytes: u64,
     /// Milliseconds.
     pub ms: u64,
+    /// The remote's key salt of the project is not this store's (the remote had one before
+    /// this store's first push there): runners that use the remote key with its salt, so they
+    /// compute other keys than this store did and do not find this one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub salt_differs: bool,
 }
 
 impl PushReport {
     /// One human line.
     pub fn summary(&self, url: &str) -> String {
+        let line = self.outcome(url);
+        match self.salt_differs {
+            true => format!(
+                "{line}; but the remote's key salt of the project is not this store's, so \
+                 runners of the remote compute other keys and do not find this one"
+            ),
+            false => line,
+        }
+    }
+
+    /// What happened to the key, in words.
+    fn outcome(&self, url: &str) -> String {
         match self.result.as_str() {
             "exists" => format!(
                 "remote {url} already has key {} (another runner published it first); nothing \
@@ -87,7 +104,9 @@ impl LayerObjects {
 }
 
 impl Remote {
-    /// Pushes local layer `layer` of `pd` under `cache`/`key` (see the module docs).
+    /// Pushes local layer `layer` of `pd` under `cache`/`key` (see the module docs), after
+    /// making the store's key salt of the project the remote's when the remote has none
+    /// ([`Remote::establish_salt`]).
     ///
     /// Errors: [`super::RemoteError`] naming the remote; [`Error::Io`] reading the layer;
     /// [`Error::Failed`] when a local file no longer matches its object id (it is never sent).
@@ -117,6 +136,9 @@ impl Remote {
             inputs: pd.read_inputs(cache, key.as_str()),
         };
         self.block_on(None, async {
+            // The salt the key was made with goes first, when the remote has none: a fresh
+            // runner adopts the remote's salt, and must compute the keys pushed here.
+            report.salt_differs = self.establish_salt(pd).await? == Some(false);
             if self.key_record(project, cache, key).await?.is_some() {
                 report.result = "exists".into();
                 return Ok(());

@@ -9,9 +9,26 @@ use super::Remote;
 use super::error::{self, classify};
 use crate::error::{Error, Result};
 use crate::ids::ProjectId;
-use crate::store::{salt_from_hex, salt_to_hex};
+use crate::store::{ProjectDirs, salt_from_hex, salt_to_hex};
 
 impl Remote {
+    /// Before a key of `pd`'s project is pushed: the store's key salt of the project (what its
+    /// keys are made with) becomes the remote's when the remote has none, created there
+    /// create-only ([`Remote::agree_salt_async`]), so a fresh runner adopts it and computes
+    /// the keys this store pushes. `Some(true)` when the remote's salt is (now) the store's,
+    /// `Some(false)` when the remote had another, `None` when the store has no salt (its keys
+    /// were made without one: nothing to agree on).
+    ///
+    /// Errors: as [`Remote::agree_salt_async`]; [`Error::Failed`] for a local salt file that
+    /// is not one; [`Error::Io`] reading it.
+    pub(super) async fn establish_salt(&self, pd: &ProjectDirs) -> Result<Option<bool>> {
+        let Some(ours) = pd.read_salt()? else {
+            return Ok(None);
+        };
+        let agreed = self.agree_salt_async(&pd.project, &ours).await?;
+        Ok(Some(agreed == ours))
+    }
+
     /// The remote's key salt of `project`, or `proposed` once created there create-only (a
     /// conflict reads the one another runner created meanwhile).
     ///

@@ -46,6 +46,11 @@ pub struct LayerInfo {
     /// local layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial_bytes: Option<u64>,
+    /// For a partial layer a run found broken (a missing or corrupt remote object, a manifest
+    /// that breaks the rules: `partial/<layer>/broken`): why. Such a layer is not mounted
+    /// again; a run of its key goes on as a local miss. `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broken: Option<String>,
 }
 
 /// Options of [`super::Store::gc`].
@@ -165,6 +170,7 @@ impl Store {
                     in_use: lease::is_held(&l.lease_path(), Mode::Exclusive)?,
                     layer: id,
                     partial_bytes: None,
+                    broken: None,
                 });
             }
             out.extend(partial_layers(&pd, &mut keys)?);
@@ -767,6 +773,10 @@ fn remove_partials(
     Ok(n)
 }
 
+/// `broken` of a partial directory: why a run found the layer unusable (written by the tier
+/// that lays partial directories out; `ls` shows it).
+const PARTIAL_BROKEN: &str = "broken";
+
 /// The rows of `pd`'s partial layers (`partial/<layer>`) that are not published locally: what
 /// their `key.json` (the remote key record they were found by) says, with the bytes of the
 /// objects in their `held/`. An unreadable one is left out.
@@ -824,6 +834,9 @@ fn partial_layers(
             in_use: lease::is_held(&dir.join("lease"), Mode::Exclusive)?,
             layer: id,
             partial_bytes: Some(held),
+            broken: fs::read_to_string(dir.join(PARTIAL_BROKEN))
+                .ok()
+                .map(|why| why.trim().to_string()),
         });
     }
     Ok(out)

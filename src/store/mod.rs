@@ -210,8 +210,9 @@ pub enum Notice {
         /// The key.
         key: CacheKey,
     },
-    /// The other fill ended without publishing the key (its setup failed, or its run was
-    /// killed): this run, which waited for it, fills the key now.
+    /// The other run holding the key's fill lock ended without publishing the key (its setup
+    /// failed, its run was killed, or it mounted a remote layer lazily and this run could
+    /// not): this run, which waited for it, fills the key now. Said only when this run fills.
     FillTakenOver {
         /// The key.
         key: CacheKey,
@@ -252,8 +253,8 @@ impl std::fmt::Display for Notice {
             ),
             Notice::FillTakenOver { key } => write!(
                 f,
-                "the other fill of key {key} ended without publishing it (its setup failed or \
-                 its run was killed); filling it here"
+                "the other fill of key {key} ended without publishing it (its setup failed, its \
+                 run was killed, or it mounted a remote layer lazily); filling it here"
             ),
             Notice::Remote { message } => f.write_str(message),
             Notice::RemountFailed { mountpoint, error } => write!(

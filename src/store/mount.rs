@@ -338,7 +338,10 @@ impl Store {
     ) -> Result<Settled> {
         let mut fill: Option<Lease> = None;
         let mut gave_up = false;
-        // Set when this run got the fill lock by waiting for another run's fill.
+        // Set when this run got the fill lock by waiting for another run that held it: said
+        // ([`Notice::FillTakenOver`]) only if this run then fills the key itself — the other
+        // run may have mounted a remote layer lazily (publishing nothing here), and this one
+        // then does so too.
         let mut after_other_fill = false;
         let mut waited = Duration::ZERO;
         let (mut remote_tried, mut pulled) = (false, None);
@@ -356,12 +359,6 @@ impl Store {
                     }
                     None => continue,
                 }
-            }
-            if std::mem::take(&mut after_other_fill) {
-                // The filler let go of the lock and nothing was published: say why we fill.
-                self.notify(Notice::FillTakenOver {
-                    key: req.key.clone(),
-                });
             }
             if fill.is_none() && !gave_up {
                 if let Some(l) = Lease::try_acquire(fill_path, Mode::Exclusive)? {
@@ -405,13 +402,20 @@ impl Store {
                     None => {}
                 }
             }
-            match &found {
+            let lower = match &found {
                 Lookup::Restore { layer, .. } => match self.lease_layer(pd, layer)? {
-                    Some(l) => return Ok(Settled::new(found, Some(l), fill, waited, pulled)),
+                    Some(l) => Some(l),
                     None => continue,
                 },
-                _ => return Ok(Settled::new(found, None, fill, waited, pulled)),
+                _ => None,
+            };
+            if fill.is_some() && std::mem::take(&mut after_other_fill) {
+                // The other run let go of the lock and nothing was published: say why we fill.
+                self.notify(Notice::FillTakenOver {
+                    key: req.key.clone(),
+                });
             }
+            return Ok(Settled::new(found, lower, fill, waited, pulled));
         }
     }
 

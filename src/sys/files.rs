@@ -101,6 +101,39 @@ pub fn flock(fd: &impl AsRawFd, op: libc::c_int) -> io::Result<()> {
         }
     }
 }
+/// Takes (`lock`) or drops a write lock on the one byte at offset `at` of the file open as
+/// `fd`, owned by its open file description (`F_OFD_SETLK`, fcntl(2)); never waits. Another
+/// open file description's lock on that byte conflicts (another process's, or another `open`
+/// of the file in this one); the kernel drops the lock when the description's last descriptor
+/// closes, also when its process is killed. `fd` must be open for writing. Returns whether the
+/// lock is held now (`false`: another description holds it). `at` is at most `i64::MAX`.
+///
+/// Errors: the `fcntl` errno other than the conflict's `EAGAIN`/`EACCES` (`EINVAL` where the
+/// filesystem has no such locks, `EBADF` for a descriptor not open for writing).
+pub fn ofd_lock_byte(fd: &impl AsRawFd, at: u64, lock: bool) -> io::Result<bool> {
+    let start =
+        libc::off_t::try_from(at).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `flock` is plain data; all zeroes (l_pid 0, as F_OFD_SETLK requires) is valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = 1;
+    loop {
+        // SAFETY: valid fd; `fl` is a valid flock the kernel reads during the call only.
+        let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN | libc::EACCES) => return Ok(false),
+            _ => return Err(err),
+        }
+    }
+}
+
 /// `FS_IOC_GETFLAGS` (`_IOR('f', 1, long)`, include/uapi/linux/fs.h): reads the inode flags
 /// (`FS_IMMUTABLE_FL`, `FS_NOCOW_FL`…) through [`ioctl_fileattr`].
 pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601;

@@ -74,3 +74,37 @@ fn an_empty_buffer_asks_the_xattr_and_list_sizes() {
         assert!(n >= b"user.fish\0".len(), "{x:?}");
     }
 }
+
+/// Byte locks of one open file description conflict with another description's on the same
+/// byte only, never wait, and go with the description.
+#[test]
+fn ofd_byte_locks_conflict_per_open_file_description() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("locks");
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&p)
+            .unwrap()
+    };
+    let (a, b) = (open(), open());
+    let far = 1u64 << 61;
+    assert!(ofd_lock_byte(&a, far, true).unwrap());
+    assert!(ofd_lock_byte(&a, far, true).unwrap(), "its own lock again");
+    assert!(!ofd_lock_byte(&b, far, true).unwrap(), "held by the other");
+    assert!(
+        ofd_lock_byte(&b, far + 1, true).unwrap(),
+        "the next byte is free"
+    );
+    assert!(ofd_lock_byte(&a, far, false).unwrap());
+    assert!(ofd_lock_byte(&b, far, true).unwrap(), "released");
+    drop(b);
+    assert!(
+        ofd_lock_byte(&a, far + 1, true).unwrap(),
+        "closed: released"
+    );
+    assert!(ofd_lock_byte(&a, u64::MAX, true).is_err());
+}

@@ -10,9 +10,17 @@
 //! * **One fetch per object.** Every object of a unit in flight has a [`Flight`]; a demand
 //!   read of any of them waits for that flight instead of starting another, and each flight
 //!   ends as soon as its object is here (the object a reader asked for is stored first).
+//!   Across the daemons of one partial layer (concurrent runs on one store) the same holds
+//!   through [`FETCH_LOCKS`]: a unit claims each of its objects with a byte lock there (never
+//!   waiting for one), fetches only what it claimed, and then waits, holding no lock, for the
+//!   objects another daemon claimed to arrive in `held/` — or for their locks to go free (that
+//!   daemon failed or was killed: the kernel drops its locks), when it claims them itself. A
+//!   claimed object is looked for in `held/` again before it is fetched. After
+//!   [`Limits::bound`] a unit stops waiting and fetches what is left regardless.
 //! * **Verified before seen.** Bytes are written (to a temporary file in the partial
-//!   directory, renamed to `held/<hex>`) only after their length and blake3 match the
-//!   manifest; `held/<hex>` is what a reader opens. Nothing goes into the store's `objects/`
+//!   directory, `.fetch-*`, flocked by its writer until it is renamed; [`remove_stale_temps`]
+//!   removes those of a killed daemon; renamed to `held/<hex>`) only after their length and
+//!   blake3 match the manifest; `held/<hex>` is what a reader opens. Nothing goes into the store's `objects/`
 //!   while the layer is partial (so gc has nothing of it to race with): the pull that
 //!   completes the layer moves each held file into place as the store's object, with the
 //!   metadata of its files. A later run finds `held/` and never fetches an object twice.
@@ -89,6 +97,82 @@ pub(super) const COMPLETION_QUIET: Duration = Duration::from_millis(1500);
 
 /// Bytes of pack one trace replay unit fetches.
 pub(super) const TRACE_WINDOW: u64 = 1 << 20;
+
+/// `fetch-locks` of a partial directory: an empty file whose bytes stand for the layer's
+/// objects (at [`lock_offset`] of each id); a daemon holds an open file description lock on
+/// an object's byte while it fetches that object (see the module docs).
+pub(super) const FETCH_LOCKS: &str = "fetch-locks";
+
+/// The first bytes of the name of a fetch's temporary file in the partial directory.
+pub(super) const TEMP_PREFIX: &str = ".fetch-";
+
+/// How often a unit looks whether the objects another daemon claimed have arrived.
+const CLAIM_POLL: Duration = Duration::from_millis(20);
+
+/// How old a temporary file must be before [`remove_stale_temps`] takes it for a dead fetch's
+/// (its writer locks it right after creating it: this covers that moment).
+const TEMP_GRACE: Duration = Duration::from_secs(5);
+
+/// The byte of [`FETCH_LOCKS`] that stands for object `id`: 62 bits of the id (every daemon
+/// of a layer agrees on it; two objects sharing one only wait for each other).
+fn lock_offset(id: &ObjectId) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id.0[..8]);
+    u64::from_le_bytes(b) >> 2
+}
+
+/// Removes the temporary files of fetches (`.fetch-*`) in partial directory `dir` that no
+/// fetch is writing: a fetch holds a flock on its file from just after creating it until it
+/// has renamed it into `held/`, so a file whose flock is free and that is older than
+/// [`TEMP_GRACE`] is what a daemon killed mid-fetch left. Returns how many went; best effort
+/// (what cannot be read or removed is left for gc).
+pub(super) fn remove_stale_temps(dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in entries.flatten() {
+        if !e
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(TEMP_PREFIX.as_bytes())
+        {
+            continue;
+        }
+        let path = e.path();
+        let Ok(f) = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+        else {
+            continue;
+        };
+        let old = (f.metadata().and_then(|m| m.modified()).ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= TEMP_GRACE);
+        if !old || crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+            continue;
+        }
+        // Still the file we locked (not renamed away and replaced meanwhile).
+        let same = |a: &fs::Metadata, b: &fs::Metadata| {
+            use std::os::unix::fs::MetadataExt;
+            a.ino() == b.ino() && a.dev() == b.dev()
+        };
+        let ours = f.metadata().ok();
+        let named = fs::symlink_metadata(&path).ok();
+        if let (Some(a), Some(b)) = (&ours, &named)
+            && same(a, b)
+            && fs::remove_file(&path).is_ok()
+        {
+            n += 1;
+        }
+    }
+    if n > 0 {
+        let what = "lazy layer: removed stale fetch temporary files";
+        tracing::info!(dir = %dir.display(), removed = n, "{what}");
+    }
+    n
+}
 
 /// Who waits for a unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -325,6 +409,9 @@ pub(super) struct Shared {
     /// While the trace is replayed: a demand read starts no read-ahead (the trace says what
     /// comes next).
     replaying: AtomicBool,
+    /// [`FETCH_LOCKS`], open for writing (its own open file description: the locks of this
+    /// daemon); `None` where it cannot be had (objects are then fetched without claiming).
+    locks: Option<File>,
 }
 
 impl Shared {
@@ -418,6 +505,21 @@ impl Shared {
                 );
             }
         }
+        let lock_path = held.parent().unwrap_or(&held).join(FETCH_LOCKS);
+        let locks = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&lock_path)
+            .inspect_err(|e| {
+                let what = "lazy layer: no fetch locks (daemons of this layer may fetch an \
+                            object twice)";
+                tracing::warn!(path = %lock_path.display(), "{what}: {e}");
+            })
+            .ok();
         Ok(Shared {
             remote,
             project,
@@ -443,6 +545,7 @@ impl Shared {
             replaying: AtomicBool::new(false),
             pieces: by_object,
             pieced: Mutex::new(HashMap::new()),
+            locks,
         })
     }
 
@@ -744,20 +847,117 @@ impl Shared {
 
     /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone; `first`
     /// among them is made local first) for `class`, retrying transient failures until the
-    /// bound; every object of it is local when this returns `Ok`.
+    /// bound; every object of it is local when this returns `Ok`. Shares the work with the
+    /// other daemons of the layer: fetches only the objects it claims ([`Shared::claim`]), in
+    /// contiguous runs, and waits (holding no claim) for the rest to arrive from the daemon
+    /// that claimed them, claiming what that daemon lets go of; after [`Limits::bound`] it
+    /// fetches what is left without claiming.
     ///
     /// Errors: the remote's error (transient after the bound; a missing object or a corrupt
     /// one at once).
     async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32], class: Class) -> Result<()> {
         let t0 = Instant::now();
         let _done = scopeguard_log(unit.len(), t0);
-        retrying(self.limits, || async {
-            match self.loc[unit[0] as usize] {
-                Loc::Alone => self.fetch_alone(unit[0], class).await,
-                Loc::Packed { .. } => self.clone().fetch_packed(first, unit).await,
+        let mut todo = unit.to_vec();
+        loop {
+            todo.retain(|&u| !self.arrived(u));
+            if todo.is_empty() {
+                return Ok(());
             }
-        })
-        .await
+            let claim = self.claim(&todo, t0.elapsed() >= self.limits.bound);
+            // Looked for again once claimed: the daemon that held the claim may have just
+            // placed it.
+            let mine: Vec<u32> = (claim.objects.iter().copied())
+                .filter(|&u| !self.arrived(u))
+                .collect();
+            if mine.is_empty() {
+                drop(claim);
+                tokio::time::sleep(CLAIM_POLL).await;
+                continue;
+            }
+            for (run_first, run) in self.runs(first, &mine) {
+                retrying(self.limits, || async {
+                    match self.loc[run[0] as usize] {
+                        Loc::Alone => self.fetch_alone(run[0], class).await,
+                        Loc::Packed { .. } => self.clone().fetch_packed(run_first, &run).await,
+                    }
+                })
+                .await?;
+            }
+            drop(claim);
+        }
+    }
+
+    /// Whether object `o` is local, ending its flight (`Ok`) when it has just become so
+    /// (another daemon of the layer placed it in `held/`).
+    fn arrived(&self, o: u32) -> bool {
+        let was = self.state[o as usize].load(Relaxed) == LOCAL;
+        let now = was || self.is_local(o);
+        if now && !was {
+            self.done(o, Ok(()));
+        }
+        now
+    }
+
+    /// Claims for this daemon the objects of `todo` no other daemon of the layer claims (a
+    /// byte lock each in [`FETCH_LOCKS`], taken without waiting); all of them with `force` or
+    /// without the lock file. The claims go when the result is dropped.
+    fn claim(self: &Arc<Self>, todo: &[u32], force: bool) -> Claim {
+        let mut c = Claim {
+            shared: Arc::clone(self),
+            objects: Vec::new(),
+            offsets: Vec::new(),
+        };
+        for &u in todo {
+            let at = lock_offset(&self.ids[u as usize]);
+            match (&self.locks, force) {
+                (Some(f), false) => match crate::sys::ofd_lock_byte(f, at, true) {
+                    Ok(true) => {
+                        c.objects.push(u);
+                        c.offsets.push(at);
+                    }
+                    Ok(false) => {} // another daemon fetches it
+                    Err(e) => {
+                        tracing::debug!("lazy fetch: a fetch lock: {e}");
+                        c.objects.push(u);
+                    }
+                },
+                _ => c.objects.push(u),
+            }
+        }
+        c
+    }
+
+    /// `objects` (of one unit) as runs to fetch one GET each: each object stored alone on
+    /// its own, packed ones in runs of neighbours in their pack; the run holding `first`
+    /// comes first, with `first` as the object it makes local first (the others: their
+    /// first object).
+    fn runs(&self, first: u32, objects: &[u32]) -> Vec<(u32, Vec<u32>)> {
+        let mut runs: Vec<Vec<u32>> = Vec::new();
+        let key = |o: u32| match self.loc[o as usize] {
+            Loc::Packed { pack, pos, .. } => Some((pack, pos)),
+            Loc::Alone => None,
+        };
+        let mut sorted = objects.to_vec();
+        sorted.sort_by_key(|&o| key(o));
+        for o in sorted {
+            let joins = match (runs.last().and_then(|r| r.last()), key(o)) {
+                (Some(&prev), Some((pack, pos))) => {
+                    key(prev).is_some_and(|(pp, ppos)| pp == pack && ppos + 1 == pos)
+                }
+                _ => false,
+            };
+            match joins {
+                true => runs.last_mut().expect("joined a run").push(o),
+                false => runs.push(vec![o]),
+            }
+        }
+        if let Some(i) = runs.iter().position(|r| r.contains(&first)) {
+            runs.swap(0, i);
+        }
+        (runs.into_iter())
+            .map(|r| (if r.contains(&first) { first } else { r[0] }, r))
+            .collect()
     }
 
     /// One GET of the pack range of `unit` (objects made local by an earlier attempt are
@@ -844,15 +1044,18 @@ impl Shared {
             return self.pieced(o)?.fill(class != Class::Demand).await;
         }
         let tmp = self.temp();
-        let r = self.stream_to(o, &tmp).await;
-        let r = r.and_then(|()| self.place(o, &tmp));
+        let r = match create_temp(&tmp, 0o600) {
+            // Held open (and flocked) until placed.
+            Ok(mut f) => (self.stream_to(o, &mut f, &tmp).await).and_then(|()| self.place(o, &tmp)),
+            Err(e) => Err(e),
+        };
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
         }
         r
     }
 
-    /// GETs object `o` into `tmp` (created) in ranges of [`PIECE`] bytes, one after the
+    /// GETs object `o` into `f` (the new file `tmp`) in ranges of [`PIECE`] bytes, one after the
     /// other, each retried on its own after a stall (until the bound has passed since the last
     /// piece that arrived), hashing as it goes; checks length and blake3 at the end. A big
     /// object arriving slowly but steadily is never cut off: no request carries more than a
@@ -860,12 +1063,11 @@ impl Shared {
     ///
     /// Errors: as [`Shared::get_into`] once a piece's retries are over;
     /// [`RemoteError::Corrupt`](super::super::RemoteError) when the bytes do not match.
-    async fn stream_to(&self, o: u32, tmp: &Path) -> Result<()> {
+    async fn stream_to(&self, o: u32, f: &mut File, tmp: &Path) -> Result<()> {
         let id = self.ids[o as usize];
         let size = self.tree.objects[o as usize].1;
         let what = format!("fetching object {id}");
         let path = self.remote.layout.object(&self.project, &id);
-        let mut f = fs::File::create_new(tmp).map_err(|e| Error::io(tmp, e))?;
         let mut h = blake3::Hasher::new();
         let mut n = 0u64;
         while n < size {
@@ -905,14 +1107,11 @@ impl Shared {
     /// ([`Shared::place`]).
     fn store_bytes(&self, o: u32, bytes: &[u8]) -> Result<()> {
         let tmp = self.temp();
-        let r = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o400)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(bytes))
-            .map_err(|e| Error::io(&tmp, e))
-            .and_then(|()| self.place(o, &tmp));
+        // Held open (and flocked) until placed.
+        let r = create_temp(&tmp, 0o400).and_then(|mut f| {
+            f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+            self.place(o, &tmp)
+        });
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
         }
@@ -923,7 +1122,7 @@ impl Shared {
     /// sweeps a partial directory a run holds, so a file being written there is safe from it).
     fn temp(&self) -> PathBuf {
         let dir = self.held.parent().unwrap_or(&self.held);
-        dir.join(format!(".fetch-{}", crate::sys::random_hex(8)))
+        dir.join(format!("{TEMP_PREFIX}{}", crate::sys::random_hex(8)))
     }
 
     /// Makes the verified file `tmp` object `o`'s bytes: renames it to `held/<hex>` (what
@@ -948,6 +1147,9 @@ impl Shared {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 let _ = fs::remove_file(tmp);
             }
+            // A big object's file is shared by the daemons of the layer: the first to see
+            // every piece renamed it.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && held.exists() => {}
             Err(e) => return Err(Error::io(&held, e)),
         }
         self.state[o as usize].store(LOCAL, Relaxed);
@@ -1055,6 +1257,43 @@ impl Shared {
         }
         (n, bytes)
     }
+}
+
+/// The objects a unit claimed ([`Shared::claim`]): their fetch locks go when it is dropped.
+struct Claim {
+    shared: Arc<Shared>,
+    /// The objects this unit fetches.
+    objects: Vec<u32>,
+    /// The bytes of [`FETCH_LOCKS`] it holds.
+    offsets: Vec<u64>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(f) = &self.shared.locks {
+            for &at in &self.offsets {
+                let _ = crate::sys::ofd_lock_byte(f, at, false);
+            }
+        }
+    }
+}
+
+/// Creates the temporary file `path` (mode `mode`, failing if it exists) and flocks it, so
+/// [`remove_stale_temps`] leaves it alone while it is open.
+///
+/// Errors: [`Error::Io`] creating it.
+fn create_temp(path: &Path, mode: u32) -> Result<File> {
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    if let Err(e) = crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
+        tracing::debug!(path = %path.display(), "lazy fetch: locking a temporary file: {e}");
+    }
+    Ok(f)
 }
 
 /// Logs a unit's size and duration when it ends (debug).

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::fs;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -26,6 +27,11 @@ const KEY_RECORD: &str = "key.json";
 
 /// `cache` of a partial directory: the id of the cache the layer is of (what `ls` shows).
 const CACHE: &str = "cache";
+
+/// `publish.lock` of a partial directory: the runs that found the layer complete publish it
+/// one at a time (flock), the later one finding it published (the completing pull moves the
+/// files of `held/` into the store: two at once would take them from under each other).
+const PUBLISH_LOCK: &str = "publish.lock";
 
 /// Writes `body` to `path` through a temporary file beside it and a rename (readers see the
 /// old file or the new one, never a part).
@@ -259,7 +265,10 @@ impl Remote {
         }
     }
 
-    /// See [`crate::store::RemoteTier::finish_lazy`]: the line for the user, if any.
+    /// See [`crate::store::RemoteTier::finish_lazy`]: the line for the user, if any. Runs
+    /// that find the layer complete publish it one at a time ([`PUBLISH_LOCK`]); one that
+    /// finds it published meanwhile says so. Once the layer is published, the temporary files
+    /// of fetches that no daemon holds go from its partial directory.
     pub(in crate::remote) fn finish_lazy_layer(
         &self,
         store: &Store,
@@ -311,12 +320,34 @@ impl Remote {
             exact: true,
             record,
         };
+        // Held until this function returns; without the lock file, publish as before.
+        let lock_path = dir.join(PUBLISH_LOCK);
+        let _turn = (fs::OpenOptions::new().read(true).write(true).create(true))
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&lock_path)
+            .ok()
+            .filter(|f| crate::sys::flock(f, libc::LOCK_EX).is_ok());
+        let published = pd.read_key(cache, key).ok().flatten().as_ref() == Some(layer)
+            && pd.layer(layer).tree().is_dir();
+        if published {
+            super::fetch::remove_stale_temps(&dir);
+            return Some(format!(
+                "{fetched}; the layer is complete and now local (another run published it)"
+            ));
+        }
         Some(
             match self.pull_with(store, pd, cache, &found, Some(&dir.join(HELD))) {
-                Ok(r) => format!(
-                    "{fetched}; the layer is complete and now local ({} in {} ms)",
-                    r.result, r.ms
-                ),
+                Ok(r) => {
+                    // The partial directory is garbage now (gc removes it once no run holds
+                    // it); what a fetch cut off by a daemon's end left in it goes at once.
+                    super::fetch::remove_stale_temps(&dir);
+                    format!(
+                        "{fetched}; the layer is complete and now local ({} in {} ms)",
+                        r.result, r.ms
+                    )
+                }
                 Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
             },
         )

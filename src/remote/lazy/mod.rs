@@ -252,7 +252,8 @@ impl TableSlot {
 impl LazyLayer {
     /// Reads the partial directory of `spec`: its compact manifest when it has one (the tree
     /// and the fetcher come from it), else its tree manifest (the fetcher waits for
-    /// [`LazyLayer::fetch_table`]). Writes the layer's link groups ([`LINKS`]) when missing.
+    /// [`LazyLayer::fetch_table`]). Writes the layer's link groups ([`LINKS`]) when missing,
+    /// and removes the temporary files of fetches a killed daemon left there.
     ///
     /// Errors: [`crate::error::Error::Failed`] for a manifest that does not parse or breaks the
     /// rules; [`crate::error::Error`] reading it, opening the remote.
@@ -262,6 +263,8 @@ impl LazyLayer {
         let held = File::open(&held_dir).at(&held_dir)?;
         let dev = std::os::unix::fs::MetadataExt::dev(&held.metadata().at(&held_dir)?);
         let limits = Limits::from_env();
+        // What fetches of a daemon killed meanwhile left (another daemon's own are kept).
+        fetch::remove_stale_temps(&spec.dir);
         let tpath = spec.dir.join(TREE);
         let (tree, table) = match std::fs::read(&tpath) {
             Ok(bytes) => {
@@ -323,10 +326,11 @@ impl LazyLayer {
     /// The compact manifest the tree manifest's `prefix` names — its [`MANIFEST`]
     /// when an earlier run kept it, else fetched (retried with backoff while the remote fails
     /// transiently, until the bound of [`Limits`]) and kept — checked by its length and
-    /// digest; makes the fetcher from it.
+    /// digest; makes the fetcher from it. When the remote has no compact manifest, the JSON
+    /// one stands in ([`LazyLayer::table_from_json`]), as it does for a full pull.
     ///
-    /// Errors: a [`TableError`], broken when the manifest is missing, does not match or does
-    /// not parse.
+    /// Errors: a [`TableError`], broken when no manifest form is there, or one does not
+    /// match or does not parse.
     fn fetch_table(
         &self,
         spec: &LazySpec,
@@ -349,15 +353,22 @@ impl LazyLayer {
         let mpath = spec.dir.join(MANIFEST);
         let kept = std::fs::read(&mpath).ok().filter(|b| named(b));
         let fetched = kept.is_none();
+        let not_found = |e: &crate::error::Error| {
+            matches!(e, crate::error::Error::Remote { kind, .. }
+                if *kind == crate::error::RemoteKind::NotFound)
+        };
         let bytes = match kept {
             Some(b) => b,
             None => {
                 let what = "reading the compact manifest";
-                fetch::get_retrying(&remote, &path, what, self.limits).map_err(|e| {
-                    let broken = matches!(&e, crate::error::Error::Remote { kind, .. }
-                        if *kind == crate::error::RemoteKind::NotFound);
-                    fail(broken)(&e)
-                })?
+                match fetch::get_retrying(&remote, &path, what, self.limits) {
+                    Ok(b) => b,
+                    // As a full pull does: the JSON form when the compact one is missing.
+                    Err(e) if not_found(&e) => {
+                        return self.table_from_json(spec, prefix, &header, remote);
+                    }
+                    Err(e) => return Err(fail(false)(&e)),
+                }
             }
         };
         if !named(&bytes) {
@@ -444,6 +455,97 @@ impl LazyLayer {
                 Vec::new()
             }
         }
+    }
+
+    /// The fetcher made from the layer's JSON manifest, for a layer whose compact manifest is
+    /// missing from the remote (fetched with retries as [`LazyLayer::fetch_table`] fetches the
+    /// compact one). Its tree manifest names the compact form by digest, which cannot be
+    /// checked then; instead the JSON is checked as a full pull checks a manifest (it parses,
+    /// [`super::manifest::RemoteManifest::validate`]'s rules hold, its header is the tree
+    /// manifest's `header`: the same project, cache and layer) and must describe the tree
+    /// the daemon serves: the same entries and link groups as the tree manifest kept in the
+    /// partial directory ([`TREE`]), the same number of objects as `prefix` says. Nothing of
+    /// it is kept (the next run asks again).
+    ///
+    /// Errors: a [`TableError`], broken when the manifest is missing or fails those checks.
+    fn table_from_json(
+        &self,
+        spec: &LazySpec,
+        prefix: &super::compact::TreePrefix,
+        header: &crate::store::Manifest,
+        remote: Remote,
+    ) -> std::result::Result<Shared, TableError> {
+        use super::compact;
+        let path = remote.layout.manifest(&spec.project, &header.layer);
+        let what = "reading the JSON manifest (the compact one is missing)";
+        let bytes = fetch::get_retrying(&remote, &path, what, self.limits).map_err(|e| {
+            let broken = matches!(&e, crate::error::Error::Remote { kind, .. }
+                if *kind == crate::error::RemoteKind::NotFound);
+            TableError {
+                broken,
+                why: e.to_string(),
+            }
+        })?;
+        let url = remote.cfg.url.clone();
+        let corrupt = |detail: String| TableError {
+            broken: true,
+            why: crate::error::Error::from(super::RemoteError::Corrupt {
+                url: url.clone(),
+                what: format!("manifest {path}"),
+                detail,
+            })
+            .to_string(),
+        };
+        let m = compact::parse(&bytes).map_err(|e| corrupt(format!("it does not parse: {e}")))?;
+        drop(bytes);
+        m.validate().map_err(|e| corrupt(e.to_string()))?;
+        if &m.layer != header {
+            return Err(corrupt(format!(
+                "its header (layer {} of {}/{}) is not its tree manifest's (layer {} of {}/{})",
+                m.layer.layer,
+                m.layer.project,
+                m.layer.cache,
+                header.layer,
+                header.project,
+                header.cache
+            )));
+        }
+        let wire = compact::to_wire(&m).map_err(|e| corrupt(e.to_string()))?;
+        drop(m);
+        let tpath = spec.dir.join(TREE);
+        let tree = std::fs::read(&tpath)
+            .map_err(|e| e.to_string())
+            .and_then(|b| compact::decode_tree(&b).map_err(|e| e.to_string()))
+            .map_err(|e| TableError {
+                broken: false,
+                why: format!("{}: {e}", tpath.display()),
+            })?;
+        let same = postcard::to_stdvec(&wire.entries).ok()
+            == postcard::to_stdvec(&tree.entries).ok()
+            && wire.links == tree.links
+            && wire.objects.len() == prefix.objects as usize
+            && wire.entries.len() == self.tree.nodes.len();
+        drop(tree);
+        if !same {
+            return Err(corrupt(
+                "it does not describe the tree its tree manifest has".into(),
+            ));
+        }
+        let pieces = self.piece_table(spec, &remote, &header.layer);
+        let shared = Shared::new(
+            remote,
+            spec.project.clone(),
+            &wire,
+            self.tree.clone(),
+            LocalObjects::new(&spec.objects),
+            spec.dir.join(HELD),
+            self.limits,
+            pieces,
+        )
+        .map_err(|e| corrupt(e.to_string()))?;
+        std::thread::spawn(move || drop(wire));
+        tracing::info!("lazy layer: the object table is here (from the JSON manifest)");
+        Ok(shared)
     }
 
     /// The objects of the files `replay` lists (one path per line), in its order; an absent

@@ -5,7 +5,10 @@
 //! to [`MAX_AHEAD`] pieces). One fetch per piece, shared by every waiter (a demand read, the
 //! whole-object fill of a copy-up or of background completion), and one GET per object in
 //! flight: the kernel's read-ahead sends several READs at once, and GETs of one reader that
-//! competed for the link would each stall (a slow link then cut them off). Once every piece is
+//! competed for the link would each stall (a slow link then cut them off). The file is one
+//! per object (`.fetch-<id>.pieces`) for every daemon of the layer: a daemon fetches pieces
+//! only while it holds the object's piece claim (a byte lock in the fetch locks) and takes a
+//! piece another daemon wrote once it matched its CV. Once every piece is
 //! here the file is renamed into `held/` (the same inode: the fds readers hold see the same
 //! bytes) and the object is local like any other.
 
@@ -16,7 +19,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blake3::hazmat::ChainingValue;
 use object_store::{GetOptions, GetRange};
@@ -62,6 +65,20 @@ struct State {
     ahead: u32,
     /// Fetches of this object in flight (at most one).
     inflight: u32,
+    /// Another daemon of the layer holds the object's piece claim: no fetch starts before
+    /// this instant (pieces it writes are looked for meanwhile).
+    retry_at: Option<Instant>,
+    /// Since when the pieces have been another daemon's to fetch (after the fetcher's bound
+    /// this one fetches them all the same).
+    foreign_since: Option<Instant>,
+}
+
+/// How a fetch of pieces ended.
+enum Run {
+    /// It ran (with its error, if it failed).
+    Done(Option<Error>),
+    /// Another daemon of the layer holds the object's piece claim: nothing was fetched.
+    Foreign,
 }
 
 impl Pieced {
@@ -75,16 +92,35 @@ impl Pieced {
         size: u64,
         cvs: Vec<ChainingValue>,
     ) -> Result<Pieced> {
-        let tmp = shared.temp();
+        // One file per object for every daemon of the layer: pieces another daemon wrote
+        // are found there (each checked against its CV before it counts), also those a
+        // killed run left.
+        let dir = shared.held.parent().unwrap_or(&shared.held);
+        let tmp = dir.join(format!(
+            "{}{}.pieces",
+            super::TEMP_PREFIX,
+            shared.ids[o as usize].to_hex()
+        ));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create_new(true)
-            .mode(0o400)
-            .custom_flags(libc::O_CLOEXEC)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(&tmp)
-            .and_then(|f| f.set_len(size).map(|()| f))
+            .and_then(|f| {
+                if f.metadata()?.len() != size {
+                    f.set_len(size)?;
+                }
+                Ok(f)
+            })
             .map_err(|e| Error::io(&tmp, e))?;
+        // Flocked (shared) while any fd of it is open, readers' dups too: a daemon cleaning
+        // stale `.fetch-*` files of the partial directory leaves it alone.
+        if let Err(e) = crate::sys::flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+            tracing::debug!(path = %tmp.display(), "lazy fetch: locking a temporary file: {e}");
+        }
         let n = cvs.len();
         Ok(Pieced {
             shared,
@@ -123,7 +159,7 @@ impl Pieced {
     /// other for the link (the kernel's read-ahead sends several READs at once); waiters start
     /// the next when it ends. Caller holds `st`.
     fn start(self: &Arc<Self>, st: &mut State, from: u32, to: u32, demand: bool) {
-        if st.inflight > 0 {
+        if st.inflight > 0 || st.retry_at.is_some_and(|t| Instant::now() < t) {
             return;
         }
         let free = |st: &State, p: u32| !st.have[p as usize] && !st.busy[p as usize];
@@ -137,14 +173,80 @@ impl Pieced {
             end += 1;
         }
         st.inflight += 1;
+        let force = st
+            .foreign_since
+            .is_some_and(|t| t.elapsed() >= self.shared.limits.bound);
         let me = Arc::clone(self);
         self.shared.remote.rt.spawn(async move {
-            let r = me.fetch_run(first, end).await;
-            me.ended(first, end, r.err());
+            let r = me.claimed_run(first, end, force).await;
+            me.ended(first, end, r);
             if demand {
                 me.shared.opened();
             }
         });
+    }
+
+    /// Pieces `first..end` (busy for this fetch): fetched unless another daemon of the layer
+    /// fetches this object's pieces now (its claim, a byte lock in the partial directory's
+    /// fetch locks, is taken without waiting; with `force`, or without the lock file, the
+    /// fetch goes ahead regardless). Pieces found in the shared file already (another daemon
+    /// wrote them) are taken after their check; one GET covers the first run still missing.
+    async fn claimed_run(&self, first: u32, end: u32, force: bool) -> Run {
+        let s = &self.shared;
+        let at = super::lock_offset(&s.ids[self.o as usize]) + 1;
+        let held = match (&s.locks, force) {
+            (Some(f), false) => match crate::sys::ofd_lock_byte(f, at, true) {
+                Ok(got) => got,
+                Err(e) => {
+                    tracing::debug!("lazy fetch: a piece claim: {e}");
+                    true
+                }
+            },
+            _ => true,
+        };
+        let claimed = held && !force && s.locks.is_some();
+        let release = || {
+            if let (true, Some(f)) = (claimed, &s.locks) {
+                let _ = crate::sys::ofd_lock_byte(f, at, false);
+            }
+        };
+        for p in first..end {
+            if self.found(p) {
+                self.mark(p);
+            }
+        }
+        if !held {
+            return Run::Foreign;
+        }
+        let (missing, stop) = {
+            let st = self.state.lock();
+            let missing = (first..end).find(|&p| !st.have[p as usize]);
+            let stop = missing.map(|m| (m..end).find(|&p| st.have[p as usize]).unwrap_or(end));
+            (missing, stop)
+        };
+        let r = match (missing, stop) {
+            (Some(m), Some(e)) => self.fetch_run(m, e).await,
+            _ => Ok(()),
+        };
+        release();
+        Run::Done(r.err())
+    }
+
+    /// Whether piece `p` is in the file already (another daemon, or a run before, wrote it):
+    /// its bytes there match its CV.
+    fn found(&self, p: u32) -> bool {
+        let (at, to) = self.span(p);
+        let mut buf = vec![0u8; (to - at) as usize];
+        self.file.read_exact_at(&mut buf, at).is_ok() && piece_cv(at, &buf) == self.cvs[p as usize]
+    }
+
+    /// Piece `p` is in the file and checked: readers may have it.
+    fn mark(&self, p: u32) {
+        let mut st = self.state.lock();
+        st.have[p as usize] = true;
+        st.busy[p as usize] = false;
+        drop(st);
+        self.changed.notify_all();
     }
 
     /// GETs pieces `first..end` in one ranged request (a retry asks from the first piece not
@@ -242,18 +344,18 @@ impl Pieced {
             .write_all_at(bytes, at)
             .map_err(|e| Error::io(&self.tmp, e))?;
         s.counts.bytes.fetch_add(bytes.len() as u64, Relaxed);
-        let mut st = self.state.lock();
-        st.have[p as usize] = true;
-        st.busy[p as usize] = false;
-        drop(st);
-        self.changed.notify_all();
+        self.mark(p);
         Ok(())
     }
 
     /// A fetch of pieces `first..end` ended (with `err` if it failed): the pieces it did not
     /// write are free again and carry its error; a missing or corrupt object breaks the layer.
     /// When every piece is here the object becomes local.
-    fn ended(&self, first: u32, end: u32, err: Option<Error>) {
+    fn ended(&self, first: u32, end: u32, run: Run) {
+        let (err, foreign) = match run {
+            Run::Done(e) => (e, false),
+            Run::Foreign => (None, true),
+        };
         if let Some(e) = &err
             && matches!(
                 e,
@@ -271,11 +373,20 @@ impl Pieced {
         let why = err.map(|e| e.to_string());
         let mut st = self.state.lock();
         st.inflight -= 1;
+        if foreign {
+            st.retry_at = Some(Instant::now() + super::CLAIM_POLL);
+            st.foreign_since.get_or_insert_with(Instant::now);
+        } else {
+            st.retry_at = None;
+            st.foreign_since = None;
+        }
         for p in first..end {
             if !st.have[p as usize] {
                 st.busy[p as usize] = false;
-                let why = why.clone().unwrap_or_else(|| "not fetched".into());
-                st.failed.insert(p, why);
+                if !foreign {
+                    let why = why.clone().unwrap_or_else(|| "not fetched".into());
+                    st.failed.insert(p, why);
+                }
             }
         }
         let all = st.have.iter().all(|&h| h);
@@ -291,6 +402,9 @@ impl Pieced {
         if self.done.swap(true, Relaxed) {
             return;
         }
+        let _ = self
+            .file
+            .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o400));
         match self.shared.place_counted(self.o, &self.tmp, false) {
             Ok(()) => {
                 self.shared.pieced.lock().remove(&self.o);
@@ -332,7 +446,12 @@ impl Pieced {
                 self.start(&mut st, p, ahead_to.max(to), demand);
                 started |= st.busy[p as usize];
             }
-            self.changed.wait_for(&mut st, Duration::from_secs(3600));
+            // Deferred (another daemon's claim): look again soon; else the fetch's end wakes.
+            let nap = match st.busy[p as usize] || st.inflight > 0 {
+                true => Duration::from_secs(3600),
+                false => super::CLAIM_POLL,
+            };
+            self.changed.wait_for(&mut st, nap);
         }
     }
 
