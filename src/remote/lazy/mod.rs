@@ -389,22 +389,36 @@ impl LazyLayer {
             tracing::warn!("lazy layer: keeping the compact manifest: {e}");
         }
         drop(bytes);
-        let pieces = self.piece_table(spec, &remote, &header.layer);
-        let held = spec.dir.join(HELD);
-        let shared = Shared::new(
-            remote,
-            spec.project.clone(),
-            &wire,
-            self.tree.clone(),
-            LocalObjects::new(&spec.objects),
-            held,
-            self.limits,
-            pieces,
-        )
-        .map_err(|e| fail(true)(&e))?;
+        let shared = self
+            .fetcher(spec, remote, &wire, &header.layer)
+            .map_err(|e| fail(true)(&e))?;
         std::thread::spawn(move || drop(wire));
         tracing::info!("lazy layer: the object table is here");
         Ok(shared)
+    }
+
+    /// The fetcher of this layer from its object table `wire` (compact or JSON form) and its
+    /// piece table ([`LazyLayer::piece_table`]).
+    ///
+    /// Errors: as [`Shared::new`].
+    fn fetcher(
+        &self,
+        spec: &LazySpec,
+        remote: Remote,
+        wire: &super::compact::Wire,
+        layer: &crate::ids::LayerId,
+    ) -> crate::error::Result<Shared> {
+        let pieces = self.piece_table(spec, &remote, layer);
+        Shared::new(
+            remote,
+            spec.project.clone(),
+            wire,
+            self.tree.clone(),
+            LocalObjects::new(&spec.objects),
+            spec.dir.join(HELD),
+            self.limits,
+            pieces,
+        )
     }
 
     /// The layer's piece table (`remote/pieces.rs`): the partial directory's [`PIECES`] when
@@ -531,18 +545,8 @@ impl LazyLayer {
                 "it does not describe the tree its tree manifest has".into(),
             ));
         }
-        let pieces = self.piece_table(spec, &remote, &header.layer);
-        let shared = Shared::new(
-            remote,
-            spec.project.clone(),
-            &wire,
-            self.tree.clone(),
-            LocalObjects::new(&spec.objects),
-            spec.dir.join(HELD),
-            self.limits,
-            pieces,
-        )
-        .map_err(|e| corrupt(e.to_string()))?;
+        let shared = (self.fetcher(spec, remote, &wire, &header.layer))
+            .map_err(|e| corrupt(e.to_string()))?;
         std::thread::spawn(move || drop(wire));
         tracing::info!("lazy layer: the object table is here (from the JSON manifest)");
         Ok(shared)
