@@ -1412,6 +1412,22 @@ fn a_big_object_is_served_piece_by_piece_each_piece_verified() {
     );
     assert!(stderr(&rd).contains("is broken"), "{}", show(&rd));
     assert_store_verifies(&d);
+
+    // An object shorter than its manifest says (a read past its end gets a 416): broken too.
+    let mut body = rt
+        .block_on(async { client.get(obj).await.unwrap().bytes().await.unwrap() })
+        .to_vec();
+    body.truncate((8 * MIB) as usize);
+    rt.block_on(client.put(obj, body.into())).unwrap();
+    let e = Runner::via(&w, &link.endpoint(), sb.path("store-e"), "pieces", "");
+    let re = e.run_as(false, &sb, &spec, &["sh", "-c", check]);
+    let said = out(&re);
+    assert!(
+        said.contains("Input/output error") && !said.contains("dd=0"),
+        "{said}"
+    );
+    assert!(stderr(&re).contains("is broken"), "{}", show(&re));
+    assert_store_verifies(&e);
     assert!(sb.mounts_below().is_empty());
 }
 
@@ -1464,6 +1480,16 @@ fn a_local_hit_stores_its_trace_once_and_a_fresh_runner_replays_it() {
     assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
     assert_eq!(b.events()[0]["remote_lazy"], true);
     assert_eq!(out(&rb), want, "B replays A's hit's trace");
+
+    // A trace the key has already (a lazy run's, say) stays: a local hit only fills a gap.
+    rt.block_on(client.put(&path, "a/s1.txt\nc/z.txt\n".into()))
+        .unwrap();
+    std::fs::remove_file(only_layer(&a).join("trace-stored")).unwrap();
+    let hit = a.run_as(false, &sb, &spec, &["sh", "-c", "cat $DATA/a/s3.txt"]);
+    assert_eq!(hit.status.code(), Some(0), "{}", show(&hit));
+    let kept = rt.block_on(async { client.get(&path).await.unwrap().bytes().await.unwrap() });
+    assert_eq!(String::from_utf8_lossy(&kept), "a/s1.txt\nc/z.txt\n");
+    assert!(only_layer(&a).join("trace-stored").exists());
     assert!(sb.mounts_below().is_empty());
 }
 

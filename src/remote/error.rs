@@ -116,7 +116,7 @@ pub enum Kind {
     Timeout,
     /// 401/403.
     Denied,
-    /// 404.
+    /// 404, or 416 (a range past the object's end).
     NotFound,
     /// 409/412.
     Conflict,
@@ -160,7 +160,9 @@ pub fn classify(e: &object_store::Error) -> Kind {
     {
         return Kind::Denied;
     }
-    if text.contains("404 Not Found") {
+    // 416: a ranged GET past the object's end — the bytes asked for are not there (an object
+    // shorter than its manifest says; a lazy layer is broken by it as by a missing object).
+    if text.contains("404 Not Found") || text.contains("416 Range Not Satisfiable") {
         return Kind::NotFound;
     }
     if text.contains("error sending request") || text.contains("Connection refused") {

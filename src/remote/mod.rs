@@ -328,7 +328,7 @@ impl RemoteTier for Remote {
         trace: &std::path::Path,
     ) -> bool {
         let trace = std::fs::read(trace).unwrap_or_default();
-        !trace.is_empty() && self.put_trace(pd, cache, key, trace)
+        !trace.is_empty() && self.put_trace(pd, cache, key, trace, true)
     }
 
     fn location(&self) -> String {

@@ -46,8 +46,9 @@ pub trait RemoteTier: Send + Sync {
 
     /// After the mount of an exact local hit ended: stores the order in which its run first
     /// opened the layer's files (the file `trace`, one path per line; nothing when it is
-    /// absent or empty) beside `cache`/`key` in the tier, where a fresh runner's lazy mount
-    /// replays it. Returns whether it was stored. Never fails (a failure is logged).
+    /// absent or empty) beside `cache`/`key` in the tier where the key has none yet (a trace
+    /// there stays), for a fresh runner's lazy mount to replay. Returns whether the key has a
+    /// trace now. Never fails (a failure is logged).
     fn store_trace(
         &self,
         pd: &ProjectDirs,

@@ -44,7 +44,15 @@ pub(super) fn replace_file(path: &Path, body: &[u8]) -> Result<()> {
         name.unwrap_or_default(),
         crate::sys::random_hex(6)
     ));
-    fs::write(&tmp, body).at(&tmp)?;
+    // Mode 0644 whatever the umask (the daemon's is 0): what a partial directory keeps is
+    // written by its owner only.
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, body))
+        .at(&tmp)?;
     fs::rename(&tmp, path).at(path).inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
     })
@@ -238,26 +246,43 @@ impl Remote {
     }
 
     /// Stores a run's access `trace` (paths, one per line) beside `cache`/`key` of `pd`'s
-    /// project (`caches/<cache>/traces/<key>`, replaced: the newest run's), unless the remote
-    /// failed earlier in this process; within the lookup timeout. Returns whether it did; a
-    /// failure is logged.
+    /// project (`caches/<cache>/traces/<key>`): replacing the one there (a lazy run's: the
+    /// newest), or with `create_only` only where there is none (a local hit's: a trace a lazy
+    /// run recorded from an empty cache is kept), unless the remote failed earlier in this
+    /// process; within the lookup timeout. Returns whether the key has a trace now (stored, or
+    /// there already); a failure is logged.
     pub(in crate::remote) fn put_trace(
         &self,
         pd: &ProjectDirs,
         cache: &CacheId,
         key: &CacheKey,
         trace: Vec<u8>,
+        create_only: bool,
     ) -> bool {
         if !self.healthy.load(std::sync::atomic::Ordering::SeqCst) {
             return false;
         }
         let path = self.layout.trace(&pd.project, cache, key);
+        let opts = object_store::PutOptions {
+            mode: match create_only {
+                true => object_store::PutMode::Create,
+                false => object_store::PutMode::Overwrite,
+            },
+            ..Default::default()
+        };
         let put = async {
-            (self.store.put(&path, PutPayload::from(trace)).await)
+            (self
+                .store
+                .put_opts(&path, PutPayload::from(trace), opts)
+                .await)
                 .map_err(|e| self.error("storing the run's access trace", e))
         };
         match self.block_on(Some(self.cfg.lookup_timeout), put) {
             Ok(_) => true,
+            Err(Error::Remote {
+                kind: crate::error::RemoteKind::Conflict,
+                ..
+            }) => true,
             Err(e) => {
                 tracing::warn!("storing the run's access trace in the remote: {e}");
                 false
@@ -294,7 +319,7 @@ impl Remote {
         }
         let trace = fs::read(run_dir.join(TRACE)).unwrap_or_default();
         if !trace.is_empty() {
-            self.put_trace(pd, cache, key, trace);
+            self.put_trace(pd, cache, key, trace, false);
         }
         let fetched = format!(
             "{cache}: fetched lazily {} of {} ({} objects, {} GETs) while the run lasted{failed}",

@@ -58,8 +58,8 @@ struct State {
     have: Vec<bool>,
     /// A fetch holds the piece.
     busy: Vec<bool>,
-    /// Why the last fetch of a piece failed (cleared when one starts again).
-    failed: HashMap<u32, String>,
+    /// Why and when the last fetch of a piece failed (cleared when one starts again).
+    failed: HashMap<u32, (String, Instant)>,
     /// The last piece a reader asked for, and the read-ahead it got.
     last: Option<u32>,
     ahead: u32,
@@ -71,6 +71,9 @@ struct State {
     /// Since when the pieces have been another daemon's to fetch (after the fetcher's bound
     /// this one fetches them all the same).
     foreign_since: Option<Instant>,
+    /// Another daemon held the claim past the bound once: this one no longer waits for it
+    /// (a stopped daemon would otherwise cost every piece the bound).
+    forced: bool,
 }
 
 /// How a fetch of pieces ended.
@@ -173,9 +176,13 @@ impl Pieced {
             end += 1;
         }
         st.inflight += 1;
-        let force = st
+        if st
             .foreign_since
-            .is_some_and(|t| t.elapsed() >= self.shared.limits.bound);
+            .is_some_and(|t| t.elapsed() >= self.shared.limits.bound)
+        {
+            st.forced = true;
+        }
+        let force = st.forced;
         let me = Arc::clone(self);
         self.shared.remote.rt.spawn(async move {
             let r = me.claimed_run(first, end, force).await;
@@ -380,12 +387,13 @@ impl Pieced {
             st.retry_at = None;
             st.foreign_since = None;
         }
+        let now = Instant::now();
         for p in first..end {
             if !st.have[p as usize] {
                 st.busy[p as usize] = false;
                 if !foreign {
                     let why = why.clone().unwrap_or_else(|| "not fetched".into());
-                    st.failed.insert(p, why);
+                    st.failed.insert(p, (why, now));
                 }
             }
         }
@@ -421,8 +429,9 @@ impl Pieced {
     /// in flight. Every fetch ends (each GET has a progress deadline and a bound), so this
     /// does too.
     ///
-    /// Errors: the message of a failed fetch of a piece after this waiter started one, or of
-    /// a missing or corrupt object (the layer is broken).
+    /// Errors: the message of a failed fetch of a piece this waiter started or waited for (or
+    /// one that failed within the progress deadline before it came), or of a missing or
+    /// corrupt object (the layer is broken).
     fn wait(
         self: &Arc<Self>,
         from: u32,
@@ -432,6 +441,7 @@ impl Pieced {
     ) -> std::result::Result<(), String> {
         let mut st = self.state.lock();
         let mut started = false;
+        let entered = Instant::now();
         loop {
             if let Some(why) = self.shared.broken.lock().clone() {
                 return Err(why);
@@ -440,7 +450,12 @@ impl Pieced {
                 return Ok(());
             };
             if !st.busy[p as usize] {
-                if started && let Some(why) = st.failed.get(&p) {
+                // The fetch this waiter started or waited for failed (after its retries,
+                // within the bound), or one failed a moment ago: the error, not another round
+                // of retries (a reader gets EIO within about the bound).
+                if let Some((why, at)) = st.failed.get(&p)
+                    && (started || *at >= entered || at.elapsed() < self.shared.limits.progress)
+                {
                     return Err(why.clone());
                 }
                 self.start(&mut st, p, ahead_to.max(to), demand);
