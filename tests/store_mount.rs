@@ -1134,3 +1134,50 @@ fn a_cleared_project_leaves_nothing() {
     assert!(err.contains("kept") && !err.contains("gone"), "{err}");
     assert_eq!(env.layers("kept").len(), 1);
 }
+
+/// A partial layer (what a lazy mount fetched so far) counts against `max_size` and is
+/// evicted like a layer when no run holds it; one whose lease a run holds stays.
+#[test]
+fn gc_counts_and_evicts_partial_layers_no_run_holds() {
+    if !can_mount() {
+        return;
+    }
+    let env = Env::new();
+    let mnt = env.dir("mnt");
+    env.publish("p", "c", "a", &mnt, &[("data", "x")]);
+    let partial = env.store.join("v1/projects/p/partial");
+    for (name, kib) in [
+        ("01a2aaaaaaaa-aaaaaaaaaaaaaaaa", 64),
+        ("01a2bbbbbbbb-bbbbbbbbbbbbbbbb", 32),
+    ] {
+        let held = partial.join(name).join("held");
+        fs::create_dir_all(&held).unwrap();
+        fs::write(held.join("obj"), vec![7u8; kib << 10]).unwrap();
+        fs::write(partial.join(name).join("lease"), "").unwrap();
+    }
+    // A run holds the second one.
+    let lease = fs::File::open(partial.join("01a2bbbbbbbb-bbbbbbbbbbbbbbbb/lease")).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lease), libc::LOCK_SH) },
+        0
+    );
+    let r = env.json(&["--json", "gc", "--max-size", "1K", "--dry-run"]);
+    assert!(r["before"]["bytes"].as_u64().unwrap() >= 96 << 10, "{r}");
+    let r = env.json(&["--json", "gc", "--max-size", "1K"]);
+    let evicted: Vec<&str> = (r["evicted"].as_array().unwrap().iter())
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        evicted.contains(&"p/partial/01a2aaaaaaaa-aaaaaaaaaaaaaaaa"),
+        "{r}"
+    );
+    assert!(!partial.join("01a2aaaaaaaa-aaaaaaaaaaaaaaaa").exists());
+    assert!(
+        partial
+            .join("01a2bbbbbbbb-bbbbbbbbbbbbbbbb/held/obj")
+            .exists(),
+        "held by a run"
+    );
+    drop(lease);
+}

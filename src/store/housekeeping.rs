@@ -189,8 +189,9 @@ impl Store {
     /// `layercache gc`: removes stale staging and run directories (daemon dead), fill locks
     /// nobody holds, failed setups' kept logs older than 7 days (listing the others), empty host view directories a killed run made ([`super::reap_made_views`])
     /// and unpublished layers, then evicts least-recently-mounted layers (never a
-    /// mounted one) and quarantined entries (aged from when `verify` quarantined them; they
-    /// count against the limits like layers) until under the limits (config.toml, overridden
+    /// mounted one), quarantined entries (aged from when `verify` quarantined them; they
+    /// count against the limits like layers) and partial layers no run holds (their held
+    /// bytes count like a layer's; the remote has them) until under the limits (config.toml, overridden
     /// by `opts`), and removes objects no layer references. A dry run removes nothing and
     /// reports the same numbers (objects included: those only doomed trees link).
     ///
@@ -498,6 +499,9 @@ enum Doomable {
     Layer(LayerId),
     /// An entry of `quarantine/` (a layer directory, or `objects`).
     Quarantined(String),
+    /// A partial layer (`partial/<layer>`: what a lazy mount fetched so far; the remote
+    /// has all of it).
+    Partial(String),
 }
 
 /// Links into objects from the trees a gc removes, per project (inode → links): a dry run
@@ -578,6 +582,22 @@ impl Candidates {
             let tree = pd.quarantine().join(&name);
             self.push(pi, Doomable::Quarantined(name), &tree, age, false)?;
         }
+        // Partial layers: their held bytes count towards the limits like a layer's, and they
+        // go by the same LRU rule (a run mounting one holds its lease).
+        let root = pd.root.join("partial");
+        for name in read_names(&root)? {
+            if LayerId::new(&name).is_ok_and(|id| pd.layer(&id).tree().is_dir()) {
+                continue; // published: phase 1 removes it (or, in a dry run, counted it)
+            }
+            let dir = root.join(&name);
+            let in_use = lease::is_held(&dir.join("lease"), Mode::Exclusive)?;
+            let idle = fs::metadata(&dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .unwrap_or_default();
+            self.push(pi, Doomable::Partial(name), &dir, idle, in_use)?;
+        }
         Ok(orphans)
     }
 
@@ -627,6 +647,19 @@ impl Candidates {
                     }
                     true
                 }
+                Doomable::Partial(name) => {
+                    let dir = pd.root.join("partial").join(name);
+                    match Lease::try_acquire(&dir.join("lease"), Mode::Exclusive)? {
+                        Some(lease) => {
+                            if !dry {
+                                remove_tree(&dir)?;
+                            }
+                            drop(lease);
+                            true
+                        }
+                        None => false, // a run mounted it meanwhile
+                    }
+                }
             };
             if !gone {
                 continue;
@@ -637,6 +670,7 @@ impl Candidates {
             evicted.push(match what {
                 Doomable::Layer(id) => format!("{}/{id}", pd.project),
                 Doomable::Quarantined(name) => format!("{}/quarantine/{name}", pd.project),
+                Doomable::Partial(name) => format!("{}/partial/{name}", pd.project),
             });
         }
         Ok(evicted)
