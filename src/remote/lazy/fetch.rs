@@ -620,12 +620,7 @@ impl Shared {
                 return Ok(f);
             }
             if let Err(why) = self.fetch(o, DEMAND_WINDOW) {
-                let file = String::from_utf8_lossy(path);
-                tracing::error!(%file, "reading a lazily fetched file: {why}");
-                let mut failed = self.failed.lock();
-                if failed.len() < FAILED_KEPT {
-                    failed.push(format!("{file}: {why}"));
-                }
+                self.note_failed(&String::from_utf8_lossy(path), &why);
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
         }
@@ -685,11 +680,21 @@ impl Shared {
     /// A read of object `o` got EIO because of `why`: logged, and kept for the report.
     fn read_failed(&self, o: u32, why: &str) {
         let e = self.tree.object_entry[o as usize];
-        let file = String::from_utf8_lossy(&self.tree.nodes[e as usize].path).into_owned();
+        self.note_failed(
+            &String::from_utf8_lossy(&self.tree.nodes[e as usize].path),
+            why,
+        );
+    }
+
+    /// A read of `file` got EIO because of `why`: logged, and kept for the report (the first
+    /// [`FAILED_KEPT`] distinct ones: the kernel's read-ahead retries a failed range, and one
+    /// failure is said once).
+    fn note_failed(&self, file: &str, why: &str) {
         tracing::error!(%file, "reading a lazily fetched file: {why}");
+        let line = format!("{file}: {why}");
         let mut failed = self.failed.lock();
-        if failed.len() < FAILED_KEPT {
-            failed.push(format!("{file}: {why}"));
+        if failed.len() < FAILED_KEPT && !failed.contains(&line) {
+            failed.push(line);
         }
     }
 
