@@ -9,32 +9,24 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::layer::{LowerData, ReadGate};
+use super::layer::LowerData;
 
 /// A node's open data file as the cache keeps it: the file (what `Deref` gives), and for a
 /// lower file still arriving, the gate its reads wait on ([`LowerData`]).
-pub struct DataFile {
-    file: File,
-    gate: Option<Arc<dyn ReadGate>>,
-    fstat_is_meta: bool,
-}
+pub struct DataFile(LowerData);
 
 impl DataFile {
     /// The data file `d` as the cache keeps it.
     pub fn new(d: LowerData) -> DataFile {
-        DataFile {
-            file: d.file,
-            gate: d.gate,
-            fstat_is_meta: d.fstat_is_meta,
-        }
+        DataFile(d)
     }
 
-    /// Blocks until bytes `offset..offset + len` are readable ([`ReadGate::ready`]); at once
+    /// Blocks until bytes `offset..offset + len` are readable ([`super::layer::ReadGate::ready`]); at once
     /// for a complete file.
     ///
     /// Errors: `EIO` from the gate.
     pub fn ready(&self, offset: u64, len: u64) -> io::Result<()> {
-        match &self.gate {
+        match &self.0.gate {
             Some(g) => g.ready(offset, len),
             None => Ok(()),
         }
@@ -42,26 +34,26 @@ impl DataFile {
 
     /// Whether every byte is in place (no gate, or its [`ReadGate::complete`]).
     pub fn complete(&self) -> bool {
-        self.gate.as_ref().is_none_or(|g| g.complete())
+        self.0.gate.as_ref().is_none_or(|g| g.complete())
     }
 }
 
 impl std::os::fd::AsRawFd for DataFile {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.file.as_raw_fd()
+        self.0.file.as_raw_fd()
     }
 }
 
 impl std::os::fd::AsFd for DataFile {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.file.as_fd()
+        self.0.file.as_fd()
     }
 }
 
 impl std::ops::Deref for DataFile {
     type Target = File;
     fn deref(&self) -> &File {
-        &self.file
+        &self.0.file
     }
 }
 
@@ -137,9 +129,9 @@ impl FdCache {
             .fds
             .lock()
             .peek(&id)
-            .filter(|c| c.lower && c.file.fstat_is_meta)
+            .filter(|c| c.lower && c.file.0.fstat_is_meta)
             .map(|c| c.file.clone())?;
-        Some(crate::sys::fstat(&f.file))
+        Some(crate::sys::fstat(&f.0.file))
     }
 
     /// Drops node `id`'s cached fd (after a copy-up, so the next access opens the upper copy).

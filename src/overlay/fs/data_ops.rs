@@ -51,10 +51,10 @@ impl OverlayFs {
 
     /// Answers an OPEN (or the open half of a CREATE) of node `id`: copies the file up first
     /// when it is opened for writing (`write`), then decides passthrough, DIRECT_IO or cached
-    /// (see `passthrough.rs`; always cached for a lower file whose bytes are still arriving); `register` registers an fd as a backing file. `check` is the
-    /// open(2) flags of an OPEN for writing whose upper file must allow it
-    /// ([`Self::check_open_for_write`]): the file opened for that check is the one registered,
-    /// so the upper file is opened once.
+    /// (see `passthrough.rs`; always cached for a lower file whose bytes are still arriving);
+    /// `register` registers an fd as a backing file. `check` is the open(2) flags of an OPEN
+    /// for writing whose upper file must allow it ([`Self::check_open_for_write`]): the file
+    /// opened for that check is the one registered, so the upper file is opened once.
     ///
     /// Errors: `ENOENT` for a node that is gone, the errno of the check (EPERM for an
     /// immutable or append-only file), of the copy-up or of opening the data file.
