@@ -408,7 +408,7 @@ impl LazyLayer {
         wire: &super::compact::Wire,
         layer: &crate::ids::LayerId,
     ) -> crate::error::Result<Shared> {
-        let pieces = self.piece_table(spec, &remote, layer);
+        let pieces = self.piece_table(spec, &remote, wire, layer);
         Shared::new(
             remote,
             spec.project.clone(),
@@ -423,17 +423,25 @@ impl LazyLayer {
 
     /// The layer's piece table (`remote/pieces.rs`): the partial directory's [`PIECES`] when
     /// an earlier run kept it, else fetched from the remote (retried as the compact manifest
-    /// is) and kept; empty when the layer has no object longer than one piece, when the remote
+    /// is) and kept; empty when the layer stores no object alone (in no pack of `wire`) that
+    /// is longer than one piece, when the remote
     /// has none (a layer pushed by an older version: its big objects are fetched whole), or
     /// when it cannot be had or read (logged).
     fn piece_table(
         &self,
         spec: &LazySpec,
         remote: &Remote,
+        wire: &super::compact::Wire,
         layer: &crate::ids::LayerId,
     ) -> crate::remote::pieces::Table {
         use crate::remote::pieces;
-        if !(self.tree.objects.iter()).any(|&(_, size)| size > pieces::PIECE_LEN) {
+        // Only objects stored alone (in no pack of `wire`) have pieces: no GET without one.
+        let packed: std::collections::HashSet<u32> = (wire.packs.iter())
+            .flat_map(|(_, l)| l.iter().map(|&(o, _, _)| o))
+            .collect();
+        let alone = (self.tree.objects.iter())
+            .any(|&(w, size)| size > pieces::PIECE_LEN && !packed.contains(&w));
+        if !alone {
             return Vec::new();
         }
         let kept = spec.dir.join(PIECES);
