@@ -89,6 +89,10 @@ pub(crate) struct Event {
     /// See [`Event::remote_lazy`]: bytes still to fetch when the layer was mounted.
     #[serde(default)]
     pub lazy_bytes: u64,
+    /// The run adopted an idle warm mount of the layer (one an earlier run of it left,
+    /// `store/warm.rs`): the kernel's caches of the layer were warm.
+    #[serde(default)]
+    pub warm: bool,
     /// Regular files the promotion stored as new objects (`files - new_files` reused objects
     /// already in the store: the lower layer's or another version's).
     #[serde(default)]
@@ -540,6 +544,7 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
         pulled_ms: 0,
         remote_lazy: false,
         lazy_bytes: 0,
+        warm: false,
         new_files: 0,
         new_bytes: 0,
         why: Vec::new(),

@@ -237,7 +237,7 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
             r.layer.as_str(),
             size(r.bytes, a.bytes),
             r.files,
-            if r.in_use { "yes" } else { "no" },
+            in_use_cell(&r),
             match (r.partial_bytes, keys.is_empty()) {
                 (Some(_), _) if r.broken.is_some() => broken_note(r.broken.as_deref()),
                 (Some(b), _) => format!(
@@ -255,6 +255,16 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
         emit(&line);
     }
     Ok(0)
+}
+
+/// The IN-USE cell of `ls`: `yes` while a run mounts the layer, `warm` when only idle warm
+/// mounts (`store/warm.rs`) hold it, `no` otherwise.
+fn in_use_cell(r: &crate::store::LayerInfo) -> &'static str {
+    match (r.in_use, r.runs, r.warm) {
+        (false, _, _) => "no",
+        (true, 0, 1..) => "warm",
+        (true, _, _) => "yes",
+    }
 }
 
 /// What `ls` says of a partial layer a run found broken (`why`, its first line, shortened):
@@ -309,6 +319,12 @@ pub fn gc(global: &GlobalArgs, a: &GcArgs) -> Result<i32> {
             true => format!("{b} bytes"),
             false => size(b, false),
         };
+        if r.ended_warm > 0 {
+            emit(&format!(
+                "ended {} idle warm mount(s) (mounts kept for the next run of their layer)",
+                r.ended_warm
+            ));
+        }
         // Each layer evicted (or that a dry run would evict), then the totals.
         for layer in &r.evicted {
             let verb = if r.dry_run { "would evict" } else { "evicted" };

@@ -7,9 +7,8 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::Duration;
 
-use super::mount::{mount_fuse, preflight, raise_read_ahead, remount, wait_pidfd};
+use super::mount::{mount_fuse, preflight, raise_read_ahead, remount};
 use super::{OverlayConfig, fs, fusermount, options, ring};
 use crate::error::{Error, IoContext, Result};
 
@@ -125,11 +124,12 @@ pub fn cli_daemon(
         )
     };
     let report = ready.try_clone().ok();
-    if let Some(owner) = owner {
-        end_with_owner(owner, mountpoint)?;
-    }
-    let res =
-        read_daemon_config(config).and_then(|cfg| mount_foreground(&cfg, mountpoint, Some(ready)));
+    let res = read_daemon_config(config).and_then(|cfg| {
+        if let Some(owner) = owner {
+            super::warm::watch_owner(owner, mountpoint, cfg.control.as_deref())?;
+        }
+        mount_foreground(&cfg, mountpoint, Some(ready))
+    });
     if let (Err(e), Some(report)) = (&res, report) {
         let failure = DaemonFailure {
             exit: e.exit_code(),
@@ -140,30 +140,6 @@ pub fn cli_daemon(
         let _ = f.write_all(&[b"E".as_slice(), &body].concat());
     }
     res.map(|()| 0)
-}
-
-/// Ends the mount when process `owner` exits (even by `kill -9`): a thread waits on its pidfd,
-/// then lazily unmounts `mountpoint` and exits the daemon, which closes /dev/fuse and so aborts
-/// the connection for every bind of the mount in other mount namespaces too. An owner that is
-/// already gone ends the daemon at once.
-///
-/// Errors: [`Error::Io`] if the thread cannot be started.
-fn end_with_owner(owner: u32, mountpoint: &Path) -> Result<()> {
-    let mnt = mountpoint.to_path_buf();
-    let pidfd = crate::sys::pidfd_open(owner).ok();
-    std::thread::Builder::new()
-        .name("owner".into())
-        .spawn(move || {
-            if let Some(fd) = &pidfd {
-                while !wait_pidfd(fd, owner, Duration::from_secs(3600)) {}
-            }
-            tracing::info!(owner, mountpoint = %mnt.display(), "owner gone: unmounting");
-            let _ = fusermount::detach(&mnt);
-            super::layer::run_exit_hooks();
-            std::process::exit(0);
-        })
-        .map(drop)
-        .at(mountpoint)
 }
 
 /// What a daemon that could not mount reports to [`mount_daemon`] on its ready pipe (after

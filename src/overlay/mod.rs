@@ -35,6 +35,7 @@ mod privs;
 mod removed;
 mod ring;
 pub mod stack;
+pub mod warm;
 pub mod whiteout;
 
 pub use daemon::{DaemonFailure, cli_daemon, cli_overlay, mount_daemon, mount_foreground};

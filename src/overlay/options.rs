@@ -74,6 +74,11 @@ pub struct OverlayConfig {
     /// it beside the key for fresh runners' lazy mounts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_trace: Option<PathBuf>,
+    /// Where the daemon listens for its owner handing the mount back to the store and a later
+    /// run adopting it (`warm.rs`: `idle <ms>`, `adopt <pid>`, `end`); `None`: the mount ends
+    /// with its owner, as always. Only meaningful with an owner pid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<PathBuf>,
     /// Lower layers the daemon makes with the process's [`super::LayerMaker`] instead of
     /// opening `lowerdirs[index]` as a directory tree (the store's lazily fetched remote
     /// layers); empty for every mount of `layercache overlay`.
@@ -636,6 +641,7 @@ fn config(
         persist_handles: !read_only && !upperdir.as_os_str().is_empty(),
         made_lowers: Vec::new(),
         open_trace: None,
+        control: None,
         lowerdirs,
         upperdir,
         workdir,

@@ -47,6 +47,9 @@ pub struct Mounted {
     pub run: String,
     /// Remote tier: what was pulled for this mount, if it came from the remote.
     pub pulled: Option<crate::store::PullReport>,
+    /// The mount is an idle warm mount an earlier run of the layer left, adopted by this run
+    /// (`store/warm.rs`).
+    pub warm: bool,
 }
 
 /// What a promotion published.
@@ -375,6 +378,7 @@ fn mount_all(
             pulled_ms: mounted.pulled.as_ref().map_or(0, |p| p.ms),
             remote_lazy: mounted.pulled.as_ref().is_some_and(|p| p.lazy),
             lazy_bytes: mounted.pulled.as_ref().map_or(0, |p| p.lazy_bytes),
+            warm: mounted.warm,
             new_files: 0,
             new_bytes: 0,
             // Why a miss or restore, against the nearest layer's recorded inputs.
@@ -512,6 +516,7 @@ fn save_views(mounts: &mut Mounts<'_>, saves: &[&Prep]) -> Vec<Event> {
                     pulled_ms: 0,
                     remote_lazy: false,
                     lazy_bytes: 0,
+                    warm: false,
                     why: Vec::new(),
                     saved: true,
                     ..p.event.clone()

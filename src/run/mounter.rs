@@ -128,6 +128,7 @@ impl Mounter for StoreMounter {
             source: out.mountpoint,
             run: out.run,
             pulled: out.remote,
+            warm: out.warm,
         })
     }
 
@@ -188,7 +189,7 @@ impl Mounter for StoreMounter {
             return Ok(()); // never mounted, or its commit failed and put nothing back
         };
         let r = match self.store.find_run_id(&m.outcome.run)? {
-            Some(sm) => self.store.umount_run(sm),
+            Some(sm) => self.store.end_run(sm),
             None => Ok(()),
         };
         // Once unmounted, a discarded fill's lock file goes.

@@ -69,6 +69,7 @@ impl Mounter for Fake {
             source: mp.to_path_buf(),
             run: "fake".into(),
             pulled: None,
+            warm: false,
         })
     }
     fn commit(&self, mp: &Path, _: &crate::why::Inputs) -> Result<Committed> {

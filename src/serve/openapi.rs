@@ -257,7 +257,7 @@ pub fn document(cookie: &str) -> Value {
                     "caches": {"type": "array", "items": {"$ref": "#/components/schemas/CacheSummary"}}})),
                 "GcReport": s(json!({"dry_run": {"type": "boolean"}, "before": {"type": "object"}, "after": {"type": "object"},
                     "evicted": {"type": "array", "items": {"type": "string"}}, "in_use": {"type": "integer"}, "removed_objects": {"type": "integer"},
-                    "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "removed_orphans": {"type": "integer"}, "removed_partial": {"type": "integer"}, "removed_view_dirs": {"type": "integer"},
+                    "freed_bytes": {"type": "integer"}, "removed_staging": {"type": "integer"}, "removed_runs": {"type": "integer"}, "ended_warm": {"type": "integer"}, "removed_orphans": {"type": "integer"}, "removed_partial": {"type": "integer"}, "removed_view_dirs": {"type": "integer"},
                     "removed_failed_logs": {"type": "integer"}, "failed_logs": {"type": "array", "items": {"type": "string"}}}))
             }
         }

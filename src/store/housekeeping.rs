@@ -39,8 +39,15 @@ pub struct LayerInfo {
     pub bytes: u64,
     /// Regular files.
     pub files: u64,
-    /// Mounted right now.
+    /// Mounted right now (by a run, or by an idle warm mount: see `warm`).
     pub in_use: bool,
+    /// Idle warm mounts of the layer (`warm.rs`): mounts that outlived their run and wait
+    /// for the next run of the layer.
+    #[serde(default)]
+    pub warm: u32,
+    /// Runs (and `layercache mount`s) that mount the layer now, by their records.
+    #[serde(default)]
+    pub runs: u32,
     /// For a remote layer mounted lazily and not complete here yet (`partial/<layer>`): the
     /// bytes of its objects that are local (`bytes` is the whole layer's). `None` for a
     /// local layer.
@@ -87,6 +94,10 @@ pub struct GcReport {
     pub removed_staging: u64,
     /// Stale run directories removed (daemon dead).
     pub removed_runs: u64,
+    /// Idle warm mounts ended (`warm.rs`: an idle mount pins its layer; gc ends them all
+    /// before it plans eviction). A dry run ends none and counts none.
+    #[serde(default)]
+    pub ended_warm: u64,
     /// Unpublished (orphan) layers removed.
     pub removed_orphans: u64,
     /// Empty host view directories that killed runs made and left, removed
@@ -146,6 +157,7 @@ impl Store {
     pub fn list(&self, project: Option<&ProjectId>) -> Result<Vec<LayerInfo>> {
         let mut out = Vec::new();
         for pd in self.selected_projects(project)? {
+            let holders = super::warm::holders(&pd);
             let mut keys: HashMap<LayerId, Vec<CacheKey>> = HashMap::new();
             for (_, k, l) in pd.all_keys()? {
                 keys.entry(l).or_default().push(k);
@@ -168,6 +180,8 @@ impl Store {
                     bytes: m.counts.bytes,
                     files: m.counts.files,
                     in_use: lease::is_held(&l.lease_path(), Mode::Exclusive)?,
+                    warm: holders.get(&id).map_or(0, |h| h.idle),
+                    runs: holders.get(&id).map_or(0, |h| h.runs),
                     layer: id,
                     partial_bytes: None,
                     broken: None,
@@ -211,9 +225,12 @@ impl Store {
             ..GcReport::default()
         };
         let mut doomed = Doomed::new(pds.len());
-        // 0. Mounts a killed mount or commit left.
+        // 0. Mounts a killed mount or commit left; idle warm mounts (they pin their layers).
         if !dry {
             self.clear_all_leftover_mounts()?;
+            for pd in &pds {
+                report.ended_warm += self.reap_warm(pd);
+            }
         }
         // 1. Garbage from crashes: staging (no promotion runs: we hold the locks) and runs.
         // Their files may be the only links to objects (a killed pull's tree, a promoted
@@ -359,6 +376,8 @@ impl Store {
             }
         }
         let _lock = Lease::acquire(&pd.lock(), Mode::Exclusive)?;
+        // Idle warm mounts pin their layers: they end first.
+        self.reap_warm(&pd);
         let mut report = ClearReport::default();
         for id in pd.layer_ids()? {
             let l = pd.layer(&id);
@@ -437,6 +456,7 @@ impl Store {
     ) -> Result<ClearReport> {
         let pd = self.selected_projects(Some(project))?.remove(0);
         let _lock = Lease::acquire(&pd.lock(), Mode::Exclusive)?;
+        self.reap_warm(&pd);
         let mut report = ClearReport::default();
         if let Some(id) = pd.read_key(cache, key)? {
             if pd.evict(&id)? {
@@ -563,9 +583,19 @@ impl Candidates {
     ) -> Result<u64> {
         let mut orphans = 0;
         let published: HashSet<LayerId> = pd.all_keys()?.into_iter().map(|(_, _, l)| l).collect();
+        // A dry run ends no idle warm mount but plans as if it had (a real gc ends them all
+        // first): a layer only they hold counts as free.
+        let warm_only: HashSet<LayerId> = match dry {
+            true => (super::warm::holders(pd).into_iter())
+                .filter(|(_, h)| h.runs == 0 && h.idle > 0)
+                .map(|(l, _)| l)
+                .collect(),
+            false => HashSet::new(),
+        };
         for id in pd.layer_ids()? {
             let l = pd.layer(&id);
-            let in_use = lease::is_held(&l.lease_path(), Mode::Exclusive)?;
+            let in_use =
+                lease::is_held(&l.lease_path(), Mode::Exclusive)? && !warm_only.contains(&id);
             if !published.contains(&id) && !in_use {
                 orphans += 1;
                 if dry {
@@ -866,6 +896,8 @@ fn partial_layers(
             bytes: num("bytes"),
             files: num("files"),
             in_use: lease::is_held(&dir.join("lease"), Mode::Exclusive)?,
+            warm: 0,
+            runs: 0,
             layer: id,
             partial_bytes: Some(held),
             broken: fs::read_to_string(dir.join(PARTIAL_BROKEN))

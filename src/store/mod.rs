@@ -39,6 +39,7 @@ mod tier;
 mod trust;
 mod verify;
 mod views;
+mod warm;
 
 use std::fs;
 use std::path::{Path, PathBuf};

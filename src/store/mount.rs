@@ -129,6 +129,10 @@ pub struct MountOutcome {
     pub lookup_ms: u64,
     /// Milliseconds to mount (overlay ready).
     pub mount_ms: u64,
+    /// The mount is an idle warm mount of the layer that this run adopted (`warm.rs`): the
+    /// kernel's caches of the layer are those an earlier run left.
+    #[serde(default)]
+    pub warm: bool,
     /// Total milliseconds.
     pub total_ms: u64,
 }
@@ -453,6 +457,27 @@ impl Store {
     /// Errors: as [`Store::mount`]; a new run directory is removed on error.
     pub(super) fn mount_run(&self, m: RunMount<'_>) -> Result<Mount> {
         let t0 = Instant::now();
+        // An exact local hit's first opens are recorded (for fresh runners' lazy mounts of
+        // this key) until the layer's trace was stored once.
+        let tracing = self.remote.is_some()
+            && m.result == MountResult::Hit
+            && m.layer
+                .as_ref()
+                .is_some_and(|(id, _)| !m.pd.layer(id).trace_stored_path().exists());
+        let warm = m.reuse.is_none()
+            && super::warm::capable(
+                m.result,
+                m.layer.is_some() && m.lazy.is_none(),
+                m.mnt.is_none(),
+                m.req.owner.is_some(),
+                tracing,
+            );
+        if warm
+            && let Some((id, _)) = &m.layer
+            && let Some(a) = self.adopt_warm(m.pd, id, m.req)
+        {
+            return self.adopted(m, a, t0);
+        }
         let (run_id, run_dir) = match m.reuse {
             Some(d) => (
                 d.file_name()
@@ -467,12 +492,11 @@ impl Store {
                 (id, d)
             }
         };
-        let started =
-            start_daemon(&m, &run_id, &run_dir, self.remote.is_some()).inspect_err(|_| {
-                if m.reuse.is_none() {
-                    let _ = remove_tree(&run_dir);
-                }
-            })?;
+        let started = start_daemon(&m, &run_id, &run_dir, tracing, warm).inspect_err(|_| {
+            if m.reuse.is_none() {
+                let _ = remove_tree(&run_dir);
+            }
+        })?;
         let lazy_layer = m.lazy.as_ref().map(|(l, _)| l.layer.clone());
         let layer = m.layer.as_ref().map(|(id, _)| id.clone());
         if let Some(id) = &layer
@@ -503,10 +527,53 @@ impl Store {
                 lookup_ms: 0,
                 mount_ms: started.mount_ms,
                 total_ms: ms_since(t0),
+                warm: false,
             },
             leases: Leases {
                 fill: m.fill,
                 others,
+            },
+        })
+    }
+}
+
+impl Store {
+    /// The [`Mount`] of warm mount `a` that `m`'s run adopted: the layer's lease is this
+    /// process's (the daemon holds its own and the run's).
+    ///
+    /// Errors: [`Error::Io`] reading the layer's manifest.
+    fn adopted(&self, m: RunMount<'_>, a: super::warm::Adopted, t0: Instant) -> Result<Mount> {
+        let (id, lease) = m.layer.expect("an adopted mount is of a layer");
+        let l = m.pd.layer(&id);
+        if let Err(e) = l.touch_used() {
+            tracing::warn!(error = %e, "could not record the layer's last use");
+        }
+        let counts = l.manifest()?.counts;
+        let ms = ms_since(t0);
+        Ok(Mount {
+            outcome: MountOutcome {
+                result: MountResult::Hit,
+                project: m.pd.project.clone(),
+                cache: m.req.cache.clone(),
+                key: m.req.key.clone(),
+                matched_key: m.matched_key,
+                layer: Some(id),
+                bytes: counts.bytes,
+                files: counts.files,
+                mountpoint: a.rec.mountpoint.clone(),
+                run: a.rec.run.clone(),
+                daemon_pid: a.rec.daemon_pid,
+                fill_lock: false,
+                remote: None,
+                waited_ms: 0,
+                lookup_ms: 0,
+                mount_ms: ms,
+                total_ms: ms,
+                warm: true,
+            },
+            leases: Leases {
+                fill: m.fill,
+                others: vec![lease],
             },
         })
     }
@@ -566,7 +633,13 @@ struct Started {
 /// was stored once. The caller removes a new run directory on error.
 ///
 /// Errors: as [`Store::mount`].
-fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path, remote: bool) -> Result<Started> {
+fn start_daemon(
+    m: &RunMount<'_>,
+    run_id: &str,
+    run_dir: &Path,
+    tracing: bool,
+    warm: bool,
+) -> Result<Started> {
     let upper = run_dir.join("upper");
     let work = run_dir.join("work");
     let mnt = match m.mnt {
@@ -605,10 +678,7 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path, remote: bool) ->
         cfg.lower_links = vec![links];
         // An exact hit's first opens, for fresh runners' lazy mounts of this key (stored
         // once per layer: `trace-stored`).
-        if remote
-            && m.result == super::runs::MountResult::Hit
-            && !m.pd.layer(id).trace_stored_path().exists()
-        {
+        if tracing {
             cfg.open_trace = Some(run_dir.join(super::runs::OPEN_TRACE));
         }
     }
@@ -652,7 +722,11 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path, remote: bool) ->
         squash: m.req.squash,
         passthrough: m.req.passthrough,
         mounter_pid: Some(std::process::id()),
+        warm,
     };
+    if warm {
+        cfg.control = Some(run_dir.join(super::warm::CONTROL));
+    }
     write_record(run_dir, &rec)?;
     let tm = Instant::now();
     let pid = overlay::mount_daemon(&cfg, &mnt, hold, m.req.owner)?;
@@ -662,6 +736,9 @@ fn start_daemon(m: &RunMount<'_>, run_id: &str, run_dir: &Path, remote: bool) ->
     if let Err(e) = write_record(run_dir, &rec) {
         let _ = overlay::unmount(&mnt, Some(pid), UNMOUNT_WAIT);
         return Err(e);
+    }
+    if warm {
+        super::warm::record_baseline(run_dir);
     }
     Ok(Started {
         mnt,

@@ -94,6 +94,10 @@ pub struct RunRecord {
     /// ends, [`super::RemoteTier::finish_lazy`] stores its trace and publishes it if complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy_layer: Option<LayerId>,
+    /// The mount may outlive its run as an idle warm mount (`warm.rs`): its daemon listens
+    /// on the run directory's control socket.
+    #[serde(default)]
+    pub warm: bool,
 }
 
 /// A store mount found by [`Store::store_mount`]: its canonical mountpoint, run record and
@@ -313,6 +317,17 @@ impl Store {
         Ok(n)
     }
 
+    /// The end of a run's mount: hands it back as an idle warm mount when its run changed
+    /// nothing in it ([`Store::release_warm`], `warm.rs`), else [`Store::umount_run`].
+    ///
+    /// Errors: as [`Store::umount_run`].
+    pub fn end_run(&self, m: StoreMount) -> Result<()> {
+        if self.release_warm(&m) {
+            return Ok(());
+        }
+        self.umount_run(m)
+    }
+
     /// Unmounts a store mount found by [`Store::store_mount`] (waiting for its daemon) and
     /// deletes its run directory (the private upper is discarded); every other mount of this
     /// store's runs stacked at its mountpoint goes too ([`Store::clear_leftover_mounts`]).
@@ -395,7 +410,7 @@ pub(super) fn remove_stale_run(dir: &Path) -> Result<()> {
 
 /// Reads `run.json` of `run_dir`; `None` when it is missing or unreadable (a run being set
 /// up, or garbage).
-fn read_record(run_dir: &Path) -> Option<RunRecord> {
+pub(super) fn read_record(run_dir: &Path) -> Option<RunRecord> {
     let text = fs::read(run_dir.join("run.json")).ok()?;
     serde_json::from_slice(&text).ok()
 }

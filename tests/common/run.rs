@@ -155,8 +155,24 @@ impl Sandbox {
         }
     }
 
-    /// Mountpoints below the sandbox, deepest first.
+    /// Mountpoints below the sandbox, deepest first, except the store's idle warm mounts
+    /// (`runs/<run>/mnt` of a run directory holding `idle`: a mount kept for the next run of
+    /// its layer, which the store owns and ends by itself): what a run left behind.
     pub fn mounts_below(&self) -> Vec<String> {
+        let mut v = self.all_mounts_below();
+        v.retain(|mp| !Path::new(mp).with_file_name("idle").exists());
+        v
+    }
+
+    /// The store's idle warm mounts below the sandbox.
+    pub fn warm_mounts(&self) -> Vec<String> {
+        let mut v = self.all_mounts_below();
+        v.retain(|mp| Path::new(mp).with_file_name("idle").exists());
+        v
+    }
+
+    /// Every mountpoint below the sandbox, deepest first.
+    pub fn all_mounts_below(&self) -> Vec<String> {
         let root = self.dir.path().to_string_lossy().to_string();
         let text = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         let mut v: Vec<String> = text
@@ -172,7 +188,7 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        for mp in self.mounts_below() {
+        for mp in self.all_mounts_below() {
             let ok = Command::new(BIN)
                 .args(["umount", &mp])
                 .output()
