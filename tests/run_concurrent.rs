@@ -52,7 +52,10 @@ fn run_dirs(sb: &Sandbox) -> Vec<PathBuf> {
             .flatten()
             .flatten()
         {
-            out.push(r.path());
+            // An idle warm mount's run directory is the store's, not a run's leftover.
+            if !r.path().join("idle").exists() {
+                out.push(r.path());
+            }
         }
     }
     out

@@ -1,9 +1,8 @@
-//! Warm mounts through the binary: a run of an exact hit that changed nothing in its cache
-//! leaves its mount idle for the next run of the layer, which adopts it (same daemon, same
-//! kernel caches); a run that wrote, deleted, renamed or chmod-ed anything is never handed
-//! back, and the next run sees the layer as published; a kill -9 of a run on an adopted mount
-//! leaves nothing; idle mounts end by time, by `gc` and with `LAYERCACHE_WARM_IDLE=0` none is
-//! kept.
+//! Warm mounts through the binary: a run of an exact hit leaves its mount idle for the next
+//! run of the layer, which adopts it (same daemon, same kernel caches); whatever a run wrote,
+//! deleted, renamed or chmod-ed is dropped before the mount is handed back, and every run sees
+//! the layer as published; a kill -9 of a run on an adopted mount leaves nothing; idle mounts
+//! end by time, by `gc`, and with `LAYERCACHE_WARM_IDLE=0` none is kept.
 //!
 //! Real FUSE mounts as root with /dev/fuse (a skip otherwise, a failure when `CI` is set);
 //! everything is below the test's sandbox, whose Drop unmounts anything left.
@@ -26,9 +25,10 @@ env = { DEPS = "{mount}" }
 setup = "mkdir -p $DEPS/a/b && for i in 1 2 3; do echo v$i > $DEPS/a/f$i; done && echo deep > $DEPS/a/b/d && ln -s f1 $DEPS/a/link && chmod 640 $DEPS/a/f3"
 "#;
 
-/// What a run sees of the cache: every path with its type, mode, size and content digest.
+/// What a run sees of the cache: every path with its type, mode, size, mtime, link count,
+/// owner and content digest.
 const SHOW: &str = "cd $DEPS && find . | sort | while read -r p; do \
-    printf '%s %s ' \"$p\" \"$(stat -c '%F %a %s' \"$p\")\"; \
+    printf '%s %s ' \"$p\" \"$(stat -c '%F %a %s %Y %h %u' \"$p\")\"; \
     if [ -f \"$p\" ] && [ ! -L \"$p\" ]; then md5sum < \"$p\"; else echo; fi; done";
 
 fn sandbox() -> (Sandbox, std::path::PathBuf) {
@@ -39,7 +39,18 @@ fn sandbox() -> (Sandbox, std::path::PathBuf) {
 }
 
 fn run(sb: &Sandbox, spec: &Path, script: &str, envs: &[(&str, &str)]) -> Output {
-    let mut cmd = sb.command(spec, &sb.work(), &[], &["sh", "-c", script]);
+    run_flags(sb, spec, &[], script, envs)
+}
+
+/// [`run`] with run flags (`--passthrough off`).
+fn run_flags(
+    sb: &Sandbox,
+    spec: &Path,
+    flags: &[&str],
+    script: &str,
+    envs: &[(&str, &str)],
+) -> Output {
+    let mut cmd = sb.command(spec, &sb.work(), flags, &["sh", "-c", script]);
     cmd.envs(envs.iter().copied());
     let out = cmd.output().unwrap();
     eprintln!("run {script:?}: {}", show(&out));
@@ -90,12 +101,13 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Run 2 adopts the mount run 1 left (the same daemon); a run that wrote, deleted, renamed,
-/// chmod-ed, made a directory and a symlink, or created and removed a file at the cache's root
-/// is not handed back, and the next run sees the layer byte for byte as published (the same
-/// listing as a fresh mount's).
+/// Run 2 adopts the mount run 1 left (the same daemon). A run that wrote, deleted, renamed,
+/// chmod-ed, made a directory, a symlink or a hard link, truncated, made a directory opaque,
+/// or created and removed a file at the cache's root has its changes dropped by the daemon
+/// (`overlay/fs/reset.rs`) and its mount is handed back: the next run adopts the same mount
+/// and sees the layer byte for byte as published (the listing a fresh mount showed).
 #[test]
-fn a_run_that_changed_nothing_leaves_its_mount_warm_and_one_that_wrote_does_not() {
+fn every_run_adopts_the_same_mount_and_sees_none_of_the_last_runs_changes() {
     if !can_mount() {
         return;
     }
@@ -135,8 +147,8 @@ fn a_run_that_changed_nothing_leaves_its_mount_warm_and_one_that_wrote_does_not(
     assert_eq!(sb.warm_mounts(), warm);
     assert_eq!(daemon_of(&warm[0]), daemon);
 
-    // Each of these changes ends the mount with its run; the next run adopts nothing and
-    // sees the published layer.
+    // Each of these changes is dropped when its run ends; the next run adopts the same mount
+    // and sees the published layer.
     let changes = [
         "echo changed > $DEPS/a/f1",
         "rm $DEPS/a/f2",
@@ -148,29 +160,39 @@ fn a_run_that_changed_nothing_leaves_its_mount_warm_and_one_that_wrote_does_not(
         "rmdir $DEPS/a/b 2>/dev/null || rm -r $DEPS/a/b",
         "ln $DEPS/a/f1 $DEPS/a/hard",
         "truncate -s 0 $DEPS/a/b/d",
+        "rm -r $DEPS/a && mkdir -p $DEPS/a/b && echo other > $DEPS/a/f1",
+        "mv $DEPS/a $DEPS/z",
+        "echo new > $DEPS/a/f4 && cat $DEPS/a/f4 && ls $DEPS/a",
+        "setfattr -n user.x -v 1 $DEPS/a/f1 2>/dev/null || chmod 444 $DEPS/a/f1",
+        "touch -d @0 $DEPS/a $DEPS/a/f2",
+        "cat $DEPS/a/f1 $DEPS/a/b/d > /dev/null",
     ];
     for change in changes {
         let warm = sb.warm_mounts();
         assert_eq!(warm.len(), 1, "before {change:?}");
-        let daemon = daemon_of(&warm[0]);
-        let out = run(&sb, &spec, change, &[]);
+        // What this run sees first: the published layer, even in a mount the run before
+        // changed.
+        let look = format!("{SHOW}; echo ---; {change}");
+        let out = run(&sb, &spec, &look, &[]);
         assert_eq!(
             event(&out)["warm"],
             true,
             "{change:?} ran on the warm mount"
         );
-        wait_until(
-            "the changed mount's daemon exits",
-            Duration::from_secs(10),
-            || !alive(daemon),
+        let seen = stdout(&out);
+        let before = seen.split("\n---").next().unwrap_or_default();
+        assert_eq!(before, published, "before {change:?}");
+        assert_eq!(sb.warm_mounts(), warm, "not kept after {change:?}");
+        assert_eq!(
+            daemon_of(&warm[0]),
+            daemon,
+            "another daemon after {change:?}"
         );
-        assert!(sb.warm_mounts().is_empty(), "kept after {change:?}");
         assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
-        let after = run(&sb, &spec, SHOW, &[]);
-        let ev = event(&after);
-        assert_eq!(ev["warm"], false, "adopted after {change:?}: {ev}");
-        assert_eq!(stdout(&after), published, "after {change:?}");
     }
+    let after = run(&sb, &spec, SHOW, &[]);
+    assert_eq!(event(&after)["warm"], true);
+    assert_eq!(stdout(&after), published, "after every change");
 }
 
 /// A kill -9 of a run on an adopted mount ends the mount with it (the daemon follows its new
@@ -265,4 +287,162 @@ fn idle_mounts_end_by_time_by_gc_and_not_at_all_when_off() {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(runs, 0, "the ended mounts' run directories are removed");
+}
+
+/// A cache of five directories of files of 10 B to 300 KiB (page cache beyond one page),
+/// symlinks and hard links, for the random changes below.
+const BIG_SPEC: &str = r#"project = "r"
+[[cache]]
+id = "deps"
+key_files = ["deps.lock"]
+env = { DEPS = "{mount}" }
+setup = "for d in 0 1 2 3 4; do mkdir -p $DEPS/d$d/sub; for f in 0 1 2 3 4 5; do head -c $(( (d * 7 + f * 13) * 2311 + 10 )) /dev/urandom > $DEPS/d$d/f$f; done; echo s > $DEPS/d$d/sub/s; ln -s f0 $DEPS/d$d/link; done; ln $DEPS/d0/f1 $DEPS/d1/hard; chmod 600 $DEPS/d2/f2"
+"#;
+
+/// A small deterministic generator (xorshift), so a failure names the seed that made it.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// One random change to the cache, as a shell command (it may fail: a path an earlier change
+/// of the same run removed; `|| true` keeps the run going).
+fn random_change(r: &mut Rng) -> String {
+    let d = format!("$DEPS/d{}", r.below(5));
+    let f = format!("{d}/f{}", r.below(6));
+    let g = format!("$DEPS/d{}/f{}", r.below(5), r.below(6));
+    let cmd = match r.below(14) {
+        0 => format!("cat {f} > /dev/null; echo more >> {f}"),
+        1 => format!(
+            "head -c 70000 {f} > /dev/null; dd if=/dev/zero of={f} bs=1k count=3 seek=1 conv=notrunc status=none"
+        ),
+        2 => format!("truncate -s {} {f}", r.below(200_000)),
+        3 => format!("rm -f {f}"),
+        4 => format!("mv {f} {g}"),
+        5 => format!("chmod {} {f}", ["600", "755", "444", "700"][r.below(4)]),
+        6 => format!("mkdir -p {d}/new/deeper && echo x > {d}/new/deeper/x"),
+        7 => format!("rm -rf {d}/sub"),
+        8 => format!("rm -rf {d} && mkdir {d} && echo fresh > {d}/f0"),
+        9 => format!("ln -sf /etc/passwd {d}/link"),
+        10 => format!("ln {f} {d}/hl{}", r.below(100)),
+        11 => format!("touch -d @{} {f} {d}; chmod 700 {d}", r.below(1 << 30)),
+        12 => format!("mv {d} $DEPS/moved{}", r.below(100)),
+        _ => format!(
+            "echo created > $DEPS/top{} && cat {f} > /dev/null",
+            r.below(3)
+        ),
+    };
+    format!("( {cmd} ) 2>/dev/null || true")
+}
+
+/// Many runs on one warm mount, each first checking it sees the layer as published (every
+/// path's type, mode, size and content, through the kernel's caches), then making random
+/// changes after reading the files it changes (so stale pages or attributes would show):
+/// every run adopts the same mount and none sees a byte of another's changes.
+#[test]
+fn random_changes_never_reach_the_next_run_of_a_warm_mount() {
+    if !can_mount() {
+        return;
+    }
+    // Passthrough (what `run` picks for this layer as root) and no-open mode, where the
+    // kernel keeps the mount's own page cache of every file read.
+    for mode in ["auto", "off"] {
+        random_rounds(&["--passthrough", mode]);
+    }
+}
+
+fn random_rounds(flags: &[&str]) {
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let spec = sb.write_spec("spec.toml", BIG_SPEC);
+    let published = stdout(&run_flags(&sb, &spec, flags, SHOW, &[]));
+    assert!(published.lines().count() > 40, "{published}");
+    let warm = sb.warm_mounts();
+    assert_eq!(warm.len(), 1);
+    let daemon = daemon_of(&warm[0]);
+    let seed = std::env::var("WARM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x9e37_79b9_7f4a_7c15_u64);
+    let mut r = Rng(seed);
+    for round in 0..25 {
+        let changes: Vec<String> = (0..1 + r.below(6)).map(|_| random_change(&mut r)).collect();
+        let script = format!(
+            "{SHOW}; echo ---; {}; {SHOW} > /dev/null",
+            changes.join("; ")
+        );
+        let out = run_flags(&sb, &spec, flags, &script, &[]);
+        assert_eq!(
+            event(&out)["warm"],
+            true,
+            "{flags:?} round {round} (seed {seed}) not warm"
+        );
+        let seen = stdout(&out);
+        let before = seen.split("\n---").next().unwrap_or_default();
+        assert_eq!(
+            before, published,
+            "{flags:?} round {round} (seed {seed}) saw the last round's changes"
+        );
+        assert_eq!(
+            sb.warm_mounts(),
+            warm,
+            "round {round} (seed {seed}): {changes:?}"
+        );
+        assert_eq!(daemon_of(&warm[0]), daemon, "round {round}");
+    }
+}
+
+/// A mount lives in the mount namespace it was made in: a run under `unshare -m` leaves its
+/// warm mount there, and a run of another namespace neither adopts it (it would bind an empty
+/// directory) nor keeps it: it mounts the layer itself and ends the one it cannot see.
+#[test]
+fn a_warm_mount_of_another_mount_namespace_is_not_adopted() {
+    if !can_mount() {
+        return;
+    }
+    let (sb, spec) = sandbox();
+    let unshared = |script: &str| {
+        let mut c = Command::new("unshare");
+        c.args(["-m", "--propagation", "private", "--"])
+            .arg(BIN)
+            .arg("--store")
+            .arg(sb.path("store"))
+            .args(["--json", "run", "--spec"])
+            .arg(&spec)
+            .arg("--workdir")
+            .arg(sb.work())
+            .arg("--mount-root")
+            .arg(sb.path("cache"))
+            .args(["--", "sh", "-c", script]);
+        let out = c.output().unwrap();
+        eprintln!("unshared run: {}", show(&out));
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        out
+    };
+    unshared("true");
+    let idle: Vec<_> = std::fs::read_dir(sb.path("store/v1/projects/p/runs"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("idle").exists())
+        .collect();
+    assert_eq!(
+        idle.len(),
+        1,
+        "the first run's mount is kept (in its namespace)"
+    );
+    let daemon = daemon_of(&idle[0].path().join("mnt").to_string_lossy());
+    let out = unshared("cat $DEPS/a/f1");
+    assert_eq!(event(&out)["warm"], false);
+    assert_eq!(stdout(&out), "v1");
+    wait_until(
+        "the unseen idle mount ends",
+        Duration::from_secs(10),
+        || !alive(daemon),
+    );
 }

@@ -260,10 +260,10 @@ pub fn ls(global: &GlobalArgs, a: &LsArgs) -> Result<i32> {
 /// The IN-USE cell of `ls`: `yes` while a run mounts the layer, `warm` when only idle warm
 /// mounts (`store/warm.rs`) hold it, `no` otherwise.
 fn in_use_cell(r: &crate::store::LayerInfo) -> &'static str {
-    match (r.in_use, r.runs, r.warm) {
-        (false, _, _) => "no",
-        (true, 0, 1..) => "warm",
-        (true, _, _) => "yes",
+    match (r.in_use, r.warm) {
+        (true, _) => "yes",
+        (false, 1..) => "warm",
+        (false, 0) => "no",
     }
 }
 

@@ -205,6 +205,7 @@ pub fn mount_foreground(
     raise_nofile_limit();
     one_heap_arena();
     let fs = fs::OverlayFs::new(cfg)?;
+    fs.install_resetter(cfg);
     let uring = uring_threads();
     if uring.is_some() {
         allow_fuse_uring();

@@ -148,6 +148,11 @@ impl Listings {
     pub fn forget(&self, dir: u64) {
         self.map.remove(&dir);
     }
+
+    /// Drops every listing (a warm mount's reset: the upper's part of each is gone).
+    pub fn clear(&self) {
+        self.map.clear();
+    }
 }
 
 #[cfg(test)]

@@ -138,6 +138,11 @@ impl FdCache {
     pub fn forget(&self, id: u64) {
         self.fds.lock().pop(&id);
     }
+
+    /// Drops every cached fd (a warm mount's reset).
+    pub fn clear(&self) {
+        self.fds.lock().clear();
+    }
 }
 
 /// Per-node copy-up locks: a copy-up holds its node's lock, so two writers never copy the same

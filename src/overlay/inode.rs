@@ -110,6 +110,23 @@ pub struct Node {
     pub pin: u64,
 }
 
+/// A node as [`Nodes::snapshot`] read it.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    /// Node id.
+    pub id: u64,
+    /// Where it is.
+    pub loc: Loc,
+    /// File type.
+    pub kind: Kind,
+    /// In the upper dir.
+    pub upper: bool,
+    /// Lower layers holding it ([`Node::lowers`]).
+    pub lowers: u64,
+    /// A copy supersedes it ([`Node::succ`] set).
+    pub superseded: bool,
+}
+
 /// Where a node's data is, as [`Nodes::locate`] found it (a snapshot taken under the table's
 /// lock).
 #[derive(Clone, Debug)]
@@ -618,6 +635,43 @@ impl Nodes {
         map.shrink_to(keep);
         tracing::debug!(nodes = map.len(), "node table shrunk");
         true
+    }
+
+    /// Every node in the table: its id, where it is, its kind, whether it is in the upper dir,
+    /// its lowers and whether a copy supersedes it (a warm mount's reset reads the table
+    /// once, `fs/reset.rs`).
+    pub fn snapshot(&self) -> Vec<NodeView> {
+        let map = self.map.read();
+        map.iter()
+            .map(|(&id, n)| NodeView {
+                id,
+                loc: n.loc.clone(),
+                kind: n.kind,
+                upper: n.upper,
+                lowers: n.lowers,
+                superseded: n.succ != 0,
+            })
+            .collect()
+    }
+
+    /// Sets where node `id`'s data is (`upper`, `lowers`); false when it is not in the table.
+    pub fn set_layers(&self, id: u64, upper: bool, lowers: u64) -> bool {
+        self.update(id, |n| {
+            n.upper = upper;
+            n.lowers = lowers;
+        })
+        .is_some()
+    }
+
+    /// Forgets everything known of upper inodes and of nodes the kernel no longer holds: the
+    /// ids kept for upper inode numbers, the copies' shown ids, the parked names of forgotten
+    /// nodes and the restored upper ids. For a warm mount's reset, once its upper dir is empty
+    /// and no node in the table is upper (`fs/reset.rs`): nothing of them can be reached again.
+    pub fn forget_upper_identities(&self) {
+        self.ids.lock().retain(|k, _| !matches!(k, IdKey::Upper(_)));
+        self.shown_as.write().clear();
+        self.parked.lock().clear();
+        self.restored.lock().clear();
     }
 
     /// The path of `id` relative to the layer roots (`.` for the root), or `None` when the

@@ -602,6 +602,26 @@ impl Names {
         self.listings.forget(dir);
     }
 
+    /// Every node in the table ([`Nodes::snapshot`]).
+    pub fn snapshot(&self) -> Vec<super::inode::NodeView> {
+        self.nodes.snapshot()
+    }
+
+    /// A warm mount's reset, its upper dir emptied: node `id` (a directory that was copied up)
+    /// is merged from `lowers` alone again; false when it is not in the table.
+    pub fn back_to_lowers(&self, id: u64, lowers: u64) -> bool {
+        self.nodes.set_layers(id, false, lowers)
+    }
+
+    /// A warm mount's reset, its upper and work dirs emptied and no upper, unlinked or removed
+    /// node left in the table: drops every listing, the orphans and removed directories, and
+    /// what is known of upper inodes and forgotten nodes ([`Nodes::forget_upper_identities`]).
+    pub fn forget_upper(&self) {
+        self.listings.clear();
+        self.removed.clear();
+        self.nodes.forget_upper_identities();
+    }
+
     /// Continues the mount whose node index was read ([`Nodes::restore`]): its `generation`,
     /// counter ids from `next`, the names `parked` (node id, parent id, name) and the upper
     /// inodes `uppers` (inode number, node id, id shown). Before the mount serves requests.

@@ -85,6 +85,12 @@ impl Data {
         self.fds.forget(id);
     }
 
+    /// Closes every cached data file (a warm mount's reset: the upper files are gone, and the
+    /// nodes left read their lowers again).
+    pub fn drop_all_fds(&self) {
+        self.fds.clear();
+    }
+
     /// The kernel forgot node `id`: its cached fd and its registered backing go.
     pub fn forget(&self, id: u64) {
         self.pt.forget(id);

@@ -27,6 +27,15 @@ pub struct Removed {
 }
 
 impl Removed {
+    /// Forgets every orphan (kept or due) and removed directory: a warm mount's reset, once
+    /// the kernel holds none of their nodes and the workdir (their data) is emptied.
+    pub fn clear(&self) {
+        self.orphans.lock().clear();
+        self.forgotten.lock().clear();
+        self.due.store(false, Ordering::Release);
+        self.gone_dirs.lock().clear();
+    }
+
     /// Whether node `id`'s upper data is kept as an orphan in the workdir.
     pub fn is_orphan(&self, id: u64) -> bool {
         self.orphans.lock().contains(&id)

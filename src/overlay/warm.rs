@@ -21,6 +21,7 @@
 //! The control socket is a unix stream socket at `control` (the store puts it in the run
 //! directory, mode 0700, so only the store's owner reaches it); a peer whose uid is neither
 //! the daemon's nor root is refused. One command per connection, one line each way:
+//! `reset` (drop what the run changed, `fs/reset.rs`; the owner asks before `idle`),
 //! `idle <ms>`, `adopt <pid>`, `end` → `ok` or `no <why>`. The socket path is reached through
 //! `/proc/self/fd/<dir>/<name>`, which keeps it under `sun_path`'s 108 bytes however deep the
 //! store is.
@@ -190,6 +191,23 @@ impl<R: std::io::Read> TakeLine for BufReader<R> {
 fn command(shared: &Shared, line: &str) -> String {
     let mut words = line.split_ascii_whitespace();
     let (verb, arg) = (words.next().unwrap_or(""), words.next());
+    if verb == "reset" {
+        // The owner asks, before it hands the mount back; the state lock is not held while
+        // the kernel forgets (up to a few seconds).
+        if !matches!(&*shared.state.lock(), State::Owned { .. }) {
+            return "no: not owned by a run".to_string();
+        }
+        return match super::fs::reset::reset() {
+            Ok(r) => {
+                tracing::info!(?r, "reset");
+                "ok".to_string()
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "reset failed");
+                format!("no: {e}")
+            }
+        };
+    }
     let mut st = shared.state.lock();
     let reply = match (verb, arg.and_then(|a| a.parse::<u64>().ok()), &*st) {
         ("idle", Some(ms), State::Owned { .. }) => {

@@ -39,7 +39,8 @@ pub struct LayerInfo {
     pub bytes: u64,
     /// Regular files.
     pub files: u64,
-    /// Mounted right now (by a run, or by an idle warm mount: see `warm`).
+    /// Mounted right now by a run (or `layercache mount`); idle warm mounts (`warm`) alone do
+    /// not count: `gc` and `clear` end them.
     pub in_use: bool,
     /// Idle warm mounts of the layer (`warm.rs`): mounts that outlived their run and wait
     /// for the next run of the layer.
@@ -179,7 +180,8 @@ impl Store {
                     last_used_ms: last,
                     bytes: m.counts.bytes,
                     files: m.counts.files,
-                    in_use: lease::is_held(&l.lease_path(), Mode::Exclusive)?,
+                    in_use: lease::is_held(&l.lease_path(), Mode::Exclusive)?
+                        && holders.get(&id).is_none_or(|h| h.runs > 0 || h.idle == 0),
                     warm: holders.get(&id).map_or(0, |h| h.idle),
                     runs: holders.get(&id).map_or(0, |h| h.runs),
                     layer: id,

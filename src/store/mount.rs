@@ -472,9 +472,16 @@ impl Store {
                 m.req.owner.is_some(),
                 tracing,
             );
+        let wanted = |owner| super::warm::Wanted {
+            owner,
+            squash: m.req.squash,
+            passthrough: m.req.passthrough,
+            key: &m.req.key,
+            restore_keys: &m.req.restore_keys,
+        };
         if warm
-            && let Some((id, _)) = &m.layer
-            && let Some(a) = self.adopt_warm(m.pd, id, m.req)
+            && let (Some((id, _)), Some(owner)) = (&m.layer, m.req.owner)
+            && let Some(a) = self.adopt_warm(m.pd, id, wanted(owner))
         {
             return self.adopted(m, a, t0);
         }

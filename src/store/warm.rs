@@ -4,16 +4,17 @@
 //! one run to the next, so run 2..N pay no first pass (`overlay/warm.rs` is the daemon's
 //! side; the round-4 contract "Warm mounts" in DESIGN.md says what must hold).
 //!
-//! **Privacy.** A mount is handed back only when its run changed nothing in it: its upper
-//! dir is empty and the upper root's ctime and mtime are those recorded right after the mount
-//! was made (any create, unlink, rename, copy-up, chmod or xattr change in the view leaves an
-//! entry in the upper root or changes its times), and the work dir holds exactly what it held
-//! then (no orphan of an unlinked open file). So no run ever reaches a mount that holds another
-//! run's writes, and the kernel holds nothing of such a mount that the layer does not say: the
-//! upper never changed, so every dentry, attribute and page it caches is the layer's. The
-//! check is made again when a run adopts the mount. A run that wrote anything ends its mount
-//! as before. The run's processes are gone when this runs (every step is a PID namespace of
-//! its own, `run/pidns.rs`); nothing of it holds a file in the mount.
+//! **Privacy.** A mount is handed back only as it was made. A run that changed nothing leaves
+//! it so: its upper dir is empty, the upper root's ctime and mtime are those recorded right
+//! after the mount was made (a create, unlink, rename, copy-up, chmod or xattr change in the
+//! view leaves an entry in the upper root or changes its times) and the work dir holds exactly
+//! what it held then (no orphan of an unlinked open file). A run that changed something has its
+//! daemon drop it all first (`reset`, `overlay/fs/reset.rs`: the kernel drops every name and
+//! node the upper holds, the upper and work dirs are emptied, the daemon forgets what it knew
+//! of them; a node the kernel still holds fails the reset), and the mount is then checked the
+//! same way. Any failure ends the mount as before. The check is made again when a run adopts
+//! the mount. The run's processes are gone when this runs (every step is a PID namespace of
+//! its own, `run/pidns.rs`): nothing of it holds a file in the mount.
 //!
 //! **Layout.** A warm-capable mount is an ordinary run directory (`runs/<run>/`) whose record
 //! says `warm` and which holds the daemon's control socket ([`CONTROL`]) and the
@@ -21,6 +22,11 @@
 //! (one winner), then asks the daemon to take its pid as the new owner (`adopt`). The daemon
 //! holds the run's and the layer's leases for its whole life, so an idle mount pins its layer:
 //! `gc` ends every idle mount first ([`Store::reap_warm`]).
+//!
+//! **Visibility.** A mount lives in the mount namespace it was made in. A run adopts only a
+//! mount its own namespace shows at the recorded mountpoint (its mountinfo names the run's
+//! upper); one it cannot see (made by a run under `unshare -m`, or in another container sharing
+//! the store) is ended instead, since no later run of another namespace can use it either.
 //!
 //! **Bounds.** An idle mount ends itself after [`warm_idle`] (`LAYERCACHE_WARM_IDLE`, default
 //! [`DEFAULT_WARM_IDLE`]; `0` turns warm mounts off); at most [`WARM_PER_LAYER`] idle mounts of
@@ -208,6 +214,20 @@ pub(super) fn holders(pd: &ProjectDirs) -> std::collections::HashMap<LayerId, Ho
     n
 }
 
+/// What a run wants of the warm mount it would adopt (from its mount request).
+pub(super) struct Wanted<'a> {
+    /// The run's process (the mount's new owner).
+    pub(super) owner: u32,
+    /// The ownership mapping the mount must have.
+    pub(super) squash: crate::overlay::options::Squash,
+    /// The passthrough choice the mount was made with.
+    pub(super) passthrough: crate::overlay::options::PassthroughChoice,
+    /// The run's key and restore keys (recorded for it).
+    pub(super) key: &'a crate::ids::CacheKey,
+    /// See `key`.
+    pub(super) restore_keys: &'a [crate::ids::CacheKey],
+}
+
 /// A warm mount a run adopted ([`Store::adopt_warm`]): its record, rewritten for the adopting
 /// run.
 pub(super) struct Adopted {
@@ -216,19 +236,30 @@ pub(super) struct Adopted {
 
 impl Store {
     /// At the end of a run: hands the mount `m` back as an idle warm mount if it is
-    /// warm-capable, its run changed nothing in it (see the module docs), its daemon takes it
-    /// (`idle`), and fewer than [`WARM_PER_LAYER`] of its layer are idle. Returns whether it
-    /// did; when not, the caller unmounts as always.
+    /// warm-capable, fewer than [`WARM_PER_LAYER`] of its layer are idle, it is as it was made
+    /// (after its daemon's `reset` when the run changed something, see the module docs) and its
+    /// daemon takes it (`idle`). Returns whether it did; when not, the caller unmounts as always.
     pub(super) fn release_warm(&self, m: &super::runs::StoreMount) -> bool {
         let rec = &m.rec;
         let (Some(idle), true, Some(layer)) = (warm_idle(), rec.warm, rec.lower.as_ref()) else {
             return false;
         };
         if !crate::sys::pid_alive(rec.daemon_pid)
-            || !pristine(&m.run_dir)
             || idle_runs(&m.pd, Some(layer)).len() >= WARM_PER_LAYER
         {
             return false;
+        }
+        // A run that changed something: its daemon drops it all (`overlay/fs/reset.rs`),
+        // then the mount is checked as after a run that changed nothing.
+        if !pristine(&m.run_dir) {
+            if let Err(e) = overlay::warm::request(&control(&m.run_dir), "reset") {
+                tracing::info!(error = %e, "not kept warm");
+                return false;
+            }
+            record_baseline(&m.run_dir);
+            if !pristine(&m.run_dir) {
+                return false;
+            }
         }
         let ms = idle.as_millis().min(u64::MAX as u128) as u64;
         if let Err(e) = overlay::warm::request(&control(&m.run_dir), &format!("idle {ms}")) {
@@ -244,7 +275,7 @@ impl Store {
         true
     }
 
-    /// Adopts an idle warm mount of `layer` in `pd` for the mount `req` asks for (the same
+    /// Adopts an idle warm mount of `layer` in `pd` for the mount `req` wants (the same
     /// ownership mapping and passthrough choice): claims it, checks it is still as made, makes
     /// `req.owner` its owner and rewrites its record for this run. `None` when there is none
     /// to adopt (the caller mounts the layer as always).
@@ -252,9 +283,9 @@ impl Store {
         &self,
         pd: &ProjectDirs,
         layer: &LayerId,
-        req: &super::MountRequest,
+        req: Wanted<'_>,
     ) -> Option<Adopted> {
-        let owner = req.owner?;
+        let owner = req.owner;
         for (dir, mut rec) in idle_runs(pd, Some(layer)) {
             if rec.squash != req.squash || rec.passthrough != req.passthrough {
                 continue;
@@ -264,7 +295,10 @@ impl Store {
                 continue; // another run took it, or it ended
             }
             let _ = fs::remove_file(&claimed);
-            let usable = crate::sys::pid_alive(rec.daemon_pid) && pristine(&dir);
+            // Seen here: a mount made in another mount namespace (a run under `unshare -m`, in
+            // another container) is not at its mountpoint in this one — only an empty dir is.
+            let here = overlay::upperdir_of(&rec.mountpoint) == Some(dir.join("upper"));
+            let usable = here && crate::sys::pid_alive(rec.daemon_pid) && pristine(&dir);
             let adopted = usable
                 && overlay::warm::request(&control(&dir), &format!("adopt {owner}"))
                     .inspect_err(|e| tracing::info!(error = %e, "warm mount not adopted"))
@@ -274,7 +308,7 @@ impl Store {
                 continue;
             }
             rec.key = req.key.clone();
-            rec.restore_keys = req.restore_keys.clone();
+            rec.restore_keys = req.restore_keys.to_vec();
             rec.result = MountResult::Hit;
             rec.matched_key = Some(req.key.clone());
             rec.owner_pid = Some(owner);

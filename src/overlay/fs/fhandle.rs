@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
 use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::OverlayFs;
@@ -110,7 +111,9 @@ impl OverlayFs {
             names = mine.entries.len(),
             "node index of the last mount restored"
         );
-        self.names.restore(generation, next, parked, uppers);
+        Arc::get_mut(&mut self.names)
+            .expect("the names are shared only once the session runs")
+            .restore(generation, next, parked, uppers);
     }
 
     /// The entries of `index` that are still true: an upper entry whose path holds the

@@ -13,6 +13,7 @@ mod data_ops;
 mod fhandle;
 mod handlers;
 mod ops;
+pub mod reset;
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -48,10 +49,12 @@ const NAME_MAX: usize = 255;
 /// passthrough), the mount's policy and the kernel side (notifier, node index). The engine's
 /// operations (this module's files) call into them; a part never reaches into another.
 pub struct OverlayFs {
-    stack: Stack,
-    names: Names,
-    data: Data,
-    policy: MountPolicy,
+    // Shared (not owned alone) so that a warm mount's reset ([`reset::Resetter`]) reaches them
+    // from the daemon's control thread while the session owns the engine.
+    stack: Arc<Stack>,
+    names: Arc<Names>,
+    data: Arc<Data>,
+    policy: Arc<MountPolicy>,
     kernel: Kernel,
     tmp_seq: std::sync::atomic::AtomicU64,
     /// The private views the layers are read through, kept open for the life of the mount:
@@ -263,15 +266,15 @@ impl OverlayFs {
             .collect::<io::Result<Vec<_>>>()
             .map_err(|e| Error::invalid(format!("cannot read the link groups of a lower: {e}")))?;
         Ok(OverlayFs {
-            stack,
-            names: Names::new(lowers),
-            data: Data::new(passthrough),
-            policy: MountPolicy::new(
+            stack: Arc::new(stack),
+            names: Arc::new(Names::new(lowers)),
+            data: Arc::new(Data::new(passthrough)),
+            policy: Arc::new(MountPolicy::new(
                 cfg.squash,
                 cfg.read_only,
                 rule.mode == crate::sys::AtimeMode::Strict,
                 links,
-            ),
+            )),
             kernel: Kernel::default(),
             tmp_seq: Default::default(),
             _lower_views: views,
