@@ -627,7 +627,7 @@ impl fuser::Filesystem for OverlayFs {
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Readdir is stateless over the engine's per-directory listing either way: no handle.
-        if !self.data.passthrough_on() {
+        if self.cache_listings || !self.data.passthrough_on() {
             // No-opendir mode: the kernel stops sending OPENDIR/RELEASEDIR and keeps each
             // directory's listing in the directory's page cache (FOPEN_CACHE_DIR, the kernel's
             // default for it: fs/fuse/file.c `fuse_file_open`).
@@ -637,7 +637,8 @@ impl fuser::Filesystem for OverlayFs {
         // listing would be this mount's own copy (a page per directory at least: about 6 MiB
         // per mount for the 1,461 directories of the npm fixture's tree). So no
         // FOPEN_CACHE_DIR: each getdents asks the daemon, which keeps the listing in memory
-        // anyway; RELEASEDIR gets the default reply.
+        // anyway; RELEASEDIR gets the default reply. (A warm-capable mount caches them: see
+        // `OverlayFs::cache_listings`.)
         reply.opened(FileHandle(0), FopenFlags::empty());
     }
 

@@ -65,6 +65,12 @@ pub struct OverlayFs {
     /// The first opens of lower files' data, when the mount records them
     /// ([`OverlayConfig::open_trace`]).
     trace: Option<std::sync::Arc<crate::overlay::open_trace::OpenTrace>>,
+    /// The kernel keeps each directory's listing in its page cache (OPENDIR answered ENOSYS,
+    /// "no-opendir": no OPENDIR, READDIR or RELEASEDIR once a listing is cached): always in
+    /// no-open mode; in passthrough mode only for a mount that may outlive its run
+    /// ([`OverlayConfig::control`]), whose listings then serve every later run of the layer
+    /// (a warm `find` sends no request), at a page or more per directory of this mount's own.
+    cache_listings: bool,
 }
 
 fn ts(sec: i64, nsec: i64) -> SystemTime {
@@ -279,6 +285,7 @@ impl OverlayFs {
             tmp_seq: Default::default(),
             _lower_views: views,
             trace,
+            cache_listings: !passthrough || cfg.control.is_some(),
         })
     }
 
