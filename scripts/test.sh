@@ -28,6 +28,8 @@ command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 # and chattr/lsattr.
 command -v xfs_io >/dev/null 2>&1 || need+=(xfsprogs)
 command -v setfacl >/dev/null 2>&1 || need+=(acl)
+# The warm-mount tests list every path's xattrs with getfattr.
+command -v getfattr >/dev/null 2>&1 || need+=(attr)
 command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
 # …and capsh, to check chattr +i/+a is refused without CAP_LINUX_IMMUTABLE.
 command -v capsh >/dev/null 2>&1 || need+=(libcap2-bin)

@@ -25,11 +25,12 @@ env = { DEPS = "{mount}" }
 setup = "mkdir -p $DEPS/a/b && for i in 1 2 3; do echo v$i > $DEPS/a/f$i; done && echo deep > $DEPS/a/b/d && ln -s f1 $DEPS/a/link && chmod 640 $DEPS/a/f3"
 "#;
 
-/// What a run sees of the cache: every path with its type, mode, size, mtime, link count,
-/// owner and content digest.
+/// What a run sees of the cache: every path (the cache's root `.` too) with its type, mode,
+/// owner, size, mtime, link count, content digest and xattrs (ACLs too).
 const SHOW: &str = "cd $DEPS && find . | sort | while read -r p; do \
-    printf '%s %s ' \"$p\" \"$(stat -c '%F %a %s %Y %h %u' \"$p\")\"; \
-    if [ -f \"$p\" ] && [ ! -L \"$p\" ]; then md5sum < \"$p\"; else echo; fi; done";
+    printf '%s %s ' \"$p\" \"$(stat -c '%F %a %u:%g %s %Y %h' \"$p\")\"; \
+    if [ -f \"$p\" ] && [ ! -L \"$p\" ]; then md5sum < \"$p\"; else echo; fi; \
+    getfattr -h -d -m - \"$p\" 2>/dev/null | sed 1d; done";
 
 fn sandbox() -> (Sandbox, std::path::PathBuf) {
     let sb = Sandbox::new();
@@ -117,7 +118,7 @@ fn every_run_adopts_the_same_mount_and_sees_none_of_the_last_runs_changes() {
     assert_eq!(event(&first)["result"], "miss");
     let published = stdout(&first);
     assert!(
-        published.contains("./a/f3 regular file 640 3 "),
+        published.contains("./a/f3 regular file 640 0:0 3 "),
         "{published}"
     );
     assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
@@ -166,6 +167,11 @@ fn every_run_adopts_the_same_mount_and_sees_none_of_the_last_runs_changes() {
         "setfattr -n user.x -v 1 $DEPS/a/f1 2>/dev/null || chmod 444 $DEPS/a/f1",
         "touch -d @0 $DEPS/a $DEPS/a/f2",
         "cat $DEPS/a/f1 $DEPS/a/b/d > /dev/null",
+        // The cache's root directory itself: the view shows the upper root's attributes.
+        "chmod 700 $DEPS && chown 5:6 $DEPS",
+        "setfattr -n user.leak -v secret $DEPS && setfacl -m u:7:rwx $DEPS",
+        "chmod 000 $DEPS",
+        "setfattr -n user.x -v 1 $DEPS/a && setfacl -m u:7:r $DEPS/a/f1",
     ];
     for change in changes {
         let warm = sb.warm_mounts();
@@ -193,6 +199,30 @@ fn every_run_adopts_the_same_mount_and_sees_none_of_the_last_runs_changes() {
     let after = run(&sb, &spec, SHOW, &[]);
     assert_eq!(event(&after)["warm"], true);
     assert_eq!(stdout(&after), published, "after every change");
+
+    // A root directory that grew (hundreds of names made at the cache's root: its size stays
+    // larger once they are gone) cannot be set back: that mount ends with its run.
+    let out = run(
+        &sb,
+        &spec,
+        "for i in $(seq 1 400); do : > $DEPS/n$i; done",
+        &[],
+    );
+    assert_eq!(event(&out)["warm"], true);
+    wait_until(
+        "the grown mount's daemon exits",
+        Duration::from_secs(10),
+        || !alive(daemon),
+    );
+    let fresh = run(&sb, &spec, SHOW, &[]);
+    assert_eq!(event(&fresh)["warm"], false);
+    // (A fresh mount's root shows the time its own upper root was made.)
+    let below_root = |s: &str| s.lines().skip(1).collect::<Vec<_>>().join("\n");
+    assert_eq!(
+        below_root(&stdout(&fresh)),
+        below_root(&published),
+        "after the root grew"
+    );
 }
 
 /// A kill -9 of a run on an adopted mount ends the mount with it (the daemon follows its new
@@ -332,6 +362,10 @@ fn random_change(r: &mut Rng) -> String {
         9 => format!("ln -sf /etc/passwd {d}/link"),
         10 => format!("ln {f} {d}/hl{}", r.below(100)),
         11 => format!("touch -d @{} {f} {d}; chmod 700 {d}", r.below(1 << 30)),
+        12 if r.below(2) == 0 => format!(
+            "chmod 711 $DEPS; setfattr -n user.r -v {} $DEPS",
+            r.below(9)
+        ),
         12 => format!("mv {d} $DEPS/moved{}", r.below(100)),
         _ => format!(
             "echo created > $DEPS/top{} && cat {f} > /dev/null",
@@ -445,4 +479,43 @@ fn a_warm_mount_of_another_mount_namespace_is_not_adopted() {
         Duration::from_secs(10),
         || !alive(daemon),
     );
+}
+
+/// Runs of one layer that end together, each having changed its cache (so each is reset
+/// first), keep at most 4 idle mounts.
+#[test]
+fn runs_ending_together_keep_at_most_four_idle_mounts() {
+    if !can_mount() {
+        return;
+    }
+    let (sb, spec) = sandbox();
+    run(&sb, &spec, "true", &[]);
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            sb.command(
+                &spec,
+                &sb.work(),
+                &[],
+                &[
+                    "sh",
+                    "-c",
+                    &format!("sleep 1; for j in 1 2 3; do echo {i} > $DEPS/a/x$j; done"),
+                ],
+            )
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let warm = sb.warm_mounts();
+    assert!(
+        (1..=4).contains(&warm.len()),
+        "{} idle mounts: {warm:?}",
+        warm.len()
+    );
+    assert!(sb.mounts_below().is_empty(), "{:?}", sb.mounts_below());
 }

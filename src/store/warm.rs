@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::lease::{Lease, Mode};
 use super::paths::{ProjectDirs, read_names, remove_tree};
 use super::runs::{MountResult, RunRecord, read_record, write_record};
 use super::{Store, UNMOUNT_WAIT};
@@ -56,8 +57,11 @@ const IDLE: &str = "idle";
 const BASELINE: &str = "baseline.json";
 /// How long an idle mount waits to be adopted by default (2 min).
 pub const DEFAULT_WARM_IDLE: Duration = Duration::from_secs(120);
-/// Idle mounts kept per layer: a burst of concurrent runs leaves at most this many warm.
+/// Idle mounts kept per layer and kind of mount (ownership mapping, passthrough choice): a
+/// burst of concurrent runs leaves at most this many warm.
 pub const WARM_PER_LAYER: usize = 4;
+/// How long a run's end waits for the project lock to hand its mount back (else it unmounts).
+const LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// How long an idle warm mount waits to be adopted: `LAYERCACHE_WARM_IDLE` (a duration such as
 /// `90s`, `2m`; `0` or `none` turns warm mounts off), else [`DEFAULT_WARM_IDLE`]. `None`: off.
@@ -78,10 +82,24 @@ pub fn warm_idle() -> Option<Duration> {
 /// What a mount's upper and work dirs looked like right after it was made.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Baseline {
-    /// The upper root's ctime and mtime (s, ns).
-    upper_times: [i64; 4],
+    /// The upper root's ctime (s, ns): any change to the directory moves it.
+    upper_ctime: [i64; 2],
+    /// What the cache's root directory shows of the upper root: mode, uid, gid, size, mtime
+    /// (s, ns).
+    upper_shown: [i64; 6],
+    /// The upper root's xattrs (ACLs too), names and values, hex, sorted.
+    upper_xattrs: Vec<(String, String)>,
     /// Every path in the work dir (relative), sorted.
     work: Vec<String>,
+}
+
+impl Baseline {
+    /// Equal but for the ctime (what a reset cannot set back).
+    fn same_but_ctime(&self, other: &Baseline) -> bool {
+        self.upper_shown == other.upper_shown
+            && self.upper_xattrs == other.upper_xattrs
+            && self.work == other.work
+    }
 }
 
 /// The [`Baseline`] of `run_dir` now; `None` when its upper root holds any entry.
@@ -94,6 +112,12 @@ fn snapshot(run_dir: &Path) -> io::Result<Option<Baseline>> {
         return Ok(None);
     }
     let m = fs::symlink_metadata(&upper)?;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let mut upper_xattrs = crate::sys::list_xattrs(&upper)?
+        .into_iter()
+        .map(|n| crate::sys::get_xattr(&upper, &n).map(|v| (hex(&n), hex(&v))))
+        .collect::<io::Result<Vec<_>>>()?;
+    upper_xattrs.sort();
     let mut work = Vec::new();
     let root = run_dir.join("work");
     let mut stack = vec![root.clone()];
@@ -110,7 +134,16 @@ fn snapshot(run_dir: &Path) -> io::Result<Option<Baseline>> {
     }
     work.sort();
     Ok(Some(Baseline {
-        upper_times: [m.ctime(), m.ctime_nsec(), m.mtime(), m.mtime_nsec()],
+        upper_ctime: [m.ctime(), m.ctime_nsec()],
+        upper_shown: [
+            i64::from(m.mode()),
+            i64::from(m.uid()),
+            i64::from(m.gid()),
+            m.size() as i64,
+            m.mtime(),
+            m.mtime_nsec(),
+        ],
+        upper_xattrs,
         work,
     }))
 }
@@ -130,15 +163,35 @@ pub(super) fn record_baseline(run_dir: &Path) {
     }
 }
 
+/// The [`Baseline`] recorded for `run_dir`, if any.
+fn baseline(run_dir: &Path) -> Option<Baseline> {
+    serde_json::from_slice(&fs::read(run_dir.join(BASELINE)).ok()?).ok()
+}
+
 /// Whether the run of `run_dir` left its mount as it was made (see the module docs).
 fn pristine(run_dir: &Path) -> bool {
-    let Ok(base) = fs::read(run_dir.join(BASELINE)) else {
-        return false;
-    };
-    let Ok(base) = serde_json::from_slice::<Baseline>(&base) else {
+    let Some(base) = baseline(run_dir) else {
         return false;
     };
     matches!(snapshot(run_dir), Ok(Some(now)) if now == base)
+}
+
+/// After a reset: whether the mount of `run_dir` is as it was made but for the upper root's
+/// ctime, which is then recorded (the next check compares with it). False when the reset could
+/// not set the root back (a directory that grew stays large: its size differs).
+fn pristine_after_reset(run_dir: &Path) -> bool {
+    let (Some(base), Ok(Some(now))) = (baseline(run_dir), snapshot(run_dir)) else {
+        return false;
+    };
+    if !now.same_but_ctime(&base) {
+        tracing::info!(?base, ?now, "the reset left the upper root changed");
+        return false;
+    }
+    fs::write(
+        run_dir.join(BASELINE),
+        serde_json::to_vec(&now).unwrap_or_default(),
+    )
+    .is_ok()
 }
 
 /// Whether a mount of `result` over `layer` (local, not lazy) at the run's own mountpoint
@@ -244,22 +297,37 @@ impl Store {
         let (Some(idle), true, Some(layer)) = (warm_idle(), rec.warm, rec.lower.as_ref()) else {
             return false;
         };
-        if !crate::sys::pid_alive(rec.daemon_pid)
-            || idle_runs(&m.pd, Some(layer)).len() >= WARM_PER_LAYER
-        {
+        // Idle mounts this one's kind (ownership mapping, passthrough): only such a mount can
+        // be adopted in its place.
+        let full = || {
+            idle_runs(&m.pd, Some(layer))
+                .iter()
+                .filter(|(_, r)| r.squash == rec.squash && r.passthrough == rec.passthrough)
+                .count()
+                >= WARM_PER_LAYER
+        };
+        if !crate::sys::pid_alive(rec.daemon_pid) || full() {
             return false;
         }
         // A run that changed something: its daemon drops it all (`overlay/fs/reset.rs`),
-        // then the mount is checked as after a run that changed nothing.
+        // then the mount must be as made but for the upper root's ctime.
         if !pristine(&m.run_dir) {
             if let Err(e) = overlay::warm::request(&control(&m.run_dir), "reset") {
                 tracing::info!(error = %e, "not kept warm");
                 return false;
             }
-            record_baseline(&m.run_dir);
-            if !pristine(&m.run_dir) {
+            if !pristine_after_reset(&m.run_dir) {
                 return false;
             }
+        }
+        // Counted again under the project lock (gc holds it while it ends idle mounts), so
+        // that runs ending together keep at most WARM_PER_LAYER.
+        let lock = Lease::acquire_timeout(&m.pd.lock(), Mode::Exclusive, LOCK_WAIT);
+        let Ok(Some(_lock)) = lock else {
+            return false;
+        };
+        if full() {
+            return false;
         }
         let ms = idle.as_millis().min(u64::MAX as u128) as u64;
         if let Err(e) = overlay::warm::request(&control(&m.run_dir), &format!("idle {ms}")) {

@@ -40,6 +40,10 @@ use crate::overlay::names::Names;
 use crate::overlay::node_data::Data;
 use crate::overlay::stack::{Kind, Stack, Tree};
 
+/// The most names a reset drops one by one (FUSE_NOTIFY_INVAL_ENTRY, about half a millisecond
+/// each with the FORGETs that follow); a run that changed more ends its mount instead.
+pub const RESET_MAX_NAMES: usize = 4096;
+
 /// How long a reset waits for the kernel to forget the nodes it invalidated.
 pub const FORGET_WAIT: Duration = Duration::from_secs(2);
 
@@ -51,9 +55,62 @@ pub struct Resetter {
     notifier: Arc<OnceLock<fuser::Notifier>>,
     upper: PathBuf,
     work: PathBuf,
-    /// The upper root's atime and mtime when the mount was made (the root shows them): set
-    /// back once the upper is emptied.
-    upper_times: Option<[libc::timespec; 2]>,
+    /// The upper root as the mount was made (the cache's root directory shows its mode,
+    /// owner, xattrs — ACLs too — and times): set back once the upper is emptied.
+    upper_root: Option<RootState>,
+}
+
+/// What the root directory of a view shows of the upper root (see [`Resetter`]).
+struct RootState {
+    /// Permission bits (`st_mode & 07777`).
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    /// Every xattr: name and value.
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// atime, mtime.
+    times: [libc::timespec; 2],
+}
+
+impl RootState {
+    /// The state of directory `dir` now.
+    fn read(dir: &Path) -> std::io::Result<RootState> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(dir)?;
+        let xattrs = crate::sys::list_xattrs(dir)?
+            .into_iter()
+            .map(|n| crate::sys::get_xattr(dir, &n).map(|v| (n, v)))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let ts = |s, ns| libc::timespec {
+            tv_sec: s,
+            tv_nsec: ns,
+        };
+        Ok(RootState {
+            mode: m.mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+            xattrs,
+            times: [ts(m.atime(), m.atime_nsec()), ts(m.mtime(), m.mtime_nsec())],
+        })
+    }
+
+    /// Makes directory `dir` show this state again: xattrs (those added removed, the others
+    /// set to their value), owner, mode (after the ACLs, which change the group bits), times.
+    fn restore(&self, dir: &Path) -> std::io::Result<()> {
+        for name in crate::sys::list_xattrs(dir)? {
+            if !self.xattrs.iter().any(|(n, _)| *n == name) {
+                crate::sys::remove_xattr(dir, &name)?;
+            }
+        }
+        for (name, value) in &self.xattrs {
+            if crate::sys::get_xattr(dir, name).ok().as_ref() != Some(value) {
+                crate::sys::set_xattr(dir, name, value)?;
+            }
+        }
+        std::os::unix::fs::lchown(dir, Some(self.uid), Some(self.gid))?;
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(self.mode))?;
+        set_times(dir, &self.times)
+    }
 }
 
 /// What a reset did: upper entries found, names and inodes the kernel was told to drop, nodes
@@ -82,21 +139,11 @@ impl OverlayFs {
         if !cfg.has_upper() || cfg.read_only || cfg.persist_handles {
             return;
         }
-        use std::os::unix::fs::MetadataExt;
-        let upper_times = std::fs::metadata(&cfg.upperdir).ok().map(|m| {
-            [
-                libc::timespec {
-                    tv_sec: m.atime(),
-                    tv_nsec: m.atime_nsec(),
-                },
-                libc::timespec {
-                    tv_sec: m.mtime(),
-                    tv_nsec: m.mtime_nsec(),
-                },
-            ]
-        });
+        let upper_root = RootState::read(&cfg.upperdir)
+            .inspect_err(|e| tracing::info!(error = %e, "the upper root cannot be read: no reset"))
+            .ok();
         let _ = RESETTER.set(Resetter {
-            upper_times,
+            upper_root,
             stack: Arc::clone(&self.stack),
             names: Arc::clone(&self.names),
             data: Arc::clone(&self.data),
@@ -124,13 +171,38 @@ impl Resetter {
         let t0 = Instant::now();
         let notifier = self.notifier.get().ok_or("no session")?;
         let mut report = ResetReport::default();
-        // 1. What the upper holds, deepest first.
+        // 1. What the upper holds. A directory dropped whole (not merged in place) takes its
+        //    subtree with it: what is below it needs no notification of its own.
         let mut entries = walk(&self.upper).map_err(|e| format!("reading the upper dir: {e}"))?;
-        entries.sort_by_key(|(rel, _)| {
-            std::cmp::Reverse(rel.as_bytes().split(|&b| b == b'/').count())
-        });
         report.upper_entries = entries.len();
-        // 2. Tell the kernel.
+        entries.sort_by_key(|(rel, _)| depth(rel));
+        let mut dropped_dirs: HashSet<Vec<u8>> = HashSet::new();
+        let mut merged_rels: Vec<CString> = Vec::new();
+        let mut to_drop: Vec<CString> = Vec::new();
+        for (rel, is_dir) in entries {
+            let bytes = rel.as_bytes();
+            let below_dropped = (bytes.iter().enumerate())
+                .filter(|(_, b)| **b == b'/')
+                .any(|(i, _)| dropped_dirs.contains(&bytes[..i]));
+            if below_dropped {
+                continue;
+            }
+            if is_dir && self.merges_in_place(&rel)? {
+                merged_rels.push(rel);
+                continue;
+            }
+            if is_dir {
+                dropped_dirs.insert(bytes.to_vec());
+            }
+            to_drop.push(rel);
+        }
+        if to_drop.len() > RESET_MAX_NAMES {
+            return Err(format!(
+                "{} changed names (more than {RESET_MAX_NAMES}): a fresh mount is cheaper",
+                to_drop.len()
+            ));
+        }
+        // 2. Tell the kernel, deepest first.
         let by_name = self.by_name();
         let id_of = |rel: &[u8]| -> Option<u64> {
             let mut cur = ROOT;
@@ -142,19 +214,13 @@ impl Resetter {
             }
             Some(cur)
         };
-        let mut merged: HashSet<u64> = HashSet::new();
-        for (rel, is_dir) in &entries {
+        to_drop.sort_by_key(|rel| std::cmp::Reverse(depth(rel)));
+        for rel in &to_drop {
             let bytes = rel.as_bytes();
             let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
                 Some(i) => (&bytes[..i], &bytes[i + 1..]),
                 None => (&b"."[..], bytes),
             };
-            if *is_dir && self.merges_in_place(rel)? {
-                if let Some(id) = id_of(bytes) {
-                    merged.insert(id);
-                }
-                continue;
-            }
             if let Some(p) = id_of(parent) {
                 match notifier.inval_entry(fuser::INodeNo(p), OsStr::from_bytes(name)) {
                     Ok(()) => report.entries_dropped += 1,
@@ -163,6 +229,10 @@ impl Resetter {
                 }
             }
         }
+        let merged: HashSet<u64> = merged_rels
+            .iter()
+            .filter_map(|r| id_of(r.as_bytes()))
+            .collect();
         // 3. Wait until the kernel forgot what changed.
         let deadline = Instant::now() + FORGET_WAIT;
         while let Some(held) = self.changed_node(&merged) {
@@ -180,10 +250,11 @@ impl Resetter {
                 return Err(format!("node {held} was changed again during the reset"));
             }
             empty(&self.upper).map_err(|e| format!("emptying the upper dir: {e}"))?;
-            if let Some(times) = &self.upper_times {
-                set_times(&self.upper, times)
-                    .map_err(|e| format!("setting the upper dir's times back: {e}"))?;
-            }
+            self.upper_root
+                .as_ref()
+                .ok_or("the upper root was not read at mount")?
+                .restore(&self.upper)
+                .map_err(|e| format!("setting the upper root back: {e}"))?;
             empty(&self.work).map_err(|e| format!("emptying the work dir: {e}"))?;
             let orphans = self.work.join(ORPHANS);
             std::fs::create_dir(&orphans)
@@ -257,6 +328,11 @@ impl Resetter {
             .map_err(|e| format!("{rel:?}: {e}"))?;
         Ok(lower.is_some_and(|e| e.kind == Kind::Dir))
     }
+}
+
+/// How many components path `rel` has.
+fn depth(rel: &CStr) -> usize {
+    rel.to_bytes().split(|&b| b == b'/').count()
 }
 
 /// Every entry below `root` (relative paths, `a/b/c`), with whether it is a directory (a
