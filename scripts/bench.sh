@@ -6,7 +6,7 @@
 #                         [--impls native,kernel,fuse-overlayfs,layercache,layercache-pt,
 #                                  layercache-user,layercache-user-nouring]
 #                         [--only walk,readall,require,seqread,pagecache,copyup,fill,mount,store,tree,density,
-#                                 kinds]
+#                                 kinds,warmstart]
 #                         [--tree N] [--worktree] [--no-build]
 #
 # Every cell is the median of N runs (default 5; --quick: 3 runs and a 100,000-entry tree), each
@@ -38,6 +38,24 @@
 # kinds = the first walk and the first read-all of each density layer on a fresh mount, right
 # after the same pass over the lower (its page cache warm), with the layer's files and bytes in
 # files of >= 1 MiB (what `run`'s passthrough `auto` decides from).
+# warmstart = warm mounts of `layercache run` (an exact hit that changed nothing keeps its mount
+# idle for LAYERCACHE_WARM_IDLE, default 2 min; the next run of the layer adopts it). A store of
+# its own under /var/tmp/layercache-bench/warmstart holds the README example's two caches
+# (presets node_modules and npm; their setups copy the fixture's installed node_modules and npm
+# cache, made once). The first walk (find node_modules -printf), first read-all (tar of
+# node_modules) and node require, each timed inside COMMAND (the run's own start-up left out),
+# for: kernel overlayfs and fuse-overlayfs on a fresh mount right after the same pass over the
+# lower (as `first` above); layercache cold = `LAYERCACHE_WARM_IDLE=0 layercache run`, right
+# after the same pass over the layer's own tree in the store; layercache warm = a run right
+# after a run of the same layer and workload that left its mount idle (counted only when its
+# --json line says warm: true; how many did is reported). Also hit -> COMMAND start (from
+# launching `layercache run` to COMMAND's first instruction) cold and warm. Then N
+# concurrent hits (LAYERCACHE_BENCH_CONCURRENT, default 32; each in its own workdir, COMMAND
+# `true` and node require) with warm mounts off, on with none idle, and on right after such a
+# burst (what it left idle): failures, slowest run, runs that adopted, and at the peak the
+# layercache processes (runs, their pid-namespace inits, daemons, idle ones included) plus their
+# COMMANDs' processes with their total RSS and PSS (sampled every 50 ms). `--only warmstart`
+# measures kernel, fuse-overlayfs and layercache unless --impls says otherwise.
 # Ratios are to kernel overlayfs measured in the same run. layercache is built in release mode
 # from the committed HEAD (--worktree: from the working tree) and left out, with the reason
 # printed, while it does not build or mount. Needs root; installs fuse3, fuse-overlayfs, nodejs,
@@ -51,23 +69,25 @@ set -euo pipefail
 ARGS=("$@")
 RUNS=5 TREE_N=1000000 TMO=900 BUILD=1 BUILD_FROM="" QUICK=""
 IMPLS=(native kernel fuse-overlayfs layercache layercache-pt layercache-user)
-ALL_WORKLOADS="walk readall require seqread pagecache copyup fill mount store tree density kinds"
+ALL_WORKLOADS="walk readall require seqread pagecache copyup fill mount store tree density kinds warmstart"
 WORKLOADS=$ALL_WORKLOADS
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 RUNS=3 TREE_N=100000 ;;
     --runs) RUNS=$2; shift ;;
-    --impls) IFS=, read -r -a IMPLS <<<"$2"; shift ;;
+    --impls) IFS=, read -r -a IMPLS <<<"$2"; IMPLS_GIVEN=1; shift ;;
     --only) WORKLOADS=${2//,/ }; shift ;;
     --tree) TREE_N=$2; shift ;;
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
-    -h | --help) sed -n '2,46p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,64p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
 done
 for w in $WORKLOADS; do [[ " $ALL_WORKLOADS " == *" $w "* ]] || die "unknown workload $w"; done
+# warmstart alone needs only these (and no namespace of its own for the rootless mounts)
+[ -n "${IMPLS_GIVEN:-}" ] || [ "$(echo $WORKLOADS)" != warmstart ] || IMPLS=(kernel fuse-overlayfs layercache)
 want() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 has_impl() { [[ " ${IMPLS[*]} " == *" $1 "* ]]; }
 
@@ -503,9 +523,325 @@ kinds_run() {
   done_mount
 }
 
+# --- warmstart: warm mounts of `layercache run` ----------------------------------------------
+WS_DIR=$B/warmstart                    # the store, workdirs and views of these runs (kept)
+WS_STORE=$WS_DIR/store
+WS_N=${LAYERCACHE_BENCH_CONCURRENT:-32}
+WS_OK=""                               # the layer is there and a hit runs
+WS_ADOPTED=0 WS_MEASURED=0             # warm runs measured, and how many adopted a warm mount
+unset LAYERCACHE_WARM_IDLE             # "on" is the default idle time; "off" sets 0 per run
+
+# ws_script WORKLOAD: COMMAND's script: the workload, timed from inside, in the current dir
+# (the workdir, whose node_modules is the cache's view; a mount of the lower for the others).
+# shellcheck disable=SC2016 # $EPOCHREALTIME belongs to COMMAND's bash
+ws_script() {
+  local body
+  case $1 in
+    walk) body="find node_modules -printf '%s %m\\n' >/dev/null" ;;
+    readall) body="tar -cf - node_modules | cat >/dev/null" ;;
+    require) body="node -e $(printf %q "$REQUIRE_JS") >/dev/null" ;;
+    true) body=":" ;;
+  esac
+  printf 't0=$EPOCHREALTIME; %s || exit 97; t1=$EPOCHREALTIME; echo "lcbench $t0 $t1"' "$body"
+}
+
+# ws_launch IDLE WORKDIR SCRIPT: one `layercache run` of the warmstart spec in WORKDIR running
+# `bash -c SCRIPT` (IDLE "" = warm mounts at their default, 0 = off). Not under timeout: its
+# fork and exec would count in hit -> COMMAND start.
+ws_launch() {
+  local a=(--store "$WS_STORE" --json run --spec "$WS_DIR/spec.toml" --workdir "$2"
+    --mount-root "$WS_DIR/views" -- bash -c "$3")
+  if [ -n "$1" ]; then LAYERCACHE_WARM_IDLE=$1 "$LC_BIN" "${a[@]}"; else "$LC_BIN" "${a[@]}"; fi
+}
+
+# ws_parse FILE…: per output of a run: "FILE RESULTS WARMS MOUNT_MS PREP_MS T0 T1" (results and
+# warm flags of the caches in order, comma-separated; "-" where the output lacks it).
+ws_parse() {
+  python3 - "$@" <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    res = warm = "-"; mount = prep = 0; t0 = t1 = "-"
+    try:
+        lines = open(f).read().splitlines()
+    except OSError:
+        lines = []
+    for i, line in enumerate(lines):
+        if i == 0:
+            try:
+                v = json.loads(line)
+                cs = v.get("caches", [])
+                res = ",".join(c.get("result", "?") for c in cs) or "-"
+                warm = ",".join("1" if c.get("warm") else "0" for c in cs) or "-"
+                mount = sum(c.get("mount_ms", 0) for c in cs)
+                prep = v.get("prep_ms", 0)
+            except ValueError:
+                pass
+        elif line.startswith("lcbench "):
+            _, t0, t1 = line.split()[:3]
+            t0, t1 = t0.replace(".", ""), t1.replace(".", "")
+    print(f, res, warm, mount, prep, t0, t1)
+PY
+}
+
+# ws_run KIND IDLE WORKDIR SCRIPT: one run; sets WS_R (results), WS_W (warm flags), WS_START (µs
+# from launch to COMMAND's first instruction), WS_US (the workload, µs), WS_PREP (prep_ms, µs),
+# WS_ERR (empty when the run exited 0, hit in every cache and timed its workload).
+ws_run() {
+  local out=$WS_DIR/$1.out ts rc=0 f mnt prep t0 t1
+  ts=${EPOCHREALTIME/./}
+  ws_launch "$2" "$3" "$4" >"$out" 2>"$out.err" || rc=$?
+  read -r f WS_R WS_W mnt prep t0 t1 <<<"$(ws_parse "$out")"
+  WS_ERR="" WS_START="" WS_US="" WS_PREP=$((prep * 1000))
+  if [ "$rc" -ne 0 ]; then WS_ERR="exit $rc: $(grep -v '^$' "$out.err" | tail -1 | head -c 200)"
+  elif [[ $WS_R != hit,hit ]]; then WS_ERR="results $WS_R (not a hit)"
+  elif [ "$t0" = - ]; then WS_ERR="COMMAND printed no timing"
+  else WS_START=$((10#$t0 - 10#$ts)) WS_US=$((10#$t1 - 10#$t0)); fi
+  [ -z "$WS_ERR" ]
+}
+
+# ws_end_idle: ends every idle warm mount of the warmstart store (gc ends them first; the layers
+# were just used, so no limit evicts them) and checks that nothing of it is left mounted.
+ws_end_idle() {
+  [ -x "$LC_BIN" ] && [ -d "$WS_STORE" ] || return 0
+  timeout 120 "$LC_BIN" --store "$WS_STORE" gc --max-size none --max-inodes none --max-age none >/dev/null 2>"$WS_DIR/gc.err" \
+    || log "warmstart: gc failed: $(tail -1 "$WS_DIR/gc.err")"
+  local m
+  for m in $(awk -v d="$WS_DIR/" 'index($2, d) == 1 { print $2 }' /proc/mounts); do
+    log "warmstart: $m still mounted, unmounting it"; lc_umount "$m"
+  done
+}
+
+# ws_layer_tree CACHE: the tree of the layer CACHE's key names (a plain tree of hard links to
+# the store's objects: the files the mount's daemon reads).
+ws_layer_tree() {
+  local d=$WS_STORE/v1/projects/warmstart id
+  id=$(cat "$d/caches/$1/keys/"* 2>/dev/null | head -1)
+  [ -n "$id" ] && [ -d "$d/layers/$id/tree" ] && echo "$d/layers/$id/tree"
+}
+
+# ws_idle_count: idle warm mounts in the warmstart store now; ws_idle_max: the most of one layer.
+ws_idle_count() { find "$WS_STORE/v1/projects/warmstart/runs" -mindepth 2 -maxdepth 2 -name idle 2>/dev/null | wc -l; }
+ws_idle_max() {
+  local d
+  for d in "$WS_STORE/v1/projects/warmstart/runs"/*/; do
+    [ -e "$d/idle" ] && grep -o '"lower": *"[^"]*"' "$d/run.json"
+  done 2>/dev/null | sort | uniq -c | sort -n | awk 'END { print $1 + 0 }'
+}
+
+# ws_prepare: the spec, the workdirs (0 for the one-at-a-time runs, 1..N for the bursts) and
+# the layers (one miss, once; a store an older binary cannot use is made again).
+ws_prepare() {
+  local k try
+  mkdir -p "$WS_DIR/views"
+  for k in $(seq 0 "$WS_N"); do
+    mkdir -p "$WS_DIR/ws-$k"
+    cp "$LC_LOWER/package.json" "$LC_LOWER/package-lock.json" "$WS_DIR/ws-$k/"
+  done
+  rm -rf "$WS_DIR/layer-lower" && mkdir -p "$WS_DIR/layer-lower"
+  cat >"$WS_DIR/spec.toml" <<EOT
+# README's example: the installed tree and npm's download cache; the setups copy the bench's
+# npm ci of the same lockfile (no network)
+project = "warmstart"
+
+[[cache]]
+id = "node_modules"
+preset = "node_modules"
+setup = "cp -a $LC_LOWER/node_modules/. {mount}/"
+
+[[cache]]
+id = "npm"
+preset = "npm"
+setup = "cp -a $LC_NPM_CACHE/. {mount}/"
+EOT
+  for try in 1 2; do
+    if ws_run prepare 0 "$WS_DIR/ws-0" "$(ws_script true)" || ws_run prepare 0 "$WS_DIR/ws-0" "$(ws_script true)"; then
+      WS_TREE=$(ws_layer_tree node_modules) && [ -d "$WS_TREE/react" ] && WS_OK=1 && break
+      WS_ERR="no layer tree of node_modules found in the store"
+    fi
+    log "warmstart: $WS_ERR; making the store again"
+    ws_end_idle; rm -rf "$WS_STORE"
+  done
+  [ -n "$WS_OK" ] || { FAIL["ws layer"]="could not make the layer: $WS_ERR"; return 1; }
+  ln -s "$WS_TREE" "$WS_DIR/layer-lower/node_modules"
+}
+
+# ws_lower_pass WORKLOAD: the same pass over the layer's own tree in the store (its files are
+# the objects the mount's daemon opens), so the lower's page cache is warm as for `first`.
+ws_lower_pass() {
+  case $1 in
+    walk) find "$WS_TREE" -printf '%s %m\n' >/dev/null ;;
+    readall) tar -C "$WS_TREE" -cf - . | cat >/dev/null ;;
+    require) (cd "$WS_DIR/layer-lower" && node -e "$REQUIRE_JS") >/dev/null ;;
+  esac 2>/dev/null || true
+}
+
+# ws_overlay_run WORKLOAD IMPL: the workload's first pass on a fresh mount of IMPL over the
+# lower, right after the same pass over the lower, timed by the same script as in a run.
+ws_overlay_run() {
+  local w=$1 i=$2 script tag t0 t1
+  script=$(ws_script "$w")
+  (cd "$LC_LOWER" && exec bash -c "$script") >/dev/null 2>&1 || true
+  if fresh "$i" "$LC_LOWER"; then
+    if (cd "$FRESH_MNT" && exec timeout "$TMO" bash -c "$script") >"$WS_DIR/ovl.out" 2>"$B/cmd.err" \
+        && read -r tag t0 t1 <"$WS_DIR/ovl.out" && [ "$tag" = lcbench ]; then
+      RES["ws $w $i"]+="$((10#${t1/./} - 10#${t0/./})) "
+    else FAIL["ws $w $i"]="failed: $(head -c 200 "$B/cmd.err" | head -1)"; fi
+  else FAIL["ws $w $i"]=$FAILED_MOUNT; fi
+  done_mount
+}
+
+# ws_cold_run WORKLOAD: `LAYERCACHE_WARM_IDLE=0 layercache run`, after the pass over the layer.
+ws_cold_run() {
+  ws_lower_pass "$1"
+  if ws_run cold 0 "$WS_DIR/ws-0" "$(ws_script "$1")"; then
+    RES["ws $1 lc-cold"]+="$WS_US " RES["wsstart cold"]+="$WS_START " RES["wsprep cold"]+="$WS_PREP "
+    [[ $WS_W != *1* ]] || NOTE["ws $1 cold"]="a run with LAYERCACHE_WARM_IDLE=0 said warm ($WS_W)"
+  else FAIL["ws $1 lc-cold"]=$WS_ERR; fi
+}
+
+# ws_warm_run WORKLOAD: a run of the same workload (warm mounts on), then the measured one.
+ws_warm_run() {
+  local script
+  script=$(ws_script "$1")
+  ws_run prime "" "$WS_DIR/ws-0" "$script" || { FAIL["ws $1 lc-warm"]="the run before: $WS_ERR"; return 0; }
+  if ! ws_run warm "" "$WS_DIR/ws-0" "$script"; then FAIL["ws $1 lc-warm"]=$WS_ERR; return 0; fi
+  WS_MEASURED=$((WS_MEASURED + 1))
+  if [ "${WS_W%%,*}" = 1 ]; then
+    WS_ADOPTED=$((WS_ADOPTED + 1))
+    RES["ws $1 lc-warm"]+="$WS_US " RES["wsstart warm"]+="$WS_START " RES["wsprep warm"]+="$WS_PREP "
+  else
+    RES["ws $1 lc-notwarm"]+="$WS_US "
+    NOTE["ws $1 not adopted $WS_MEASURED"]="warm flags $WS_W; idle mounts now $(ws_idle_count); $(grep -v '^$' "$WS_DIR/warm.out.err" | tail -1 | head -c 200)"
+  fi
+  [ "$WS_W" = 1,1 ] || WS_NPM_NOTWARM=$((${WS_NPM_NOTWARM:-0} + 1))
+}
+
+# ws_sampler: python program sampling the processes of layercache's binary and their
+# descendants every 50 ms until its stop file appears; prints their peak count (all, and of the
+# binary alone) and peak total RSS and PSS (KiB).
+WS_SAMPLER='
+import os, sys, time
+exe, stop = os.path.realpath(sys.argv[1]), sys.argv[2]
+page = os.sysconf("SC_PAGE_SIZE") // 1024
+peak = [0, 0, 0, 0]
+def kib(pid, name):
+    try:
+        with open("/proc/%d/%s" % (pid, name)) as f:
+            if name == "statm":
+                return int(f.read().split()[1]) * page
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+while True:
+    done = os.path.exists(stop)
+    parent, own = {}, set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        pid = int(d)
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                st = f.read()
+            parent[pid] = int(st[st.rindex(")") + 2:].split()[1])
+            if os.readlink("/proc/%d/exe" % pid) == exe:
+                own.add(pid)
+        except (OSError, ValueError):
+            pass
+    kids = {}
+    for pid, pp in parent.items():
+        kids.setdefault(pp, []).append(pid)
+    tree, todo = set(own), list(own)
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            if c not in tree:
+                tree.add(c)
+                todo.append(c)
+    now = [len(tree), len(own), sum(kib(p, "statm") for p in tree), sum(kib(p, "smaps_rollup") for p in tree)]
+    peak = [max(a, b) for a, b in zip(peak, now)]
+    if done:
+        break
+    time.sleep(0.05)
+print(*peak)
+'
+
+# ws_burst LABEL IDLE WORKLOAD: WS_N concurrent runs (workdirs 1..N); results into RES["conc
+# LABEL …"]: failures, slowest run and the whole burst (µs), runs that adopted a warm mount,
+# peak processes / of layercache's binary / RSS / PSS, idle mounts before and after.
+ws_burst() {
+  local label=$1 idle=$2 script k spid t0 t1 fails=0 slow=0 adopted=0 rc s e f r w m p x y pids=()
+  script=$(ws_script "$3")
+  rm -f "$WS_DIR"/burst-* "$WS_DIR/sampler.stop"
+  RES["conc $label idle-before"]+="$(ws_idle_count) "
+  python3 -c "$WS_SAMPLER" "$LC_BIN" "$WS_DIR/sampler.stop" >"$WS_DIR/sampler.out" &
+  spid=$!
+  sleep 0.2
+  t0=${EPOCHREALTIME/./}
+  for k in $(seq "$WS_N"); do
+    (
+      s=${EPOCHREALTIME/./} rc=0
+      ws_launch "$idle" "$WS_DIR/ws-$k" "$script" >"$WS_DIR/burst-$k.out" 2>"$WS_DIR/burst-$k.err" || rc=$?
+      echo "$rc $s ${EPOCHREALTIME/./}" >"$WS_DIR/burst-$k.rc"
+    ) &
+    pids+=($!)
+  done
+  for k in "${pids[@]}"; do wait "$k" || true; done
+  t1=${EPOCHREALTIME/./}
+  touch "$WS_DIR/sampler.stop"
+  wait "$spid" || true
+  for k in $(seq "$WS_N"); do
+    read -r rc s e <"$WS_DIR/burst-$k.rc" || rc=255
+    read -r f r w m p x y <<<"$(ws_parse "$WS_DIR/burst-$k.out")"
+    if [ "$rc" -ne 0 ] || [ "$r" != hit,hit ] || [ "$x" = - ]; then
+      fails=$((fails + 1))
+      NOTE["conc $label failed $k"]="exit $rc, results $r: $(grep -v '^$' "$WS_DIR/burst-$k.err" | tail -1 | head -c 200)"
+    fi
+    [ "$((${e:-0} - ${s:-0}))" -le "$slow" ] || slow=$((e - s))
+    [ "${w%%,*}" != 1 ] || adopted=$((adopted + 1))
+  done
+  read -r k f m p <"$WS_DIR/sampler.out" || k=""
+  RES["conc $label fail"]+="$fails " RES["conc $label slow"]+="$slow " RES["conc $label wall"]+="$((t1 - t0)) "
+  RES["conc $label adopted"]+="$adopted " RES["conc $label idle-after"]+="$(ws_idle_count) " RES["conc $label idle-max"]+="$(ws_idle_max) "
+  [ -z "$k" ] || RES["conc $label procs"]+="$k " RES["conc $label lcprocs"]+="$f " RES["conc $label rss"]+="$m " RES["conc $label pss"]+="$p "
+  rm -f "$WS_DIR"/burst-*
+}
+
+# ws_med KEY [us|kib]: the median of RES[KEY] (a duration, MiB), "?" when there is none.
+ws_med() {
+  local m
+  # shellcheck disable=SC2086
+  [ -n "${RES[$1]:-}" ] && m=$(lc_median ${RES[$1]}) || { echo "?"; return; }
+  case ${2:-} in
+    us) lc_fmt_us "$m" ;;
+    kib) echo "$((m / 1024)) MiB" ;;
+    *) echo "$m" ;;
+  esac
+}
+
+# ws_round: one round of the concurrency bursts, COMMAND `true` then node require: warm mounts
+# off (nothing idle), on (nothing idle: the burst before kept none), on again (what it left).
+ws_round() {
+  local c
+  for c in true require; do
+    ws_end_idle
+    ws_burst "off $c" 0 "$c"
+    ws_burst "on0 $c" "" "$c"
+    ws_burst "on4 $c" "" "$c"
+  done
+  ws_end_idle
+}
+
 # --- the runs --------------------------------------------------------------------------------
 log "implementations: ${IMPLS[*]}; workloads: $WORKLOADS; $RUNS runs each"
 if want density || want kinds; then mapfile -t D_SETS < <(d_sets); fi
+if want warmstart && has_impl layercache; then
+  log "warmstart: preparing its store in $WS_DIR"
+  # idle warm mounts end with the script (they would end by themselves after 2 min)
+  trap 'ws_end_idle; lc_cleanup' EXIT
+  ws_prepare || log "warmstart: layercache left out: ${FAIL["ws layer"]}"
+fi
 START=$(date +%s)
 for run in $(seq "$RUNS"); do
   for w in walk readall require seqread; do
@@ -523,6 +859,18 @@ for run in $(seq "$RUNS"); do
   fi
   if want fill; then log "run $run/$RUNS: fill"; for i in "${IMPLS[@]}"; do fill_run "$i"; done; fi
   if want store && has_impl layercache; then log "run $run/$RUNS: layercache store"; store_run "$run"; fi
+  if want warmstart; then
+    for w in walk readall require; do
+      log "run $run/$RUNS: warm start, $w"
+      for i in "${IMPLS[@]}"; do
+        case $i in
+          kernel | fuse-overlayfs) ws_overlay_run "$w" "$i" ;;
+          layercache) [ -z "$WS_OK" ] || { ws_cold_run "$w"; ws_warm_run "$w"; } ;;
+        esac
+      done
+    done
+    if [ -n "$WS_OK" ]; then log "run $run/$RUNS: $WS_N concurrent hits"; ws_round; fi
+  fi
   if want kinds; then
     for set in "${D_SETS[@]}"; do
       log "run $run/$RUNS: first passes over the $set layer"
@@ -679,6 +1027,56 @@ row() { # LABEL KEY-PREFIX TARGET
         echo "$line"
       done
     done
+    echo
+  fi
+  if want warmstart; then
+    echo
+    echo "warm start: the first pass of a run, timed inside COMMAND (median of $RUNS, implementations interleaved; ratio to kernel overlayfs). kernel overlayfs, fuse-overlayfs: a fresh mount, right after the same pass over the lower. layercache cold: \`LAYERCACHE_WARM_IDLE=0 layercache run\`, right after the same pass over the layer's own tree. layercache warm: the run right after a run of the same layer and workload that left its mount idle; $WS_ADOPTED of $WS_MEASURED measured warm runs adopted a warm mount (only those are counted)${WS_NPM_NOTWARM:+; the npm cache was not warm in $WS_NPM_NOTWARM of them}."
+    echo
+    echo "| first pass | kernel overlayfs | fuse-overlayfs | layercache cold | layercache warm | warm / cold | target (warm) |"
+    echo "|---|---|---|---|---|---|---|"
+    for w in walk readall require; do
+      case $w in
+        walk) name="walk (find node_modules -printf)" ;;
+        readall) name="read-all (tar of node_modules)" ;;
+        require) name="node require ($REQUIRE_PKGS)" ;;
+      esac
+      wc="—"
+      if [ -n "${RES["ws $w lc-warm"]:-}" ] && [ -n "${RES["ws $w lc-cold"]:-}" ]; then
+        # shellcheck disable=SC2086
+        wc=$(lc_ratio "$(lc_median ${RES["ws $w lc-warm"]})" "$(lc_median ${RES["ws $w lc-cold"]})")
+      fi
+      echo "| $name | $(cell "ws $w" kernel) | $(cell "ws $w" fuse-overlayfs) | $(cell "ws $w" lc-cold) | $(cell "ws $w" lc-warm) | $wc | ≤ 1.0× |"
+    done
+    echo
+    echo "hit → COMMAND start (from launching \`layercache run\` to the first instruction of COMMAND's bash; the README example's two caches, node_modules and npm, both hits; median of the $((RUNS * 3)) runs above):"
+    echo
+    echo "| | layercache cold | layercache warm | target |"
+    echo "|---|---|---|---|"
+    echo "| hit → COMMAND start | $(cell wsstart cold) | $(cell wsstart warm) | ≤ 20 ms |"
+    echo "| prep_ms of the --json line (mounts + npm's maintenance) | $(cell wsprep cold) | $(cell wsprep warm) | |"
+    if [ -n "${RES["conc off true fail"]:-}" ]; then
+      echo
+      echo "$WS_N concurrent hits of one layer, each in its own workdir (median of $RUNS bursts; failures summed; peaks sampled every 50 ms over layercache's processes — runs, their pid-namespace inits, overlay daemons, idle ones included — and their descendants, COMMAND's):"
+      echo
+      echo "| warm mounts | COMMAND | failures | slowest run | whole burst | runs that adopted | idle before → after (most of one layer) | processes at peak (layercache's) | RSS at peak | PSS at peak |"
+      echo "|---|---|---|---|---|---|---|---|---|---|"
+      for c in true require; do
+        for m in off on0 on4; do
+          k="conc $m $c"
+          case $m in
+            off) ml="off (LAYERCACHE_WARM_IDLE=0)" ;;
+            on0) ml="on, none idle before" ;;
+            on4) ml="on, right after the burst above" ;;
+          esac
+          fails=$(printf '%s\n' ${RES["$k fail"]:-} | awk '{ s += $1 } END { print s + 0 }')
+          echo "| $ml | ${c/require/node require} | $fails | $(ws_med "$k slow" us) | $(ws_med "$k wall" us) | $(ws_med "$k adopted") | $(ws_med "$k idle-before") → $(ws_med "$k idle-after") ($(ws_med "$k idle-max")) | $(ws_med "$k procs") ($(ws_med "$k lcprocs")) | $(ws_med "$k rss" kib) | $(ws_med "$k pss" kib) |"
+        done
+      done
+      echo
+      echo "idle counts are of both caches' mounts (node_modules and npm; at most 4 per layer are meant to be kept); a run that finds none idle mounts the layer with a daemon of its own. runs that adopted: of node_modules' mounts. The maximum over the bursts of idle mounts of one layer after a burst: $(printf '%s\n' ${RES["conc on0 true idle-max"]:-} ${RES["conc on4 true idle-max"]:-} ${RES["conc on0 require idle-max"]:-} ${RES["conc on4 require idle-max"]:-} | sort -n | tail -1)."
+
+    fi
     echo
   fi
   if want pagecache || want density; then
