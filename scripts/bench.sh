@@ -48,7 +48,8 @@
 # lower (as `first` above); layercache cold = `LAYERCACHE_WARM_IDLE=0 layercache run`, right
 # after the same pass over the layer's own tree in the store; layercache warm = a run right
 # after a run of the same layer and workload that left its mount idle (counted only when its
-# --json line says warm: true; how many did is reported). Also hit -> COMMAND start (from
+# --json line says warm: true; how many did is reported); cold and warm again with `run
+# --passthrough off` (no-open mode). Also hit -> COMMAND start (from
 # launching `layercache run` to COMMAND's first instruction) cold and warm. Then N
 # concurrent hits (LAYERCACHE_BENCH_CONCURRENT, default 32; each in its own workdir, COMMAND
 # `true` and node require) with warm mounts off, on with none idle, and on right after such a
@@ -80,7 +81,7 @@ while [ $# -gt 0 ]; do
     --tree) TREE_N=$2; shift ;;
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
-    -h | --help) sed -n '2,64p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,65p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -528,7 +529,8 @@ WS_DIR=$B/warmstart                    # the store, workdirs and views of these 
 WS_STORE=$WS_DIR/store
 WS_N=${LAYERCACHE_BENCH_CONCURRENT:-32}
 WS_OK=""                               # the layer is there and a hit runs
-WS_ADOPTED=0 WS_MEASURED=0             # warm runs measured, and how many adopted a warm mount
+declare -A WS_ADOPTED=() WS_MEASURED=() # per variant (auto, noopen): warm runs measured, adopted
+WS_PT=""                               # --passthrough of the runs (empty: the spec's, auto)
 unset LAYERCACHE_WARM_IDLE             # "on" is the default idle time; "off" sets 0 per run
 
 # ws_script WORKLOAD: COMMAND's script: the workload, timed from inside, in the current dir
@@ -546,11 +548,11 @@ ws_script() {
 }
 
 # ws_launch IDLE WORKDIR SCRIPT: one `layercache run` of the warmstart spec in WORKDIR running
-# `bash -c SCRIPT` (IDLE "" = warm mounts at their default, 0 = off). Not under timeout: its
-# fork and exec would count in hit -> COMMAND start.
+# `bash -c SCRIPT` (IDLE "" = warm mounts at their default, 0 = off; --passthrough $WS_PT when
+# set). Not under timeout: its fork and exec would count in hit -> COMMAND start.
 ws_launch() {
   local a=(--store "$WS_STORE" --json run --spec "$WS_DIR/spec.toml" --workdir "$2"
-    --mount-root "$WS_DIR/views" -- bash -c "$3")
+    --mount-root "$WS_DIR/views" ${WS_PT:+--passthrough "$WS_PT"} -- bash -c "$3")
   if [ -n "$1" ]; then LAYERCACHE_WARM_IDLE=$1 "$LC_BIN" "${a[@]}"; else "$LC_BIN" "${a[@]}"; fi
 }
 
@@ -592,7 +594,7 @@ ws_run() {
   ws_launch "$2" "$3" "$4" >"$out" 2>"$out.err" || rc=$?
   read -r f WS_R WS_W mnt prep t0 t1 <<<"$(ws_parse "$out")"
   WS_ERR="" WS_START="" WS_US="" WS_PREP=$((prep * 1000))
-  if [ "$rc" -ne 0 ]; then WS_ERR="exit $rc: $(grep -v '^$' "$out.err" | tail -1 | head -c 200)"
+  if [ "$rc" -ne 0 ]; then WS_ERR="exit $rc: $(grep -v '^$' "$out.err" | tail -1 | head -c 200 || true)"
   elif [[ $WS_R != hit,hit ]]; then WS_ERR="results $WS_R (not a hit)"
   elif [ "$t0" = - ]; then WS_ERR="COMMAND printed no timing"
   else WS_START=$((10#$t0 - 10#$ts)) WS_US=$((10#$t1 - 10#$t0)); fi
@@ -620,12 +622,12 @@ ws_layer_tree() {
 }
 
 # ws_idle_count: idle warm mounts in the warmstart store now; ws_idle_max: the most of one layer.
-ws_idle_count() { find "$WS_STORE/v1/projects/warmstart/runs" -mindepth 2 -maxdepth 2 -name idle 2>/dev/null | wc -l; }
+ws_idle_count() { find "$WS_STORE/v1/projects/warmstart/runs" -mindepth 2 -maxdepth 2 -name idle 2>/dev/null | wc -l || true; }
 ws_idle_max() {
   local d
   for d in "$WS_STORE/v1/projects/warmstart/runs"/*/; do
-    [ -e "$d/idle" ] && grep -o '"lower": *"[^"]*"' "$d/run.json"
-  done 2>/dev/null | sort | uniq -c | sort -n | awk 'END { print $1 + 0 }'
+    if [ -e "$d/idle" ]; then grep -o '"lower": *"[^"]*"' "$d/run.json" 2>/dev/null || true; fi
+  done | sort | uniq -c | sort -n | awk 'END { print $1 + 0 }'
 }
 
 # ws_prepare: the spec, the workdirs (0 for the one-at-a-time runs, 1..N for the bursts) and
@@ -690,30 +692,39 @@ ws_overlay_run() {
   done_mount
 }
 
-# ws_cold_run WORKLOAD: `LAYERCACHE_WARM_IDLE=0 layercache run`, after the pass over the layer.
+# ws_cold_run WORKLOAD [noopen]: `LAYERCACHE_WARM_IDLE=0 layercache run`, after the pass over
+# the layer (noopen: with --passthrough off).
 ws_cold_run() {
+  local v=${2:-} sfx=${2:+-$2}
   ws_lower_pass "$1"
+  WS_PT=${v:+off}
   if ws_run cold 0 "$WS_DIR/ws-0" "$(ws_script "$1")"; then
-    RES["ws $1 lc-cold"]+="$WS_US " RES["wsstart cold"]+="$WS_START " RES["wsprep cold"]+="$WS_PREP "
-    [[ $WS_W != *1* ]] || NOTE["ws $1 cold"]="a run with LAYERCACHE_WARM_IDLE=0 said warm ($WS_W)"
-  else FAIL["ws $1 lc-cold"]=$WS_ERR; fi
+    RES["ws $1 lc-cold$sfx"]+="$WS_US " RES["wsstart cold$sfx"]+="$WS_START " RES["wsprep cold$sfx"]+="$WS_PREP "
+    [[ $WS_W != *1* ]] || NOTE["ws $1 cold$sfx"]="a run with LAYERCACHE_WARM_IDLE=0 said warm ($WS_W)"
+  else FAIL["ws $1 lc-cold$sfx"]=$WS_ERR; fi
+  WS_PT=""
 }
 
-# ws_warm_run WORKLOAD: a run of the same workload (warm mounts on), then the measured one.
+# ws_warm_run WORKLOAD [noopen]: a run of the same workload (warm mounts on), then the measured
+# one (noopen: both with --passthrough off).
 ws_warm_run() {
-  local script
+  local v=${2:-} sfx=${2:+-$2} script n k=${2:-auto}
   script=$(ws_script "$1")
-  ws_run prime "" "$WS_DIR/ws-0" "$script" || { FAIL["ws $1 lc-warm"]="the run before: $WS_ERR"; return 0; }
-  if ! ws_run warm "" "$WS_DIR/ws-0" "$script"; then FAIL["ws $1 lc-warm"]=$WS_ERR; return 0; fi
-  WS_MEASURED=$((WS_MEASURED + 1))
-  if [ "${WS_W%%,*}" = 1 ]; then
-    WS_ADOPTED=$((WS_ADOPTED + 1))
-    RES["ws $1 lc-warm"]+="$WS_US " RES["wsstart warm"]+="$WS_START " RES["wsprep warm"]+="$WS_PREP "
+  WS_PT=${v:+off}
+  if ! ws_run prime "" "$WS_DIR/ws-0" "$script"; then FAIL["ws $1 lc-warm$sfx"]="the run before: $WS_ERR"
+  elif ! ws_run warm "" "$WS_DIR/ws-0" "$script"; then FAIL["ws $1 lc-warm$sfx"]=$WS_ERR
   else
-    RES["ws $1 lc-notwarm"]+="$WS_US "
-    NOTE["ws $1 not adopted $WS_MEASURED"]="warm flags $WS_W; idle mounts now $(ws_idle_count); $(grep -v '^$' "$WS_DIR/warm.out.err" | tail -1 | head -c 200)"
+    n=$((${WS_MEASURED[$k]:-0} + 1)); WS_MEASURED[$k]=$n
+    if [ "${WS_W%%,*}" = 1 ]; then
+      WS_ADOPTED[$k]=$((${WS_ADOPTED[$k]:-0} + 1))
+      RES["ws $1 lc-warm$sfx"]+="$WS_US " RES["wsstart warm$sfx"]+="$WS_START " RES["wsprep warm$sfx"]+="$WS_PREP "
+    else
+      RES["ws $1 lc-notwarm$sfx"]+="$WS_US "
+      NOTE["ws $1 not adopted$sfx $n"]="warm flags $WS_W; idle mounts now $(ws_idle_count); $(grep -v '^$' "$WS_DIR/warm.out.err" | tail -1 | head -c 200 || true)"
+    fi
+    [ "$WS_W" = 1,1 ] || WS_NPM_NOTWARM=$((${WS_NPM_NOTWARM:-0} + 1))
   fi
-  [ "$WS_W" = 1,1 ] || WS_NPM_NOTWARM=$((${WS_NPM_NOTWARM:-0} + 1))
+  WS_PT=""
 }
 
 # ws_sampler: python program sampling the processes of layercache's binary and their
@@ -796,7 +807,7 @@ ws_burst() {
     read -r f r w m p x y <<<"$(ws_parse "$WS_DIR/burst-$k.out")"
     if [ "$rc" -ne 0 ] || [ "$r" != hit,hit ] || [ "$x" = - ]; then
       fails=$((fails + 1))
-      NOTE["conc $label failed $k"]="exit $rc, results $r: $(grep -v '^$' "$WS_DIR/burst-$k.err" | tail -1 | head -c 200)"
+      NOTE["conc $label failed $k"]="exit $rc, results $r: $(grep -v '^$' "$WS_DIR/burst-$k.err" | tail -1 | head -c 200 || true)"
     fi
     [ "$((${e:-0} - ${s:-0}))" -le "$slow" ] || slow=$((e - s))
     [ "${w%%,*}" != 1 ] || adopted=$((adopted + 1))
@@ -865,7 +876,7 @@ for run in $(seq "$RUNS"); do
       for i in "${IMPLS[@]}"; do
         case $i in
           kernel | fuse-overlayfs) ws_overlay_run "$w" "$i" ;;
-          layercache) [ -z "$WS_OK" ] || { ws_cold_run "$w"; ws_warm_run "$w"; } ;;
+          layercache) [ -z "$WS_OK" ] || { ws_cold_run "$w"; ws_warm_run "$w"; ws_cold_run "$w" noopen; ws_warm_run "$w" noopen; } ;;
         esac
       done
     done
@@ -1031,10 +1042,10 @@ row() { # LABEL KEY-PREFIX TARGET
   fi
   if want warmstart; then
     echo
-    echo "warm start: the first pass of a run, timed inside COMMAND (median of $RUNS, implementations interleaved; ratio to kernel overlayfs). kernel overlayfs, fuse-overlayfs: a fresh mount, right after the same pass over the lower. layercache cold: \`LAYERCACHE_WARM_IDLE=0 layercache run\`, right after the same pass over the layer's own tree. layercache warm: the run right after a run of the same layer and workload that left its mount idle; $WS_ADOPTED of $WS_MEASURED measured warm runs adopted a warm mount (only those are counted)${WS_NPM_NOTWARM:+; the npm cache was not warm in $WS_NPM_NOTWARM of them}."
+    echo "warm start: the first pass of a run, timed inside COMMAND (median of $RUNS, implementations interleaved; ratio to kernel overlayfs). kernel overlayfs, fuse-overlayfs: a fresh mount, right after the same pass over the lower. layercache cold: \`LAYERCACHE_WARM_IDLE=0 layercache run\`, right after the same pass over the layer's own tree. layercache warm: the run right after a run of the same layer and workload that left its mount idle; ${WS_ADOPTED[auto]:-0} of ${WS_MEASURED[auto]:-0} measured warm runs adopted a warm mount (only those are counted). Both as \`run\` mounts a layer by default as root (passthrough auto: FUSE passthrough for a layer with files); no-open: the same runs with \`--passthrough off\` (${WS_ADOPTED[noopen]:-0} of ${WS_MEASURED[noopen]:-0} warm runs adopted)${WS_NPM_NOTWARM:+; the npm cache was not warm in $WS_NPM_NOTWARM of the warm runs}."
     echo
-    echo "| first pass | kernel overlayfs | fuse-overlayfs | layercache cold | layercache warm | warm / cold | target (warm) |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "| first pass | kernel overlayfs | fuse-overlayfs | layercache cold | layercache warm | warm / cold | no-open cold | no-open warm | target (warm) |"
+    echo "|---|---|---|---|---|---|---|---|---|"
     for w in walk readall require; do
       case $w in
         walk) name="walk (find node_modules -printf)" ;;
@@ -1046,15 +1057,15 @@ row() { # LABEL KEY-PREFIX TARGET
         # shellcheck disable=SC2086
         wc=$(lc_ratio "$(lc_median ${RES["ws $w lc-warm"]})" "$(lc_median ${RES["ws $w lc-cold"]})")
       fi
-      echo "| $name | $(cell "ws $w" kernel) | $(cell "ws $w" fuse-overlayfs) | $(cell "ws $w" lc-cold) | $(cell "ws $w" lc-warm) | $wc | ≤ 1.0× |"
+      echo "| $name | $(cell "ws $w" kernel) | $(cell "ws $w" fuse-overlayfs) | $(cell "ws $w" lc-cold) | $(cell "ws $w" lc-warm) | $wc | $(cell "ws $w" lc-cold-noopen) | $(cell "ws $w" lc-warm-noopen) | ≤ 1.0× |"
     done
     echo
     echo "hit → COMMAND start (from launching \`layercache run\` to the first instruction of COMMAND's bash; the README example's two caches, node_modules and npm, both hits; median of the $((RUNS * 3)) runs above):"
     echo
-    echo "| | layercache cold | layercache warm | target |"
-    echo "|---|---|---|---|"
-    echo "| hit → COMMAND start | $(cell wsstart cold) | $(cell wsstart warm) | ≤ 20 ms |"
-    echo "| prep_ms of the --json line (mounts + npm's maintenance) | $(cell wsprep cold) | $(cell wsprep warm) | |"
+    echo "| | layercache cold | layercache warm | no-open cold | no-open warm | target |"
+    echo "|---|---|---|---|---|---|"
+    echo "| hit → COMMAND start | $(cell wsstart cold) | $(cell wsstart warm) | $(cell wsstart cold-noopen) | $(cell wsstart warm-noopen) | ≤ 20 ms |"
+    echo "| prep_ms of the --json line (mounts + npm's maintenance) | $(cell wsprep cold) | $(cell wsprep warm) | $(cell wsprep cold-noopen) | $(cell wsprep warm-noopen) | |"
     if [ -n "${RES["conc off true fail"]:-}" ]; then
       echo
       echo "$WS_N concurrent hits of one layer, each in its own workdir (median of $RUNS bursts; failures summed; peaks sampled every 50 ms over layercache's processes — runs, their pid-namespace inits, overlay daemons, idle ones included — and their descendants, COMMAND's):"
