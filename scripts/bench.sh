@@ -43,7 +43,8 @@
 # its own under /var/tmp/layercache-bench/warmstart holds the README example's two caches
 # (presets node_modules and npm; their setups copy the fixture's installed node_modules and npm
 # cache, made once). The first walk (find node_modules -printf), first read-all (tar of
-# node_modules) and node require, each timed inside COMMAND (the run's own start-up left out),
+# node_modules), node require (as above) and node require of 30 packages (bench-lazy.sh's
+# list), each timed inside COMMAND (the run's own start-up left out),
 # for: kernel overlayfs and fuse-overlayfs on a fresh mount right after the same pass over the
 # lower (as `first` above); layercache cold = `LAYERCACHE_WARM_IDLE=0 layercache run`, right
 # after the same pass over the layer's own tree in the store; layercache warm = a run right
@@ -81,7 +82,7 @@ while [ $# -gt 0 ]; do
     --tree) TREE_N=$2; shift ;;
     --worktree) BUILD_FROM=--worktree ;;
     --no-build) BUILD="" ;;
-    -h | --help) sed -n '2,65p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,66p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
@@ -532,6 +533,11 @@ WS_OK=""                               # the layer is there and a hit runs
 declare -A WS_ADOPTED=() WS_MEASURED=() # per variant (auto, noopen): warm runs measured, adopted
 WS_PT=""                               # --passthrough of the runs (empty: the spec's, auto)
 unset LAYERCACHE_WARM_IDLE             # "on" is the default idle time; "off" sets 0 per run
+# node require of 30 packages of the fixture (the list of bench-lazy.sh's npm workload)
+WS_REQUIRE30="react react-dom lodash express axios typescript eslint @babel/core webpack jest rollup
+  terser postcss yargs acorn js-yaml ajv chalk debug semver glob minimatch cross-spawn execa
+  prompts esprima graceful-fs browserslist caniuse-lite @jest/core"
+WS_REQUIRE30_JS="for (const p of '$(echo $WS_REQUIRE30)'.split(' ')) require(p)"
 
 # ws_script WORKLOAD: COMMAND's script: the workload, timed from inside, in the current dir
 # (the workdir, whose node_modules is the cache's view; a mount of the lower for the others).
@@ -542,6 +548,7 @@ ws_script() {
     walk) body="find node_modules -printf '%s %m\\n' >/dev/null" ;;
     readall) body="tar -cf - node_modules | cat >/dev/null" ;;
     require) body="node -e $(printf %q "$REQUIRE_JS") >/dev/null" ;;
+    require30) body="node -e $(printf %q "$WS_REQUIRE30_JS") >/dev/null" ;;
     true) body=":" ;;
   esac
   printf 't0=$EPOCHREALTIME; %s || exit 97; t1=$EPOCHREALTIME; echo "lcbench $t0 $t1"' "$body"
@@ -674,6 +681,7 @@ ws_lower_pass() {
     walk) find "$WS_TREE" -printf '%s %m\n' >/dev/null ;;
     readall) tar -C "$WS_TREE" -cf - . | cat >/dev/null ;;
     require) (cd "$WS_DIR/layer-lower" && node -e "$REQUIRE_JS") >/dev/null ;;
+    require30) (cd "$WS_DIR/layer-lower" && node -e "$WS_REQUIRE30_JS") >/dev/null ;;
   esac 2>/dev/null || true
 }
 
@@ -871,7 +879,7 @@ for run in $(seq "$RUNS"); do
   if want fill; then log "run $run/$RUNS: fill"; for i in "${IMPLS[@]}"; do fill_run "$i"; done; fi
   if want store && has_impl layercache; then log "run $run/$RUNS: layercache store"; store_run "$run"; fi
   if want warmstart; then
-    for w in walk readall require; do
+    for w in walk readall require require30; do
       log "run $run/$RUNS: warm start, $w"
       for i in "${IMPLS[@]}"; do
         case $i in
@@ -1046,11 +1054,12 @@ row() { # LABEL KEY-PREFIX TARGET
     echo
     echo "| first pass | kernel overlayfs | fuse-overlayfs | layercache cold | layercache warm | warm / cold | no-open cold | no-open warm | target (warm) |"
     echo "|---|---|---|---|---|---|---|---|---|"
-    for w in walk readall require; do
+    for w in walk readall require require30; do
       case $w in
         walk) name="walk (find node_modules -printf)" ;;
         readall) name="read-all (tar of node_modules)" ;;
         require) name="node require ($REQUIRE_PKGS)" ;;
+        require30) name="node require, 30 packages (bench-lazy.sh's list)" ;;
       esac
       wc="—"
       if [ -n "${RES["ws $w lc-warm"]:-}" ] && [ -n "${RES["ws $w lc-cold"]:-}" ]; then
@@ -1060,7 +1069,7 @@ row() { # LABEL KEY-PREFIX TARGET
       echo "| $name | $(cell "ws $w" kernel) | $(cell "ws $w" fuse-overlayfs) | $(cell "ws $w" lc-cold) | $(cell "ws $w" lc-warm) | $wc | $(cell "ws $w" lc-cold-noopen) | $(cell "ws $w" lc-warm-noopen) | ≤ 1.0× |"
     done
     echo
-    echo "hit → COMMAND start (from launching \`layercache run\` to the first instruction of COMMAND's bash; the README example's two caches, node_modules and npm, both hits; median of the $((RUNS * 3)) runs above):"
+    echo "hit → COMMAND start (from launching \`layercache run\` to the first instruction of COMMAND's bash; the README example's two caches, node_modules and npm, both hits; median of the $(echo ${RES["wsstart warm"]:-} | wc -w) warm and $(echo ${RES["wsstart cold"]:-} | wc -w) cold runs above):"
     echo
     echo "| | layercache cold | layercache warm | no-open cold | no-open warm | target |"
     echo "|---|---|---|---|---|---|"
