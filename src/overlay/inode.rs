@@ -117,14 +117,10 @@ pub struct NodeView {
     pub id: u64,
     /// Where it is.
     pub loc: Loc,
-    /// File type.
-    pub kind: Kind,
     /// In the upper dir.
     pub upper: bool,
     /// Lower layers holding it ([`Node::lowers`]).
     pub lowers: u64,
-    /// A copy supersedes it ([`Node::succ`] set).
-    pub superseded: bool,
 }
 
 /// Where a node's data is, as [`Nodes::locate`] found it (a snapshot taken under the table's
@@ -637,21 +633,28 @@ impl Nodes {
         true
     }
 
-    /// Every node in the table: its id, where it is, its kind, whether it is in the upper dir,
-    /// its lowers and whether a copy supersedes it (a warm mount's reset reads the table
-    /// once, `fs/reset.rs`).
+    /// Every node in the table: its id, where it is, whether it is in the upper dir and its
+    /// lowers (a warm mount's reset reads the table once, `fs/reset.rs`).
     pub fn snapshot(&self) -> Vec<NodeView> {
         let map = self.map.read();
         map.iter()
             .map(|(&id, n)| NodeView {
                 id,
                 loc: n.loc.clone(),
-                kind: n.kind,
                 upper: n.upper,
                 lowers: n.lowers,
-                superseded: n.succ != 0,
             })
             .collect()
+    }
+
+    /// The first node (id) for which `f` holds, if any; read under the table's lock, nothing
+    /// copied.
+    pub fn find(&self, f: impl Fn(u64, &Node) -> bool) -> Option<u64> {
+        self.map
+            .read()
+            .iter()
+            .find(|(id, n)| f(**id, n))
+            .map(|(id, _)| *id)
     }
 
     /// Sets where node `id`'s data is (`upper`, `lowers`); false when it is not in the table.

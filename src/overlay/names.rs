@@ -602,6 +602,11 @@ impl Names {
         self.listings.forget(dir);
     }
 
+    /// The first node for which `f` holds ([`Nodes::find`]).
+    pub fn find_node(&self, f: impl Fn(u64, &super::inode::Node) -> bool) -> Option<u64> {
+        self.nodes.find(f)
+    }
+
     /// Every node in the table ([`Nodes::snapshot`]).
     pub fn snapshot(&self) -> Vec<super::inode::NodeView> {
         self.nodes.snapshot()

@@ -218,22 +218,27 @@ fn control(run_dir: &Path) -> std::path::PathBuf {
     run_dir.join(CONTROL)
 }
 
+/// Every run of `pd` with a record: its directory, its record and whether it is an idle warm
+/// mount.
+fn runs_of(pd: &ProjectDirs) -> impl Iterator<Item = (std::path::PathBuf, RunRecord, bool)> {
+    let runs = pd.runs();
+    read_names(&runs)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(move |name| {
+            let dir = runs.join(&name);
+            let rec = read_record(&dir)?;
+            let idle = dir.join(IDLE).exists();
+            Some((dir, rec, idle))
+        })
+}
+
 /// Idle warm mounts of `pd` (their run directories and records), optionally of one layer.
 fn idle_runs(pd: &ProjectDirs, layer: Option<&LayerId>) -> Vec<(std::path::PathBuf, RunRecord)> {
-    let mut out = Vec::new();
-    for name in read_names(&pd.runs()).unwrap_or_default() {
-        let dir = pd.runs().join(&name);
-        if !dir.join(IDLE).exists() {
-            continue;
-        }
-        let Some(rec) = read_record(&dir) else {
-            continue;
-        };
-        if layer.is_none_or(|l| rec.lower.as_ref() == Some(l)) {
-            out.push((dir, rec));
-        }
-    }
-    out
+    runs_of(pd)
+        .filter(|(_, rec, idle)| *idle && layer.is_none_or(|l| rec.lower.as_ref() == Some(l)))
+        .map(|(dir, rec, _)| (dir, rec))
+        .collect()
 }
 
 /// Who holds each layer of `pd` that some run record names as its lower and whose daemon
@@ -249,17 +254,13 @@ pub struct Holders {
 /// The [`Holders`] of each layer of `pd`, by layer (a layer no live mount names is absent).
 pub(super) fn holders(pd: &ProjectDirs) -> std::collections::HashMap<LayerId, Holders> {
     let mut n: std::collections::HashMap<LayerId, Holders> = std::collections::HashMap::new();
-    for name in read_names(&pd.runs()).unwrap_or_default() {
-        let dir = pd.runs().join(&name);
-        let Some(rec) = read_record(&dir) else {
-            continue;
-        };
+    for (_, rec, idle) in runs_of(pd) {
         let Some(l) = rec.lower else { continue };
         if !crate::sys::pid_alive(rec.daemon_pid) {
             continue;
         }
         let h = n.entry(l).or_default();
-        match dir.join(IDLE).exists() {
+        match idle {
             true => h.idle += 1,
             false => h.runs += 1,
         }

@@ -303,12 +303,11 @@ impl Resetter {
     /// (other than the root and the directories in `merged`), superseded by a copy, unlinked
     /// or removed.
     fn changed_node(&self, merged: &HashSet<u64>) -> Option<u64> {
-        self.names.snapshot().into_iter().find_map(|v| {
-            let changed = v.id != ROOT
-                && (v.superseded
-                    || !matches!(v.loc, Loc::Attached { .. })
-                    || (v.upper && !(merged.contains(&v.id) && v.kind == Kind::Dir)));
-            changed.then_some(v.id)
+        self.names.find_node(|id, n| {
+            id != ROOT
+                && (n.succ != 0
+                    || !matches!(n.loc, Loc::Attached { .. })
+                    || (n.upper && !(merged.contains(&id) && n.kind == Kind::Dir)))
         })
     }
 
