@@ -267,6 +267,18 @@ fn globs() {
     assert!(m("**/*.gradle*", "app/build.gradle.kts"));
     assert!(!m("Cargo.lock", "Cargo.toml"));
     assert!(m("a?c", "abc"));
+    // A literal pattern is compared as text, not compiled: exactly its path, nothing below,
+    // above or beside it; empty components dropped as for a glob.
+    assert!(Pattern::new("sub/Cargo.lock").unwrap().is_literal());
+    assert!(m("sub//Cargo.lock/", "sub/Cargo.lock"));
+    assert!(!m("sub/Cargo.lock", "Cargo.lock"));
+    assert!(!m("sub", "sub/Cargo.lock"));
+    assert!(!m("Cargo.lock", "Cargo.lock.bak"));
+    // Any of globset's syntax makes it a glob: `\` escapes, a lone `]` is compiled too.
+    assert!(!Pattern::new("a\\*b").unwrap().is_literal());
+    assert!(m("a\\*b", "a*b"));
+    assert!(!m("a\\*b", "axb"));
+    assert!(!Pattern::new("x]").unwrap().is_literal());
     let e = Pattern::new("a[").unwrap_err();
     assert!(e.contains("a["), "{e}");
 }
@@ -687,4 +699,34 @@ fn digests_are_keyed_with_the_project_salt() {
 #[test]
 fn missing_tool_is_none() {
     assert_eq!(probe_version("layercache-no-such-tool"), "none");
+}
+
+#[test]
+fn started_probe_is_what_the_key_reads() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let tool = d.path().join("tool");
+    let count = d.path().join("count");
+    std::fs::write(
+        &tool,
+        format!(
+            "#!/bin/sh\necho x >> '{}'\necho \"tool 1.$1\"\n",
+            count.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tool = tool.to_str().unwrap();
+    let runs = || std::fs::read_to_string(&count).map_or(0, |s| s.lines().count());
+    start_probes([tool, tool]);
+    // The started process's output is taken: the tool ran once, whatever the timing.
+    assert_eq!(probe_version(tool), "tool 1.--version");
+    assert_eq!(runs(), 1, "started once, read once");
+    // Taken: the next probe runs the tool again.
+    assert_eq!(probe_version(tool), "tool 1.--version");
+    assert_eq!(runs(), 2);
+    // A tool that cannot be spawned is not kept; probing it says none.
+    let missing = d.path().join("missing");
+    start_probes([missing.to_str().unwrap()]);
+    assert_eq!(probe_version(missing.to_str().unwrap()), "none");
 }
