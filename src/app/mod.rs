@@ -461,6 +461,16 @@ fn run_over_store(
         // Before the store is opened and before any thread starts (the remote tier's runtime).
         rootless::enter(r)?;
     }
+    // The tools' `--version` runs while the store is opened and old runs are reaped; the key
+    // computation takes its output (a container's tools are the image's: nothing to probe).
+    if !cfg.sandbox.tools_in_image() {
+        crate::key::start_probes(
+            cfg.spec
+                .caches
+                .iter()
+                .flat_map(|c| c.tools().iter().copied()),
+        );
+    }
     let mut store = Store::open(Some(&cfg.store))?.with_notify(store_cmds::stderr_notices());
     remote::attach(&mut store, remote, lazy)?;
     let remote = store.remote().cloned();

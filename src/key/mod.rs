@@ -43,7 +43,7 @@ mod config;
 mod env;
 mod includes;
 
-pub use env::{Environment, KeySalt};
+pub use env::{Environment, KeySalt, start_probes};
 use includes::{check_inside, follow_includes};
 
 /// Directories never searched for key files under a `**` pattern (installed trees, VCS data,
