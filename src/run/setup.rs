@@ -32,8 +32,7 @@ pub(super) fn setup_or_maintenance(
     views: &Views,
     json: bool,
 ) -> Result<Option<Error>> {
-    let p = &mut preps[ci];
-    let (what, script) = match p.mounted.result {
+    let (what, script) = match preps[ci].mounted.result {
         CacheResult::Hit => ("maintenance", cache.maintenance.as_deref()),
         // A restore brings the old tree up to date in place.
         CacheResult::Restore => (
@@ -45,6 +44,22 @@ pub(super) fn setup_or_maintenance(
     let Some(script) = script else {
         return Ok(None);
     };
+    // A maintenance that tests for a directory this run mounts a cache at would do nothing:
+    // not started (a shell and `mountpoint` cost a hit ~4 ms). The steps' working directory
+    // is the workdir's view, where the caches' view paths are.
+    if what == "maintenance"
+        && let Some(dir) = crate::spec::unless_mounted_dir(script)
+        && let mounted = steps.paths.view_workdir().join(dir)
+        && let Some(other) = preps.iter().find(|q| q.keys.mountpoint == mounted)
+    {
+        eprintln!(
+            "layercache: {}: hit, maintenance not needed ({dir} is cache {:?} of this run)",
+            cache.id.as_str(),
+            other.keys.id.as_str()
+        );
+        return Ok(None);
+    }
+    let p = &mut preps[ci];
     let label = format!("{what} of cache {:?}", cache.id.as_str());
     // Say what is about to run before it does: a setup can be silent for minutes.
     eprintln!(

@@ -368,3 +368,43 @@ fn the_salt_is_agreed_only_before_a_publish() {
     assert_eq!(events[1].result, CacheResult::Hit);
     assert_eq!(e.fake.asked.get(), 1, "a hit asked the remote");
 }
+
+/// A hit's maintenance of the form `mountpoint -q DIR 2>/dev/null || …` (the download caches'
+/// presets) is not started when a cache of the run is viewed at DIR; one testing another
+/// directory, or one that would run more after the test, runs as written.
+#[test]
+fn maintenance_that_would_do_nothing_is_not_started() {
+    let spec = r#"project = "p"
+[[cache]]
+id = "mods"
+key_files = ["deps.lock"]
+mountpoint = "{workdir}/mods"
+setup = "true"
+[[cache]]
+id = "dl"
+key_files = ["deps.lock"]
+setup = "true"
+maintenance = "mountpoint -q mods 2>/dev/null || echo dl >> maint.log"
+[[cache]]
+id = "other"
+key_files = ["deps.lock"]
+setup = "true"
+maintenance = "mountpoint -q elsewhere 2>/dev/null || echo other >> maint.log"
+[[cache]]
+id = "more"
+key_files = ["deps.lock"]
+setup = "true"
+maintenance = "mountpoint -q mods 2>/dev/null || true; echo more >> maint.log"
+"#;
+    let e = env(spec, &[]);
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    assert!(
+        !e.work.join("maint.log").exists(),
+        "a miss runs no maintenance"
+    );
+    assert_eq!(run(&e.cfg, &e.fake).unwrap(), 0);
+    let log = std::fs::read_to_string(e.work.join("maint.log")).unwrap();
+    assert_eq!(log, "other\nmore\n");
+    let events = telemetry::read(&e.cfg.store).unwrap();
+    assert!(events[4..].iter().all(|e| e.result == CacheResult::Hit));
+}

@@ -38,7 +38,7 @@ mod pattern;
 mod presets;
 mod stored;
 pub use pattern::Pattern;
-pub use presets::{ConfigPart, PRESETS, Preset, preset, presets_text};
+pub use presets::{ConfigPart, PRESETS, Preset, preset, presets_text, unless_mounted_dir};
 pub use stored::{StoredOrigin, load_stored};
 
 mod parse;

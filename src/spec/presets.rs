@@ -192,6 +192,9 @@ fi"#;
 /// the cache, unless that tree is a mount of its own (another cache of the run, e.g. the
 /// node_modules or venv preset), which is already the tree of these key files — reinstalling
 /// it would undo that cache's hit.
+/// A script that does nothing when directory `$dir` of the workdir is a mount point (a cache of
+/// the run viewed there: the download caches' maintenance when `node_modules` is cached too),
+/// else runs `$install`. [`unless_mounted_dir`] reads the form back.
 macro_rules! unless_mounted {
     ($dir:literal, $install:literal) => {
         concat!("mountpoint -q ", $dir, " 2>/dev/null || ", $install)
@@ -464,6 +467,20 @@ pub const PRESETS: &[Preset] = &[
         relocatable: false,
     },
 ];
+
+/// The directory a script of the form `mountpoint -q DIR 2>/dev/null || COMMAND` (what the
+/// download caches' maintenance is, see `unless_mounted!`) tests: the script does nothing when
+/// DIR, one plain name relative to the workdir, is a mount point. A run that mounts a cache
+/// there knows the answer and need not start the script. `None` for a script of another form,
+/// and when COMMAND could run something after the test's answer (it holds `;`, `&`, `|`, a
+/// parenthesis or a line break: `… || a; b` runs `b` either way).
+pub fn unless_mounted_dir(script: &str) -> Option<&str> {
+    let (dir, command) = (script.strip_prefix("mountpoint -q ")?).split_once(" 2>/dev/null || ")?;
+    let simple =
+        !command.trim().is_empty() && !command.contains([';', '&', '|', '(', ')', '\n', '\r']);
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"._-".contains(&b);
+    (simple && dir.bytes().all(plain) && !matches!(dir, "" | "." | "..")).then_some(dir)
+}
 
 /// Looks up a preset by name.
 pub fn preset(name: &str) -> Option<&'static Preset> {

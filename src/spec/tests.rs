@@ -584,3 +584,28 @@ fn uv_presets_copy_instead_of_hardlinking_across_mounts() {
         assert_eq!(c.env.get("UV_LINK_MODE").map(String::as_str), Some("copy"));
     }
 }
+
+#[test]
+fn unless_mounted_scripts_are_read_back() {
+    let npm = preset("npm").unwrap().maintenance.unwrap();
+    assert_eq!(unless_mounted_dir(npm), Some("node_modules"));
+    for p in ["pnpm", "yarn"] {
+        let m = preset(p).unwrap().maintenance.unwrap();
+        assert_eq!(unless_mounted_dir(m), Some("node_modules"), "{p}");
+    }
+    let m = |s| unless_mounted_dir(s);
+    assert_eq!(
+        m("mountpoint -q .venv 2>/dev/null || uv sync"),
+        Some(".venv")
+    );
+    // More after the test's answer, another shape, or not one plain name: None.
+    assert_eq!(m("mountpoint -q node_modules 2>/dev/null || a; b"), None);
+    assert_eq!(m("mountpoint -q node_modules 2>/dev/null || a && b"), None);
+    assert_eq!(m("mountpoint -q node_modules 2>/dev/null || a\nb"), None);
+    assert_eq!(m("mountpoint -q node_modules 2>/dev/null || "), None);
+    assert_eq!(m("mountpoint -q a/b 2>/dev/null || x"), None);
+    assert_eq!(m("mountpoint -q .. 2>/dev/null || x"), None);
+    assert_eq!(m("mountpoint -q {mount} 2>/dev/null || x"), None);
+    assert_eq!(m("mountpoint node_modules 2>/dev/null || x"), None);
+    assert_eq!(m("npm ci"), None);
+}
