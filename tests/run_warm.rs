@@ -269,6 +269,53 @@ fn a_killed_run_on_an_adopted_mount_leaves_nothing() {
     assert_eq!(stdout(&out), "v1");
 }
 
+/// A run killed after it claimed an idle mount (renamed `idle` to `adopting-<pid>`) and before
+/// it adopted it, or a `gc` killed after it claimed one to end it (`ending-<pid>`), leaves a
+/// claim whose process is gone: the next run adopts that mount anyway, and `gc` ends it.
+#[test]
+fn a_claim_whose_claimer_died_is_handed_back() {
+    if !can_mount() {
+        return;
+    }
+    let (sb, spec) = sandbox();
+    // A pid that is surely gone: a child that exited and was waited for.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let abandon = |claim: &str| -> u32 {
+        let warm = sb.warm_mounts();
+        assert_eq!(warm.len(), 1, "{warm:?}");
+        let run_dir = Path::new(&warm[0]).parent().unwrap().to_path_buf();
+        std::fs::rename(
+            run_dir.join("idle"),
+            run_dir.join(format!("{claim}-{dead}")),
+        )
+        .unwrap();
+        assert!(sb.warm_mounts().is_empty(), "no longer idle by its marker");
+        daemon_of(&warm[0])
+    };
+    run(&sb, &spec, "true", &[]);
+    let daemon = abandon("adopting");
+    let out = run(&sb, &spec, "cat $DEPS/a/f1", &[]);
+    assert_eq!(event(&out)["warm"], true, "adopted after all");
+    assert_eq!(daemon_of(&sb.warm_mounts()[0]), daemon, "the same daemon");
+    let daemon = abandon("ending");
+    let gc = run_ok(
+        Command::new(BIN)
+            .arg("--store")
+            .arg(sb.path("store"))
+            .args(["--json", "gc"]),
+    );
+    let gc: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
+    assert_eq!(gc["ended_warm"], 1, "{gc}");
+    assert!(!alive(daemon));
+    assert!(
+        sb.all_mounts_below().is_empty(),
+        "{:?}",
+        sb.all_mounts_below()
+    );
+}
+
 /// An idle mount ends by itself after `LAYERCACHE_WARM_IDLE`, `gc` ends the idle ones (and can
 /// then evict their layer), and `LAYERCACHE_WARM_IDLE=0` keeps none.
 #[test]

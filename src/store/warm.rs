@@ -53,6 +53,10 @@ use crate::units::now_ms;
 pub(super) const CONTROL: &str = "control";
 /// `idle`: present while the run's mount waits to be adopted; a run claims it by renaming it.
 const IDLE: &str = "idle";
+/// `adopting-<pid>`: `idle` renamed by the run adopting the mount, until its record says so.
+const ADOPTING: &str = "adopting-";
+/// `ending-<pid>`: `idle` renamed by the `gc` or `clear` ending the mount.
+const ENDING: &str = "ending-";
 /// `baseline.json`: the upper root's times and the work dir's entries right after the mount.
 const BASELINE: &str = "baseline.json";
 /// How long an idle mount waits to be adopted by default (2 min).
@@ -228,9 +232,39 @@ fn runs_of(pd: &ProjectDirs) -> impl Iterator<Item = (std::path::PathBuf, RunRec
         .filter_map(move |name| {
             let dir = runs.join(&name);
             let rec = read_record(&dir)?;
-            let idle = dir.join(IDLE).exists();
+            let idle = dir.join(IDLE).exists() || reclaim_abandoned(&dir, &rec);
             Some((dir, rec, idle))
         })
+}
+
+/// Hands an idle mount back when the process that claimed it (an `adopting-<pid>` or
+/// `ending-<pid>` file: [`Store::adopt_warm`], [`Store::reap_warm`]) died before it adopted or
+/// ended it: the claim becomes `idle` again, so the next run may adopt it and `gc` end it
+/// (before, only its idle time ended it). Only a mount whose daemon lives and whose recorded
+/// owner is gone is looked at (a held mount's owner is alive). Returns whether it is idle now.
+fn reclaim_abandoned(dir: &Path, rec: &RunRecord) -> bool {
+    let pid_alive = crate::sys::pid_alive;
+    if rec.owner_pid.is_none_or(pid_alive) || !pid_alive(rec.daemon_pid) {
+        return false;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let claimer = (name.strip_prefix(ADOPTING))
+            .or_else(|| name.strip_prefix(ENDING))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = claimer
+            && !pid_alive(pid)
+            && fs::rename(entry.path(), dir.join(IDLE)).is_ok()
+        {
+            tracing::info!(run = %dir.display(), claimer = pid, "an abandoned claim of a warm mount: idle again");
+            return true;
+        }
+    }
+    false
 }
 
 /// Idle warm mounts of `pd` (their run directories and records), optionally of one layer.
@@ -359,11 +393,13 @@ impl Store {
             if rec.squash != req.squash || rec.passthrough != req.passthrough {
                 continue;
             }
-            let claimed = dir.join(format!("adopting-{}", std::process::id()));
+            // The claim stays until the mount is ours (record rewritten) or ended: a run killed
+            // in between leaves it, and whoever looks next finds its claimer dead and hands the
+            // mount back ([`runs_of`]).
+            let claimed = dir.join(format!("{ADOPTING}{}", std::process::id()));
             if fs::rename(dir.join(IDLE), &claimed).is_err() {
                 continue; // another run took it, or it ended
             }
-            let _ = fs::remove_file(&claimed);
             // Seen here: a mount made in another mount namespace (a run under `unshare -m`, in
             // another container) is not at its mountpoint in this one — only an empty dir is.
             let here = overlay::upperdir_of(&rec.mountpoint) == Some(dir.join("upper"));
@@ -382,7 +418,9 @@ impl Store {
             rec.matched_key = Some(req.key.clone());
             rec.owner_pid = Some(owner);
             rec.mounted_ms = now_ms();
-            if let Err(e) = write_record(&dir, &rec) {
+            let written = write_record(&dir, &rec);
+            let _ = fs::remove_file(&claimed);
+            if let Err(e) = written {
                 // The daemon is ours now and ends with this process; nothing records it.
                 tracing::warn!(error = %e, "warm mount adopted but its record not written");
                 continue;
@@ -398,7 +436,7 @@ impl Store {
     pub fn reap_warm(&self, pd: &ProjectDirs) -> u64 {
         let mut n = 0;
         for (dir, rec) in idle_runs(pd, None) {
-            let claimed = dir.join(format!("ending-{}", std::process::id()));
+            let claimed = dir.join(format!("{ENDING}{}", std::process::id()));
             if fs::rename(dir.join(IDLE), &claimed).is_err() {
                 continue;
             }
