@@ -415,6 +415,10 @@ pub(super) struct Shared {
     /// [`FETCH_LOCKS`], open for writing (its own open file description: the locks of this
     /// daemon); `None` where it cannot be had (objects are then fetched without claiming).
     locks: Option<File>,
+    /// Random hex that names this fetcher's temporary files, and how many it has named
+    /// ([`Shared::temp`]).
+    temp_tag: String,
+    temps: AtomicU64,
 }
 
 impl Shared {
@@ -547,6 +551,8 @@ impl Shared {
             pieces: by_object,
             pieced: Mutex::new(HashMap::new()),
             locks,
+            temp_tag: crate::sys::random_hex(8),
+            temps: AtomicU64::new(0),
         })
     }
 
@@ -911,8 +917,16 @@ impl Shared {
         let t0 = Instant::now();
         let _done = scopeguard_log(unit.len(), class, t0);
         let mut todo = unit.to_vec();
+        // The unit's objects were neither local nor in flight when it started: what the first
+        // round claims is looked for on disk once (after the claim), not twice.
+        let mut first_round = true;
         loop {
-            todo.retain(|&u| !self.arrived(u));
+            if first_round {
+                todo.retain(|&u| self.state[u as usize].load(Relaxed) != LOCAL);
+            } else {
+                todo.retain(|&u| !self.arrived(u));
+            }
+            first_round = false;
             if todo.is_empty() {
                 return Ok(());
             }
@@ -1216,9 +1230,12 @@ impl Shared {
 
     /// A fresh temporary name in the partial directory (the store's filesystem; gc never
     /// sweeps a partial directory a run holds, so a file being written there is safe from it).
+    /// Its name is this fetcher's random tag and a count (one `getrandom` per daemon, not one
+    /// per object stored).
     fn temp(&self) -> PathBuf {
         let dir = self.held.parent().unwrap_or(&self.held);
-        dir.join(format!("{TEMP_PREFIX}{}", crate::sys::random_hex(8)))
+        let n = self.temps.fetch_add(1, Relaxed);
+        dir.join(format!("{TEMP_PREFIX}{}-{n}", self.temp_tag))
     }
 
     /// Makes the verified file `tmp` object `o`'s bytes: renames it to `held/<hex>` (what
