@@ -580,6 +580,44 @@ fn listing_a_lazy_layer_opens_no_file() {
     assert!(sb.mounts_below().is_empty());
 }
 
+/// Reading a lazily mounted layer's files changes none of their attributes: after every file
+/// was read (and with one still open), `find -printf` of type, mode, size, links, owner, mtime
+/// and symlink target through a fresh runner's lazy mount shows exactly what a local hit on A
+/// shows. (A lazily fetched file's bytes sit in a store object whose own mode and times are not
+/// the file's: a GETATTR answered from it once made `cargo build` on a lazy target dir see
+/// every dependency changed and rebuild them all, reading every rlib.)
+#[test]
+fn reading_a_lazy_layer_keeps_the_attributes_a_local_hit_shows() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "attrs", 6);
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "attrs", "")
+        .with_env("LAYERCACHE_LAZY", "1");
+    let find = "cd $DATA && find . -mindepth 1 -printf '%p|%y|%m|%s|%n|%U|%G|%T@|%l\\n' | sort";
+    let ra = a.run_as(false, &sb, &spec, &["sh", "-c", find]);
+    assert_eq!(ra.status.code(), Some(0));
+    let listed = out(&ra);
+    assert_eq!(listed.lines().count(), 18, "{listed}");
+
+    let script = format!(
+        "set -e; find $DATA -type f -exec cat {{}} + > /dev/null; exec 3< $DATA/a/s1.txt; {find}"
+    );
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    assert_eq!(
+        out(&rb),
+        listed,
+        "the lazy mount's metadata after reading every file"
+    );
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// B's lazy run records the order in which it first opened the layer's files and stores it
 /// beside the key in the remote (`caches/<cache>/traces/<key>`); a third empty store C's lazy
 /// run gets that trace as its partial layer's `replay`, in order; C's run (which opens no
