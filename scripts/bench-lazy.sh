@@ -97,6 +97,7 @@ fi
 VARIANTS=(full lazy lazy+trace)
 [ -z "$CMP_IN" ] || VARIANTS+=(lazy@before lazy+trace@before)
 PROJECT=lazybench
+CELL_BIN="" # the binary of one cell (lc), when not $BIN
 
 # --- the binary -------------------------------------------------------------------------------
 BIN=/var/tmp/lc-bin-bench
@@ -218,7 +219,7 @@ store() { # store NAME ENDPOINT: a store dir whose [remote] endpoint is ENDPOINT
   printf '[remote]\nendpoint = "%s"\nallow_http = true\n' "$2" >"$W/$1/v1/config.toml"
   echo "$W/$1"
 }
-lc() { local s=$1; shift; "${LC_BIN:-$BIN}" --store "$s" --remote "$URL" "$@"; }
+lc() { local s=$1; shift; "${CELL_BIN:-$BIN}" --store "$s" --remote "$URL" "$@"; }
 
 # Per workload: its spec, workdir, cache id and COMMAND.
 declare -A SPEC=() WORKDIR=() CACHE=() CMD=() KEY=() LBYTES=() LFILES=() TRACE=()
@@ -411,7 +412,7 @@ cell() {
     PIDS+=("$poller")
   fi
   rc=0
-  out=$(LC_BIN=$bin LAYERCACHE_LAZY=$lazy lc "$B" --json run --spec "${SPEC[$w]}" --workdir "${WORKDIR[$w]}" \
+  out=$(CELL_BIN=$bin LAYERCACHE_LAZY=$lazy lc "$B" --json run --spec "${SPEC[$w]}" --workdir "${WORKDIR[$w]}" \
     --mount-root "$W/mnt" -- sh "$W/cell.sh" 2>"$W/m/err") || rc=$?
   t_exit=$(((${EPOCHREALTIME/./} - t0) / 1000))
   touch "$W/m/exited"
