@@ -951,6 +951,16 @@ impl Shared {
                 .await?;
             }
             drop(claim);
+            // Every fetch above that ended well stored what it claimed; one that did not would
+            // make this loop fetch again at once, for ever.
+            let lost = (mine.iter())
+                .filter(|&&u| self.state[u as usize].load(Relaxed) != LOCAL)
+                .count();
+            if lost > 0 {
+                return Err(Error::Failed(format!(
+                    "lazy fetch: {lost} object(s) fetched but not stored"
+                )));
+            }
         }
     }
 
@@ -1056,6 +1066,22 @@ impl Shared {
             .collect();
         let mut next = 0;
         let mut stores = tokio::task::JoinSet::new();
+        // Hands the objects of `todo` from `next` on whose bytes are all in `buf` to a blocking
+        // thread that verifies and stores them (an empty object needs no byte).
+        let mut store_ready = |buf: &[u8], next: &mut usize| {
+            let mut ready = Vec::new();
+            while let Some(&(o, at, len)) = todo.get(*next)
+                && at + len <= buf.len() as u64
+            {
+                ready.push((o, buf[at as usize..(at + len) as usize].to_vec()));
+                *next += 1;
+            }
+            if !ready.is_empty() {
+                let me = self.clone();
+                let name = name.clone();
+                stores.spawn_blocking(move || me.store_verified(&name, ready));
+            }
+        };
         let mut buf = Vec::with_capacity((end - start) as usize);
         if end > start {
             let path = self.remote.layout.pack(&self.project, name);
@@ -1071,22 +1097,13 @@ impl Shared {
                     ));
                 }
                 buf.extend_from_slice(c);
-                let mut ready = Vec::new();
-                while let Some(&(o, at, len)) = todo.get(next)
-                    && at + len <= buf.len() as u64
-                {
-                    ready.push((o, buf[at as usize..(at + len) as usize].to_vec()));
-                    next += 1;
-                }
-                if !ready.is_empty() {
-                    let me = self.clone();
-                    let name = name.clone();
-                    stores.spawn_blocking(move || me.store_verified(&name, ready));
-                }
+                store_ready(&buf, &mut next);
                 Ok(())
             })
             .await?;
         }
+        // A range of empty objects only sends no GET; empty ones at its end come with no chunk.
+        store_ready(&buf, &mut next);
         let received = buf.len() as u64;
         drop(buf);
         let mut r = Ok(());
