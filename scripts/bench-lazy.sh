@@ -29,7 +29,8 @@
 # bytes and GETs that went through the proxy (its log). Medians over the runs.
 # Writes benches/results/<date>-lazy-<commit>.md (+ .tsv with every sample) and prints it.
 #
-#   bash scripts/bench-lazy.sh [--runs N] [--quick|--start] [--bin PATH] [--cap SECONDS] (root)
+#   bash scripts/bench-lazy.sh [--runs N] [--quick|--start] [--bin PATH] [--cap SECONDS]
+#                              [--workloads "W…"] [--links "RATE:DELAY…"] [--compare PATH]  (root)
 #     --runs N    iterations (default 5)
 #     --quick     npm + ls only, the 200 Mbit/s link, 1 run unless --runs says (a smoke
 #                 check); the report is <date>-lazy-quick-<commit>.md
@@ -37,6 +38,12 @@
 #                 pull takes ~50 s a run), the 200 Mbit/s link; <date>-lazy-start-<commit>.md
 #     --bin PATH  use this binary instead of building one (`cargo build --release`)
 #     --cap S     give up waiting for a layer to be complete after S seconds (default 300)
+#     --workloads only these of npm venv cargo ls big (e.g. "cargo npm"); the report is
+#                 <date>-lazy-<workloads>-<commit>.md
+#     --links     only these links (e.g. "1000:5"), Mbit/s:ms
+#     --compare P also run the lazy and lazy+trace cells with binary P (variants "lazy@before",
+#                 "lazy+trace@before", interleaved with the others, the same trace replayed):
+#                 a change measured against the binary before it in one run
 # The binary used is copied to /var/tmp/lc-bin-bench first, so a rebuild by someone else cannot
 # swap it mid-run. Everything else lives in a temp dir under /var/tmp, removed on exit with every
 # mount, proxy and server, also on error or interrupt. Exit status: 0, 1 when a cell failed,
@@ -49,7 +56,7 @@ REPO=$PWD
 # (arguments: project, cache, key). Adjust here if the lazy-remote code puts it elsewhere.
 trace_object() { echo "v1/projects/$1/caches/$2/traces/$3"; }
 
-RUNS=5 RUNS_SET=0 QUICK=0 START=0 BIN_IN="" CAP_S=300
+RUNS=5 RUNS_SET=0 QUICK=0 START=0 BIN_IN="" CAP_S=300 ONLY_W="" ONLY_L="" CMP_IN=""
 while [ $# -gt 0 ]; do
   case $1 in
     --runs) RUNS=$2 RUNS_SET=1; shift ;;
@@ -57,7 +64,10 @@ while [ $# -gt 0 ]; do
     --start) START=1 ;;
     --bin) BIN_IN=$2; shift ;;
     --cap) CAP_S=$2; shift ;;
-    -h | --help) sed -n '2,43p' "$0"; exit 0 ;;
+    --workloads) ONLY_W=$2; shift ;;
+    --links) ONLY_L=$2; shift ;;
+    --compare) CMP_IN=$2; shift ;;
+    -h | --help) sed -n '2,50p' "$0"; exit 0 ;;
     *) echo "bench-lazy.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -76,8 +86,18 @@ elif [ "$START" = 1 ]; then
 else
   WORKLOADS="npm venv cargo ls" LINKS="200:20 1000:5"
 fi
+if [ -n "$ONLY_W" ]; then
+  for w in $ONLY_W; do
+    case $w in npm | venv | cargo | ls | big) ;; *) echo "bench-lazy.sh: unknown workload $w" >&2; exit 2 ;; esac
+  done
+  case " $ONLY_W " in *" big "*) BIG=1 ;; *) BIG=0 ;; esac
+  WORKLOADS=$(for w in $ONLY_W; do [ "$w" = big ] || echo "$w"; done | tr '\n' ' ')
+fi
+[ -z "$ONLY_L" ] || LINKS=$ONLY_L
 VARIANTS=(full lazy lazy+trace)
+[ -z "$CMP_IN" ] || VARIANTS+=(lazy@before lazy+trace@before)
 PROJECT=lazybench
+CELL_BIN="" # the binary of one cell (lc), when not $BIN
 
 # --- the binary -------------------------------------------------------------------------------
 BIN=/var/tmp/lc-bin-bench
@@ -94,6 +114,11 @@ else
   BUILT="release build of the working tree"
 fi
 mv "$BIN.tmp" "$BIN"
+BIN_BEFORE=/var/tmp/lc-bin-bench-before CMP_NOTE=""
+if [ -n "$CMP_IN" ]; then
+  cp "$CMP_IN" "$BIN_BEFORE"
+  CMP_NOTE=" Variants @before: the binary $CMP_IN (copied to $BIN_BEFORE)."
+fi
 COMMIT=$(git rev-parse --short HEAD)
 # Lazy remote layers are chosen by LAYERCACHE_LAZY (or a --lazy flag): a binary that knows
 # neither pulls whole in every cell. Each cell also records whether its run mounted lazily.
@@ -194,7 +219,7 @@ store() { # store NAME ENDPOINT: a store dir whose [remote] endpoint is ENDPOINT
   printf '[remote]\nendpoint = "%s"\nallow_http = true\n' "$2" >"$W/$1/v1/config.toml"
   echo "$W/$1"
 }
-lc() { local s=$1; shift; "$BIN" --store "$s" --remote "$URL" "$@"; }
+lc() { local s=$1; shift; "${CELL_BIN:-$BIN}" --store "$s" --remote "$URL" "$@"; }
 
 # Per workload: its spec, workdir, cache id and COMMAND.
 declare -A SPEC=() WORKDIR=() CACHE=() CMD=() KEY=() LBYTES=() LFILES=() TRACE=()
@@ -282,13 +307,20 @@ fill() { # fill WORKLOAD: store A runs it (a miss: setup fills the layer) and pu
 ALL_FILLS="npm"
 [ "$QUICK" = 1 ] || ALL_FILLS="npm venv cargo big"
 [ "$START" = 0 ] || ALL_FILLS="npm big"
+if [ -n "$ONLY_W" ]; then # npm too when a workload needs its layer (ls and big do)
+  ALL_FILLS=""
+  for w in $WORKLOADS $([ "$BIG" = 0 ] || echo npm big); do
+    [ "$w" = ls ] && w=npm
+    case " $ALL_FILLS " in *" $w "*) ;; *) ALL_FILLS="$ALL_FILLS $w" ;; esac
+  done
+fi
 setup_npm
 setup_ls
 for w in $ALL_FILLS; do
   [ "$w" = npm ] || "setup_$w"
   fill "$w"
 done
-KEY[ls]=${KEY[npm]} LBYTES[ls]=${LBYTES[npm]} LFILES[ls]=${LFILES[npm]}
+KEY[ls]=${KEY[npm]:-} LBYTES[ls]=${LBYTES[npm]:-} LFILES[ls]=${LFILES[npm]:-}
 
 # --- one cell ---------------------------------------------------------------------------------
 # The completion poller: prints the ms (since T0_US) when store B lists KEY as a complete local
@@ -351,6 +383,8 @@ declare -A NOTES=() # "LINK|WORKLOAD|VARIANT" -> the run's "fetched lazily" line
 cell() {
   local link=$1 iter=$2 w=$3 v=$4 nopoll=${5:-} rate=${1%%:*} lazy=1 B t0 rc out poller=""
   local port=${PROXY_PORT[$rate]} plog=$W/proxy-$rate.log from mount start end complete t_exit
+  local bin=$BIN tag=$v
+  case $v in *@before) bin=$BIN_BEFORE v=${v%@before} ;; esac
   CELLN=$((CELLN + 1))
   B=$(store "b$CELLN" "http://127.0.0.1:$port")
   local obj
@@ -378,7 +412,7 @@ cell() {
     PIDS+=("$poller")
   fi
   rc=0
-  out=$(LAYERCACHE_LAZY=$lazy lc "$B" --json run --spec "${SPEC[$w]}" --workdir "${WORKDIR[$w]}" \
+  out=$(CELL_BIN=$bin LAYERCACHE_LAZY=$lazy lc "$B" --json run --spec "${SPEC[$w]}" --workdir "${WORKDIR[$w]}" \
     --mount-root "$W/mnt" -- sh "$W/cell.sh" 2>"$W/m/err") || rc=$?
   t_exit=$(((${EPOCHREALTIME/./} - t0) / 1000))
   touch "$W/m/exited"
@@ -390,7 +424,7 @@ cell() {
 import json, sys
 c = json.loads(sys.stdin.read())["caches"][0]
 print(c["mount_ms"], "yes" if c.get("remote_lazy") else "no")' 2>/dev/null || echo "- -")
-  NOTES["$link|$w|$v"]=$(grep -m1 'fetched lazily' "$W/m/err" | sed 's/^layercache: //' || true)
+  NOTES["$link|$w|$tag"]=$(grep -m1 'fetched lazily' "$W/m/err" | sed 's/^layercache: //' || true)
   start=- end=-
   [ -s "$W/m/start" ] && start=$((($(cat "$W/m/start") / 1000 - t0) / 1000))
   [ -s "$W/m/end" ] && end=$((($(cat "$W/m/end") / 1000 - t0) / 1000))
@@ -398,12 +432,12 @@ print(c["mount_ms"], "yes" if c.get("remote_lazy") else "no")' 2>/dev/null || ec
   read -r bytes gets reqs < <(proxy_sums "$plog" "$from")
   if [ "$rc" -ne 0 ]; then
     FAILED=1
-    NOTES["$link|$w|$v"]="failed (exit $rc): $(grep -m1 -i error "$W/m/err" || tail -1 "$W/m/err")"
-    log "cell $w/$v failed (exit $rc): $(tail -3 "$W/m/err" | tr '\n' ' ')"
+    NOTES["$link|$w|$tag"]="failed (exit $rc): $(grep -m1 -i error "$W/m/err" || tail -1 "$W/m/err")"
+    log "cell $w/$tag failed (exit $rc): $(tail -3 "$W/m/err" | tr '\n' ' ')"
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$link" "$iter" "$w" "$v" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$link" "$iter" "$w" "$tag" \
     "$rc" "$lazied" "$mount" "$start" "$end" "${complete:--}" "$t_exit" "$bytes" "$gets" "$reqs" >>"$TSV"
-  log "$link #$iter $w $v (lazy: $lazied): mount $mount, start $start, end $end, complete ${complete:--}, exit $t_exit ms; $bytes bytes, $gets GETs"
+  log "$link #$iter $w $tag (lazy: $lazied): mount $mount, start $start, end $end, complete ${complete:--}, exit $t_exit ms; $bytes bytes, $gets GETs"
   rm -rf "$B"
 }
 
@@ -443,8 +477,8 @@ T_START=$(date +%s)
 for link in $LINKS; do
   for i in $(seq 1 "$RUNS"); do
     for w in $WORKLOADS; do
-      for k in 0 1 2; do
-        cell "$link" "$i" "$w" "${VARIANTS[$(((k + i - 1) % 3))]}"
+      for k in "${!VARIANTS[@]}"; do
+        cell "$link" "$i" "$w" "${VARIANTS[$(((k + i - 1) % ${#VARIANTS[@]}))]}"
       done
     done
     if [ "$BIG" = 1 ] && [ "$link" = "${LINKS%% *}" ]; then
@@ -461,6 +495,7 @@ MINUTES=$((($(date +%s) - T_START + 59) / 60))
 DAY=$(date -u +%Y-%m-%d)
 if [ "$QUICK" = 1 ]; then NAME=$DAY-lazy-quick-$COMMIT
 elif [ "$START" = 1 ]; then NAME=$DAY-lazy-start-$COMMIT
+elif [ -n "$ONLY_W$ONLY_L" ]; then NAME=$DAY-lazy-$(echo "$WORKLOADS $([ "$BIG" = 0 ] || echo big) $LINKS" | tr -s ' :' '-' | sed 's/-$//')-$COMMIT
 else NAME=$DAY-lazy-$COMMIT; fi
 OUT=benches/results/$NAME.md
 mkdir -p benches/results
@@ -489,7 +524,7 @@ mib() { awk -v b="$1" 'BEGIN { if (b == "-") print "-"; else printf "%.1f", b / 
   echo "# Lazy remote layers over a modelled link ($(date -u +%Y-%m-%dT%H:%MZ), commit $COMMIT)"
   echo
   [ -z "$LAZY_NOTE" ] || { echo "$LAZY_NOTE"; echo; }
-  echo "Binary: $BUILT at $COMMIT$DIRTY. Machine: $(nproc) cores, load average before the"
+  echo "Binary: $BUILT at $COMMIT$DIRTY.$CMP_NOTE Machine: $(nproc) cores, load average before the"
   echo "matrix: $LOAD_START, at the end: $(cut -d' ' -f1-3 /proc/loadavg); the matrix took $MINUTES min."
   echo "Remote: SeaweedFS on loopback behind scripts/linkproxy.py (one token bucket shared by all"
   echo "connections, a second of the same rate for uploads, the delay added to each response's first"
@@ -505,7 +540,7 @@ mib() { awk -v b="$1" 'BEGIN { if (b == "-") print "-"; else printf "%.1f", b / 
     [ "$w" = ls ] && continue
     echo "* $w: $(mib "${LBYTES[$w]}") MiB in ${LFILES[$w]} files; COMMAND \`${CMD[$w]}\`; trace for lazy+trace: $([ -n "${TRACE[$w]:-}" ] && echo "$(stat -c %s "${TRACE[$w]}") bytes" || echo none recorded)"
   done
-  echo "* ls: the npm layer; COMMAND \`${CMD[ls]}\`; trace for lazy+trace: $([ -n "${TRACE[ls]:-}" ] && echo "$(stat -c %s "${TRACE[ls]}") bytes" || echo none recorded)"
+  [[ " $WORKLOADS " != *" ls "* ]] || echo "* ls: the npm layer; COMMAND \`${CMD[ls]}\`; trace for lazy+trace: $([ -n "${TRACE[ls]:-}" ] && echo "$(stat -c %s "${TRACE[ls]}") bytes" || echo none recorded)"
   for link in $LINKS; do
     echo
     echo "## ${link%%:*} Mbit/s, ${link##*:} ms"
@@ -527,7 +562,8 @@ mib() { awk -v b="$1" 'BEGIN { if (b == "-") print "-"; else printf "%.1f", b / 
     echo
     for w in $WORKLOADS; do
       [ -z "${NOTES["$link|$w|full"]:-}" ] || echo "    $w full: ${NOTES["$link|$w|full"]}"
-      for v in lazy lazy+trace; do
+      for v in "${VARIANTS[@]}"; do
+        [ "$v" = full ] && continue
         echo "    $w $v: ${NOTES["$link|$w|$v"]:-(nothing: not mounted lazily)}"
       done
     done

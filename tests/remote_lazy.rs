@@ -580,6 +580,104 @@ fn listing_a_lazy_layer_opens_no_file() {
     assert!(sb.mounts_below().is_empty());
 }
 
+/// Reading a lazily mounted layer's files changes none of their attributes: after every file
+/// was read (and with one still open), `find -printf` of type, mode, size, links, owner, mtime
+/// and symlink target through a fresh runner's lazy mount shows exactly what a local hit on A
+/// shows. (A lazily fetched file's bytes sit in a store object whose own mode and times are not
+/// the file's: a GETATTR answered from it once made `cargo build` on a lazy target dir see
+/// every dependency changed and rebuild them all, reading every rlib.)
+#[test]
+fn reading_a_lazy_layer_keeps_the_attributes_a_local_hit_shows() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let (sb, spec, a, _) = pushed_by_a(&w, "attrs", 6);
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "attrs", "")
+        .with_env("LAYERCACHE_LAZY", "1");
+    let find = "cd $DATA && find . -mindepth 1 -printf '%p|%y|%m|%s|%n|%U|%G|%T@|%l\\n' | sort";
+    let ra = a.run_as(false, &sb, &spec, &["sh", "-c", find]);
+    assert_eq!(ra.status.code(), Some(0));
+    let listed = out(&ra);
+    assert_eq!(listed.lines().count(), 18, "{listed}");
+
+    let script = format!(
+        "set -e; find $DATA -type f -exec cat {{}} + > /dev/null; exec 3< $DATA/a/s1.txt; {find}"
+    );
+    let rb = b.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    assert_eq!(
+        out(&rb),
+        listed,
+        "the lazy mount's metadata after reading every file"
+    );
+    assert!(sb.mounts_below().is_empty());
+}
+
+/// An empty file whose pack neighbours are local already or too big to share its window is
+/// fetched alone: a pack range of no bytes (no GET at all). Its read must not hang: in a
+/// layer of two 600 KiB files around an empty one (`d/a.bin`, `d/b`, `d/c.bin`, one pack, in
+/// that order), reading `d/c.bin` and then `d/a.bin` (whose read-ahead is `d/b` alone) and then
+/// `d/b` succeeds at once, the run ends and the layer completes.
+#[test]
+fn an_empty_file_fetched_alone_is_read() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec(
+        "spec.toml",
+        &format!(
+            r#"project = "{PROJECT}"
+[[cache]]
+id = "data"
+key_files = ["data.lock"]
+env = {{ DATA = "{{mount}}" }}
+setup = """
+set -e
+mkdir -p $DATA/d
+head -c 600K /dev/urandom > $DATA/d/a.bin
+: > $DATA/d/b
+head -c 600K /dev/urandom > $DATA/d/c.bin
+"""
+"#
+        ),
+    );
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(&w, sb.path("store-a"), "empty", "");
+    let ra = a.run(&sb, &spec, &[]);
+    assert_eq!(ra.status.code(), Some(0), "{}", show(&ra));
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "empty", "")
+        .with_env("LAYERCACHE_LAZY", "1");
+    let script = format!(
+        "set -e; cat $DATA/d/c.bin $DATA/d/a.bin > /dev/null; timeout 20 cat $DATA/d/b; \
+         echo read; {}",
+        wait_complete(&b)
+    );
+    let args = b.run_args(false, &sb, &spec, &["sh", "-c", &script]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = b.command(&args);
+    cmd.stdin(Stdio::null());
+    let (rb, took) = output_within(cmd, Duration::from_secs(120), "the lazy run");
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+    assert_eq!(b.events()[0]["remote_lazy"], true);
+    assert!(
+        out(&rb).starts_with("read\n"),
+        "{} after {took:?}",
+        show(&rb)
+    );
+    assert_store_verifies(&b);
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// B's lazy run records the order in which it first opened the layer's files and stores it
 /// beside the key in the remote (`caches/<cache>/traces/<key>`); a third empty store C's lazy
 /// run gets that trace as its partial layer's `replay`, in order; C's run (which opens no

@@ -3,7 +3,8 @@
 //!
 //! * **Units.** A packed object comes with its pack neighbours that are not local yet: one
 //!   ranged GET of a window of the pack (at most [`DEMAND_WINDOW`] bytes for a demand read,
-//!   [`BACKGROUND_WINDOW`] in the background), split and verified object by object. An object
+//!   [`BACKGROUND_WINDOW`] in the background), split and verified object by object as its
+//!   bytes arrive (a reader of the window's first object does not wait for the rest). An object
 //!   stored alone is fetched whole, streamed into a temporary file and hashed on arrival (the
 //!   manifest records one digest per object: a reader sees none of its bytes before all of
 //!   them are verified).
@@ -26,8 +27,11 @@
 //!   metadata of its files. A later run finds `held/` and never fetches an object twice.
 //! * **Classes.** Demand units start at once. One background task then replays the trace
 //!   (at most [`TRACE_UNITS`] units of at most [`TRACE_WINDOW`] bytes at once, also while a
-//!   reader waits: they are what the run opens next; a unit holds traced objects and gaps of
-//!   at most [`TRACE_GAP`] between them, not whole windows, and a demand read starts no
+//!   reader waits: they are what the run opens next; the units are planned from the whole
+//!   trace before the first starts ([`Shared::trace_plan`]): per pack, stretches of traced
+//!   objects with gaps of at most [`TRACE_GAP`] between them, not whole windows, started in
+//!   the order of their first-opened object, so a package whose files the run opened out of
+//!   pack order costs one GET, not one per file; a demand read starts no
 //!   read-ahead meanwhile) and completes the layer (at most
 //!   [`BACKGROUND_UNITS`] units, none started while a demand read is in flight or within
 //!   [`COMPLETION_QUIET`] of the mount, of the last one or of the run's last open of a file,
@@ -80,14 +84,15 @@ pub(super) const PIECE: u64 = 4 << 20;
 pub(super) const FAILED_KEPT: usize = 5;
 
 /// Trace replay units in flight at most (also while a demand read waits). A unit is mostly
-/// the traced files of a package (tens to hundreds of KiB): several in flight keep a link with
-/// 20 ms to the first byte busy.
+/// the traced files of a package or a few (tens of KiB to [`TRACE_WINDOW`]): several in flight
+/// keep a link with 20 ms to the first byte busy.
 pub(super) const TRACE_UNITS: usize = 6;
 
-/// Bytes of untraced pack neighbours a trace replay unit fetches to join two traced runs in
-/// one GET (as `object_store::coalesce_ranges` joins ranges): at 200 Mbit/s a gap this size
-/// is ~10 ms of link time, less than a request's delay to its first byte (20 ms in the
-/// benchmark's link, more from a busy server).
+/// Bytes of pack between two traced objects that a trace replay unit fetches (and keeps,
+/// or drops when they are local or in flight already) to bring both with one GET (as
+/// `object_store::coalesce_ranges` joins ranges): at 200 Mbit/s a gap this size is ~10 ms of
+/// link time, less than a request's delay to its first byte (20 ms in the benchmark's link,
+/// more from a busy server; a SeaweedFS on the same two cores spends 15-30 ms of CPU per GET).
 pub(super) const TRACE_GAP: u64 = 256 << 10;
 
 /// How long after the mount completion starts, and how long after the last demand read it
@@ -404,14 +409,16 @@ pub(super) struct Shared {
     pieces: HashMap<u32, Vec<blake3::hazmat::ChainingValue>>,
     /// The objects arriving piece by piece now.
     pieced: Mutex<HashMap<u32, Arc<pieced::Pieced>>>,
-    /// Per object: in the replayed trace (set before the replay starts).
-    traced: Vec<AtomicBool>,
     /// While the trace is replayed: a demand read starts no read-ahead (the trace says what
     /// comes next).
     replaying: AtomicBool,
     /// [`FETCH_LOCKS`], open for writing (its own open file description: the locks of this
     /// daemon); `None` where it cannot be had (objects are then fetched without claiming).
     locks: Option<File>,
+    /// Random hex that names this fetcher's temporary files, and how many it has named
+    /// ([`Shared::temp`]).
+    temp_tag: String,
+    temps: AtomicU64,
 }
 
 impl Shared {
@@ -488,7 +495,6 @@ impl Shared {
                 }
             }
         }
-        let traced = (0..ids.len()).map(|_| AtomicBool::new(false)).collect();
         let mut by_object = HashMap::new();
         for (id, cvs) in pieces {
             let Some(&i) = index.get(&id) else { continue };
@@ -541,11 +547,12 @@ impl Shared {
             failed: Mutex::new(Vec::new()),
             complete: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            traced,
             replaying: AtomicBool::new(false),
             pieces: by_object,
             pieced: Mutex::new(HashMap::new()),
             locks,
+            temp_tag: crate::sys::random_hex(8),
+            temps: AtomicU64::new(0),
         })
     }
 
@@ -721,10 +728,7 @@ impl Shared {
         if self.state[o as usize].load(Relaxed) == LOCAL {
             return None;
         }
-        let unit = match class {
-            Class::Trace => self.trace_unit(o, window, &flights),
-            _ => self.unit(o, window, &flights),
-        };
+        let unit = self.unit(o, window, &flights);
         for &u in &unit {
             flights.insert(u, Flight::new());
         }
@@ -742,6 +746,37 @@ impl Shared {
             _ => None,
         };
         drop(flights);
+        self.launch(o, unit, class);
+        if let Some(n) = ahead {
+            self.join_or_start(n, window, Class::Background);
+        }
+        Some(mine)
+    }
+
+    /// Starts the trace replay unit `planned` ([`Shared::trace_plan`]): its objects that are
+    /// neither local nor in flight (the others' bytes are dropped), `first` (the one the run
+    /// opened first) made local first when it is among them. Returns whether a unit started.
+    fn start_planned(self: &Arc<Self>, first: u32, planned: &[u32]) -> bool {
+        let mut flights = self.flights.lock();
+        let unit: Vec<u32> = (planned.iter().copied())
+            .filter(|&u| self.state[u as usize].load(Relaxed) != LOCAL && !flights.contains_key(&u))
+            .collect();
+        let Some(&head) = unit.first() else {
+            return false;
+        };
+        for &u in &unit {
+            flights.insert(u, Flight::new());
+        }
+        drop(flights);
+        let first = if unit.contains(&first) { first } else { head };
+        self.launch(first, unit, Class::Trace);
+        true
+    }
+
+    /// Runs `unit` (whose objects have flights) for `class` on the runtime, `o` first, counting
+    /// it as in flight for its class until it ends; what it did not make local then gets its
+    /// error, and a missing or corrupt object marks the layer broken.
+    fn launch(self: &Arc<Self>, o: u32, unit: Vec<u32>, class: Class) {
         let counter = match class {
             Class::Demand => &self.demand,
             Class::Trace | Class::Background => &self.background,
@@ -776,10 +811,6 @@ impl Shared {
             }
             .fetch_sub(1, Relaxed);
         });
-        if let Some(n) = ahead {
-            self.join_or_start(n, window, Class::Background);
-        }
-        Some(mine)
     }
 
     /// Ends the flight of `o` (if it still has one) with `r`; `Ok` when `o` is local.
@@ -817,44 +848,66 @@ impl Shared {
         list[lo..hi].to_vec()
     }
 
-    /// The objects one trace replay unit fetches with `o`: `o` alone when stored alone;
-    /// otherwise `o` and the pack neighbours after it that are neither local nor in flight,
-    /// contiguous, at most `window` bytes, ending on a traced object, with runs of untraced
-    /// ones of at most [`TRACE_GAP`] bytes between traced ones.
-    fn trace_unit(&self, o: u32, window: u64, flights: &HashMap<u32, Arc<Flight>>) -> Vec<u32> {
-        let Loc::Packed { pack, len, pos, .. } = self.loc[o as usize] else {
-            return vec![o];
-        };
-        let list = &self.packs[pack as usize].1;
-        let (mut hi, mut end, mut total, mut gap) = (pos as usize + 1, pos as usize + 1, len, 0);
-        while let Some(&i) = list.get(hi) {
-            let size = match self.loc[i as usize] {
-                Loc::Packed { len, .. } => len,
-                Loc::Alone => 0,
-            };
-            let free = self.state[i as usize].load(Relaxed) != LOCAL && !flights.contains_key(&i);
-            if !free || total + size > window {
-                break;
-            }
-            total += size;
-            hi += 1;
-            if self.traced[i as usize].load(Relaxed) {
-                (end, gap) = (hi, 0);
-            } else {
-                gap += size;
-                if gap > TRACE_GAP {
-                    break;
-                }
+    /// The trace replay's units for the traced objects `order` (in the order the recorded run
+    /// first opened their files), in the order to start them: per pack, the traced objects in
+    /// pack order are cut into stretches where one ends at most [`TRACE_GAP`] bytes before the
+    /// next starts and the stretch spans at most `window` bytes; a unit is a stretch with every
+    /// object in it (the untraced ones between come with the same GET), or one traced object
+    /// stored alone. Units start in the order of their first-opened object, which goes with
+    /// each: `(first, objects in pack order)`. Planned at once rather than object by object,
+    /// so the objects of a package the run opened out of pack order come with one GET, not
+    /// one per object that a unit ahead of them left out.
+    fn trace_plan(&self, order: &[u32], window: u64) -> Vec<(u32, Vec<u32>)> {
+        let mut rank: HashMap<u32, usize> = HashMap::new();
+        for (r, &o) in order.iter().enumerate() {
+            rank.entry(o).or_insert(r);
+        }
+        let mut units: Vec<(usize, u32, Vec<u32>)> = Vec::new();
+        let mut by_pack: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (&o, &r) in &rank {
+            match self.loc[o as usize] {
+                Loc::Packed { pack, pos, .. } => by_pack.entry(pack).or_default().push(pos),
+                Loc::Alone => units.push((r, o, vec![o])),
             }
         }
-        list[pos as usize..end].to_vec()
+        let span = |list: &[u32], p: u32| match self.loc[list[p as usize] as usize] {
+            Loc::Packed { offset, len, .. } => (offset, offset + len),
+            Loc::Alone => unreachable!("a packed object"),
+        };
+        for (pack, mut poss) in by_pack {
+            poss.sort_unstable();
+            let list = &self.packs[pack as usize].1;
+            let mut stretches: Vec<(u32, u32)> = Vec::new();
+            for p in poss {
+                let (start, end) = span(list, p);
+                match stretches.last_mut() {
+                    Some((a, b))
+                        if start.saturating_sub(span(list, *b).1) <= TRACE_GAP
+                            && end - span(list, *a).0 <= window =>
+                    {
+                        *b = p
+                    }
+                    _ => stretches.push((p, p)),
+                }
+            }
+            for (a, b) in stretches {
+                let objects = list[a as usize..=b as usize].to_vec();
+                let (r, first) = (objects.iter())
+                    .filter_map(|o| rank.get(o).map(|&r| (r, *o)))
+                    .min()
+                    .expect("a stretch starts and ends on traced objects");
+                units.push((r, first, objects));
+            }
+        }
+        units.sort_unstable_by_key(|u| u.0);
+        units.into_iter().map(|(_, f, u)| (f, u)).collect()
     }
 
-    /// Fetches `unit` (objects of one pack, contiguous, or one object stored alone; `first`
-    /// among them is made local first) for `class`, retrying transient failures until the
+    /// Fetches `unit` (objects of one pack in pack order, or one object stored alone; the
+    /// GET holding `first` goes first) for `class`, retrying transient failures until the
     /// bound; every object of it is local when this returns `Ok`. Shares the work with the
     /// other daemons of the layer: fetches only the objects it claims ([`Shared::claim`]), in
-    /// contiguous runs, and waits (holding no claim) for the rest to arrive from the daemon
+    /// runs of one GET each ([`Shared::runs`]), and waits (holding no claim) for the rest to arrive from the daemon
     /// that claimed them, claiming what that daemon lets go of; after [`Limits::bound`] it
     /// fetches what is left without claiming.
     ///
@@ -862,10 +915,18 @@ impl Shared {
     /// one at once).
     async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32], class: Class) -> Result<()> {
         let t0 = Instant::now();
-        let _done = scopeguard_log(unit.len(), t0);
+        let _done = scopeguard_log(unit.len(), class, t0);
         let mut todo = unit.to_vec();
+        // The unit's objects were neither local nor in flight when it started: what the first
+        // round claims is looked for on disk once (after the claim), not twice.
+        let mut first_round = true;
         loop {
-            todo.retain(|&u| !self.arrived(u));
+            if first_round {
+                todo.retain(|&u| self.state[u as usize].load(Relaxed) != LOCAL);
+            } else {
+                todo.retain(|&u| !self.arrived(u));
+            }
+            first_round = false;
             if todo.is_empty() {
                 return Ok(());
             }
@@ -880,16 +941,26 @@ impl Shared {
                 tokio::time::sleep(CLAIM_POLL).await;
                 continue;
             }
-            for (run_first, run) in self.runs(first, &mine) {
+            for run in self.runs(first, &mine) {
                 retrying(self.limits, || async {
                     match self.loc[run[0] as usize] {
                         Loc::Alone => self.fetch_alone(run[0], class).await,
-                        Loc::Packed { .. } => self.clone().fetch_packed(run_first, &run).await,
+                        Loc::Packed { .. } => self.clone().fetch_packed(&run).await,
                     }
                 })
                 .await?;
             }
             drop(claim);
+            // Every fetch above that ended well stored what it claimed; one that did not would
+            // make this loop fetch again at once, for ever.
+            let lost = (mine.iter())
+                .filter(|&&u| self.state[u as usize].load(Relaxed) != LOCAL)
+                .count();
+            if lost > 0 {
+                return Err(Error::Failed(format!(
+                    "lazy fetch: {lost} object(s) fetched but not stored"
+                )));
+            }
         }
     }
 
@@ -934,10 +1005,11 @@ impl Shared {
     }
 
     /// `objects` (of one unit) as runs to fetch one GET each: each object stored alone on
-    /// its own, packed ones in runs of neighbours in their pack; the run holding `first`
-    /// comes first, with `first` as the object it makes local first (the others: their
-    /// first object).
-    fn runs(&self, first: u32, objects: &[u32]) -> Vec<(u32, Vec<u32>)> {
+    /// its own, packed ones in runs of objects of one pack with at most [`TRACE_GAP`] bytes
+    /// between one and the next (bytes the GET brings and drops: objects local already, in
+    /// flight in another unit or claimed by another daemon); the run holding `first` comes
+    /// first.
+    fn runs(&self, first: u32, objects: &[u32]) -> Vec<Vec<u32>> {
         let mut runs: Vec<Vec<u32>> = Vec::new();
         let key = |o: u32| match self.loc[o as usize] {
             Loc::Packed { pack, pos, .. } => Some((pack, pos)),
@@ -946,10 +1018,16 @@ impl Shared {
         let mut sorted = objects.to_vec();
         sorted.sort_by_key(|&o| key(o));
         for o in sorted {
-            let joins = match (runs.last().and_then(|r| r.last()), key(o)) {
-                (Some(&prev), Some((pack, pos))) => {
-                    key(prev).is_some_and(|(pp, ppos)| pp == pack && ppos + 1 == pos)
-                }
+            let joins = match (runs.last().and_then(|r| r.last()), self.loc[o as usize]) {
+                (Some(&prev), Loc::Packed { pack, offset, .. }) => match self.loc[prev as usize] {
+                    Loc::Packed {
+                        pack: pp,
+                        offset: po,
+                        len: pl,
+                        ..
+                    } => pp == pack && offset.saturating_sub(po + pl) <= TRACE_GAP,
+                    Loc::Alone => false,
+                },
                 _ => false,
             };
             match joins {
@@ -960,15 +1038,14 @@ impl Shared {
         if let Some(i) = runs.iter().position(|r| r.contains(&first)) {
             runs.swap(0, i);
         }
-        (runs.into_iter())
-            .map(|r| (if r.contains(&first) { first } else { r[0] }, r))
-            .collect()
+        runs
     }
 
     /// One GET of the pack range of `unit` (objects made local by an earlier attempt are
-    /// skipped), split, verified and stored object by object on a blocking thread, `first`
-    /// first.
-    async fn fetch_packed(self: Arc<Self>, first: u32, unit: &[u32]) -> Result<()> {
+    /// skipped; bytes between its objects are dropped), each object verified and stored on a
+    /// blocking thread as soon as its bytes are in, so a reader waiting for one of the first
+    /// objects of a long range does not wait for the rest of it.
+    async fn fetch_packed(self: Arc<Self>, unit: &[u32]) -> Result<()> {
         let (pack, start) = match self.loc[unit[0] as usize] {
             Loc::Packed { pack, offset, .. } => (pack, offset),
             Loc::Alone => unreachable!("a packed unit"),
@@ -979,6 +1056,32 @@ impl Shared {
         };
         let name = &self.packs[pack as usize].0;
         let what = format!("fetching pack {name} bytes {start}..{end}");
+        // The objects to store, in pack order, and the next one whose bytes are awaited.
+        let todo: Vec<(u32, u64, u64)> = (unit.iter())
+            .filter(|&&u| self.state[u as usize].load(Relaxed) != LOCAL)
+            .filter_map(|&u| match self.loc[u as usize] {
+                Loc::Packed { offset, len, .. } => Some((u, offset - start, len)),
+                Loc::Alone => None,
+            })
+            .collect();
+        let mut next = 0;
+        let mut stores = tokio::task::JoinSet::new();
+        // Hands the objects of `todo` from `next` on whose bytes are all in `buf` to a blocking
+        // thread that verifies and stores them (an empty object needs no byte).
+        let mut store_ready = |buf: &[u8], next: &mut usize| {
+            let mut ready = Vec::new();
+            while let Some(&(o, at, len)) = todo.get(*next)
+                && at + len <= buf.len() as u64
+            {
+                ready.push((o, buf[at as usize..(at + len) as usize].to_vec()));
+                *next += 1;
+            }
+            if !ready.is_empty() {
+                let me = self.clone();
+                let name = name.clone();
+                stores.spawn_blocking(move || me.store_verified(&name, ready));
+            }
+        };
         let mut buf = Vec::with_capacity((end - start) as usize);
         if end > start {
             let path = self.remote.layout.pack(&self.project, name);
@@ -987,42 +1090,61 @@ impl Shared {
                 ..Default::default()
             };
             self.get_into(&what, self.remote.store.get_opts(&path, opts), |c| {
+                if (buf.len() + c.len()) as u64 > end - start {
+                    return Err(self.corrupt(
+                        &format!("pack {name}"),
+                        format!("more than the {} bytes asked for", end - start),
+                    ));
+                }
                 buf.extend_from_slice(c);
+                store_ready(&buf, &mut next);
                 Ok(())
             })
             .await?;
         }
-        if buf.len() as u64 != end - start {
+        // A range of empty objects only sends no GET; empty ones at its end come with no chunk.
+        store_ready(&buf, &mut next);
+        let received = buf.len() as u64;
+        drop(buf);
+        let mut r = Ok(());
+        while let Some(done) = stores.join_next().await {
+            let done = done
+                .map_err(|e| Error::Failed(format!("lazy fetch: {e}")))
+                .and_then(|x| x);
+            if r.is_ok() {
+                r = done;
+            }
+        }
+        r?;
+        if received != end - start {
             return Err(self.corrupt(
                 &format!("pack {name}"),
-                format!("{} bytes received of {}", buf.len(), end - start),
+                format!("{received} bytes received of {}", end - start),
             ));
         }
-        let order: Vec<u32> = std::iter::once(first)
-            .chain(unit.iter().copied().filter(|&u| u != first))
-            .filter(|&u| self.state[u as usize].load(Relaxed) != LOCAL)
-            .collect();
-        let me = self.clone();
-        let name = name.clone();
-        tokio::task::spawn_blocking(move || {
-            for o in order {
-                let Loc::Packed { offset, len, .. } = me.loc[o as usize] else {
-                    continue;
-                };
-                let bytes = &buf[(offset - start) as usize..(offset - start + len) as usize];
-                if blake3::hash(bytes).as_bytes() != &me.ids[o as usize].0 {
-                    return Err(me.corrupt(
-                        &format!("object {} in pack {name}", me.ids[o as usize]),
-                        "its bytes do not match its id".into(),
-                    ));
-                }
-                me.store_bytes(o, bytes)?;
-                me.done(o, Ok(()));
+        Ok(())
+    }
+
+    /// Checks each of `objects` (`(object, its bytes)`, from pack `pack`) against its id and
+    /// stores it ([`Shared::store_bytes`]), ending its flight; stops at the first that fails.
+    ///
+    /// Errors: [`RemoteError::Corrupt`](super::super::RemoteError) for bytes that do not match
+    /// their id; [`Error::Io`] storing them.
+    fn store_verified(&self, pack: &str, objects: Vec<(u32, Vec<u8>)>) -> Result<()> {
+        for (o, bytes) in objects {
+            if self.state[o as usize].load(Relaxed) == LOCAL {
+                continue;
             }
-            Ok(())
-        })
-        .await
-        .map_err(|e| Error::Failed(format!("lazy fetch: {e}")))?
+            if blake3::hash(&bytes).as_bytes() != &self.ids[o as usize].0 {
+                return Err(self.corrupt(
+                    &format!("object {} in pack {pack}", self.ids[o as usize]),
+                    "its bytes do not match its id".into(),
+                ));
+            }
+            self.store_bytes(o, &bytes)?;
+            self.done(o, Ok(()));
+        }
+        Ok(())
     }
 
     /// Sends one GET (`request`) and hands each chunk of its body to `each`, abandoning it
@@ -1125,9 +1247,12 @@ impl Shared {
 
     /// A fresh temporary name in the partial directory (the store's filesystem; gc never
     /// sweeps a partial directory a run holds, so a file being written there is safe from it).
+    /// Its name is this fetcher's random tag and a count (one `getrandom` per daemon, not one
+    /// per object stored).
     fn temp(&self) -> PathBuf {
         let dir = self.held.parent().unwrap_or(&self.held);
-        dir.join(format!("{TEMP_PREFIX}{}", crate::sys::random_hex(8)))
+        let n = self.temps.fetch_add(1, Relaxed);
+        dir.join(format!("{TEMP_PREFIX}{}-{n}", self.temp_tag))
     }
 
     /// Makes the verified file `tmp` object `o`'s bytes: renames it to `held/<hex>` (what
@@ -1186,36 +1311,41 @@ impl Shared {
                 (0..self.ids.len() as u32).filter(|&o| matches!(self.loc[o as usize], Loc::Alone)),
             )
             .collect();
-        for &o in &first {
-            self.traced[o as usize].store(true, Relaxed);
+        let plan = self.trace_plan(&first, TRACE_WINDOW);
+        self.replaying.store(!plan.is_empty(), Relaxed);
+        for (o, unit) in plan {
+            if self.stop.load(Relaxed) || self.broken.lock().is_some() {
+                break;
+            }
+            while self.background.load(Relaxed) >= TRACE_UNITS {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            self.start_planned(o, &unit);
         }
-        self.replaying.store(!first.is_empty(), Relaxed);
-        for (order, cap, window, class) in [
-            (first, TRACE_UNITS, TRACE_WINDOW, Class::Trace),
-            (rest, BACKGROUND_UNITS, BACKGROUND_WINDOW, Class::Background),
-        ] {
-            let yields = class == Class::Background;
-            for o in order {
-                if self.stop.load(Relaxed) || self.broken.lock().is_some() {
+        while self.background.load(Relaxed) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.replaying.store(false, Relaxed);
+        for o in rest {
+            if self.stop.load(Relaxed) || self.broken.lock().is_some() {
+                break;
+            }
+            if self.is_local(o) || self.flights.lock().contains_key(&o) {
+                continue;
+            }
+            loop {
+                let busy = self.background.load(Relaxed) >= BACKGROUND_UNITS
+                    || self.demand.load(Relaxed) > 0
+                    || !self.quiet();
+                if !busy {
                     break;
                 }
-                if self.is_local(o) || self.flights.lock().contains_key(&o) {
-                    continue;
-                }
-                loop {
-                    let busy = self.background.load(Relaxed) >= cap
-                        || (yields && (self.demand.load(Relaxed) > 0 || !self.quiet()));
-                    if !busy {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                self.join_or_start(o, window, class);
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            while self.background.load(Relaxed) > 0 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            self.replaying.store(false, Relaxed);
+            self.join_or_start(o, BACKGROUND_WINDOW, Class::Background);
+        }
+        while self.background.load(Relaxed) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let all = (0..self.ids.len() as u32).all(|o| self.state[o as usize].load(Relaxed) == LOCAL);
         self.complete.store(all, Relaxed);
@@ -1301,17 +1431,19 @@ fn create_temp(path: &Path, mode: u32) -> Result<File> {
     Ok(f)
 }
 
-/// Logs a unit's size and duration when it ends (debug).
-fn scopeguard_log(objects: usize, t0: Instant) -> impl Drop {
-    struct G(usize, Instant);
+/// Logs a unit's class and size when it starts and its duration when it ends (debug).
+fn scopeguard_log(objects: usize, class: Class, t0: Instant) -> impl Drop {
+    struct G(usize, Class, Instant);
     impl Drop for G {
         fn drop(&mut self) {
             tracing::debug!(
+                class = ?self.1,
                 objects = self.0,
-                ms = self.1.elapsed().as_millis() as u64,
+                ms = self.2.elapsed().as_millis() as u64,
                 "lazy unit done"
             );
         }
     }
-    G(objects, t0)
+    tracing::debug!(?class, objects, "lazy unit starts");
+    G(objects, class, t0)
 }
