@@ -161,6 +161,22 @@ fn fresh_report(r: &Runner, mark: &Path) -> String {
     )
 }
 
+/// A run of `r` (no `--json`) with COMMAND `command` and stdin closed, under
+/// [`output_within`]'s `limit`: its output and how long it took.
+fn run_within(
+    r: &Runner,
+    (sb, spec): (&Sandbox, &Path),
+    command: &[&str],
+    limit: Duration,
+    what: &str,
+) -> (Output, Duration) {
+    let args = r.run_args(false, sb, spec, command);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = r.command(&args);
+    cmd.stdin(Stdio::null());
+    output_within(cmd, limit, what)
+}
+
 /// Runs `cmd` (stdout/stderr captured) and returns its output and how long it took; SIGKILLs
 /// it and panics when it has not ended within `limit` (a hang).
 fn output_within(mut cmd: Command, limit: Duration, what: &str) -> (Output, Duration) {
@@ -662,11 +678,14 @@ head -c 600K /dev/urandom > $DATA/d/c.bin
          echo read; {}",
         wait_complete(&b)
     );
-    let args = b.run_args(false, &sb, &spec, &["sh", "-c", &script]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut cmd = b.command(&args);
-    cmd.stdin(Stdio::null());
-    let (rb, took) = output_within(cmd, Duration::from_secs(120), "the lazy run");
+    let cmd = ["sh", "-c", &script];
+    let (rb, took) = run_within(
+        &b,
+        (&sb, &spec),
+        &cmd,
+        Duration::from_secs(120),
+        "the lazy run",
+    );
     assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
     assert_eq!(b.events()[0]["remote_lazy"], true);
     assert!(
@@ -764,9 +783,13 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
         ctl = control.display(),
         err = sb.path("cat-err").display()
     );
-    let args = c.run_args(false, &sb, &spec, &["sh", "-c", &script]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (rc, took) = output_within(c.command(&args), Duration::from_secs(180), "cut run");
+    let (rc, took) = run_within(
+        &c,
+        (&sb, &spec),
+        &["sh", "-c", &script],
+        Duration::from_secs(180),
+        "cut run",
+    );
     let said = out(&rc);
     assert!(said.starts_with("small 1\nREAD-FAILED\n"), "{said}");
     let ms: u64 = said.rsplit_once("ms ").unwrap().1.trim().parse().unwrap();
@@ -806,9 +829,13 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
     };
     let before = manifest_gets();
     let sum = ["sh", "-c", "sha256sum < $DATA/big.bin"];
-    let args = c.run_args(false, &sb, &spec, &sum);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (again, _) = output_within(c.command(&args), Duration::from_secs(180), "run after");
+    let (again, _) = run_within(
+        &c,
+        (&sb, &spec),
+        &sum,
+        Duration::from_secs(180),
+        "run after",
+    );
     assert_eq!(again.status.code(), Some(0));
     assert_eq!(out(&again), format!("{big}  -\n"));
     assert_eq!(c.events()[1]["remote_lazy"], true);
@@ -825,9 +852,13 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
         )
     };
     let script = blip("1.5");
-    let args = d.run_args(false, &sb, &spec, &["sh", "-c", &script]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (rd, _) = output_within(d.command(&args), Duration::from_secs(180), "blip run");
+    let (rd, _) = run_within(
+        &d,
+        (&sb, &spec),
+        &["sh", "-c", &script],
+        Duration::from_secs(180),
+        "blip run",
+    );
     assert_eq!(rd.status.code(), Some(0));
     assert_eq!(out(&rd), format!("{big}  -\n"));
     assert_store_verifies(&d);
@@ -836,9 +867,13 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
     let e = Runner::via(&w, &link.endpoint(), sb.path("store-e"), "cut", "")
         .with_env("LAYERCACHE_LAZY_TIMEOUT", "30");
     let script = blip("12");
-    let args = e.run_args(false, &sb, &spec, &["sh", "-c", &script]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (re, took) = output_within(e.command(&args), Duration::from_secs(240), "long cut run");
+    let (re, took) = run_within(
+        &e,
+        (&sb, &spec),
+        &["sh", "-c", &script],
+        Duration::from_secs(240),
+        "long cut run",
+    );
     assert_eq!(re.status.code(), Some(0), "{}", show(&re));
     assert_eq!(out(&re), format!("{big}  -\n"));
     eprintln!("LAZY 12 s cut survived; the run took {took:?}");
@@ -853,9 +888,13 @@ fn a_link_cut_mid_read_fails_the_read_within_the_bound_and_a_short_one_is_surviv
         "lookup_timeout = \"2s\"\n",
     );
     link.down();
-    let args = f.run_args(false, &sb, &spec, &["cat", "/dev/null"]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (rf, _) = output_within(f.command(&args), Duration::from_secs(180), "run, link down");
+    let (rf, _) = run_within(
+        &f,
+        (&sb, &spec),
+        &["cat", "/dev/null"],
+        Duration::from_secs(180),
+        "run, link down",
+    );
     link.up();
     assert_eq!(rf.status.code(), Some(0), "{}", show(&rf));
     let ev = &f.events()[0];
@@ -899,9 +938,13 @@ fn a_slow_but_steady_fetch_is_not_cut_off() {
         .with_env("LAYERCACHE_DAEMON_LOG", daemon_log.to_str().unwrap());
     let read = "t0=$(date +%s%N); sha256sum < $DATA/big.bin; s=$?; \
                 echo ms $(( ($(date +%s%N) - t0) / 1000000 )); exit $s";
-    let args = b.run_args(false, &sb, &spec, &["sh", "-c", read]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (rb, took) = output_within(b.command(&args), Duration::from_secs(300), "slow run");
+    let (rb, took) = run_within(
+        &b,
+        (&sb, &spec),
+        &["sh", "-c", read],
+        Duration::from_secs(300),
+        "slow run",
+    );
     eprintln!("LAZY slow link: the run took {took:?}");
     let logged = std::fs::read_to_string(&daemon_log).unwrap_or_default();
     assert_eq!(
