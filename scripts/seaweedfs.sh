@@ -8,8 +8,9 @@
 #                                     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and DIR/pid
 #   scripts/seaweedfs.sh stop DIR     stops that server by its pid (TERM, then KILL)
 #
-# Ports: ten consecutive free ones from a random base in 20000-59999 (master, volume, filer, s3,
-# admin and their gRPC ports), all bound to 127.0.0.1. Readiness is polled, never slept for.
+# Ports: ten consecutive free ones from a random base in 20000-32757 (master, volume, filer, s3,
+# admin and their gRPC ports), all bound to 127.0.0.1: below Linux's ephemeral range (32768-),
+# so no client connection of a test beside this one holds one of them. Readiness is polled, never slept for.
 set -euo pipefail
 
 BUCKET=layercache-test
@@ -38,11 +39,12 @@ start() {
   "actions":["Admin","Read","Write","List","Tagging"]}]}
 JSON
   # Free ports can be taken between the check and weed's bind (another server starting beside
-  # this one): weed then exits with "Port allocation failed", and a new set is tried (5 sets).
+  # this one, or any client's ephemeral port): weed then exits with "Port allocation failed"
+  # or, from its S3 listener, "bind: address already in use", and a new set is tried (5 sets).
   local base ok pid code s3 attempt
   for attempt in 1 2 3 4 5; do
     for _ in $(seq 1 50); do
-      base=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+      base=$(( 20000 + (RANDOM * 32768 + RANDOM) % 12758 ))
       ok=1
       for i in $(seq 0 9); do port_free $((base + i)) || { ok=0; break; }; done
       [ $ok = 1 ] && break
@@ -72,7 +74,9 @@ JSON
       sleep 0.1
     done
     if [ "$code" = exited ]; then
-      if [ $attempt -lt 5 ] && grep -q "Port allocation failed" "$dir/log"; then
+      if [ $attempt -lt 5 ] && grep -q -e "Port allocation failed" -e "address already in use" "$dir/log"; then
+        stop "$dir"
+        rm -rf "$dir/data" && mkdir -p "$dir/data"
         echo "seaweedfs.sh: a port was taken before weed bound it; trying other ports" >&2
         continue
       fi
