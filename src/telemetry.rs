@@ -109,6 +109,13 @@ pub(crate) struct Event {
     /// `result` is the run's preparation's). `stats` and the time saved leave it out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub saved: bool,
+    /// This event is not a preparation but what the run's lazily mounted layer
+    /// ([`Event::remote_lazy`]) fetched from the remote tier while the run lasted, logged at
+    /// its end: `pulled_bytes` and `pulled_objects` say it (`result`, the key and the
+    /// layer's `files`/`bytes` are the preparation's). `stats` counts its bytes as
+    /// downloaded and leaves it out of the preparations and the time saved.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lazy_fetch: bool,
 }
 
 impl Event {
@@ -313,8 +320,12 @@ pub(crate) struct Stats {
     pub saved_ms: u64,
     /// Remote tier: successful preparations whose layer was pulled from the remote.
     pub remote_hits: u64,
-    /// Remote tier: object bytes pulled by those preparations.
+    /// Remote tier: object bytes pulled by those preparations, and fetched lazily while
+    /// their runs lasted ([`Stats::lazy_bytes`]).
     pub pulled_bytes: u64,
+    /// Remote tier: of [`Stats::pulled_bytes`], the bytes lazily mounted layers fetched while
+    /// their runs lasted ([`Event::lazy_fetch`]).
+    pub lazy_bytes: u64,
     /// Per project and cache (one miss median over several caches says nothing),
     /// in name order.
     pub caches: Vec<CacheStats>,
@@ -359,8 +370,19 @@ fn median(mut v: Vec<u64>) -> u64 {
 /// Summarises `events`, optionally only one project's.
 pub(crate) fn stats(events: &[Event], project: Option<&str>) -> Stats {
     let mut out = Stats::default();
-    // Preparations only: a save after COMMAND ([`Event::saved`]) is not one.
-    let events: Vec<Event> = events.iter().filter(|e| !e.saved).cloned().collect();
+    // What lazily mounted layers fetched while their runs lasted counts as downloaded.
+    for e in events
+        .iter()
+        .filter(|e| e.lazy_fetch && project.is_none_or(|p| e.project == p))
+    {
+        out.pulled_bytes += e.pulled_bytes;
+        out.lazy_bytes += e.pulled_bytes;
+    }
+    // Preparations only: a save after COMMAND ([`Event::saved`]) is not one, nor a lazy fetch.
+    let events: Vec<Event> = (events.iter())
+        .filter(|e| !e.saved && !e.lazy_fetch)
+        .cloned()
+        .collect();
     let events = events.as_slice();
     let ok: Vec<&Event> = events
         .iter()
@@ -457,7 +479,12 @@ pub(crate) fn saved_ms(events: &[Event]) -> Vec<u64> {
         .iter()
         .map(|e| {
             // An empty layer spared no work (its setup wrote outside the mount): no saving.
-            if e.exit_status != 0 || e.result == CacheResult::Miss || e.empty_layer() || e.saved {
+            if e.exit_status != 0
+                || e.result == CacheResult::Miss
+                || e.empty_layer()
+                || e.saved
+                || e.lazy_fetch
+            {
                 return 0;
             }
             miss_median
@@ -479,8 +506,12 @@ pub(crate) fn stats_text(s: &Stats) -> String {
     }
     out.push_str(&format!("{:<8} {:>6}\n", "failed", s.failed));
     if s.remote_hits > 0 {
+        let lazily = match s.lazy_bytes {
+            0 => String::new(),
+            b => format!(" ({b} of them fetched lazily while runs lasted)"),
+        };
         out.push_str(&format!(
-            "{:<8} {:>6}   layers pulled from the remote, {} bytes downloaded\n",
+            "{:<8} {:>6}   layers pulled from the remote, {} bytes downloaded{lazily}\n",
             "remote", s.remote_hits, s.pulled_bytes
         ));
     }
@@ -549,6 +580,7 @@ pub(crate) fn sample_event(result: CacheResult) -> Event {
         new_bytes: 0,
         why: Vec::new(),
         saved: false,
+        lazy_fetch: false,
     }
 }
 
@@ -633,6 +665,42 @@ mod tests {
         assert_eq!(s.saved_ms, 990);
         let line = serde_json::to_string(&events[0]).unwrap();
         assert!(!line.contains("saved"), "only a save says so: {line}");
+    }
+
+    /// What a lazily mounted layer fetched while its run lasted is downloaded bytes, not a
+    /// preparation: stats count the lazy hit once, its fetch in the remote's bytes.
+    #[test]
+    fn lazy_fetches_count_as_downloaded_bytes_only() {
+        let miss = ev("p", "npm", CacheResult::Miss, 1000, 0);
+        let lazy_hit = Event {
+            remote_hit: true,
+            remote_lazy: true,
+            pulled_bytes: 300,
+            ..ev("p", "npm", CacheResult::Hit, 10, 0)
+        };
+        let fetched = Event {
+            lazy_fetch: true,
+            pulled_bytes: 5_000,
+            pulled_objects: 40,
+            ..lazy_hit.clone()
+        };
+        let other = Event {
+            project: "q".into(),
+            ..fetched.clone()
+        };
+        let events = [miss, lazy_hit, fetched, other];
+        let s = stats(&events, Some("p"));
+        assert_eq!((s.caches[0].hits, s.caches[0].misses), (1, 1));
+        assert_eq!(
+            (s.remote_hits, s.pulled_bytes, s.lazy_bytes),
+            (1, 5_300, 5_000)
+        );
+        assert_eq!(saved_ms(&events), [0, 990, 0, 0]);
+        assert_eq!(s.saved_ms, 990);
+        assert!(stats_text(&s).contains("5300 bytes downloaded (5000 of them fetched lazily"));
+        assert_eq!(stats(&events, None).lazy_bytes, 10_000);
+        let line = serde_json::to_string(&events[1]).unwrap();
+        assert!(!line.contains("lazy_fetch"), "only a fetch says so: {line}");
     }
 
     #[test]

@@ -461,6 +461,33 @@ fn lazy_hit_reads_at_once_then_completes_into_the_layer_a_pushed() {
     );
 
     assert_store_verifies(&b);
+    // What the run fetched (all of it: the run waited for the layer to complete) is logged at
+    // its end, as an event of the cache's preparation, and counted by `stats`.
+    let fetched = b.lazy_fetch_events();
+    assert_eq!(fetched.len(), 1, "{fetched:?}");
+    assert_eq!(
+        (
+            &fetched[0]["cache"],
+            &fetched[0]["run"],
+            &fetched[0]["result"]
+        ),
+        (&e["cache"], &e["run"], &e["result"]),
+        "{}",
+        fetched[0]
+    );
+    assert_eq!(
+        fetched[0]["pulled_bytes"].as_u64(),
+        Some(up_bytes),
+        "{}",
+        fetched[0]
+    );
+    let stats = b.lc(&["--json", "stats"]);
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(
+        (stats["remote_hits"].as_u64(), stats["lazy_bytes"].as_u64()),
+        (Some(1), Some(up_bytes)),
+        "{stats}"
+    );
     let b_layer = only_layer(&b);
     assert_eq!(
         b_layer.file_name(),

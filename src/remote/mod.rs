@@ -316,7 +316,7 @@ impl RemoteTier for Remote {
         key: &CacheKey,
         layer: &LayerId,
         run_dir: &std::path::Path,
-    ) -> Option<String> {
+    ) -> Option<crate::store::LazyEnd> {
         self.finish_lazy_layer(store, pd, cache, key, layer, run_dir)
     }
 

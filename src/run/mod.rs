@@ -71,6 +71,18 @@ pub struct Committed {
     pub new_bytes: u64,
 }
 
+/// What a lazily mounted layer fetched from the remote tier while its run lasted
+/// ([`Mounter::take_lazy_fetched`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyFetched {
+    /// The cache.
+    pub cache: CacheId,
+    /// Object bytes fetched.
+    pub bytes: u64,
+    /// Objects fetched.
+    pub objects: u64,
+}
+
 /// The store operations the run needs (implemented over [`crate::store`]; a plain-directory
 /// fake in the unit tests).
 ///
@@ -104,6 +116,11 @@ pub trait Mounter {
     /// mount then only answers ENOTCONN.
     fn check(&self, _view: &Path) -> Result<()> {
         Ok(())
+    }
+    /// What the mounts of lazily mounted layers fetched while the run lasted, taken (each
+    /// said once), for the caches whose mount ended since the last call. The default: none.
+    fn take_lazy_fetched(&self) -> Vec<LazyFetched> {
+        Vec::new()
     }
     /// The key salt a run keys with first ([`crate::key::KeySalt`]; the store's local one,
     /// without a round trip to its remote tier); `None` keys with plain digests (the unit
@@ -233,6 +250,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             // Unmounting discards the private uppers first: their space is free for the event.
             let unmounted = mounts.unmount_all();
             log_event(&cfg.store, &p.event, &mut reserve);
+            log_lazy_fetched(cfg, mounter, &preps, &mut reserve);
             unmounted?;
             return Err(e);
         }
@@ -241,6 +259,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
         {
             let unmounted = mounts.unmount_all();
             log_event(&cfg.store, &p.event, &mut reserve);
+            log_lazy_fetched(cfg, mounter, &preps, &mut reserve);
             unmounted?;
             return Err(if e.is_no_space() {
                 let what = format!("promoting cache {:?}", cache.id.as_str());
@@ -266,7 +285,40 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     for e in &saved {
         log_event(&cfg.store, e, &mut reserve);
     }
+    log_lazy_fetched(cfg, mounter, &preps, &mut reserve);
     status
+}
+
+/// Logs what each lazily mounted layer fetched while the run lasted, once its mount ended
+/// ([`Mounter::take_lazy_fetched`]), as an event of its cache's preparation with
+/// [`Event::lazy_fetch`] set.
+fn log_lazy_fetched(
+    cfg: &RunConfig,
+    mounter: &dyn Mounter,
+    preps: &[Prep],
+    reserve: &mut Option<telemetry::EventReserve>,
+) {
+    for f in mounter.take_lazy_fetched() {
+        let Some(p) = preps.iter().find(|p| p.event.cache == f.cache.as_str()) else {
+            continue;
+        };
+        let event = Event {
+            time_ms: telemetry::now_ms(),
+            mount_ms: 0,
+            setup_ms: 0,
+            maintenance_ms: 0,
+            promote_ms: 0,
+            published: false,
+            pulled_bytes: f.bytes,
+            pulled_objects: f.objects,
+            pulled_ms: 0,
+            why: Vec::new(),
+            saved: false,
+            lazy_fetch: true,
+            ..p.event.clone()
+        };
+        log_event(&cfg.store, &event, reserve);
+    }
 }
 
 /// Phases 1 and 2 keyed with the project's salt: the keys with the salt the run keys with
@@ -393,6 +445,7 @@ fn mount_all(
                 ),
             },
             saved: false,
+            lazy_fetch: false,
         };
         preps.push(Prep {
             keys: k,

@@ -5,9 +5,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{Committed, Mounted, Mounter};
+use std::sync::Arc;
+
+use super::{Committed, LazyFetched, Mounted, Mounter};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
+use crate::store::{Notice, Store};
 
 /// [`Mounter`] over the layer store ([`crate::store::Store`]). Keeps the [`crate::store::Mount`]
 /// handle of every mount it made (and so its leases) until it commits or unmounts it.
@@ -26,13 +29,33 @@ pub struct StoreMounter {
     /// Caches whose layer must be local when mounted (their view is promoted again after
     /// the run, `save = "success"`): a remote hit of theirs is pulled whole, never lazily.
     whole: std::collections::BTreeSet<CacheId>,
+    /// What lazily mounted layers fetched, from the store's [`Notice::LazyFetched`]s, until
+    /// [`Mounter::take_lazy_fetched`] takes it.
+    lazy_fetched: Arc<parking_lot::Mutex<Vec<LazyFetched>>>,
 }
 
 impl StoreMounter {
     /// Wraps an open store; a mount waits up to `fill_wait` for another run filling the same
-    /// key.
-    pub fn new(store: crate::store::Store, fill_wait: Duration) -> Self {
+    /// key. The store's notices still go where they went ([`Store::with_notify`]); what a
+    /// lazily mounted layer fetched is also kept for the run's event log.
+    pub fn new(store: Store, fill_wait: Duration) -> Self {
+        let lazy_fetched = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (sink, earlier) = (Arc::clone(&lazy_fetched), store.notifier());
+        let store = store.with_notify(Arc::new(move |n: &Notice| {
+            if let Notice::LazyFetched { cache, end, .. } = n {
+                sink.lock().push(LazyFetched {
+                    cache: cache.clone(),
+                    bytes: end.fetched_bytes,
+                    objects: end.fetched_objects,
+                });
+            }
+            match &earlier {
+                Some(f) => f(n),
+                None => tracing::info!("{n}"),
+            }
+        }));
         StoreMounter {
+            lazy_fetched,
             store,
             fill_wait,
             mounts: parking_lot::Mutex::new(BTreeMap::new()),
@@ -72,7 +95,7 @@ impl StoreMounter {
     }
 
     /// The store.
-    pub fn store(&self) -> &crate::store::Store {
+    pub fn store(&self) -> &Store {
         &self.store
     }
 }
@@ -197,6 +220,10 @@ impl Mounter for StoreMounter {
             m.end_fill();
         }
         r
+    }
+
+    fn take_lazy_fetched(&self) -> Vec<LazyFetched> {
+        std::mem::take(&mut *self.lazy_fetched.lock())
     }
 
     fn check(&self, view: &Path) -> Result<()> {

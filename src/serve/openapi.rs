@@ -277,7 +277,7 @@ pub fn document(cookie: &str) -> Value {
     schemas["Stats"] = s(
         json!({"results": {"type": "object"}, "failed": {"type": "integer"},
         "saved_ms": {"type": "integer"}, "remote_hits": {"type": "integer"},
-        "pulled_bytes": {"type": "integer"}, "caches": {"type": "array", "items": cache_stats}}),
+        "pulled_bytes": {"type": "integer"}, "lazy_bytes": {"type": "integer"}, "caches": {"type": "array", "items": cache_stats}}),
     );
     doc
 }

@@ -53,11 +53,12 @@ pub struct RunRow {
     pub why: Vec<String>,
 }
 
-/// `project`'s preparations, newest first, at most `limit`.
+/// `project`'s preparations (and saves after COMMAND), newest first, at most `limit`; what a
+/// lazily mounted layer fetched while its run lasted ([`Event::lazy_fetch`]) is not a row.
 pub fn history(events: &[Event], project: &str, limit: usize) -> Vec<RunRow> {
     let mine: Vec<Event> = events
         .iter()
-        .filter(|e| e.project == project)
+        .filter(|e| e.project == project && !e.lazy_fetch)
         .cloned()
         .collect();
     let saved = telemetry::saved_ms(&mine);

@@ -74,7 +74,7 @@ pub(crate) use publish::{CommitResult, PublishSpec};
 pub(crate) use runs::MountResult;
 pub(crate) use salt::{salt_from_hex, salt_to_hex};
 pub(crate) use specs::StoredSpec;
-pub(crate) use tier::{Fetched, LazyLower, PullReport, RemoteTier};
+pub(crate) use tier::{Fetched, LazyEnd, LazyLower, PullReport, RemoteTier};
 pub(crate) use views::{reap_made_views, record_made_views};
 
 /// On-disk format version of the store (the `v1/` directory and `format.json`).
@@ -224,6 +224,16 @@ pub enum Notice {
         /// The line.
         message: String,
     },
+    /// The mount of a lazily mounted layer ended: what it fetched while its run lasted
+    /// (`end.message` is the line, naming the cache).
+    LazyFetched {
+        /// The cache.
+        cache: CacheId,
+        /// The key the layer was mounted for.
+        key: CacheKey,
+        /// What was fetched, and the line.
+        end: LazyEnd,
+    },
     /// A commit failed and the previous mount could not be put back.
     RemountFailed {
         /// The mountpoint.
@@ -258,6 +268,7 @@ impl std::fmt::Display for Notice {
                  run was killed, or it mounted a remote layer lazily); filling it here"
             ),
             Notice::Remote { message } => f.write_str(message),
+            Notice::LazyFetched { end, .. } => f.write_str(&end.message),
             Notice::RemountFailed { mountpoint, error } => write!(
                 f,
                 "the commit failed and {} could not be mounted again ({error}); its files stay \
@@ -455,6 +466,11 @@ impl Store {
     pub fn with_notify(mut self, notify: Notify) -> Store {
         self.notify = Some(notify);
         self
+    }
+
+    /// The notice callback given to [`Store::with_notify`], if any.
+    pub fn notifier(&self) -> Option<Notify> {
+        self.notify.clone()
     }
 
     /// Sends `n` to the notice callback (or the log).

@@ -337,10 +337,14 @@ impl Store {
         let _span = tracing::info_span!("umount", run = %m.rec.run).entered();
         unmount_and_wait(&m.mnt, m.rec.daemon_pid)?;
         if let (Some(layer), Some(r)) = (&m.rec.lazy_layer, &self.remote)
-            && let Some(message) =
+            && let Some(end) =
                 r.finish_lazy(self, &m.pd, &m.rec.cache, &m.rec.key, layer, &m.run_dir)
         {
-            self.notify(Notice::Remote { message });
+            self.notify(Notice::LazyFetched {
+                cache: m.rec.cache.clone(),
+                key: m.rec.key.clone(),
+                end,
+            });
         }
         if let (Some(layer), Some(r), MountResult::Hit) = (&m.rec.lower, &self.remote, m.rec.result)
         {

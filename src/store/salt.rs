@@ -254,7 +254,7 @@ mod tests {
             _: &crate::ids::CacheKey,
             _: &crate::ids::LayerId,
             _: &std::path::Path,
-        ) -> Option<String> {
+        ) -> Option<super::super::LazyEnd> {
             None
         }
         fn store_trace(

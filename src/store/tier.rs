@@ -10,6 +10,19 @@ use serde::{Deserialize, Serialize};
 use super::{ProjectDirs, Store};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 
+/// What the mount of a lazily mounted layer fetched while its run lasted
+/// ([`RemoteTier::finish_lazy`]); the store says it in a [`super::Notice::LazyFetched`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LazyEnd {
+    /// The line for the user (`<cache>: fetched lazily 2.1 MiB of 103 MiB …`).
+    pub message: String,
+    /// Object bytes fetched from the tier while the run lasted (file content, not counting
+    /// the manifest fetched before the mount).
+    pub fetched_bytes: u64,
+    /// Objects fetched from the tier while the run lasted.
+    pub fetched_objects: u64,
+}
+
 /// A tier the store can fill a miss from and push its publishes to (an S3-compatible remote:
 /// `crate::remote::Remote`). Attached with [`Store::set_remote`].
 pub trait RemoteTier: Send + Sync {
@@ -33,7 +46,8 @@ pub trait RemoteTier: Send + Sync {
     /// After the mount of a lazy layer ended (its daemon exited): reads what the daemon wrote
     /// in `run_dir`, stores the run's access trace beside the key in the tier, publishes the
     /// layer locally when every object is here (and removes its partial directory), and
-    /// returns the line that tells the user (`None`: nothing to say). Never fails.
+    /// returns what the run fetched with the line that tells the user (`None`: the daemon
+    /// left no report). Never fails.
     fn finish_lazy(
         &self,
         store: &Store,
@@ -42,7 +56,7 @@ pub trait RemoteTier: Send + Sync {
         key: &CacheKey,
         layer: &LayerId,
         run_dir: &std::path::Path,
-    ) -> Option<String>;
+    ) -> Option<LazyEnd>;
 
     /// After the mount of an exact local hit ended: stores the order in which its run first
     /// opened the layer's files (the file `trace`, one path per line; nothing when it is

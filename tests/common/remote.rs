@@ -220,8 +220,24 @@ impl Runner {
             .collect()
     }
 
-    /// The store's events (`events.jsonl`), oldest first.
+    /// The store's events of preparations and saves (`events.jsonl`), oldest first; what a
+    /// lazily mounted layer fetched is in [`Runner::lazy_fetch_events`].
     pub fn events(&self) -> Vec<serde_json::Value> {
+        (self.all_events().into_iter())
+            .filter(|e| e.get("lazy_fetch").is_none())
+            .collect()
+    }
+
+    /// The lines of the store's event log that say what a lazily mounted layer fetched while
+    /// its run lasted (`lazy_fetch: true`), in order.
+    pub fn lazy_fetch_events(&self) -> Vec<serde_json::Value> {
+        (self.all_events().into_iter())
+            .filter(|e| e.get("lazy_fetch").is_some())
+            .collect()
+    }
+
+    /// Every line of the store's event log.
+    fn all_events(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(self.store.join("events.jsonl"))
             .unwrap_or_default()
             .lines()

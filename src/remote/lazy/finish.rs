@@ -290,7 +290,8 @@ impl Remote {
         }
     }
 
-    /// See [`crate::store::RemoteTier::finish_lazy`]: the line for the user, if any. Runs
+    /// See [`crate::store::RemoteTier::finish_lazy`]: what the run fetched and the line for
+    /// the user (`None`: no report of the daemon in `run_dir`). Runs
     /// that find the layer complete publish it one at a time ([`PUBLISH_LOCK`]); one that
     /// finds it published meanwhile says so. Once the layer is published, the temporary files
     /// of fetches that no daemon holds go from its partial directory.
@@ -302,9 +303,26 @@ impl Remote {
         key: &CacheKey,
         layer: &LayerId,
         run_dir: &Path,
-    ) -> Option<String> {
+    ) -> Option<crate::store::LazyEnd> {
         let report: LazyReport =
             serde_json::from_slice(&fs::read(run_dir.join(REPORT)).ok()?).ok()?;
+        let message = self.finish_reported(store, pd, (cache, key, layer), run_dir, &report);
+        Some(crate::store::LazyEnd {
+            message,
+            fetched_bytes: report.fetched_bytes,
+            fetched_objects: report.fetched_objects,
+        })
+    }
+
+    /// [`Remote::finish_lazy_layer`] once the daemon's report is read: the line for the user.
+    fn finish_reported(
+        &self,
+        store: &Store,
+        pd: &ProjectDirs,
+        (cache, key, layer): (&CacheId, &CacheKey, &LayerId),
+        run_dir: &Path,
+        report: &LazyReport,
+    ) -> String {
         let dir = pd.partial(layer);
         let failed = match report.failed.is_empty() {
             true => String::new(),
@@ -312,10 +330,10 @@ impl Remote {
         };
         if let Some(why) = &report.broken {
             let _ = replace_file(&dir.join(BROKEN), why.as_bytes());
-            return Some(format!(
+            return format!(
                 "{cache}: the remote layer {layer} is broken ({why}); it is not used again \
                  (`layercache remote gc` does not repair it: push the key again){failed}"
-            ));
+            );
         }
         let trace = fs::read(run_dir.join(TRACE)).unwrap_or_default();
         if !trace.is_empty() {
@@ -329,16 +347,16 @@ impl Remote {
             report.gets
         );
         if !report.complete {
-            return Some(format!(
+            return format!(
                 "{fetched}; {} of the layer's objects are here, the next run fetches the rest",
                 report.local_objects
-            ));
+            );
         }
         let record: Option<KeyRecord> = fs::read(dir.join(KEY_RECORD))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let Some(record) = record else {
-            return Some(fetched);
+            return fetched;
         };
         let found = Found {
             key: key.clone(),
@@ -358,23 +376,21 @@ impl Remote {
             && pd.layer(layer).tree().is_dir();
         if published {
             super::fetch::remove_stale_temps(&dir);
-            return Some(format!(
+            return format!(
                 "{fetched}; the layer is complete and now local (another run published it)"
-            ));
+            );
         }
-        Some(
-            match self.pull_with(store, pd, cache, &found, Some(&dir.join(HELD))) {
-                Ok(r) => {
-                    // The partial directory is garbage now (gc removes it once no run holds
-                    // it); what a fetch cut off by a daemon's end left in it goes at once.
-                    super::fetch::remove_stale_temps(&dir);
-                    format!(
-                        "{fetched}; the layer is complete and now local ({} in {} ms)",
-                        r.result, r.ms
-                    )
-                }
-                Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
-            },
-        )
+        match self.pull_with(store, pd, cache, &found, Some(&dir.join(HELD))) {
+            Ok(r) => {
+                // The partial directory is garbage now (gc removes it once no run holds
+                // it); what a fetch cut off by a daemon's end left in it goes at once.
+                super::fetch::remove_stale_temps(&dir);
+                format!(
+                    "{fetched}; the layer is complete and now local ({} in {} ms)",
+                    r.result, r.ms
+                )
+            }
+            Err(e) => format!("{fetched}; publishing the complete layer locally failed: {e}"),
+        }
     }
 }
