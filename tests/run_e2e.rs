@@ -456,9 +456,18 @@ fn bwrap_sandbox_sees_the_mounts_and_nothing_else_writable() {
     if !can_mount() || !have_tool("bwrap") {
         return;
     }
-    let sb = Sandbox::new();
+    // Outside /tmp: bubblewrap covers /tmp with a tmpfs of its own, which would hide a store
+    // there whatever the run does.
+    let sb = Sandbox::new_in(Path::new("/var/tmp"));
     std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
-    let spec = sb.write_spec("spec.toml", &deps_spec("p", "echo sandboxed > \"$DEPS/f\""));
+    // The store (its serve token, key salts, other projects' layers) is an empty directory
+    // to the steps, the setup as COMMAND.
+    let store = sb.path("store");
+    let setup = format!(
+        "echo sandboxed > \"$DEPS/f\"; ls -A {} | wc -l > \"$DEPS/store-entries\"",
+        store.display()
+    );
+    let spec = sb.write_spec("spec.toml", &deps_spec("p", &setup));
     let mut cmd = Command::new(BIN);
     cmd.arg("--store")
         .arg(sb.path("store"))
@@ -472,12 +481,23 @@ fn bwrap_sandbox_sees_the_mounts_and_nothing_else_writable() {
             "--",
             "sh",
             "-c",
-            "cat \"$DEPS/f\"; pwd; touch /usr/layercache-probe 2>/dev/null && echo escaped; \
-             echo w > out.txt",
+            &format!(
+                "cat \"$DEPS/f\" \"$DEPS/store-entries\"; pwd; touch /usr/layercache-probe \
+                 2>/dev/null && echo escaped; echo w > out.txt; ls -A {} | wc -l; \
+                 touch {0}/x 2>/dev/null && echo store writable || true",
+                store.display()
+            ),
         ]);
     let out = run_ok(&mut cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(stdout, format!("sandboxed\n{}\n", sb.work().display()));
+    assert_eq!(
+        stdout,
+        format!("sandboxed\n0\n{}\n0\n", sb.work().display())
+    );
+    assert!(
+        std::fs::read_dir(&store).unwrap().count() > 0,
+        "the host's store is still there"
+    );
     assert!(sb.work().join("out.txt").exists(), "workdir is writable");
     assert!(!Path::new("/usr/layercache-probe").exists());
     assert!(sb.mounts_below().is_empty());

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use super::child::{Views, run_child, stopped};
@@ -46,6 +46,8 @@ pub(super) struct Steps<'a> {
     user: Option<sandbox::user::RunUser>,
     rootless: Option<rootless::Rootless>,
     run_id: &'a str,
+    /// The store root: hidden from a bubblewrap step ([`Binds::hidden`]).
+    store: &'a Path,
 }
 
 impl<'a> Steps<'a> {
@@ -57,6 +59,7 @@ impl<'a> Steps<'a> {
             user: cfg.user,
             rootless: cfg.rootless,
             run_id: &cfg.run_id,
+            store: &cfg.store,
         }
     }
 
@@ -68,6 +71,7 @@ impl<'a> Steps<'a> {
             tmpfs: views.mount_root.clone(),
             mounts: views.binds.clone(),
             env: env.clone(),
+            hidden: vec![self.store.to_path_buf()],
         }
     }
 

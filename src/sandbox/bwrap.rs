@@ -116,6 +116,9 @@ pub(super) fn step(
                     .map(|(_, v)| (v.clone(), v.clone()))
                     .collect(),
                 env: binds.env.clone(),
+                // Bound by the caller as root: bwrap runs as the user, who may not even reach
+                // the store's path to cover it, and cannot read its 0700 directories anyway.
+                hidden: Vec::new(),
             };
             Ok((bwrap_command(&seen, argv, Some(user))?, true))
         }

@@ -344,6 +344,11 @@ pub struct Binds {
     pub mounts: Vec<(PathBuf, PathBuf)>,
     /// Environment variables set inside.
     pub env: BTreeMap<String, String>,
+    /// Host directories bubblewrap covers with an empty read-only tmpfs once the mounts are
+    /// bound: the store, whose serve token, key salts and other projects' layers a step must
+    /// not read through the read-only host root (`--sandbox bwrap`). One that holds the
+    /// workdir's or a mount's view is left visible (covering it would hide the view).
+    pub hidden: Vec<PathBuf>,
 }
 
 fn s(p: &Path) -> String {
@@ -362,6 +367,18 @@ pub fn args(driver: Driver, binds: &Binds) -> Vec<String> {
             }
             for (src, dst) in sorted(&binds.mounts) {
                 out.extend(["--bind".into(), s(&src), s(&dst)]);
+            }
+            let seen =
+                || std::iter::once(wd_view).chain(binds.mounts.iter().map(|(_, d)| d.as_path()));
+            for h in &binds.hidden {
+                if seen().any(|v| v.starts_with(h)) {
+                    tracing::warn!(
+                        "{} holds a view of the run: it stays visible inside the sandbox",
+                        h.display()
+                    );
+                    continue;
+                }
+                out.extend(["--tmpfs".into(), s(h), "--remount-ro".into(), s(h)]);
             }
             for (k, v) in &binds.env {
                 out.extend(["--setenv".into(), k.clone(), v.clone()]);
@@ -411,6 +428,7 @@ mod tests {
                 ("/cache/npm".into(), "/cache/npm".into()),
             ],
             env: [("npm_config_cache".to_string(), "/cache/npm".to_string())].into(),
+            hidden: Vec::new(),
         }
     }
 
@@ -423,6 +441,27 @@ mod tests {
             "{j}"
         );
         assert!(j.contains("--setenv npm_config_cache /cache/npm"), "{j}");
+    }
+
+    /// The store is covered after the mounts whose sources are in it are bound; a store that
+    /// holds a view stays (covering it would hide the view).
+    #[test]
+    fn bwrap_args_hide_the_store_after_binding_from_it() {
+        let mut b = binds();
+        b.mounts = vec![("/s/runs/r/mnt".into(), "/cache/npm".into())];
+        b.hidden = vec!["/s".into()];
+        let j = args(Driver::Bwrap, &b).join(" ");
+        assert!(
+            j.contains("--bind /s/runs/r/mnt /cache/npm --tmpfs /s --remount-ro /s --setenv"),
+            "{j}"
+        );
+        b.hidden = vec!["/cache".into()];
+        let j = args(Driver::Bwrap, &b).join(" ");
+        assert!(!j.contains("--tmpfs"), "{j}");
+        b.hidden = vec!["/".into()];
+        let j = args(Driver::Bwrap, &b).join(" ");
+        assert!(!j.contains("--tmpfs"), "{j}");
+        assert!(!args(Driver::Docker, &b).join(" ").contains("/s "));
     }
 
     #[test]

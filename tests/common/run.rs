@@ -33,9 +33,15 @@ impl Default for Sandbox {
 
 impl Sandbox {
     pub fn new() -> Sandbox {
+        Sandbox::new_in(&std::env::temp_dir())
+    }
+
+    /// A sandbox whose directories are in `parent` (a test that needs them outside `/tmp`,
+    /// which bubblewrap covers with its own tmpfs).
+    pub fn new_in(parent: &Path) -> Sandbox {
         let dir = tempfile::Builder::new()
             .prefix("layercache-run-")
-            .tempdir()
+            .tempdir_in(parent)
             .unwrap();
         for d in ["store", "cache", "work"] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
