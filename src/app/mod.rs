@@ -362,6 +362,9 @@ fn cmd_sandbox_args(global: &GlobalArgs, args: &SandboxArgs) -> Result<i32> {
             };
             binds.mounts.push((sm.mountpoint().to_path_buf(), view));
         }
+        // The mounts are in the store: a bubblewrap given these words covers it after binding
+        // them, as `run --sandbox bwrap` does.
+        binds.hidden.push(store.root().to_path_buf());
     }
     let words = sandbox::args(driver, &binds);
     if global.json {
