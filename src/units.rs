@@ -85,6 +85,16 @@ pub fn parse_duration(s: &str) -> Result<Option<Duration>> {
     Ok((!d.is_zero()).then_some(d))
 }
 
+/// Formats seconds for a message: whole ones as an integer (`10`), others with one decimal
+/// (`2.7`, `0.5`).
+pub fn fmt_secs(secs: f64) -> String {
+    if secs.fract() == 0.0 {
+        format!("{secs:.0}")
+    } else {
+        format!("{secs:.1}")
+    }
+}
+
 /// Milliseconds since the Unix epoch, now (0 for a clock before 1970). Layer, run and
 /// telemetry times are all this.
 pub fn now_ms() -> u64 {
@@ -129,6 +139,13 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_read_as_people_write_them() {
+        assert_eq!(fmt_secs(10.0), "10");
+        assert_eq!(fmt_secs(2.666_666_666_000_000_2), "2.7");
+        assert_eq!(fmt_secs(0.5), "0.5");
+    }
 
     #[test]
     fn file_counts_read_as_words() {

@@ -474,6 +474,8 @@ fn run_over_store(
                 .flat_map(|c| c.tools().iter().copied()),
         );
     }
+    // Read by the lazy mounts' daemons, where a bad value could only be logged.
+    remote::lazy::lazy_timeout()?;
     let mut store = Store::open(Some(&cfg.store))?.with_notify(store_cmds::stderr_notices());
     remote::attach(&mut store, remote, lazy)?;
     let remote = store.remote().cloned();

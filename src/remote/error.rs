@@ -27,7 +27,7 @@ pub enum RemoteError {
         source: object_store::Error,
     },
     /// No answer within a bound (a request's `timeout` or the mount's `lookup_timeout`).
-    #[error("remote {url}: no answer within {secs} s {what}")]
+    #[error("remote {url}: no answer within {} s {what}", crate::units::fmt_secs(*secs))]
     Timeout {
         /// The remote's URL.
         url: String,

@@ -200,14 +200,10 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// 10 s of no progress, 60 s in all; `LAYERCACHE_LAZY_TIMEOUT` (seconds) sets the bound
-    /// (and a progress deadline of a third of it, at most 10 s).
+    /// 10 s of no progress, 60 s in all; `LAYERCACHE_LAZY_TIMEOUT` ([`super::lazy_timeout`])
+    /// sets the bound (and a progress deadline of a third of it, at most 10 s).
     pub fn from_env() -> Limits {
-        let bound = std::env::var("LAYERCACHE_LAZY_TIMEOUT")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|s| *s > 0.0)
-            .map_or(Duration::from_secs(60), Duration::from_secs_f64);
+        let bound = (super::lazy_timeout().ok().flatten()).unwrap_or(Duration::from_secs(60));
         Limits {
             progress: (bound / 3).min(Duration::from_secs(10)),
             bound,

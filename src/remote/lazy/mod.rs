@@ -69,6 +69,35 @@ pub const PIECES: &str = "pieces";
 pub const LINKS: &str = "links";
 /// `lazy-report.json` in the run's directory: what the daemon fetched ([`LazyReport`]).
 pub const REPORT: &str = "lazy-report.json";
+
+/// `LAYERCACHE_LAZY_TIMEOUT`: how long a lazy read may wait for its bytes before it fails with
+/// EIO (default 60 s; a third of it, at most 10 s, without progress retries the GET): a number
+/// of seconds (`8`, `2.5`) or a duration (`8s`, `1m`). `Ok(None)` when unset.
+///
+/// Errors: [`crate::error::Error::Invalid`] naming the variable, its value and what is valid
+/// (a run checks it before it mounts anything: the daemons only read it).
+pub fn lazy_timeout() -> crate::error::Result<Option<std::time::Duration>> {
+    match std::env::var("LAYERCACHE_LAZY_TIMEOUT") {
+        Ok(v) => parse_lazy_timeout(&v).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+/// [`lazy_timeout`] of the value `v`.
+fn parse_lazy_timeout(v: &str) -> crate::error::Result<std::time::Duration> {
+    let secs = v.trim().parse::<f64>().ok().filter(|s| s.is_finite());
+    let d = match secs {
+        Some(s) if s > 0.0 && s < 1e9 => Some(std::time::Duration::from_secs_f64(s)),
+        Some(_) => None,
+        None => crate::units::parse_duration(v).ok().flatten(),
+    };
+    d.ok_or_else(|| {
+        crate::error::Error::invalid(format!(
+            "LAYERCACHE_LAZY_TIMEOUT={v:?}: want a positive number of seconds or a duration \
+             such as 8s or 2m"
+        ))
+    })
+}
 /// `lazy-trace` in the run's directory: the paths of the layer's files in the order the run
 /// first opened them, one per line.
 pub const TRACE: &str = "lazy-trace";
@@ -772,5 +801,29 @@ impl LayerDir for Dir {
 
     fn names(&self, _again: bool) -> io::Result<Vec<(std::ffi::OsString, u8)>> {
         Ok(self.tree.names(self.dir))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lazy_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn the_lazy_timeout_takes_seconds_or_a_duration_and_names_a_bad_value() {
+        assert_eq!(parse_lazy_timeout("8").unwrap(), Duration::from_secs(8));
+        assert_eq!(parse_lazy_timeout("8s").unwrap(), Duration::from_secs(8));
+        assert_eq!(
+            parse_lazy_timeout("2.5").unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(parse_lazy_timeout("1m").unwrap(), Duration::from_secs(60));
+        for bad in ["0", "-3", "eight", "", "NaN", "inf"] {
+            let e = parse_lazy_timeout(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("LAYERCACHE_LAZY_TIMEOUT") && e.contains("8s"),
+                "{bad}: {e}"
+            );
+        }
     }
 }
