@@ -184,10 +184,21 @@ struct LoopFs {
 impl LoopFs {
     /// `None` (a skip) when mkfs.ext4 or a loop mount is not available.
     fn new(image: &std::path::Path, mnt: &std::path::Path, mib: u64) -> Option<LoopFs> {
+        LoopFs::with_mkfs_args(image, mnt, mib, &[])
+    }
+
+    /// [`LoopFs::new`] with more mkfs.ext4 arguments (`-N 3000`: that many inodes).
+    fn with_mkfs_args(
+        image: &std::path::Path,
+        mnt: &std::path::Path,
+        mib: u64,
+        args: &[&str],
+    ) -> Option<LoopFs> {
         let f = std::fs::File::create(image).unwrap();
         f.set_len(mib << 20).unwrap();
         let mkfs = Command::new("mkfs.ext4")
             .args(["-q", "-F", "-m", "0"])
+            .args(args)
             .arg(image)
             .output()
             .ok()?;
@@ -290,6 +301,36 @@ fn a_setup_that_fills_the_store_says_so_plainly_and_leaves_nothing() {
         fs.avail() + (4 << 20) >= free_before,
         "the upper's space is free again"
     );
+}
+
+/// A setup that runs the store's filesystem out of inodes (bytes to spare) gets the same
+/// plain line, which says the inodes ran out, instead of a failed setup whose logs could not
+/// be kept.
+#[test]
+fn a_setup_that_uses_up_the_stores_inodes_says_so_plainly() {
+    let Some(sb) = deps_sandbox() else {
+        return;
+    };
+    let image = sb.path("store.img");
+    let Some(_fs) = LoopFs::with_mkfs_args(&image, &sb.path("store"), 64, &["-N", "3000"]) else {
+        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+        return;
+    };
+    let s = sb.write_spec(
+        "s.toml",
+        &spec("seq 1 5000 | sed \"s|^|$DEPS/f|\" | xargs touch", ""),
+    );
+    let out = sb.run(&s, Some("true"));
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("layercache: the store's filesystem is full") && err.contains(" inodes, "),
+        "{err}"
+    );
+    assert!(err.contains("nothing was published"), "{err}");
+    assert!(!err.contains("could not be kept"), "{err}");
+    assert_eq!(leftovers(&sb.path("store")), Vec::<String>::new());
+    assert!(sb.mounts_below().iter().all(|m| !m.contains("/runs/")));
 }
 
 /// Setup succeeds but the store's filesystem is full when its tree is promoted: the same

@@ -120,14 +120,12 @@ pub(super) fn setup_or_maintenance(
     Ok(None)
 }
 
-/// Whether a setup failed for space: the store's filesystem is (nearly) full now
-/// ([`crate::store::looks_full`]) and the end of its output, when captured, says so
+/// Whether a setup failed for space: the store's filesystem is (nearly) full now, in bytes or
+/// in inodes ([`crate::store::store_looks_full`]) and the end of its output, when captured, says so
 /// ([`says_no_space`]; a setup that failed for another reason on a nearly full disk keeps its
 /// own error and logs).
 fn setup_filled_store(store: &Path, output: Option<&[u8]>) -> bool {
-    crate::store::filesystem_space(store)
-        .is_some_and(|(total, free)| crate::store::looks_full(total, free))
-        && output.is_none_or(says_no_space)
+    crate::store::store_looks_full(store) && output.is_none_or(says_no_space)
 }
 
 /// Whether a tool's output tells of a full disk: `ENOSPC`, `No space left on device`

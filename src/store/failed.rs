@@ -251,6 +251,15 @@ pub fn filesystem_space(path: &Path) -> Option<(u64, u64)> {
     Some((sv.f_blocks * unit, sv.f_bavail * unit))
 }
 
+/// The inodes of the filesystem holding `path` and how many are free (for an unprivileged
+/// user: `f_favail`); `None` when it cannot be asked or keeps no inode count (`f_files` 0:
+/// btrfs, for one, makes inodes as it goes).
+pub fn filesystem_inodes(path: &Path) -> Option<(u64, u64)> {
+    let f = fs::File::open(path).ok()?;
+    let sv = crate::sys::fstatvfs(&f).ok()?;
+    (sv.f_files > 0).then_some((sv.f_files, sv.f_favail))
+}
+
 /// Whether a filesystem of `total` bytes with `free` bytes free counts as full for a failed
 /// setup: under 32 MiB or under 0.5 % free (a setup that met `ENOSPC` used up what there was;
 /// a failure with more space free was something else).
@@ -258,13 +267,33 @@ pub fn looks_full(total: u64, free: u64) -> bool {
     free < (32 << 20) || free.saturating_mul(200) < total
 }
 
+/// Whether a filesystem with `total` inodes, `free` of them free, counts as out of inodes
+/// for a failed setup (`ENOSPC` with bytes to spare): under 64 or under 0.5 % free.
+pub fn inodes_look_full(total: u64, free: u64) -> bool {
+    free < 64 || free.saturating_mul(200) < total
+}
+
+/// Whether the store's filesystem at `root` looks full now, in bytes ([`looks_full`]) or in
+/// inodes ([`inodes_look_full`]).
+pub fn store_looks_full(root: &Path) -> bool {
+    filesystem_space(root).is_some_and(|(t, f)| looks_full(t, f))
+        || filesystem_inodes(root).is_some_and(|(t, f)| inodes_look_full(t, f))
+}
+
 /// The one plain line for a run that ran out of space in the store at `root`: what failed
 /// (`what`, e.g. `setup of cache "npm"`), the filesystem's size and free space as measured
 /// now, that nothing was published, and what to do. No internal path of the store is named.
 pub fn store_full_message(root: &Path, what: &str) -> String {
+    // The inodes too when they are what ran out (a filesystem made with few: mkfs -N).
+    let inodes = match filesystem_inodes(root) {
+        Some((total, free)) if inodes_look_full(total, free) => {
+            format!("; {total} inodes, {free} free")
+        }
+        _ => String::new(),
+    };
     let space = match filesystem_space(root) {
         Some((total, free)) => format!(
-            " ({}: {} in all, {} free)",
+            " ({}: {} in all, {} free{inodes})",
             root.display(),
             crate::units::fmt_bytes(total),
             crate::units::fmt_bytes(free)
@@ -425,6 +454,9 @@ mod tests {
         assert!(looks_full(1 << 40, 1 << 30)); // 0.1 % of 1 TiB
         assert!(!looks_full(1 << 40, 100 << 30));
         assert!(!looks_full(48 << 20, 40 << 20));
+        assert!(inodes_look_full(3000, 0));
+        assert!(inodes_look_full(10_000_000, 40_000)); // 0.4 %
+        assert!(!inodes_look_full(3000, 2000));
         let t = tempfile::tempdir().unwrap();
         let m = store_full_message(t.path(), "setup of cache \"npm\"");
         assert!(m.starts_with("the store's filesystem is full ("), "{m}");

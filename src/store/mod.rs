@@ -53,7 +53,7 @@ use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::sys;
 pub(crate) use config::{Limits, RemoteFile};
 pub(crate) use failed::{
-    FailedSetup, KeptLogs, filesystem_space, keep_failed_logs, looks_full, store_full_message,
+    FailedSetup, KeptLogs, keep_failed_logs, store_full_message, store_looks_full,
 };
 pub(crate) use housekeeping::{ClearReport, GcReport, LayerInfo};
 pub use inputs::Inputs;
