@@ -16,8 +16,8 @@ mod remote_common;
 #[path = "common/run.rs"]
 mod run_common;
 
-use remote_common::{Runner, Weed, s3, stderr};
-use run_common::{Sandbox, can_mount, have_tool, run_ok, skip_or_fail};
+use remote_common::{LinkProxy, Runner, Weed, s3, stderr};
+use run_common::{Sandbox, can_mount, have_tool, json_summary, prep_ms, run_ok, skip_or_fail};
 
 /// "N of M object(s) uploaded (B bytes)" from a push line: (N, M, B).
 fn pushed(o: &Output) -> (u64, u64, u64) {
@@ -784,6 +784,93 @@ fn wrong_secret_and_stopped_server_never_fail_a_run() {
         .map(String::from)
         .collect();
     assert!(said.is_empty(), "a local hit asked the remote: {said:?}");
+}
+
+/// Two caches keyed by their own lock files, each filled by a short setup.
+const TWO_CACHES_SPEC: &str = r#"project = "remote-down"
+[[cache]]
+id = "a"
+key_files = ["a.lock"]
+env = { A = "{mount}" }
+setup = "echo a > $A/f"
+[[cache]]
+id = "b"
+key_files = ["b.lock"]
+env = { B = "{mount}" }
+setup = "echo b > $B/f"
+"#;
+
+/// A remote that accepts connections but never answers (the link cut: no byte moves) costs
+/// a run one `lookup_timeout` wait, not one per remote step: on a fresh store the key salt's
+/// request waits, then the two caches' lookups and the salt agreement after the mounts skip
+/// the remote at once; on the next run (a local salt, both caches miss again) the first
+/// lookup waits and the rest skip. Each run exits 0 within twice the timeout plus its
+/// setups' and promotes' time, says it once, and its summary's time (the first cache's
+/// mount time) covers the wait. Nothing reaches the remote.
+#[test]
+fn a_hung_remote_costs_a_run_one_lookup_timeout_and_the_summary_shows_it() {
+    if !can_mount() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec("spec.toml", TWO_CACHES_SPEC);
+    let limit_ms = 2000;
+    let a = Runner::via(
+        &w,
+        &link.endpoint(),
+        sb.path("store-a"),
+        "down",
+        "lookup_timeout = \"2s\"\n",
+    );
+    link.down();
+    for (i, lock) in ["v1", "v2"].into_iter().enumerate() {
+        std::fs::write(sb.work().join("a.lock"), lock).unwrap();
+        std::fs::write(sb.work().join("b.lock"), lock).unwrap();
+        let t0 = std::time::Instant::now();
+        let run = a.run(&sb, &spec, &["true"]);
+        let took = t0.elapsed().as_millis() as u64;
+        assert_eq!(run.status.code(), Some(0), "a hung remote failed the run");
+        let summary = json_summary(&run);
+        let caches = summary["caches"].as_array().unwrap();
+        assert_eq!(caches.len(), 2);
+        for c in caches {
+            assert_ne!(c["result"], "hit", "{c}");
+            assert_eq!(c["published"], true, "{c}");
+        }
+        let work: u64 = (caches.iter())
+            .map(|c| c["setup_ms"].as_u64().unwrap() + c["promote_ms"].as_u64().unwrap())
+            .sum();
+        let shown: u64 = caches.iter().map(prep_ms).sum();
+        eprintln!("run {i}: {took} ms, summary {shown} ms (setup and promote {work} ms)");
+        assert!(
+            took < 2 * limit_ms + work,
+            "run {i} took {took} ms: more than one lookup_timeout ({limit_ms} ms) waited"
+        );
+        assert!(
+            caches[0]["mount_ms"].as_u64().unwrap() >= limit_ms,
+            "run {i}: the wait is not in the first cache's mount time: {summary}"
+        );
+        assert!(
+            took - shown.min(took) < limit_ms,
+            "run {i}: {took} ms, of which the summary shows {shown} ms"
+        );
+        let e = stderr(&run);
+        assert_eq!(
+            e.matches("no answer within 2 s").count(),
+            1,
+            "said once: {e}"
+        );
+        assert!(
+            e.contains("going on without the remote for this run"),
+            "{e}"
+        );
+    }
+    link.up();
+    assert!(a.remote_ls().is_empty(), "nothing was pushed");
 }
 
 /// COMMAND's own output of a `run`: stdout without the `--json` summary line `run` prints there.

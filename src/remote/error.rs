@@ -88,6 +88,17 @@ pub enum RemoteError {
         /// How it is wrong.
         detail: String,
     },
+    /// Not asked: a request of this process timed out, could not connect or had its
+    /// credentials refused earlier, so the remote is down for the rest of the process
+    /// (`Remote::is_down`; nothing was sent).
+    #[error(
+        "remote {url}: not asked again in this run (it did not answer or refused the \
+         credentials earlier); the next run tries again"
+    )]
+    Down {
+        /// The remote's URL.
+        url: String,
+    },
     /// A bad `[remote]` entry, URL or credential setting (nothing was sent). Exit status 2.
     #[error("{0}")]
     BadConfig(String),
@@ -235,6 +246,7 @@ impl RemoteError {
     pub fn kind(&self) -> RemoteKind {
         match self {
             RemoteError::Unreachable { .. } => RemoteKind::Unreachable,
+            RemoteError::Down { .. } => RemoteKind::Unreachable,
             RemoteError::Timeout { .. } => RemoteKind::Timeout,
             RemoteError::Denied { .. } => RemoteKind::Denied,
             RemoteError::NotFound { .. } => RemoteKind::NotFound,

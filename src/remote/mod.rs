@@ -20,8 +20,12 @@
 //!   the key with a conditional create (`PutMode::Create`, `If-None-Match: *`). `run` pushes in
 //!   the background of COMMAND and its exit waits for the push (bounded by `push_wait`).
 //! * Faults: a remote that is unreachable, slow or refuses the credentials never fails a run:
-//!   the mount proceeds as a local miss and one warning line says why. `remote gc` (`gc`)
-//!   removes what an interrupted or losing push left behind.
+//!   the mount proceeds as a local miss and one warning line says why. The first request of a
+//!   process that times out, cannot connect or is refused marks the remote down for the rest
+//!   of the process ([`Remote::is_down`]): the key salt, the lookups of the other caches, the
+//!   trace, a lazy layer's publish and the pushes then skip it at once, so a remote that does
+//!   not answer costs one bounded wait per run. `remote gc` (`gc`) removes what an interrupted
+//!   or losing push left behind.
 
 #![forbid(unsafe_code)]
 
@@ -62,8 +66,11 @@ pub struct Remote {
     layout: Layout,
     rt: tokio::runtime::Runtime,
     warned: AtomicBool,
-    /// False once a lookup failed in this process: pushes are then skipped (the one warning
-    /// said so), so a dead remote costs one line, not one per publish.
+    /// False once a request of this process timed out, could not connect or had its
+    /// credentials refused ([`Remote::block_on`] sets it): the remote is down for the rest of
+    /// the process ([`Remote::is_down`]) — the run's later remote steps skip it at once (the
+    /// one warning said so), so a dead remote costs one wait and one line, not one per cache,
+    /// trace or publish.
     healthy: AtomicBool,
     pushes: Mutex<Pending>,
 }
@@ -126,10 +133,28 @@ impl Remote {
         &self.layout
     }
 
-    /// Runs `fut` on the remote's runtime, giving up after `limit` with a timeout error.
+    /// Runs `fut` on the remote's runtime, giving up after `limit` with a timeout error. A
+    /// timeout, a connection that failed or refused credentials mark the remote down for the
+    /// rest of the process ([`Remote::mark_unhealthy`]); the call itself does not check that
+    /// (the steps of a run do, [`Remote::is_down`]).
     ///
     /// Errors: whatever `fut` returns; [`RemoteError::Timeout`] naming the remote on timeout.
     pub fn block_on<T>(
+        &self,
+        limit: Option<Duration>,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let r = self.block_on_inner(limit, fut);
+        if let Err(Error::Remote { kind, .. }) = &r
+            && (kind.is_transient() || *kind == RemoteKind::Denied)
+        {
+            self.mark_unhealthy();
+        }
+        r
+    }
+
+    /// [`Remote::block_on`] without marking the remote down.
+    fn block_on_inner<T>(
         &self,
         limit: Option<Duration>,
         fut: impl std::future::Future<Output = Result<T>>,
@@ -191,9 +216,24 @@ impl Remote {
         }
     }
 
-    /// Marks the remote as failing for the rest of this process (see `healthy`).
+    /// Marks the remote as down for the rest of this process (see [`Remote::is_down`]).
     pub fn mark_unhealthy(&self) {
         self.healthy.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether a request of this process timed out, could not connect or had its credentials
+    /// refused: the remote is then not asked again by this process (a run's key salt, lookups,
+    /// traces, lazy publishes and pushes skip it at once).
+    pub fn is_down(&self) -> bool {
+        !self.healthy.load(Ordering::SeqCst)
+    }
+
+    /// [`RemoteError::Down`] of this remote, for a step that skips it.
+    fn down_error(&self) -> Error {
+        RemoteError::Down {
+            url: self.cfg.url.clone(),
+        }
+        .into()
     }
 }
 
@@ -202,7 +242,9 @@ impl Remote {
 impl RemoteTier for Remote {
     /// The mount's remote step: find `key` (then `restore_keys`) on the remote within
     /// `lookup_timeout` and pull what was found. Never fails: an unreachable, slow or refusing
-    /// remote, or a broken layer, costs one warning and the mount goes on as a local miss.
+    /// remote, or a broken layer, costs one warning and the mount goes on as a local miss; a
+    /// remote that is down in this process ([`Remote::is_down`]) is not asked (no wait, no
+    /// second warning).
     fn fetch_for_mount(
         &self,
         store: &Store,
@@ -212,6 +254,10 @@ impl RemoteTier for Remote {
         restore_keys: &[CacheKey],
         lazy: bool,
     ) -> Option<Fetched> {
+        if self.is_down() {
+            tracing::info!(%cache, %key, "remote down in this process: not asked");
+            return None;
+        }
         let found = self.block_on(
             Some(self.cfg.lookup_timeout),
             self.find(&pd.project, cache, key, restore_keys),
@@ -232,9 +278,13 @@ impl RemoteTier for Remote {
                 if kind.is_transient() || kind == RemoteKind::Denied =>
             {
                 self.mark_unhealthy();
-                self.warn_once(store, &format!(
-                    "{e}; going on without the remote (a local miss; nothing is pushed this run)"
-                ));
+                self.warn_once(
+                    store,
+                    &format!(
+                        "{e}; going on without the remote for this run (a local miss; nothing \
+                         is pushed)"
+                    ),
+                );
                 None
             }
             // A broken key or layer (corrupt, missing objects) or a local failure: this
@@ -278,13 +328,17 @@ impl RemoteTier for Remote {
 
     /// The remote's key salt of `project` (or `proposed`, created there create-only) within
     /// `lookup_timeout`; an unreachable, slow or refusing remote is one warning and `None`
-    /// (the store keeps its local salt and asks again next run).
+    /// (the store keeps its local salt and asks again when a run next publishes), as is
+    /// (without a warning or a wait) a remote that is down in this process.
     fn agree_salt(
         &self,
         store: &Store,
         project: &ProjectId,
         proposed: &[u8; 32],
     ) -> Option<[u8; 32]> {
+        if self.is_down() {
+            return None;
+        }
         let r = self.block_on(
             Some(self.cfg.lookup_timeout),
             self.agree_salt_async(project, proposed),
@@ -292,17 +346,19 @@ impl RemoteTier for Remote {
         match r {
             Ok(s) => Some(s),
             Err(e) => {
-                if matches!(&e, Error::Remote { kind, .. } if kind.is_transient() || *kind == RemoteKind::Denied)
-                {
-                    self.mark_unhealthy();
-                }
-                self.warn_once(
-                    store,
-                    &format!(
+                let message = match self.is_down() {
+                    // (block_on marked it.)
+                    true => format!(
+                        "{e}; going on without the remote for this run (with this store's own \
+                         key salt: keys agree with the remote's once it answers; a local miss, \
+                         nothing is pushed this run)"
+                    ),
+                    false => format!(
                         "{e}; going on with this store's own key salt (keys agree with the \
                          remote's once it answers)"
                     ),
-                );
+                };
+                self.warn_once(store, &message);
                 None
             }
         }

@@ -222,9 +222,11 @@ impl Remote {
 
     /// [`Remote::pull`], taking the objects a lazy mount fetched from `held` (its `held/`
     /// directory: verified bytes by hex id, moved or copied into the store's objects) before
-    /// downloading anything.
+    /// downloading anything. Nothing is asked of a remote that is down in this process
+    /// ([`Remote::is_down`]).
     ///
-    /// Errors: as [`Remote::pull`].
+    /// Errors: as [`Remote::pull`]; [`super::RemoteError::Down`] (kind `Unreachable`) when the
+    /// remote is down in this process.
     pub fn pull_with(
         &self,
         store: &Store,
@@ -233,6 +235,9 @@ impl Remote {
         found: &Found,
         held: Option<&Path>,
     ) -> Result<PullReport> {
+        if self.is_down() {
+            return Err(self.down_error());
+        }
         let t0 = Instant::now();
         let layer = &found.record.layer;
         let (manifest, manifest_bytes) =

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
@@ -327,12 +327,16 @@ fn log_lazy_fetched(
 /// — the salt agreed with the remote tier is asked ([`Mounter::agreed_key_salt`]); when it
 /// differs (the remote's replaced the local one: the keys change once), everything is
 /// unmounted and keyed and mounted again with it, so a key published to the remote is keyed
-/// with the agreed salt.
+/// with the agreed salt. The time the salts took (a remote that does not answer is a wait of
+/// up to `lookup_timeout` there) and that of mounts undone for another salt is the first
+/// cache's mount time ([`charge_first`]): the summary tells the whole preparation.
 ///
 /// Errors: as [`keys`] and [`mount_all`], and the salt's.
 fn keyed_mounts(cfg: &RunConfig, mounts: &mut Mounts<'_>) -> Result<Vec<Prep>> {
     let project = &cfg.spec.project;
+    let t = Instant::now();
     let salt = mounts.mounter.key_salt(project)?;
+    let mut unshown = t.elapsed();
     let all_keys = keys(cfg, salt)?;
     for cache in &cfg.spec.caches {
         for name in cache.unset_variables() {
@@ -347,16 +351,32 @@ fn keyed_mounts(cfg: &RunConfig, mounts: &mut Mounts<'_>) -> Result<Vec<Prep>> {
     let publishes = preps.iter().any(|p| p.mounted.result != CacheResult::Hit)
         || (cfg.spec.caches.iter()).any(|c| c.save == crate::spec::SaveWhen::Success);
     if !publishes {
-        return Ok(preps);
+        return Ok(charge_first(preps, unshown));
     }
+    let t = Instant::now();
     let agreed = mounts.mounter.agreed_key_salt(project)?;
+    unshown += t.elapsed();
     if agreed == salt {
-        return Ok(preps);
+        return Ok(charge_first(preps, unshown));
     }
+    let t = Instant::now();
+    let undone: u64 = preps.iter().map(|p| p.event.mount_ms).sum();
     drop(preps);
     mounts.unmount_all()?;
+    unshown += t.elapsed() + Duration::from_millis(undone);
     let all_keys = keys(cfg, agreed)?;
-    mount_all(mounts, all_keys, project, &cfg.run_id, &cfg.store)
+    let preps = mount_all(mounts, all_keys, project, &cfg.run_id, &cfg.store)?;
+    Ok(charge_first(preps, unshown))
+}
+
+/// `preps` with `unshown` (time the preparation spent outside any cache's mount: the key
+/// salt's round trips, mounts undone) added to the first cache's mount time (its `mount_ms`,
+/// so its summary line and event), whole milliseconds.
+fn charge_first(mut preps: Vec<Prep>, unshown: Duration) -> Vec<Prep> {
+    if let Some(p) = preps.first_mut() {
+        p.event.mount_ms += unshown.as_millis() as u64;
+    }
+    preps
 }
 
 /// Phase 1, keys: every cache's key, restore keys and view path ([`key::compute`]; in a

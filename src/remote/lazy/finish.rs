@@ -335,6 +335,11 @@ impl Remote {
                  (`layercache remote gc` does not repair it: push the key again){failed}"
             );
         }
+        // Reads that failed (not a broken object: above): the remote stopped answering the
+        // daemon, so this run asks it nothing more (no wait for the trace or the publish).
+        if !report.failed.is_empty() {
+            self.mark_unhealthy();
+        }
         let trace = fs::read(run_dir.join(TRACE)).unwrap_or_default();
         if !trace.is_empty() {
             self.put_trace(pd, cache, key, trace, false);
