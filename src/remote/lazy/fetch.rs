@@ -656,8 +656,35 @@ impl Shared {
             fstat_is_meta: false,
         };
         if let Some(f) = self.open_local(o)? {
+            tracing::debug!(
+                file = %String::from_utf8_lossy(path),
+                at_ms = self.started.elapsed().as_millis() as u64,
+                "lazy open local"
+            );
             return Ok(data(f, None));
         }
+        let t0 = Instant::now();
+        let r = self.open_fetching(o, path);
+        tracing::debug!(
+            file = %String::from_utf8_lossy(path),
+            at_ms = self.started.elapsed().saturating_sub(t0.elapsed()).as_millis() as u64,
+            ms = t0.elapsed().as_millis() as u64,
+            "lazy open waited"
+        );
+        r
+    }
+
+    /// [`Shared::open_data`] of an object that is not local.
+    fn open_fetching(
+        self: &Arc<Self>,
+        o: u32,
+        path: &[u8],
+    ) -> io::Result<crate::overlay::LowerData> {
+        let data = |file, gate| crate::overlay::LowerData {
+            file,
+            gate,
+            fstat_is_meta: false,
+        };
         if self.pieces.contains_key(&o) {
             let p = self.pieced(o).map_err(|e| {
                 tracing::error!(file = %String::from_utf8_lossy(path), "reading a lazily fetched file: {e}");
@@ -915,7 +942,7 @@ impl Shared {
     /// one at once).
     async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32], class: Class) -> Result<()> {
         let t0 = Instant::now();
-        let _done = scopeguard_log(unit.len(), class, t0);
+        let _done = scopeguard_log(unit.len(), class, t0, self.started);
         let mut todo = unit.to_vec();
         // The unit's objects were neither local nor in flight when it started: what the first
         // round claims is looked for on disk once (after the claim), not twice.
@@ -1313,6 +1340,11 @@ impl Shared {
             .collect();
         let plan = self.trace_plan(&first, TRACE_WINDOW);
         self.replaying.store(!plan.is_empty(), Relaxed);
+        tracing::info!(
+            units = plan.len(),
+            at_ms = self.started.elapsed().as_millis() as u64,
+            "lazy layer: replaying the trace"
+        );
         for (o, unit) in plan {
             if self.stop.load(Relaxed) || self.broken.lock().is_some() {
                 break;
@@ -1326,6 +1358,10 @@ impl Shared {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.replaying.store(false, Relaxed);
+        tracing::info!(
+            at_ms = self.started.elapsed().as_millis() as u64,
+            "lazy layer: trace replayed"
+        );
         for o in rest {
             if self.stop.load(Relaxed) || self.broken.lock().is_some() {
                 break;
@@ -1431,19 +1467,22 @@ fn create_temp(path: &Path, mode: u32) -> Result<File> {
     Ok(f)
 }
 
-/// Logs a unit's class and size when it starts and its duration when it ends (debug).
-fn scopeguard_log(objects: usize, class: Class, t0: Instant) -> impl Drop {
-    struct G(usize, Class, Instant);
+/// Logs a unit's class and size when it starts and its duration when it ends (debug), with
+/// the time since the fetcher `started` (ms).
+fn scopeguard_log(objects: usize, class: Class, t0: Instant, started: Instant) -> impl Drop {
+    struct G(usize, Class, Instant, Instant);
     impl Drop for G {
         fn drop(&mut self) {
             tracing::debug!(
                 class = ?self.1,
                 objects = self.0,
                 ms = self.2.elapsed().as_millis() as u64,
+                at_ms = self.3.elapsed().as_millis() as u64,
                 "lazy unit done"
             );
         }
     }
-    tracing::debug!(?class, objects, "lazy unit starts");
-    G(objects, class, t0)
+    let at_ms = started.elapsed().as_millis() as u64;
+    tracing::debug!(?class, objects, at_ms, "lazy unit starts");
+    G(objects, class, t0, started)
 }

@@ -535,7 +535,16 @@ impl ReadGate for Gate {
         s.demand.fetch_add(1, Relaxed);
         // One GET for the pieces read and the read-ahead after them (the read's come first in
         // its body).
+        let t0 = Instant::now();
         let r = me.wait(from, to, (to + ahead).min(n), true);
+        tracing::debug!(
+            object = me.o,
+            offset,
+            len,
+            at_ms = s.started.elapsed().saturating_sub(t0.elapsed()).as_millis() as u64,
+            ms = t0.elapsed().as_millis() as u64,
+            "lazy read waited"
+        );
         s.opened();
         s.demand.fetch_sub(1, Relaxed);
         r.map_err(|why| {
