@@ -34,8 +34,9 @@
 //!   that may never open them. No trace or completion unit starts while the queue holds more
 //!   than [`STORE_BACKLOG`] bytes.
 //! * **Classes.** Demand units start at once. One background task then replays the trace
-//!   (at most [`TRACE_UNITS`] units of at most [`TRACE_WINDOW`] bytes at once, also while a
-//!   reader waits: they are what the run opens next; the units are planned from the whole
+//!   (at most [`TRACE_UNITS`] units of at most [`TRACE_WINDOW`] bytes at once; none starts
+//!   while a reader waits for a unit in flight or for a piece, whose GET then gets the link as
+//!   the others end; the units are planned from the whole
 //!   trace before the first starts ([`Shared::trace_plan`]): per pack, stretches of traced
 //!   objects with gaps of at most [`TRACE_GAP`] between them, not whole windows, started in
 //!   the order of their first-opened object, so a package whose files the run opened out of
@@ -94,7 +95,7 @@ pub(super) const PIECE: u64 = 4 << 20;
 /// Failed reads a report names.
 pub(super) const FAILED_KEPT: usize = 5;
 
-/// Trace replay units in flight at most (also while a demand read waits). A unit is mostly
+/// Trace replay units in flight at most (none starts while a reader waits). A unit is mostly
 /// the traced files of a package or a few (tens of KiB to [`TRACE_WINDOW`]): several in flight
 /// keep a link with 20 ms to the first byte busy.
 pub(super) const TRACE_UNITS: usize = 6;
@@ -416,6 +417,9 @@ pub(super) struct Shared {
     demand: AtomicUsize,
     /// Background units in flight.
     background: AtomicUsize,
+    /// Readers waiting for a unit in flight ([`Shared::fetch`]; a reader of an object with
+    /// pieces counts in [`Shared::demand`]): no trace replay unit starts meanwhile.
+    waiting: AtomicUsize,
     /// When the fetcher started, and (ms after that) when the last demand unit ended or the
     /// run last opened a file ([`Shared::opened`]).
     started: Instant,
@@ -568,6 +572,7 @@ impl Shared {
             limits,
             demand: AtomicUsize::new(0),
             background: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             started: Instant::now(),
             last_demand_ms: AtomicU64::new(0),
             counts: Counts::default(),
@@ -771,8 +776,14 @@ impl Shared {
             self.start_store_worker();
         }
         match self.join_or_start(o, window, Class::Demand) {
-            // The unit always ends: every step of it has a progress deadline.
-            Some(flight) => flight.wait(Duration::from_secs(3600)),
+            Some(flight) => {
+                // No trace replay unit starts meanwhile: the link is this reader's.
+                self.waiting.fetch_add(1, Relaxed);
+                // The unit always ends: every step of it has a progress deadline.
+                let r = flight.wait(Duration::from_secs(3600));
+                self.waiting.fetch_sub(1, Relaxed);
+                r
+            }
             None => Ok(()),
         }
     }
@@ -1410,7 +1421,7 @@ impl Shared {
 
     /// The background classes: first the objects of `first` (the replayed trace, in order:
     /// what the run will likely open next, stored in that order: at most [`TRACE_UNITS`]
-    /// units at once, also while a reader waits), then every other object in pack
+    /// units at once, none started while a reader waits), then every other object in pack
     /// order (completion: at most [`BACKGROUND_UNITS`] at once, and none started while a
     /// demand read is in flight). Neither starts a unit while [`Shared::stores`] holds more
     /// than [`STORE_BACKLOG`] bytes. Sets [`Shared::complete`] when every object is local.
@@ -1436,8 +1447,11 @@ impl Shared {
             if self.stop.load(Relaxed) || self.broken.lock().is_some() {
                 break;
             }
+            // A reader that waits (for a file the replay did not bring in time, or one
+            // arriving piece by piece) gets the link to itself as the units in flight end.
             while self.background.load(Relaxed) >= TRACE_UNITS
                 || self.stores.bytes() > STORE_BACKLOG
+                || self.waiting.load(Relaxed) + self.demand.load(Relaxed) > 0
             {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
