@@ -28,10 +28,11 @@
 //!   metadata of its files. A later run finds `held/` and never fetches an object twice.
 //! * **Stores.** A packed object's bytes wait in a queue (`fetch/queue.rs`) for one of two
 //!   blocking threads to verify and write them: first those a reader waits for, then the
-//!   traced ones in the order the recorded run opened them; the rest (neighbours no reader
-//!   asked for yet) wait in memory until the run is quiet (as completion does) or the queue
-//!   grows past half of [`STORE_BACKLOG`], since creating their files takes CPU from a run
-//!   that may never open them. No trace or completion unit starts while the queue holds more
+//!   traced ones in the order the recorded run opened them, then the rest; the objects a
+//!   trace replay unit brought between traced ones that no reader asked for yet wait in
+//!   memory (their fetch locks given up) until the run is quiet (as completion does) or the
+//!   queue grows past half of [`STORE_BACKLOG`], since creating their files takes CPU from a
+//!   run that may never open them. No trace or completion unit starts while the queue holds more
 //!   than [`STORE_BACKLOG`] bytes.
 //! * **Classes.** Demand units start at once. One background task then replays the trace
 //!   (at most [`TRACE_UNITS`] units of at most [`TRACE_WINDOW`] bytes at once; none starts
@@ -250,6 +251,11 @@ const LOCAL: u8 = 1;
 /// flight ends when they are).
 const QUEUED: u8 = 2;
 
+/// The [`Shared::rank`] of an object neither traced nor asked for by a reader, and the
+/// priority in [`Shared::stores`] of such an object a trace replay unit brought: it may wait
+/// for the run to be quiet ([`Shared::store_limit`]).
+const DEFERRED: u32 = u32::MAX;
+
 /// Bytes waiting in [`Shared::stores`] above which no trace replay or completion unit starts
 /// (bounds the memory a link faster than the disk's file creation fills).
 const STORE_BACKLOG: u64 = 32 << 20;
@@ -410,7 +416,7 @@ pub(super) struct Shared {
     /// unit's claims until it is).
     stores: queue::Queue<Arc<Claim>>,
     /// Per object, where it goes in [`Shared::stores`]: [`queue::URGENT`] once a reader
-    /// waited for it, its place in the replayed trace (from 1), else `u32::MAX`.
+    /// waited for it, its place in the replayed trace (from 1), else [`DEFERRED`].
     rank: Vec<AtomicU32>,
     limits: Limits,
     /// Demand units in flight.
@@ -514,7 +520,7 @@ impl Shared {
             packs.push((name.clone(), list.into_iter().map(|(_, _, i)| i).collect()));
         }
         let state: Vec<AtomicU8> = (0..ids.len()).map(|_| AtomicU8::new(UNKNOWN)).collect();
-        let rank = (0..ids.len()).map(|_| AtomicU32::new(u32::MAX)).collect();
+        let rank = (0..ids.len()).map(|_| AtomicU32::new(DEFERRED)).collect();
         // What an earlier run fetched is here already: never fetched again, not even as a
         // neighbour in a pack window.
         if let Ok(dir) = fs::read_dir(&held) {
@@ -1022,7 +1028,7 @@ impl Shared {
                 retrying(self.limits, || async {
                     match self.loc[run[0] as usize] {
                         Loc::Alone => self.fetch_alone(run[0], class).await,
-                        Loc::Packed { .. } => self.clone().fetch_packed(&run, &claim).await,
+                        Loc::Packed { .. } => self.clone().fetch_packed(&run, &claim, class).await,
                     }
                 })
                 .await?;
@@ -1127,7 +1133,12 @@ impl Shared {
     ///
     /// Errors: as [`Shared::get_into`]; [`RemoteError::Corrupt`](super::super::RemoteError)
     /// when the remote sends more or fewer bytes than asked for.
-    async fn fetch_packed(self: Arc<Self>, unit: &[u32], claim: &Arc<Claim>) -> Result<()> {
+    async fn fetch_packed(
+        self: Arc<Self>,
+        unit: &[u32],
+        claim: &Arc<Claim>,
+        class: Class,
+    ) -> Result<()> {
         let (pack, start) = match self.loc[unit[0] as usize] {
             Loc::Packed { pack, offset, .. } => (pack, offset),
             Loc::Alone => unreachable!("a packed unit"),
@@ -1153,7 +1164,8 @@ impl Shared {
             while let Some(&(o, at, len)) = todo.get(*next)
                 && at + len <= buf.len() as u64
             {
-                self.queue_store(o, buf[at as usize..(at + len) as usize].to_vec(), claim);
+                let bytes = buf[at as usize..(at + len) as usize].to_vec();
+                self.queue_store(o, bytes, claim, class);
                 *next += 1;
             }
         };
@@ -1188,24 +1200,35 @@ impl Shared {
         Ok(())
     }
 
-    /// Queues the (not yet verified) `bytes` of packed object `o` in [`Shared::stores`], at
-    /// its [`Shared::rank`], unless it is local or queued already; starts a worker
-    /// ([`Shared::drain_stores`]) when the queue wants one. The item holds `claim`.
-    fn queue_store(self: &Arc<Self>, o: u32, bytes: Vec<u8>, claim: &Arc<Claim>) {
+    /// Queues the (not yet verified) `bytes` of packed object `o`, fetched by a unit of
+    /// `class`, in [`Shared::stores`] at its [`Shared::rank`], unless it is local or queued
+    /// already; starts a worker ([`Shared::start_store_worker`]) when the queue wants one. The
+    /// item holds `claim`. An object a trace replay unit brought that neither the trace names
+    /// nor a reader asked for goes last ([`DEFERRED`]: it may wait for the run to be quiet),
+    /// and its fetch lock goes at once: another daemon of the layer that needs it meanwhile
+    /// fetches it itself rather than wait for this run to be quiet.
+    fn queue_store(self: &Arc<Self>, o: u32, bytes: Vec<u8>, claim: &Arc<Claim>, class: Class) {
         let s = &self.state[o as usize];
         if s.compare_exchange(UNKNOWN, QUEUED, Relaxed, Relaxed)
             .is_err()
         {
             return;
         }
+        let mut priority = self.rank[o as usize].load(Relaxed);
+        if priority == DEFERRED {
+            match (class, &self.locks) {
+                (Class::Trace, Some(f)) => {
+                    let _ = crate::sys::ofd_lock_byte(f, lock_offset(&self.ids[o as usize]), false);
+                }
+                (Class::Trace, None) => {}
+                _ => priority = DEFERRED - 1,
+            }
+        }
         let item = queue::Item {
             bytes,
             _hold: Arc::clone(claim),
         };
-        if self
-            .stores
-            .push(o, self.rank[o as usize].load(Relaxed), item)
-        {
+        if self.stores.push(o, priority, item) {
             self.start_store_worker();
         }
     }
@@ -1224,15 +1247,15 @@ impl Shared {
 
     /// The lowest priority [`Shared::stores`] stores now: every object once the run is quiet
     /// ([`Shared::quiet`]) or the queue holds more than half of [`STORE_BACKLOG`]; until then
-    /// not the objects no reader asked for and the replayed trace does not name (a unit's
-    /// neighbours of the objects it was for): creating their files would take CPU from the
-    /// run, which may never open them. Those wait in memory; [`Shared::background`] starts a
-    /// worker for them when the run is quiet, and a reader's open stores one at once.
+    /// not the [`DEFERRED`] ones (a trace replay unit's objects between the traced ones):
+    /// creating their files would take CPU from the run, which may never open them. Those
+    /// wait in memory; [`Shared::background`] starts a worker for them when the run is quiet,
+    /// and a reader's open stores one at once.
     fn store_limit(&self) -> u32 {
         if self.quiet() || self.stores.bytes() > STORE_BACKLOG / 2 {
-            u32::MAX
+            DEFERRED
         } else {
-            u32::MAX - 1
+            DEFERRED - 1
         }
     }
 
@@ -1433,7 +1456,9 @@ impl Shared {
             .collect();
         // The traced objects are stored in the order the run will open them.
         for (r, &o) in first.iter().enumerate() {
-            let r = u32::try_from(r + 1).unwrap_or(u32::MAX - 1);
+            let r = u32::try_from(r + 1)
+                .unwrap_or(DEFERRED - 2)
+                .min(DEFERRED - 2);
             self.rank[o as usize].fetch_min(r, Relaxed);
         }
         let plan = self.trace_plan(&first, TRACE_WINDOW);

@@ -1,6 +1,7 @@
 //! Objects whose bytes have arrived and wait to be verified and written into `held/`, in the
 //! order a reader needs them: first the objects a reader waits for, then the traced ones in
-//! the order the recorded run opened them, then the rest in arrival order.
+//! the order the recorded run opened them, then the rest in arrival order (the last of them
+//! may be left for later: [`Queue::next`]).
 //!
 //! A unit's GET hands its objects here as their bytes come in and ends when its last byte is
 //! in, not when its objects are written: on a filesystem where creating a file is slow (an
