@@ -49,8 +49,11 @@ pub(in crate::remote::lazy) struct Pieced {
     file: File,
     state: Mutex<State>,
     changed: Condvar,
-    /// Every piece is here and the file is in `held/`.
+    /// Every piece is here and the file is in `held/` (set just before it is moved there,
+    /// under [`Pieced::finishing`]).
     done: AtomicBool,
+    /// Held by [`Pieced::finish`] while it moves the file into `held/`.
+    finishing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -139,6 +142,7 @@ impl Pieced {
             }),
             changed: Condvar::new(),
             done: AtomicBool::new(false),
+            finishing: Mutex::new(()),
         })
     }
 
@@ -407,6 +411,10 @@ impl Pieced {
 
     /// Every piece is here: the file goes into `held/` (once) and the object is local.
     fn finish(&self) {
+        // One at a time: a second caller (the reader whose READ brought the last piece, and a
+        // copy-up's or completion's fill) returns once the first has placed the file, so the
+        // object is local when `done` says so to it.
+        let _one = self.finishing.lock();
         if self.done.swap(true, Relaxed) {
             return;
         }
