@@ -3,8 +3,9 @@
 //!
 //! * **Units.** A packed object comes with its pack neighbours that are not local yet: one
 //!   ranged GET of a window of the pack (at most [`DEMAND_WINDOW`] bytes for a demand read,
-//!   [`BACKGROUND_WINDOW`] in the background), split and verified object by object as its
-//!   bytes arrive (a reader of the window's first object does not wait for the rest). An object
+//!   [`BACKGROUND_WINDOW`] in the background), split object by object as its bytes arrive
+//!   and handed to the store queue (below): a reader of the window's first object does not
+//!   wait for the rest, and the unit ends with its last byte, not its last file. An object
 //!   stored alone is fetched whole, streamed into a temporary file and hashed on arrival (the
 //!   manifest records one digest per object: a reader sees none of its bytes before all of
 //!   them are verified).
@@ -25,9 +26,18 @@
 //!   while the layer is partial (so gc has nothing of it to race with): the pull that
 //!   completes the layer moves each held file into place as the store's object, with the
 //!   metadata of its files. A later run finds `held/` and never fetches an object twice.
+//! * **Stores.** A packed object's bytes wait in a queue (`fetch/queue.rs`) for one of two
+//!   blocking threads to verify and write them: first those a reader waits for, then the
+//!   traced ones in the order the recorded run opened them, then the rest; the objects a
+//!   trace replay unit brought between traced ones that no reader asked for yet wait in
+//!   memory (their fetch locks given up) until the run is quiet (as completion does) or the
+//!   queue grows past half of [`STORE_BACKLOG`], since creating their files takes CPU from a
+//!   run that may never open them. No trace or completion unit starts while the queue holds more
+//!   than [`STORE_BACKLOG`] bytes.
 //! * **Classes.** Demand units start at once. One background task then replays the trace
-//!   (at most [`TRACE_UNITS`] units of at most [`TRACE_WINDOW`] bytes at once, also while a
-//!   reader waits: they are what the run opens next; the units are planned from the whole
+//!   (at most [`TRACE_UNITS`] units of at most [`TRACE_WINDOW`] bytes at once; none starts
+//!   while a reader waits for a unit in flight or for a piece, whose GET then gets the link as
+//!   the others end; the units are planned from the whole
 //!   trace before the first starts ([`Shared::trace_plan`]): per pack, stretches of traced
 //!   objects with gaps of at most [`TRACE_GAP`] between them, not whole windows, started in
 //!   the order of their first-opened object, so a package whose files the run opened out of
@@ -50,7 +60,9 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,
+};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -58,6 +70,7 @@ use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use parking_lot::{Condvar, Mutex};
 
 mod pieced;
+mod queue;
 
 use super::super::Remote;
 use super::super::compact::Wire;
@@ -83,7 +96,7 @@ pub(super) const PIECE: u64 = 4 << 20;
 /// Failed reads a report names.
 pub(super) const FAILED_KEPT: usize = 5;
 
-/// Trace replay units in flight at most (also while a demand read waits). A unit is mostly
+/// Trace replay units in flight at most (none starts while a reader waits). A unit is mostly
 /// the traced files of a package or a few (tens of KiB to [`TRACE_WINDOW`]): several in flight
 /// keep a link with 20 ms to the first byte busy.
 pub(super) const TRACE_UNITS: usize = 6;
@@ -226,9 +239,22 @@ enum Loc {
     Alone,
 }
 
-/// An object's state.
+/// An object's state: not known to be local, …
 const UNKNOWN: u8 = 0;
+/// … in `held/`, …
 const LOCAL: u8 = 1;
+/// … or its bytes are here, waiting in [`Shared::stores`] to be verified and stored (its
+/// flight ends when they are).
+const QUEUED: u8 = 2;
+
+/// The [`Shared::rank`] of an object neither traced nor asked for by a reader, and the
+/// priority in [`Shared::stores`] of such an object a trace replay unit brought: it may wait
+/// for the run to be quiet ([`Shared::store_limit`]).
+const DEFERRED: u32 = u32::MAX;
+
+/// Bytes waiting in [`Shared::stores`] above which no trace replay or completion unit starts
+/// (bounds the memory a link faster than the disk's file creation fills).
+const STORE_BACKLOG: u64 = 32 << 20;
 
 /// One unit in flight: its result, once known, for every waiter.
 struct Flight {
@@ -382,11 +408,20 @@ pub(super) struct Shared {
     packs: Vec<(String, Vec<u32>)>,
     state: Vec<AtomicU8>,
     flights: Mutex<HashMap<u32, Arc<Flight>>>,
+    /// Packed objects whose bytes arrived, waiting to be verified and stored (each holds its
+    /// unit's claims until it is).
+    stores: queue::Queue<Arc<Claim>>,
+    /// Per object, where it goes in [`Shared::stores`]: [`queue::URGENT`] once a reader
+    /// waited for it, its place in the replayed trace (from 1), else [`DEFERRED`].
+    rank: Vec<AtomicU32>,
     limits: Limits,
     /// Demand units in flight.
     demand: AtomicUsize,
     /// Background units in flight.
     background: AtomicUsize,
+    /// Readers waiting for a unit in flight ([`Shared::fetch`]; a reader of an object with
+    /// pieces counts in [`Shared::demand`]): no trace replay unit starts meanwhile.
+    waiting: AtomicUsize,
     /// When the fetcher started, and (ms after that) when the last demand unit ended or the
     /// run last opened a file ([`Shared::opened`]).
     started: Instant,
@@ -481,6 +516,7 @@ impl Shared {
             packs.push((name.clone(), list.into_iter().map(|(_, _, i)| i).collect()));
         }
         let state: Vec<AtomicU8> = (0..ids.len()).map(|_| AtomicU8::new(UNKNOWN)).collect();
+        let rank = (0..ids.len()).map(|_| AtomicU32::new(DEFERRED)).collect();
         // What an earlier run fetched is here already: never fetched again, not even as a
         // neighbour in a pack window.
         if let Ok(dir) = fs::read_dir(&held) {
@@ -533,9 +569,12 @@ impl Shared {
             packs,
             state,
             flights: Mutex::new(HashMap::new()),
+            stores: queue::Queue::new(),
+            rank,
             limits,
             demand: AtomicUsize::new(0),
             background: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             started: Instant::now(),
             last_demand_ms: AtomicU64::new(0),
             counts: Counts::default(),
@@ -652,8 +691,35 @@ impl Shared {
             fstat_is_meta: false,
         };
         if let Some(f) = self.open_local(o)? {
+            tracing::debug!(
+                file = %String::from_utf8_lossy(path),
+                at_ms = self.started.elapsed().as_millis() as u64,
+                "lazy open local"
+            );
             return Ok(data(f, None));
         }
+        let t0 = Instant::now();
+        let r = self.open_fetching(o, path);
+        tracing::debug!(
+            file = %String::from_utf8_lossy(path),
+            at_ms = self.started.elapsed().saturating_sub(t0.elapsed()).as_millis() as u64,
+            ms = t0.elapsed().as_millis() as u64,
+            "lazy open waited"
+        );
+        r
+    }
+
+    /// [`Shared::open_data`] of an object that is not local.
+    fn open_fetching(
+        self: &Arc<Self>,
+        o: u32,
+        path: &[u8],
+    ) -> io::Result<crate::overlay::LowerData> {
+        let data = |file, gate| crate::overlay::LowerData {
+            file,
+            gate,
+            fstat_is_meta: false,
+        };
         if self.pieces.contains_key(&o) {
             let p = self.pieced(o).map_err(|e| {
                 tracing::error!(file = %String::from_utf8_lossy(path), "reading a lazily fetched file: {e}");
@@ -706,9 +772,20 @@ impl Shared {
     ///
     /// Errors: the unit's error, as a message.
     fn fetch(self: &Arc<Self>, o: u32, window: u64) -> std::result::Result<(), String> {
+        // Its bytes, once here, are stored before those of objects nobody waits for.
+        self.rank[o as usize].store(queue::URGENT, Relaxed);
+        if self.stores.urge(o) {
+            self.start_store_worker();
+        }
         match self.join_or_start(o, window, Class::Demand) {
-            // The unit always ends: every step of it has a progress deadline.
-            Some(flight) => flight.wait(Duration::from_secs(3600)),
+            Some(flight) => {
+                // No trace replay unit starts meanwhile: the link is this reader's.
+                self.waiting.fetch_add(1, Relaxed);
+                // The unit always ends: every step of it has a progress deadline.
+                let r = flight.wait(Duration::from_secs(3600));
+                self.waiting.fetch_sub(1, Relaxed);
+                r
+            }
             None => Ok(()),
         }
     }
@@ -792,10 +869,13 @@ impl Shared {
             {
                 me.broken.lock().get_or_insert_with(|| e.to_string());
             }
-            // What the unit did not make local gets its error.
+            // What the unit did not make local gets its error (a queued object's flight ends
+            // when it is stored).
             let why = r.err().map(|e| e.to_string());
             for &u in &unit {
-                me.done(u, Err(why.clone().unwrap_or_else(|| "not fetched".into())));
+                if me.state[u as usize].load(Relaxed) != QUEUED {
+                    me.done(u, Err(why.clone().unwrap_or_else(|| "not fetched".into())));
+                }
             }
             match class {
                 Class::Demand => {
@@ -901,7 +981,8 @@ impl Shared {
 
     /// Fetches `unit` (objects of one pack in pack order, or one object stored alone; the
     /// GET holding `first` goes first) for `class`, retrying transient failures until the
-    /// bound; every object of it is local when this returns `Ok`. Shares the work with the
+    /// bound; every object of it is local or queued to be stored ([`Shared::stores`]: its
+    /// flight then ends once it is) when this returns `Ok`. Shares the work with the
     /// other daemons of the layer: fetches only the objects it claims ([`Shared::claim`]), in
     /// runs of one GET each ([`Shared::runs`]), and waits (holding no claim) for the rest to arrive from the daemon
     /// that claimed them, claiming what that daemon lets go of; after [`Limits::bound`] it
@@ -911,22 +992,24 @@ impl Shared {
     /// one at once).
     async fn run_unit(self: Arc<Self>, first: u32, unit: &[u32], class: Class) -> Result<()> {
         let t0 = Instant::now();
-        let _done = scopeguard_log(unit.len(), class, t0);
+        let _done = scopeguard_log(unit.len(), class, t0, self.started);
         let mut todo = unit.to_vec();
         // The unit's objects were neither local nor in flight when it started: what the first
         // round claims is looked for on disk once (after the claim), not twice.
         let mut first_round = true;
+        let queued = |u: u32| self.state[u as usize].load(Relaxed) == QUEUED;
         loop {
             if first_round {
-                todo.retain(|&u| self.state[u as usize].load(Relaxed) != LOCAL);
+                todo.retain(|&u| self.state[u as usize].load(Relaxed) == UNKNOWN);
             } else {
-                todo.retain(|&u| !self.arrived(u));
+                todo.retain(|&u| !queued(u) && !self.arrived(u));
             }
             first_round = false;
             if todo.is_empty() {
                 return Ok(());
             }
-            let claim = self.claim(&todo, t0.elapsed() >= self.limits.bound);
+            // Held until the objects fetched under it are stored (queued ones hold it too).
+            let claim = Arc::new(self.claim(&todo, t0.elapsed() >= self.limits.bound));
             // Looked for again once claimed: the daemon that held the claim may have just
             // placed it.
             let mine: Vec<u32> = (claim.objects.iter().copied())
@@ -941,16 +1024,17 @@ impl Shared {
                 retrying(self.limits, || async {
                     match self.loc[run[0] as usize] {
                         Loc::Alone => self.fetch_alone(run[0], class).await,
-                        Loc::Packed { .. } => self.clone().fetch_packed(&run).await,
+                        Loc::Packed { .. } => self.clone().fetch_packed(&run, &claim, class).await,
                     }
                 })
                 .await?;
             }
             drop(claim);
-            // Every fetch above that ended well stored what it claimed; one that did not would
-            // make this loop fetch again at once, for ever.
+            // Every fetch above that ended well stored or queued what it claimed (a queued
+            // object that could not be stored got its error); one that did not would make this
+            // loop fetch again at once, for ever.
             let lost = (mine.iter())
-                .filter(|&&u| self.state[u as usize].load(Relaxed) != LOCAL)
+                .filter(|&&u| self.state[u as usize].load(Relaxed) == UNKNOWN)
                 .count();
             if lost > 0 {
                 return Err(Error::Failed(format!(
@@ -1037,11 +1121,20 @@ impl Shared {
         runs
     }
 
-    /// One GET of the pack range of `unit` (objects made local by an earlier attempt are
-    /// skipped; bytes between its objects are dropped), each object verified and stored on a
-    /// blocking thread as soon as its bytes are in, so a reader waiting for one of the first
-    /// objects of a long range does not wait for the rest of it.
-    async fn fetch_packed(self: Arc<Self>, unit: &[u32]) -> Result<()> {
+    /// One GET of the pack range of `unit` (objects made local or queued by an earlier
+    /// attempt are skipped; bytes between its objects are dropped), each object queued to be
+    /// verified and stored ([`Shared::queue_store`], holding `claim` until it is) as soon as
+    /// its bytes are in, so a reader waiting for one of the first objects of a long range
+    /// does not wait for the rest of it. Ends when the last byte is in.
+    ///
+    /// Errors: as [`Shared::get_into`]; [`RemoteError::Corrupt`](super::super::RemoteError)
+    /// when the remote sends more or fewer bytes than asked for.
+    async fn fetch_packed(
+        self: Arc<Self>,
+        unit: &[u32],
+        claim: &Arc<Claim>,
+        class: Class,
+    ) -> Result<()> {
         let (pack, start) = match self.loc[unit[0] as usize] {
             Loc::Packed { pack, offset, .. } => (pack, offset),
             Loc::Alone => unreachable!("a packed unit"),
@@ -1054,28 +1147,22 @@ impl Shared {
         let what = format!("fetching pack {name} bytes {start}..{end}");
         // The objects to store, in pack order, and the next one whose bytes are awaited.
         let todo: Vec<(u32, u64, u64)> = (unit.iter())
-            .filter(|&&u| self.state[u as usize].load(Relaxed) != LOCAL)
+            .filter(|&&u| self.state[u as usize].load(Relaxed) == UNKNOWN)
             .filter_map(|&u| match self.loc[u as usize] {
                 Loc::Packed { offset, len, .. } => Some((u, offset - start, len)),
                 Loc::Alone => None,
             })
             .collect();
         let mut next = 0;
-        let mut stores = tokio::task::JoinSet::new();
-        // Hands the objects of `todo` from `next` on whose bytes are all in `buf` to a blocking
-        // thread that verifies and stores them (an empty object needs no byte).
-        let mut store_ready = |buf: &[u8], next: &mut usize| {
-            let mut ready = Vec::new();
+        // Queues the objects of `todo` from `next` on whose bytes are all in `buf` (an empty
+        // object needs no byte).
+        let store_ready = |buf: &[u8], next: &mut usize| {
             while let Some(&(o, at, len)) = todo.get(*next)
                 && at + len <= buf.len() as u64
             {
-                ready.push((o, buf[at as usize..(at + len) as usize].to_vec()));
+                let bytes = buf[at as usize..(at + len) as usize].to_vec();
+                self.queue_store(o, bytes, claim, class);
                 *next += 1;
-            }
-            if !ready.is_empty() {
-                let me = self.clone();
-                let name = name.clone();
-                stores.spawn_blocking(move || me.store_verified(&name, ready));
             }
         };
         let mut buf = Vec::with_capacity((end - start) as usize);
@@ -1100,47 +1187,102 @@ impl Shared {
         }
         // A range of empty objects only sends no GET; empty ones at its end come with no chunk.
         store_ready(&buf, &mut next);
-        let received = buf.len() as u64;
-        drop(buf);
-        let mut r = Ok(());
-        while let Some(done) = stores.join_next().await {
-            let done = done
-                .map_err(|e| Error::Failed(format!("lazy fetch: {e}")))
-                .and_then(|x| x);
-            if r.is_ok() {
-                r = done;
-            }
-        }
-        r?;
-        if received != end - start {
+        if buf.len() as u64 != end - start {
             return Err(self.corrupt(
                 &format!("pack {name}"),
-                format!("{received} bytes received of {}", end - start),
+                format!("{} bytes received of {}", buf.len(), end - start),
             ));
         }
         Ok(())
     }
 
-    /// Checks each of `objects` (`(object, its bytes)`, from pack `pack`) against its id and
-    /// stores it ([`Shared::store_bytes`]), ending its flight; stops at the first that fails.
-    ///
-    /// Errors: [`RemoteError::Corrupt`](super::super::RemoteError) for bytes that do not match
-    /// their id; [`Error::Io`] storing them.
-    fn store_verified(&self, pack: &str, objects: Vec<(u32, Vec<u8>)>) -> Result<()> {
-        for (o, bytes) in objects {
-            if self.state[o as usize].load(Relaxed) == LOCAL {
-                continue;
-            }
-            if blake3::hash(&bytes).as_bytes() != &self.ids[o as usize].0 {
-                return Err(self.corrupt(
-                    &format!("object {} in pack {pack}", self.ids[o as usize]),
-                    "its bytes do not match its id".into(),
-                ));
-            }
-            self.store_bytes(o, &bytes)?;
-            self.done(o, Ok(()));
+    /// Queues the (not yet verified) `bytes` of packed object `o`, fetched by a unit of
+    /// `class`, in [`Shared::stores`] at its [`Shared::rank`], unless it is local or queued
+    /// already; starts a worker ([`Shared::start_store_worker`]) when the queue wants one. The
+    /// item holds `claim`. An object a trace replay unit brought that neither the trace names
+    /// nor a reader asked for goes last ([`DEFERRED`]: it may wait for the run to be quiet),
+    /// and its fetch lock goes at once: another daemon of the layer that needs it meanwhile
+    /// fetches it itself rather than wait for this run to be quiet.
+    fn queue_store(self: &Arc<Self>, o: u32, bytes: Vec<u8>, claim: &Arc<Claim>, class: Class) {
+        let s = &self.state[o as usize];
+        if s.compare_exchange(UNKNOWN, QUEUED, Relaxed, Relaxed)
+            .is_err()
+        {
+            return;
         }
-        Ok(())
+        let mut priority = self.rank[o as usize].load(Relaxed);
+        if priority == DEFERRED {
+            match (class, &self.locks) {
+                (Class::Trace, Some(f)) => {
+                    let _ = crate::sys::ofd_lock_byte(f, lock_offset(&self.ids[o as usize]), false);
+                }
+                (Class::Trace, None) => {}
+                _ => priority = DEFERRED - 1,
+            }
+        }
+        let item = queue::Item {
+            bytes,
+            _hold: Arc::clone(claim),
+        };
+        if self.stores.push(o, priority, item) {
+            self.start_store_worker();
+        }
+    }
+
+    /// Starts a worker of [`Shared::stores`] (the queue counts it already): it verifies and
+    /// stores queued objects, most wanted first ([`Shared::store_queued`]), until none is left
+    /// that may be stored now ([`Shared::store_limit`]).
+    fn start_store_worker(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        self.remote.rt.spawn_blocking(move || {
+            while let Some((o, item)) = me.stores.next(me.store_limit()) {
+                me.store_queued(o, item);
+            }
+        });
+    }
+
+    /// The lowest priority [`Shared::stores`] stores now: every object once the run is quiet
+    /// ([`Shared::quiet`]) or the queue holds more than half of [`STORE_BACKLOG`]; until then
+    /// not the [`DEFERRED`] ones (a trace replay unit's objects between the traced ones):
+    /// creating their files would take CPU from the run, which may never open them. Those
+    /// wait in memory; [`Shared::background`] starts a worker for them when the run is quiet,
+    /// and a reader's open stores one at once.
+    fn store_limit(&self) -> u32 {
+        if self.quiet() || self.stores.bytes() > STORE_BACKLOG / 2 {
+            DEFERRED
+        } else {
+            DEFERRED - 1
+        }
+    }
+
+    /// Checks the queued `item` of object `o` against its id and stores it
+    /// ([`Shared::store_bytes`]), ending its flight: `Ok`, or its error (bytes that do not
+    /// match mark the layer broken; the object is then not local and may be fetched again).
+    fn store_queued(&self, o: u32, item: queue::Item<Arc<Claim>>) {
+        let id = &self.ids[o as usize];
+        let r = if blake3::hash(&item.bytes).as_bytes() != &id.0 {
+            let pack = match self.loc[o as usize] {
+                Loc::Packed { pack, .. } => self.packs[pack as usize].0.as_str(),
+                Loc::Alone => "",
+            };
+            let e = self.corrupt(
+                &format!("object {id} in pack {pack}"),
+                "its bytes do not match its id".into(),
+            );
+            self.broken.lock().get_or_insert_with(|| e.to_string());
+            Err(e)
+        } else {
+            self.store_bytes(o, &item.bytes)
+        };
+        // Stored (or not): the claim on it may go.
+        drop(item);
+        match r {
+            Ok(()) => self.done(o, Ok(())),
+            Err(e) => {
+                let _ = self.state[o as usize].compare_exchange(QUEUED, UNKNOWN, Relaxed, Relaxed);
+                self.done(o, Err(e.to_string()));
+            }
+        }
     }
 
     /// Sends one GET (`request`) and hands each chunk of its body to `each`, abandoning it
@@ -1297,23 +1439,41 @@ impl Shared {
     }
 
     /// The background classes: first the objects of `first` (the replayed trace, in order:
-    /// what the run will likely open next, so at most [`TRACE_UNITS`] units at once even while
-    /// a demand read is in flight), then every other object in pack order (completion: at most
-    /// [`BACKGROUND_UNITS`] at once, and none started while a demand read is in flight). Sets
-    /// [`Shared::complete`] when every object is local.
+    /// what the run will likely open next, stored in that order: at most [`TRACE_UNITS`]
+    /// units at once, none started while a reader waits), then every other object in pack
+    /// order (completion: at most [`BACKGROUND_UNITS`] at once, and none started while a
+    /// demand read is in flight). Neither starts a unit while [`Shared::stores`] holds more
+    /// than [`STORE_BACKLOG`] bytes. Sets [`Shared::complete`] when every object is local.
     pub async fn background(self: Arc<Self>, first: Vec<u32>) {
         let rest: Vec<u32> = (self.packs.iter().flat_map(|(_, l)| l.iter().copied()))
             .chain(
                 (0..self.ids.len() as u32).filter(|&o| matches!(self.loc[o as usize], Loc::Alone)),
             )
             .collect();
+        // The traced objects are stored in the order the run will open them.
+        for (r, &o) in first.iter().enumerate() {
+            let r = u32::try_from(r + 1)
+                .unwrap_or(DEFERRED - 2)
+                .min(DEFERRED - 2);
+            self.rank[o as usize].fetch_min(r, Relaxed);
+        }
         let plan = self.trace_plan(&first, TRACE_WINDOW);
         self.replaying.store(!plan.is_empty(), Relaxed);
+        tracing::info!(
+            units = plan.len(),
+            at_ms = self.started.elapsed().as_millis() as u64,
+            "lazy layer: replaying the trace"
+        );
         for (o, unit) in plan {
             if self.stop.load(Relaxed) || self.broken.lock().is_some() {
                 break;
             }
-            while self.background.load(Relaxed) >= TRACE_UNITS {
+            // A reader that waits (for a file the replay did not bring in time, or one
+            // arriving piece by piece) gets the link to itself as the units in flight end.
+            while self.background.load(Relaxed) >= TRACE_UNITS
+                || self.stores.bytes() > STORE_BACKLOG
+                || self.waiting.load(Relaxed) + self.demand.load(Relaxed) > 0
+            {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             self.start_planned(o, &unit);
@@ -1322,6 +1482,10 @@ impl Shared {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.replaying.store(false, Relaxed);
+        tracing::info!(
+            at_ms = self.started.elapsed().as_millis() as u64,
+            "lazy layer: trace replayed"
+        );
         for o in rest {
             if self.stop.load(Relaxed) || self.broken.lock().is_some() {
                 break;
@@ -1330,8 +1494,10 @@ impl Shared {
                 continue;
             }
             loop {
+                self.store_left();
                 let busy = self.background.load(Relaxed) >= BACKGROUND_UNITS
                     || self.demand.load(Relaxed) > 0
+                    || self.stores.bytes() > STORE_BACKLOG
                     || !self.quiet();
                 if !busy {
                     break;
@@ -1340,12 +1506,21 @@ impl Shared {
             }
             self.join_or_start(o, BACKGROUND_WINDOW, Class::Background);
         }
-        while self.background.load(Relaxed) > 0 {
+        while self.background.load(Relaxed) > 0 || self.stores.busy() {
+            self.store_left();
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let all = (0..self.ids.len() as u32).all(|o| self.state[o as usize].load(Relaxed) == LOCAL);
         self.complete.store(all, Relaxed);
         tracing::info!(complete = all, "lazy layer: background fetching ended");
+    }
+
+    /// Starts a worker for the objects [`Shared::store_limit`] left in [`Shared::stores`] once
+    /// the run is quiet.
+    fn store_left(self: &Arc<Self>) {
+        if self.quiet() && self.stores.kick() {
+            self.start_store_worker();
+        }
     }
 
     /// The run opened one of the layer's files (fetched or not): completion waits for a quiet
@@ -1427,19 +1602,22 @@ fn create_temp(path: &Path, mode: u32) -> Result<File> {
     Ok(f)
 }
 
-/// Logs a unit's class and size when it starts and its duration when it ends (debug).
-fn scopeguard_log(objects: usize, class: Class, t0: Instant) -> impl Drop {
-    struct G(usize, Class, Instant);
+/// Logs a unit's class and size when it starts and its duration when it ends (debug), with
+/// the time since the fetcher `started` (ms).
+fn scopeguard_log(objects: usize, class: Class, t0: Instant, started: Instant) -> impl Drop {
+    struct G(usize, Class, Instant, Instant);
     impl Drop for G {
         fn drop(&mut self) {
             tracing::debug!(
                 class = ?self.1,
                 objects = self.0,
                 ms = self.2.elapsed().as_millis() as u64,
+                at_ms = self.3.elapsed().as_millis() as u64,
                 "lazy unit done"
             );
         }
     }
-    tracing::debug!(?class, objects, "lazy unit starts");
-    G(objects, class, t0)
+    let at_ms = started.elapsed().as_millis() as u64;
+    tracing::debug!(?class, objects, at_ms, "lazy unit starts");
+    G(objects, class, t0, started)
 }

@@ -621,11 +621,19 @@ impl LazyLayer {
         if !self.opened[i as usize].swap(true, Relaxed) {
             self.trace.lock().push(i);
         }
+        let t0 = std::time::Instant::now();
         let shared = self.shared.wait(self.limits.bound).map_err(|e| {
             let file = String::from_utf8_lossy(&n.path);
             tracing::error!(%file, "reading a lazily fetched file: {}", e.why);
             io::Error::from_raw_os_error(libc::EIO)
         })?;
+        if t0.elapsed() >= std::time::Duration::from_millis(1) {
+            tracing::debug!(
+                file = %String::from_utf8_lossy(&n.path),
+                ms = t0.elapsed().as_millis() as u64,
+                "lazy open waited for the object table"
+            );
+        }
         shared.opened();
         Ok((o, &n.path, shared))
     }

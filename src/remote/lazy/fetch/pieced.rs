@@ -49,8 +49,11 @@ pub(in crate::remote::lazy) struct Pieced {
     file: File,
     state: Mutex<State>,
     changed: Condvar,
-    /// Every piece is here and the file is in `held/`.
+    /// Every piece is here and the file is in `held/` (set just before it is moved there,
+    /// under [`Pieced::finishing`]).
     done: AtomicBool,
+    /// Held by [`Pieced::finish`] while it moves the file into `held/`.
+    finishing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -139,6 +142,7 @@ impl Pieced {
             }),
             changed: Condvar::new(),
             done: AtomicBool::new(false),
+            finishing: Mutex::new(()),
         })
     }
 
@@ -407,6 +411,10 @@ impl Pieced {
 
     /// Every piece is here: the file goes into `held/` (once) and the object is local.
     fn finish(&self) {
+        // One at a time: a second caller (the reader whose READ brought the last piece, and a
+        // copy-up's or completion's fill) returns once the first has placed the file, so the
+        // object is local when `done` says so to it.
+        let _one = self.finishing.lock();
         if self.done.swap(true, Relaxed) {
             return;
         }
@@ -535,7 +543,16 @@ impl ReadGate for Gate {
         s.demand.fetch_add(1, Relaxed);
         // One GET for the pieces read and the read-ahead after them (the read's come first in
         // its body).
+        let t0 = Instant::now();
         let r = me.wait(from, to, (to + ahead).min(n), true);
+        tracing::debug!(
+            object = me.o,
+            offset,
+            len,
+            at_ms = s.started.elapsed().saturating_sub(t0.elapsed()).as_millis() as u64,
+            ms = t0.elapsed().as_millis() as u64,
+            "lazy read waited"
+        );
         s.opened();
         s.demand.fetch_sub(1, Relaxed);
         r.map_err(|why| {
