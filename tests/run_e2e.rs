@@ -484,7 +484,9 @@ fn bwrap_sandbox_sees_the_mounts_and_nothing_else_writable() {
             &format!(
                 "cat \"$DEPS/f\" \"$DEPS/store-entries\"; pwd; touch /usr/layercache-probe \
                  2>/dev/null && echo escaped; echo w > out.txt; ls -A {} | wc -l; \
-                 touch {0}/x 2>/dev/null && echo store writable || true",
+                 touch {0}/x 2>/dev/null && echo store writable; \
+                 umount {0} 2>/dev/null && echo store uncovered; \
+                 mount -o remount,bind,rw / 2>/dev/null && echo root writable || true",
                 store.display()
             ),
         ]);

@@ -366,7 +366,12 @@ fn cmd_sandbox_args(global: &GlobalArgs, args: &SandboxArgs) -> Result<i32> {
         // them, as `run --sandbox bwrap` does.
         binds.hidden.push(store.root().to_path_buf());
     }
-    let words = sandbox::args(driver, &binds);
+    let mut words = sandbox::args(driver, &binds);
+    if driver == Driver::Bwrap && !binds.hidden.is_empty() {
+        // As `run --sandbox bwrap` does when root starts bubblewrap: without CAP_SYS_ADMIN a
+        // step cannot unmount the store's cover (ignored by an unprivileged bubblewrap).
+        words.extend(["--cap-drop".to_string(), "CAP_SYS_ADMIN".to_string()]);
+    }
     if global.json {
         println!("{}", serde_json::Value::from(words));
     } else {

@@ -36,6 +36,11 @@ pub fn bwrap_command(
         cmd.arg("--unshare-user");
         cmd.arg("--uid").arg(u.uid.to_string());
         cmd.arg("--gid").arg(u.gid.to_string());
+    } else if rustix::process::geteuid().is_root() {
+        // bwrap run by root keeps root's capabilities inside: without CAP_SYS_ADMIN a step
+        // cannot unmount what covers the store (`Binds::hidden`) nor remount the host root
+        // read-write.
+        cmd.args(["--cap-drop", "CAP_SYS_ADMIN"]);
     }
     if let Some(home) = std::env::var_os("HOME").filter(|h| Path::new(h).is_dir()) {
         cmd.arg("--bind").arg(&home).arg(&home);
