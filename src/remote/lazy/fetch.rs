@@ -224,6 +224,20 @@ impl Limits {
     }
 }
 
+/// A lazily fetched object's file (and, while its pieces arrive, the gate its READs wait on) as
+/// the overlay reads it: its `fstat` is never the file's metadata (held files are the store's
+/// objects, mode 0400).
+fn lower_data(
+    file: fs::File,
+    gate: Option<Arc<dyn crate::overlay::ReadGate>>,
+) -> crate::overlay::LowerData {
+    crate::overlay::LowerData {
+        file,
+        gate,
+        fstat_is_meta: false,
+    }
+}
+
 /// Where an object's bytes are in the remote.
 #[derive(Clone, Copy, Debug)]
 enum Loc {
@@ -685,18 +699,13 @@ impl Shared {
         o: u32,
         path: &[u8],
     ) -> io::Result<crate::overlay::LowerData> {
-        let data = |file, gate| crate::overlay::LowerData {
-            file,
-            gate,
-            fstat_is_meta: false,
-        };
         if let Some(f) = self.open_local(o)? {
             tracing::debug!(
                 file = %String::from_utf8_lossy(path),
                 at_ms = self.started.elapsed().as_millis() as u64,
                 "lazy open local"
             );
-            return Ok(data(f, None));
+            return Ok(lower_data(f, None));
         }
         let t0 = Instant::now();
         let r = self.open_fetching(o, path);
@@ -715,20 +724,15 @@ impl Shared {
         o: u32,
         path: &[u8],
     ) -> io::Result<crate::overlay::LowerData> {
-        let data = |file, gate| crate::overlay::LowerData {
-            file,
-            gate,
-            fstat_is_meta: false,
-        };
         if self.pieces.contains_key(&o) {
             let p = self.pieced(o).map_err(|e| {
                 tracing::error!(file = %String::from_utf8_lossy(path), "reading a lazily fetched file: {e}");
                 io::Error::from_raw_os_error(libc::EIO)
             })?;
             let gate: Arc<dyn crate::overlay::ReadGate> = Arc::new(pieced::Gate(p.clone()));
-            return Ok(data(p.reader()?, Some(gate)));
+            return Ok(lower_data(p.reader()?, Some(gate)));
         }
-        self.open(o, path).map(|f| data(f, None))
+        self.open(o, path).map(|f| lower_data(f, None))
     }
 
     /// The [`pieced::Pieced`] of object `o` (which has pieces), made on first use.
