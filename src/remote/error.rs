@@ -99,6 +99,25 @@ pub enum RemoteError {
         /// The remote's URL.
         url: String,
     },
+    /// Not asked by a lazy layer's fetch: an earlier fetch of the run got no answer within its
+    /// bound, and until one probe every `probe_secs` gets one, fetches fail at once (nothing
+    /// was sent).
+    #[error(
+        "remote {url}: not asked: no answer within {} s at {} s into the run (one fetch \
+         every {probe_secs} s asks again)",
+        crate::units::fmt_secs(*bound_secs),
+        crate::units::fmt_secs(*at_secs)
+    )]
+    Unanswered {
+        /// The remote's URL.
+        url: String,
+        /// The bound the fetch that gave up waited, seconds.
+        bound_secs: f64,
+        /// When it gave up, seconds after the fetcher started.
+        at_secs: f64,
+        /// How often one fetch asks again, seconds.
+        probe_secs: u64,
+    },
     /// A bad `[remote]` entry, URL or credential setting (nothing was sent). Exit status 2.
     #[error("{0}")]
     BadConfig(String),
@@ -246,7 +265,7 @@ impl RemoteError {
     pub fn kind(&self) -> RemoteKind {
         match self {
             RemoteError::Unreachable { .. } => RemoteKind::Unreachable,
-            RemoteError::Down { .. } => RemoteKind::Unreachable,
+            RemoteError::Down { .. } | RemoteError::Unanswered { .. } => RemoteKind::Unreachable,
             RemoteError::Timeout { .. } => RemoteKind::Timeout,
             RemoteError::Denied { .. } => RemoteKind::Denied,
             RemoteError::NotFound { .. } => RemoteKind::NotFound,

@@ -69,8 +69,11 @@ use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use parking_lot::{Condvar, Mutex};
 
+mod health;
 mod pieced;
 mod queue;
+
+use health::Health;
 
 use super::super::Remote;
 use super::super::compact::Wire;
@@ -313,11 +316,12 @@ pub(super) struct Counts {
     pub objects: AtomicU64,
 }
 
-/// A timeout error of `remote` for `what` (no byte for the progress deadline of `limits`).
+/// A timeout error of `remote` for `what` (no byte for the progress deadline of `limits`):
+/// "no answer within 3.3 s fetching …".
 fn stalled(remote: &Remote, limits: Limits, what: &str) -> Error {
     super::super::RemoteError::Timeout {
         url: remote.cfg.url.clone(),
-        what: format!("{what} (no progress for {} s)", limits.progress.as_secs()),
+        what: what.to_string(),
         secs: limits.progress.as_secs_f64(),
         source: None,
     }
@@ -337,8 +341,9 @@ pub(super) fn get_retrying(
     what: &str,
     limits: Limits,
 ) -> Result<Vec<u8>> {
+    let health = Health::new(&remote.cfg.url, limits.bound);
     remote.block_on(None, async {
-        retrying(limits, || async {
+        retrying(limits, &health, || async {
             let mut out = Vec::new();
             get_progressing(remote, limits, what, remote.store.get(path), |c| {
                 out.extend_from_slice(c);
@@ -353,18 +358,26 @@ pub(super) fn get_retrying(
 
 /// Runs `attempt` again while it fails transiently, until the next try would start later
 /// than the bound of `limits` after the first; the waits between tries start at 200 ms and
-/// double up to 5 s.
+/// double up to 5 s. Asks `health` first: while the remote is down, no attempt is made
+/// (but for the probe, which is not retried); giving up on a transient failure marks it down,
+/// any answer up.
 ///
-/// Errors: the last attempt's.
+/// Errors: the last attempt's; [`Health::down_error`] when none was made.
 async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
     limits: Limits,
+    health: &Health,
     mut attempt: impl FnMut() -> F,
 ) -> Result<T> {
     let (t0, mut backoff) = (Instant::now(), Duration::from_millis(200));
     loop {
+        if !health.may_try() {
+            return Err(health.down_error());
+        }
         match attempt().await {
             Err(Error::Remote { kind, .. })
-                if kind.is_transient() && t0.elapsed() + backoff < limits.bound =>
+                if kind.is_transient()
+                    && !health.is_down()
+                    && t0.elapsed() + backoff < limits.bound =>
             {
                 tracing::warn!(
                     elapsed_ms = t0.elapsed().as_millis() as u64,
@@ -373,7 +386,14 @@ async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
-            r => return r,
+            Err(e @ Error::Remote { kind, .. }) if kind.is_transient() => {
+                health.gave_up();
+                return Err(e);
+            }
+            r => {
+                health.answered();
+                return r;
+            }
         }
     }
 }
@@ -429,6 +449,8 @@ pub(super) struct Shared {
     /// waited for it, its place in the replayed trace (from 1), else [`DEFERRED`].
     rank: Vec<AtomicU32>,
     limits: Limits,
+    /// Whether the remote answers: while it does not, fetches fail at once.
+    health: Health,
     /// Demand units in flight.
     demand: AtomicUsize,
     /// Background units in flight.
@@ -572,6 +594,7 @@ impl Shared {
                 tracing::warn!(path = %lock_path.display(), "{what}: {e}");
             })
             .ok();
+        let health = Health::new(&remote.cfg.url, limits.bound);
         Ok(Shared {
             remote,
             project,
@@ -586,6 +609,7 @@ impl Shared {
             stores: queue::Queue::new(),
             rank,
             limits,
+            health,
             demand: AtomicUsize::new(0),
             background: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
@@ -1025,7 +1049,7 @@ impl Shared {
                 continue;
             }
             for run in self.runs(first, &mine) {
-                retrying(self.limits, || async {
+                retrying(self.limits, &self.health, || async {
                     match self.loc[run[0] as usize] {
                         Loc::Alone => self.fetch_alone(run[0], class).await,
                         Loc::Packed { .. } => self.clone().fetch_packed(&run, &claim, class).await,
@@ -1341,7 +1365,7 @@ impl Shared {
         let mut n = 0u64;
         while n < size {
             let end = (n + PIECE).min(size);
-            let piece = retrying(self.limits, || async {
+            let piece = retrying(self.limits, &self.health, || async {
                 let mut piece = Vec::with_capacity((end - n) as usize);
                 let opts = GetOptions {
                     range: Some(GetRange::Bounded(n..end)),
@@ -1474,6 +1498,7 @@ impl Shared {
             }
             // A reader that waits (for a file the replay did not bring in time, or one
             // arriving piece by piece) gets the link to itself as the units in flight end.
+            self.until_probe_due().await;
             while self.background.load(Relaxed) >= TRACE_UNITS
                 || self.stores.bytes() > STORE_BACKLOG
                 || self.waiting.load(Relaxed) + self.demand.load(Relaxed) > 0
@@ -1500,6 +1525,7 @@ impl Shared {
             loop {
                 self.store_left();
                 let busy = self.background.load(Relaxed) >= BACKGROUND_UNITS
+                    || (self.health.is_down() && !self.health.probe_due())
                     || self.demand.load(Relaxed) > 0
                     || self.stores.bytes() > STORE_BACKLOG
                     || !self.quiet();
@@ -1517,6 +1543,15 @@ impl Shared {
         let all = (0..self.ids.len() as u32).all(|o| self.state[o as usize].load(Relaxed) == LOCAL);
         self.complete.store(all, Relaxed);
         tracing::info!(complete = all, "lazy layer: background fetching ended");
+    }
+
+    /// Returns at once while the remote answers; while it is down, once a probe is due or the
+    /// fetcher stops (background units would fail at once, dropping the objects they hold for
+    /// this run).
+    async fn until_probe_due(&self) {
+        while self.health.is_down() && !self.health.probe_due() && !self.stop.load(Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Starts a worker for the objects [`Shared::store_limit`] left in [`Shared::stores`] once
@@ -1553,6 +1588,12 @@ impl Shared {
     /// Tells the background task to stop starting units.
     pub fn stop(&self) {
         self.stop.store(true, Relaxed);
+    }
+
+    /// Whether the remote is down for this fetcher (a fetch got no answer within the bound and
+    /// no probe has had one since).
+    pub fn remote_down(&self) -> bool {
+        self.health.is_down()
     }
 
     /// Objects local now (by the remembered state).

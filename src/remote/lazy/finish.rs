@@ -335,9 +335,9 @@ impl Remote {
                  (`layercache remote gc` does not repair it: push the key again){failed}"
             );
         }
-        // Reads that failed (not a broken object: above): the remote stopped answering the
-        // daemon, so this run asks it nothing more (no wait for the trace or the publish).
-        if !report.failed.is_empty() {
+        // The remote stopped answering the daemon (and no probe found it back): this run asks
+        // it nothing more (no wait for the trace or the publish).
+        if report.remote_down {
             self.mark_unhealthy();
         }
         let trace = fs::read(run_dir.join(TRACE)).unwrap_or_default();

@@ -145,6 +145,10 @@ pub struct LazyReport {
     /// Reads that got EIO, "path: why" (the first few).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed: Vec<String>,
+    /// The remote was down for the daemon when it wrote this (a fetch got no answer within
+    /// the bound and no probe has had one since).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remote_down: bool,
 }
 
 /// A layer served from its remote manifest, its file content fetched on first open (see the
@@ -657,9 +661,13 @@ impl LazyLayer {
                 r.complete = r.local_objects == objects;
                 r.broken = s.broken.lock().clone();
                 r.failed = s.failed.lock().clone();
+                r.remote_down = s.remote_down();
             }
             Some(Err(e)) if e.broken => r.broken = Some(e.why),
-            Some(Err(e)) => r.failed = vec![format!("the layer's object table: {}", e.why)],
+            Some(Err(e)) => {
+                r.failed = vec![format!("the layer's object table: {}", e.why)];
+                r.remote_down = true;
+            }
             None => {}
         }
         let mut lines = Vec::new();

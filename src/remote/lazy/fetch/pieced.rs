@@ -289,7 +289,7 @@ impl Pieced {
         let s = &self.shared;
         let id = s.ids[self.o as usize];
         let path = s.remote.layout.object(&s.project, &id);
-        retrying(s.limits, || async {
+        retrying(s.limits, &s.health, || async {
             let from = next.load(Relaxed);
             if from >= end {
                 return Ok(());
