@@ -775,6 +775,70 @@ fn a_lazy_run_stores_its_trace_and_the_next_fresh_runner_replays_it() {
     assert!(sb.mounts_below().is_empty());
 }
 
+/// The untraced files a trace replay brings along (the neighbours between traced files in the
+/// pack, one GET with them) wait in memory for a quiet moment before they are stored; a run
+/// that ends first stores them as its daemon exits, so the next run has them and fetches
+/// nothing again. Runner B reads every tenth of 200 small files and the last (its trace);
+/// runner C, fresh, replays it, reads the same files and ends at once (well before the 1.5 s quiet):
+/// every one of the 200 is in C's partial layer afterwards.
+#[test]
+fn a_run_that_ends_before_it_is_quiet_keeps_what_the_trace_replay_brought() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec(
+        "spec.toml",
+        &format!(
+            r#"project = "{PROJECT}"
+[[cache]]
+id = "data"
+key_files = ["data.lock"]
+env = {{ DATA = "{{mount}}" }}
+setup = """
+set -e
+for i in $(seq 100 299); do head -c 1000 /dev/urandom > $DATA/f$i; done
+"""
+"#
+        ),
+    );
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(&w, sb.path("store-a"), "held", "");
+    let filled = a.run(&sb, &spec, &[]);
+    assert_eq!(filled.status.code(), Some(0), "{}", show(&filled));
+    let read_tenth = [
+        "sh",
+        "-c",
+        "cat $DATA/f1?0 $DATA/f2?0 $DATA/f299 > /dev/null",
+    ];
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "held", "");
+    let rb = b.run_as(false, &sb, &spec, &read_tenth);
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+
+    let c = Runner::via(&w, &link.endpoint(), sb.path("store-c"), "held", "");
+    let rc = c.run_as(false, &sb, &spec, &read_tenth);
+    assert_eq!(rc.status.code(), Some(0), "{}", show(&rc));
+    assert_eq!(c.events()[0]["remote_lazy"], true);
+    // Complete already (published) is fine too: nothing was dropped.
+    let published = project_dir(&c).join("layers");
+    if published.read_dir().is_ok_and(|mut d| d.next().is_some()) {
+        assert_eq!(only_layer(&c).join("tree").read_dir().unwrap().count(), 200);
+    } else {
+        let held = std::fs::read_dir(project_dir(&c).join("partial"))
+            .unwrap()
+            .flatten()
+            .map(|l| std::fs::read_dir(l.path().join("held")).map_or(0, |d| d.count()))
+            .sum::<usize>();
+        assert_eq!(held, 200, "objects held after the run: {}", show(&rc));
+    }
+    assert_store_verifies(&c);
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// The link is cut in the middle of a run (after a small file was read, before a big one has
 /// arrived): with `LAYERCACHE_LAZY_TIMEOUT=3` the big file's read fails with EIO within 20 s,
 /// the run ends (the link still down), no object in the store or held by the partial layer is

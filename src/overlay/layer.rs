@@ -168,8 +168,15 @@ pub fn on_daemon_exit(hook: Box<dyn Fn() + Send + Sync>) {
     EXIT_HOOKS.lock().push(hook);
 }
 
-/// Runs (and forgets) the hooks of [`on_daemon_exit`].
+/// Held while [`run_exit_hooks`] runs them.
+static EXIT_HOOKS_RUNNING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// Runs (and forgets) the hooks of [`on_daemon_exit`]. A second caller waits until the first
+/// has run them all: the daemon's ways out race (the session ends on the main thread as the
+/// signal thread gets SIGUSR1, `EXIT_NOW` in daemon.rs), and the one that finds no hook left exits
+/// the process, which must not cut the other's hooks short.
 pub(super) fn run_exit_hooks() {
+    let _running = EXIT_HOOKS_RUNNING.lock();
     let hooks = std::mem::take(&mut *EXIT_HOOKS.lock());
     for h in hooks {
         h();

@@ -1585,6 +1585,22 @@ impl Shared {
         self.remote.rt.spawn(me.background(first));
     }
 
+    /// At the daemon's exit: verifies and stores what the queue still holds — the objects a
+    /// trace replay brought along that waited for a quiet run — for up to `within`, so the
+    /// next run finds them in `held/` and never fetches them again. Returns how many were
+    /// stored (or failed to be: a mismatch marks the layer broken, as any store does).
+    pub fn store_held(&self, within: Duration) -> usize {
+        let start = Instant::now();
+        let mut n = 0;
+        while start.elapsed() < within
+            && let Some((o, item)) = self.stores.take()
+        {
+            self.store_queued(o, item);
+            n += 1;
+        }
+        n
+    }
+
     /// Tells the background task to stop starting units.
     pub fn stop(&self) {
         self.stop.store(true, Relaxed);

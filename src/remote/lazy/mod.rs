@@ -70,6 +70,10 @@ pub const LINKS: &str = "links";
 /// `lazy-report.json` in the run's directory: what the daemon fetched ([`LazyReport`]).
 pub const REPORT: &str = "lazy-report.json";
 
+/// How long a daemon's exit spends storing the objects it fetched and still holds in memory
+/// ([`fetch::Shared::store_held`]); what is left after it is fetched again by a later run.
+const STORE_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// `LAYERCACHE_LAZY_TIMEOUT`: how long a lazy read may wait for its bytes before it fails with
 /// EIO (default 60 s; a third of it, at most 10 s, without progress retries the GET): a number
 /// of seconds (`8`, `2.5`) or a duration (`8s`, `1m`). `Ok(None)` when unset.
@@ -213,7 +217,17 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
         }
     }
     let bg = layer.clone();
-    crate::overlay::on_daemon_exit(Box::new(move || bg.write_report()));
+    crate::overlay::on_daemon_exit(Box::new(move || {
+        // What a trace replay brought along and held in memory for a quiet run is stored
+        // before the report counts the local objects: it is never fetched twice.
+        if let Some(Ok(s)) = bg.shared.get() {
+            let n = s.store_held(STORE_AT_EXIT);
+            if n > 0 {
+                tracing::info!(objects = n, "stored at exit what waited for a quiet run");
+            }
+        }
+        bg.write_report()
+    }));
     // Also written every second, so a daemon killed outright leaves a recent one.
     let periodic = Arc::downgrade(&layer);
     std::thread::Builder::new()

@@ -132,6 +132,20 @@ impl<C> Queue<C> {
         None
     }
 
+    /// Takes the most wanted queued object, whatever its priority, for a caller that is not a
+    /// counted worker (the daemon's exit, [`Queue::next`]'s bookkeeping untouched); `None`
+    /// when the queue is empty.
+    pub fn take(&self) -> Option<(u32, Item<C>)> {
+        let mut s = self.state.lock();
+        while let Some(Reverse((_, _, o))) = s.order.pop() {
+            if let Some(item) = s.items.remove(&o) {
+                s.bytes -= item.bytes.len() as u64;
+                return Some((o, item));
+            }
+        }
+        None
+    }
+
     /// Bytes queued.
     pub fn bytes(&self) -> u64 {
         self.state.lock().bytes
@@ -192,6 +206,23 @@ mod tests {
         assert_eq!(q.next(u32::MAX).map(|(o, _)| o), Some(1));
         assert!(q.next(u32::MAX).is_none());
         assert!(!q.kick(), "nothing queued");
+        assert!(!q.busy());
+    }
+
+    #[test]
+    fn take_empties_the_queue_most_wanted_first_and_leaves_the_workers_count() {
+        let q = Queue::new();
+        assert!(q.push(7, 5, item(3)));
+        assert!(q.push(8, URGENT, item(4)));
+        assert_eq!(q.take().map(|(o, _)| o), Some(8));
+        assert_eq!(q.take().map(|(o, _)| o), Some(7));
+        assert!(q.take().is_none());
+        assert_eq!(q.bytes(), 0);
+        // The workers the pushes started are still counted until their next() says stop.
+        assert!(q.busy());
+        for _ in 0..WORKERS {
+            assert!(q.next(u32::MAX).is_none());
+        }
         assert!(!q.busy());
     }
 }
