@@ -75,11 +75,16 @@ pub const REPORT: &str = "lazy-report.json";
 const STORE_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// `LAYERCACHE_LAZY_TIMEOUT`: how long a lazy read may wait for its bytes before it fails with
-/// EIO (default 60 s; a third of it, at most 10 s, without progress retries the GET): a number
-/// of seconds (`8`, `2.5`) or a duration (`8s`, `1m`). `Ok(None)` when unset.
+/// EIO (default 60 s; a third of it, at most 10 s, without progress retries the GET).
+/// `Ok(None)` when unset.
 ///
-/// Errors: [`crate::error::Error::Invalid`] naming the variable, its value and what is valid
-/// (a run checks it before it mounts anything: the daemons only read it).
+/// The value is exactly one of ([`parse_lazy_timeout`]): a number of seconds, digits with an
+/// optional fraction (`8`, `2.5`), or such a number followed at once by a unit, `ms`, `s`,
+/// `m` or `h` (`8s`, `1500ms`, `1m`, `0.5h`); no sign, space, exponent or second unit. The
+/// bound must be over 0 and at most [`LAZY_TIMEOUT_MAX`] (1 day).
+///
+/// Errors: [`crate::error::Error::Invalid`] (exit 2) naming the variable, its value and what
+/// is valid (a run checks it before it mounts anything: the daemons only read it).
 pub fn lazy_timeout() -> crate::error::Result<Option<std::time::Duration>> {
     match std::env::var("LAYERCACHE_LAZY_TIMEOUT") {
         Ok(v) => parse_lazy_timeout(&v).map(Some),
@@ -87,20 +92,47 @@ pub fn lazy_timeout() -> crate::error::Result<Option<std::time::Duration>> {
     }
 }
 
-/// [`lazy_timeout`] of the value `v`.
+/// The longest [`lazy_timeout`] accepted: 1 day (a longer one is a typo, not a bound).
+pub const LAZY_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// [`lazy_timeout`] of the value `v`: `DIGITS[.DIGITS][ms|s|m|h]`, over 0 and at most
+/// [`LAZY_TIMEOUT_MAX`]; digits past nanoseconds are dropped.
+///
+/// Errors: [`crate::error::Error::Invalid`] naming the variable, `v` and what is valid.
 fn parse_lazy_timeout(v: &str) -> crate::error::Result<std::time::Duration> {
-    let secs = v.trim().parse::<f64>().ok().filter(|s| s.is_finite());
-    let d = match secs {
-        Some(s) if s > 0.0 && s < 1e9 => Some(std::time::Duration::from_secs_f64(s)),
-        Some(_) => None,
-        None => crate::units::parse_duration(v).ok().flatten(),
-    };
-    d.ok_or_else(|| {
+    use std::time::Duration;
+    const NANOS: u128 = 1_000_000_000;
+    let bad = || {
         crate::error::Error::invalid(format!(
-            "LAYERCACHE_LAZY_TIMEOUT={v:?}: want a positive number of seconds or a duration \
-             such as 8s or 2m"
+            "LAYERCACHE_LAZY_TIMEOUT={v:?}: want a number of seconds (8, 2.5) or one with a \
+             unit ms, s, m or h (1500ms, 8s, 1m), over 0 and at most 24h"
         ))
-    })
+    };
+    let end = (v.find(|c: char| !c.is_ascii_digit() && c != '.')).unwrap_or(v.len());
+    let (number, unit) = v.split_at(end);
+    let unit_nanos = match unit {
+        "ms" => NANOS / 1000,
+        "" | "s" => NANOS,
+        "m" => 60 * NANOS,
+        "h" => 3600 * NANOS,
+        _ => return Err(bad()),
+    };
+    // DIGITS or DIGITS.DIGITS (at most 12 whole digits: no overflow below), the fraction
+    // taken to 9 places, so the number is exact in billionths of the unit.
+    let (whole, frac) = number.split_once('.').unwrap_or((number, "0"));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || !digits(frac) || whole.len() > 12 {
+        return Err(bad());
+    }
+    let frac: String = frac.chars().chain(std::iter::repeat('0')).take(9).collect();
+    let billionths = whole.parse::<u128>().map_err(|_| bad())? * NANOS
+        + frac.parse::<u128>().map_err(|_| bad())?;
+    let nanos = billionths * unit_nanos / NANOS;
+    let d = Duration::from_nanos(u64::try_from(nanos).map_err(|_| bad())?);
+    if d.is_zero() || d > LAZY_TIMEOUT_MAX {
+        return Err(bad());
+    }
+    Ok(d)
 }
 /// `lazy-trace` in the run's directory: the paths of the layer's files in the order the run
 /// first opened them, one per line.
@@ -841,18 +873,65 @@ mod tests {
 
     #[test]
     fn the_lazy_timeout_takes_seconds_or_a_duration_and_names_a_bad_value() {
-        assert_eq!(parse_lazy_timeout("8").unwrap(), Duration::from_secs(8));
-        assert_eq!(parse_lazy_timeout("8s").unwrap(), Duration::from_secs(8));
-        assert_eq!(
-            parse_lazy_timeout("2.5").unwrap(),
-            Duration::from_millis(2500)
-        );
-        assert_eq!(parse_lazy_timeout("1m").unwrap(), Duration::from_secs(60));
-        for bad in ["0", "-3", "eight", "", "NaN", "inf"] {
-            let e = parse_lazy_timeout(bad).unwrap_err().to_string();
+        let ok = |v: &str| parse_lazy_timeout(v).unwrap();
+        assert_eq!(ok("8"), Duration::from_secs(8));
+        assert_eq!(ok("8s"), Duration::from_secs(8));
+        assert_eq!(ok("2.5"), Duration::from_millis(2500));
+        assert_eq!(ok("2.5s"), Duration::from_millis(2500));
+        assert_eq!(ok("1500ms"), Duration::from_millis(1500));
+        assert_eq!(ok("1m"), Duration::from_secs(60));
+        assert_eq!(ok("0.5h"), Duration::from_secs(1800));
+        assert_eq!(ok("24h"), Duration::from_secs(86_400));
+        assert_eq!(ok("86400"), Duration::from_secs(86_400));
+        assert_eq!(ok("0.001"), Duration::from_millis(1));
+        assert_eq!(ok("007"), Duration::from_secs(7));
+        for bad in [
+            "0",
+            "0s",
+            "0.0",
+            "0.0000000001",
+            "-3",
+            "+3",
+            "eight",
+            "",
+            " ",
+            "NaN",
+            "nan",
+            "inf",
+            "infinity",
+            "8 s",
+            " 8",
+            "8 ",
+            "1e3",
+            "1E3",
+            "8.",
+            ".5",
+            "8..5",
+            "1.2.3",
+            "8sec",
+            "8S",
+            "1h 30m",
+            "1h30m",
+            "2d",
+            "1w",
+            "86401",
+            "25h",
+            "1441m",
+            "99999999999999999999",
+            "none",
+            "8_000",
+            "0x10",
+            "８",
+        ] {
+            let e = parse_lazy_timeout(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+            let e = e.to_string();
             assert!(
-                e.contains("LAYERCACHE_LAZY_TIMEOUT") && e.contains("8s"),
-                "{bad}: {e}"
+                e.contains("LAYERCACHE_LAZY_TIMEOUT")
+                    && e.contains(&format!("{bad:?}"))
+                    && e.contains("1500ms, 8s, 1m")
+                    && e.contains("at most 24h"),
+                "{bad:?}: {e}"
             );
         }
     }
