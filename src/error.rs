@@ -26,6 +26,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// An I/O error of a full filesystem (`ENOSPC`, `EDQUOT`) on `path`, with the room its
+    /// filesystem had when the error was met, before any cleanup freed some (see
+    /// [`Error::noting_room`]): what a message about the full store reports. Exit status 1.
+    #[error("{}: {source}", path.display())]
+    NoSpace {
+        /// The file or directory the operation was about.
+        path: PathBuf,
+        /// The underlying OS error (`ENOSPC` or `EDQUOT`).
+        #[source]
+        source: io::Error,
+        /// The filesystem's size and free bytes and inodes then.
+        room: crate::sys::FsRoom,
+    },
     /// An operation failed for a reason stated in the message. Exit status 1.
     #[error("{0}")]
     Failed(String),
@@ -88,11 +101,34 @@ impl Error {
     /// directly or as the source of [`Error::Io`]/[`Error::Unmount`]; [`Error::StoreFull`]
     /// too.
     pub fn is_no_space(&self) -> bool {
-        let full = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
         match self {
-            Error::Io { source, .. } | Error::Unmount { source, .. } => full(source),
-            Error::StoreFull { .. } => true,
+            Error::Io { source, .. } | Error::Unmount { source, .. } => full_errno(source),
+            Error::StoreFull { .. } | Error::NoSpace { .. } => true,
             _ => false,
+        }
+    }
+
+    /// This error with the room of the filesystem holding `at` as it is now, when it is an
+    /// [`Error::Io`] of a full filesystem ([`Error::is_no_space`]): an [`Error::NoSpace`].
+    /// Called where the error is met, before a cleanup frees space or inodes; any other error
+    /// (an [`Error::NoSpace`] already, too) is returned as it is, as is this one when the
+    /// filesystem cannot be asked.
+    pub fn noting_room(self, at: &Path) -> Self {
+        match self {
+            Error::Io { path, source } if full_errno(&source) => match crate::sys::FsRoom::of(at) {
+                Some(room) => Error::NoSpace { path, source, room },
+                None => Error::Io { path, source },
+            },
+            e => e,
+        }
+    }
+
+    /// The room of the full filesystem when the error was met ([`Error::NoSpace`]); `None`
+    /// for another error.
+    pub fn room_when_full(&self) -> Option<crate::sys::FsRoom> {
+        match self {
+            Error::NoSpace { room, .. } => Some(*room),
+            _ => None,
         }
     }
 
@@ -113,11 +149,18 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Invalid(_) | Error::NotAStoreMount { .. } | Error::MountpointBusy { .. } => 2,
-            Error::Io { .. } | Error::Failed(_) | Error::Unmount { .. } => 1,
+            Error::Io { .. } | Error::NoSpace { .. } | Error::Failed(_) | Error::Unmount { .. } => {
+                1
+            }
             Error::Remote { kind, .. } => kind.exit_code(),
             Error::Child { status, .. } | Error::StoreFull { status, .. } => *status,
         }
     }
+}
+
+/// Whether `e` is `ENOSPC` or `EDQUOT`.
+fn full_errno(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 /// The kind of a remote-tier failure ([`Error::Remote`]).
@@ -193,6 +236,23 @@ mod tests {
             status: 3,
         };
         assert_eq!((e.exit_code(), e.to_string().as_str()), (3, "full"));
+        // Noting the room keeps the message and the exit status; another error stays as is.
+        let dir = std::env::temp_dir();
+        let full: Result<()> = Err(io::Error::from_raw_os_error(libc::ENOSPC)).at("/s/f");
+        let noted = full.unwrap_err().noting_room(&dir);
+        assert!(
+            noted.is_no_space() && noted.room_when_full().is_some(),
+            "{noted:?}"
+        );
+        assert_eq!(noted.exit_code(), 1);
+        assert!(
+            noted.to_string().starts_with("/s/f: No space left"),
+            "{noted}"
+        );
+        let again = noted.noting_room(Path::new("/nonexistent"));
+        assert!(again.room_when_full().is_some());
+        let other = Error::io("/s/f", io::Error::from_raw_os_error(libc::EIO)).noting_room(&dir);
+        assert!(matches!(other, Error::Io { .. }) && other.room_when_full().is_none());
         let e: Result<()> = Err(io::Error::from_raw_os_error(libc::ENOENT)).at("/nope");
         let msg = e.unwrap_err().to_string();
         assert!(msg.starts_with("/nope: "), "{msg}");

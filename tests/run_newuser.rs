@@ -333,6 +333,56 @@ fn a_setup_that_uses_up_the_stores_inodes_says_so_plainly() {
     assert!(sb.mounts_below().iter().all(|m| !m.contains("/runs/")));
 }
 
+/// A setup that fits, leaving a few dozen of the store's inodes free, whose promote then runs
+/// out of them (each new object directory `objects/<aa>` is an inode; the objects themselves
+/// are links to the upper's files): the plain line says the inodes ran out, as they were when
+/// promote met `ENOSPC` — its cleanup removes the upper, so they are all free again by the
+/// time the line is written.
+#[test]
+fn a_promote_that_uses_up_the_stores_inodes_says_so_plainly() {
+    let Some(sb) = deps_sandbox() else {
+        return;
+    };
+    let store = sb.path("store");
+    let image = sb.path("store.img");
+    let Some(_fs) = LoopFs::with_mkfs_args(&image, &store, 64, &["-N", "3000"]) else {
+        run_common::skip_or_fail("no mkfs.ext4 or loop mount");
+        return;
+    };
+    // Distinct contents: about one new object directory per file until all 256 are there.
+    let setup = "n=$(( $(stat -f -c %d \"$STORE\") - 40 )); i=0; \
+                 while [ $i -lt $n ]; do echo $i > \"$DEPS/f$i\"; i=$((i+1)); done";
+    let s = sb.write_spec("s.toml", &spec(setup, ""));
+    let out = sb.run_cmd(&[], &s, &["true"], &[("STORE", store.to_str().unwrap())]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(!err.contains("setup of cache"), "the setup fit: {err}");
+    assert!(
+        err.contains("layercache: the store's filesystem is full")
+            && err.contains("promoting cache \"deps\" ran out of space")
+            && err.contains(" inodes, 0 free)"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was published"), "{err}");
+    assert_eq!(leftovers(&store), Vec::<String>::new());
+    assert!(sb.mounts_below().iter().all(|m| !m.contains("/runs/")));
+    let st = Command::new("stat")
+        .args(["-f", "-c", "%c %d"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let st = String::from_utf8_lossy(&st.stdout).into_owned();
+    let (total, free) = st.trim().split_once(' ').unwrap();
+    let (total, free): (u64, u64) = (total.parse().unwrap(), free.parse().unwrap());
+    assert!(
+        free > total / 2,
+        "the upper's inodes are free again: {free} of {total}"
+    );
+    let ev = sb.events();
+    assert_eq!(ev.len(), 1, "the event is recorded");
+    assert_eq!(ev[0]["published"], false);
+}
+
 /// Setup succeeds but the store's filesystem is full when its tree is promoted: the same
 /// plain line, nothing published, the run's upper and staging removed, and the event still
 /// recorded (its space was reserved before setup).

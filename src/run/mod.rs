@@ -263,8 +263,11 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
             unmounted?;
             return Err(if e.is_no_space() {
                 let what = format!("promoting cache {:?}", cache.id.as_str());
+                // The room when promote met ENOSPC: its cleanup (and the unmounts) freed
+                // what ran out, the inodes above all.
+                let at = e.room_when_full();
                 Error::StoreFull {
-                    message: crate::store::store_full_message(&cfg.store, &what),
+                    message: crate::store::store_full_message(&cfg.store, &what, at),
                     status: 1,
                 }
             } else {
@@ -598,7 +601,11 @@ fn save_views(mounts: &mut Mounts<'_>, saves: &[&Prep]) -> Vec<Event> {
             Ok(None) => {}
             Err(e) if e.is_no_space() => eprintln!(
                 "layercache: warning: {}",
-                crate::store::store_full_message(mounts.store, &format!("saving cache {id:?}"))
+                crate::store::store_full_message(
+                    mounts.store,
+                    &format!("saving cache {id:?}"),
+                    e.room_when_full()
+                )
             ),
             Err(e) => eprintln!(
                 "layercache: warning: {id}: saving the view failed ({e}); its key keeps its \

@@ -103,7 +103,8 @@ pub(super) fn setup_or_maintenance(
     if status != 0 && what == "setup" && setup_filled_store(mounts.store, output.as_deref()) {
         // No room to keep its logs either; the line says what happened.
         return Ok(Some(Error::StoreFull {
-            message: crate::store::store_full_message(mounts.store, &label),
+            // Measured now: the setup's files are all still there.
+            message: crate::store::store_full_message(mounts.store, &label, None),
             status,
         }));
     }

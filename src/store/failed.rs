@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use super::paths::{ProjectDirs, read_names, remove_tree};
 use crate::error::{Error, IoContext, Result};
+use crate::sys::FsRoom;
 
 /// How long `gc` keeps a failed setup's logs: 7 days from the failure.
 pub const KEEP_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -245,19 +246,14 @@ fn copy_found(
 /// The size and the free space (for an unprivileged user: `f_bavail`) of the filesystem
 /// holding `path`, bytes; `None` when it cannot be asked (`statvfs(3)`).
 pub fn filesystem_space(path: &Path) -> Option<(u64, u64)> {
-    let f = fs::File::open(path).ok()?;
-    let sv = crate::sys::fstatvfs(&f).ok()?;
-    let unit = sv.f_frsize;
-    Some((sv.f_blocks * unit, sv.f_bavail * unit))
+    FsRoom::of(path).map(|r| (r.bytes, r.bytes_free))
 }
 
 /// The inodes of the filesystem holding `path` and how many are free (for an unprivileged
 /// user: `f_favail`); `None` when it cannot be asked or keeps no inode count (`f_files` 0:
 /// btrfs, for one, makes inodes as it goes).
 pub fn filesystem_inodes(path: &Path) -> Option<(u64, u64)> {
-    let f = fs::File::open(path).ok()?;
-    let sv = crate::sys::fstatvfs(&f).ok()?;
-    (sv.f_files > 0).then_some((sv.f_files, sv.f_favail))
+    FsRoom::of(path).and_then(|r| r.inodes)
 }
 
 /// Whether a filesystem of `total` bytes with `free` bytes free counts as full for a failed
@@ -281,22 +277,25 @@ pub fn store_looks_full(root: &Path) -> bool {
 }
 
 /// The one plain line for a run that ran out of space in the store at `root`: what failed
-/// (`what`, e.g. `setup of cache "npm"`), the filesystem's size and free space as measured
-/// now, that nothing was published, and what to do. No internal path of the store is named.
-pub fn store_full_message(root: &Path, what: &str) -> String {
+/// (`what`, e.g. `setup of cache "npm"`), the filesystem's size and free space, that nothing
+/// was published, and what to do. No internal path of the store is named. The room is `at`
+/// (taken when the error was met: [`crate::Error::room_when_full`]) or else measured now; its
+/// inodes are named when they are what ran out ([`inodes_look_full`]).
+pub fn store_full_message(root: &Path, what: &str, at: Option<FsRoom>) -> String {
+    let room = at.or_else(|| FsRoom::of(root));
     // The inodes too when they are what ran out (a filesystem made with few: mkfs -N).
-    let inodes = match filesystem_inodes(root) {
+    let inodes = match room.and_then(|r| r.inodes) {
         Some((total, free)) if inodes_look_full(total, free) => {
             format!("; {total} inodes, {free} free")
         }
         _ => String::new(),
     };
-    let space = match filesystem_space(root) {
-        Some((total, free)) => format!(
+    let space = match room {
+        Some(r) => format!(
             " ({}: {} in all, {} free{inodes})",
             root.display(),
-            crate::units::fmt_bytes(total),
-            crate::units::fmt_bytes(free)
+            crate::units::fmt_bytes(r.bytes),
+            crate::units::fmt_bytes(r.bytes_free)
         ),
         None => format!(" ({})", root.display()),
     };
@@ -458,13 +457,30 @@ mod tests {
         assert!(inodes_look_full(10_000_000, 40_000)); // 0.4 %
         assert!(!inodes_look_full(3000, 2000));
         let t = tempfile::tempdir().unwrap();
-        let m = store_full_message(t.path(), "setup of cache \"npm\"");
+        let m = store_full_message(t.path(), "setup of cache \"npm\"", None);
         assert!(m.starts_with("the store's filesystem is full ("), "{m}");
         assert!(
             m.contains(" in all, ") && m.contains("nothing was published"),
             "{m}"
         );
         assert!(m.contains("`layercache gc`"), "{m}");
+        // The room when the error was met, not now: its inodes had run out.
+        let then = FsRoom {
+            bytes: 64 << 20,
+            bytes_free: 53 << 20,
+            inodes: Some((3008, 0)),
+        };
+        let m = store_full_message(t.path(), "promoting cache \"npm\"", Some(then));
+        assert!(
+            m.contains(": 64.0 MiB in all, 53.0 MiB free; 3008 inodes, 0 free)"),
+            "{m}"
+        );
+        let roomy = FsRoom {
+            inodes: Some((3008, 2000)),
+            ..then
+        };
+        let m = store_full_message(t.path(), "promoting cache \"npm\"", Some(roomy));
+        assert!(!m.contains("inodes"), "{m}");
     }
 
     /// A temp dir (kept alive by the first element), project `p`'s dirs in it and an empty

@@ -173,8 +173,9 @@ enum LinkKey {
 /// Builds the merged tree of `lower` ⊕ `upper` at `dst` (which must not exist), storing regular
 /// files as objects of `objects`. Either side may be absent (a miss has no lower).
 ///
-/// Errors: [`crate::Error::Io`] naming the path that failed (e.g. `ENOSPC`). On error the
-/// objects this build created are removed again and `dst` is left for the caller to remove.
+/// Errors: [`crate::Error::Io`] naming the path that failed; for `ENOSPC`/`EDQUOT`,
+/// [`crate::Error::NoSpace`] with the filesystem's room at that moment. On error the objects
+/// this build created are removed again and `dst` is left for the caller to remove.
 pub fn build_tree(
     objects: &ObjectStore,
     lower: Option<&Path>,
@@ -222,6 +223,9 @@ pub fn build_tree(
             Ok(b.stats)
         }
         Err(e) => {
+            // The room of a full store is taken before anything is undone (the message
+            // about it reports what ran out: bytes or inodes).
+            let e = e.noting_room(dst.parent().unwrap_or(dst));
             undo_created_objects(&b.stats);
             Err(e)
         }

@@ -534,7 +534,8 @@ impl Store {
     ///
     /// Errors: whatever `build` returns (it must remove the objects it created, as
     /// `promote::build_tree` does) and [`Error::Io`] publishing; nothing is published on error
-    /// and the staging directory is removed.
+    /// and the staging directory is removed. A full filesystem (`ENOSPC`, `EDQUOT`) is an
+    /// [`Error::NoSpace`] with its room before that removal.
     pub fn publish_built(
         &self,
         pd: &ProjectDirs,
@@ -563,12 +564,15 @@ impl Store {
         let stats = match built {
             Ok(s) => s,
             Err(e) => {
+                // A full store's room as the build left it (build_tree notes it earlier).
+                let e = e.noting_room(&stage.dir);
                 let _ = remove_tree(&stage.dir);
                 // build_tree removed the objects it created.
                 return Err(e);
             }
         };
         let undo = |e: Error, stats: &promote::TreeStats, dir: &Path| {
+            let e = e.noting_room(&pd.root);
             let _ = remove_tree(dir);
             promote::undo_created_objects(stats);
             e

@@ -251,6 +251,34 @@ pub fn fstatvfs(fd: &impl AsRawFd) -> io::Result<libc::statvfs> {
     Ok(unsafe { sv.assume_init() })
 }
 
+/// The size of a filesystem and what is free on it at one moment (`fstatvfs(3)`): bytes, and
+/// inodes where the filesystem counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsRoom {
+    /// Its size, bytes (`f_blocks`).
+    pub bytes: u64,
+    /// Its free bytes for an unprivileged user (`f_bavail`).
+    pub bytes_free: u64,
+    /// Its inodes and how many of them are free for an unprivileged user (`f_files`,
+    /// `f_favail`); `None` for a filesystem that keeps no count (`f_files` 0: btrfs, for one,
+    /// makes inodes as it goes).
+    pub inodes: Option<(u64, u64)>,
+}
+
+impl FsRoom {
+    /// The room of the filesystem holding `path` now; `None` when `path` cannot be opened or
+    /// the filesystem cannot be asked.
+    pub fn of(path: &Path) -> Option<FsRoom> {
+        let f = std::fs::File::open(path).ok()?;
+        let sv = fstatvfs(&f).ok()?;
+        Some(FsRoom {
+            bytes: sv.f_blocks * sv.f_frsize,
+            bytes_free: sv.f_bavail * sv.f_frsize,
+            inodes: (sv.f_files > 0).then_some((sv.f_files, sv.f_favail)),
+        })
+    }
+}
+
 /// `poll(2)` of one descriptor for `events` (`POLLIN`, `POLLOUT`) for up to `timeout_ms`
 /// (negative: no limit): the `revents` it reports, 0 when the time ran out.
 ///

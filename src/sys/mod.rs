@@ -7,8 +7,8 @@
 //! `crate::sys::X` whatever file it lives in. The sections, one file each:
 //! * `at.rs`: the descriptor-relative `*at` calls of the overlay's layer stack and whiteouts;
 //! * `files.rs`: paths and open files (`renameat2(RENAME_NOREPLACE)`, `utimensat`, `fstat`,
-//!   `syncfs`, fifos, `flock`, inode-flag ioctls, file handles, `copy_file_range`, `poll`, the
-//!   `SCM_RIGHTS` receive of fusermount3's descriptor);
+//!   `fstatvfs` ([`FsRoom`]), `syncfs`, fifos, `flock`, inode-flag ioctls, file handles,
+//!   `copy_file_range`, `poll`, the `SCM_RIGHTS` receive of fusermount3's descriptor);
 //! * `xattr.rs`: `l*xattr`/`f*xattr`;
 //! * `mounts.rs`: mountinfo, privilege, per-mount atime views, `mount(2)`, `unshare(2)`;
 //! * `process.rs`: pidfds, `kill`, signal handlers and masks, `getrandom`, glibc's malloc knobs;
@@ -36,6 +36,8 @@ pub(crate) use users::*;
 pub(crate) use xattr::*;
 // The two the integration tests call (fifo handshakes, signalling a run).
 pub use files::mkfifo;
+// Carried by `Error::NoSpace`.
+pub use files::FsRoom;
 pub use process::kill;
 
 fn cpath(p: &Path) -> io::Result<CString> {
