@@ -140,6 +140,56 @@ fn bad_spec_exits_2_naming_the_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("key_files"));
 }
 
+/// A bad `--lazy`, `LAYERCACHE_LAZY` (with no remote configured, too) or
+/// `LAYERCACHE_LAZY_TIMEOUT` ends the run before anything, exit 2, naming the value and the
+/// valid ones: no setup runs, nothing is mounted, no event is logged.
+#[test]
+fn bad_lazy_values_exit_2_naming_them_and_what_is_valid() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("deps.lock"), "a=1\n").unwrap();
+    let ran = sb.path("setup-ran");
+    let spec = sb.write_spec(
+        "spec.toml",
+        &format!(
+            "project = \"p\"\n[[cache]]\nid = \"deps\"\nkey_files = [\"deps.lock\"]\n\
+             setup = \"touch {}\"\n",
+            ran.display()
+        ),
+    );
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    let o = sb.run_flags(&spec, &sb.work(), &["--lazy", "maybe"], &["true"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("'maybe'") && e.contains("--lazy") && e.contains("possible values: true, false"),
+        "{e}"
+    );
+    for (var, value, valid) in [
+        ("LAYERCACHE_LAZY", "yes please", "want 1, true or yes"),
+        ("LAYERCACHE_LAZY", "maybe", "or 0, false or no"),
+        ("LAYERCACHE_LAZY_TIMEOUT", "8 s", "(1500ms, 8s, 1m)"),
+        (
+            "LAYERCACHE_LAZY_TIMEOUT",
+            "1e3",
+            "number of seconds (8, 2.5)",
+        ),
+        ("LAYERCACHE_LAZY_TIMEOUT", "inf", "at most 24h"),
+        ("LAYERCACHE_LAZY_TIMEOUT", "0", "over 0"),
+        ("LAYERCACHE_LAZY_TIMEOUT", "2d", "at most 24h"),
+    ] {
+        let o = sb.run_cmd(&[], &spec, &["true"], &[(var, value)]);
+        assert_eq!(o.status.code(), Some(2), "{var}={value}");
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!("{var}={value:?}")) && e.contains(valid),
+            "{var}={value}: {e}"
+        );
+    }
+    assert!(!ran.exists(), "no setup ran");
+    assert_eq!(sb.mounts_below(), Vec::<String>::new());
+    assert!(!sb.path("store").join("events.jsonl").exists());
+}
+
 #[test]
 fn setup_failure_publishes_nothing_and_second_run_hits_after_success() {
     if !can_mount() {

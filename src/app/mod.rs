@@ -405,6 +405,11 @@ fn default_spec(paths: &PathArgs) -> Result<String> {
 /// it ([`run::preflight::preflight`]) and runs the job over the store.
 fn cmd_run(global: &GlobalArgs, args: &RunArgs) -> Result<i32> {
     let sandbox = Sandbox::parse(&args.sandbox)?;
+    // The run's variables are input too (exit 2 before anything): LAYERCACHE_LAZY even when
+    // no remote is configured; the timeout is read by the lazy mounts' daemons, where a bad
+    // value could only be logged.
+    remote::lazy_env()?;
+    remote::lazy::lazy_timeout()?;
     let flag = args
         .passthrough
         .as_deref()
@@ -479,8 +484,6 @@ fn run_over_store(
                 .flat_map(|c| c.tools().iter().copied()),
         );
     }
-    // Read by the lazy mounts' daemons, where a bad value could only be logged.
-    remote::lazy::lazy_timeout()?;
     let mut store = Store::open(Some(&cfg.store))?.with_notify(store_cmds::stderr_notices());
     remote::attach(&mut store, remote, lazy)?;
     let remote = store.remote().cloned();

@@ -184,17 +184,34 @@ impl RemoteFile {
     }
 }
 
-/// Whether remote hits mount lazily: `LAYERCACHE_LAZY` (`1`/`true`/`0`/`false`) over the
-/// file's `lazy`, default true.
+/// Whether remote hits mount lazily: [`lazy_env`] over the file's `lazy`, default true.
 ///
-/// Errors: [`RemoteError::BadConfig`] for another value of the variable.
+/// Errors: as [`lazy_env`].
 fn lazy_choice(file: Option<bool>) -> Result<bool> {
-    match std::env::var("LAYERCACHE_LAZY").as_deref() {
-        Err(_) | Ok("") => Ok(file.unwrap_or(true)),
-        Ok("1") | Ok("true") | Ok("yes") => Ok(true),
-        Ok("0") | Ok("false") | Ok("no") => Ok(false),
-        Ok(v) => Err(bad_config(format!(
-            "LAYERCACHE_LAZY={v:?}: want 1 (mount remote hits lazily) or 0 (pull them whole)"
+    Ok(lazy_env()?.or(file).unwrap_or(true))
+}
+
+/// `LAYERCACHE_LAZY`: whether remote hits mount lazily, `Some(true)` for `1`, `true` or `yes`,
+/// `Some(false)` for `0`, `false` or `no`; `None` when unset or empty.
+///
+/// Errors: [`RemoteError::BadConfig`] (exit 2) for another value, naming the variable, the
+/// value and the valid ones (a run checks it before anything, with a remote or without).
+pub fn lazy_env() -> Result<Option<bool>> {
+    match std::env::var("LAYERCACHE_LAZY") {
+        Err(_) => Ok(None),
+        Ok(v) => parse_lazy_env(&v),
+    }
+}
+
+/// [`lazy_env`] of the value `v`.
+fn parse_lazy_env(v: &str) -> Result<Option<bool>> {
+    match v {
+        "" => Ok(None),
+        "1" | "true" | "yes" => Ok(Some(true)),
+        "0" | "false" | "no" => Ok(Some(false)),
+        _ => Err(bad_config(format!(
+            "LAYERCACHE_LAZY={v:?}: want 1, true or yes (mount remote hits lazily) or 0, false \
+             or no (pull them whole)"
         ))),
     }
 }
@@ -300,6 +317,32 @@ impl RemoteConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lazy_variable_takes_six_words_and_names_a_bad_value_and_the_valid_ones() {
+        for (v, want) in [
+            ("", None),
+            ("1", Some(true)),
+            ("true", Some(true)),
+            ("yes", Some(true)),
+            ("0", Some(false)),
+            ("false", Some(false)),
+            ("no", Some(false)),
+        ] {
+            assert_eq!(parse_lazy_env(v).unwrap(), want, "{v:?}");
+        }
+        for bad in ["yes please", "maybe", "TRUE", " 1", "on", "2"] {
+            let e = parse_lazy_env(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+            let e = e.to_string();
+            assert!(
+                e.contains(&format!("LAYERCACHE_LAZY={bad:?}"))
+                    && e.contains("want 1, true or yes")
+                    && e.contains("0, false or no"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn urls_and_entries_are_validated() {

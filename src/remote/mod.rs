@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 use crate::error::{Error, RemoteKind, Result};
 use crate::ids::{CacheId, CacheKey, LayerId, ProjectId};
 use crate::store::{Fetched, Notice, ProjectDirs, RemoteTier, Store};
-pub use config::RemoteConfig;
+pub use config::{RemoteConfig, lazy_env};
 pub use error::RemoteError;
 pub use layout::Layout;
 pub use manifest::KeyRecord;
