@@ -839,6 +839,75 @@ for i in $(seq 100 299); do head -c 1000 /dev/urandom > $DATA/f$i; done
     assert!(sb.mounts_below().is_empty());
 }
 
+/// Every thread of a lazy layer's daemon blocks SIGUSR1, the signal `umount` sends a daemon
+/// that has not exited 200 ms after its mount went: its runtime's threads start before the
+/// daemon's signal thread, and one that did not block it would take it with its default
+/// action, killing the process in the middle of its exit (storing what the trace replay
+/// brought, writing its report). Read from /proc while the run's COMMAND sleeps.
+#[test]
+fn a_lazy_daemons_threads_leave_the_exit_signal_to_its_signal_thread() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let (sb, spec, _a, _) = pushed_by_a(&w, "sigmask", 1);
+    let c = Runner::new(&w, sb.path("store-c"), "sigmask", "");
+    let args = c.run_args(
+        false,
+        &sb,
+        &spec,
+        &["sh", "-c", "cat $DATA/a/s1.txt; sleep 5"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let child = c
+        .command(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The daemon's pid, from the run's record once the mount is up.
+    let runs = project_dir(&c).join("runs");
+    let t0 = Instant::now();
+    let pid = loop {
+        let found = (std::fs::read_dir(&runs).into_iter().flatten().flatten())
+            .filter_map(|e| std::fs::read(e.path().join("run.json")).ok())
+            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .find_map(|r| r["daemon_pid"].as_u64().filter(|&p| p != 0));
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no daemon pid in {runs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let mut threads = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let field = |k: &str| {
+            (status.lines())
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        let blocked = u64::from_str_radix(&field("SigBlk:"), 16).unwrap_or(0);
+        threads.push((field("Name:"), blocked & (1 << (libc::SIGUSR1 - 1)) != 0));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(threads.len() > 2, "{threads:?}");
+    // (The signal thread waits in sigtimedwait(2), which unblocks what it waits for.)
+    let open: Vec<&String> = (threads.iter()).filter(|t| !t.1).map(|t| &t.0).collect();
+    assert_eq!(open, ["signals"], "threads taking SIGUSR1, of {threads:?}");
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// The link is cut in the middle of a run (after a small file was read, before a big one has
 /// arrived): with `LAYERCACHE_LAZY_TIMEOUT=3` the big file's read fails with EIO within 20 s,
 /// the run ends (the link still down), no object in the store or held by the partial layer is

@@ -125,6 +125,8 @@ pub fn cli_daemon(
     };
     let report = ready.try_clone().ok();
     let res = read_daemon_config(config).and_then(|cfg| {
+        // Before the owner's watcher thread starts (see `mount_foreground`).
+        block_exit_signals(mountpoint)?;
         if let Some(owner) = owner {
             super::warm::watch_owner(owner, mountpoint, cfg.control.as_deref())?;
         }
@@ -200,6 +202,9 @@ pub fn mount_foreground(
     ready: Option<OwnedFd>,
 ) -> Result<()> {
     preflight(cfg, mountpoint)?;
+    // Before any thread starts (a lazy layer's runtime, its report writer): every thread
+    // inherits the mask, so these signals reach only the thread that waits for them.
+    block_exit_signals(mountpoint)?;
     // The daemon applies the kernel-provided modes as given.
     rustix::process::umask(rustix::fs::Mode::empty());
     raise_nofile_limit();
@@ -280,9 +285,7 @@ fn reader_gone(w: &OwnedFd) -> bool {
 ///
 /// Errors: [`Error::Io`] if the signal mask cannot be set.
 fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
-    let set = crate::sys::SignalSet::of(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, EXIT_NOW]);
-    set.block_in_thread()
-        .map_err(|e| Error::io(mountpoint, e))?;
+    let set = block_exit_signals(mountpoint)?;
     let mnt = mountpoint.to_path_buf();
     std::thread::Builder::new()
         .name("signals".into())
@@ -298,6 +301,20 @@ fn unmount_on_signal(mountpoint: &Path) -> Result<()> {
         })
         .map(drop)
         .at(mountpoint)
+}
+
+/// Blocks SIGINT, SIGTERM, SIGHUP and [`EXIT_NOW`] in the calling thread, and so in every
+/// thread it starts after (they inherit the mask): called before the daemon starts any thread,
+/// so that only [`unmount_on_signal`]'s thread takes them. (A thread that did not block
+/// SIGUSR1 would take it with its default action: the process killed at once, its exit hooks
+/// cut short.) Returns the set. Blocking it again is harmless.
+///
+/// Errors: [`Error::Io`] if the signal mask cannot be set.
+fn block_exit_signals(mountpoint: &Path) -> Result<crate::sys::SignalSet> {
+    let set = crate::sys::SignalSet::of(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, EXIT_NOW]);
+    set.block_in_thread()
+        .map_err(|e| Error::io(mountpoint, e))?;
+    Ok(set)
 }
 
 /// The signal that tells a daemon whose mount is gone here to exit now (see
