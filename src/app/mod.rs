@@ -404,12 +404,15 @@ fn default_spec(paths: &PathArgs) -> Result<String> {
 /// `layercache run`: parses the flags into a [`run::preflight::Request`], has the run check
 /// it ([`run::preflight::preflight`]) and runs the job over the store.
 fn cmd_run(global: &GlobalArgs, args: &RunArgs) -> Result<i32> {
+    // A lazy mount's prefetch before COMMAND counts from here.
+    remote::lazy::start_clock();
     let sandbox = Sandbox::parse(&args.sandbox)?;
     // The run's variables are input too (exit 2 before anything): LAYERCACHE_LAZY even when
-    // no remote is configured; the timeout is read by the lazy mounts' daemons, where a bad
-    // value could only be logged.
+    // no remote is configured; the timeout and the prefetch's budget are read by the lazy
+    // mounts' daemons, where a bad value could only be logged.
     remote::lazy_env()?;
     remote::lazy::lazy_timeout()?;
+    remote::lazy::prefetch_wait()?;
     let flag = args
         .passthrough
         .as_deref()

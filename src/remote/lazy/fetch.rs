@@ -75,6 +75,8 @@ mod queue;
 
 use health::Health;
 
+use super::prefetch::{PREFETCH_UNITS, Prefetched};
+
 use super::super::Remote;
 use super::super::compact::Wire;
 use super::tree::Tree;
@@ -202,6 +204,10 @@ enum Class {
     Demand,
     /// Trace replay: a unit holds traced objects (and small gaps between them) only.
     Trace,
+    /// The likely-mmapped traced files fetched before COMMAND (`prefetch.rs`): started at
+    /// once and counted as demand reads are (no trace replay or completion unit starts
+    /// meanwhile), no read-ahead, stored right after what a reader waits for.
+    Prefetch,
     /// Completion (and a demand read's read-ahead).
     Background,
 }
@@ -854,10 +860,11 @@ impl Shared {
         Some(mine)
     }
 
-    /// Starts the trace replay unit `planned` ([`Shared::trace_plan`]): its objects that are
-    /// neither local nor in flight (the others' bytes are dropped), `first` (the one the run
-    /// opened first) made local first when it is among them. Returns whether a unit started.
-    fn start_planned(self: &Arc<Self>, first: u32, planned: &[u32]) -> bool {
+    /// Starts the unit `planned` ([`Shared::trace_plan`]) for `class` (a trace replay's or
+    /// the prefetch's): its objects that are neither local nor in flight (the others' bytes
+    /// are dropped), `first` (the one the run opened first) made local first when it is among
+    /// them. Returns whether a unit started.
+    fn start_planned(self: &Arc<Self>, first: u32, planned: &[u32], class: Class) -> bool {
         let mut flights = self.flights.lock();
         let unit: Vec<u32> = (planned.iter().copied())
             .filter(|&u| self.state[u as usize].load(Relaxed) != LOCAL && !flights.contains_key(&u))
@@ -870,7 +877,7 @@ impl Shared {
         }
         drop(flights);
         let first = if unit.contains(&first) { first } else { head };
-        self.launch(first, unit, Class::Trace);
+        self.launch(first, unit, class);
         true
     }
 
@@ -879,7 +886,7 @@ impl Shared {
     /// error, and a missing or corrupt object marks the layer broken.
     fn launch(self: &Arc<Self>, o: u32, unit: Vec<u32>, class: Class) {
         let counter = match class {
-            Class::Demand => &self.demand,
+            Class::Demand | Class::Prefetch => &self.demand,
             Class::Trace | Class::Background => &self.background,
         };
         counter.fetch_add(1, Relaxed);
@@ -906,7 +913,7 @@ impl Shared {
                 }
             }
             match class {
-                Class::Demand => {
+                Class::Demand | Class::Prefetch => {
                     let now = me.started.elapsed().as_millis() as u64;
                     me.last_demand_ms.store(now, Relaxed);
                     &me.demand
@@ -1334,7 +1341,9 @@ impl Shared {
     /// by piece instead, joining the pieces readers fetch ([`pieced::Pieced::fill`]).
     async fn fetch_alone(self: &Arc<Self>, o: u32, class: Class) -> Result<()> {
         if self.pieces.contains_key(&o) {
-            return self.pieced(o)?.fill(class != Class::Demand).await;
+            // A prefetch counts as a demand read: it must not wait for demand reads to end.
+            let background = matches!(class, Class::Trace | Class::Background);
+            return self.pieced(o)?.fill(background).await;
         }
         let tmp = self.temp();
         let r = match create_temp(&tmp, 0o600) {
@@ -1505,7 +1514,7 @@ impl Shared {
             {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            self.start_planned(o, &unit);
+            self.start_planned(o, &unit, Class::Trace);
         }
         while self.background.load(Relaxed) > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1579,6 +1588,115 @@ impl Shared {
         now >= COMPLETION_QUIET && now.saturating_sub(last) >= COMPLETION_QUIET
     }
 
+    /// Holds off the trace replay as a waiting reader does (no replay unit starts) until the
+    /// result is dropped: taken before the prefetch ([`Shared::prefetch`]) is started, so no
+    /// replay unit gets ahead of it on the link.
+    pub fn hold_replay(self: &Arc<Self>) -> ReplayHold {
+        self.waiting.fetch_add(1, Relaxed);
+        ReplayHold(Arc::clone(self))
+    }
+
+    /// The prefetch before COMMAND (`prefetch.rs`): fetches the objects of `candidates` (the
+    /// likely-mmapped traced files' objects, in trace order) that are not local, as many as
+    /// fit in `budget` bytes, in units of [`Class::Prefetch`] (per pack, the chosen objects
+    /// close together: one GET each; at most [`PREFETCH_UNITS`] at once, in the order of
+    /// their first-opened object), each verified and stored as a reader's is; returns when all
+    /// of them are local or failed, or at `deadline` (what is in flight then goes on
+    /// arriving). Blocks the calling thread. Nothing is fetched while the remote is down, or
+    /// when `rate` (bytes per second the link gave at least, if known) could not bring the
+    /// chosen objects before the deadline. `started`: the daemon's start (the result's `ms`
+    /// counts from it).
+    pub fn prefetch(
+        self: &Arc<Self>,
+        candidates: &[u32],
+        budget: u64,
+        (deadline, rate): (Instant, Option<u64>),
+        started: Instant,
+    ) -> Prefetched {
+        let ms = || started.elapsed().as_millis() as u64;
+        let (mut chosen, mut wanted_bytes) = (Vec::new(), 0u64);
+        for &o in candidates {
+            let size = self.tree.objects[o as usize].1;
+            if chosen.contains(&o) || wanted_bytes + size > budget || self.is_local(o) {
+                continue;
+            }
+            wanted_bytes += size;
+            chosen.push(o);
+        }
+        if chosen.is_empty() {
+            let why = "the traced files likely to be mmapped are local (or over the budget)";
+            return Prefetched::skipped(why, ms());
+        }
+        if self.health.is_down() {
+            return Prefetched::skipped("the remote is down", ms());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Some(r) = rate
+            && Duration::from_secs_f64(wanted_bytes as f64 / r as f64) > left
+        {
+            let why = format!(
+                "{} would take {} ms at the {}/s the object table came at; {} ms left",
+                crate::units::fmt_bytes(wanted_bytes),
+                wanted_bytes * 1000 / r,
+                crate::units::fmt_bytes(r),
+                left.as_millis()
+            );
+            return Prefetched::skipped(&why, ms());
+        }
+        // Stored right after what a reader waits for ([`queue::URGENT`]).
+        for &o in &chosen {
+            self.rank[o as usize].fetch_min(1, Relaxed);
+        }
+        let set: std::collections::HashSet<u32> = chosen.iter().copied().collect();
+        // Per pack, stretches of chosen objects close together (one GET each, the bytes
+        // between dropped); the objects between them are not fetched.
+        let mut plan = (self.trace_plan(&chosen, TRACE_WINDOW).into_iter()).map(|(f, u)| {
+            (
+                f,
+                u.into_iter()
+                    .filter(|o| set.contains(o))
+                    .collect::<Vec<_>>(),
+            )
+        });
+        let mut active: std::collections::VecDeque<Vec<u32>> = Default::default();
+        loop {
+            while active.len() < PREFETCH_UNITS && Instant::now() < deadline {
+                let Some((first, unit)) = plan.next() else {
+                    break;
+                };
+                if self.start_planned(first, &unit, Class::Prefetch) {
+                    active.push_back(unit);
+                }
+            }
+            let Some(unit) = active.pop_front() else {
+                break;
+            };
+            for o in unit {
+                let flight = self.flights.lock().get(&o).cloned();
+                let left = deadline.saturating_duration_since(Instant::now());
+                if let Some(f) = flight
+                    && !left.is_zero()
+                {
+                    let _ = f.wait(left);
+                }
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+        }
+        let here: Vec<u32> = (chosen.iter().copied())
+            .filter(|&o| self.state[o as usize].load(Relaxed) == LOCAL)
+            .collect();
+        Prefetched {
+            objects: here.len() as u64,
+            bytes: here.iter().map(|&o| self.tree.objects[o as usize].1).sum(),
+            wanted_objects: chosen.len() as u64,
+            wanted_bytes,
+            ms: ms(),
+            skipped: None,
+        }
+    }
+
     /// Starts [`Shared::background`] with the replayed trace `first`.
     pub fn spawn_background(self: &Arc<Self>, first: Vec<u32>) {
         let me = Arc::clone(self);
@@ -1623,6 +1741,15 @@ impl Shared {
             }
         }
         (n, bytes)
+    }
+}
+
+/// The trace replay held off ([`Shared::hold_replay`]) until this is dropped.
+pub(super) struct ReplayHold(Arc<Shared>);
+
+impl Drop for ReplayHold {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Relaxed);
     }
 }
 

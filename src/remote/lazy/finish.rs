@@ -221,6 +221,10 @@ impl Remote {
             dir: dir.clone(),
             objects: pd.objects().dir().to_path_buf(),
             run_dir: Default::default(),
+            prefetch_ms: Some(
+                (super::prefetch_deadline().saturating_duration_since(Instant::now())).as_millis()
+                    as u64,
+            ),
         };
         let report = PullReport {
             key: found.key.to_string(),
@@ -344,8 +348,17 @@ impl Remote {
         if !trace.is_empty() {
             self.put_trace(pd, cache, key, trace, false);
         }
+        let before = match report.prefetched_bytes {
+            0 => String::new(),
+            b => format!(
+                "; {} of {} likely-mmapped file(s) before COMMAND",
+                fmt_bytes(b),
+                report.prefetched_objects
+            ),
+        };
         let fetched = format!(
-            "{cache}: fetched lazily {} of {} ({} objects, {} GETs) while the run lasted{failed}",
+            "{cache}: fetched lazily {} of {} ({} objects, {} GETs{before}) while the run \
+             lasted{failed}",
             fmt_bytes(report.fetched_bytes),
             fmt_bytes(report.bytes),
             report.fetched_objects,

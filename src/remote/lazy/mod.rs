@@ -22,6 +22,7 @@
 
 mod fetch;
 mod finish;
+mod prefetch;
 mod tree;
 
 use std::ffi::CStr;
@@ -41,6 +42,7 @@ use crate::overlay::{Layer, LayerDir};
 use crate::store::ObjectStore as LocalObjects;
 pub use fetch::Limits;
 use fetch::Shared;
+pub use prefetch::{Prefetched, prefetch_deadline, prefetch_wait, start_clock, wait_prefetched};
 use tree::Tree;
 
 /// `manifest` of a partial directory: the remote manifest (compact form; the JSON form of an
@@ -100,14 +102,23 @@ pub const LAZY_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs
 ///
 /// Errors: [`crate::error::Error::Invalid`] naming the variable, `v` and what is valid.
 fn parse_lazy_timeout(v: &str) -> crate::error::Result<std::time::Duration> {
-    use std::time::Duration;
-    const NANOS: u128 = 1_000_000_000;
     let bad = || {
         crate::error::Error::invalid(format!(
             "LAYERCACHE_LAZY_TIMEOUT={v:?}: want a number of seconds (8, 2.5) or one with a \
              unit ms, s, m or h (1500ms, 8s, 1m), over 0 and at most 24h"
         ))
     };
+    match parse_seconds(v) {
+        Some(d) if !d.is_zero() && d <= LAZY_TIMEOUT_MAX => Ok(d),
+        _ => Err(bad()),
+    }
+}
+
+/// A duration written as a number of seconds (`8`, `2.5`) or as one with a unit `ms`, `s`,
+/// `m` or `h` (`1500ms`, `8s`, `1m`): `DIGITS[.DIGITS][UNIT]`, nothing else (no sign, no
+/// space, no exponent), at most 12 whole digits; `None` when `v` is not that.
+fn parse_seconds(v: &str) -> Option<std::time::Duration> {
+    const NANOS: u128 = 1_000_000_000;
     let end = (v.find(|c: char| !c.is_ascii_digit() && c != '.')).unwrap_or(v.len());
     let (number, unit) = v.split_at(end);
     let unit_nanos = match unit {
@@ -115,24 +126,19 @@ fn parse_lazy_timeout(v: &str) -> crate::error::Result<std::time::Duration> {
         "" | "s" => NANOS,
         "m" => 60 * NANOS,
         "h" => 3600 * NANOS,
-        _ => return Err(bad()),
+        _ => return None,
     };
     // DIGITS or DIGITS.DIGITS (at most 12 whole digits: no overflow below), the fraction
     // taken to 9 places, so the number is exact in billionths of the unit.
     let (whole, frac) = number.split_once('.').unwrap_or((number, "0"));
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if !digits(whole) || !digits(frac) || whole.len() > 12 {
-        return Err(bad());
+        return None;
     }
     let frac: String = frac.chars().chain(std::iter::repeat('0')).take(9).collect();
-    let billionths = whole.parse::<u128>().map_err(|_| bad())? * NANOS
-        + frac.parse::<u128>().map_err(|_| bad())?;
+    let billionths = whole.parse::<u128>().ok()? * NANOS + frac.parse::<u128>().ok()?;
     let nanos = billionths * unit_nanos / NANOS;
-    let d = Duration::from_nanos(u64::try_from(nanos).map_err(|_| bad())?);
-    if d.is_zero() || d > LAZY_TIMEOUT_MAX {
-        return Err(bad());
-    }
-    Ok(d)
+    Some(std::time::Duration::from_nanos(u64::try_from(nanos).ok()?))
 }
 /// `lazy-trace` in the run's directory: the paths of the layer's files in the order the run
 /// first opened them, one per line.
@@ -152,6 +158,12 @@ pub struct LazySpec {
     pub objects: PathBuf,
     /// The run's directory (where the report and the trace are written).
     pub run_dir: PathBuf,
+    /// Milliseconds left, when the spec was made, until the run starts its first step at the
+    /// latest ([`prefetch::prefetch_deadline`]): how long the daemon's prefetch of the traced
+    /// files likely to be mmapped may take from its start. `None` (a spec of an earlier
+    /// version): [`prefetch::prefetch_wait`].
+    #[serde(default)]
+    pub prefetch_ms: Option<u64>,
 }
 
 /// What a lazy layer's daemon did, written to the run's directory ([`REPORT`]).
@@ -185,6 +197,12 @@ pub struct LazyReport {
     /// the bound and no probe has had one since).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub remote_down: bool,
+    /// Objects of likely-mmapped traced files fetched before COMMAND (`prefetch.rs`).
+    #[serde(default)]
+    pub prefetched_objects: u64,
+    /// Their bytes.
+    #[serde(default)]
+    pub prefetched_bytes: u64,
 }
 
 /// A layer served from its remote manifest, its file content fetched on first open (see the
@@ -202,6 +220,20 @@ pub struct LazyLayer {
     /// `held/`, open: what STATFS answers from (the store's filesystem).
     held: File,
     run_dir: PathBuf,
+    /// What was fetched before COMMAND, once that is over ([`prefetch::PREFETCHED`]).
+    prefetched: Mutex<Option<Prefetched>>,
+    /// Bytes per second the compact manifest's GET got at least (0: unknown), for the
+    /// prefetch's guess of whether its files can arrive in time.
+    table_rate: std::sync::atomic::AtomicU64,
+}
+
+/// The prefetch a layer's fetcher is to start (`prefetch.rs`).
+struct PrefetchPlan {
+    /// The objects of the traced files likely to be mmapped, in trace order.
+    candidates: Vec<u32>,
+    /// When the daemon started, and when the prefetch gives up.
+    started: std::time::Instant,
+    deadline: std::time::Instant,
 }
 
 /// The overlay's [`crate::overlay::LayerMaker`] for [`LazySpec`]s: reads the manifest, starts
@@ -220,6 +252,7 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
             format!("lazy layer: {what}: {e}"),
         )
     };
+    let started = std::time::Instant::now();
     let spec: LazySpec = serde_json::from_value(spec.clone()).map_err(|e| bad("spec", &e))?;
     let (layer, table) = LazyLayer::open(&spec).map_err(|e| {
         if let crate::error::Error::Failed(why) = &e {
@@ -228,11 +261,37 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
         bad("opening", &e)
     })?;
     let layer = Arc::new(layer);
-    let replay = layer.replay_order(&spec.dir.join(REPLAY));
+    let traced = layer.replay_entries(&spec.dir.join(REPLAY));
+    let object = |&i: &u32| layer.tree.nodes[i as usize].object;
+    let replay: Vec<u32> = traced.iter().filter_map(object).collect();
+    let mmapped: Vec<u32> = (traced.iter())
+        .filter(|&&i| prefetch::likely_mmapped(&layer.tree.nodes[i as usize].path))
+        .filter_map(object)
+        .collect();
+    let wait = match spec.prefetch_ms {
+        Some(ms) => std::time::Duration::from_millis(ms),
+        None => prefetch::prefetch_wait().unwrap_or(prefetch::DEFAULT_WAIT),
+    };
+    let plan = match (traced.is_empty(), mmapped.is_empty() || wait.is_zero()) {
+        (true, _) => {
+            layer.prefetched(Prefetched::skipped("no trace", 0));
+            None
+        }
+        (false, true) => {
+            let why = "no traced file likely to be mmapped, or no time left for it";
+            layer.prefetched(Prefetched::skipped(why, 0));
+            None
+        }
+        (false, false) => Some(PrefetchPlan {
+            candidates: mmapped,
+            started,
+            deadline: started + wait,
+        }),
+    };
     match table {
         Table::Ready(shared) => {
             let shared = Arc::new(*shared);
-            shared.spawn_background(replay);
+            layer.start_fetching(&shared, replay, plan);
             layer.shared.set(Ok(shared));
         }
         Table::Pending(prefix) => {
@@ -241,8 +300,13 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
                 .name("lazy-table".into())
                 .spawn(move || {
                     let r = l.fetch_table(&spec, &prefix).map(Arc::new);
-                    if let Ok(s) = &r {
-                        s.spawn_background(replay);
+                    match &r {
+                        Ok(s) => l.start_fetching(s, replay, plan),
+                        Err(e) if plan.is_some() => {
+                            let why = format!("no object table: {}", e.why);
+                            l.prefetched(Prefetched::skipped(&why, ms_since(started)));
+                        }
+                        Err(_) => {}
                     }
                     l.shared.set(r);
                 })?;
@@ -328,7 +392,71 @@ impl TableSlot {
     }
 }
 
+/// Milliseconds since `t`.
+fn ms_since(t: std::time::Instant) -> u64 {
+    t.elapsed().as_millis() as u64
+}
+
 impl LazyLayer {
+    /// Starts the fetcher's work besides readers: the prefetch of `plan` first (on a thread of
+    /// its own; the trace replay waits for it), then the replay of `replay` (the traced
+    /// objects, in order) and completion ([`Shared::spawn_background`]). A plan whose time is
+    /// over already (the object table came late) fetches nothing first.
+    fn start_fetching(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        replay: Vec<u32>,
+        plan: Option<PrefetchPlan>,
+    ) {
+        if let Some(p) = plan {
+            if std::time::Instant::now() >= p.deadline {
+                let why = "the object table came after the prefetch's time";
+                self.prefetched(Prefetched::skipped(why, ms_since(p.started)));
+            } else {
+                let hold = shared.hold_replay();
+                let (l, s) = (Arc::clone(self), Arc::clone(shared));
+                let spawned = std::thread::Builder::new()
+                    .name("lazy-prefetch".into())
+                    .spawn(move || {
+                        let rate = Some(l.table_rate.load(Relaxed)).filter(|&r| r > 0);
+                        let r = s.prefetch(
+                            &p.candidates,
+                            prefetch::PREFETCH_BYTES,
+                            (p.deadline, rate),
+                            p.started,
+                        );
+                        drop(hold);
+                        l.prefetched(r);
+                    });
+                if let Err(e) = spawned {
+                    let why = format!("no thread for it: {e}");
+                    self.prefetched(Prefetched::skipped(&why, ms_since(p.started)));
+                }
+            }
+        }
+        shared.spawn_background(replay);
+    }
+
+    /// The prefetch before COMMAND ended with `r`: kept for the report and written to the
+    /// run's directory ([`prefetch::PREFETCHED`]), which the run waits for.
+    fn prefetched(&self, r: Prefetched) {
+        tracing::info!(
+            objects = r.objects,
+            bytes = r.bytes,
+            wanted_objects = r.wanted_objects,
+            wanted_bytes = r.wanted_bytes,
+            ms = r.ms,
+            skipped = r.skipped.as_deref().unwrap_or(""),
+            "lazy layer: fetched before COMMAND"
+        );
+        let body = serde_json::to_vec(&r).unwrap_or_default();
+        *self.prefetched.lock() = Some(r);
+        let p = self.run_dir.join(prefetch::PREFETCHED);
+        if let Err(e) = finish::replace_file(&p, &body) {
+            tracing::warn!(path = %p.display(), "writing the lazy prefetch's report: {e}");
+        }
+    }
+
     /// Reads the partial directory of `spec`: its compact manifest when it has one (the tree
     /// and the fetcher come from it), else its tree manifest (the fetcher waits for
     /// [`LazyLayer::fetch_table`]). Writes the layer's link groups ([`LINKS`]) when missing,
@@ -398,6 +526,8 @@ impl LazyLayer {
             trace: Mutex::new(Vec::new()),
             held,
             run_dir: spec.run_dir.clone(),
+            prefetched: Mutex::new(None),
+            table_rate: Default::default(),
         };
         Ok((layer, table))
     }
@@ -440,8 +570,19 @@ impl LazyLayer {
             Some(b) => b,
             None => {
                 let what = "reading the compact manifest";
+                let t0 = std::time::Instant::now();
                 match fetch::get_retrying(&remote, &path, what, self.limits) {
-                    Ok(b) => b,
+                    Ok(b) => {
+                        // What the link gave it, at least (the time includes the request's
+                        // delay): the prefetch's guess of its own time. A small manifest's
+                        // time is mostly delay: no guess from it.
+                        let secs = t0.elapsed().as_secs_f64();
+                        if b.len() as u64 >= prefetch::RATE_SAMPLE && secs > 0.0 {
+                            let rate = (b.len() as f64 / secs) as u64;
+                            self.table_rate.store(rate, Relaxed);
+                        }
+                        b
+                    }
                     // As a full pull does: the JSON form when the compact one is missing.
                     Err(e) if not_found(&e) => {
                         return self.table_from_json(spec, prefix, &header, remote);
@@ -639,16 +780,16 @@ impl LazyLayer {
         Ok(shared)
     }
 
-    /// The objects of the files `replay` lists (one path per line), in its order; an absent
-    /// or unreadable file is an empty trace.
-    fn replay_order(&self, replay: &Path) -> Vec<u32> {
+    /// The entries of the files `replay` lists (one path per line) that the layer has, in
+    /// its order; an absent or unreadable file is an empty trace.
+    fn replay_entries(&self, replay: &Path) -> Vec<u32> {
         let Ok(text) = std::fs::read(replay) else {
             return Vec::new();
         };
         text.split(|&b| b == b'\n')
             .filter_map(|p| std::ffi::CString::new(p).ok())
             .filter_map(|p| self.tree.find(&p).ok())
-            .filter_map(|i| self.tree.nodes[i as usize].object)
+            .filter(|&i| self.tree.nodes[i as usize].object.is_some())
             .collect()
     }
 
@@ -715,6 +856,9 @@ impl LazyLayer {
                 r.remote_down = true;
             }
             None => {}
+        }
+        if let Some(p) = &*self.prefetched.lock() {
+            (r.prefetched_objects, r.prefetched_bytes) = (p.objects, p.bytes);
         }
         let mut lines = Vec::new();
         for i in trace {
