@@ -83,6 +83,16 @@ pub struct LazyFetched {
     pub objects: u64,
 }
 
+/// What a lazily mounted layer fetched before the run's first step: the files its trace names
+/// that are likely to be mmapped ([`Mounter::await_prefetch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefetched {
+    /// Objects local when the prefetch ended.
+    pub objects: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 /// The store operations the run needs (implemented over [`crate::store`]; a plain-directory
 /// fake in the unit tests).
 ///
@@ -121,6 +131,15 @@ pub trait Mounter {
     /// said once), for the caches whose mount ended since the last call. The default: none.
     fn take_lazy_fetched(&self) -> Vec<LazyFetched> {
         Vec::new()
+    }
+    /// For a lazily mounted layer at `view`: waits until its daemon has fetched the files its
+    /// trace names that are likely to be mmapped (`.node`, `.so`, `.jar`: an EIO on a page
+    /// fault is a SIGBUS) or given up, at most until the prefetch's budget
+    /// (`LAYERCACHE_LAZY_PREFETCH` after the run's start) is over; what it fetched, or `None`
+    /// (not a lazy mount, or nothing said in time: the run goes on, the rest arrives
+    /// meanwhile). The default: `None` at once.
+    fn await_prefetch(&self, _view: &Path) -> Option<Prefetched> {
+        None
     }
     /// The key salt a run keys with first ([`crate::key::KeySalt`]; the store's local one,
     /// without a round trip to its remote tier); `None` keys with plain digests (the unit
@@ -230,6 +249,7 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     let mut mounts = Mounts::new(mounter, &cfg.store, &cfg.run_id);
     let mut preps = keyed_mounts(cfg, &mut mounts)?;
     mounts.prepare_views(&cfg.paths, &cfg.sandbox, &preps)?;
+    await_prefetches(mounter, &mut preps);
 
     // Every script and COMMAND sees every cache's environment.
     let mut run_env = BTreeMap::new();
@@ -290,6 +310,35 @@ pub fn run(cfg: &RunConfig, mounter: &dyn Mounter) -> Result<i32> {
     }
     log_lazy_fetched(cfg, mounter, &preps, &mut reserve);
     status
+}
+
+/// Before the first step (maintenance or COMMAND): waits for each lazily mounted cache's
+/// prefetch of the files likely to be mmapped ([`Mounter::await_prefetch`], one budget from
+/// the run's start for all of them), logged; the wait counts in that cache's mount time (its
+/// summary line and event tell the time to COMMAND start).
+fn await_prefetches(mounter: &dyn Mounter, preps: &mut [Prep]) {
+    for p in preps.iter_mut().filter(|p| p.event.remote_lazy) {
+        let t = Instant::now();
+        let got = mounter.await_prefetch(&p.keys.mountpoint);
+        let waited_ms = t.elapsed().as_millis() as u64;
+        p.event.mount_ms += waited_ms;
+        let cache = &p.event.cache;
+        match got {
+            Some(f) => tracing::info!(
+                %cache,
+                objects = f.objects,
+                bytes = f.bytes,
+                waited_ms,
+                "lazy mount: {} of likely-mmapped files fetched before COMMAND",
+                fmt_bytes(f.bytes)
+            ),
+            None => tracing::info!(
+                %cache,
+                waited_ms,
+                "lazy mount: its prefetch did not end within its budget; COMMAND starts"
+            ),
+        }
+    }
 }
 
 /// Logs what each lazily mounted layer fetched while the run lasted, once its mount ended

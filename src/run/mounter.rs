@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use super::{Committed, LazyFetched, Mounted, Mounter};
+use super::{Committed, LazyFetched, Mounted, Mounter, Prefetched};
 use crate::error::{Error, Result};
 use crate::ids::{CacheId, CacheKey, ProjectId};
 use crate::store::{Notice, Store};
@@ -224,6 +224,23 @@ impl Mounter for StoreMounter {
 
     fn take_lazy_fetched(&self) -> Vec<LazyFetched> {
         std::mem::take(&mut *self.lazy_fetched.lock())
+    }
+
+    fn await_prefetch(&self, view: &Path) -> Option<Prefetched> {
+        let run_dir = {
+            let mounts = self.mounts.lock();
+            let m = mounts.get(view)?;
+            if !m.outcome.remote.as_ref().is_some_and(|r| r.lazy) {
+                return None;
+            }
+            (self.store.project_dirs(&m.outcome.project).runs()).join(&m.outcome.run)
+        };
+        let until = crate::remote::lazy::prefetch_deadline();
+        let p = crate::remote::lazy::wait_prefetched(&run_dir, until)?;
+        Some(Prefetched {
+            objects: p.objects,
+            bytes: p.bytes,
+        })
     }
 
     fn check(&self, view: &Path) -> Result<()> {
