@@ -775,6 +775,98 @@ fn a_lazy_run_stores_its_trace_and_the_next_fresh_runner_replays_it() {
     assert!(sb.mounts_below().is_empty());
 }
 
+/// Files likely to be mmapped come before COMMAND: runner B's run opens four 600 KiB files,
+/// a 300 KiB file and then `lib/libx.so.1` (300 KiB); a fresh runner C (over a 20 Mbit/s link
+/// with 30 ms per response, a budget of 10 s so a loaded machine does not make it flaky) has
+/// the `.so`'s object in its partial layer's `held/` when COMMAND starts, before COMMAND reads
+/// anything: its daemon fetched it first, alone (its report says one object of 300 KiB; the
+/// trace replay, which brings the other five, waited), and the run waited for that. Before,
+/// the replay's units all shared the link and the `.so`, traced last, came ~1 s later.
+#[test]
+fn a_fresh_runner_has_the_traced_mmapped_files_before_command_starts() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 20.0, 30) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let spec = sb.write_spec(
+        "spec.toml",
+        &format!(
+            r#"project = "{PROJECT}"
+[[cache]]
+id = "data"
+key_files = ["data.lock"]
+env = {{ DATA = "{{mount}}" }}
+setup = """
+set -e
+mkdir -p $DATA/d $DATA/lib $DATA/s
+for i in 1 2 3 4; do head -c 600K /dev/urandom > $DATA/d/a$i.bin; done
+head -c 300K /dev/urandom > $DATA/d/plain.bin
+head -c 300K /dev/urandom > $DATA/lib/libx.so.1
+for i in 1 2 3; do echo "small $i" > $DATA/s/f$i; done
+"""
+"#
+        ),
+    );
+    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
+    let a = Runner::new(&w, sb.path("store-a"), "mmap", "");
+    let filled = a.run(&sb, &spec, &[]);
+    assert_eq!(filled.status.code(), Some(0), "{}", show(&filled));
+    let tree = only_layer(&a).join("tree");
+    let id = |rel: &str| blake3::hash(&std::fs::read(tree.join(rel)).unwrap()).to_hex();
+    let (so, plain) = (id("lib/libx.so.1"), id("d/plain.bin"));
+
+    let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "mmap", "");
+    let files = "$DATA/d/a1.bin $DATA/d/a2.bin $DATA/d/a3.bin $DATA/d/a4.bin $DATA/d/plain.bin \
+                 $DATA/lib/libx.so.1";
+    let rb = b.run_as(
+        false,
+        &sb,
+        &spec,
+        &["sh", "-c", &format!("cat {files} > /dev/null")],
+    );
+    assert_eq!(rb.status.code(), Some(0), "{}", show(&rb));
+
+    let c = Runner::via(&w, &link.endpoint(), sb.path("store-c"), "mmap", "")
+        .with_env("LAYERCACHE_LAZY_PREFETCH", "10s");
+    let script = format!(
+        "ls {p}/partial/*/held/; echo --; cat {p}/runs/*/lazy-prefetched.json; echo; echo --; \
+         sha256sum < $DATA/lib/libx.so.1",
+        p = project_dir(&c).display()
+    );
+    let rc = c.run_as(false, &sb, &spec, &["sh", "-c", &script]);
+    assert_eq!(rc.status.code(), Some(0), "{}", show(&rc));
+    assert_eq!(c.events()[0]["remote_lazy"], true);
+    let said = out(&rc);
+    let mut parts = said.split("--\n");
+    let held: Vec<&str> = parts.next().unwrap().lines().collect();
+    assert!(
+        held.contains(&so.as_str()),
+        "the .so's object {so} is not held when COMMAND starts: {held:?}\n{}",
+        show(&rc)
+    );
+    let report: serde_json::Value = serde_json::from_str(parts.next().unwrap().trim()).unwrap();
+    assert_eq!(
+        (&report["objects"], &report["bytes"], &report["skipped"]),
+        (&1.into(), &(300u64 << 10).into(), &serde_json::Value::Null),
+        "only the .so came first: {report} (d/plain.bin is {plain})"
+    );
+    assert_eq!(
+        parts.next().unwrap().trim(),
+        format!("{}  -", sha256(&tree.join("lib/libx.so.1")))
+    );
+    let done = line_of(&rc, "layercache: data: fetched lazily ");
+    assert!(
+        done.contains("; 300.0 KiB of 1 likely-mmapped file(s) before COMMAND)"),
+        "{done}"
+    );
+    assert_store_verifies(&c);
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// The untraced files a trace replay brings along (the neighbours between traced files in the
 /// pack, one GET with them) wait in memory for a quiet moment before they are stored; a run
 /// that ends first stores them as its daemon exits, so the next run has them and fetches
