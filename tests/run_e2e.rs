@@ -140,8 +140,8 @@ fn bad_spec_exits_2_naming_the_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("key_files"));
 }
 
-/// A bad `--lazy`, `LAYERCACHE_LAZY` (with no remote configured, too) or
-/// `LAYERCACHE_LAZY_TIMEOUT` ends the run before anything, exit 2, naming the value and the
+/// A bad `--lazy`, `LAYERCACHE_LAZY` (with no remote configured, too),
+/// `LAYERCACHE_LAZY_TIMEOUT` or `LAYERCACHE_LAZY_PREFETCH` ends the run before anything, exit 2, naming the value and the
 /// valid ones: no setup runs, nothing is mounted, no event is logged.
 #[test]
 fn bad_lazy_values_exit_2_naming_them_and_what_is_valid() {
@@ -176,6 +176,8 @@ fn bad_lazy_values_exit_2_naming_them_and_what_is_valid() {
         ("LAYERCACHE_LAZY_TIMEOUT", "inf", "at most 24h"),
         ("LAYERCACHE_LAZY_TIMEOUT", "0", "over 0"),
         ("LAYERCACHE_LAZY_TIMEOUT", "2d", "at most 24h"),
+        ("LAYERCACHE_LAZY_PREFETCH", "soon", "(250ms)"),
+        ("LAYERCACHE_LAZY_PREFETCH", "2h", "under an hour"),
     ] {
         let o = sb.run_cmd(&[], &spec, &["true"], &[(var, value)]);
         assert_eq!(o.status.code(), Some(2), "{var}={value}");
