@@ -351,10 +351,16 @@ pub(super) fn get_retrying(
     remote.block_on(None, async {
         retrying(limits, &health, || async {
             let mut out = Vec::new();
-            get_progressing(remote, limits, what, remote.store.get(path), |c| {
-                out.extend_from_slice(c);
-                Ok(())
-            })
+            get_progressing(
+                remote,
+                (limits, &health),
+                what,
+                remote.store.get(path),
+                |c| {
+                    out.extend_from_slice(c);
+                    Ok(())
+                },
+            )
             .await?;
             Ok(out)
         })
@@ -405,13 +411,13 @@ async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
 }
 
 /// Awaits the GET `request` of `remote` (`what` names it in errors) and hands each chunk of
-/// its body to `each`, abandoning it when the answer or a chunk takes longer than the
-/// progress deadline of `limits`.
+/// its body to `each` (telling `health` the remote made progress), abandoning it when the
+/// answer or a chunk takes longer than the progress deadline of `limits`.
 ///
 /// Errors: a timeout ([`stalled`]); the remote's error; `each`'s.
 async fn get_progressing(
     remote: &Remote,
-    limits: Limits,
+    (limits, health): (Limits, &Health),
     what: &str,
     request: impl std::future::Future<
         Output = std::result::Result<object_store::GetResult, object_store::Error>,
@@ -428,7 +434,10 @@ async fn get_progressing(
             .await
             .map_err(|_| stalled(remote, limits, what))?;
         match next {
-            Some(chunk) => each(&chunk.map_err(|e| remote.error(what, e))?)?,
+            Some(chunk) => {
+                health.progressed();
+                each(&chunk.map_err(|e| remote.error(what, e))?)?
+            }
             None => return Ok(()),
         }
     }
@@ -1333,7 +1342,14 @@ impl Shared {
         each: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         self.counts.gets.fetch_add(1, Relaxed);
-        get_progressing(&self.remote, self.limits, what, request, each).await
+        get_progressing(
+            &self.remote,
+            (self.limits, &self.health),
+            what,
+            request,
+            each,
+        )
+        .await
     }
 
     /// Streams object `o` (stored alone) into a temporary file, hashing it, and makes it

@@ -1,7 +1,7 @@
 //! Whether the remote answers, as one lazy layer's fetcher sees it (a circuit breaker).
 //!
-//! A fetch that got no answer until its bound ([`super::Limits::bound`]) marks the remote
-//! down: from then on a fetch fails at once (its readers get `EIO` without waiting the bound
+//! A fetch that got no answer until its bound ([`super::Limits::bound`]), while no other fetch
+//! got a byte within that bound either, marks the remote down: from then on a fetch fails at once (its readers get `EIO` without waiting the bound
 //! again), except one every [`PROBE_EVERY`], the probe, which asks the remote once (no
 //! retries). Any answer (a probe's or a fetch's already in flight) marks it up again. A run
 //! whose COMMAND opens N files of a layer whose remote hangs thus waits one bound, not N.
@@ -25,6 +25,9 @@ pub(super) struct Health {
     /// Milliseconds after `started` at which the last probe started (or the remote was found
     /// down).
     probed_at: AtomicU64,
+    /// Milliseconds after `started` at which a byte last arrived (any fetch's), plus 1; 0 for
+    /// never.
+    progress_at: AtomicU64,
 }
 
 impl Health {
@@ -36,6 +39,7 @@ impl Health {
             bound,
             down_at: AtomicU64::new(0),
             probed_at: AtomicU64::new(0),
+            progress_at: AtomicU64::new(0),
         }
     }
 
@@ -69,10 +73,21 @@ impl Health {
                 .is_ok()
     }
 
+    /// Bytes of some fetch arrived: the remote answers (a fetch that gives up now, stalled
+    /// alone, does not make it down).
+    pub(super) fn progressed(&self) {
+        self.progress_at.fetch_max(self.now_ms() + 1, Relaxed);
+    }
+
     /// A fetch gave up without an answer: the remote is down (its time is kept when it was
-    /// down already).
+    /// down already) — unless bytes of another fetch arrived within the bound (a busy server
+    /// or link that stalled one transfer is not a remote that stopped answering).
     pub(super) fn gave_up(&self) {
         let now = self.now_ms();
+        let progress = self.progress_at.load(Relaxed);
+        if progress != 0 && now < progress - 1 + self.bound.as_millis() as u64 {
+            return;
+        }
         if self
             .down_at
             .compare_exchange(0, now + 1, Relaxed, Relaxed)
@@ -154,5 +169,18 @@ mod tests {
         );
         h.answered();
         assert!(!h.is_down() && h.may_try());
+    }
+
+    #[test]
+    fn a_fetch_that_gives_up_while_others_make_progress_does_not_make_the_remote_down() {
+        let h = Health::new("s3://b/p", Duration::from_secs(3));
+        h.progressed();
+        h.gave_up();
+        assert!(!h.is_down(), "bytes arrived within the bound");
+        // The last byte longer ago than the bound: down.
+        let mut h = h;
+        h.started -= Duration::from_secs(4);
+        h.gave_up();
+        assert!(h.is_down());
     }
 }
