@@ -39,15 +39,8 @@ const PROJECT: &str = "lazy";
 /// not linked, an empty file and an empty directory, a user xattr, and `big.bin`: `big_mib` MiB
 /// of random bytes (over a quarter of the 16 MiB pack size: stored alone in the remote).
 fn data_spec(big_mib: u32) -> String {
-    format!(
-        r#"project = "{PROJECT}"
-[[cache]]
-id = "data"
-key_files = ["data.lock"]
-env = {{ DATA = "{{mount}}" }}
-setup = """
-set -e
-mkdir -p $DATA/a/b $DATA/c $DATA/empty-dir
+    spec_with_setup(&format!(
+        r#"mkdir -p $DATA/a/b $DATA/c $DATA/empty-dir
 for i in 1 2 3 4 5; do echo "small $i" > $DATA/a/s$i.txt; done
 chmod 600 $DATA/a/s5.txt
 echo deep > $DATA/a/b/deep.txt
@@ -60,7 +53,22 @@ ln $DATA/c/h1 $DATA/c/h2
 echo pair > $DATA/c/same
 : > $DATA/empty
 head -c {big_mib}M /dev/urandom > $DATA/big.bin
-python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.note", b"hello")' $DATA/a/s1.txt
+python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.note", b"hello")' $DATA/a/s1.txt"#
+    ))
+}
+
+/// The spec of a cache `data` keyed by data.lock (`$DATA` its mount) whose setup runs the shell
+/// lines `setup` after `set -e`.
+fn spec_with_setup(setup: &str) -> String {
+    format!(
+        r#"project = "{PROJECT}"
+[[cache]]
+id = "data"
+key_files = ["data.lock"]
+env = {{ DATA = "{{mount}}" }}
+setup = """
+set -e
+{setup}
 """
 "#
     )
@@ -75,14 +83,21 @@ fn ready() -> bool {
 /// server, prefix `prefix`) that has filled the key and pushed it. Returns the sandbox, the
 /// spec, A and A's push line's uploaded bytes.
 fn pushed_by_a(w: &Weed, prefix: &str, big_mib: u32) -> (Sandbox, PathBuf, Runner, u64) {
+    let (sb, spec, a, out) = filled_by_a(w, prefix, &data_spec(big_mib));
+    (sb, spec, a, pushed_bytes(&out))
+}
+
+/// A sandbox with the spec `text`, data.lock `v1`, and runner A (straight to the server,
+/// prefix `prefix`) that has filled the key and pushed it. Returns the sandbox, the spec, A
+/// and A's run.
+fn filled_by_a(w: &Weed, prefix: &str, text: &str) -> (Sandbox, PathBuf, Runner, Output) {
     let sb = Sandbox::new();
-    let spec = sb.write_spec("spec.toml", &data_spec(big_mib));
+    let spec = sb.write_spec("spec.toml", text);
     std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
     let a = Runner::new(w, sb.path("store-a"), prefix, "");
     let out = a.run(&sb, &spec, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    let bytes = pushed_bytes(&out);
-    (sb, spec, a, bytes)
+    (sb, spec, a, out)
 }
 
 /// The uploaded bytes of a run's push line ("… N of M object(s) uploaded (B bytes) in T ms").
@@ -675,29 +690,16 @@ fn an_empty_file_fetched_alone_is_read() {
     let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
         return;
     };
-    let sb = Sandbox::new();
-    let spec = sb.write_spec(
-        "spec.toml",
-        &format!(
-            r#"project = "{PROJECT}"
-[[cache]]
-id = "data"
-key_files = ["data.lock"]
-env = {{ DATA = "{{mount}}" }}
-setup = """
-set -e
-mkdir -p $DATA/d
+    let (sb, spec, _a, _) = filled_by_a(
+        &w,
+        "empty",
+        &spec_with_setup(
+            r#"mkdir -p $DATA/d
 head -c 600K /dev/urandom > $DATA/d/a.bin
 : > $DATA/d/b
-head -c 600K /dev/urandom > $DATA/d/c.bin
-"""
-"#
+head -c 600K /dev/urandom > $DATA/d/c.bin"#,
         ),
     );
-    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
-    let a = Runner::new(&w, sb.path("store-a"), "empty", "");
-    let ra = a.run(&sb, &spec, &[]);
-    assert_eq!(ra.status.code(), Some(0), "{}", show(&ra));
     let b = Runner::via(&w, &link.endpoint(), sb.path("store-b"), "empty", "")
         .with_env("LAYERCACHE_LAZY", "1");
     let script = format!(
@@ -791,30 +793,17 @@ fn a_fresh_runner_has_the_traced_mmapped_files_before_command_starts() {
     let Some(link) = LinkProxy::start(w.endpoint(), 20.0, 30) else {
         return;
     };
-    let sb = Sandbox::new();
-    let spec = sb.write_spec(
-        "spec.toml",
-        &format!(
-            r#"project = "{PROJECT}"
-[[cache]]
-id = "data"
-key_files = ["data.lock"]
-env = {{ DATA = "{{mount}}" }}
-setup = """
-set -e
-mkdir -p $DATA/d $DATA/lib $DATA/s
+    let (sb, spec, a, _) = filled_by_a(
+        &w,
+        "mmap",
+        &spec_with_setup(
+            r#"mkdir -p $DATA/d $DATA/lib $DATA/s
 for i in 1 2 3 4; do head -c 600K /dev/urandom > $DATA/d/a$i.bin; done
 head -c 300K /dev/urandom > $DATA/d/plain.bin
 head -c 300K /dev/urandom > $DATA/lib/libx.so.1
-for i in 1 2 3; do echo "small $i" > $DATA/s/f$i; done
-"""
-"#
+for i in 1 2 3; do echo "small $i" > $DATA/s/f$i; done"#,
         ),
     );
-    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
-    let a = Runner::new(&w, sb.path("store-a"), "mmap", "");
-    let filled = a.run(&sb, &spec, &[]);
-    assert_eq!(filled.status.code(), Some(0), "{}", show(&filled));
     let tree = only_layer(&a).join("tree");
     let id = |rel: &str| blake3::hash(&std::fs::read(tree.join(rel)).unwrap()).to_hex();
     let (so, plain) = (id("lib/libx.so.1"), id("d/plain.bin"));
@@ -882,26 +871,13 @@ fn a_run_that_ends_before_it_is_quiet_keeps_what_the_trace_replay_brought() {
     let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
         return;
     };
-    let sb = Sandbox::new();
-    let spec = sb.write_spec(
-        "spec.toml",
-        &format!(
-            r#"project = "{PROJECT}"
-[[cache]]
-id = "data"
-key_files = ["data.lock"]
-env = {{ DATA = "{{mount}}" }}
-setup = """
-set -e
-for i in $(seq 100 299); do head -c 1000 /dev/urandom > $DATA/f$i; done
-"""
-"#
+    let (sb, spec, _a, _) = filled_by_a(
+        &w,
+        "held",
+        &spec_with_setup(
+            r#"for i in $(seq 100 299); do head -c 1000 /dev/urandom > $DATA/f$i; done"#,
         ),
     );
-    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
-    let a = Runner::new(&w, sb.path("store-a"), "held", "");
-    let filled = a.run(&sb, &spec, &[]);
-    assert_eq!(filled.status.code(), Some(0), "{}", show(&filled));
     let read_tenth = [
         "sh",
         "-c",
@@ -1183,28 +1159,15 @@ fn a_remote_that_stops_answering_costs_one_bound_not_one_per_file_and_comes_back
     let Some(link) = LinkProxy::start(w.endpoint(), 200.0, 5) else {
         return;
     };
-    let sb = Sandbox::new();
     // Six files of 5 MiB (each stored alone in the remote: its own fetch) and a small one.
-    let spec = sb.write_spec(
-        "spec.toml",
-        &format!(
-            r#"project = "{PROJECT}"
-[[cache]]
-id = "data"
-key_files = ["data.lock"]
-env = {{ DATA = "{{mount}}" }}
-setup = """
-set -e
-echo small > $DATA/s.txt
-for i in 1 2 3 4 5 6; do head -c 5M /dev/urandom > $DATA/m$i.bin; done
-"""
-"#
+    let (sb, spec, a, _) = filled_by_a(
+        &w,
+        "hung",
+        &spec_with_setup(
+            r#"echo small > $DATA/s.txt
+for i in 1 2 3 4 5 6; do head -c 5M /dev/urandom > $DATA/m$i.bin; done"#,
         ),
     );
-    std::fs::write(sb.work().join("data.lock"), "v1").unwrap();
-    let a = Runner::new(&w, sb.path("store-a"), "hung", "");
-    let filled = a.run(&sb, &spec, &[]);
-    assert_eq!(filled.status.code(), Some(0), "{}", show(&filled));
     let m1 = sha256(&only_layer(&a).join("tree/m1.bin"));
     let control = link.control();
     let c = Runner::via(&w, &link.endpoint(), sb.path("store-c"), "hung", "")
