@@ -73,7 +73,8 @@ pub fn random_hex(n: usize) -> String {
             filled += take;
         }
     }
-    crate::units::hex(&buf)
+    // (Formatted here: `sys` stays below `units`, which `error` is below.)
+    buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 /// Duplicates descriptor `fd` of process `pid` into this process (`pidfd_getfd(2)`), sharing
 /// its open file description — and therefore any `flock` held through it.
