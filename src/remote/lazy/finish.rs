@@ -110,6 +110,7 @@ impl Remote {
             Err(_) => fs::read(&mpath).ok().map(|b| Got::Manifest(None, b.into())),
         };
         let trace_path = self.layout.trace(&pd.project, cache, &found.key);
+        let asked = Instant::now();
         let (got, trace) = self.block_on(Some(self.cfg.lookup_timeout), async {
             let manifest = async {
                 if have.is_some() {
@@ -138,6 +139,18 @@ impl Remote {
             };
             futures::try_join!(manifest, trace)
         })?;
+        // What the link gave the manifest, at least (the time includes the request's delay):
+        // the daemon's first guess of how long its prefetch would take. A small manifest's
+        // time is mostly delay: no guess from it.
+        let secs = asked.elapsed().as_secs_f64();
+        let link_rate = match &got {
+            Some(Got::Manifest(_, b) | Got::Tree(_, b))
+                if b.len() as u64 >= super::prefetch::RATE_SAMPLE && secs > 0.0 =>
+            {
+                Some((b.len() as f64 / secs) as u64)
+            }
+            _ => None,
+        };
         let got = got.or(have).expect("fetched when not here");
         let (fetched, bytes) = match &got {
             Got::Manifest(p, b) | Got::Tree(p, b) => (p.clone(), b.clone()),
@@ -225,6 +238,7 @@ impl Remote {
                 (super::prefetch_deadline().saturating_duration_since(Instant::now())).as_millis()
                     as u64,
             ),
+            link_rate,
         };
         let report = PullReport {
             key: found.key.to_string(),

@@ -164,6 +164,12 @@ pub struct LazySpec {
     /// version): [`prefetch::prefetch_wait`].
     #[serde(default)]
     pub prefetch_ms: Option<u64>,
+    /// Bytes per second the link gave the run's GET of the layer's manifest, at least (its
+    /// time includes the request's delay), when the manifest was fetched and big enough to
+    /// tell ([`prefetch::RATE_SAMPLE`]): a prefetch that could not arrive in its time at that
+    /// rate is skipped at once, before the object table comes.
+    #[serde(default)]
+    pub link_rate: Option<u64>,
 }
 
 /// What a lazy layer's daemon did, written to the run's directory ([`REPORT`]).
@@ -282,11 +288,19 @@ pub fn make_layer(spec: &serde_json::Value) -> io::Result<Box<dyn Layer>> {
             layer.prefetched(Prefetched::skipped(why, 0));
             None
         }
-        (false, false) => Some(PrefetchPlan {
-            candidates: mmapped,
-            started,
-            deadline: started + wait,
-        }),
+        (false, false) => {
+            match prefetch::too_slow(&mmapped_sizes(&layer, &mmapped), spec.link_rate, wait) {
+                Some(why) => {
+                    layer.prefetched(Prefetched::skipped(&why, 0));
+                    None
+                }
+                None => Some(PrefetchPlan {
+                    candidates: mmapped,
+                    started,
+                    deadline: started + wait,
+                }),
+            }
+        }
     };
     match table {
         Table::Ready(shared) => {
@@ -390,6 +404,15 @@ impl TableSlot {
             })
         })
     }
+}
+
+/// The sizes (bytes) of the distinct `objects` of `layer`'s tree, in order.
+fn mmapped_sizes(layer: &LazyLayer, objects: &[u32]) -> Vec<u64> {
+    let mut seen = std::collections::HashSet::new();
+    (objects.iter())
+        .filter(|&&o| seen.insert(o))
+        .map(|&o| layer.tree.objects[o as usize].1)
+        .collect()
 }
 
 /// Milliseconds since `t`.

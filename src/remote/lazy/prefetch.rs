@@ -14,9 +14,10 @@
 //!   handed to the daemon as the milliseconds left, [`super::LazySpec::prefetch_ms`]); then
 //!   it writes [`PREFETCHED`] in the run's directory. What has not arrived by then goes on
 //!   arriving (the trace replay follows). A remote the fetcher found down, an object table that came after
-//!   the budget or none at all, or files that could not arrive in time at the rate the object
-//!   table came at ([`RATE_SAMPLE`]): nothing is fetched first, [`PREFETCHED`] says why at
-//!   once (the run waits no longer).
+//!   the budget or none at all, or files that could not arrive in time at the rate the run's
+//!   manifest GET came at ([`too_slow`], decided as the daemon starts) or the object table
+//!   came at ([`RATE_SAMPLE`]): nothing is fetched first, [`PREFETCHED`] says why at once
+//!   (the run waits no longer).
 //! * The run ([`wait_prefetched`]) waits for [`PREFETCHED`] before its first step (maintenance
 //!   or COMMAND), at most until [`prefetch_deadline`]: a daemon that is late or a remote that
 //!   hangs costs the run that wait, never more, and never fails it; a run whose mounts took
@@ -41,10 +42,35 @@ pub const PREFETCHED: &str = "lazy-prefetched.json";
 /// the trace replay as before.
 pub const PREFETCH_BYTES: u64 = 4 << 20;
 
-/// Bytes a compact manifest must have for its GET's time to tell the link's rate (at least:
+/// Bytes a manifest must have for its GET's time to tell the link's rate (at least:
 /// the time includes the request's delay); the prefetch skips what that rate could not bring
 /// before the deadline, so the run does not wait for nothing.
 pub const RATE_SAMPLE: u64 = 256 << 10;
+
+/// Why a prefetch of objects of `sizes` (bytes, in trace order; as many as fit in
+/// [`PREFETCH_BYTES`], as [`super::fetch::Shared::prefetch`] picks them, whether local or not)
+/// could not arrive within `wait` at `rate` (bytes per second the link gave the run's manifest
+/// GET, at least), or `None` when it might (or the rate is not known): the daemon then skips
+/// it at once, before the object table comes, and the run does not wait for nothing.
+pub fn too_slow(sizes: &[u64], rate: Option<u64>, wait: Duration) -> Option<String> {
+    let rate = rate.filter(|&r| r > 0)?;
+    let mut wanted = 0u64;
+    for &size in sizes {
+        if wanted + size <= PREFETCH_BYTES {
+            wanted += size;
+        }
+    }
+    let takes = Duration::from_secs_f64(wanted as f64 / rate as f64);
+    (takes > wait).then(|| {
+        format!(
+            "{} would take {} ms at the {}/s the manifest came at; {} ms left",
+            crate::units::fmt_bytes(wanted),
+            takes.as_millis(),
+            crate::units::fmt_bytes(rate),
+            wait.as_millis()
+        )
+    })
+}
 
 /// GETs of the prefetch in flight at most.
 pub const PREFETCH_UNITS: usize = 6;
@@ -173,6 +199,23 @@ pub fn wait_prefetched(run_dir: &Path, deadline: Instant) -> Option<Prefetched> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefetch_the_manifests_rate_could_not_bring_in_time_is_skipped_at_once() {
+        let ms = Duration::from_millis;
+        // 2 MiB at 12.5 MiB/s: 160 ms.
+        let rate = Some(25 << 19);
+        let why = too_slow(&[2 << 20], rate, ms(150)).expect("too slow");
+        assert_eq!(
+            why,
+            "2.0 MiB would take 160 ms at the 12.5 MiB/s the manifest came at; 150 ms left"
+        );
+        assert_eq!(too_slow(&[2 << 20], rate, ms(170)), None);
+        assert_eq!(too_slow(&[2 << 20], None, ms(1)), None, "rate unknown");
+        // Only what fits the byte budget counts, as the prefetch picks it.
+        assert_eq!(too_slow(&[PREFETCH_BYTES, 2 << 20], rate, ms(330)), None);
+        assert!(too_slow(&[PREFETCH_BYTES, 1], rate, ms(319)).is_some());
+    }
 
     #[test]
     fn mapped_libraries_modules_and_archives_are_told_by_name() {
