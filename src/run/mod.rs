@@ -85,12 +85,14 @@ pub struct LazyFetched {
 
 /// What a lazily mounted layer fetched before the run's first step: the files its trace names
 /// that are likely to be mmapped ([`Mounter::await_prefetch`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prefetched {
     /// Objects local when the prefetch ended.
     pub objects: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// Why nothing was fetched first, if so ("no trace", "… would take 170 ms …").
+    pub skipped: Option<String>,
 }
 
 /// The store operations the run needs (implemented over [`crate::store`]; a plain-directory
@@ -329,6 +331,7 @@ fn await_prefetches(mounter: &dyn Mounter, preps: &mut [Prep]) {
                 objects = f.objects,
                 bytes = f.bytes,
                 waited_ms,
+                skipped = f.skipped.as_deref().unwrap_or("no"),
                 "lazy mount: {} of likely-mmapped files fetched before COMMAND",
                 fmt_bytes(f.bytes)
             ),

@@ -240,6 +240,7 @@ impl Mounter for StoreMounter {
         Some(Prefetched {
             objects: p.objects,
             bytes: p.bytes,
+            skipped: p.skipped,
         })
     }
 
