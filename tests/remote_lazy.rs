@@ -1227,6 +1227,55 @@ for i in 1 2 3 4 5 6; do head -c 5M /dev/urandom > $DATA/m$i.bin; done"#,
     assert!(sb.mounts_below().is_empty());
 }
 
+/// A lazy layer that became complete during the run is published from what the daemon kept
+/// (its objects and the compact manifest it checked), so a remote that stopped answering by
+/// the run's end costs nothing: the run says the layer is local, and the next run, the link
+/// still down, is a local hit.
+#[test]
+fn a_complete_lazy_layer_is_published_though_the_remote_stopped_answering() {
+    if !ready() {
+        return;
+    }
+    let Some(w) = Weed::start() else { return };
+    let Some(link) = LinkProxy::start(w.endpoint(), 0.0, 0) else {
+        return;
+    };
+    let (sb, spec, _a, _) = pushed_by_a(&w, "gone", 1);
+    let c = Runner::via(&w, &link.endpoint(), sb.path("store-c"), "gone", "")
+        .with_env("LAYERCACHE_LAZY_TIMEOUT", "2");
+    let script = format!(
+        "cat $DATA/a/s1.txt; {}; echo down > {}; sleep 0.3",
+        wait_complete(&c),
+        link.control().display()
+    );
+    let (rc, _) = run_within(
+        &c,
+        (&sb, &spec),
+        &["sh", "-c", &script],
+        Duration::from_secs(180),
+        "run, link cut once complete",
+    );
+    assert_eq!(rc.status.code(), Some(0), "{}", show(&rc));
+    assert_eq!(c.events()[0]["remote_lazy"], true);
+    let done = line_of(&rc, "layercache: data: fetched lazily ");
+    assert!(
+        done.contains("the layer is complete and now local"),
+        "{done}"
+    );
+    assert!(only_layer(&c).join("tree/big.bin").is_file());
+    assert_store_verifies(&c);
+    let (again, _) = run_within(
+        &c,
+        (&sb, &spec),
+        &["cat", "/dev/null"],
+        Duration::from_secs(180),
+        "run, link down",
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", show(&again));
+    assert_eq!(c.events()[1]["result"], "hit", "{}", show(&again));
+    assert!(sb.mounts_below().is_empty());
+}
+
 /// A big file arriving slowly but steadily over the link (12 MiB at 2.5 Mbit/s: about 40 s)
 /// is read whole, however long it takes, with `LAYERCACHE_LAZY_TIMEOUT=2`: the bound is on a
 /// fetch that makes no progress (docs/remote.md: "a demand read that gets no byte for …"), not

@@ -152,16 +152,8 @@ impl Remote {
         layer: &LayerId,
     ) -> Result<(RemoteManifest, bytes::Bytes)> {
         let (path, bytes) = self.manifest_object(project, layer).await?;
-        let corrupt = |detail: String| self.corrupt_manifest(&path, detail);
-        let m = super::compact::parse(&bytes)
-            .map_err(|e| corrupt(format!("it does not parse: {e}")))?;
-        m.validate().map_err(|e| corrupt(e.to_string()))?;
-        if &m.layer.project != project || &m.layer.cache != cache || &m.layer.layer != layer {
-            return Err(corrupt(format!(
-                "it is of {}/{} layer {}, not {project}/{cache} layer {layer}",
-                m.layer.project, m.layer.cache, m.layer.layer
-            )));
-        }
+        let m = checked_manifest(&bytes, (project, cache, layer))
+            .map_err(|detail| self.corrupt_manifest(&path, detail))?;
         Ok((m, bytes))
     }
 
@@ -217,31 +209,40 @@ impl Remote {
         cache: &CacheId,
         found: &Found,
     ) -> Result<PullReport> {
-        self.pull_with(store, pd, cache, found, None)
+        self.pull_with(store, pd, cache, found, (None, None))
     }
 
     /// [`Remote::pull`], taking the objects a lazy mount fetched from `held` (its `held/`
     /// directory: verified bytes by hex id, moved or copied into the store's objects) before
-    /// downloading anything. Nothing is asked of a remote that is down in this process
+    /// downloading anything, and the manifest from `local` (the compact manifest a lazy mount
+    /// kept, its digest checked against the tree manifest's when it was fetched) instead of
+    /// the remote's when given: a lazy layer that is complete is published without asking the
+    /// remote anything. Nothing is asked of a remote that is down in this process
     /// ([`Remote::is_down`]).
     ///
     /// Errors: as [`Remote::pull`]; [`super::RemoteError::Down`] (kind `Unreachable`) when the
-    /// remote is down in this process.
+    /// remote is down in this process and something must be asked of it; [`Error::Failed`]
+    /// naming `local`'s file when it does not parse or is another layer's.
     pub fn pull_with(
         &self,
         store: &Store,
         pd: &ProjectDirs,
         cache: &CacheId,
         found: &Found,
-        held: Option<&Path>,
+        (held, local): (Option<&Path>, Option<(&Path, &[u8])>),
     ) -> Result<PullReport> {
-        if self.is_down() {
-            return Err(self.down_error());
-        }
         let t0 = Instant::now();
         let layer = &found.record.layer;
-        let (manifest, manifest_bytes) =
-            self.block_on(None, self.manifest(&pd.project, cache, layer))?;
+        let (manifest, manifest_bytes) = match local {
+            Some((path, bytes)) => {
+                let m = checked_manifest(bytes, (&pd.project, cache, layer))
+                    .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
+                // Read here, not fetched: no bytes came from the remote.
+                (m, 0)
+            }
+            None if self.is_down() => return Err(self.down_error()),
+            None => self.block_on(None, self.manifest(&pd.project, cache, layer))?,
+        };
         tracing::info!(
             bytes = manifest_bytes,
             ms = t0.elapsed().as_millis() as u64,
@@ -485,4 +486,23 @@ impl Remote {
         }
         Ok(())
     }
+}
+
+/// The manifest `bytes` (compact or JSON form) of `layer` of `cache` in `project`, parsed and
+/// validated as a pull validates it.
+///
+/// Errors: what is wrong with it ("it does not parse: …", "it is of p/c layer L, not …").
+fn checked_manifest(
+    bytes: &[u8],
+    (project, cache, layer): (&ProjectId, &CacheId, &LayerId),
+) -> std::result::Result<RemoteManifest, String> {
+    let m = super::compact::parse(bytes).map_err(|e| format!("it does not parse: {e}"))?;
+    m.validate().map_err(|e| e.to_string())?;
+    if &m.layer.project != project || &m.layer.cache != cache || &m.layer.layer != layer {
+        return Err(format!(
+            "it is of {}/{} layer {}, not {project}/{cache} layer {layer}",
+            m.layer.project, m.layer.cache, m.layer.layer
+        ));
+    }
+    Ok(m)
 }

@@ -412,7 +412,12 @@ impl Remote {
                 "{fetched}; the layer is complete and now local (another run published it)"
             );
         }
-        match self.pull_with(store, pd, cache, &found, Some(&dir.join(HELD))) {
+        // The compact manifest the daemon kept (checked against the tree manifest's digest
+        // when it came): the publish asks the remote nothing.
+        let mpath = dir.join(MANIFEST);
+        let kept = fs::read(&mpath).ok();
+        let local = kept.as_deref().map(|b| (mpath.as_path(), b));
+        match self.pull_with(store, pd, cache, &found, (Some(&dir.join(HELD)), local)) {
             Ok(r) => {
                 // The partial directory is garbage now (gc removes it once no run holds
                 // it); what a fetch cut off by a daemon's end left in it goes at once.
