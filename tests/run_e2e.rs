@@ -174,10 +174,12 @@ fn bad_lazy_values_exit_2_naming_them_and_what_is_valid() {
             "number of seconds (8, 2.5)",
         ),
         ("LAYERCACHE_LAZY_TIMEOUT", "inf", "at most 24h"),
-        ("LAYERCACHE_LAZY_TIMEOUT", "0", "over 0"),
+        ("LAYERCACHE_LAZY_TIMEOUT", "0", "at least 1s"),
+        ("LAYERCACHE_LAZY_TIMEOUT", "100ms", "at least 1s"),
         ("LAYERCACHE_LAZY_TIMEOUT", "2d", "at most 24h"),
         ("LAYERCACHE_LAZY_PREFETCH", "soon", "(250ms)"),
-        ("LAYERCACHE_LAZY_PREFETCH", "2h", "under an hour"),
+        ("LAYERCACHE_LAZY_PREFETCH", "2h", "at most 10s"),
+        ("LAYERCACHE_LAZY_PREFETCH", "250", "at most 10s"),
     ] {
         let o = sb.run_cmd(&[], &spec, &["true"], &[(var, value)]);
         assert_eq!(o.status.code(), Some(2), "{var}={value}");

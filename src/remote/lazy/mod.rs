@@ -83,7 +83,7 @@ const STORE_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// The value is exactly one of ([`parse_lazy_timeout`]): a number of seconds, digits with an
 /// optional fraction (`8`, `2.5`), or such a number followed at once by a unit, `ms`, `s`,
 /// `m` or `h` (`8s`, `1500ms`, `1m`, `0.5h`); no sign, space, exponent or second unit. The
-/// bound must be over 0 and at most [`LAZY_TIMEOUT_MAX`] (1 day).
+/// bound must be at least [`LAZY_TIMEOUT_MIN`] (1 s) and at most [`LAZY_TIMEOUT_MAX`] (1 day).
 ///
 /// Errors: [`crate::error::Error::Invalid`] (exit 2) naming the variable, its value and what
 /// is valid (a run checks it before it mounts anything: the daemons only read it).
@@ -94,22 +94,27 @@ pub fn lazy_timeout() -> crate::error::Result<Option<std::time::Duration>> {
     }
 }
 
+/// The shortest [`lazy_timeout`] accepted: 1 s. Its progress deadline is a third of it, and
+/// a GET on a healthy link with a busy server takes tens of ms to its first byte: a bound of
+/// 100 ms would fail every read.
+pub const LAZY_TIMEOUT_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest [`lazy_timeout`] accepted: 1 day (a longer one is a typo, not a bound).
 pub const LAZY_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-/// [`lazy_timeout`] of the value `v`: `DIGITS[.DIGITS][ms|s|m|h]`, over 0 and at most
-/// [`LAZY_TIMEOUT_MAX`]; digits past nanoseconds are dropped.
+/// [`lazy_timeout`] of the value `v`: `DIGITS[.DIGITS][ms|s|m|h]`, from
+/// [`LAZY_TIMEOUT_MIN`] to [`LAZY_TIMEOUT_MAX`]; digits past nanoseconds are dropped.
 ///
 /// Errors: [`crate::error::Error::Invalid`] naming the variable, `v` and what is valid.
 fn parse_lazy_timeout(v: &str) -> crate::error::Result<std::time::Duration> {
     let bad = || {
         crate::error::Error::invalid(format!(
             "LAYERCACHE_LAZY_TIMEOUT={v:?}: want a number of seconds (8, 2.5) or one with a \
-             unit ms, s, m or h (1500ms, 8s, 1m), over 0 and at most 24h"
+             unit ms, s, m or h (1500ms, 8s, 1m), at least 1s and at most 24h"
         ))
     };
     match parse_seconds(v) {
-        Some(d) if !d.is_zero() && d <= LAZY_TIMEOUT_MAX => Ok(d),
+        Some(d) if (LAZY_TIMEOUT_MIN..=LAZY_TIMEOUT_MAX).contains(&d) => Ok(d),
         _ => Err(bad()),
     }
 }
@@ -1050,9 +1055,13 @@ mod tests {
         assert_eq!(ok("0.5h"), Duration::from_secs(1800));
         assert_eq!(ok("24h"), Duration::from_secs(86_400));
         assert_eq!(ok("86400"), Duration::from_secs(86_400));
-        assert_eq!(ok("0.001"), Duration::from_millis(1));
+        assert_eq!(ok("1"), Duration::from_secs(1));
+        assert_eq!(ok("1000ms"), Duration::from_secs(1));
         assert_eq!(ok("007"), Duration::from_secs(7));
         for bad in [
+            "0.001",
+            "100ms",
+            "0.999",
             "0",
             "0s",
             "0.0",

@@ -72,6 +72,10 @@ pub fn too_slow(sizes: &[u64], rate: Option<u64>, wait: Duration) -> Option<Stri
     })
 }
 
+/// The longest [`prefetch_wait`] accepted: 10 s (it delays COMMAND's start; `250`, meant as
+/// the default's milliseconds, is 250 seconds and refused).
+pub const MAX_WAIT: Duration = Duration::from_secs(10);
+
 /// GETs of the prefetch in flight at most.
 pub const PREFETCH_UNITS: usize = 6;
 
@@ -104,7 +108,7 @@ pub fn prefetch_deadline() -> Instant {
 /// `LAYERCACHE_LAZY_PREFETCH`: how long after the run's start its first step (maintenance or
 /// COMMAND) may wait for the files likely to be mmapped that its lazy mounts' traces name
 /// ([`DEFAULT_WAIT`] when unset; `0` fetches nothing first): a number of seconds (`0.3`) or one
-/// with a unit `ms`, `s`, `m` or `h` (`300ms`), under an hour.
+/// with a unit `ms`, `s`, `m` or `h` (`300ms`), at most [`MAX_WAIT`] (10 s).
 ///
 /// Errors: [`crate::error::Error::Invalid`] naming the variable, its value and what is valid
 /// (checked by the run before it mounts anything; the daemons only read it).
@@ -116,14 +120,15 @@ pub fn prefetch_wait() -> crate::error::Result<Duration> {
 }
 
 /// [`prefetch_wait`] of the value `v`: the lazy timeout's grammar ([`super::parse_seconds`]),
-/// 0 included, under an hour.
+/// 0 included, at most [`MAX_WAIT`].
 fn parse_wait(v: &str) -> crate::error::Result<Duration> {
     super::parse_seconds(v)
-        .filter(|d| *d < Duration::from_secs(3600))
+        .filter(|d| *d <= MAX_WAIT)
         .ok_or_else(|| {
             crate::error::Error::invalid(format!(
                 "LAYERCACHE_LAZY_PREFETCH={v:?}: want a number of seconds (0.25) or one with a \
-                 unit ms, s, m or h (250ms), under an hour (0: fetch nothing before COMMAND)"
+                 unit ms, s, m or h (250ms), at most 10s: COMMAND waits for it (0: fetch \
+                 nothing before COMMAND)"
             ))
         })
 }
@@ -252,7 +257,10 @@ mod tests {
         assert_eq!(parse_wait("300ms").unwrap(), Duration::from_millis(300));
         assert_eq!(parse_wait("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_wait("2s").unwrap(), Duration::from_secs(2));
-        for bad in ["-1", "soon", "", "NaN", "2h", "1e3", " 1", "0.3 s"] {
+        assert_eq!(parse_wait("10").unwrap(), MAX_WAIT);
+        for bad in [
+            "-1", "soon", "", "NaN", "2h", "1e3", " 1", "0.3 s", "250", "10.5",
+        ] {
             let e = parse_wait(bad).unwrap_err().to_string();
             assert!(e.contains("LAYERCACHE_LAZY_PREFETCH"), "{bad}: {e}");
         }
