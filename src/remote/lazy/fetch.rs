@@ -75,7 +75,7 @@ mod queue;
 
 use health::Health;
 
-use super::prefetch::{PREFETCH_UNITS, Prefetched};
+use super::prefetch::{PREFETCH_UNITS, Prefetched, slower_than};
 
 use super::super::Remote;
 use super::super::compact::Wire;
@@ -1647,16 +1647,8 @@ impl Shared {
             return Prefetched::skipped("the remote is down", ms());
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        if let Some(r) = rate
-            && Duration::from_secs_f64(wanted_bytes as f64 / r as f64) > left
-        {
-            let why = format!(
-                "{} would take {} ms at the {}/s the object table came at; {} ms left",
-                crate::units::fmt_bytes(wanted_bytes),
-                wanted_bytes * 1000 / r,
-                crate::units::fmt_bytes(r),
-                left.as_millis()
-            );
+        let slow = rate.and_then(|r| slower_than(wanted_bytes, r, left, "the object table"));
+        if let Some(why) = slow {
             return Prefetched::skipped(&why, ms());
         }
         // Stored right after what a reader waits for ([`queue::URGENT`]).

@@ -53,21 +53,29 @@ pub const RATE_SAMPLE: u64 = 256 << 10;
 /// GET, at least), or `None` when it might (or the rate is not known): the daemon then skips
 /// it at once, before the object table comes, and the run does not wait for nothing.
 pub fn too_slow(sizes: &[u64], rate: Option<u64>, wait: Duration) -> Option<String> {
-    let rate = rate.filter(|&r| r > 0)?;
     let mut wanted = 0u64;
     for &size in sizes {
         if wanted + size <= PREFETCH_BYTES {
             wanted += size;
         }
     }
+    slower_than(wanted, rate?, wait, "the manifest")
+}
+
+/// Why `wanted` bytes could not arrive within `left` at `rate` (bytes per second, at least,
+/// that `what` came at), or `None` when they might (or the rate is 0: unknown).
+pub(super) fn slower_than(wanted: u64, rate: u64, left: Duration, what: &str) -> Option<String> {
+    if rate == 0 {
+        return None;
+    }
     let takes = Duration::from_secs_f64(wanted as f64 / rate as f64);
-    (takes > wait).then(|| {
+    (takes > left).then(|| {
         format!(
-            "{} would take {} ms at the {}/s the manifest came at; {} ms left",
+            "{} would take {} ms at the {}/s {what} came at; {} ms left",
             crate::units::fmt_bytes(wanted),
             takes.as_millis(),
             crate::units::fmt_bytes(rate),
-            wait.as_millis()
+            left.as_millis()
         )
     })
 }
